@@ -1,0 +1,82 @@
+#include "moe/core/arena.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace moe {
+
+Arena::~Arena() { std::free(base_); }
+
+Arena::Slot Arena::reserve(const std::string& buffer_name, DType dtype, Shape shape) {
+  MOE_CHECK(!committed(), "arena '", name_, "': buffer '", buffer_name, "' reserved after commit");
+  MOE_CHECK(device_ == Device::CPU, "arena '", name_, "': only CPU arenas are built in this binary");
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  entries_.push_back({buffer_name, dtype, shape, total_, bytes});
+  total_ += (bytes + kAlign - 1) / kAlign * kAlign;
+  return Slot{static_cast<int>(entries_.size()) - 1};
+}
+
+std::string Arena::largest(int n) const {
+  std::vector<const Entry*> sorted;
+  for (const auto& e : entries_) sorted.push_back(&e);
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->bytes > b->bytes; });
+  std::ostringstream os;
+  for (int i = 0; i < n && i < static_cast<int>(sorted.size()); ++i)
+    os << "  " << sorted[i]->name << " " << sorted[i]->shape.str() << ": " << format_bytes(sorted[i]->bytes)
+       << "\n";
+  return os.str();
+}
+
+void Arena::commit(size_t limit_bytes) {
+  MOE_CHECK(!committed(), "arena '", name_, "' committed twice");
+  if (limit_bytes != 0 && total_ > limit_bytes) {
+    MOE_FAIL("arena '", name_, "' needs ", format_bytes(total_), " but only ", format_bytes(limit_bytes),
+             " is available; largest buffers:\n", largest(5),
+             "reduce train.micro_batch_size, train.seq_len or the model size");
+  }
+  committed_flag_ = true;
+  if (total_ == 0) return;
+  base_ = static_cast<char*>(std::aligned_alloc(kAlign, total_));
+  MOE_CHECK(base_ != nullptr, "arena '", name_, "': allocation of ", format_bytes(total_), " failed");
+  std::memset(base_, 0, total_);
+}
+
+Tensor Arena::get(Slot slot) const {
+  MOE_CHECK(committed(), "arena '", name_, "' used before commit");
+  MOE_CHECK(slot.index >= 0 && slot.index < static_cast<int>(entries_.size()), "arena '", name_,
+            "': bad slot ", slot.index);
+  const Entry& e = entries_[slot.index];
+  return Tensor(base_ + e.offset, e.dtype, e.shape, device_);
+}
+
+size_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
+
+size_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<size_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 4) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+  return buf;
+}
+
+}  // namespace moe

@@ -1,0 +1,55 @@
+#include "moe/model/config.h"
+
+#include "moe/core/error.h"
+
+namespace moe {
+
+void ModelConfig::validate() const {
+  MOE_CHECK(vocab_size > 1, "model.vocab_size must be > 1, got ", vocab_size);
+  MOE_CHECK(hidden_size > 0, "model.hidden_size must be > 0, got ", hidden_size);
+  MOE_CHECK(num_hidden_layers > 0, "model.num_hidden_layers must be > 0, got ", num_hidden_layers);
+  MOE_CHECK(num_attention_heads > 0 && hidden_size % num_attention_heads == 0, "model.num_attention_heads (",
+            num_attention_heads, ") must divide model.hidden_size (", hidden_size, ")");
+  MOE_CHECK(head_dim() % 2 == 0, "head dim model.hidden_size / model.num_attention_heads = ", head_dim(),
+            " must be even for rotary embeddings");
+  MOE_CHECK(num_key_value_heads > 0 && num_attention_heads % num_key_value_heads == 0,
+            "model.num_key_value_heads (", num_key_value_heads, ") must divide model.num_attention_heads (",
+            num_attention_heads, ")");
+  MOE_CHECK(first_k_dense_replace >= 0 && first_k_dense_replace <= num_hidden_layers,
+            "model.first_k_dense_replace (", first_k_dense_replace, ") must be in [0, model.num_hidden_layers]");
+  if (first_k_dense_replace > 0)
+    MOE_CHECK(dense_intermediate_size > 0, "model.dense_intermediate_size must be > 0 when model.first_k_dense_replace > 0");
+  if (first_k_dense_replace < num_hidden_layers) {
+    MOE_CHECK(num_experts > 0, "model.num_experts must be > 0, got ", num_experts);
+    MOE_CHECK(num_experts_per_tok > 0 && num_experts_per_tok <= num_experts, "model.num_experts_per_tok (",
+              num_experts_per_tok, ") must be in [1, model.num_experts = ", num_experts, "]");
+    MOE_CHECK(intermediate_size > 0, "model.intermediate_size must be > 0, got ", intermediate_size);
+  }
+  MOE_CHECK(shared_expert_intermediate_size >= 0, "model.shared_expert_intermediate_size must be >= 0");
+  MOE_CHECK(capacity_factor > 0, "model.capacity_factor must be > 0, got ", capacity_factor);
+  MOE_CHECK(rms_norm_eps > 0, "model.rms_norm_eps must be > 0");
+  MOE_CHECK(rope_theta > 0, "model.rope_theta must be > 0");
+  MOE_CHECK(init_std > 0, "model.init_std must be > 0");
+  MOE_CHECK(eos_token_id >= 0 && eos_token_id < vocab_size, "model.eos_token_id (", eos_token_id,
+            ") must be in [0, model.vocab_size = ", vocab_size, ")");
+}
+
+const char* to_string(QkNorm v) {
+  switch (v) {
+    case QkNorm::None: return "none";
+    case QkNorm::Full: return "full";
+    case QkNorm::PerHead: return "per_head";
+  }
+  return "?";
+}
+const char* to_string(Routing v) {
+  switch (v) {
+    case Routing::Learned: return "learned";
+    case Routing::Random: return "random";
+    case Routing::Uniform: return "uniform";
+  }
+  return "?";
+}
+const char* to_string(ScoreFn v) { return v == ScoreFn::Softmax ? "softmax" : "sigmoid"; }
+
+}  // namespace moe

@@ -1,0 +1,31 @@
+// Optimizer ops over flat FP32 buffers: gradient norm and AdamW. Clipping and the non-finite
+// skip are decided inside the update from the squared norm in memory, so the GPU path needs no
+// host round trip.
+#pragma once
+
+#include "moe/core/stream.h"
+#include "moe/core/tensor.h"
+
+namespace moe {
+
+struct AdamWConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
+// out[0] += sum_i x[i]^2 (x FP32, any shape; accumulated in double on the CPU).
+void sum_squares_accumulate(Tensor out, Tensor x, Stream stream = {});
+
+// One AdamW step on param/grad/m/v (same shapes, FP32), torch.optim.AdamW semantics:
+//   if grad_norm_sq[0] is not finite: nothing changes (the step is skipped);
+//   clip = max_norm > 0 ? min(1, max_norm / (sqrt(grad_norm_sq[0]) + 1e-6)) : 1;  g = clip * grad;
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+//   param = param * (1 - lr * wd) - lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps).
+// step counts from 1.
+void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
+                const AdamWConfig& cfg, int64_t step, Stream stream = {});
+
+}  // namespace moe

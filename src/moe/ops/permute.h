@@ -1,0 +1,25 @@
+// Row movement between token order and the expert-major buffer, and the weighted combine.
+// Pure data movement is exact; the combine sums in FP32 in fixed k order (deterministic).
+#pragma once
+
+#include "moe/core/stream.h"
+#include "moe/core/tensor.h"
+
+namespace moe {
+
+// dst[route_index[t*K+k]] = src[t] for every kept route. src [T, D], dst [rows, D], route_index [T*K].
+void gather_rows(Tensor dst, Tensor src, Tensor route_index, int top_k, Stream stream = {});
+// Gradient of gather_rows: dsrc[t] (= or +=, per accumulate) sum over kept k, in k order, of ddst[route_index[t*K+k]].
+void gather_rows_backward(Tensor dsrc, Tensor ddst, Tensor route_index, int top_k, bool accumulate,
+                          Stream stream = {});
+
+// out[t] (= or +=, per accumulate) sum_k weights[t,k] * y[route_index[t*K+k]] over kept routes, FP32, k ascending.
+// y [rows, D], weights [T, K], out [T, D].
+void combine_rows(Tensor out, Tensor y, Tensor weights, Tensor route_index, int top_k, bool accumulate,
+                  Stream stream = {});
+// Gradient of combine_rows: dy[route_index[t*K+k]] = weights[t,k] * dout[t] (rows of dropped routes are
+// untouched); dweights[t,k] = dot(dout[t], y[row]) for kept routes and 0 for dropped ones.
+void combine_rows_backward(Tensor dy, Tensor dweights, Tensor dout, Tensor y, Tensor weights, Tensor route_index,
+                           int top_k, Stream stream = {});
+
+}  // namespace moe

@@ -1,0 +1,34 @@
+// Router: scores, top-K selection, combine weights, and the auxiliary losses.
+#pragma once
+
+#include "moe/core/stream.h"
+#include "moe/core/tensor.h"
+
+namespace moe {
+
+enum class ScoreFn { Softmax, Sigmoid };
+
+// logits [T, N] FP32 (= x Wg^T, computed by matmul). Writes
+//   scores [T, N]: softmax or sigmoid of the logits (FP32);
+//   topk_idx [T, K] i32: the K experts with the largest scores[t,e] + bias[e] (bias [N] is a
+//     selection-only bias for auxiliary-loss-free balancing; empty tensor = no bias), in
+//     descending order of that sum, ties broken by the lower expert index;
+//   topk_weight [T, K]: scores at the selected experts (without the bias), divided by their
+//     sum over k when normalize is true.
+void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor logits, Tensor bias, ScoreFn fn,
+                    bool normalize, Stream stream = {});
+
+// expert_counts [N] i32 = number of (t, k) routes selecting each expert (before any drop).
+// lb_loss [1] = (N/K) * sum_e (count_e / T) * P_e with P_e = mean_t scores[t,e]  (1.0 when balanced);
+// z_loss [1] = mean_t logsumexp_e(logits[t,e])^2.
+void router_losses(Tensor lb_loss, Tensor z_loss, Tensor expert_counts, Tensor scores, Tensor logits, int top_k,
+                   Stream stream = {});
+
+// dlogits [T, N] (overwritten) = gradient of
+//   sum_{t,k} dtopk_weight[t,k] * topk_weight[t,k] + lb_scale * lb_loss + z_scale * z_loss
+// with respect to the logits; counts are constants (the selection is not differentiable).
+void router_backward(Tensor dlogits, Tensor dtopk_weight, Tensor topk_idx, Tensor topk_weight, Tensor scores,
+                     Tensor logits, Tensor expert_counts, float lb_scale, float z_scale, ScoreFn fn, bool normalize,
+                     Stream stream = {});
+
+}  // namespace moe

@@ -1,0 +1,1 @@
+#include "moe/train/config.h"
