@@ -1,2 +1,115 @@
+// moetrain: the command line. Subcommands: train, bench, prepare.
+// Every error is reported as one "error: ..." line and a non-zero exit.
+#include <CLI/CLI.hpp>
 #include <cstdio>
-int main() { std::puts("moetrain: under construction"); return 0; }
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "moe/core/arena.h"
+#include "moe/core/error.h"
+#include "moe/data/prepare.h"
+#include "moe/train/config.h"
+#include "moe/train/metrics.h"
+#include "moe/train/trainer.h"
+
+namespace {
+
+struct ConfigArgs {
+  std::string config = "tiny";
+  std::vector<std::string> overrides;
+  void add_to(CLI::App* cmd) {
+    cmd->add_option("--config", config, "TOML config file, or 'tiny' for the built-in default")
+        ->capture_default_str();
+    cmd->add_option("--set", overrides, "override a config key: --set section.key=value (repeatable)");
+  }
+};
+
+void print_summary(const moe::TrainSummary& s, bool bench) {
+  if (s.steps.empty()) {
+    std::printf("nothing to do: already at step %ld\n", static_cast<long>(s.last_step));
+    return;
+  }
+  const moe::StepRecord& last = s.steps.back();
+  std::printf("\n%s after step %ld: loss %.4f (lm %.4f)\n", bench ? "bench" : "done", static_cast<long>(last.step),
+              last.loss, last.lm_loss);
+  if (s.eval_loss) std::printf("  held-out loss:   %.4f\n", *s.eval_loss);
+  if (s.attainable_loss)
+    std::printf("  attainable loss: %.4f (entropy rate of the synthetic corpus)\n", *s.attainable_loss);
+  std::printf("  throughput: %s tokens/s, MFU %.2f%%, %.3f s/step (mean over steps after the first)\n",
+              moe::format_count(s.mean_tokens_per_s).c_str(), 100 * s.mean_mfu, s.mean_step_time_s);
+  std::printf("  memory: arena %s, peak resident %s\n", moe::format_bytes(static_cast<double>(s.arena_bytes)).c_str(),
+              moe::format_bytes(static_cast<double>(s.peak_rss_bytes)).c_str());
+  if (s.skipped_steps > 0) std::printf("  skipped steps (non-finite gradients): %ld\n", static_cast<long>(s.skipped_steps));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"moetrain: Mixture-of-Experts training"};
+  app.require_subcommand(1);
+
+  ConfigArgs train_args;
+  std::string resume;
+  int64_t save_every = -1, keep_last = -1, steps = -1;
+  CLI::App* train = app.add_subcommand("train", "train a model (default: the built-in tiny config on synthetic data)");
+  train_args.add_to(train);
+  train->add_option("--resume", resume, "continue from a checkpoint dir, a run dir, or 'latest'");
+  train->add_option("--save-every", save_every, "checkpoint every N steps (train.save_every)");
+  train->add_option("--keep-last", keep_last, "keep only the newest K checkpoints (train.keep_last)");
+  train->add_option("--steps", steps, "total optimizer steps (train.steps)");
+
+  ConfigArgs bench_args;
+  int64_t bench_steps = 10;
+  CLI::App* bench = app.add_subcommand("bench", "time N training steps; prints tokens/s, MFU and the step-time split");
+  bench_args.add_to(bench);
+  bench->add_option("--steps", bench_steps, "steps to run")->capture_default_str();
+
+  std::vector<std::string> prepare_inputs;
+  std::string prepare_out;
+  CLI::App* prepare = app.add_subcommand("prepare", "turn text files into byte-level .npy token files");
+  prepare->add_option("files", prepare_inputs, "text files")->required();
+  prepare->add_option("--out", prepare_out, "output folder")->required();
+
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (train->parsed()) {
+      std::vector<std::string> overrides = train_args.overrides;
+      if (save_every >= 0) overrides.push_back("train.save_every=" + std::to_string(save_every));
+      if (keep_last >= 0) overrides.push_back("train.keep_last=" + std::to_string(keep_last));
+      if (steps >= 0) overrides.push_back("train.steps=" + std::to_string(steps));
+      const moe::Config cfg = moe::load_config(train_args.config, overrides);
+      moe::TrainOptions opts;
+      opts.resume = resume;
+      moe::Trainer trainer(cfg, opts);
+      print_summary(trainer.run(), false);
+    } else if (bench->parsed()) {
+      std::vector<std::string> overrides = bench_args.overrides;
+      overrides.push_back("train.steps=" + std::to_string(bench_steps));
+      const moe::Config cfg = moe::load_config(bench_args.config, overrides);
+      moe::TrainOptions opts;
+      opts.bench = true;
+      moe::Trainer trainer(cfg, opts);
+      const moe::TrainSummary s = trainer.run();
+      print_summary(s, true);
+      const double ideal = s.mean_step_time_s * s.mean_mfu;
+      std::printf("  step-time split: ideal model time at peak %.4f s, the rest (tax) %.4f s (%.1f%%)\n", ideal,
+                  s.mean_step_time_s - ideal, 100 * (1 - s.mean_mfu));
+    } else if (prepare->parsed()) {
+      const moe::PrepareResult r = moe::prepare_byte_level(prepare_inputs, prepare_out);
+      for (const auto& f : r.files)
+        std::printf("%s -> %s/%s: %ld tokens, %ld documents\n", f.source.c_str(), r.out_dir.c_str(), f.name.c_str(),
+                    static_cast<long>(f.tokens), static_cast<long>(f.documents));
+      std::printf("wrote %ld tokens (vocab %ld, EOS %ld) and %s/dataset.json\n", static_cast<long>(r.total_tokens),
+                  static_cast<long>(moe::kByteVocabSize), static_cast<long>(moe::kByteEosTokenId), r.out_dir.c_str());
+    }
+  } catch (const moe::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

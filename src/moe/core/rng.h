@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string_view>
 
 namespace moe {
 
@@ -19,6 +20,13 @@ constexpr uint64_t mix64(uint64_t x) {
 // Hash of several counters, order-sensitive.
 constexpr uint64_t hash_counters(uint64_t a, uint64_t b = 0, uint64_t c = 0, uint64_t d = 0) {
   return mix64(mix64(mix64(mix64(a) ^ b) ^ c) ^ d);
+}
+
+// FNV-1a of a string: a stable hash (unlike std::hash) for keying random streams by name.
+constexpr uint64_t hash_string(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  return h;
 }
 
 class Rng {

@@ -1,1 +1,71 @@
+// The run configuration: TOML sections [model], [data], [train], [parallel], [run], loaded from
+// a file (or the built-in tiny config) with `--set section.key=value` overrides. Every key in
+// the file must be known: an unknown key is an error that names it and lists the known ones.
 #pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe/data/data_config.h"
+#include "moe/model/config.h"
+
+namespace moe {
+
+struct TrainConfig {
+  int64_t steps = 300;
+  int64_t global_batch_size = 16;  // sequences per optimizer step (fixes the math)
+  int64_t micro_batch_size = 8;    // sequences per rank per forward
+  int64_t seq_len = 128;
+  double lr = 3e-3;                // peak learning rate
+  double min_lr_ratio = 0.1;       // cosine decays to lr * min_lr_ratio
+  int64_t warmup_steps = 30;       // linear warmup from 0
+  double weight_decay = 0.1;       // applied to matrices (ndim >= 2) only
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;          // global norm clip; 0 = off
+  uint64_t seed = 42;              // initialization and random routing
+  int64_t eval_every = 100;        // 0 = no eval
+  int64_t eval_batches = 4;        // microbatches of held-out data per eval
+  int64_t log_every = 10;
+  int64_t save_every = 0;          // 0 = only a final checkpoint when run.save_final
+  int64_t keep_last = 0;           // 0 = keep all checkpoints
+};
+
+struct ParallelConfig {
+  std::string mode = "ddp";  // ddp (+ expert parallelism); fsdp comes with the distributed issue
+  int64_t ep = 1;
+};
+
+struct RunConfig {
+  std::string dir;              // output folder; empty = runs/<name>
+  double peak_tflops = 0.2;     // device peak used as the MFU denominator (CPU: set for your machine)
+  bool save_final = true;       // write a checkpoint after the last step
+};
+
+struct Config {
+  std::string name = "tiny";
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  ParallelConfig parallel;
+  RunConfig run;
+
+  int64_t accumulation_steps(int64_t dp) const { return train.global_batch_size / (train.micro_batch_size * dp); }
+  std::string run_dir() const { return run.dir.empty() ? "runs/" + name : run.dir; }
+  // Throws moe::Error naming the keys when values are inconsistent (shapes, batch sizes, ranges).
+  void validate(int64_t dp = 1) const;
+};
+
+// Parses TOML text (source_name is used in messages) and applies overrides "section.key=value"
+// (values parsed as TOML: 3, 1e-3, true, "text" or a bare word taken as a string).
+Config parse_config(const std::string& toml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
+// Reads the file; path "tiny" (or empty) selects the built-in tiny config.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The model section as TOML text (used to refuse resuming with another model) and the whole config.
+std::string model_config_toml(const ModelConfig& m);
+std::string config_to_toml(const Config& c);
+
+}  // namespace moe

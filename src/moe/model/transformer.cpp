@@ -1,0 +1,379 @@
+#include "moe/model/transformer.h"
+
+#include <algorithm>
+
+#include "moe/core/rng.h"
+#include "moe/ops/activation.h"
+#include "moe/ops/embedding.h"
+#include "moe/ops/gemm.h"
+#include "moe/ops/grouped_gemm.h"
+#include "moe/ops/loss.h"
+#include "moe/ops/norm.h"
+#include "moe/ops/rope.h"
+#include "moe/ops/router.h"
+#include "moe/ops/route.h"
+
+namespace moe {
+namespace {
+
+// Linear layer y = x W^T (+= when accumulate).
+void linear(Tensor y, Tensor x, Tensor w, bool accumulate = false) {
+  matmul(y, x, w, false, true, 1.0f, accumulate ? 1.0f : 0.0f);
+}
+// Backward of y = x W^T: dx (= or +=) dy W, dW += dy^T x.
+void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx) {
+  matmul(dx, dy, w, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f);
+  matmul(dw, dy, x, true, false, 1.0f, 1.0f);
+}
+
+constexpr int64_t kHeadWorkspaceFloats = 16 << 20;  // 64 MiB of logits per LM-head chunk at most
+
+}  // namespace
+
+Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena,
+                         TokenDispatcher& dispatcher)
+    : cfg_(cfg), batch_(batch), seq_len_(seq_len), rows_(batch * seq_len), arena_(arena), dispatcher_(dispatcher) {
+  cfg_.validate();
+  const int64_t R = rows_, D = cfg.hidden_size, L = cfg.num_hidden_layers, hd = cfg.head_dim();
+  const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads;
+  const int64_t Qo = Hq * hd, KVo = Hkv * hd, V = cfg.vocab_size;
+  const int64_t N = cfg.num_experts, K = cfg.num_experts_per_tok, H = cfg.intermediate_size;
+  const int64_t E = dispatcher.local_experts();
+  capacity_ = dispatcher.expert_rows(R, K);
+  attn_shape_ = AttentionShape{batch, seq_len, Hq, Hkv, hd};
+  const auto F = DType::F32, I = DType::I32;
+
+  h_.resize(L + 1);
+  layers_.resize(L);
+  for (int64_t l = 0; l <= L; ++l) reserve(h_[l], "h." + std::to_string(l), F, {R, D});
+  int64_t ffn_width = 0;  // widest dense MLP / shared expert, for the shared backward scratch
+  for (int64_t l = 0; l < L; ++l) {
+    LayerActs& A = layers_[l];
+    const std::string p = "layer." + std::to_string(l) + ".";
+    reserve(A.h_mid, p + "h_mid", F, {R, D});
+    reserve(A.a, p + "attn_norm_out", F, {R, D});
+    reserve(A.rstd1, p + "attn_norm_rstd", F, {R});
+    reserve(A.q_raw, p + "q_proj_out", F, {R, Qo});
+    reserve(A.k_raw, p + "k_proj_out", F, {R, KVo});
+    if (cfg.qk_norm != QkNorm::None) {
+      reserve(A.q, p + "q", F, {R, Qo});
+      reserve(A.k, p + "k", F, {R, KVo});
+      const bool per_head = cfg.qk_norm == QkNorm::PerHead;
+      reserve(A.q_rstd, p + "q_norm_rstd", F, {per_head ? R * Hq : R});
+      reserve(A.k_rstd, p + "k_norm_rstd", F, {per_head ? R * Hkv : R});
+    }
+    reserve(A.v, p + "v", F, {R, KVo});
+    reserve(A.att, p + "attn_out", F, {R, Qo});
+    reserve(A.lse, p + "attn_lse", F, {batch, Hq, seq_len});
+    reserve(A.m, p + "ffn_norm_out", F, {R, D});
+    reserve(A.rstd2, p + "ffn_norm_rstd", F, {R});
+    if (cfg.is_moe_layer(l)) {
+      reserve(A.logits, p + "router_logits", F, {R, N});
+      reserve(A.scores, p + "router_scores", F, {R, N});
+      reserve(A.topk_idx, p + "topk_idx", I, {R, K});
+      reserve(A.topk_w, p + "topk_weight", F, {R, K});
+      reserve(A.counts, p + "expert_counts", I, {N});
+      reserve(A.route_index, p + "route_index", I, {R * K});
+      reserve(A.offsets, p + "expert_offsets", I, {E + 1});
+      reserve(A.xe, p + "expert_in", F, {capacity_, D});
+      reserve(A.gu, p + "expert_gate_up", F, {capacity_, 2 * H});
+      reserve(A.act, p + "expert_act", F, {capacity_, H});
+      reserve(A.ye, p + "expert_out", F, {capacity_, D});
+      reserve(A.lb, p + "lb_loss", F, {1});
+      reserve(A.z, p + "z_loss", F, {1});
+      if (const int64_t S = cfg.shared_expert_intermediate_size; S > 0) {
+        reserve(A.shared_gu, p + "shared_gate_up", F, {R, 2 * S});
+        reserve(A.shared_act, p + "shared_act", F, {R, S});
+        ffn_width = std::max(ffn_width, S);
+      }
+    } else {
+      const int64_t Hd = cfg.dense_intermediate_size;
+      reserve(A.mlp_gu, p + "mlp_gate_up", F, {R, 2 * Hd});
+      reserve(A.mlp_act, p + "mlp_act", F, {R, Hd});
+      ffn_width = std::max(ffn_width, Hd);
+    }
+  }
+  Scratch& s = s_;
+  reserve(s.dres, "grad.residual", F, {R, D});
+  reserve(s.dm, "grad.ffn_norm_out", F, {R, D});
+  reserve(s.datt, "grad.attn_out", F, {R, Qo});
+  reserve(s.dq, "grad.q", F, {R, Qo});
+  reserve(s.dk, "grad.k", F, {R, KVo});
+  reserve(s.dv, "grad.v", F, {R, KVo});
+  if (cfg.qk_norm != QkNorm::None) {
+    reserve(s.dq_raw, "grad.q_proj_out", F, {R, Qo});
+    reserve(s.dk_raw, "grad.k_proj_out", F, {R, KVo});
+  }
+  reserve(s.da, "grad.attn_norm_out", F, {R, D});
+  if (cfg.first_k_dense_replace < L) {
+    reserve(s.dlogits, "grad.router_logits", F, {R, N});
+    reserve(s.dw, "grad.topk_weight", F, {R, K});
+    reserve(s.dye, "grad.expert_out", F, {capacity_, D});
+    reserve(s.dact, "grad.expert_act", F, {capacity_, H});
+    reserve(s.dgu, "grad.expert_gate_up", F, {capacity_, 2 * H});
+    reserve(s.dxe, "grad.expert_in", F, {capacity_, D});
+  }
+  if (ffn_width > 0) {
+    reserve(s.dffn_act, "grad.mlp_act", F, {R, ffn_width});
+    reserve(s.dffn_gu, "grad.mlp_gate_up", F, {R, 2 * ffn_width});
+  }
+  reserve(s.attn_ws, "attention_workspace", F, {std::max<int64_t>(1, attention_workspace_elems(attn_shape_))});
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(R, kHeadWorkspaceFloats / V));
+  reserve(s.head_ws, "lm_head_workspace", F, {chunk, V});
+  reserve(s.hn, "final_norm_out", F, {R, D});
+  reserve(s.rstd_f, "final_norm_rstd", F, {R});
+  reserve(s.loss_sum, "lm_loss_sum", F, {1});
+}
+
+void Transformer::reserve(Tensor& t, const std::string& name, DType dtype, Shape shape) {
+  pending_.emplace_back(&t, arena_.reserve("activations." + name, dtype, shape));
+}
+
+void Transformer::bind() {
+  if (bound_) return;
+  MOE_CHECK(arena_.committed(), "Transformer used before its arena '", arena_.name(), "' was committed");
+  for (auto& [tensor, slot] : pending_) *tensor = arena_.get(slot);
+  bound_ = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+void Transformer::attention_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_in) {
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim();
+  rmsnorm_forward(A.a, A.rstd1, h_in, w.input_norm, eps);
+  linear(A.q_raw, A.a, w.q_proj);
+  linear(A.k_raw, A.a, w.k_proj);
+  linear(A.v, A.a, w.v_proj);
+  Tensor q = A.q_raw, k = A.k_raw;  // with qk_norm = none, rope rotates the projections in place
+  if (cfg_.qk_norm == QkNorm::Full) {
+    rmsnorm_forward(A.q, A.q_rstd, A.q_raw, w.q_norm, eps);
+    rmsnorm_forward(A.k, A.k_rstd, A.k_raw, w.k_norm, eps);
+    q = A.q, k = A.k;
+  } else if (cfg_.qk_norm == QkNorm::PerHead) {
+    rmsnorm_forward(A.q.view({rows_ * Hq, hd}), A.q_rstd, A.q_raw.view({rows_ * Hq, hd}), w.q_norm, eps);
+    rmsnorm_forward(A.k.view({rows_ * Hkv, hd}), A.k_rstd, A.k_raw.view({rows_ * Hkv, hd}), w.k_norm, eps);
+    q = A.q, k = A.k;
+  }
+  const float theta = static_cast<float>(cfg_.rope_theta);
+  rope_forward(q, seq_len_, Hq, theta);
+  rope_forward(k, seq_len_, Hkv, theta);
+  attention_forward(A.att, A.lse, q, k, A.v, attn_shape_, s_.attn_ws);
+  copy(A.h_mid, h_in);
+  linear(A.h_mid, A.att, w.o_proj, /*accumulate=*/true);
+}
+
+void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs& A, Tensor h_out,
+                                    uint64_t routing_seed, const RoutingState& rs) {
+  const int64_t N = cfg_.num_experts, K = cfg_.num_experts_per_tok;
+  linear(A.logits, A.m, w.router);
+  Tensor bias = rs.router_bias.empty() ? Tensor() : rs.router_bias.rows(l, l + 1).view({N});
+  router_forward(A.scores, A.topk_idx, A.topk_w, A.logits, bias, cfg_.router_score, cfg_.norm_topk_prob);
+  if (cfg_.routing != Routing::Learned) {
+    // Benchmark routings: the router still runs (same cost), its choice is replaced.
+    int32_t* idx = A.topk_idx.i32();
+    float* wt = A.topk_w.f32();
+    for (int64_t t = 0; t < rows_; ++t) {
+      if (cfg_.routing == Routing::Uniform) {
+        for (int64_t k = 0; k < K; ++k) idx[t * K + k] = static_cast<int32_t>((t * K + k) % N);
+      } else {  // K distinct experts drawn uniformly, a pure function of (seed, layer, token)
+        Rng rng(hash_counters(routing_seed, static_cast<uint64_t>(l), static_cast<uint64_t>(t)));
+        for (int64_t k = 0; k < K; ++k) {
+          int32_t e;
+          bool fresh;
+          do {
+            e = static_cast<int32_t>(rng.below(static_cast<uint64_t>(N)));
+            fresh = std::find(idx + t * K, idx + t * K + k, e) == idx + t * K + k;
+          } while (!fresh);
+          idx[t * K + k] = e;
+        }
+      }
+      for (int64_t k = 0; k < K; ++k) wt[t * K + k] = 1.0f / static_cast<float>(K);
+    }
+  }
+  route_counts(A.counts, A.topk_idx);
+  router_losses(A.lb, A.z, A.counts, A.scores, A.logits, static_cast<int>(K));
+  if (!rs.expert_load.empty()) {
+    float* load = rs.expert_load.f32() + l * N;
+    const int32_t* c = A.counts.i32();
+    for (int64_t e = 0; e < N; ++e) load[e] += static_cast<float>(c[e]);
+  }
+  const RoutePlan plan{A.route_index, A.offsets};
+  dispatcher_.plan(plan, A.topk_idx, A.counts, {});
+  dispatcher_.dispatch(A.xe, A.m, plan, static_cast<int>(K), {});
+  grouped_matmul(A.gu, A.xe, w.experts_gate_up, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
+  swiglu_forward(A.act, A.gu);
+  grouped_matmul(A.ye, A.act, w.experts_down, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
+  copy(h_out, A.h_mid);
+  dispatcher_.combine(h_out, A.ye, A.topk_w, plan, static_cast<int>(K), {});
+  if (!w.shared_gate_up.empty()) {
+    linear(A.shared_gu, A.m, w.shared_gate_up);
+    swiglu_forward(A.shared_act, A.shared_gu);
+    linear(h_out, A.shared_act, w.shared_down, /*accumulate=*/true);
+  }
+}
+
+void Transformer::mlp_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_out) {
+  linear(A.mlp_gu, A.m, w.mlp_gate_up);
+  swiglu_forward(A.mlp_act, A.mlp_gu);
+  copy(h_out, A.h_mid);
+  linear(h_out, A.mlp_act, w.mlp_down, /*accumulate=*/true);
+}
+
+void Transformer::forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs) {
+  bind();
+  MOE_CHECK(tokens.numel() == rows_, "forward: got ", tokens.numel(), " tokens, the model was planned for ", rows_);
+  embedding_forward(h_[0], w.embed, tokens);
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    LayerActs& A = layers_[l];
+    const LayerWeights& lw = w.layers[l];
+    attention_forward_layer(lw, A, h_[l]);
+    rmsnorm_forward(A.m, A.rstd2, A.h_mid, lw.post_norm, eps);
+    if (cfg_.is_moe_layer(l))
+      moe_forward_layer(l, lw, A, h_[l + 1], routing_seed, rs);
+    else
+      mlp_forward_layer(lw, A, h_[l + 1]);
+  }
+  rmsnorm_forward(s_.hn, s_.rstd_f, h_[cfg_.num_hidden_layers], w.final_norm, eps);
+}
+
+MicrobatchLosses Transformer::collect_losses(bool with_lm) const {
+  MicrobatchLosses out;
+  out.tokens = rows_;
+  if (with_lm) out.lm_loss_sum = s_.loss_sum.f32()[0];
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    if (!cfg_.is_moe_layer(l)) continue;
+    const LayerActs& A = layers_[l];
+    ++moe_layers;
+    out.lb_loss += A.lb.f32()[0];
+    out.z_loss += A.z.f32()[0];
+    const int64_t routes = rows_ * cfg_.num_experts_per_tok;
+    out.routes += routes;
+    out.dropped_routes += routes - A.offsets.i32()[dispatcher_.local_experts()];
+  }
+  if (moe_layers > 0) {
+    out.lb_loss /= static_cast<double>(moe_layers);
+    out.z_loss /= static_cast<double>(moe_layers);
+  }
+  return out;
+}
+
+MicrobatchLosses Transformer::forward_loss(const ModelWeights& w, Tensor tokens, Tensor targets,
+                                           uint64_t routing_seed, const RoutingState& rs) {
+  forward(w, tokens, routing_seed, rs);
+  lm_head_cross_entropy(s_.loss_sum, Tensor(), Tensor(), s_.hn, w.lm_head, targets, 0.0f, s_.head_ws);
+  return collect_losses(true);
+}
+
+void Transformer::forward_logits(const ModelWeights& w, Tensor tokens, Tensor logits, uint64_t routing_seed,
+                                 const RoutingState& rs) {
+  forward(w, tokens, routing_seed, rs);
+  linear(logits, s_.hn, w.lm_head);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+void Transformer::attention_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A,
+                                           Tensor h_in) {
+  // s_.dres holds d(h_mid); it flows unchanged into d(h_in) plus the attention branch.
+  const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim();
+  Scratch& s = s_;
+  linear_backward(s.datt, g.o_proj, s.dres, A.att, w.o_proj, false);
+  const bool normed = cfg_.qk_norm != QkNorm::None;
+  Tensor q = normed ? A.q : A.q_raw, k = normed ? A.k : A.k_raw;
+  attention_backward(s.dq, s.dk, s.dv, s.datt, q, k, A.v, A.att, A.lse, attn_shape_, s.attn_ws);
+  const float theta = static_cast<float>(cfg_.rope_theta);
+  rope_backward(s.dq, seq_len_, Hq, theta);
+  rope_backward(s.dk, seq_len_, Hkv, theta);
+  Tensor dq_raw = s.dq, dk_raw = s.dk;
+  if (cfg_.qk_norm == QkNorm::Full) {
+    rmsnorm_backward(s.dq_raw, g.q_norm, s.dq, A.q_raw, w.q_norm, A.q_rstd, false);
+    rmsnorm_backward(s.dk_raw, g.k_norm, s.dk, A.k_raw, w.k_norm, A.k_rstd, false);
+    dq_raw = s.dq_raw, dk_raw = s.dk_raw;
+  } else if (cfg_.qk_norm == QkNorm::PerHead) {
+    rmsnorm_backward(s.dq_raw.view({rows_ * Hq, hd}), g.q_norm, s.dq.view({rows_ * Hq, hd}),
+                     A.q_raw.view({rows_ * Hq, hd}), w.q_norm, A.q_rstd, false);
+    rmsnorm_backward(s.dk_raw.view({rows_ * Hkv, hd}), g.k_norm, s.dk.view({rows_ * Hkv, hd}),
+                     A.k_raw.view({rows_ * Hkv, hd}), w.k_norm, A.k_rstd, false);
+    dq_raw = s.dq_raw, dk_raw = s.dk_raw;
+  }
+  linear_backward(s.da, g.q_proj, dq_raw, A.a, w.q_proj, false);
+  linear_backward(s.da, g.k_proj, dk_raw, A.a, w.k_proj, true);
+  linear_backward(s.da, g.v_proj, s.dv, A.a, w.v_proj, true);
+  rmsnorm_backward(s.dres, g.input_norm, s.da, h_in, w.input_norm, A.rstd1, /*accumulate_dx=*/true);
+}
+
+void Transformer::moe_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A,
+                                     const StepScales& scales) {
+  const int K = static_cast<int>(cfg_.num_experts_per_tok);
+  Scratch& s = s_;
+  const RoutePlan plan{A.route_index, A.offsets};
+  dispatcher_.combine_backward(s.dye, s.dw, s.dres, A.ye, A.topk_w, plan, K, {});
+  grouped_matmul(s.dact, s.dye, w.experts_down, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
+  grouped_matmul_wgrad(g.experts_down, s.dye, A.act, A.offsets);
+  swiglu_backward(s.dgu, s.dact, A.gu);
+  grouped_matmul(s.dxe, s.dgu, w.experts_gate_up, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
+  grouped_matmul_wgrad(g.experts_gate_up, s.dgu, A.xe, A.offsets);
+  dispatcher_.dispatch_backward(s.dm, s.dxe, plan, K, {});
+  if (!w.shared_gate_up.empty()) {
+    const int64_t S = cfg_.shared_expert_intermediate_size;
+    Tensor dact = Tensor(s.dffn_act.data, DType::F32, {rows_, S});
+    Tensor dgu = Tensor(s.dffn_gu.data, DType::F32, {rows_, 2 * S});
+    linear_backward(dact, g.shared_down, s.dres, A.shared_act, w.shared_down, false);
+    swiglu_backward(dgu, dact, A.shared_gu);
+    linear_backward(s.dm, g.shared_gate_up, dgu, A.m, w.shared_gate_up, true);
+  }
+  if (cfg_.routing == Routing::Learned) {
+    const float lb_scale = static_cast<float>(cfg_.router_aux_loss_coef) * scales.aux_grad_scale;
+    const float z_scale = static_cast<float>(cfg_.router_z_loss_coef) * scales.aux_grad_scale;
+    router_backward(s.dlogits, s.dw, A.topk_idx, A.topk_w, A.scores, A.logits, A.counts, lb_scale, z_scale,
+                    cfg_.router_score, cfg_.norm_topk_prob);
+    linear_backward(s.dm, g.router, s.dlogits, A.m, w.router, true);
+  }
+}
+
+void Transformer::mlp_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A) {
+  const int64_t Hd = cfg_.dense_intermediate_size;
+  Scratch& s = s_;
+  Tensor dact = Tensor(s.dffn_act.data, DType::F32, {rows_, Hd});
+  Tensor dgu = Tensor(s.dffn_gu.data, DType::F32, {rows_, 2 * Hd});
+  linear_backward(dact, g.mlp_down, s.dres, A.mlp_act, w.mlp_down, false);
+  swiglu_backward(dgu, dact, A.mlp_gu);
+  linear_backward(s.dm, g.mlp_gate_up, dgu, A.m, w.mlp_gate_up, false);
+}
+
+void Transformer::backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens, const StepScales& scales) {
+  Scratch& s = s_;
+  const int64_t L = cfg_.num_hidden_layers;
+  // s.dm holds d(final norm output) from the fused LM head; turn it into d(h_L).
+  rmsnorm_backward(s.dres, g.final_norm, s.dm, h_[L], w.final_norm, s.rstd_f, /*accumulate_dx=*/false);
+  for (int64_t l = L - 1; l >= 0; --l) {
+    LayerActs& A = layers_[l];
+    const LayerWeights &lw = w.layers[l], &lg = g.layers[l];
+    // s.dres = d(h_{l+1}); the feed-forward branch adds into d(h_mid) through its norm.
+    if (cfg_.is_moe_layer(l))
+      moe_backward_layer(lw, lg, A, scales);
+    else
+      mlp_backward_layer(lw, lg, A);
+    rmsnorm_backward(s.dres, lg.post_norm, s.dm, A.h_mid, lw.post_norm, A.rstd2, /*accumulate_dx=*/true);
+    attention_backward_layer(lw, lg, A, h_[l]);
+  }
+  embedding_backward(g.embed, s.dres, tokens);
+}
+
+MicrobatchLosses Transformer::forward_backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens,
+                                               Tensor targets, const StepScales& scales, uint64_t routing_seed,
+                                               const RoutingState& rs) {
+  forward(w, tokens, routing_seed, rs);
+  // The LM head and cross-entropy run fused with their backward: d(final norm output) lands in s_.dm.
+  lm_head_cross_entropy(s_.loss_sum, s_.dm, g.lm_head, s_.hn, w.lm_head, targets, scales.lm_grad_scale,
+                        s_.head_ws);
+  backward(w, g, tokens, scales);
+  return collect_losses(true);
+}
+
+}  // namespace moe

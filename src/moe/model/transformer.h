@@ -1,0 +1,105 @@
+// The OLMoE-family decoder: explicit forward and backward per layer, no autograd tape.
+// Activations saved for backward and all scratch live in buffers reserved in the caller's
+// arena at construction (sized from the config and the microbatch shape). Backward adds (+=)
+// into the gradient buffers, so gradient accumulation over microbatches is free.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "moe/core/arena.h"
+#include "moe/model/config.h"
+#include "moe/model/dispatch.h"
+#include "moe/model/weights.h"
+#include "moe/ops/attention.h"
+
+namespace moe {
+
+// How one microbatch's losses enter the gradient of the optimizer step's loss:
+//   step loss = sum_tokens CE / global_tokens + aux_coef * mean_{microbatches, MoE layers} lb + z_coef * (same) z.
+struct StepScales {
+  float lm_grad_scale = 0;   // 1 / tokens in the whole global batch
+  float aux_grad_scale = 0;  // 1 / (microbatches in the global batch x MoE layers)
+};
+
+struct MicrobatchLosses {
+  double lm_loss_sum = 0;  // sum of token cross-entropies
+  double lb_loss = 0;      // mean over MoE layers of the load-balancing loss
+  double z_loss = 0;       // mean over MoE layers of the router z-loss
+  int64_t tokens = 0;
+  int64_t routes = 0;          // (token, k) routes over all MoE layers
+  int64_t dropped_routes = 0;  // of which dropped by capacity
+};
+
+// Routing state that is not trained by gradients.
+struct RoutingState {
+  Tensor router_bias;  // [L, N] selection-only bias (auxiliary-loss-free balancing); empty = none
+  Tensor expert_load;  // [L, N] routes per expert, summed over forwards since the caller reset it; empty = not kept
+};
+
+class Transformer {
+ public:
+  Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena, TokenDispatcher& dispatcher);
+
+  // Forward and backward of one microbatch: tokens, targets [B*T] i32. Gradients are added into g.
+  MicrobatchLosses forward_backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens, Tensor targets,
+                                    const StepScales& scales, uint64_t routing_seed, const RoutingState& rs);
+  // Forward only, for evaluation.
+  MicrobatchLosses forward_loss(const ModelWeights& w, Tensor tokens, Tensor targets, uint64_t routing_seed,
+                                const RoutingState& rs);
+  // Forward to logits [B*T, V] (tests, interop checks).
+  void forward_logits(const ModelWeights& w, Tensor tokens, Tensor logits, uint64_t routing_seed,
+                      const RoutingState& rs);
+
+  int64_t rows() const { return rows_; }
+  int64_t expert_rows() const { return capacity_; }
+
+ private:
+  struct LayerActs {
+    Tensor h_mid;  // residual stream after attention
+    // attention
+    Tensor a, rstd1, q_raw, k_raw, q, k, v, q_rstd, k_rstd, att, lse;
+    // feed-forward input
+    Tensor m, rstd2;
+    // MoE
+    Tensor logits, scores, topk_idx, topk_w, counts, route_index, offsets, xe, gu, act, ye, lb, z;
+    Tensor shared_gu, shared_act;
+    // dense MLP
+    Tensor mlp_gu, mlp_act;
+  };
+  struct Scratch {
+    Tensor dres, dm, datt, dq, dk, dv, dq_raw, dk_raw, da;
+    Tensor dlogits, dw, dye, dact, dgu, dxe;
+    Tensor dffn_act, dffn_gu;  // dense MLP and shared expert
+    Tensor attn_ws, head_ws;
+    Tensor hn, rstd_f, loss_sum;
+  };
+
+  void reserve(Tensor& t, const std::string& name, DType dtype, Shape shape);
+  void bind();
+  void forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs);
+  void attention_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_in);
+  void moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs& A, Tensor h_out, uint64_t routing_seed,
+                         const RoutingState& rs);
+  void mlp_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_out);
+  void backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens, const StepScales& scales);
+  void attention_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A, Tensor h_in);
+  void moe_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A, const StepScales& scales);
+  void mlp_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A);
+  MicrobatchLosses collect_losses(bool with_lm) const;
+
+  ModelConfig cfg_;
+  int64_t batch_, seq_len_, rows_, capacity_;
+  AttentionShape attn_shape_;
+  Arena& arena_;
+  TokenDispatcher& dispatcher_;
+  std::vector<Tensor> h_;  // h_[l]: input of layer l; h_[L]: final residual stream
+  std::vector<LayerActs> layers_;
+  Scratch s_;
+  std::vector<std::pair<Tensor*, Arena::Slot>> pending_;
+  bool bound_ = false;
+};
+
+}  // namespace moe

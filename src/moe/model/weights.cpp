@@ -1,0 +1,120 @@
+#include "moe/model/weights.h"
+
+#include <string>
+
+#include "moe/core/rng.h"
+
+namespace moe {
+namespace {
+
+std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
+
+}  // namespace
+
+ParamRegistry build_registry(const ModelConfig& cfg, int64_t expert_begin, int64_t local_experts) {
+  ParamRegistry reg;
+  const int64_t D = cfg.hidden_size, hd = cfg.head_dim();
+  const int64_t q_out = cfg.num_attention_heads * hd, kv_out = cfg.num_key_value_heads * hd;
+  const auto dense = ReplicaGroup::Dense;
+  reg.add("model.embed_tokens.weight", {cfg.vocab_size, D}, dense, true);
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    reg.add(p + "input_layernorm.weight", {D}, dense, false);
+    reg.add(p + "self_attn.q_proj.weight", {q_out, D}, dense, true);
+    reg.add(p + "self_attn.k_proj.weight", {kv_out, D}, dense, true);
+    reg.add(p + "self_attn.v_proj.weight", {kv_out, D}, dense, true);
+    reg.add(p + "self_attn.o_proj.weight", {D, q_out}, dense, true);
+    if (cfg.qk_norm == QkNorm::Full) {
+      reg.add(p + "self_attn.q_norm.weight", {q_out}, dense, false);
+      reg.add(p + "self_attn.k_norm.weight", {kv_out}, dense, false);
+    } else if (cfg.qk_norm == QkNorm::PerHead) {
+      reg.add(p + "self_attn.q_norm.weight", {hd}, dense, false);
+      reg.add(p + "self_attn.k_norm.weight", {hd}, dense, false);
+    }
+    reg.add(p + "post_attention_layernorm.weight", {D}, dense, false);
+    if (cfg.is_moe_layer(l)) {
+      const int64_t N = cfg.num_experts, H = cfg.intermediate_size;
+      reg.add(p + "mlp.gate.weight", {N, D}, dense, true);
+      reg.add_sliced(p + "mlp.experts.gate_up_proj", {N, 2 * H, D}, expert_begin, local_experts,
+                     ReplicaGroup::Expert, true);
+      reg.add_sliced(p + "mlp.experts.down_proj", {N, D, H}, expert_begin, local_experts, ReplicaGroup::Expert,
+                     true);
+      if (const int64_t S = cfg.shared_expert_intermediate_size; S > 0) {
+        // gate then up, back to back, so they form one fused [2S, D] matrix.
+        reg.add(p + "mlp.shared_expert.gate_proj.weight", {S, D}, dense, true);
+        reg.add(p + "mlp.shared_expert.up_proj.weight", {S, D}, dense, true);
+        reg.add(p + "mlp.shared_expert.down_proj.weight", {D, S}, dense, true);
+      }
+    } else {
+      const int64_t Hd = cfg.dense_intermediate_size;
+      reg.add(p + "mlp.gate_proj.weight", {Hd, D}, dense, true);
+      reg.add(p + "mlp.up_proj.weight", {Hd, D}, dense, true);
+      reg.add(p + "mlp.down_proj.weight", {D, Hd}, dense, true);
+    }
+  }
+  reg.add("model.norm.weight", {D}, dense, false);
+  reg.add("lm_head.weight", {cfg.vocab_size, D}, dense, true);
+  return reg;
+}
+
+ModelWeights bind_weights(const ModelConfig& cfg, const ParamRegistry& reg, const Tensor& flat) {
+  auto get = [&](const std::string& name) { return reg.view(flat, reg.index(name)); };
+  ModelWeights w;
+  w.embed = get("model.embed_tokens.weight");
+  w.final_norm = get("model.norm.weight");
+  w.lm_head = get("lm_head.weight");
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    LayerWeights lw;
+    lw.input_norm = get(p + "input_layernorm.weight");
+    lw.q_proj = get(p + "self_attn.q_proj.weight");
+    lw.k_proj = get(p + "self_attn.k_proj.weight");
+    lw.v_proj = get(p + "self_attn.v_proj.weight");
+    lw.o_proj = get(p + "self_attn.o_proj.weight");
+    if (cfg.qk_norm != QkNorm::None) {
+      lw.q_norm = get(p + "self_attn.q_norm.weight");
+      lw.k_norm = get(p + "self_attn.k_norm.weight");
+    }
+    lw.post_norm = get(p + "post_attention_layernorm.weight");
+    const int64_t D = cfg.hidden_size;
+    if (cfg.is_moe_layer(l)) {
+      lw.router = get(p + "mlp.gate.weight");
+      lw.experts_gate_up = get(p + "mlp.experts.gate_up_proj");
+      lw.experts_down = get(p + "mlp.experts.down_proj");
+      if (const int64_t S = cfg.shared_expert_intermediate_size; S > 0) {
+        lw.shared_gate_up = reg.view_span(flat, reg.index(p + "mlp.shared_expert.gate_proj.weight"),
+                                          reg.index(p + "mlp.shared_expert.up_proj.weight"), {2 * S, D});
+        lw.shared_down = get(p + "mlp.shared_expert.down_proj.weight");
+      }
+    } else {
+      const int64_t Hd = cfg.dense_intermediate_size;
+      lw.mlp_gate_up = reg.view_span(flat, reg.index(p + "mlp.gate_proj.weight"), reg.index(p + "mlp.up_proj.weight"),
+                                     {2 * Hd, D});
+      lw.mlp_down = get(p + "mlp.down_proj.weight");
+    }
+    w.layers.push_back(lw);
+  }
+  return w;
+}
+
+void init_params(const ModelConfig& cfg, const ParamRegistry& reg, const Tensor& flat, uint64_t seed) {
+  for (int i = 0; i < static_cast<int>(reg.entries().size()); ++i) {
+    const ParamEntry& e = reg.entry(i);
+    float* p = reg.view(flat, i).f32();
+    const int64_t n = e.numel();
+    if (!e.decay) {  // norm weights
+      for (int64_t j = 0; j < n; ++j) p[j] = 1.0f;
+      continue;
+    }
+    const uint64_t name_hash = hash_string(e.name);
+    const int64_t base = e.global_begin();
+    const double std = cfg.init_std;
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; ++j) {
+      Rng rng(hash_counters(seed, name_hash, static_cast<uint64_t>(base + j)));
+      p[j] = static_cast<float>(std * rng.normal());
+    }
+  }
+}
+
+}  // namespace moe

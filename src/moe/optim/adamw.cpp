@@ -1,0 +1,34 @@
+#include "moe/optim/adamw.h"
+
+#include <cmath>
+
+#include "moe/ops/embedding.h"
+
+namespace moe {
+
+AdamW::AdamW(const ParamRegistry& reg, Arena& arena) : reg_(reg), arena_(arena) {
+  const int64_t n = reg.total_numel();
+  m_ = arena.reserve("optimizer.exp_avg", DType::F32, {n});
+  v_ = arena.reserve("optimizer.exp_avg_sq", DType::F32, {n});
+  norm_sq_ = arena.reserve("optimizer.grad_norm_sq", DType::F32, {1});
+}
+
+AdamW::Result AdamW::step(const Tensor& params, const Tensor& grads, const AdamWConfig& cfg, float max_norm,
+                          int64_t step) {
+  Tensor norm_sq = arena_.get(norm_sq_), m = arena_.get(m_), v = arena_.get(v_);
+  fill_zero(norm_sq);
+  sum_squares_accumulate(norm_sq, grads);
+  AdamWConfig no_decay = cfg;
+  no_decay.weight_decay = 0.0f;
+  for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {
+    adamw_step(reg_.view(params, i), reg_.view(grads, i), reg_.view(m, i), reg_.view(v, i), norm_sq, max_norm,
+               reg_.entry(i).decay ? cfg : no_decay, step);
+  }
+  Result r;
+  const double sq = norm_sq.f32()[0];  // CPU path: read the scalar for the log
+  r.grad_norm = std::sqrt(sq);
+  r.skipped = !std::isfinite(sq);
+  return r;
+}
+
+}  // namespace moe

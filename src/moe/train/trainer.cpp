@@ -1,0 +1,324 @@
+#include "moe/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "moe/ckpt/checkpoint.h"
+#include "moe/core/rng.h"
+#include "moe/ops/embedding.h"
+#include "moe/optim/lr_schedule.h"
+#include "moe/train/metrics.h"
+
+namespace fs = std::filesystem;
+
+namespace moe {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Lines of `a` that differ from `b`, for the resume-refused message.
+std::string config_diff(const std::string& a, const std::string& b) {
+  std::istringstream sa(a), sb(b);
+  std::string la, lb, out;
+  while (true) {
+    const bool ga = static_cast<bool>(std::getline(sa, la)), gb = static_cast<bool>(std::getline(sb, lb));
+    if (!ga && !gb) break;
+    if (la != lb) out += "\n  checkpoint: " + (gb ? lb : "(none)") + "\n  this run:   " + (ga ? la : "(none)");
+  }
+  return out;
+}
+
+// The routing seed of one microbatch: random routing draws a fresh choice per (step, microbatch).
+uint64_t routing_seed(uint64_t seed, int64_t step, int64_t micro) {
+  return hash_counters(seed, 0x726f757465ull, static_cast<uint64_t>(step), static_cast<uint64_t>(micro));
+}
+
+}  // namespace
+
+Trainer::Trainer(const Config& cfg, const TrainOptions& opts)
+    : cfg_(cfg),
+      opts_(opts),
+      reg_(build_registry(cfg.model, 0, cfg.model.num_experts)),
+      flops_(count_flops(cfg.model, cfg.train.seq_len)),
+      data_(TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id)),
+      dispatcher_(cfg.model.num_experts, cfg.model.capacity_factor, cfg.model.dropless) {
+  cfg_.validate();
+  MOE_CHECK(cfg_.parallel.ep == 1, "parallel.ep = ", cfg_.parallel.ep,
+            " needs several ranks; this build trains on one process (use parallel.ep = 1)");
+  const int64_t n = reg_.total_numel(), rows = cfg_.train.micro_batch_size * cfg_.train.seq_len;
+  const int64_t L = cfg_.model.num_hidden_layers, N = cfg_.model.num_experts;
+  params_ = state_.reserve("parameters", DType::F32, {n});
+  grads_ = state_.reserve("gradients", DType::F32, {n});
+  optimizer_ = std::make_unique<AdamW>(reg_, state_);
+  router_bias_ = state_.reserve("router_bias", DType::F32, {L, N});
+  expert_load_ = state_.reserve("expert_load", DType::F32, {L, N});
+  tokens_ = state_.reserve("batch.tokens", DType::I32, {rows});
+  targets_ = state_.reserve("batch.targets", DType::I32, {rows});
+  model_ = std::make_unique<Transformer>(cfg_.model, cfg_.train.micro_batch_size, cfg_.train.seq_len, acts_,
+                                         dispatcher_);
+  // Fail before any work when the plan cannot fit in this machine's memory.
+  const size_t limit = physical_memory_bytes();
+  state_.commit(limit);
+  acts_.commit(limit > state_.total_bytes() ? limit - state_.total_bytes() : 1);
+  w_ = bind_weights(cfg_.model, reg_, params());
+  g_ = bind_weights(cfg_.model, reg_, grads());
+  init_params(cfg_.model, reg_, params(), cfg_.train.seed);
+  if (!opts_.resume.empty()) load_checkpoint(opts_.resume == "latest" ? cfg_.run_dir() : opts_.resume);
+}
+
+void Trainer::print_plan() const {
+  const double tokens_per_step = static_cast<double>(cfg_.train.global_batch_size * cfg_.train.seq_len);
+  std::printf("moetrain: config '%s', %s parameters (%s active per token, capacity ratio %.2f)\n",
+              cfg_.name.c_str(), format_count(flops_.total_params).c_str(),
+              format_count(flops_.active_params).c_str(), flops_.total_params / flops_.active_params);
+  std::printf("  data: %s\n", data_.describe().c_str());
+  std::printf("  batch: %ld sequences x %ld tokens per step, %ld microbatches of %ld; %s FLOPs per token\n",
+              static_cast<long>(cfg_.train.global_batch_size), static_cast<long>(cfg_.train.seq_len),
+              static_cast<long>(cfg_.accumulation_steps(1)), static_cast<long>(cfg_.train.micro_batch_size),
+              format_count(flops_.flops_per_token).c_str());
+  std::printf("  memory plan: model state %s, activations %s (%.0f tokens/step)\n",
+              format_bytes(static_cast<double>(state_.total_bytes())).c_str(),
+              format_bytes(static_cast<double>(acts_.total_bytes())).c_str(), tokens_per_step);
+  std::fflush(stdout);
+}
+
+void Trainer::load_checkpoint(const std::string& path) {
+  const std::string dir = resolve_checkpoint(path);
+  CheckpointReader ckpt(dir);
+  const nlohmann::json& st = ckpt.train_state();
+  MOE_CHECK(st.contains("model_config") && st.contains("step"), "checkpoint ", dir,
+            ": train_state.json lacks model_config or step");
+  const std::string theirs = st["model_config"].get<std::string>(), ours = model_config_toml(cfg_.model);
+  MOE_CHECK(theirs == ours, "cannot resume from ", dir, ": the model config differs:", config_diff(ours, theirs));
+  Tensor p = params(), m = optimizer_->exp_avg(), v = optimizer_->exp_avg_sq();
+  for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {
+    const ParamEntry& e = reg_.entry(i);
+    const int64_t b = e.global_begin(), end = b + e.numel();
+    ckpt.read(e.name, DType::F32, b, end, reg_.view(p, i).data);
+    ckpt.read(e.name + ".exp_avg", DType::F32, b, end, reg_.view(m, i).data);
+    ckpt.read(e.name + ".exp_avg_sq", DType::F32, b, end, reg_.view(v, i).data);
+  }
+  Tensor bias = state_.get(router_bias_);
+  if (ckpt.has("router_bias")) ckpt.read("router_bias", DType::F32, 0, bias.numel(), bias.data);
+  start_step_ = st["step"].get<int64_t>();
+  skipped_steps_ = st.value("skipped_steps", int64_t{0});
+  MOE_CHECK(start_step_ <= cfg_.train.steps, "checkpoint ", dir, " is at step ", start_step_,
+            ", past train.steps = ", cfg_.train.steps);
+  if (!opts_.quiet) std::printf("resumed from %s at step %ld\n", dir.c_str(), static_cast<long>(start_step_));
+}
+
+void Trainer::save_checkpoint_now(int64_t step) {
+  std::vector<CheckpointSlice> slices;
+  Tensor p = params(), m = optimizer_->exp_avg(), v = optimizer_->exp_avg_sq();
+  for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {
+    const ParamEntry& e = reg_.entry(i);
+    std::vector<int64_t> shape(e.global_shape.dims.begin(), e.global_shape.dims.begin() + e.global_shape.ndim);
+    const int64_t b = e.global_begin(), end = b + e.numel();
+    slices.push_back({e.name, DType::F32, shape, b, end, reg_.view(p, i).data});
+    slices.push_back({e.name + ".exp_avg", DType::F32, shape, b, end, reg_.view(m, i).data});
+    slices.push_back({e.name + ".exp_avg_sq", DType::F32, shape, b, end, reg_.view(v, i).data});
+  }
+  Tensor bias = state_.get(router_bias_);
+  slices.push_back({"router_bias", DType::F32, {bias.dim(0), bias.dim(1)}, 0, bias.numel(), bias.data});
+  nlohmann::json st;
+  st["step"] = step;
+  st["skipped_steps"] = skipped_steps_;
+  st["data_position"] = {{"step", step}, {"note", "training windows are a pure function of (data.seed, step, sequence)"}};
+  st["rng"] = {{"train.seed", cfg_.train.seed}, {"data.seed", cfg_.data.seed}};
+  st["model_config"] = model_config_toml(cfg_.model);
+  st["config"] = config_to_toml(cfg_);
+  const std::string dir = save_checkpoint(cfg_.run_dir(), step, slices, st);
+  if (cfg_.train.keep_last > 0) prune_checkpoints(cfg_.run_dir(), static_cast<int>(cfg_.train.keep_last));
+  if (!opts_.quiet) std::printf("saved checkpoint %s\n", dir.c_str());
+}
+
+void Trainer::update_router_bias() {
+  const double rate = cfg_.model.bias_update_rate;
+  if (rate <= 0 || cfg_.model.routing != Routing::Learned) return;
+  const int64_t N = cfg_.model.num_experts;
+  Tensor bias = state_.get(router_bias_), load = state_.get(expert_load_);
+  for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l) {
+    if (!cfg_.model.is_moe_layer(l)) continue;
+    float* b = bias.f32() + l * N;
+    const float* c = load.f32() + l * N;
+    double mean = 0;
+    for (int64_t e = 0; e < N; ++e) mean += c[e];
+    mean /= static_cast<double>(N);
+    // Sign update: under-loaded experts become more attractive, over-loaded ones less.
+    for (int64_t e = 0; e < N; ++e)
+      b[e] += static_cast<float>(rate * (c[e] < mean ? 1.0 : c[e] > mean ? -1.0 : 0.0));
+  }
+}
+
+StepRecord Trainer::train_step(int64_t step) {
+  const TrainConfig& t = cfg_.train;
+  const int64_t B = t.micro_batch_size, T = t.seq_len, accum = cfg_.accumulation_steps(1);
+  const int64_t moe_layers = cfg_.model.num_hidden_layers - cfg_.model.first_k_dense_replace;
+  StepScales scales;
+  scales.lm_grad_scale = 1.0f / static_cast<float>(t.global_batch_size * T);
+  scales.aux_grad_scale = moe_layers > 0 ? 1.0f / static_cast<float>(accum * moe_layers) : 0.0f;
+  const auto t0 = Clock::now();
+  fill_zero(grads());
+  Tensor load = state_.get(expert_load_);
+  fill_zero(load);
+  RoutingState rs{state_.get(router_bias_), load};
+  Tensor tokens = state_.get(tokens_), targets = state_.get(targets_);
+  StepRecord r;
+  r.step = step + 1;
+  double lm_sum = 0, lb = 0, z = 0;
+  int64_t routes = 0, dropped = 0;
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    data_.train_batch(step, micro * B, B, T, tokens.i32(), targets.i32());
+    const MicrobatchLosses l =
+        model_->forward_backward(w_, g_, tokens, targets, scales, routing_seed(t.seed, step, micro), rs);
+    lm_sum += l.lm_loss_sum;
+    lb += l.lb_loss;
+    z += l.z_loss;
+    routes += l.routes;
+    dropped += l.dropped_routes;
+  }
+  r.lr = lr_at(step, t.steps, t.lr, t.warmup_steps, t.min_lr_ratio);
+  AdamWConfig oc;
+  oc.lr = static_cast<float>(r.lr);
+  oc.beta1 = static_cast<float>(t.beta1);
+  oc.beta2 = static_cast<float>(t.beta2);
+  oc.eps = static_cast<float>(t.eps);
+  oc.weight_decay = static_cast<float>(t.weight_decay);
+  const AdamW::Result opt = optimizer_->step(params(), grads(), oc, static_cast<float>(t.grad_clip), step + 1);
+  r.skipped = opt.skipped;
+  if (opt.skipped)
+    ++skipped_steps_;
+  else
+    update_router_bias();
+  r.step_time_s = seconds_since(t0);
+  r.lm_loss = lm_sum / static_cast<double>(t.global_batch_size * T);
+  r.lb_loss = lb / static_cast<double>(accum);
+  r.z_loss = z / static_cast<double>(accum);
+  r.loss = r.lm_loss + cfg_.model.router_aux_loss_coef * r.lb_loss + cfg_.model.router_z_loss_coef * r.z_loss;
+  r.grad_norm = opt.grad_norm;
+  r.tokens_per_s = static_cast<double>(t.global_batch_size * T) / r.step_time_s;
+  r.mfu = flops_.flops_per_token * r.tokens_per_s / (cfg_.run.peak_tflops * 1e12);
+  r.dropped_fraction = routes > 0 ? static_cast<double>(dropped) / static_cast<double>(routes) : 0.0;
+  const int64_t N = cfg_.model.num_experts;
+  for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l) {
+    if (!cfg_.model.is_moe_layer(l)) continue;
+    const float* c = load.f32() + l * N;
+    double mx = 0, mean = 0;
+    for (int64_t e = 0; e < N; ++e) mx = std::max(mx, static_cast<double>(c[e])), mean += c[e];
+    mean /= static_cast<double>(N);
+    if (mean > 0) r.expert_load_max_over_mean = std::max(r.expert_load_max_over_mean, mx / mean);
+  }
+  return r;
+}
+
+double Trainer::evaluate(int64_t batches) {
+  const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len;
+  const int64_t available = data_.eval_num_sequences(T) / B;
+  const int64_t n = std::min(batches, available);
+  if (n <= 0) return std::nan("");
+  Tensor tokens = state_.get(tokens_), targets = state_.get(targets_);
+  RoutingState rs{state_.get(router_bias_), Tensor()};
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    data_.eval_batch(i * B, B, T, tokens.i32(), targets.i32());
+    sum += model_->forward_loss(w_, tokens, targets, routing_seed(cfg_.train.seed, -1, i), rs).lm_loss_sum;
+  }
+  return sum / static_cast<double>(n * B * T);
+}
+
+TrainSummary Trainer::run() {
+  const TrainConfig& t = cfg_.train;
+  TrainSummary summary;
+  summary.first_step = start_step_;
+  summary.attainable_loss = data_.attainable_loss();
+  std::unique_ptr<MetricsLog> metrics;
+  if (!opts_.bench) {
+    std::error_code ec;
+    fs::create_directories(cfg_.run_dir(), ec);
+    MOE_CHECK(!ec, "cannot create run directory '", cfg_.run_dir(), "' (run.dir): ", ec.message());
+    metrics = std::make_unique<MetricsLog>(cfg_.run_dir() + "/metrics.jsonl");
+  }
+  if (!opts_.quiet) print_plan();
+  const double tokens_per_step = static_cast<double>(t.global_batch_size * t.seq_len);
+  const auto run_start = Clock::now();
+  double timed_s = 0;
+  int64_t timed_steps = 0;
+  int64_t last_saved = start_step_;
+  for (int64_t step = start_step_; step < t.steps; ++step) {
+    StepRecord r = train_step(step);
+    summary.steps.push_back(r);
+    if (step > start_step_ || t.steps - start_step_ == 1) timed_s += r.step_time_s, ++timed_steps;
+    const bool last = r.step == t.steps;
+    const bool log = r.step % t.log_every == 0 || last || step == start_step_;
+    std::optional<double> eval;
+    if (!opts_.bench && t.eval_every > 0 && t.eval_batches > 0 && (r.step % t.eval_every == 0 || last)) {
+      const double e = evaluate(t.eval_batches);
+      if (std::isfinite(e)) eval = e;
+    }
+    if (log || eval) {
+      const double elapsed = seconds_since(run_start);
+      const double eta = elapsed / static_cast<double>(step - start_step_ + 1) * static_cast<double>(t.steps - r.step);
+      if (!opts_.quiet) {
+        std::printf("step %5ld/%ld | loss %.4f (lm %.4f lb %.3f z %.3f) | gnorm %.3f | lr %.2e | %s tok/s | MFU %.2f%% | %s/step | ETA %s%s\n",
+                    static_cast<long>(r.step), static_cast<long>(t.steps), r.loss, r.lm_loss, r.lb_loss, r.z_loss,
+                    r.grad_norm, r.lr, format_count(r.tokens_per_s).c_str(), 100 * r.mfu,
+                    format_duration(r.step_time_s).c_str(), format_duration(eta).c_str(),
+                    r.skipped ? " | SKIPPED (non-finite gradient)" : "");
+        if (eval) std::printf("  eval loss %.4f\n", *eval);
+        std::fflush(stdout);
+      }
+      if (metrics) {
+        nlohmann::json j = {{"step", r.step},
+                            {"loss", r.loss},
+                            {"lm_loss", r.lm_loss},
+                            {"lb_loss", r.lb_loss},
+                            {"z_loss", r.z_loss},
+                            {"grad_norm", r.grad_norm},
+                            {"lr", r.lr},
+                            {"tokens_per_s", r.tokens_per_s},
+                            {"mfu", r.mfu},
+                            {"step_time_s", r.step_time_s},
+                            {"ideal_time_s", flops_.flops_per_token * tokens_per_step / (cfg_.run.peak_tflops * 1e12)},
+                            {"dropped_fraction", r.dropped_fraction},
+                            {"expert_load_max_over_mean", r.expert_load_max_over_mean},
+                            {"skipped", r.skipped},
+                            {"skipped_steps", skipped_steps_},
+                            {"tokens_seen", static_cast<double>(r.step) * tokens_per_step},
+                            {"arena_bytes", state_.total_bytes() + acts_.total_bytes()},
+                            {"peak_rss_bytes", peak_rss_bytes()}};
+        if (eval) j["eval_loss"] = *eval;
+        metrics->write(j);
+      }
+    }
+    if (!opts_.bench && t.save_every > 0 && r.step % t.save_every == 0) {
+      save_checkpoint_now(r.step);
+      last_saved = r.step;
+    }
+  }
+  summary.last_step = t.steps;
+  if (!opts_.bench && cfg_.run.save_final && last_saved != t.steps && t.steps > start_step_)
+    save_checkpoint_now(t.steps);
+  if (!opts_.bench && t.eval_batches > 0) {
+    const double e = evaluate(t.eval_batches);
+    if (std::isfinite(e)) summary.eval_loss = e;
+  }
+  summary.skipped_steps = skipped_steps_;
+  if (timed_steps > 0) {
+    summary.mean_step_time_s = timed_s / static_cast<double>(timed_steps);
+    summary.mean_tokens_per_s = tokens_per_step / summary.mean_step_time_s;
+    summary.mean_mfu = flops_.flops_per_token * summary.mean_tokens_per_s / (cfg_.run.peak_tflops * 1e12);
+  }
+  summary.arena_bytes = state_.total_bytes() + acts_.total_bytes();
+  summary.peak_rss_bytes = peak_rss_bytes();
+  return summary;
+}
+
+}  // namespace moe
