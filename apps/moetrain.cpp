@@ -1,7 +1,10 @@
 // moetrain: the command line. Subcommands: train, bench, prepare.
 // Every error is reported as one "error: ..." line and a non-zero exit.
 #include <CLI/CLI.hpp>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <vector>
@@ -46,6 +49,13 @@ void print_summary(const moe::TrainSummary& s, bool bench) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OpenMP threads that spin while waiting (libgomp's default) steal the cores from OpenBLAS and
+  // from each other whenever anything else runs on the machine: on 2 busy cores a step ran 17x
+  // slower. libgomp reads OMP_WAIT_POLICY once at load time, so set it and re-execute once.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    execv("/proc/self/exe", argv);  // returns only on failure; then run with the default policy
+  }
   CLI::App app{"moetrain: Mixture-of-Experts training"};
   app.require_subcommand(1);
 

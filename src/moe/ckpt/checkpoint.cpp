@@ -1,0 +1,411 @@
+#include "moe/ckpt/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "moe/ckpt/durable_file.h"
+#include "moe/core/error.h"
+
+namespace moe {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "moetrain-checkpoint";
+constexpr int kVersion = 1;
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Element count of a logical shape, or -1 when a dim is negative or the product overflows.
+int64_t shape_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
+  return n;
+}
+
+std::string tmp_dir_path(const std::string& run_dir, int64_t step) {
+  return run_dir + "/.tmp-" + checkpoint_dir_name(step);
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MOE_CHECK(in, "cannot read ", path, ": ", errno_text());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  MOE_CHECK(!in.bad(), "cannot read ", path, ": ", errno_text());
+  return ss.str();
+}
+
+json parse_json_file(const std::string& path) {
+  std::string text = read_text_file(path);
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    MOE_FAIL(path, " is not valid JSON: ", e.what());
+  }
+}
+
+// A chunk file must be a plain name inside the checkpoint directory.
+bool plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
+}
+
+// Checks one logical tensor's chunks (all ranks) agree and do not overlap; sorts them by begin.
+void check_and_sort_chunks(const std::string& where, const std::string& key, std::vector<CheckpointChunk>& chunks) {
+  const CheckpointChunk& first = chunks.front();
+  int64_t numel = shape_numel(first.global_shape);
+  MOE_CHECK(numel >= 0, where, ": tensor '", key, "' has invalid shape ", shape_str(first.global_shape));
+  for (const auto& c : chunks) {
+    MOE_CHECK(c.dtype == first.dtype && c.global_shape == first.global_shape, where, ": tensor '", key, "' stored as ",
+              dtype_name(first.dtype), " ", shape_str(first.global_shape), " in ", first.file, " but as ",
+              dtype_name(c.dtype), " ", shape_str(c.global_shape), " in ", c.file);
+    MOE_CHECK(0 <= c.begin && c.begin <= c.end && c.end <= numel, where, ": chunk [", c.begin, ", ", c.end,
+              ") of tensor '", key, "' in ", c.file, " lies outside its ", numel, " elements");
+  }
+  std::sort(chunks.begin(), chunks.end(), [](const CheckpointChunk& a, const CheckpointChunk& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const CheckpointChunk* prev = nullptr;
+  for (const auto& c : chunks) {
+    if (c.begin == c.end) continue;
+    MOE_CHECK(!prev || c.begin >= prev->end, where, ": chunks of tensor '", key, "' overlap: [", prev->begin, ", ",
+              prev->end, ") in ", prev->file, " and [", c.begin, ", ", c.end, ") in ", c.file);
+    prev = &c;
+  }
+}
+
+// step-* directories of run_dir as (step, name), ascending; `complete` also requires index.json.
+std::vector<std::pair<int64_t, std::string>> list_steps(const std::string& run_dir, const std::string& prefix,
+                                                        bool complete) {
+  std::vector<std::pair<int64_t, std::string>> steps;
+  std::error_code ec;
+  fs::directory_iterator it(run_dir, ec);
+  MOE_CHECK(!ec, "cannot list run directory ", run_dir, ": ", ec.message());
+  for (const auto& entry : it) {
+    std::string name = entry.path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string digits = name.substr(prefix.size());
+    if (digits.size() > 18 ||
+        !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      continue;
+    if (!entry.is_directory(ec)) continue;
+    if (complete && !fs::exists(entry.path() / "index.json", ec)) continue;
+    steps.emplace_back(std::stoll(digits), name);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  MOE_CHECK(!ec, "cannot remove ", path, ": ", ec.message());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Chunk records
+
+json chunks_to_json(const std::vector<CheckpointChunk>& chunks) {
+  json j = json::array();
+  for (const auto& c : chunks)
+    j.push_back({{"key", c.key},
+                 {"dtype", std::string(dtype_name(c.dtype))},
+                 {"shape", c.global_shape},
+                 {"begin", c.begin},
+                 {"end", c.end},
+                 {"file", c.file},
+                 {"file_key", c.file_key}});
+  return j;
+}
+
+std::vector<CheckpointChunk> chunks_from_json(const json& j) {
+  std::vector<CheckpointChunk> chunks;
+  try {
+    MOE_CHECK(j.is_array(), "chunk records: expected a JSON array");
+    for (const auto& r : j) {
+      CheckpointChunk c;
+      c.key = r.at("key").get<std::string>();
+      c.dtype = dtype_from_safetensors(r.at("dtype").get<std::string>(), "chunk record of '" + c.key + "'");
+      c.global_shape = r.at("shape").get<std::vector<int64_t>>();
+      c.begin = r.at("begin").get<int64_t>();
+      c.end = r.at("end").get<int64_t>();
+      c.file = r.at("file").get<std::string>();
+      c.file_key = r.at("file_key").get<std::string>();
+      chunks.push_back(std::move(c));
+    }
+  } catch (const json::exception& e) {
+    MOE_FAIL("malformed chunk records: ", e.what());
+  }
+  return chunks;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Save
+
+std::string checkpoint_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%06lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string rank_file_name(int rank) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "rank-%05d.safetensors", rank);
+  return buf;
+}
+
+std::string begin_checkpoint(const std::string& run_dir, int64_t step) {
+  MOE_CHECK(step >= 0, "checkpoint step must be >= 0, got ", step);
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  MOE_CHECK(!ec, "cannot create checkpoint directory ", run_dir, ": ", ec.message());
+  std::string tmp = tmp_dir_path(run_dir, step);
+  // A temp dir left by a crashed save is garbage by definition: it was never committed.
+  if (fs::exists(tmp, ec)) remove_tree(tmp);
+  MOE_CHECK(::mkdir(tmp.c_str(), 0755) == 0, "cannot create checkpoint directory ", tmp, ": ", errno_text());
+  return tmp;
+}
+
+std::vector<CheckpointChunk> write_rank_file(const std::string& tmp_dir, int rank,
+                                             const std::vector<CheckpointSlice>& slices) {
+  MOE_CHECK(rank >= 0, "write_rank_file: rank must be >= 0, got ", rank);
+  const std::string file = rank_file_name(rank);
+  const std::string path = tmp_dir + "/" + file;
+  std::vector<CheckpointChunk> chunks;
+  SafetensorsWriter writer;
+  writer.set_metadata("format", kFormat);
+  writer.set_metadata("rank", std::to_string(rank));
+  for (const auto& s : slices) {
+    int64_t numel = shape_numel(s.global_shape);
+    MOE_CHECK(!s.key.empty(), "checkpoint rank ", rank, ": slice with an empty key");
+    MOE_CHECK(numel >= 0, "checkpoint rank ", rank, ": tensor '", s.key, "' has invalid shape ",
+              shape_str(s.global_shape));
+    MOE_CHECK(0 <= s.begin && s.begin <= s.end && s.end <= numel, "checkpoint rank ", rank, ": slice [", s.begin, ", ",
+              s.end, ") of tensor '", s.key, "' lies outside its ", numel, " elements");
+    MOE_CHECK(s.begin == s.end || s.data, "checkpoint rank ", rank, ": slice [", s.begin, ", ", s.end, ") of tensor '",
+              s.key, "' has no data");
+    CheckpointChunk c{s.key, s.dtype, s.global_shape, s.begin, s.end, file, s.key + "@" + std::to_string(s.begin)};
+    for (const auto& other : chunks)
+      MOE_CHECK(other.file_key != c.file_key, "checkpoint rank ", rank, ": two slices of tensor '", s.key,
+                "' begin at element ", s.begin);
+    writer.add(c.file_key, s.dtype, {s.end - s.begin});
+    chunks.push_back(std::move(c));
+  }
+  writer.open(path);
+  for (const auto& s : slices) writer.write(s.data, static_cast<size_t>(s.end - s.begin) * dtype_size(s.dtype));
+  writer.finish();
+  return chunks;
+}
+
+void write_checkpoint_index(const std::string& tmp_dir, int64_t step, const std::vector<CheckpointChunk>& chunks,
+                            const json& train_state) {
+  const std::string where = "checkpoint " + tmp_dir;
+  std::map<std::string, std::vector<CheckpointChunk>> by_key;
+  for (const auto& c : chunks) {
+    MOE_CHECK(plain_file_name(c.file), where, ": chunk file name '", c.file, "' is not a plain file name");
+    by_key[c.key].push_back(c);
+  }
+  json tensors = json::object();
+  for (auto& [key, list] : by_key) {
+    check_and_sort_chunks(where, key, list);
+    json records = json::array();
+    for (const auto& c : list)
+      records.push_back({{"file", c.file}, {"key", c.file_key}, {"begin", c.begin}, {"end", c.end}});
+    tensors[key] = {{"dtype", std::string(dtype_name(list.front().dtype))},
+                    {"shape", list.front().global_shape},
+                    {"chunks", std::move(records)}};
+  }
+  json index = {{"format", kFormat}, {"version", kVersion}, {"step", step}, {"tensors", std::move(tensors)}};
+  std::string state_text, index_text;
+  try {
+    state_text = train_state.dump(2) + "\n";
+    index_text = index.dump(1) + "\n";
+  } catch (const json::exception& e) {
+    MOE_FAIL(where, ": cannot encode JSON: ", e.what());
+  }
+  // train_state.json first: index.json is what marks the directory as loadable.
+  write_file_atomic(tmp_dir + "/train_state.json", state_text);
+  write_file_atomic(tmp_dir + "/index.json", index_text);
+}
+
+std::string commit_checkpoint(const std::string& run_dir, int64_t step) {
+  const std::string tmp = tmp_dir_path(run_dir, step);
+  const std::string final_dir = run_dir + "/" + checkpoint_dir_name(step);
+  std::error_code ec;
+  MOE_CHECK(fs::exists(tmp + "/index.json", ec), "cannot commit checkpoint ", tmp, ": index.json was not written");
+  fsync_dir(tmp);  // files were fsynced one by one; this makes their names durable
+  if (std::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    if (errno != ENOTEMPTY && errno != EEXIST) MOE_FAIL("cannot rename ", tmp, " to ", final_dir, ": ", errno_text());
+    // Saving a step again: swap atomically so step-N is always one complete checkpoint, then
+    // drop the old one (now under the temp name, which a later save would clear anyway).
+    MOE_CHECK(::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0, "cannot replace ",
+              final_dir, " with ", tmp, ": ", errno_text());
+    remove_tree(tmp);
+  }
+  fsync_dir(run_dir);
+  return final_dir;
+}
+
+std::string save_checkpoint(const std::string& run_dir, int64_t step, const std::vector<CheckpointSlice>& slices,
+                            const json& train_state) {
+  std::string tmp = begin_checkpoint(run_dir, step);
+  std::vector<CheckpointChunk> chunks = write_rank_file(tmp, 0, slices);
+  if (std::getenv("MOE_TEST_CRASH_DURING_SAVE")) std::_Exit(3);  // test hook: die mid-save
+  write_checkpoint_index(tmp, step, chunks, train_state);
+  return commit_checkpoint(run_dir, step);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Load
+
+CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
+  const std::string index_path = dir + "/index.json";
+  std::error_code ec;
+  MOE_CHECK(fs::is_directory(dir, ec), "checkpoint directory ", dir, " does not exist");
+  json index = parse_json_file(index_path);
+  try {
+    MOE_CHECK(index.is_object() && index.value("format", "") == kFormat, index_path,
+              ": not a moetrain checkpoint index (missing \"format\": \"", kFormat, "\")");
+    MOE_CHECK(index.value("version", 0) == kVersion, index_path, ": unsupported version ", index.value("version", 0));
+    step_ = index.at("step").get<int64_t>();
+    const json& tensors = index.at("tensors");
+    MOE_CHECK(tensors.is_object(), index_path, ": \"tensors\" is not an object");
+    for (const auto& [key, t] : tensors.items()) {
+      const std::string what = index_path + ", tensor '" + key + "'";
+      StoredTensor st;
+      st.dtype = dtype_from_safetensors(t.at("dtype").get<std::string>(), what);
+      st.shape = t.at("shape").get<std::vector<int64_t>>();
+      st.numel = shape_numel(st.shape);
+      MOE_CHECK(st.numel >= 0, what, ": invalid shape ", shape_str(st.shape));
+      for (const auto& r : t.at("chunks")) {
+        CheckpointChunk c;
+        c.key = key;
+        c.dtype = st.dtype;
+        c.global_shape = st.shape;
+        c.file = r.at("file").get<std::string>();
+        c.file_key = r.at("key").get<std::string>();
+        c.begin = r.at("begin").get<int64_t>();
+        c.end = r.at("end").get<int64_t>();
+        MOE_CHECK(plain_file_name(c.file), what, ": chunk file '", c.file, "' is not a plain file name");
+        auto it = files_.find(c.file);
+        if (it == files_.end()) it = files_.emplace(c.file, SafetensorsReader(dir + "/" + c.file)).first;
+        const SafetensorsReader& f = it->second;
+        MOE_CHECK(f.has(c.file_key), what, ": chunk tensor '", c.file_key, "' not found in ", f.path());
+        const SafetensorsEntry& e = f.entry(c.file_key);
+        MOE_CHECK(c.begin >= 0 && c.begin <= c.end, what, ": chunk [", c.begin, ", ", c.end, ") is not a range");
+        MOE_CHECK(e.dtype == st.dtype && e.shape == std::vector<int64_t>{c.end - c.begin}, what, ": chunk '",
+                  c.file_key, "' in ", f.path(), " is ", dtype_name(e.dtype), " ", shape_str(e.shape), ", index says ",
+                  dtype_name(st.dtype), " [", c.end - c.begin, "]");
+        st.chunks.push_back(std::move(c));
+      }
+      if (!st.chunks.empty()) check_and_sort_chunks(index_path, key, st.chunks);
+      tensors_.emplace(key, std::move(st));
+    }
+  } catch (const json::exception& e) {
+    MOE_FAIL(index_path, ": malformed index: ", e.what());
+  }
+  train_state_ = parse_json_file(dir + "/train_state.json");
+}
+
+std::vector<std::string> CheckpointReader::keys() const {
+  std::vector<std::string> out;
+  for (const auto& [k, t] : tensors_) out.push_back(k);
+  return out;
+}
+
+const CheckpointReader::StoredTensor& CheckpointReader::tensor(const std::string& key) const {
+  auto it = tensors_.find(key);
+  MOE_CHECK(it != tensors_.end(), "tensor '", key, "' not found in checkpoint ", dir_);
+  return it->second;
+}
+
+std::vector<int64_t> CheckpointReader::global_shape(const std::string& key) const { return tensor(key).shape; }
+
+DType CheckpointReader::dtype(const std::string& key) const { return tensor(key).dtype; }
+
+void CheckpointReader::read(const std::string& key, DType expected, int64_t begin, int64_t end, void* out) const {
+  DType stored = tensor(key).dtype;
+  MOE_CHECK(stored == expected, "checkpoint ", dir_, ": tensor '", key, "' is stored as ", dtype_name(stored),
+            ", caller expects ", dtype_name(expected));
+  read(key, begin, end, out);
+}
+
+void CheckpointReader::read(const std::string& key, int64_t begin, int64_t end, void* out) const {
+  const StoredTensor& t = tensor(key);
+  MOE_CHECK(0 <= begin && begin <= end && end <= t.numel, "checkpoint ", dir_, ": read [", begin, ", ", end,
+            ") of tensor '", key, "' lies outside its ", t.numel, " elements");
+  const size_t esize = dtype_size(t.dtype);
+  auto* dst = static_cast<unsigned char*>(out);
+  int64_t cursor = begin;  // everything before it has been copied
+  for (const auto& c : t.chunks) {
+    if (cursor >= end) break;
+    if (c.end <= cursor) continue;
+    MOE_CHECK(c.begin <= cursor, "checkpoint ", dir_, ": elements [", cursor, ", ", std::min(c.begin, end),
+              ") of tensor '", key, "' are not stored in any chunk");
+    int64_t stop = std::min(end, c.end);
+    const auto* src = static_cast<const unsigned char*>(files_.at(c.file).data(c.file_key));
+    std::memcpy(dst + (cursor - begin) * esize, src + (cursor - c.begin) * esize, (stop - cursor) * esize);
+    cursor = stop;
+  }
+  MOE_CHECK(cursor >= end, "checkpoint ", dir_, ": elements [", cursor, ", ", end, ") of tensor '", key,
+            "' are not stored in any chunk");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finding and pruning
+
+std::string resolve_checkpoint(const std::string& run_dir_or_ckpt) {
+  std::string p = run_dir_or_ckpt;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  std::error_code ec;
+  if (fs::is_directory(p, ec) && fs::exists(p + "/index.json", ec)) return p;  // a checkpoint (or a link to one)
+  std::string run = p;
+  if (fs::path(p).filename() == "latest") run = parent_dir(p);
+  MOE_CHECK(fs::is_directory(run, ec), "cannot resolve checkpoint ", run_dir_or_ckpt,
+            ": neither a checkpoint directory nor a run directory");
+  auto steps = list_steps(run, "step-", /*complete=*/true);
+  MOE_CHECK(!steps.empty(), "no complete checkpoint (step-*/index.json) in ", run);
+  return run + "/" + steps.back().second;
+}
+
+void prune_checkpoints(const std::string& run_dir, int keep_last) {
+  MOE_CHECK(keep_last >= 0, "prune_checkpoints: keep_last must be >= 0, got ", keep_last);
+  if (keep_last == 0) return;
+  auto steps = list_steps(run_dir, "step-", /*complete=*/false);
+  if (steps.size() <= static_cast<size_t>(keep_last)) return;
+  const size_t drop = steps.size() - static_cast<size_t>(keep_last);
+  for (size_t i = 0; i < drop; ++i) {
+    // Rename first so a half-deleted directory never carries a step-* name.
+    std::string from = run_dir + "/" + steps[i].second;
+    std::string trash = run_dir + "/.trash-" + steps[i].second;
+    if (fs::exists(trash)) remove_tree(trash);
+    MOE_CHECK(std::rename(from.c_str(), trash.c_str()) == 0, "cannot remove checkpoint ", from, ": ", errno_text());
+    remove_tree(trash);
+  }
+  // Temp dirs of saves older than the oldest kept checkpoint can only be crash leftovers.
+  const int64_t oldest_kept = steps[drop].first;
+  for (const auto& [step, name] : list_steps(run_dir, ".tmp-step-", false))
+    if (step < oldest_kept) remove_tree(run_dir + "/" + name);
+  fsync_dir(run_dir);
+}
+
+}  // namespace moe

@@ -1,0 +1,117 @@
+// Topology-independent checkpoints (DESIGN.md section 8).
+//
+//   <run>/step-000100/
+//     rank-00000.safetensors   flat 1-D slices this rank owns, in-file key "<key>@<begin>"
+//     rank-00001.safetensors
+//     index.json               logical key -> {dtype, shape, chunks: [{file, key, begin, end}]}
+//     train_state.json         step, data position, RNG, config (caller's JSON)
+//
+// A save goes to <run>/.tmp-step-000100 and is renamed to step-000100 when complete; the
+// rename is the commit point, so a directory named step-* is always complete.
+//
+// Multi-rank save (single-process callers use save_checkpoint(), which does all of it):
+//   rank 0:     tmp = begin_checkpoint(run, step)              then barrier
+//   every rank: chunks = write_rank_file(tmp, rank, slices)    then gather chunks_to_json(chunks) to rank 0
+//   rank 0:     write_checkpoint_index(tmp, step, all_chunks, train_state);
+//               commit_checkpoint(run, step)
+// Loading under any topology: each rank computes the ranges it owns and calls
+// CheckpointReader::read for each, which assembles them from the overlapping chunks.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "moe/ckpt/safetensors.h"
+#include "moe/core/dtype.h"
+
+namespace moe {
+
+// A slice this rank owns of one logical tensor: flat element range [begin, end) of the
+// row-major logical tensor `key` of `global_shape`. `data` holds end - begin host elements.
+struct CheckpointSlice {
+  std::string key;
+  DType dtype = DType::F32;
+  std::vector<int64_t> global_shape;
+  int64_t begin = 0, end = 0;
+  const void* data = nullptr;
+};
+
+// Where one slice was stored: elements [begin, end) of logical tensor `key` live in tensor
+// `file_key` of `file` (a name inside the checkpoint directory).
+struct CheckpointChunk {
+  std::string key;
+  DType dtype = DType::F32;
+  std::vector<int64_t> global_shape;
+  int64_t begin = 0, end = 0;
+  std::string file, file_key;
+};
+
+// Chunk records as JSON, so ranks can send theirs to rank 0 as text.
+nlohmann::json chunks_to_json(const std::vector<CheckpointChunk>& chunks);
+std::vector<CheckpointChunk> chunks_from_json(const nlohmann::json& j);
+
+std::string checkpoint_dir_name(int64_t step);  // "step-000100"
+std::string rank_file_name(int rank);           // "rank-00003.safetensors"
+
+// 1. Creates <run_dir>/.tmp-step-XXXXXX (creating run_dir if needed, removing a stale temp dir)
+//    and returns its path.
+std::string begin_checkpoint(const std::string& run_dir, int64_t step);
+// 2a. Writes <tmp_dir>/rank-RRRRR.safetensors holding `slices`; returns their chunk records.
+std::vector<CheckpointChunk> write_rank_file(const std::string& tmp_dir, int rank,
+                                             const std::vector<CheckpointSlice>& slices);
+// 2b. Rank 0: checks the chunks of all ranks agree (dtype, shape, no overlaps) and writes
+//     index.json and train_state.json.
+void write_checkpoint_index(const std::string& tmp_dir, int64_t step, const std::vector<CheckpointChunk>& chunks,
+                            const nlohmann::json& train_state);
+// 3. Fsyncs and renames .tmp-step-XXXXXX to step-XXXXXX (replacing an existing one atomically);
+//    returns the final path.
+std::string commit_checkpoint(const std::string& run_dir, int64_t step);
+
+// All three steps for one process. Test hook: with MOE_TEST_CRASH_DURING_SAVE set in the
+// environment it calls std::_Exit(3) after the rank file and before index.json.
+std::string save_checkpoint(const std::string& run_dir, int64_t step, const std::vector<CheckpointSlice>& slices,
+                            const nlohmann::json& train_state);
+
+class CheckpointReader {  // validates index.json and every referenced file at open
+ public:
+  explicit CheckpointReader(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  int64_t step() const { return step_; }
+  const nlohmann::json& train_state() const { return train_state_; }
+  std::vector<std::string> keys() const;  // sorted
+  bool has(const std::string& key) const { return tensors_.count(key) != 0; }
+  std::vector<int64_t> global_shape(const std::string& key) const;
+  DType dtype(const std::string& key) const;
+  // Copies logical elements [begin, end) of `key` into out, assembling from every overlapping
+  // chunk; error if the range is not fully covered.
+  void read(const std::string& key, int64_t begin, int64_t end, void* out) const;
+  // Same, and first checks that the stored dtype is `expected`.
+  void read(const std::string& key, DType expected, int64_t begin, int64_t end, void* out) const;
+
+ private:
+  struct StoredTensor {
+    DType dtype = DType::F32;
+    std::vector<int64_t> shape;
+    int64_t numel = 0;
+    std::vector<CheckpointChunk> chunks;  // sorted by begin, disjoint
+  };
+  const StoredTensor& tensor(const std::string& key) const;
+
+  std::string dir_;
+  int64_t step_ = 0;
+  nlohmann::json train_state_;
+  std::map<std::string, SafetensorsReader> files_;
+  std::map<std::string, StoredTensor> tensors_;
+};
+
+// A step-* dir as is; "<run>/latest" or a run dir -> its newest complete step-* dir.
+std::string resolve_checkpoint(const std::string& run_dir_or_ckpt);
+// Keeps the newest keep_last step-* dirs of run_dir (0 = keep all).
+void prune_checkpoints(const std::string& run_dir, int keep_last);
+
+}  // namespace moe

@@ -1,0 +1,64 @@
+#include "moe/ckpt/durable_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "moe/core/error.h"
+
+namespace moe {
+
+std::string errno_text() { return std::strerror(errno); }
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  MOE_CHECK(fd >= 0, "cannot open directory ", dir, " to fsync it: ", errno_text());
+  int rc = ::fsync(fd);
+  int saved = errno;
+  ::close(fd);
+  errno = saved;
+  MOE_CHECK(rc == 0, "cannot fsync directory ", dir, ": ", errno_text());
+}
+
+std::string parent_dir(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MOE_CHECK(fd >= 0, "cannot create ", tmp, ": ", errno_text());
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      std::string why = errno_text();
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      MOE_FAIL("cannot write ", tmp, ": ", why);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    std::string why = errno_text();
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    MOE_FAIL("cannot fsync ", tmp, ": ", why);
+  }
+  ::close(fd);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    MOE_FAIL("cannot rename ", tmp, " to ", path, ": ", why);
+  }
+  fsync_dir(parent_dir(path));
+}
+
+}  // namespace moe

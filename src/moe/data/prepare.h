@@ -1,0 +1,44 @@
+// Byte-level data preparation: text files -> .npy token files that TokenDataset reads.
+//
+// Tokenizer: vocabulary 257, token b (0..255) is the byte b, EOS = 256.
+// Documents: every input file is one or more documents. The one rule: a line that consists of
+// exactly a form feed ("\f\n", "\f\r\n", or "\f" at the end of the file) separates documents
+// and is dropped. Every non-empty document is written as its bytes followed by one EOS, so a
+// plain text file (no form-feed lines) becomes its bytes followed by a single EOS.
+// Output: <out>/<stem>.npy (uint16) per input, plus <out>/dataset.json
+//   {"tokenizer":"byte","vocab_size":257,"eos_token_id":256,"dtype":"uint16",
+//    "files":[{"name":"<stem>.npy","tokens":N,"documents":D,"source":"<input path>"}, ...]}
+// Every file is written under a temporary name in <out> and renamed when all are complete
+// (dataset.json last). Inputs are all checked before anything is created: a missing input, two
+// inputs with the same stem, or an output folder that cannot be created or written is a
+// moe::Error, and leaves no partial files (nor an output folder this call created).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moe {
+
+constexpr int64_t kByteVocabSize = 257;
+constexpr int64_t kByteEosTokenId = 256;
+
+struct PreparedFile {
+  std::string name;    // file name inside out_dir, "<stem>.npy"
+  std::string source;  // the input path as given
+  int64_t tokens = 0;
+  int64_t documents = 0;
+};
+
+struct PrepareResult {
+  std::string out_dir;
+  std::vector<PreparedFile> files;
+  int64_t total_tokens = 0;
+};
+
+// Byte-level tokenization of a file's bytes with the document rule above (exposed for tests).
+std::vector<uint16_t> byte_tokenize(const std::string& bytes, int64_t* documents = nullptr);
+
+PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const std::string& out_dir);
+
+}  // namespace moe

@@ -1,0 +1,302 @@
+// Checkpoints: slices saved by several ranks load back as any range of the logical tensor;
+// resolve/prune find the right step dirs; a crash mid-save leaves earlier checkpoints intact.
+#include "moe/ckpt/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+
+#include "moe/core/error.h"
+#include "temp_dir.h"
+
+namespace moe {
+namespace {
+
+namespace fs = std::filesystem;
+using moe::testing::TempDir;
+using moe::testing::write_bytes;
+using nlohmann::json;
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected moe::Error";
+  return "";
+}
+
+// Two logical tensors with known contents: "experts.w1" F32 [4, 6] and "embed.ids" I64 [10].
+struct Model {
+  std::vector<float> w1 = std::vector<float>(24);
+  std::vector<int64_t> ids = std::vector<int64_t>(10);
+  explicit Model(float seed = 0.f) {
+    for (int i = 0; i < 24; ++i) w1[i] = seed + 0.5f * i - 3.f;
+    for (int i = 0; i < 10; ++i) ids[i] = (int64_t{1} << 40) + i * 7 + static_cast<int64_t>(seed);
+  }
+  CheckpointSlice w1_slice(int64_t b, int64_t e) const {
+    return {"experts.w1", DType::F32, {4, 6}, b, e, w1.data() + b};
+  }
+  CheckpointSlice ids_slice(int64_t b, int64_t e) const {
+    return {"embed.ids", DType::I64, {10}, b, e, ids.data() + b};
+  }
+  std::vector<CheckpointSlice> all() const { return {w1_slice(0, 24), ids_slice(0, 10)}; }
+};
+
+// Saves `m` as two ranks would: rank 0 owns w1 [0,7) [7,12) and ids [0,3); rank 1 owns
+// w1 [12,24) (unless `leave_gap`) and ids [3,10). Chunk records travel to rank 0 as JSON.
+std::string save_two_ranks(const std::string& run, int64_t step, const Model& m, bool leave_gap = false) {
+  std::string tmp = begin_checkpoint(run, step);
+  std::vector<CheckpointSlice> rank0 = {m.w1_slice(0, 7), m.ids_slice(0, 3), m.w1_slice(7, 12)};
+  std::vector<CheckpointSlice> rank1 = {m.ids_slice(3, 10)};
+  if (!leave_gap) rank1.push_back(m.w1_slice(12, 24));
+  json from0 = chunks_to_json(write_rank_file(tmp, 0, rank0));
+  json from1 = chunks_to_json(write_rank_file(tmp, 1, rank1));
+  std::vector<CheckpointChunk> all = chunks_from_json(from0);
+  for (auto& c : chunks_from_json(json::parse(from1.dump()))) all.push_back(c);
+  write_checkpoint_index(tmp, step, all, {{"step", step}, {"data_position", 4096}});
+  return commit_checkpoint(run, step);
+}
+
+TEST(Checkpoint, DirNamesArePaddedSteps) {
+  EXPECT_EQ(checkpoint_dir_name(100), "step-000100");
+  EXPECT_EQ(checkpoint_dir_name(0), "step-000000");
+  EXPECT_EQ(checkpoint_dir_name(12345678), "step-12345678");
+  EXPECT_EQ(rank_file_name(3), "rank-00003.safetensors");
+}
+
+TEST(Checkpoint, TwoRankSaveReadsBackAnyRangeAcrossChunks) {
+  TempDir tmp;
+  std::string run = tmp / "run";
+  Model m;
+  std::string dir = save_two_ranks(run, 100, m);
+  EXPECT_EQ(dir, run + "/step-000100");
+  EXPECT_TRUE(fs::exists(dir + "/rank-00000.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/rank-00001.safetensors"));
+  EXPECT_FALSE(fs::exists(run + "/.tmp-step-000100"));
+
+  CheckpointReader r(dir);
+  EXPECT_EQ(r.step(), 100);
+  EXPECT_EQ(r.train_state()["data_position"], 4096);
+  EXPECT_EQ(r.keys(), (std::vector<std::string>{"embed.ids", "experts.w1"}));
+  EXPECT_TRUE(r.has("experts.w1"));
+  EXPECT_FALSE(r.has("experts.w2"));
+  EXPECT_EQ(r.global_shape("experts.w1"), (std::vector<int64_t>{4, 6}));
+  EXPECT_EQ(r.dtype("experts.w1"), DType::F32);
+  EXPECT_EQ(r.dtype("embed.ids"), DType::I64);
+
+  // Every sub-range of w1, including those that straddle 1 or 2 chunk boundaries.
+  for (int64_t b = 0; b <= 24; ++b) {
+    for (int64_t e = b; e <= 24; ++e) {
+      std::vector<float> out(e - b + 1, -99.f);
+      r.read("experts.w1", b, e, out.data());
+      for (int64_t i = b; i < e; ++i) ASSERT_EQ(out[i - b], m.w1[i]) << "[" << b << ", " << e << ") at " << i;
+      ASSERT_EQ(out[e - b], -99.f) << "wrote past the range";
+    }
+  }
+  std::vector<int64_t> ids(10);
+  r.read("embed.ids", DType::I64, 0, 10, ids.data());
+  EXPECT_EQ(ids, m.ids);
+  std::vector<int64_t> mid(4);
+  r.read("embed.ids", 1, 5, mid.data());
+  EXPECT_EQ(mid, std::vector<int64_t>(m.ids.begin() + 1, m.ids.begin() + 5));
+
+  // index.json holds the section-8 layout.
+  json index = json::parse(moe::testing::read_bytes(dir + "/index.json"));
+  const json& w1 = index["tensors"]["experts.w1"];
+  EXPECT_EQ(w1["dtype"], "F32");
+  EXPECT_EQ(w1["shape"], json({4, 6}));
+  ASSERT_EQ(w1["chunks"].size(), 3u);
+  EXPECT_EQ(w1["chunks"][2],
+            json({{"file", "rank-00001.safetensors"}, {"key", "experts.w1@12"}, {"begin", 12}, {"end", 24}}));
+}
+
+TEST(Checkpoint, ReadErrorsNameTheProblem) {
+  TempDir tmp;
+  Model m;
+  std::string dir = save_two_ranks(tmp / "run", 1, m, /*leave_gap=*/true);
+  CheckpointReader r(dir);
+  std::vector<float> out(24);
+  r.read("experts.w1", 0, 12, out.data());  // covered part still reads
+  EXPECT_EQ(out[11], m.w1[11]);
+  std::string msg = error_of([&] { r.read("experts.w1", 10, 14, out.data()); });
+  EXPECT_NE(msg.find("elements [12, 14) of tensor 'experts.w1' are not stored"), std::string::npos) << msg;
+  msg = error_of([&] { r.read("experts.w1", 20, 24, out.data()); });
+  EXPECT_NE(msg.find("elements [20, 24)"), std::string::npos) << msg;
+  msg = error_of([&] { r.read("experts.w1", 0, 25, out.data()); });
+  EXPECT_NE(msg.find("outside its 24 elements"), std::string::npos) << msg;
+  msg = error_of([&] { r.read("experts.w2", 0, 1, out.data()); });
+  EXPECT_NE(msg.find("tensor 'experts.w2' not found in checkpoint " + dir), std::string::npos) << msg;
+  msg = error_of([&] { r.read("embed.ids", DType::F32, 0, 1, out.data()); });
+  EXPECT_NE(msg.find("stored as I64, caller expects F32"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, OverlappingOrInconsistentSlicesAreRefused) {
+  TempDir tmp;
+  Model m;
+  std::string run = tmp / "run";
+  std::string t = begin_checkpoint(run, 1);
+  auto c0 = write_rank_file(t, 0, {m.w1_slice(0, 10)});
+  auto c1 = write_rank_file(t, 1, {m.w1_slice(8, 24)});
+  c0.insert(c0.end(), c1.begin(), c1.end());
+  std::string msg = error_of([&] { write_checkpoint_index(t, 1, c0, json::object()); });
+  EXPECT_NE(msg.find("chunks of tensor 'experts.w1' overlap"), std::string::npos) << msg;
+
+  CheckpointSlice wrong_shape = m.w1_slice(10, 24);
+  wrong_shape.global_shape = {24};
+  auto c2 = write_rank_file(t, 2, {m.w1_slice(0, 10)});
+  auto c3 = write_rank_file(t, 3, {wrong_shape});
+  c2.insert(c2.end(), c3.begin(), c3.end());
+  msg = error_of([&] { write_checkpoint_index(t, 1, c2, json::object()); });
+  EXPECT_NE(msg.find("tensor 'experts.w1' stored as F32 [4, 6]"), std::string::npos) << msg;
+
+  msg = error_of([&] { write_rank_file(t, 4, {m.w1_slice(20, 25)}); });
+  EXPECT_NE(msg.find("outside its 24 elements"), std::string::npos) << msg;
+  msg = error_of([&] { commit_checkpoint(run, 1); });
+  EXPECT_NE(msg.find("index.json was not written"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(run + "/step-000001"));
+}
+
+TEST(Checkpoint, ReaderRefusesIndexThatDisagreesWithFiles) {
+  TempDir tmp;
+  Model m;
+  std::string dir = save_two_ranks(tmp / "run", 1, m);
+  json index = json::parse(moe::testing::read_bytes(dir + "/index.json"));
+  json good = index;
+  index["tensors"]["experts.w1"]["chunks"][0]["key"] = "experts.w1@99";
+  write_bytes(dir + "/index.json", index.dump());
+  std::string msg = error_of([&] { CheckpointReader r(dir); });
+  EXPECT_NE(msg.find("'experts.w1@99' not found in " + dir + "/rank-00000.safetensors"), std::string::npos) << msg;
+
+  index = good;
+  index["tensors"]["experts.w1"]["chunks"][0]["file"] = "../escape.safetensors";
+  write_bytes(dir + "/index.json", index.dump());
+  msg = error_of([&] { CheckpointReader r(dir); });
+  EXPECT_NE(msg.find("not a plain file name"), std::string::npos) << msg;
+
+  index = good;
+  index["tensors"]["experts.w1"]["dtype"] = "I32";
+  write_bytes(dir + "/index.json", index.dump());
+  msg = error_of([&] { CheckpointReader r(dir); });
+  EXPECT_NE(msg.find("index says I32"), std::string::npos) << msg;
+
+  write_bytes(dir + "/index.json", "{ not json");
+  msg = error_of([&] { CheckpointReader r(dir); });
+  EXPECT_NE(msg.find(dir + "/index.json is not valid JSON"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, SavingTheSameStepAgainReplacesItWhole) {
+  TempDir tmp;
+  std::string run = tmp / "run";
+  save_checkpoint(run, 5, Model(0.f).all(), {{"v", 1}});
+  Model second(100.f);
+  std::string dir = save_checkpoint(run, 5, second.all(), {{"v", 2}});
+  CheckpointReader r(dir);
+  EXPECT_EQ(r.train_state()["v"], 2);
+  std::vector<float> w(24);
+  r.read("experts.w1", 0, 24, w.data());
+  EXPECT_EQ(w, second.w1);
+  EXPECT_FALSE(fs::exists(run + "/.tmp-step-000005"));
+}
+
+TEST(Checkpoint, ResolvePicksTheNewestCompleteStep) {
+  TempDir tmp;
+  std::string run = tmp / "run";
+  Model m;
+  for (int64_t step : {1, 20, 3}) save_checkpoint(run, step, m.all(), {{"step", step}});
+  fs::create_directories(run + "/.tmp-step-000099");  // an unfinished save
+  fs::create_directories(run + "/step-000050-old");   // not a step dir name
+  EXPECT_EQ(resolve_checkpoint(run), run + "/step-000020");
+  EXPECT_EQ(resolve_checkpoint(run + "/"), run + "/step-000020");
+  EXPECT_EQ(resolve_checkpoint(run + "/latest"), run + "/step-000020");
+  EXPECT_EQ(resolve_checkpoint(run + "/step-000003"), run + "/step-000003");
+  EXPECT_EQ(CheckpointReader(resolve_checkpoint(run)).train_state()["step"], 20);
+
+  fs::create_directories(tmp / "empty-run");
+  std::string msg = error_of([&] { resolve_checkpoint(tmp / "empty-run"); });
+  EXPECT_NE(msg.find("no complete checkpoint"), std::string::npos) << msg;
+  msg = error_of([&] { resolve_checkpoint(tmp / "no-such-run"); });
+  EXPECT_NE(msg.find("no-such-run"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, PruneKeepsTheNewestK) {
+  TempDir tmp;
+  std::string run = tmp / "run";
+  Model m;
+  for (int64_t step : {4, 1, 10, 2, 3}) save_checkpoint(run, step, m.all(), json::object());
+  prune_checkpoints(run, 0);  // keep all
+  EXPECT_TRUE(fs::exists(run + "/step-000001"));
+  prune_checkpoints(run, 2);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(run)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"step-000004", "step-000010"}));
+  prune_checkpoints(run, 5);  // fewer than K: nothing to do
+  EXPECT_EQ(resolve_checkpoint(run), run + "/step-000010");
+}
+
+TEST(Checkpoint, CrashDuringSaveLeavesEarlierCheckpointAndNoNewStepDir) {
+  TempDir tmp;
+  std::string run = tmp / "run";
+  Model first(1.f);
+  save_checkpoint(run, 1, first.all(), {{"step", 1}});
+
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::setenv("MOE_TEST_CRASH_DURING_SAVE", "1", 1);
+    try {
+      save_checkpoint(run, 2, Model(2.f).all(), {{"step", 2}});
+    } catch (...) {
+      std::_Exit(4);
+    }
+    std::_Exit(0);  // the hook did not fire
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3) << "the child should die in the crash hook";
+
+  EXPECT_FALSE(fs::exists(run + "/step-000002"));
+  EXPECT_TRUE(fs::exists(run + "/.tmp-step-000002/rank-00000.safetensors"));  // it did get that far
+  EXPECT_FALSE(fs::exists(run + "/.tmp-step-000002/index.json"));
+  std::string dir = resolve_checkpoint(run);
+  EXPECT_EQ(dir, run + "/step-000001");
+  CheckpointReader r(dir);
+  std::vector<float> w(24);
+  r.read("experts.w1", 0, 24, w.data());
+  EXPECT_EQ(w, first.w1);
+
+  // The next save of that step clears the leftover and commits.
+  save_checkpoint(run, 2, Model(2.f).all(), {{"step", 2}});
+  EXPECT_EQ(resolve_checkpoint(run), run + "/step-000002");
+  EXPECT_FALSE(fs::exists(run + "/.tmp-step-000002"));
+}
+
+TEST(Checkpoint, UnwritableRunDirGivesClearError) {
+  TempDir tmp;
+  write_bytes(tmp / "file", "x");
+  std::string run = tmp / "file/run";  // a path below a regular file can never be created
+  std::string msg = error_of([&] { save_checkpoint(run, 1, Model().all(), json::object()); });
+  EXPECT_NE(msg.find("cannot create checkpoint directory " + run + ": Not a directory"), std::string::npos) << msg;
+
+  if (::geteuid() != 0) {  // root ignores permission bits
+    std::string ro = tmp / "readonly";
+    fs::create_directories(ro);
+    ::chmod(ro.c_str(), 0555);
+    msg = error_of([&] { save_checkpoint(ro, 1, Model().all(), json::object()); });
+    EXPECT_NE(msg.find("cannot create checkpoint directory " + ro + "/.tmp-step-000001: Permission denied"),
+              std::string::npos)
+        << msg;
+  }
+}
+
+}  // namespace
+}  // namespace moe

@@ -1,0 +1,245 @@
+// TokenDataset: deterministic, topology-independent training windows inside the training split;
+// held-out windows inside the tails; vocabulary and shape errors naming the file.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "moe/core/error.h"
+#include "moe/data/dataset.h"
+#include "moe/data/npy.h"
+#include "moe/data/synthetic.h"
+
+using namespace moe;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Token at index i of file f: f * kFileStride + i, so a window tells its file and position.
+constexpr uint32_t kFileStride = 1u << 20;
+constexpr int64_t kBigVocab = int64_t{8} << 20;
+
+class DatasetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("moe_dataset_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void write_positional(int file_index, int64_t n) {
+    std::vector<uint32_t> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = file_index * kFileStride + static_cast<uint32_t>(i);
+    write_npy((dir_ / ("f" + std::to_string(file_index) + ".npy")).string(), v);
+  }
+  DataConfig config() const {
+    DataConfig cfg;
+    cfg.path = dir_.string();
+    cfg.eval_fraction = 0.1;
+    return cfg;
+  }
+
+  fs::path dir_;
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_F(DatasetTest, train_windows_deterministic_and_independent_of_how_the_batch_is_split) {
+  write_positional(0, 1000);
+  write_positional(1, 3000);
+  write_positional(2, 517);
+  const TokenDataset ds = TokenDataset::open(config(), kBigVocab, 0);
+  const int64_t batch = 16, seq = 32;
+  std::vector<int32_t> in_all(batch * seq), tg_all(batch * seq);
+  ds.train_batch(5, 0, batch, seq, in_all.data(), tg_all.data());
+  for (int64_t split : {1, 2, 4, 8}) {  // e.g. data-parallel ranks each asking for their rows
+    std::vector<int32_t> in(batch * seq), tg(batch * seq);
+    for (int64_t first = 0; first < batch; first += batch / split)
+      ds.train_batch(5, first, batch / split, seq, in.data() + first * seq, tg.data() + first * seq);
+    EXPECT_EQ(in, in_all) << "split " << split;
+    EXPECT_EQ(tg, tg_all) << "split " << split;
+  }
+  // Reopening gives the same windows; another step gives others.
+  const TokenDataset again = TokenDataset::open(config(), kBigVocab, 0);
+  std::vector<int32_t> in2(batch * seq), tg2(batch * seq);
+  again.train_batch(5, 0, batch, seq, in2.data(), tg2.data());
+  EXPECT_EQ(in2, in_all);
+  again.train_batch(6, 0, batch, seq, in2.data(), tg2.data());
+  EXPECT_NE(in2, in_all);
+  DataConfig other = config();
+  other.seed = 4321;
+  TokenDataset::open(other, kBigVocab, 0).train_batch(5, 0, batch, seq, in2.data(), tg2.data());
+  EXPECT_NE(in2, in_all);
+}
+
+TEST_F(DatasetTest, train_windows_lie_inside_one_file_training_split_and_targets_are_shifted_inputs) {
+  const std::vector<int64_t> lengths = {1000, 3000, 517};
+  for (int f = 0; f < 3; ++f) write_positional(f, lengths[f]);
+  const TokenDataset ds = TokenDataset::open(config(), kBigVocab, 0);
+  ASSERT_EQ(ds.sources().size(), 3u);
+  for (int f = 0; f < 3; ++f) {
+    const int64_t held = static_cast<int64_t>(0.1 * lengths[f]);
+    EXPECT_EQ(ds.sources()[f].train_length, lengths[f] - held);
+    EXPECT_EQ(ds.sources()[f].eval_begin, lengths[f] - held);
+    EXPECT_EQ(ds.sources()[f].eval_length, held);
+  }
+  EXPECT_EQ(ds.train_tokens() + ds.eval_tokens(), 4517);
+  const int64_t batch = 64, seq = 50;
+  std::vector<int32_t> in(batch * seq), tg(batch * seq);
+  std::vector<int64_t> per_file(3, 0);
+  bool saw_last_train_token = false;
+  for (int64_t step = 0; step < 200; ++step) {
+    ds.train_batch(step, 0, batch, seq, in.data(), tg.data());
+    for (int64_t r = 0; r < batch; ++r) {
+      const int32_t* x = &in[r * seq];
+      const int32_t* y = &tg[r * seq];
+      const int f = x[0] / kFileStride;
+      const int64_t start = x[0] % kFileStride;
+      ++per_file[f];
+      for (int64_t t = 0; t < seq; ++t) {
+        ASSERT_EQ(x[t], x[0] + t) << "window crosses a file or is not consecutive";
+        ASSERT_EQ(y[t], x[t] + 1) << "targets are not the inputs shifted by one";
+      }
+      ASSERT_LE(start + seq, ds.sources()[f].train_length - 1) << "window enters the held-out tail";
+      saw_last_train_token = saw_last_train_token || start + seq == ds.sources()[f].train_length - 1;
+    }
+  }
+  EXPECT_TRUE(saw_last_train_token);
+  // Files are chosen proportionally to their training length (900 : 2700 : 466).
+  const double total = 200.0 * batch;
+  EXPECT_NEAR(per_file[0] / total, 900.0 / 4066, 0.02);
+  EXPECT_NEAR(per_file[1] / total, 2700.0 / 4066, 0.02);
+  EXPECT_NEAR(per_file[2] / total, 466.0 / 4066, 0.02);
+}
+
+TEST_F(DatasetTest, eval_windows_are_consecutive_non_overlapping_inside_the_held_out_tails) {
+  write_positional(0, 1000);  // tail 100 tokens -> 4 windows of 21
+  write_positional(1, 3000);  // tail 300 -> 14 windows
+  write_positional(2, 150);   // tail 15 -> none
+  const TokenDataset ds = TokenDataset::open(config(), kBigVocab, 0);
+  const int64_t seq = 20;
+  ASSERT_EQ(ds.eval_num_sequences(seq), 4 + 14);
+  std::vector<int32_t> in(18 * seq), tg(18 * seq);
+  ds.eval_batch(0, 18, seq, in.data(), tg.data());
+  for (int64_t r = 0; r < 18; ++r) {
+    const int f = r < 4 ? 0 : 1;
+    const int64_t k = r < 4 ? r : r - 4;
+    const int64_t expected_start = ds.sources()[f].eval_begin + k * (seq + 1);
+    for (int64_t t = 0; t < seq; ++t) {
+      ASSERT_EQ(in[r * seq + t], static_cast<int32_t>(f * kFileStride + expected_start + t)) << r;
+      ASSERT_EQ(tg[r * seq + t], in[r * seq + t] + 1);
+    }
+  }
+  // Partial ranges read the same windows.
+  std::vector<int32_t> in5(3 * seq), tg5(3 * seq);
+  ds.eval_batch(3, 3, seq, in5.data(), tg5.data());
+  EXPECT_TRUE(std::equal(in5.begin(), in5.end(), in.begin() + 3 * seq));
+  EXPECT_THROW(ds.eval_batch(17, 2, seq, in5.data(), tg5.data()), Error);
+}
+
+TEST_F(DatasetTest, mixed_uint16_and_uint32_files) {
+  std::vector<uint16_t> a(400);
+  std::vector<uint32_t> b(400);
+  for (int i = 0; i < 400; ++i) a[i] = static_cast<uint16_t>(i % 300), b[i] = static_cast<uint32_t>(300 + i % 200);
+  write_npy((dir_ / "a.npy").string(), a);
+  write_npy((dir_ / "b.npy").string(), b);
+  std::ofstream((dir_ / "notes.txt").string()) << "ignored";
+  const TokenDataset ds = TokenDataset::open(config(), 500, 499);
+  EXPECT_EQ(ds.sources().size(), 2u);
+  EXPECT_FALSE(ds.attainable_loss().has_value());
+  EXPECT_NE(ds.describe().find("2 .npy files"), std::string::npos) << ds.describe();
+  std::vector<int32_t> in(32 * 16), tg(32 * 16);
+  ds.train_batch(0, 0, 32, 16, in.data(), tg.data());
+  for (int32_t v : in) EXPECT_LT(v, 500);
+}
+
+TEST_F(DatasetTest, token_outside_vocab_is_rejected_naming_file_index_and_value) {
+  std::vector<uint16_t> a(100, 5);
+  a[73] = 300;
+  write_npy((dir_ / "good.npy").string(), std::vector<uint16_t>(100, 1));
+  write_npy((dir_ / "bad.npy").string(), a);
+  const std::string msg = error_of([&] { TokenDataset::open(config(), 257, 256); });
+  EXPECT_NE(msg.find("bad.npy"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("token 300 at index 73"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("vocab_size 257"), std::string::npos) << msg;
+}
+
+TEST_F(DatasetTest, short_training_split_names_the_file_and_needed_length) {
+  write_positional(0, 1000);
+  write_positional(1, 40);  // training split 36 tokens
+  const TokenDataset ds = TokenDataset::open(config(), kBigVocab, 0);
+  std::vector<int32_t> in(64), tg(64);
+  EXPECT_NO_THROW(ds.train_batch(0, 0, 2, 32, in.data(), tg.data()));  // needs 33 <= 36
+  const std::string msg = error_of([&] { ds.train_batch(0, 0, 1, 64, in.data(), tg.data()); });
+  EXPECT_NE(msg.find("f1.npy"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("36 tokens"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("65"), std::string::npos) << msg;
+}
+
+TEST_F(DatasetTest, missing_or_empty_folder_and_bad_files_are_clear_errors) {
+  DataConfig cfg = config();
+  cfg.path = (dir_ / "nope").string();
+  std::string msg = error_of([&] { TokenDataset::open(cfg, 100, 99); });
+  EXPECT_NE(msg.find("nope"), std::string::npos) << msg;
+  msg = error_of([&] { TokenDataset::open(config(), 100, 99); });
+  EXPECT_NE(msg.find("contains no .npy"), std::string::npos) << msg;
+  std::ofstream((dir_ / "junk.npy").string()) << "not a numpy file";
+  msg = error_of([&] { TokenDataset::open(config(), 100, 99); });
+  EXPECT_NE(msg.find("junk.npy"), std::string::npos) << msg;
+  cfg = config();
+  cfg.eval_fraction = 1.0;
+  msg = error_of([&] { TokenDataset::open(cfg, 100, 99); });
+  EXPECT_NE(msg.find("data.eval_fraction"), std::string::npos) << msg;
+}
+
+TEST(SyntheticDataset, streams_splits_and_attainable_loss) {
+  DataConfig cfg;
+  cfg.synthetic_tokens = 50000;
+  cfg.synthetic_eval_tokens = 5000;
+  const TokenDataset ds = TokenDataset::open(cfg, 512, 511);
+  const SyntheticCorpus corpus(512, 511, cfg);
+  ASSERT_TRUE(ds.attainable_loss().has_value());
+  EXPECT_DOUBLE_EQ(*ds.attainable_loss(), corpus.entropy_rate_nats());
+  EXPECT_EQ(ds.train_tokens(), 50000);
+  EXPECT_EQ(ds.eval_tokens(), 5000);
+  EXPECT_NE(ds.describe().find("synthetic"), std::string::npos) << ds.describe();
+  // The held-out split is stream 1 of the corpus, read in consecutive windows.
+  std::vector<int32_t> held;
+  corpus.generate(1, 5000, held);
+  const int64_t seq = 64;
+  ASSERT_EQ(ds.eval_num_sequences(seq), 5000 / 65);
+  std::vector<int32_t> in(2 * seq), tg(2 * seq);
+  ds.eval_batch(0, 2, seq, in.data(), tg.data());
+  for (int64_t t = 0; t < seq; ++t) {
+    EXPECT_EQ(in[t], held[t]);
+    EXPECT_EQ(tg[t], held[t + 1]);
+    EXPECT_EQ(in[seq + t], held[65 + t]);
+  }
+  // Training windows come from stream 0.
+  std::vector<int32_t> train;
+  corpus.generate(0, 50000, train);
+  std::vector<int32_t> bin(8 * seq), btg(8 * seq);
+  ds.train_batch(3, 0, 8, seq, bin.data(), btg.data());
+  for (int64_t r = 0; r < 8; ++r) {
+    const auto it = std::search(train.begin(), train.end(), bin.begin() + r * seq, bin.begin() + (r + 1) * seq);
+    ASSERT_NE(it, train.end()) << "window " << r << " not found in the training stream";
+    EXPECT_EQ(btg[r * seq + seq - 1], *(it + seq));
+  }
+}

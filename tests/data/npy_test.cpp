@@ -1,0 +1,139 @@
+// .npy token files: round trips, and every malformed file gives an error naming the file.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "moe/core/error.h"
+#include "moe/data/npy.h"
+
+using namespace moe;
+namespace fs = std::filesystem;
+
+namespace {
+
+class NpyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("moe_npy_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Writes a .npy by hand: magic, version, header dict (padded), then `payload` bytes.
+  std::string write_raw(const std::string& name, const std::string& dict, size_t payload_bytes, int major = 1,
+                        const std::string& magic = "\x93NUMPY") {
+    std::string header = dict;
+    const size_t prefix = major == 1 ? 10 : 12;
+    while ((prefix + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    std::string bytes = magic;
+    bytes += static_cast<char>(major);
+    bytes += '\0';
+    const size_t len = header.size();
+    bytes += static_cast<char>(len & 0xff);
+    bytes += static_cast<char>((len >> 8) & 0xff);
+    if (major != 1) bytes += std::string(2, '\0');
+    bytes += header;
+    bytes += std::string(payload_bytes, '\0');
+    std::ofstream(file(name), std::ios::binary) << bytes;
+    return file(name);
+  }
+
+  // Expects reading `path` to fail with a message that names the file and contains `what`.
+  void expect_error(const std::string& path, const std::string& what) {
+    try {
+      NpyTokens::open(path);
+      FAIL() << "expected an error for " << path;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;
+      EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    }
+  }
+
+  fs::path dir_;
+};
+
+}  // namespace
+
+TEST_F(NpyTest, uint16_round_trip) {
+  std::vector<uint16_t> values = {0, 1, 2, 255, 256, 65535, 12345};
+  write_npy(file("a.npy"), values);
+  const NpyTokens t = NpyTokens::open(file("a.npy"));
+  EXPECT_EQ(t.dtype(), TokenDType::U16);
+  ASSERT_EQ(t.size(), 7);
+  for (int64_t i = 0; i < t.size(); ++i) EXPECT_EQ(t.at(i), values[i]);
+  EXPECT_EQ(read_npy_header(file("a.npy")).data_offset % 64, 0);
+}
+
+TEST_F(NpyTest, uint32_round_trip_and_move) {
+  std::vector<uint32_t> values(100001);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint32_t>(i * 2654435761u);
+  values.back() = 0xffffffffu;
+  write_npy(file("b.npy"), values);
+  NpyTokens opened = NpyTokens::open(file("b.npy"));
+  const NpyTokens t = std::move(opened);
+  EXPECT_EQ(t.dtype(), TokenDType::U32);
+  ASSERT_EQ(t.size(), static_cast<int64_t>(values.size()));
+  for (int64_t i = 0; i < t.size(); ++i) ASSERT_EQ(t.at(i), values[i]) << i;
+}
+
+TEST_F(NpyTest, empty_array_round_trip) {
+  write_npy(file("e.npy"), std::vector<uint16_t>{});
+  EXPECT_EQ(NpyTokens::open(file("e.npy")).size(), 0);
+}
+
+TEST_F(NpyTest, reads_version_2_headers_and_numpy_spacing) {
+  const std::string p = write_raw("v2.npy", "{'descr': '<u4', 'fortran_order': False, 'shape': (3,), }", 12, 2);
+  const NpyTokens t = NpyTokens::open(p);
+  EXPECT_EQ(t.size(), 3);
+  EXPECT_EQ(t.dtype(), TokenDType::U32);
+  const std::string q = write_raw("sp.npy", "{\"shape\":(5,),\"fortran_order\":False,\"descr\":\"<u2\"}", 10);
+  EXPECT_EQ(NpyTokens::open(q).size(), 5);
+}
+
+TEST_F(NpyTest, truncated_file_names_expected_and_actual_size) {
+  write_npy(file("t.npy"), std::vector<uint16_t>(1000, 7));
+  const auto full = fs::file_size(file("t.npy"));
+  fs::resize_file(file("t.npy"), full - 10);
+  expect_error(file("t.npy"), "truncated: expected " + std::to_string(full));
+}
+
+TEST_F(NpyTest, trailing_bytes_are_an_error) {
+  const std::string p = write_raw("x.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (4,), }", 9);
+  expect_error(p, "trailing");
+}
+
+TEST_F(NpyTest, bad_magic) {
+  const std::string p = write_raw("m.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (4,), }", 8, 1, "NOTNPY");
+  expect_error(p, "bad magic");
+  std::ofstream(file("tiny.npy")) << "abc";
+  expect_error(file("tiny.npy"), "bad magic");
+}
+
+TEST_F(NpyTest, wrong_dtype) {
+  expect_error(write_raw("i8.npy", "{'descr': '<i8', 'fortran_order': False, 'shape': (4,), }", 32), "'<i8'");
+  expect_error(write_raw("u1.npy", "{'descr': '|u1', 'fortran_order': False, 'shape': (4,), }", 4), "'|u1'");
+  expect_error(write_raw("be.npy", "{'descr': '>u2', 'fortran_order': False, 'shape': (4,), }", 8), "'>u2'");
+}
+
+TEST_F(NpyTest, two_dimensional_or_scalar_or_fortran_is_an_error) {
+  expect_error(write_raw("2d.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (3, 4), }", 24),
+               "must be 1-D, got shape (3, 4)");
+  expect_error(write_raw("0d.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (), }", 2), "must be 1-D");
+  expect_error(write_raw("f.npy", "{'descr': '<u2', 'fortran_order': True, 'shape': (4,), }", 8), "fortran_order");
+}
+
+TEST_F(NpyTest, missing_file_and_bad_version) {
+  expect_error(file("nope.npy"), "cannot open");
+  const std::string p = write_raw("v9.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (4,), }", 8, 9);
+  expect_error(p, "version 9.0");
+}
