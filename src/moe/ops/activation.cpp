@@ -1,0 +1,16 @@
+#include "moe/ops/activation.h"
+
+#include "moe/ops/cpu/activation.h"
+#include "moe/ops/dispatch.h"
+
+namespace moe {
+
+void swiglu_forward(Tensor out, Tensor gate_up, Stream stream) {
+  MOE_OP_DISPATCH(gate_up.device, swiglu_forward, out, gate_up, stream);
+}
+
+void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, Stream stream) {
+  MOE_OP_DISPATCH(gate_up.device, swiglu_backward, dgate_up, dout, gate_up, stream);
+}
+
+}  // namespace moe

@@ -1,0 +1,22 @@
+#include "moe/ops/attention.h"
+
+#include "moe/ops/cpu/attention.h"
+#include "moe/ops/dispatch.h"
+
+namespace moe {
+
+// NOTES: the workspace size has no tensor to dispatch on; it is the CPU size for now. A CUDA
+// backend that needs a different size will need a device argument here.
+int64_t attention_workspace_elems(const AttentionShape& s) { return cpu::attention_workspace_elems(s); }
+
+void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttentionShape& s,
+                       Tensor workspace, Stream stream) {
+  MOE_OP_DISPATCH(q.device, attention_forward, out, lse, q, k, v, s, workspace, stream);
+}
+
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                        Tensor lse, const AttentionShape& s, Tensor workspace, Stream stream) {
+  MOE_OP_DISPATCH(q.device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, s, workspace, stream);
+}
+
+}  // namespace moe

@@ -1,0 +1,91 @@
+// CPU optimizer ops. The squared-norm reduction uses a fixed block partition (independent of
+// the thread count) and sums the block partials in order, so it is deterministic.
+#include "moe/ops/cpu/optim.h"
+
+#include <cmath>
+#include <vector>
+
+namespace moe::cpu {
+
+namespace {
+
+constexpr int64_t kReduceBlock = 1 << 15;  // elements per partial sum
+
+// Below this many elements of work a loop runs on the calling thread: waking the OpenMP team
+// costs more than the loop.
+constexpr int64_t kMinParallelWork = 1 << 15;
+
+void check_f32(const Tensor& t, const char* op, const char* name) {
+  MOE_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " has no data");
+  MOE_CHECK(t.device == Device::CPU, op, ": ", name, " is on ", device_name(t.device), ", expected cpu");
+  MOE_CHECK(t.dtype == DType::F32, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected F32");
+}
+
+}  // namespace
+
+void sum_squares_accumulate(Tensor out, Tensor x, Stream /*stream*/) {
+  constexpr const char* op = "sum_squares_accumulate";
+  check_f32(out, op, "out");
+  check_f32(x, op, "x");
+  MOE_CHECK(out.numel() == 1, op, ": out must hold one value, got shape ", out.shape.str());
+  const int64_t n = x.numel();
+  const float* xv = x.f32();
+  const int64_t blocks = (n + kReduceBlock - 1) / kReduceBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks));
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t end = (b + 1) * kReduceBlock < n ? (b + 1) * kReduceBlock : n;
+    double sum = 0.0;
+    for (int64_t i = b * kReduceBlock; i < end; ++i) sum += static_cast<double>(xv[i]) * xv[i];
+    partial[b] = sum;
+  }
+  double total = out.f32()[0];
+  for (int64_t b = 0; b < blocks; ++b) total += partial[b];
+  out.f32()[0] = static_cast<float>(total);
+}
+
+void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
+                const AdamWConfig& cfg, int64_t step, Stream /*stream*/) {
+  constexpr const char* op = "adamw_step";
+  check_f32(param, op, "param");
+  check_f32(grad, op, "grad");
+  check_f32(m, op, "m");
+  check_f32(v, op, "v");
+  check_f32(grad_norm_sq, op, "grad_norm_sq");
+  MOE_CHECK(grad.shape == param.shape, op, ": grad ", grad.shape.str(), " does not match param ", param.shape.str());
+  MOE_CHECK(m.shape == param.shape, op, ": m ", m.shape.str(), " does not match param ", param.shape.str());
+  MOE_CHECK(v.shape == param.shape, op, ": v ", v.shape.str(), " does not match param ", param.shape.str());
+  MOE_CHECK(grad_norm_sq.numel() == 1, op, ": grad_norm_sq must hold one value, got shape ", grad_norm_sq.shape.str());
+  MOE_CHECK(step >= 1, op, ": step = ", step, " must count from 1");
+
+  const float norm_sq = grad_norm_sq.f32()[0];
+  if (!std::isfinite(norm_sq)) return;  // skip the step: a non-finite gradient changes nothing
+  const float clip =
+      max_norm > 0.0f ? std::fmin(1.0f, static_cast<float>(max_norm / (std::sqrt(static_cast<double>(norm_sq)) + 1e-6)))
+                      : 1.0f;
+  // Scalars in double (as torch computes them in Python), applied in FP32.
+  const double bias1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(step));
+  const float step_size = static_cast<float>(cfg.lr / bias1);
+  const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+  const float decay = static_cast<float>(1.0 - static_cast<double>(cfg.lr) * cfg.weight_decay);
+  const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
+
+  const int64_t n = param.numel();
+  float* p = param.f32();
+  const float* gv = grad.f32();
+  float* mv = m.f32();
+  float* vv = v.f32();
+#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = clip * gv[i];
+    const float mi = b1 * mv[i] + (1.0f - b1) * g;
+    const float vi = b2 * vv[i] + (1.0f - b2) * g * g;
+    mv[i] = mi;
+    vv[i] = vi;
+    // Same operation order as torch: (m / (sqrt(v) / sqrt(bias2) + eps)) times the step size.
+    p[i] = p[i] * decay - step_size * (mi / (std::sqrt(vi) / bias2_sqrt + eps));
+  }
+}
+
+}  // namespace moe::cpu

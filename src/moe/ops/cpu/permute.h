@@ -1,0 +1,15 @@
+// CPU row movement and weighted combine: the reference meaning of ops/permute.h (same signatures).
+#pragma once
+
+#include "moe/ops/permute.h"
+
+namespace moe::cpu {
+
+void gather_rows(Tensor dst, Tensor src, Tensor route_index, int top_k, Stream stream = {});
+void gather_rows_backward(Tensor dsrc, Tensor ddst, Tensor route_index, int top_k, bool accumulate, Stream stream = {});
+void combine_rows(Tensor out, Tensor y, Tensor weights, Tensor route_index, int top_k, bool accumulate,
+                  Stream stream = {});
+void combine_rows_backward(Tensor dy, Tensor dweights, Tensor dout, Tensor y, Tensor weights, Tensor route_index,
+                           int top_k, Stream stream = {});
+
+}  // namespace moe::cpu

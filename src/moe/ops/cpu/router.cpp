@@ -1,0 +1,249 @@
+// CPU router. Rows (tokens) are independent, so the per-row work runs under OpenMP; every
+// reduction over tokens runs in a fixed order so results do not depend on the thread count.
+#include "moe/ops/cpu/router.h"
+
+#include <cmath>
+#include <vector>
+
+namespace moe::cpu {
+
+namespace {
+
+// Below this many elements of work a loop runs on the calling thread: waking the OpenMP team
+// costs more than the loop.
+constexpr int64_t kMinParallelWork = 1 << 15;
+
+void check_tensor(const Tensor& t, DType dtype, const char* op, const char* name) {
+  MOE_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " has no data");
+  MOE_CHECK(t.device == Device::CPU, op, ": ", name, " is on ", device_name(t.device), ", expected cpu");
+  MOE_CHECK(t.dtype == dtype, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected ", dtype_name(dtype));
+}
+
+void check_shape(const Tensor& t, Shape s, const char* op, const char* name) {
+  MOE_CHECK(t.shape == s, op, ": ", name, " has shape ", t.shape.str(), ", expected ", s.str());
+}
+
+// Stable log(sum(exp(row))) in double.
+double logsumexp(const float* row, int64_t n) {
+  float max_logit = row[0];
+  for (int64_t e = 1; e < n; ++e) max_logit = std::fmax(max_logit, row[e]);
+  double sum = 0.0;
+  for (int64_t e = 0; e < n; ++e) sum += std::exp(static_cast<double>(row[e]) - max_logit);
+  return max_logit + std::log(sum);
+}
+
+}  // namespace
+
+void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor logits, Tensor bias, ScoreFn fn,
+                    bool normalize, Stream /*stream*/) {
+  constexpr const char* op = "router_forward";
+  check_tensor(logits, DType::F32, op, "logits");
+  MOE_CHECK(logits.ndim() == 2, op, ": logits must be [T, N], got ", logits.shape.str());
+  const int64_t T = logits.dim(0), N = logits.dim(1);
+  MOE_CHECK(N >= 1, op, ": logits has no experts (N = 0)");
+  check_tensor(topk_idx, DType::I32, op, "topk_idx");
+  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == T, op, ": topk_idx must be [", T, ", K], got ",
+            topk_idx.shape.str());
+  const int64_t K = topk_idx.dim(1);
+  MOE_CHECK(K >= 1 && K <= N, op, ": top_k = ", K, " must be in [1, N = ", N, "]");
+  check_tensor(scores, DType::F32, op, "scores");
+  check_shape(scores, {T, N}, op, "scores");
+  check_tensor(topk_weight, DType::F32, op, "topk_weight");
+  check_shape(topk_weight, {T, K}, op, "topk_weight");
+  const bool has_bias = !bias.empty();
+  if (has_bias) {
+    check_tensor(bias, DType::F32, op, "bias");
+    check_shape(bias, {N}, op, "bias");
+  }
+
+  const float* L = logits.f32();
+  const float* B = has_bias ? bias.f32() : nullptr;
+  float* S = scores.f32();
+  int32_t* I = topk_idx.i32();
+  float* W = topk_weight.f32();
+
+#pragma omp parallel if (T * N >= kMinParallelWork)
+  {
+    std::vector<float> keys(static_cast<size_t>(K));  // selection keys of the current top-K, descending
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* l = L + t * N;
+      float* s = S + t * N;
+      if (fn == ScoreFn::Softmax) {
+        float max_logit = l[0];
+        for (int64_t e = 1; e < N; ++e) max_logit = std::fmax(max_logit, l[e]);
+        double sum = 0.0;
+        for (int64_t e = 0; e < N; ++e) {
+          s[e] = std::exp(l[e] - max_logit);
+          sum += s[e];
+        }
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int64_t e = 0; e < N; ++e) s[e] *= inv;
+      } else {
+        for (int64_t e = 0; e < N; ++e) s[e] = 1.0f / (1.0f + std::exp(-l[e]));
+      }
+
+      // Top-K by insertion into a descending list. Experts are visited in ascending order and an
+      // expert only moves ahead of strictly smaller keys, so ties go to the lower expert index.
+      int32_t* idx = I + t * K;
+      int64_t filled = 0;
+      for (int64_t e = 0; e < N; ++e) {
+        const float key = has_bias ? s[e] + B[e] : s[e];
+        if (filled == K && !(key > keys[K - 1])) continue;
+        int64_t pos = filled < K ? filled++ : K - 1;
+        while (pos > 0 && key > keys[pos - 1]) {
+          keys[pos] = keys[pos - 1];
+          idx[pos] = idx[pos - 1];
+          --pos;
+        }
+        keys[pos] = key;
+        idx[pos] = static_cast<int32_t>(e);
+      }
+
+      float* w = W + t * K;
+      float sum = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        w[k] = s[idx[k]];
+        sum += w[k];
+      }
+      // NOTES: a zero sum (every selected sigmoid underflowed) leaves the weights at zero rather than NaN.
+      if (normalize && sum > 0.0f)
+        for (int64_t k = 0; k < K; ++k) w[k] /= sum;
+    }
+  }
+}
+
+void router_losses(Tensor lb_loss, Tensor z_loss, Tensor expert_counts, Tensor scores, Tensor logits, int top_k,
+                   Stream /*stream*/) {
+  constexpr const char* op = "router_losses";
+  check_tensor(logits, DType::F32, op, "logits");
+  MOE_CHECK(logits.ndim() == 2, op, ": logits must be [T, N], got ", logits.shape.str());
+  const int64_t T = logits.dim(0), N = logits.dim(1);
+  MOE_CHECK(T >= 1 && N >= 1, op, ": logits ", logits.shape.str(), " must have at least one token and one expert");
+  MOE_CHECK(top_k >= 1 && top_k <= N, op, ": top_k = ", top_k, " must be in [1, N = ", N, "]");
+  check_tensor(scores, DType::F32, op, "scores");
+  check_shape(scores, {T, N}, op, "scores");
+  check_tensor(expert_counts, DType::I32, op, "expert_counts");
+  check_shape(expert_counts, {N}, op, "expert_counts");
+  check_tensor(lb_loss, DType::F32, op, "lb_loss");
+  MOE_CHECK(lb_loss.numel() == 1, op, ": lb_loss must hold one value, got ", lb_loss.shape.str());
+  check_tensor(z_loss, DType::F32, op, "z_loss");
+  MOE_CHECK(z_loss.numel() == 1, op, ": z_loss must hold one value, got ", z_loss.shape.str());
+
+  const float* L = logits.f32();
+  const float* S = scores.f32();
+  const int32_t* C = expert_counts.i32();
+
+  // Per-expert score sums and per-token logsumexp^2, each written to its own slot, then summed
+  // serially in index order: deterministic for any thread count.
+  std::vector<double> score_sum(static_cast<size_t>(N));
+  std::vector<double> lse_sq(static_cast<size_t>(T));
+#pragma omp parallel if (T * N >= kMinParallelWork)
+  {
+#pragma omp for schedule(static) nowait
+    for (int64_t e = 0; e < N; ++e) {
+      double sum = 0.0;
+      for (int64_t t = 0; t < T; ++t) sum += S[t * N + e];
+      score_sum[e] = sum;
+    }
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      const double lse = logsumexp(L + t * N, N);
+      lse_sq[t] = lse * lse;
+    }
+  }
+
+  double lb = 0.0;
+  for (int64_t e = 0; e < N; ++e) lb += (static_cast<double>(C[e]) / T) * (score_sum[e] / T);
+  lb *= static_cast<double>(N) / top_k;
+  double z = 0.0;
+  for (int64_t t = 0; t < T; ++t) z += lse_sq[t];
+  z /= T;
+  lb_loss.f32()[0] = static_cast<float>(lb);
+  z_loss.f32()[0] = static_cast<float>(z);
+}
+
+void router_backward(Tensor dlogits, Tensor dtopk_weight, Tensor topk_idx, Tensor topk_weight, Tensor scores,
+                     Tensor logits, Tensor expert_counts, float lb_scale, float z_scale, ScoreFn fn, bool normalize,
+                     Stream /*stream*/) {
+  constexpr const char* op = "router_backward";
+  check_tensor(logits, DType::F32, op, "logits");
+  MOE_CHECK(logits.ndim() == 2, op, ": logits must be [T, N], got ", logits.shape.str());
+  const int64_t T = logits.dim(0), N = logits.dim(1);
+  MOE_CHECK(N >= 1, op, ": logits has no experts (N = 0)");
+  check_tensor(topk_idx, DType::I32, op, "topk_idx");
+  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == T, op, ": topk_idx must be [", T, ", K], got ",
+            topk_idx.shape.str());
+  const int64_t K = topk_idx.dim(1);
+  MOE_CHECK(K >= 1 && K <= N, op, ": top_k = ", K, " must be in [1, N = ", N, "]");
+  check_tensor(dlogits, DType::F32, op, "dlogits");
+  check_shape(dlogits, {T, N}, op, "dlogits");
+  check_tensor(scores, DType::F32, op, "scores");
+  check_shape(scores, {T, N}, op, "scores");
+  check_tensor(dtopk_weight, DType::F32, op, "dtopk_weight");
+  check_shape(dtopk_weight, {T, K}, op, "dtopk_weight");
+  check_tensor(topk_weight, DType::F32, op, "topk_weight");
+  check_shape(topk_weight, {T, K}, op, "topk_weight");
+  check_tensor(expert_counts, DType::I32, op, "expert_counts");
+  check_shape(expert_counts, {N}, op, "expert_counts");
+  const int32_t* I = topk_idx.i32();
+  for (int64_t i = 0; i < T * K; ++i)
+    MOE_CHECK(I[i] >= 0 && I[i] < N, op, ": topk_idx[", i / K, ", ", i % K, "] = ", I[i], " outside [0, ", N, ")");
+  if (T == 0) return;
+
+  const float* L = logits.f32();
+  const float* S = scores.f32();
+  const float* DW = dtopk_weight.f32();
+  const float* W = topk_weight.f32();
+  const int32_t* C = expert_counts.i32();
+  float* DL = dlogits.f32();
+
+  // d lb / d scores[t,e] = lb_scale * (N/K) * (count_e/T) / T: the same for every token.
+  std::vector<float> lb_grad(static_cast<size_t>(N));
+  const double lb_coef = static_cast<double>(lb_scale) * static_cast<double>(N) / K / (static_cast<double>(T) * T);
+  for (int64_t e = 0; e < N; ++e) lb_grad[e] = static_cast<float>(lb_coef * C[e]);
+  const double z_coef = 2.0 * static_cast<double>(z_scale) / T;
+
+#pragma omp parallel for schedule(static) if (T * N >= kMinParallelWork)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = L + t * N;
+    const float* s = S + t * N;
+    const int32_t* idx = I + t * K;
+    const float* dw = DW + t * K;
+    const float* w = W + t * K;
+    float* dl = DL + t * N;
+
+    // dscores, built in the dlogits row.
+    for (int64_t e = 0; e < N; ++e) dl[e] = lb_grad[e];
+    if (normalize) {
+      // w_k = s_k / S  =>  ds_k = (dw_k - sum_j dw_j w_j) / S.
+      double sel_sum = 0.0, dot = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        sel_sum += s[idx[k]];
+        dot += static_cast<double>(dw[k]) * w[k];
+      }
+      if (sel_sum > 0.0)
+        for (int64_t k = 0; k < K; ++k) dl[idx[k]] += static_cast<float>((dw[k] - dot) / sel_sum);
+    } else {
+      for (int64_t k = 0; k < K; ++k) dl[idx[k]] += dw[k];
+    }
+
+    // Through the score function.
+    if (fn == ScoreFn::Softmax) {
+      double dot = 0.0;
+      for (int64_t e = 0; e < N; ++e) dot += static_cast<double>(dl[e]) * s[e];
+      for (int64_t e = 0; e < N; ++e) dl[e] = s[e] * static_cast<float>(dl[e] - dot);
+    } else {
+      for (int64_t e = 0; e < N; ++e) dl[e] = dl[e] * s[e] * (1.0f - s[e]);
+    }
+
+    // z-loss: d/dlogits of z_scale * mean_t lse_t^2, through softmax(logits) whatever the score function.
+    if (z_scale != 0.0f) {
+      const double lse = logsumexp(l, N);
+      const double coef = z_coef * lse;
+      for (int64_t e = 0; e < N; ++e) dl[e] += static_cast<float>(coef * std::exp(static_cast<double>(l[e]) - lse));
+    }
+  }
+}
+
+}  // namespace moe::cpu

@@ -1,0 +1,16 @@
+// CPU router: the reference meaning of ops/router.h (same signatures, FP32 compute).
+#pragma once
+
+#include "moe/ops/router.h"
+
+namespace moe::cpu {
+
+void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor logits, Tensor bias, ScoreFn fn,
+                    bool normalize, Stream stream = {});
+void router_losses(Tensor lb_loss, Tensor z_loss, Tensor expert_counts, Tensor scores, Tensor logits, int top_k,
+                   Stream stream = {});
+void router_backward(Tensor dlogits, Tensor dtopk_weight, Tensor topk_idx, Tensor topk_weight, Tensor scores,
+                     Tensor logits, Tensor expert_counts, float lb_scale, float z_scale, ScoreFn fn, bool normalize,
+                     Stream stream = {});
+
+}  // namespace moe::cpu

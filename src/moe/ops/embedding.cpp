@@ -1,0 +1,22 @@
+#include "moe/ops/embedding.h"
+
+#include "moe/ops/cpu/embedding.h"
+#include "moe/ops/dispatch.h"
+
+namespace moe {
+
+void embedding_forward(Tensor out, Tensor table, Tensor tokens, Stream stream) {
+  MOE_OP_DISPATCH(table.device, embedding_forward, out, table, tokens, stream);
+}
+
+void embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, Stream stream) {
+  MOE_OP_DISPATCH(dtable.device, embedding_backward, dtable, dout, tokens, stream);
+}
+
+void add_inplace(Tensor y, Tensor x, Stream stream) { MOE_OP_DISPATCH(y.device, add_inplace, y, x, stream); }
+
+void fill_zero(Tensor y, Stream stream) { MOE_OP_DISPATCH(y.device, fill_zero, y, stream); }
+
+void copy(Tensor dst, Tensor src, Stream stream) { MOE_OP_DISPATCH(dst.device, copy, dst, src, stream); }
+
+}  // namespace moe

@@ -1,0 +1,25 @@
+#include "moe/ops/router.h"
+
+#include "moe/ops/cpu/router.h"
+#include "moe/ops/dispatch.h"
+
+namespace moe {
+
+void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor logits, Tensor bias, ScoreFn fn,
+                    bool normalize, Stream stream) {
+  MOE_OP_DISPATCH(logits.device, router_forward, scores, topk_idx, topk_weight, logits, bias, fn, normalize, stream);
+}
+
+void router_losses(Tensor lb_loss, Tensor z_loss, Tensor expert_counts, Tensor scores, Tensor logits, int top_k,
+                   Stream stream) {
+  MOE_OP_DISPATCH(logits.device, router_losses, lb_loss, z_loss, expert_counts, scores, logits, top_k, stream);
+}
+
+void router_backward(Tensor dlogits, Tensor dtopk_weight, Tensor topk_idx, Tensor topk_weight, Tensor scores,
+                     Tensor logits, Tensor expert_counts, float lb_scale, float z_scale, ScoreFn fn, bool normalize,
+                     Stream stream) {
+  MOE_OP_DISPATCH(dlogits.device, router_backward, dlogits, dtopk_weight, topk_idx, topk_weight, scores, logits,
+                  expert_counts, lb_scale, z_scale, fn, normalize, stream);
+}
+
+}  // namespace moe
