@@ -92,15 +92,19 @@ void TokenDataset::copy_window(size_t source, int64_t start, int64_t seq_len, in
   }
 }
 
+void TokenDataset::check_window(int64_t seq_len) const {
+  for (const Source& s : sources_)
+    MOE_CHECK(s.train_length >= seq_len + 1, s.name, ": training split has ", s.train_length,
+              " tokens, fewer than the seq_len+1 = ", seq_len + 1, " a training window needs (data.eval_fraction ",
+              cfg_.eval_fraction, " held out)");
+}
+
 void TokenDataset::train_batch(int64_t step, int64_t first_seq, int64_t n_seqs, int64_t seq_len, int32_t* inputs,
                                int32_t* targets) const {
   MOE_CHECK(seq_len >= 1, "train_batch: seq_len must be >= 1, got ", seq_len);
   MOE_CHECK(step >= 0 && first_seq >= 0 && n_seqs >= 0, "train_batch: negative step ", step, ", first_seq ",
             first_seq, " or n_seqs ", n_seqs);
-  for (const Source& s : sources_)
-    MOE_CHECK(s.train_length >= seq_len + 1, s.name, ": training split has ", s.train_length,
-              " tokens, fewer than the seq_len+1 = ", seq_len + 1, " a training window needs (data.eval_fraction ",
-              cfg_.eval_fraction, " held out)");
+  check_window(seq_len);
   const uint64_t total = static_cast<uint64_t>(train_cumulative_.back());
   const uint64_t step_seed = hash_counters(cfg_.seed, kTrainWindows, static_cast<uint64_t>(step));
   for (int64_t r = 0; r < n_seqs; ++r) {

@@ -34,6 +34,8 @@ class TokenDataset {
 
   // Held-out split: non-overlapping windows of seq_len+1 tokens laid consecutively over each
   // file's held-out tail (files in order; a tail's remainder shorter than a window is unused).
+  // Throws naming the file when a training split is too short for a window of seq_len + 1 tokens.
+  void check_window(int64_t seq_len) const;
   int64_t eval_num_sequences(int64_t seq_len) const;
   void eval_batch(int64_t first_seq, int64_t n_seqs, int64_t seq_len, int32_t* inputs, int32_t* targets) const;
 

@@ -51,6 +51,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts)
       data_(TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id)),
       dispatcher_(cfg.model.num_experts, cfg.model.capacity_factor, cfg.model.dropless) {
   cfg_.validate();
+  data_.check_window(cfg_.train.seq_len);  // before anything is written
   MOE_CHECK(cfg_.parallel.ep == 1, "parallel.ep = ", cfg_.parallel.ep,
             " needs several ranks; this build trains on one process (use parallel.ep = 1)");
   const int64_t n = reg_.total_numel(), rows = cfg_.train.micro_batch_size * cfg_.train.seq_len;

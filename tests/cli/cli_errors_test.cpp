@@ -1,0 +1,382 @@
+// End-to-end tests of the moetrain command line: every bad input (config, data, checkpoint,
+// output folder, prepare input) must end the real binary with exit status 1, one "error: ..."
+// message on stderr that names the problem, and no partial output. Positive controls run the
+// same tiny commands without the fault, so a test cannot pass just because the command fails.
+//
+// Every case runs `moetrain` in a fresh temp dir with a model small enough (hidden 16, seq 16,
+// 2 sequences per step, a 20K-token synthetic corpus) that a run takes well under 2 s.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CliRun {
+  int exit_code = -1;  // the exit status, or 128 + signal when the process was killed
+  std::string out, err;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good()) << "cannot write " << path;
+}
+
+// A .npy version 1.0 file of uint16 tokens. `declared` is the length the header claims (the
+// real length when < 0), so a file can claim more tokens than it holds.
+std::string npy_u16(const std::vector<uint16_t>& tokens, int64_t declared = -1) {
+  const int64_t n = declared < 0 ? static_cast<int64_t>(tokens.size()) : declared;
+  std::string dict = "{'descr': '<u2', 'fortran_order': False, 'shape': (" + std::to_string(n) + ",), }";
+  // magic (6) + version (2) + header length (2) + dict + padding + '\n' is a multiple of 64.
+  while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
+  dict += '\n';
+  std::string bytes = "\x93NUMPY";
+  bytes += '\x01';
+  bytes += '\x00';
+  bytes += static_cast<char>(dict.size() & 0xff);
+  bytes += static_cast<char>(dict.size() >> 8);
+  bytes += dict;
+  for (uint16_t t : tokens) {
+    bytes += static_cast<char>(t & 0xff);
+    bytes += static_cast<char>(t >> 8);
+  }
+  return bytes;
+}
+
+// Tokens below the tiny config's vocabulary (512) with some structure to learn.
+std::vector<uint16_t> valid_tokens(int64_t n) {
+  std::vector<uint16_t> tokens(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<uint16_t>((i * 7 + i / 13) % 511);
+  return tokens;
+}
+
+int count_lines(const std::string& text) { return static_cast<int>(std::count(text.begin(), text.end(), '\n')); }
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/moe-cli-test-XXXXXX";
+    const char* p = ::mkdtemp(tmpl);
+    ASSERT_NE(p, nullptr) << "mkdtemp failed";
+    tmp_ = p;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(tmp_, ec);
+  }
+
+  std::string path(const std::string& name) const { return tmp_ + "/" + name; }
+  std::string run_dir() const { return path("run"); }
+
+  // Runs the built binary with `args`, in the temp dir, stdout and stderr captured to files.
+  CliRun moetrain(const std::vector<std::string>& args) {
+    const std::string out_path = path(".stdout"), err_path = path(".stderr");
+    std::vector<std::string> argv_strings = {MOE_BINARY_DIR "/moetrain"};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : argv_strings) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      // Child: only async-signal-safe calls until exec.
+      const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0 || ::chdir(tmp_.c_str()) != 0) ::_exit(126);
+      ::alarm(120);  // a hung run is killed (SIGALRM survives exec) instead of hanging the suite
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    CliRun r;
+    if (pid < 0) {
+      ADD_FAILURE() << "fork failed";
+      return r;
+    }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.out = read_file(out_path);
+    r.err = read_file(err_path);
+    std::error_code ec;
+    fs::remove(out_path, ec);
+    fs::remove(err_path, ec);
+    return r;
+  }
+
+  // The overrides that make a run tiny, as "key=value" (without run.dir).
+  static std::vector<std::string> tiny_sets() {
+    return {"train.steps=1",          "model.hidden_size=16",        "model.intermediate_size=32",
+            "train.seq_len=16",       "train.micro_batch_size=2",    "train.global_batch_size=2",
+            "train.warmup_steps=1",   "data.synthetic_tokens=20000", "data.synthetic_eval_tokens=2000",
+            "train.eval_batches=2"};
+  }
+  // `moetrain train` with the tiny overrides, run.dir = <tmp>/run, and `extra` arguments after.
+  std::vector<std::string> tiny_train(const std::vector<std::string>& extra = {},
+                                      const std::vector<std::string>& sets = tiny_sets()) const {
+    std::vector<std::string> args = {"train", "--set", "run.dir=" + run_dir()};
+    for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  // The tiny config file with `from` replaced by `to` (a config-file case without other faults).
+  std::string tiny_toml_with(const std::string& from, const std::string& to) const {
+    std::string text = read_file(MOE_SOURCE_DIR "/configs/tiny.toml");
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << "configs/tiny.toml no longer contains '" << from << "'";
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+    return text;
+  }
+
+  std::vector<std::string> step_dirs(const std::string& dir) const {
+    std::vector<std::string> names;
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) return names;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind("step-", 0) == 0) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  std::string tmp_;
+};
+
+// Exit status 1, stderr starts with "error: " and contains every needle; with one_line, the
+// message is a single line.
+void expect_error(const CliRun& r, const std::vector<std::string>& needles, bool one_line = true) {
+  EXPECT_EQ(r.exit_code, 1) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << "stderr does not start with 'error: ':\n" << r.err;
+  if (one_line) {
+    EXPECT_EQ(count_lines(r.err), 1) << "expected one error line, got:\n" << r.err;
+  }
+  for (const std::string& n : needles) EXPECT_NE(r.err.find(n), std::string::npos) << "stderr lacks '" << n << "':\n" << r.err;
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& path) {
+  std::vector<nlohmann::json> records;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
+// ---- positive controls ----------------------------------------------------------------------
+
+TEST_F(CliTest, tiny_run_exits_zero_and_writes_metrics_with_every_key_and_a_checkpoint) {
+  const CliRun r = moetrain(tiny_train());
+  ASSERT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  EXPECT_EQ(r.err, "");
+  const auto records = read_metrics(run_dir() + "/metrics.jsonl");
+  ASSERT_EQ(records.size(), 1u);
+  for (const char* key : {"step", "loss", "lm_loss", "lb_loss", "z_loss", "grad_norm", "lr", "tokens_per_s", "mfu"}) {
+    ASSERT_TRUE(records[0].contains(key)) << "metrics.jsonl lacks '" << key << "': " << records[0].dump();
+    EXPECT_TRUE(records[0][key].is_number()) << key << " is not a number: " << records[0].dump();
+  }
+  EXPECT_EQ(records[0]["step"].get<int64_t>(), 1);
+  EXPECT_GT(records[0]["lm_loss"].get<double>(), 0.0);
+  EXPECT_GT(records[0]["tokens_per_s"].get<double>(), 0.0);
+  EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000001"});
+}
+
+TEST_F(CliTest, resume_latest_with_more_steps_continues_at_the_next_step_only) {
+  const CliRun first = moetrain(tiny_train({"--steps", "2"}));
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000002"});
+  const CliRun resumed = moetrain(tiny_train({"--resume", "latest", "--steps", "3"}));
+  ASSERT_EQ(resumed.exit_code, 0) << "stdout:\n" << resumed.out << "\nstderr:\n" << resumed.err;
+  EXPECT_NE(resumed.out.find("at step 2"), std::string::npos) << resumed.out;
+  std::vector<int64_t> steps;
+  for (const auto& rec : read_metrics(run_dir() + "/metrics.jsonl")) steps.push_back(rec["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3}));  // the first run logged 1 and 2; the resumed run only 3
+  EXPECT_EQ(step_dirs(run_dir()), (std::vector<std::string>{"step-000002", "step-000003"}));
+}
+
+TEST_F(CliTest, npy_folder_written_by_this_test_trains) {
+  // Proves npy_u16 writes files the reader accepts, so the data cases below fail for their fault.
+  fs::create_directory(path("data"));
+  write_file(path("data/a.npy"), npy_u16(valid_tokens(3000)));
+  const CliRun r = moetrain(tiny_train({"--set", "data.path=" + path("data")}));
+  EXPECT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  EXPECT_EQ(read_metrics(run_dir() + "/metrics.jsonl").size(), 1u);
+}
+
+TEST_F(CliTest, prepare_of_an_existing_file_writes_the_out_dir) {
+  write_file(path("doc.txt"), "hello world\n");
+  const CliRun r = moetrain({"prepare", path("doc.txt"), "--out", path("out")});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(path("out/doc.npy")));
+  EXPECT_TRUE(fs::exists(path("out/dataset.json")));
+}
+
+// ---- config errors: all fail before the run dir is created -----------------------------------
+
+TEST_F(CliTest, malformed_toml_names_the_file_and_line) {
+  // "[data" (unterminated table header) replaces "[data]"; find its line in the file.
+  const std::string text = tiny_toml_with("[data]", "[data");
+  const int line = 1 + static_cast<int>(std::count(text.begin(), text.begin() + static_cast<long>(text.find("[data")), '\n'));
+  write_file(path("bad.toml"), text);
+  const CliRun r = moetrain(tiny_train({"--config", path("bad.toml")}));
+  expect_error(r, {path("bad.toml"), "line " + std::to_string(line)});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, unknown_key_in_config_file_is_named) {
+  write_file(path("typo.toml"), tiny_toml_with("[model]\n", "[model]\nhidden_sise = 16\n"));
+  const CliRun r = moetrain(tiny_train({"--config", path("typo.toml")}));
+  expect_error(r, {"model.hidden_sise", path("typo.toml")});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, unknown_key_via_set_is_named) {
+  const CliRun r = moetrain(tiny_train({"--set", "train.stepz=3"}));
+  expect_error(r, {"train.stepz", "--set"});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, wrong_type_in_file_and_via_set_names_the_key) {
+  // The hidden_size override is left out here: it would replace the bad value.
+  std::vector<std::string> sets = tiny_sets();
+  sets.erase(std::find(sets.begin(), sets.end(), "model.hidden_size=16"));
+  write_file(path("type.toml"), tiny_toml_with("hidden_size = 64", "hidden_size = \"big\""));
+  const CliRun from_file = moetrain(tiny_train({"--config", path("type.toml")}, sets));
+  expect_error(from_file, {"model.hidden_size", "integer", path("type.toml")});
+  const CliRun from_set = moetrain(tiny_train({"--set", "model.hidden_size=big"}, sets));
+  expect_error(from_set, {"model.hidden_size", "integer"});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, heads_not_dividing_hidden_size_is_named) {
+  const CliRun r = moetrain(tiny_train({"--set", "model.num_attention_heads=3", "--set", "model.num_key_value_heads=3"}));
+  expect_error(r, {"model.num_attention_heads", "model.hidden_size"});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, top_k_above_num_experts_is_named) {
+  const CliRun r = moetrain(tiny_train({"--set", "model.num_experts_per_tok=9"}));
+  expect_error(r, {"model.num_experts_per_tok", "9"});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, global_batch_not_a_multiple_of_micro_batch_is_named) {
+  const CliRun r = moetrain(tiny_train({"--set", "train.global_batch_size=3"}));
+  expect_error(r, {"train.global_batch_size", "train.micro_batch_size"});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, missing_config_file_is_named) {
+  const CliRun r = moetrain(tiny_train({"--config", path("nope.toml")}));
+  expect_error(r, {path("nope.toml")});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+// ---- data errors ---------------------------------------------------------------------------
+
+TEST_F(CliTest, data_path_to_a_missing_folder_is_named) {
+  const CliRun r = moetrain(tiny_train({"--set", "data.path=" + path("no-such-data")}));
+  expect_error(r, {"data.path", path("no-such-data")});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, truncated_npy_is_named) {
+  fs::create_directory(path("data"));
+  std::string bytes = npy_u16(valid_tokens(3000));
+  bytes.resize(bytes.size() - 1000);  // the header still says 3000 tokens
+  write_file(path("data/cut.npy"), bytes);
+  const CliRun r = moetrain(tiny_train({"--set", "data.path=" + path("data")}));
+  expect_error(r, {path("data/cut.npy"), "truncated"});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, token_outside_vocab_names_the_file_and_value) {
+  fs::create_directory(path("data"));
+  std::vector<uint16_t> tokens = valid_tokens(3000);
+  tokens[1234] = 600;  // vocab_size is 512
+  write_file(path("data/a.npy"), npy_u16(valid_tokens(3000)));
+  write_file(path("data/b.npy"), npy_u16(tokens));
+  const CliRun r = moetrain(tiny_train({"--set", "data.path=" + path("data")}));
+  expect_error(r, {path("data/b.npy"), "600", "1234", "512"});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+// The too-short check must run before the run dir is created (Trainer's constructor calls
+// TokenDataset::check_window), so a failed start leaves nothing behind.
+TEST_F(CliTest, file_shorter_than_seq_len_is_named_and_leaves_no_run_dir) {
+  fs::create_directory(path("data"));
+  write_file(path("data/a.npy"), npy_u16(valid_tokens(3000)));
+  write_file(path("data/short.npy"), npy_u16(valid_tokens(10)));  // a window needs seq_len + 1 = 17
+  const CliRun r = moetrain(tiny_train({"--set", "data.path=" + path("data")}));
+  expect_error(r, {path("data/short.npy"), "17"});
+  EXPECT_FALSE(fs::exists(run_dir())) << "a failed run left its run dir behind";
+}
+
+// ---- checkpoint errors ---------------------------------------------------------------------
+
+TEST_F(CliTest, resume_from_a_missing_dir_is_named) {
+  const CliRun r = moetrain(tiny_train({"--resume", path("no-such-ckpt")}));
+  expect_error(r, {path("no-such-ckpt")});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, resume_from_a_truncated_rank_file_names_the_file_and_writes_nothing) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--save-every", "1"})).exit_code, 0);
+  ASSERT_EQ(step_dirs(run_dir()), (std::vector<std::string>{"step-000001", "step-000002"}));
+  const std::string rank_file = run_dir() + "/step-000002/rank-00000.safetensors";
+  ASSERT_TRUE(fs::exists(rank_file));
+  fs::resize_file(rank_file, fs::file_size(rank_file) / 2);
+  const std::string metrics_before = read_file(run_dir() + "/metrics.jsonl");
+
+  const CliRun r = moetrain(tiny_train({"--resume", "latest", "--steps", "3"}));
+  expect_error(r, {"step-000002/rank-00000.safetensors"});
+  EXPECT_EQ(step_dirs(run_dir()), (std::vector<std::string>{"step-000001", "step-000002"}));
+  EXPECT_EQ(read_file(run_dir() + "/metrics.jsonl"), metrics_before);
+}
+
+TEST_F(CliTest, resume_with_another_model_config_names_the_differing_key) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
+  const std::string metrics_before = read_file(run_dir() + "/metrics.jsonl");
+  const CliRun r = moetrain(tiny_train({"--resume", "latest", "--steps", "3", "--set", "model.num_experts=4"}));
+  // The message lists the differing lines of both configs, one per line.
+  expect_error(r, {"num_experts = 4", "num_experts = 8", "step-000002"}, /*one_line=*/false);
+  EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000002"});
+  EXPECT_EQ(read_file(run_dir() + "/metrics.jsonl"), metrics_before);
+}
+
+// ---- output and prepare errors -------------------------------------------------------------
+
+TEST_F(CliTest, run_dir_under_a_regular_file_is_named) {
+  write_file(path("file"), "not a folder");
+  std::vector<std::string> args = tiny_train();
+  args.insert(args.end(), {"--set", "run.dir=" + path("file/run")});  // the later --set wins
+  const CliRun r = moetrain(args);
+  expect_error(r, {path("file/run"), "run.dir"});
+  EXPECT_EQ(read_file(path("file")), "not a folder");
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, prepare_of_a_missing_input_is_named_and_creates_no_out_dir) {
+  write_file(path("doc.txt"), "hello world\n");
+  const CliRun r = moetrain({"prepare", path("doc.txt"), path("missing.txt"), "--out", path("out")});
+  expect_error(r, {path("missing.txt")});
+  EXPECT_FALSE(fs::exists(path("out")));
+}
+
+}  // namespace
