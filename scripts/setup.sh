@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what is missing (Debian packages), then configures and builds moetrain in ./build.
+# Idempotent: packages already present are not touched. Extra CMake flags can be passed as
+# arguments, e.g. scripts/setup.sh -DMOE_WERROR=ON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  g++ cmake ninja-build pkg-config
+  libopenblas-openmp-dev   # OpenBLAS on OpenMP: matrix products share our thread pool
+  libtomlplusplus-dev      # configs
+  nlohmann-json3-dev       # checkpoint indexes, metrics
+  libcli11-dev             # command line
+  libgtest-dev             # tests
+  python3 python3-numpy python3-torch  # the PyTorch reference (tests/fixtures are made with it)
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
+cmake --build build -j "$(nproc)"
