@@ -268,10 +268,10 @@ TrainSummary Trainer::run() {
       const double elapsed = seconds_since(run_start);
       const double eta = elapsed / static_cast<double>(step - start_step_ + 1) * static_cast<double>(t.steps - r.step);
       if (!opts_.quiet) {
-        std::printf("step %5ld/%ld | loss %.4f (lm %.4f lb %.3f z %.3f) | gnorm %.3f | lr %.2e | %s tok/s | MFU %.2f%% | %s/step | ETA %s%s\n",
+        std::printf("step %5ld/%ld | loss %.4f (lm %.4f lb %.3f z %.3f) | gnorm %.3f | lr %.2e | %s tok/s | MFU %.2f%% | %.0f ms/step | ETA %s%s\n",
                     static_cast<long>(r.step), static_cast<long>(t.steps), r.loss, r.lm_loss, r.lb_loss, r.z_loss,
                     r.grad_norm, r.lr, format_count(r.tokens_per_s).c_str(), 100 * r.mfu,
-                    format_duration(r.step_time_s).c_str(), format_duration(eta).c_str(),
+                    1000 * r.step_time_s, format_duration(eta).c_str(),
                     r.skipped ? " | SKIPPED (non-finite gradient)" : "");
         if (eval) std::printf("  eval loss %.4f\n", *eval);
         std::fflush(stdout);
