@@ -1,12 +1,21 @@
 // The token-dispatch interface of the MoE block (DESIGN.md section 6, steps 2-7). The block
 // routes; a dispatcher decides where each (token, k) route's row goes, moves rows to the
-// experts held on this rank and brings the results back. Backends: local (EP = 1, in
-// parallel/), rowwise and alltoall (expert parallelism, arriving with multi-rank training).
-// The model never knows which backend runs or how many ranks exist.
+// experts held on this rank and brings the results back. Backends: local (EP = 1), rowwise
+// (stores rows straight into peers' symmetric buffers) and alltoall (variable all-to-all with
+// host-side counts, the baseline). The model never knows which backend runs or how many ranks
+// exist.
+//
+// Leases: a layer's expert buffers written in forward are read again in backward (the expert
+// input for the weight gradient, the expert output for the combine-weight gradient). Each MoE
+// layer owns a pool of `slots_per_layer` buffer pairs fixed at start-up; forward acquires a
+// lease, backward releases it after its last read. A lease that cannot be granted is an error
+// naming the pool and the setting to raise, never a silent allocation.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
+#include "moe/core/arena.h"
 #include "moe/core/stream.h"
 #include "moe/core/tensor.h"
 
@@ -14,8 +23,29 @@ namespace moe {
 
 // Routing placement of one MoE layer for one microbatch, saved for backward.
 struct RoutePlan {
-  Tensor route_index;     // [T*K] i32: row of route (t, k) in the (possibly remote) expert buffer, -1 = dropped
+  Tensor route_index;     // [T*K] i32: dst_rank * expert_rows + dst_row of route (t, k), or -1 = dropped
   Tensor expert_offsets;  // [E_local + 1] i32: rows of local expert e are [offsets[e], offsets[e+1])
+};
+
+// Expert-side rows of one layer: dispatched inputs and expert outputs, [expert_rows, D] each.
+struct ExpertBuffers {
+  Tensor expert_in;
+  Tensor expert_out;
+};
+
+struct Lease {
+  int layer = -1;
+  int slot = -1;
+  ExpertBuffers buffers;
+};
+
+// What the dispatcher must hold, known at start-up.
+struct DispatchShape {
+  int64_t tokens = 0;    // tokens per microbatch on this rank
+  int64_t top_k = 0;
+  int64_t hidden = 0;    // d_model
+  int num_layers = 0;    // layers (a pool is made for every MoE layer id < num_layers)
+  int slots_per_layer = 1;  // microbatches whose activations are alive at once
 };
 
 class TokenDispatcher {
@@ -27,6 +57,15 @@ class TokenDispatcher {
   // Experts held on this rank: [first_expert(), first_expert() + local_experts()).
   virtual int64_t first_expert() const = 0;
   virtual int64_t local_experts() const = 0;
+
+  // Start-up, before `arena` is committed (collective for multi-rank backends): plans the
+  // lease pools and the backward scratch.
+  virtual void plan_buffers(const DispatchShape& shape, Arena& arena) = 0;
+  virtual Lease acquire(int layer) = 0;
+  virtual void release(const Lease& lease) = 0;
+  // Backward scratch shared by all layers: expert_out holds d(expert output) (combine-backward
+  // target), expert_in holds d(expert input) (dispatch-backward source).
+  virtual ExpertBuffers grad_buffers() = 0;
 
   // Counts agreement, capacity and tail drop, route index (steps 2-4). expert_counts [N] i32 are
   // this rank's routes per expert.
@@ -42,6 +81,20 @@ class TokenDispatcher {
   // Gradient of dispatch: dx[t] = sum over kept k of d_expert_in[route (t,k)] (overwrites dx).
   virtual void dispatch_backward(Tensor dx, Tensor d_expert_in, const RoutePlan& plan, int top_k,
                                  Stream stream) = 0;
+};
+
+// Lease bookkeeping shared by the backends: per-layer pools of slots, taken and returned.
+class LeasePools {
+ public:
+  void init(int num_layers, int slots_per_layer);
+  // Returns a free slot of `layer`'s pool; throws naming the pool when none is free.
+  int take(int layer);
+  void give_back(int layer, int slot);
+  int slots_per_layer() const { return slots_; }
+
+ private:
+  int slots_ = 0;
+  std::vector<std::vector<bool>> busy_;
 };
 
 }  // namespace moe

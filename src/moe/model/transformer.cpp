@@ -31,7 +31,7 @@ constexpr int64_t kHeadWorkspaceFloats = 16 << 20;  // 64 MiB of logits per LM-h
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena,
-                         TokenDispatcher& dispatcher)
+                         TokenDispatcher& dispatcher, int lease_slots)
     : cfg_(cfg), batch_(batch), seq_len_(seq_len), rows_(batch * seq_len), arena_(arena), dispatcher_(dispatcher) {
   cfg_.validate();
   const int64_t R = rows_, D = cfg.hidden_size, L = cfg.num_hidden_layers, hd = cfg.head_dim();
@@ -75,10 +75,8 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       reserve(A.counts, p + "expert_counts", I, {N});
       reserve(A.route_index, p + "route_index", I, {R * K});
       reserve(A.offsets, p + "expert_offsets", I, {E + 1});
-      reserve(A.xe, p + "expert_in", F, {capacity_, D});
       reserve(A.gu, p + "expert_gate_up", F, {capacity_, 2 * H});
       reserve(A.act, p + "expert_act", F, {capacity_, H});
-      reserve(A.ye, p + "expert_out", F, {capacity_, D});
       reserve(A.lb, p + "lb_loss", F, {1});
       reserve(A.z, p + "z_loss", F, {1});
       if (const int64_t S = cfg.shared_expert_intermediate_size; S > 0) {
@@ -108,15 +106,15 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
   if (cfg.first_k_dense_replace < L) {
     reserve(s.dlogits, "grad.router_logits", F, {R, N});
     reserve(s.dw, "grad.topk_weight", F, {R, K});
-    reserve(s.dye, "grad.expert_out", F, {capacity_, D});
     reserve(s.dact, "grad.expert_act", F, {capacity_, H});
     reserve(s.dgu, "grad.expert_gate_up", F, {capacity_, 2 * H});
-    reserve(s.dxe, "grad.expert_in", F, {capacity_, D});
   }
   if (ffn_width > 0) {
     reserve(s.dffn_act, "grad.mlp_act", F, {R, ffn_width});
     reserve(s.dffn_gu, "grad.mlp_gate_up", F, {R, 2 * ffn_width});
   }
+  if (cfg.first_k_dense_replace < L)
+    dispatcher.plan_buffers(DispatchShape{R, K, D, static_cast<int>(L), lease_slots}, arena);
   reserve(s.attn_ws, "attention_workspace", F, {std::max<int64_t>(1, attention_workspace_elems(attn_shape_))});
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(R, kHeadWorkspaceFloats / V));
   reserve(s.head_ws, "lm_head_workspace", F, {chunk, V});
@@ -200,13 +198,16 @@ void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs&
     for (int64_t e = 0; e < N; ++e) load[e] += static_cast<float>(c[e]);
   }
   const RoutePlan plan{A.route_index, A.offsets};
+  A.lease = dispatcher_.acquire(static_cast<int>(l));
+  A.leased = true;
+  const Tensor xe = A.lease.buffers.expert_in, ye = A.lease.buffers.expert_out;
   dispatcher_.plan(plan, A.topk_idx, A.counts, {});
-  dispatcher_.dispatch(A.xe, A.m, plan, static_cast<int>(K), {});
-  grouped_matmul(A.gu, A.xe, w.experts_gate_up, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
+  dispatcher_.dispatch(xe, A.m, plan, static_cast<int>(K), {});
+  grouped_matmul(A.gu, xe, w.experts_gate_up, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
   swiglu_forward(A.act, A.gu);
-  grouped_matmul(A.ye, A.act, w.experts_down, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
+  grouped_matmul(ye, A.act, w.experts_down, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
   copy(h_out, A.h_mid);
-  dispatcher_.combine(h_out, A.ye, A.topk_w, plan, static_cast<int>(K), {});
+  dispatcher_.combine(h_out, ye, A.topk_w, plan, static_cast<int>(K), {});
   if (!w.shared_gate_up.empty()) {
     linear(A.shared_gu, A.m, w.shared_gate_up);
     swiglu_forward(A.shared_act, A.shared_gu);
@@ -261,9 +262,18 @@ MicrobatchLosses Transformer::collect_losses(bool with_lm) const {
   return out;
 }
 
+void Transformer::release_leases() {
+  for (LayerActs& A : layers_)
+    if (A.leased) {
+      dispatcher_.release(A.lease);
+      A.leased = false;
+    }
+}
+
 MicrobatchLosses Transformer::forward_loss(const ModelWeights& w, Tensor tokens, Tensor targets,
                                            uint64_t routing_seed, const RoutingState& rs) {
   forward(w, tokens, routing_seed, rs);
+  release_leases();  // no backward follows
   lm_head_cross_entropy(s_.loss_sum, Tensor(), Tensor(), s_.hn, w.lm_head, targets, 0.0f, s_.head_ws);
   return collect_losses(true);
 }
@@ -271,6 +281,7 @@ MicrobatchLosses Transformer::forward_loss(const ModelWeights& w, Tensor tokens,
 void Transformer::forward_logits(const ModelWeights& w, Tensor tokens, Tensor logits, uint64_t routing_seed,
                                  const RoutingState& rs) {
   forward(w, tokens, routing_seed, rs);
+  release_leases();
   linear(logits, s_.hn, w.lm_head);
 }
 
@@ -312,13 +323,16 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const LayerWeights& 
   const int K = static_cast<int>(cfg_.num_experts_per_tok);
   Scratch& s = s_;
   const RoutePlan plan{A.route_index, A.offsets};
-  dispatcher_.combine_backward(s.dye, s.dw, s.dres, A.ye, A.topk_w, plan, K, {});
-  grouped_matmul(s.dact, s.dye, w.experts_down, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
-  grouped_matmul_wgrad(g.experts_down, s.dye, A.act, A.offsets);
+  const ExpertBuffers d = dispatcher_.grad_buffers();  // d.expert_out = dye, d.expert_in = dxe
+  dispatcher_.combine_backward(d.expert_out, s.dw, s.dres, A.lease.buffers.expert_out, A.topk_w, plan, K, {});
+  grouped_matmul(s.dact, d.expert_out, w.experts_down, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
+  grouped_matmul_wgrad(g.experts_down, d.expert_out, A.act, A.offsets);
   swiglu_backward(s.dgu, s.dact, A.gu);
-  grouped_matmul(s.dxe, s.dgu, w.experts_gate_up, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
-  grouped_matmul_wgrad(g.experts_gate_up, s.dgu, A.xe, A.offsets);
-  dispatcher_.dispatch_backward(s.dm, s.dxe, plan, K, {});
+  grouped_matmul(d.expert_in, s.dgu, w.experts_gate_up, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
+  grouped_matmul_wgrad(g.experts_gate_up, s.dgu, A.lease.buffers.expert_in, A.offsets);
+  dispatcher_.dispatch_backward(s.dm, d.expert_in, plan, K, {});
+  dispatcher_.release(A.lease);  // last read of this layer's expert buffers
+  A.leased = false;
   if (!w.shared_gate_up.empty()) {
     const int64_t S = cfg_.shared_expert_intermediate_size;
     Tensor dact = Tensor(s.dffn_act.data, DType::F32, {rows_, S});

@@ -41,7 +41,8 @@ struct RoutingState {
 
 class Transformer {
  public:
-  Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena, TokenDispatcher& dispatcher);
+  Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena, TokenDispatcher& dispatcher,
+              int lease_slots = 1);
 
   // Forward and backward of one microbatch: tokens, targets [B*T] i32. Gradients are added into g.
   MicrobatchLosses forward_backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens, Tensor targets,
@@ -64,14 +65,16 @@ class Transformer {
     // feed-forward input
     Tensor m, rstd2;
     // MoE
-    Tensor logits, scores, topk_idx, topk_w, counts, route_index, offsets, xe, gu, act, ye, lb, z;
+    Tensor logits, scores, topk_idx, topk_w, counts, route_index, offsets, gu, act, lb, z;
+    Lease lease;  // expert_in (xe) and expert_out (ye), held from forward to backward
+    bool leased = false;
     Tensor shared_gu, shared_act;
     // dense MLP
     Tensor mlp_gu, mlp_act;
   };
   struct Scratch {
     Tensor dres, dm, datt, dq, dk, dv, dq_raw, dk_raw, da;
-    Tensor dlogits, dw, dye, dact, dgu, dxe;
+    Tensor dlogits, dw, dact, dgu;
     Tensor dffn_act, dffn_gu;  // dense MLP and shared expert
     Tensor attn_ws, head_ws;
     Tensor hn, rstd_f, loss_sum;
@@ -89,6 +92,7 @@ class Transformer {
   void moe_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A, const StepScales& scales);
   void mlp_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A);
   MicrobatchLosses collect_losses(bool with_lm) const;
+  void release_leases();
 
   ModelConfig cfg_;
   int64_t batch_, seq_len_, rows_, capacity_;

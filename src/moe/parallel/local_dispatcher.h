@@ -3,6 +3,9 @@
 // the multi-rank backends (rank_capacity = ceil(capacity_factor * T * K), or T * K when dropless).
 #pragma once
 
+#include <utility>
+#include <vector>
+
 #include "moe/model/dispatch.h"
 
 namespace moe {
@@ -17,6 +20,11 @@ class LocalDispatcher final : public TokenDispatcher {
   int64_t first_expert() const override { return 0; }
   int64_t local_experts() const override { return num_experts_; }
 
+  void plan_buffers(const DispatchShape& shape, Arena& arena) override;
+  Lease acquire(int layer) override;
+  void release(const Lease& lease) override;
+  ExpertBuffers grad_buffers() override;
+
   void plan(const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) override;
   void dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) override;
   void combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
@@ -29,6 +37,10 @@ class LocalDispatcher final : public TokenDispatcher {
   int64_t num_experts_;
   double capacity_factor_;
   bool dropless_;
+  Arena* arena_ = nullptr;
+  LeasePools pools_;
+  std::vector<std::vector<std::pair<Arena::Slot, Arena::Slot>>> slots_;  // [layer][slot] -> (in, out)
+  std::pair<Arena::Slot, Arena::Slot> grad_slots_;
 };
 
 }  // namespace moe

@@ -1,0 +1,41 @@
+// Communicator: the collectives the trainer needs, over one group of ranks. Implementations:
+// MpiCommunicator (CPU buffers, OpenMPI) now; NcclCommunicator (device buffers) with the CUDA
+// backend. Buffers are FP32 or I32 tensors; counts are in elements. All calls are collective:
+// every rank of the group must make them in the same order.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "moe/core/stream.h"
+#include "moe/core/tensor.h"
+
+namespace moe {
+
+enum class ReduceOp { Sum, Max };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place: buf = op over ranks of buf.
+  virtual void all_reduce(Tensor buf, ReduceOp op, Stream stream = {}) = 0;
+  // in has size() * out.numel() elements; rank r receives the op-reduction of block r.
+  virtual void reduce_scatter(Tensor out, Tensor in, ReduceOp op, Stream stream = {}) = 0;
+  // out has size() * in.numel() elements: block r is rank r's in.
+  virtual void all_gather(Tensor out, Tensor in, Stream stream = {}) = 0;
+  // Variable all-to-all: send_counts[r] elements go to rank r (consecutive blocks of in, in rank
+  // order); recv_counts[r] elements arrive from rank r (consecutive blocks of out). Counts are
+  // host values: this is the host-synchronizing baseline path.
+  virtual void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts, Tensor in,
+                            const std::vector<int64_t>& send_counts, Stream stream = {}) = 0;
+  virtual void broadcast(Tensor buf, int root, Stream stream = {}) = 0;
+  virtual void barrier() = 0;
+  // Ranks with the same color form a new group, ordered by key (then by rank).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+}  // namespace moe

@@ -1,0 +1,60 @@
+// The OpenMPI implementation of Communicator, for CPU buffers.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "moe/comm/communicator.h"
+
+namespace moe {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Wraps comm (not freed unless owned).
+  explicit MpiCommunicator(MPI_Comm comm, bool owned = false);
+  ~MpiCommunicator() override;
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_reduce(Tensor buf, ReduceOp op, Stream stream = {}) override;
+  void reduce_scatter(Tensor out, Tensor in, ReduceOp op, Stream stream = {}) override;
+  void all_gather(Tensor out, Tensor in, Stream stream = {}) override;
+  void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts, Tensor in,
+                    const std::vector<int64_t>& send_counts, Stream stream = {}) override;
+  void broadcast(Tensor buf, int root, Stream stream = {}) override;
+  void barrier() override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
+  MPI_Comm comm() const { return comm_; }
+
+ private:
+  MPI_Comm comm_;
+  bool owned_;
+  int rank_ = 0, size_ = 1;
+};
+
+// MPI_Init (once, thread level funneled) / MPI_Finalize around main, and the world communicator.
+// MPI_CHECK turns an MPI error code into moe::Error with the call and the MPI message.
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc, char*** argv);
+  ~MpiRuntime();
+  Communicator& world() { return *world_; }
+  // Ends every rank of the job with a non-zero exit (after printing msg on this rank).
+  [[noreturn]] static void abort_job(const char* msg, int code = 1);
+
+ private:
+  std::unique_ptr<MpiCommunicator> world_;
+};
+
+}  // namespace moe
+
+#define MPI_CHECK(call)                                                                     \
+  do {                                                                                      \
+    int moe_mpi_rc_ = (call);                                                               \
+    if (moe_mpi_rc_ != MPI_SUCCESS) {                                                       \
+      char moe_mpi_msg_[MPI_MAX_ERROR_STRING];                                              \
+      int moe_mpi_len_ = 0;                                                                 \
+      MPI_Error_string(moe_mpi_rc_, moe_mpi_msg_, &moe_mpi_len_);                           \
+      MOE_FAIL(#call, " failed: ", std::string(moe_mpi_msg_, moe_mpi_len_));                \
+    }                                                                                       \
+  } while (0)
