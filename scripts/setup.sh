@@ -12,6 +12,7 @@ packages=(
   nlohmann-json3-dev       # checkpoint indexes, metrics
   libcli11-dev             # command line
   libgtest-dev             # tests
+  libopenmpi-dev openmpi-bin   # multi-rank training on CPUs
   python3 python3-numpy python3-torch  # the PyTorch reference (tests/fixtures are made with it)
 )
 missing=()
