@@ -33,6 +33,18 @@ int ParamRegistry::index(const std::string& name) const {
   return it->second;
 }
 
+std::pair<int64_t, int64_t> ParamRegistry::region(ReplicaGroup group) const {
+  int64_t begin = -1, end = -1;
+  for (const auto& e : entries_) {
+    if (e.group != group) continue;
+    if (begin < 0) begin = e.offset;
+    MOE_CHECK(end < 0 || e.offset == end, "parameters of one replica group are not contiguous at '", e.name, "'");
+    end = e.offset + e.numel();
+  }
+  if (begin < 0) return {total_, total_};  // empty region at the end
+  return {begin, end};
+}
+
 int64_t ParamRegistry::global_numel() const {
   int64_t n = 0;
   for (const auto& e : entries_) n += e.global_shape.numel();

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "moe/core/tensor.h"
@@ -46,6 +47,9 @@ class ParamRegistry {
   int index(const std::string& name) const;
   bool has(const std::string& name) const { return by_name_.count(name) != 0; }
   int64_t total_numel() const { return total_; }
+  // The flat buffers are [dense region | expert region]: element ranges of each replica group.
+  // Throws if parameters of the two groups are interleaved.
+  std::pair<int64_t, int64_t> region(ReplicaGroup group) const;
   int64_t global_numel() const;  // sum of logical sizes
 
   // The view of parameter i inside a flat FP32 buffer laid out by this registry.

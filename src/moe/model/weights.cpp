@@ -33,12 +33,7 @@ ParamRegistry build_registry(const ModelConfig& cfg, int64_t expert_begin, int64
     }
     reg.add(p + "post_attention_layernorm.weight", {D}, dense, false);
     if (cfg.is_moe_layer(l)) {
-      const int64_t N = cfg.num_experts, H = cfg.intermediate_size;
-      reg.add(p + "mlp.gate.weight", {N, D}, dense, true);
-      reg.add_sliced(p + "mlp.experts.gate_up_proj", {N, 2 * H, D}, expert_begin, local_experts,
-                     ReplicaGroup::Expert, true);
-      reg.add_sliced(p + "mlp.experts.down_proj", {N, D, H}, expert_begin, local_experts, ReplicaGroup::Expert,
-                     true);
+      reg.add(p + "mlp.gate.weight", {cfg.num_experts, D}, dense, true);
       if (const int64_t S = cfg.shared_expert_intermediate_size; S > 0) {
         // gate then up, back to back, so they form one fused [2S, D] matrix.
         reg.add(p + "mlp.shared_expert.gate_proj.weight", {S, D}, dense, true);
@@ -54,6 +49,16 @@ ParamRegistry build_registry(const ModelConfig& cfg, int64_t expert_begin, int64
   }
   reg.add("model.norm.weight", {D}, dense, false);
   reg.add("lm_head.weight", {cfg.vocab_size, D}, dense, true);
+  // Expert parameters last: the flat buffers are [dense region | expert region], each region
+  // contiguous and reduced and sharded over its own replica group.
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    if (!cfg.is_moe_layer(l)) continue;
+    const std::string p = layer_prefix(l);
+    const int64_t N = cfg.num_experts, H = cfg.intermediate_size;
+    reg.add_sliced(p + "mlp.experts.gate_up_proj", {N, 2 * H, D}, expert_begin, local_experts, ReplicaGroup::Expert,
+                   true);
+    reg.add_sliced(p + "mlp.experts.down_proj", {N, D, H}, expert_begin, local_experts, ReplicaGroup::Expert, true);
+  }
   return reg;
 }
 
