@@ -222,21 +222,30 @@ void Transformer::mlp_forward_layer(const LayerWeights& w, LayerActs& A, Tensor 
   linear(h_out, A.mlp_act, w.mlp_down, /*accumulate=*/true);
 }
 
-void Transformer::forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs) {
+void Transformer::forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs,
+                          bool backward_follows) {
   bind();
   MOE_CHECK(tokens.numel() == rows_, "forward: got ", tokens.numel(), " tokens, the model was planned for ", rows_);
+  const int L = static_cast<int>(cfg_.num_hidden_layers);
+  auto enter = [&](int block) { if (hooks_) hooks_->before_forward(block); };
+  auto leave = [&](int block) { if (hooks_ && !backward_follows) hooks_->after_forward_only(block); };
+  enter(0);
   embedding_forward(h_[0], w.embed, tokens);
+  leave(0);
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+  for (int l = 0; l < L; ++l) {
     LayerActs& A = layers_[l];
     const LayerWeights& lw = w.layers[l];
+    enter(l + 1);
     attention_forward_layer(lw, A, h_[l]);
     rmsnorm_forward(A.m, A.rstd2, A.h_mid, lw.post_norm, eps);
     if (cfg_.is_moe_layer(l))
       moe_forward_layer(l, lw, A, h_[l + 1], routing_seed, rs);
     else
       mlp_forward_layer(lw, A, h_[l + 1]);
+    leave(l + 1);
   }
+  enter(L + 1);  // the head block stays in use until the fused LM head has run
   rmsnorm_forward(s_.hn, s_.rstd_f, h_[cfg_.num_hidden_layers], w.final_norm, eps);
 }
 
@@ -272,17 +281,19 @@ void Transformer::release_leases() {
 
 MicrobatchLosses Transformer::forward_loss(const ModelWeights& w, Tensor tokens, Tensor targets,
                                            uint64_t routing_seed, const RoutingState& rs) {
-  forward(w, tokens, routing_seed, rs);
+  forward(w, tokens, routing_seed, rs, false);
   release_leases();  // no backward follows
   lm_head_cross_entropy(s_.loss_sum, Tensor(), Tensor(), s_.hn, w.lm_head, targets, 0.0f, s_.head_ws);
+  if (hooks_) hooks_->after_forward_only(static_cast<int>(cfg_.num_hidden_layers) + 1);
   return collect_losses(true);
 }
 
 void Transformer::forward_logits(const ModelWeights& w, Tensor tokens, Tensor logits, uint64_t routing_seed,
                                  const RoutingState& rs) {
-  forward(w, tokens, routing_seed, rs);
+  forward(w, tokens, routing_seed, rs, false);
   release_leases();
   linear(logits, s_.hn, w.lm_head);
+  if (hooks_) hooks_->after_forward_only(static_cast<int>(cfg_.num_hidden_layers) + 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -365,7 +376,9 @@ void Transformer::backward(const ModelWeights& w, const ModelWeights& g, Tensor 
   const int64_t L = cfg_.num_hidden_layers;
   // s.dm holds d(final norm output) from the fused LM head; turn it into d(h_L).
   rmsnorm_backward(s.dres, g.final_norm, s.dm, h_[L], w.final_norm, s.rstd_f, /*accumulate_dx=*/false);
+  if (hooks_) hooks_->after_backward(static_cast<int>(L) + 1);
   for (int64_t l = L - 1; l >= 0; --l) {
+    if (hooks_) hooks_->before_backward(static_cast<int>(l) + 1);
     LayerActs& A = layers_[l];
     const LayerWeights &lw = w.layers[l], &lg = g.layers[l];
     // s.dres = d(h_{l+1}); the feed-forward branch adds into d(h_mid) through its norm.
@@ -375,14 +388,17 @@ void Transformer::backward(const ModelWeights& w, const ModelWeights& g, Tensor 
       mlp_backward_layer(lw, lg, A);
     rmsnorm_backward(s.dres, lg.post_norm, s.dm, A.h_mid, lw.post_norm, A.rstd2, /*accumulate_dx=*/true);
     attention_backward_layer(lw, lg, A, h_[l]);
+    if (hooks_) hooks_->after_backward(static_cast<int>(l) + 1);
   }
+  if (hooks_) hooks_->before_backward(0);
   embedding_backward(g.embed, s.dres, tokens);
+  if (hooks_) hooks_->after_backward(0);
 }
 
 MicrobatchLosses Transformer::forward_backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens,
                                                Tensor targets, const StepScales& scales, uint64_t routing_seed,
                                                const RoutingState& rs) {
-  forward(w, tokens, routing_seed, rs);
+  forward(w, tokens, routing_seed, rs, true);
   // The LM head and cross-entropy run fused with their backward: d(final norm output) lands in s_.dm.
   lm_head_cross_entropy(s_.loss_sum, s_.dm, g.lm_head, s_.hn, w.lm_head, targets, scales.lm_grad_scale,
                         s_.head_ws);

@@ -39,6 +39,18 @@ struct RoutingState {
   Tensor expert_load;  // [L, N] routes per expert, summed over forwards since the caller reset it; empty = not kept
 };
 
+// Called around each parameter block's use, for designs that keep parameters elsewhere between
+// uses (FSDP: gather a block's full weights before its forward and its backward, reduce its
+// gradients after). Blocks: 0 = embedding, 1..L = layers, L+1 = final norm and LM head.
+class BlockHooks {
+ public:
+  virtual ~BlockHooks() = default;
+  virtual void before_forward(int block) = 0;
+  virtual void before_backward(int block) = 0;
+  virtual void after_backward(int block) = 0;
+  virtual void after_forward_only(int block) = 0;  // forward without backward (eval): release the block
+};
+
 class Transformer {
  public:
   Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena, TokenDispatcher& dispatcher,
@@ -54,6 +66,8 @@ class Transformer {
   void forward_logits(const ModelWeights& w, Tensor tokens, Tensor logits, uint64_t routing_seed,
                       const RoutingState& rs);
 
+  // Optional; not owned. Without hooks, weights and gradients are resident.
+  void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
   int64_t rows() const { return rows_; }
   int64_t expert_rows() const { return capacity_; }
 
@@ -82,7 +96,7 @@ class Transformer {
 
   void reserve(Tensor& t, const std::string& name, DType dtype, Shape shape);
   void bind();
-  void forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs);
+  void forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs, bool backward_follows);
   void attention_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_in);
   void moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs& A, Tensor h_out, uint64_t routing_seed,
                          const RoutingState& rs);
@@ -104,6 +118,7 @@ class Transformer {
   Scratch s_;
   std::vector<std::pair<Tensor*, Arena::Slot>> pending_;
   bool bound_ = false;
+  BlockHooks* hooks_ = nullptr;
 };
 
 }  // namespace moe

@@ -11,11 +11,19 @@ std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l)
 
 }  // namespace
 
-ParamRegistry build_registry(const ModelConfig& cfg, int64_t expert_begin, int64_t local_experts) {
+ParamRegistry build_registry(const ModelConfig& cfg, int64_t expert_begin, int64_t local_experts,
+                             ParamLayout layout) {
   ParamRegistry reg;
   const int64_t D = cfg.hidden_size, hd = cfg.head_dim();
   const int64_t q_out = cfg.num_attention_heads * hd, kv_out = cfg.num_key_value_heads * hd;
   const auto dense = ReplicaGroup::Dense;
+  auto add_experts = [&](int64_t l) {
+    const std::string p = layer_prefix(l);
+    const int64_t N = cfg.num_experts, H = cfg.intermediate_size;
+    reg.add_sliced(p + "mlp.experts.gate_up_proj", {N, 2 * H, D}, expert_begin, local_experts, ReplicaGroup::Expert,
+                   true);
+    reg.add_sliced(p + "mlp.experts.down_proj", {N, D, H}, expert_begin, local_experts, ReplicaGroup::Expert, true);
+  };
   reg.add("model.embed_tokens.weight", {cfg.vocab_size, D}, dense, true);
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     const std::string p = layer_prefix(l);
@@ -40,6 +48,7 @@ ParamRegistry build_registry(const ModelConfig& cfg, int64_t expert_begin, int64
         reg.add(p + "mlp.shared_expert.up_proj.weight", {S, D}, dense, true);
         reg.add(p + "mlp.shared_expert.down_proj.weight", {D, S}, dense, true);
       }
+      if (layout == ParamLayout::ByBlock) add_experts(l);
     } else {
       const int64_t Hd = cfg.dense_intermediate_size;
       reg.add(p + "mlp.gate_proj.weight", {Hd, D}, dense, true);
@@ -49,21 +58,34 @@ ParamRegistry build_registry(const ModelConfig& cfg, int64_t expert_begin, int64
   }
   reg.add("model.norm.weight", {D}, dense, false);
   reg.add("lm_head.weight", {cfg.vocab_size, D}, dense, true);
-  // Expert parameters last: the flat buffers are [dense region | expert region], each region
-  // contiguous and reduced and sharded over its own replica group.
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    if (!cfg.is_moe_layer(l)) continue;
-    const std::string p = layer_prefix(l);
-    const int64_t N = cfg.num_experts, H = cfg.intermediate_size;
-    reg.add_sliced(p + "mlp.experts.gate_up_proj", {N, 2 * H, D}, expert_begin, local_experts, ReplicaGroup::Expert,
-                   true);
-    reg.add_sliced(p + "mlp.experts.down_proj", {N, D, H}, expert_begin, local_experts, ReplicaGroup::Expert, true);
-  }
+  // ByReplicaGroup: expert parameters last, so the flat buffers are [dense region | expert
+  // region], each contiguous and reduced and sharded over its own replica group.
+  if (layout == ParamLayout::ByReplicaGroup)
+    for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
+      if (cfg.is_moe_layer(l)) add_experts(l);
   return reg;
 }
 
+int param_block(const ModelConfig& cfg, const std::string& name) {
+  static const std::string layers = "model.layers.";
+  if (name.rfind(layers, 0) == 0) return 1 + std::stoi(name.substr(layers.size()));
+  if (name == "model.embed_tokens.weight") return 0;
+  return static_cast<int>(cfg.num_hidden_layers) + 1;
+}
+
 ModelWeights bind_weights(const ModelConfig& cfg, const ParamRegistry& reg, const Tensor& flat) {
-  auto get = [&](const std::string& name) { return reg.view(flat, reg.index(name)); };
+  return bind_weights(cfg, reg, [&](int i) { return reg.view(flat, i); });
+}
+
+// gate_proj and up_proj, registered back to back, as one fused [2S, D] matrix.
+static Tensor fused_pair(const Tensor& first, const Tensor& second) {
+  MOE_CHECK(first.ptr<float>() + first.numel() == second.ptr<float>() && first.shape == second.shape,
+            "fused gate/up view: the two projections are not adjacent in memory");
+  return Tensor(first.data, DType::F32, {2 * first.dim(0), first.dim(1)}, first.device);
+}
+
+ModelWeights bind_weights(const ModelConfig& cfg, const ParamRegistry& reg, const ParamView& view) {
+  auto get = [&](const std::string& name) { return view(reg.index(name)); };
   ModelWeights w;
   w.embed = get("model.embed_tokens.weight");
   w.final_norm = get("model.norm.weight");
@@ -81,20 +103,17 @@ ModelWeights bind_weights(const ModelConfig& cfg, const ParamRegistry& reg, cons
       lw.k_norm = get(p + "self_attn.k_norm.weight");
     }
     lw.post_norm = get(p + "post_attention_layernorm.weight");
-    const int64_t D = cfg.hidden_size;
     if (cfg.is_moe_layer(l)) {
       lw.router = get(p + "mlp.gate.weight");
       lw.experts_gate_up = get(p + "mlp.experts.gate_up_proj");
       lw.experts_down = get(p + "mlp.experts.down_proj");
-      if (const int64_t S = cfg.shared_expert_intermediate_size; S > 0) {
-        lw.shared_gate_up = reg.view_span(flat, reg.index(p + "mlp.shared_expert.gate_proj.weight"),
-                                          reg.index(p + "mlp.shared_expert.up_proj.weight"), {2 * S, D});
+      if (cfg.shared_expert_intermediate_size > 0) {
+        lw.shared_gate_up =
+            fused_pair(get(p + "mlp.shared_expert.gate_proj.weight"), get(p + "mlp.shared_expert.up_proj.weight"));
         lw.shared_down = get(p + "mlp.shared_expert.down_proj.weight");
       }
     } else {
-      const int64_t Hd = cfg.dense_intermediate_size;
-      lw.mlp_gate_up = reg.view_span(flat, reg.index(p + "mlp.gate_proj.weight"), reg.index(p + "mlp.up_proj.weight"),
-                                     {2 * Hd, D});
+      lw.mlp_gate_up = fused_pair(get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight"));
       lw.mlp_down = get(p + "mlp.down_proj.weight");
     }
     w.layers.push_back(lw);
@@ -103,13 +122,17 @@ ModelWeights bind_weights(const ModelConfig& cfg, const ParamRegistry& reg, cons
 }
 
 void init_params(const ModelConfig& cfg, const ParamRegistry& reg, const Tensor& flat, uint64_t seed) {
-  for (int i = 0; i < static_cast<int>(reg.entries().size()); ++i) {
+  for (int i = 0; i < static_cast<int>(reg.entries().size()); ++i) init_param(cfg, reg, i, reg.view(flat, i), seed);
+}
+
+void init_param(const ModelConfig& cfg, const ParamRegistry& reg, int i, const Tensor& out, uint64_t seed) {
+  {
     const ParamEntry& e = reg.entry(i);
-    float* p = reg.view(flat, i).f32();
+    float* p = out.f32();
     const int64_t n = e.numel();
     if (!e.decay) {  // norm weights
       for (int64_t j = 0; j < n; ++j) p[j] = 1.0f;
-      continue;
+      return;
     }
     const uint64_t name_hash = hash_string(e.name);
     const int64_t base = e.global_begin();

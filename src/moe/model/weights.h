@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "moe/model/config.h"
@@ -32,15 +34,30 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 };
 
+// How parameters are ordered in the flat buffers.
+enum class ParamLayout {
+  ByReplicaGroup,  // [dense | expert]: each replica group one contiguous region (DDP + EP)
+  ByBlock,         // embedding, layer 0, ..., layer L-1, final norm + LM head: each block contiguous (FSDP)
+};
+
 // Registers every parameter of the model. This rank holds experts
 // [expert_begin, expert_begin + local_experts) of every MoE layer (EP = 1: all of them).
-ParamRegistry build_registry(const ModelConfig& cfg, int64_t expert_begin, int64_t local_experts);
+ParamRegistry build_registry(const ModelConfig& cfg, int64_t expert_begin, int64_t local_experts,
+                             ParamLayout layout = ParamLayout::ByReplicaGroup);
 
 // Views of every parameter inside `flat` (laid out by `reg`).
 ModelWeights bind_weights(const ModelConfig& cfg, const ParamRegistry& reg, const Tensor& flat);
+// Views given by a function of the parameter's registry index (e.g. into a gather buffer).
+using ParamView = std::function<Tensor(int index)>;
+ModelWeights bind_weights(const ModelConfig& cfg, const ParamRegistry& reg, const ParamView& view);
+
+// The block a parameter belongs to: 0 = embedding, 1 + l = layer l, L + 1 = final norm and LM head.
+int param_block(const ModelConfig& cfg, const std::string& name);
 
 // Matrices ~ N(0, init_std^2), norm weights = 1. Each element is a pure function of
 // (seed, parameter name, logical index), so every topology initializes the same model.
 void init_params(const ModelConfig& cfg, const ParamRegistry& reg, const Tensor& flat, uint64_t seed);
+// The same for parameter i alone, written into `out` (its local shape).
+void init_param(const ModelConfig& cfg, const ParamRegistry& reg, int i, const Tensor& out, uint64_t seed);
 
 }  // namespace moe
