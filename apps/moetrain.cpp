@@ -6,9 +6,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "moe/comm/local_communicator.h"
+#include "moe/comm/mpi_communicator.h"
 #include "moe/core/arena.h"
 #include "moe/core/error.h"
 #include "moe/data/prepare.h"
@@ -39,7 +42,7 @@ void print_summary(const moe::TrainSummary& s, bool bench) {
   if (s.eval_loss) std::printf("  held-out loss:   %.4f\n", *s.eval_loss);
   if (s.attainable_loss)
     std::printf("  attainable loss: %.4f (entropy rate of the synthetic corpus)\n", *s.attainable_loss);
-  std::printf("  throughput: %s tokens/s, MFU %.2f%%, %.3f s/step (mean over steps after the first)\n",
+  std::printf("  throughput: %s tokens/s, MFU %.2f%% per device, %.3f s/step (mean over steps after the first)\n",
               moe::format_count(s.mean_tokens_per_s).c_str(), 100 * s.mean_mfu, s.mean_step_time_s);
   std::printf("  memory: arena %s, peak resident %s\n", moe::format_bytes(static_cast<double>(s.arena_bytes)).c_str(),
               moe::format_bytes(static_cast<double>(s.peak_rss_bytes)).c_str());
@@ -83,6 +86,19 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
 
+  // Under mpirun (or srun) every process is one rank; otherwise one process without MPI.
+  std::unique_ptr<moe::MpiRuntime> mpi;
+  moe::LocalCommunicator local;
+  if (moe::launched_under_mpi()) mpi = std::make_unique<moe::MpiRuntime>(&argc, &argv);
+  moe::Communicator& world = mpi ? mpi->world() : static_cast<moe::Communicator&>(local);
+  const bool leader = world.rank() == 0;
+  auto fail = [&](const char* what) {
+    // A rank that throws ends the whole job (no rank is left waiting in a collective).
+    if (mpi && world.size() > 1) moe::MpiRuntime::abort_job(what, 1);
+    std::fprintf(stderr, "error: %s\n", what);
+    return 1;
+  };
+
   try {
     if (train->parsed()) {
       std::vector<std::string> overrides = train_args.overrides;
@@ -92,20 +108,25 @@ int main(int argc, char** argv) {
       const moe::Config cfg = moe::load_config(train_args.config, overrides);
       moe::TrainOptions opts;
       opts.resume = resume;
-      moe::Trainer trainer(cfg, opts);
-      print_summary(trainer.run(), false);
+      moe::Trainer trainer(cfg, opts, world);
+      const moe::TrainSummary s = trainer.run();
+      if (leader) print_summary(s, false);
     } else if (bench->parsed()) {
       std::vector<std::string> overrides = bench_args.overrides;
       overrides.push_back("train.steps=" + std::to_string(bench_steps));
       const moe::Config cfg = moe::load_config(bench_args.config, overrides);
       moe::TrainOptions opts;
       opts.bench = true;
-      moe::Trainer trainer(cfg, opts);
+      moe::Trainer trainer(cfg, opts, world);
       const moe::TrainSummary s = trainer.run();
-      print_summary(s, true);
-      const double ideal = s.mean_step_time_s * s.mean_mfu;
-      std::printf("  step-time split: ideal model time at peak %.4f s, the rest (tax) %.4f s (%.1f%%)\n", ideal,
-                  s.mean_step_time_s - ideal, 100 * (1 - s.mean_mfu));
+      if (leader) {
+        print_summary(s, true);
+        const double ideal = s.mean_step_time_s * s.mean_mfu;
+        std::printf("  step-time split: ideal model time at peak %.4f s, the rest (tax) %.4f s (%.1f%%); "
+                    "in collectives %.4f s, optimizer step %.4f s\n",
+                    ideal, s.mean_step_time_s - ideal, 100 * (1 - s.mean_mfu), s.mean_comm_time_s,
+                    s.mean_optimizer_time_s);
+      }
     } else if (prepare->parsed()) {
       const moe::PrepareResult r = moe::prepare_byte_level(prepare_inputs, prepare_out);
       for (const auto& f : r.files)
@@ -114,12 +135,8 @@ int main(int argc, char** argv) {
       std::printf("wrote %ld tokens (vocab %ld, EOS %ld) and %s/dataset.json\n", static_cast<long>(r.total_tokens),
                   static_cast<long>(moe::kByteVocabSize), static_cast<long>(moe::kByteEosTokenId), r.out_dir.c_str());
     }
-  } catch (const moe::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return fail(e.what());
   }
   return 0;
 }

@@ -21,7 +21,7 @@ TEST(Learning, ShortTinyRunApproachesTheAttainableLoss) {
                                     "train.micro_batch_size=4", "train.warmup_steps=10", "train.eval_every=0",
                                     "train.eval_batches=8", "run.save_final=false",
                                     "run.dir=\"" + dir.path + "\""});
-  Trainer trainer(cfg, quiet);
+  Trainer trainer(cfg, quiet, testing::local_world());
   const TrainSummary s = trainer.run();
   ASSERT_TRUE(s.attainable_loss.has_value());
   ASSERT_TRUE(s.eval_loss.has_value());

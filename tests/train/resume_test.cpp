@@ -20,17 +20,17 @@ void expect_resume_matches(const std::vector<std::string>& extra) {
   quiet.quiet = true;
   std::vector<std::string> o = extra;
   o.push_back("train.steps=6");
-  Trainer full(testing::small_config(full_dir.path, o), quiet);
+  Trainer full(testing::small_config(full_dir.path, o), quiet, testing::local_world());
   const std::vector<double> uninterrupted = losses(full.run());
   ASSERT_EQ(uninterrupted.size(), 6u);
 
   o.push_back("train.save_every=3");
   std::vector<std::string> first = o;
   first.push_back("train.steps=3");  // stop at step 3 (checkpoint written there)
-  { Trainer t(testing::small_config(split_dir.path, first), quiet); t.run(); }
+  { Trainer t(testing::small_config(split_dir.path, first), quiet, testing::local_world()); t.run(); }
   TrainOptions resume = quiet;
   resume.resume = "latest";
-  Trainer resumed(testing::small_config(split_dir.path, o), resume);
+  Trainer resumed(testing::small_config(split_dir.path, o), resume, testing::local_world());
   const TrainSummary s = resumed.run();
   ASSERT_EQ(s.first_step, 3);
   const std::vector<double> tail = losses(s);
@@ -51,11 +51,11 @@ TEST(Resume, ModelConfigMismatchIsRefusedNamingTheKey) {
   testing::TempDir dir;
   TrainOptions quiet;
   quiet.quiet = true;
-  { Trainer t(testing::small_config(dir.path, {"train.steps=1"}), quiet); t.run(); }
+  { Trainer t(testing::small_config(dir.path, {"train.steps=1"}), quiet, testing::local_world()); t.run(); }
   TrainOptions resume = quiet;
   resume.resume = "latest";
   try {
-    Trainer t(testing::small_config(dir.path, {"train.steps=2", "model.num_experts=4"}), resume);
+    Trainer t(testing::small_config(dir.path, {"train.steps=2", "model.num_experts=4"}), resume, testing::local_world());
     FAIL() << "resume with another model config was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("num_experts"), std::string::npos) << e.what();

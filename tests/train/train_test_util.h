@@ -6,9 +6,16 @@
 #include <string>
 #include <vector>
 
+#include "moe/comm/local_communicator.h"
 #include "moe/train/config.h"
 
 namespace moe::testing {
+
+// The world of a single-process run.
+inline Communicator& local_world() {
+  static LocalCommunicator world;
+  return world;
+}
 
 // A temp directory removed when the object goes away.
 struct TempDir {

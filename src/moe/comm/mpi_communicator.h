@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <string>
 
 #include "moe/comm/communicator.h"
 
@@ -44,7 +45,14 @@ class MpiRuntime {
 
  private:
   std::unique_ptr<MpiCommunicator> world_;
+  // Added: MPI_Finalize only if this object called MPI_Init_thread (a test main or an embedding
+  // program may own MPI instead).
+  bool initialized_here_ = false;
 };
+
+// Added: true when this process was started by mpirun/srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
+// PMIX_RANK is set). The trainer uses a LocalCommunicator, and never touches MPI, otherwise.
+bool launched_under_mpi();
 
 }  // namespace moe
 

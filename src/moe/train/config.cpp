@@ -69,7 +69,7 @@ class KeyReader {
       if (v.is_table()) {
         auto it = known_.find(key);
         MOE_CHECK(it != known_.end(), "unknown config section [", key, "] in ", source_,
-                  "; known sections: model, data, train, parallel, run");
+                  "; known sections: model, data, train, parallel, ep, run");
         for (auto&& [k2, v2] : *v.as_table()) {
           (void)v2;
           const std::string key2(k2.str());
@@ -208,6 +208,8 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
 
   r.read("parallel", "mode", c.parallel.mode);
   r.read("parallel", "ep", c.parallel.ep);
+  r.read("parallel", "lease_slots", c.parallel.lease_slots);
+  r.read("ep", "backend", c.ep.backend);
 
   r.read("run", "dir", c.run.dir);
   r.read("run", "peak_tflops", c.run.peak_tflops);
@@ -245,9 +247,14 @@ void Config::validate(int64_t dp) const {
   MOE_CHECK(t.log_every > 0, "train.log_every must be > 0");
   MOE_CHECK(t.eval_every >= 0 && t.eval_batches >= 0, "train.eval_every and train.eval_batches must be >= 0");
   MOE_CHECK(t.save_every >= 0 && t.keep_last >= 0, "train.save_every and train.keep_last must be >= 0");
-  MOE_CHECK(parallel.mode == "ddp", "parallel.mode = \"", parallel.mode,
-            "\": this build supports \"ddp\" (fsdp arrives with multi-rank training)");
+  MOE_CHECK(parallel.mode == "ddp" || parallel.mode == "fsdp", "parallel.mode = \"", parallel.mode,
+            "\" is not one of: ddp, fsdp");
   MOE_CHECK(parallel.ep >= 1, "parallel.ep must be >= 1, got ", parallel.ep);
+  MOE_CHECK(parallel.mode != "fsdp" || parallel.ep == 1,
+            "parallel.mode = \"fsdp\" holds every expert on every rank (no expert parallelism); set parallel.ep = 1");
+  MOE_CHECK(parallel.lease_slots >= 1, "parallel.lease_slots must be >= 1");
+  MOE_CHECK(ep.backend == "rowwise" || ep.backend == "alltoall", "ep.backend = \"", ep.backend,
+            "\" is not one of: rowwise, alltoall");
   MOE_CHECK(run.peak_tflops > 0, "run.peak_tflops must be > 0");
   MOE_CHECK(data.eval_fraction >= 0 && data.eval_fraction < 1, "data.eval_fraction must be in [0, 1)");
 }
@@ -289,7 +296,8 @@ std::string config_to_toml(const Config& c) {
      << "\nbeta2 = " << t.beta2 << "\neps = " << t.eps << "\ngrad_clip = " << t.grad_clip << "\nseed = " << t.seed
      << "\neval_every = " << t.eval_every << "\neval_batches = " << t.eval_batches << "\nlog_every = " << t.log_every
      << "\nsave_every = " << t.save_every << "\nkeep_last = " << t.keep_last << "\n\n[parallel]\nmode = \""
-     << c.parallel.mode << "\"\nep = " << c.parallel.ep << "\n\n[run]\ndir = \"" << c.run.dir
+     << c.parallel.mode << "\"\nep = " << c.parallel.ep << "\nlease_slots = " << c.parallel.lease_slots
+     << "\n\n[ep]\nbackend = \"" << c.ep.backend << "\"\n\n[run]\ndir = \"" << c.run.dir
      << "\"\npeak_tflops = " << c.run.peak_tflops << "\nsave_final = " << (c.run.save_final ? "true" : "false")
      << "\n";
   return os.str();

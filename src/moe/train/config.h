@@ -34,8 +34,13 @@ struct TrainConfig {
 };
 
 struct ParallelConfig {
-  std::string mode = "ddp";  // ddp (+ expert parallelism); fsdp comes with the distributed issue
-  int64_t ep = 1;
+  std::string mode = "ddp";  // ddp: resident weights + expert parallelism; fsdp: the full-reshard baseline
+  int64_t ep = 1;            // expert-parallel degree (ranks per EP group); divides the world size and N
+  int64_t lease_slots = 1;   // expert-buffer slots per MoE layer: microbatches alive at once
+};
+
+struct EpConfig {
+  std::string backend = "rowwise";  // rowwise | alltoall (the baseline); EP = 1 always runs local
 };
 
 struct RunConfig {
@@ -50,6 +55,7 @@ struct Config {
   DataConfig data;
   TrainConfig train;
   ParallelConfig parallel;
+  EpConfig ep;
   RunConfig run;
 
   int64_t accumulation_steps(int64_t dp) const { return train.global_batch_size / (train.micro_batch_size * dp); }

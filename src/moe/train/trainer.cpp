@@ -5,12 +5,17 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "moe/ckpt/checkpoint.h"
 #include "moe/core/rng.h"
 #include "moe/ops/embedding.h"
 #include "moe/optim/lr_schedule.h"
+#include "moe/parallel/ddp_store.h"
+#include "moe/parallel/dispatcher_factory.h"
+#include "moe/parallel/fsdp_store.h"
+#include "moe/parallel/local_dispatcher.h"
 #include "moe/train/metrics.h"
 
 namespace fs = std::filesystem;
@@ -43,37 +48,55 @@ uint64_t routing_seed(uint64_t seed, int64_t step, int64_t micro) {
 
 }  // namespace
 
-Trainer::Trainer(const Config& cfg, const TrainOptions& opts)
+// Indices of the per-step statistics all-reduced over the world (one small collective per step).
+enum StepStat { kLmSum, kLb, kZ, kRoutes, kDropped, kNumStepStats };
+
+Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& world)
     : cfg_(cfg),
       opts_(opts),
-      reg_(build_registry(cfg.model, 0, cfg.model.num_experts)),
+      world_(world, std::make_shared<double>(0.0)),
       flops_(count_flops(cfg.model, cfg.train.seq_len)),
-      data_(TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id)),
-      dispatcher_(cfg.model.num_experts, cfg.model.capacity_factor, cfg.model.dropless) {
-  cfg_.validate();
+      data_(TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id)) {
+  const int dp = world_.size();
+  cfg_.validate(dp);
   data_.check_window(cfg_.train.seq_len);  // before anything is written
-  MOE_CHECK(cfg_.parallel.ep == 1, "parallel.ep = ", cfg_.parallel.ep,
-            " needs several ranks; this build trains on one process (use parallel.ep = 1)");
-  const int64_t n = reg_.total_numel(), rows = cfg_.train.micro_batch_size * cfg_.train.seq_len;
-  const int64_t L = cfg_.model.num_hidden_layers, N = cfg_.model.num_experts;
-  params_ = state_.reserve("parameters", DType::F32, {n});
-  grads_ = state_.reserve("gradients", DType::F32, {n});
-  optimizer_ = std::make_unique<AdamW>(reg_, state_);
+  const ModelConfig& mc = cfg_.model;
+  const bool fsdp = cfg_.parallel.mode == "fsdp";
+  const int64_t moe_experts = mc.first_k_dense_replace < mc.num_hidden_layers ? mc.num_experts : 0;
+  if (fsdp) {
+    reg_ = build_registry(mc, 0, mc.num_experts, ParamLayout::ByBlock);
+    store_ = std::make_unique<FsdpStore>(mc, reg_, world_, state_);
+    dispatcher_ = std::make_unique<LocalDispatcher>(mc.num_experts, mc.capacity_factor, mc.dropless);
+  } else {
+    mesh_ = std::make_unique<Mesh>(make_mesh(world_, static_cast<int>(cfg_.parallel.ep), moe_experts));
+    const int64_t local = mc.num_experts / mesh_->ep;
+    reg_ = build_registry(mc, mesh_->ep_index * local, local, ParamLayout::ByReplicaGroup);
+    store_ = std::make_unique<DdpStore>(mc, reg_, *mesh_, state_);
+    if (mesh_->ep == 1)
+      dispatcher_ = std::make_unique<LocalDispatcher>(mc.num_experts, mc.capacity_factor, mc.dropless);
+    else
+      dispatcher_ = make_dispatcher(cfg_.ep.backend, *mesh_->ep_group, mc.num_experts, mc.capacity_factor,
+                                    mc.dropless);
+  }
+  const int64_t rows = cfg_.train.micro_batch_size * cfg_.train.seq_len;
+  const int64_t L = mc.num_hidden_layers, N = mc.num_experts;
   router_bias_ = state_.reserve("router_bias", DType::F32, {L, N});
   expert_load_ = state_.reserve("expert_load", DType::F32, {L, N});
+  step_stats_ = state_.reserve("step_stats", DType::F32, {kNumStepStats});
   tokens_ = state_.reserve("batch.tokens", DType::I32, {rows});
   targets_ = state_.reserve("batch.targets", DType::I32, {rows});
-  model_ = std::make_unique<Transformer>(cfg_.model, cfg_.train.micro_batch_size, cfg_.train.seq_len, acts_,
-                                         dispatcher_);
+  model_ = std::make_unique<Transformer>(mc, cfg_.train.micro_batch_size, cfg_.train.seq_len, acts_, *dispatcher_,
+                                         static_cast<int>(cfg_.parallel.lease_slots));
+  model_->set_block_hooks(store_->hooks());
   // Fail before any work when the plan cannot fit in this machine's memory.
   const size_t limit = physical_memory_bytes();
   state_.commit(limit);
   acts_.commit(limit > state_.total_bytes() ? limit - state_.total_bytes() : 1);
-  w_ = bind_weights(cfg_.model, reg_, params());
-  g_ = bind_weights(cfg_.model, reg_, grads());
-  init_params(cfg_.model, reg_, params(), cfg_.train.seed);
+  store_->init(cfg_.train.seed);
   if (!opts_.resume.empty()) load_checkpoint(opts_.resume == "latest" ? cfg_.run_dir() : opts_.resume);
 }
+
+Trainer::~Trainer() = default;
 
 void Trainer::print_plan() const {
   const double tokens_per_step = static_cast<double>(cfg_.train.global_batch_size * cfg_.train.seq_len);
@@ -81,9 +104,15 @@ void Trainer::print_plan() const {
               cfg_.name.c_str(), format_count(flops_.total_params).c_str(),
               format_count(flops_.active_params).c_str(), flops_.total_params / flops_.active_params);
   std::printf("  data: %s\n", data_.describe().c_str());
-  std::printf("  batch: %ld sequences x %ld tokens per step, %ld microbatches of %ld; %s FLOPs per token\n",
+  if (cfg_.parallel.mode == "fsdp")
+    std::printf("  parallel: fsdp over %d ranks (every parameter sharded; full weights gathered per block)\n",
+                world_.size());
+  else
+    std::printf("  parallel: %d ranks, ep %d (%s dispatch), expert replicas %d\n", world_.size(),
+                mesh_->ep, dispatcher_->name(), mesh_->ep_dp);
+  std::printf("  batch: %ld sequences x %ld tokens per step, %ld microbatches of %ld per rank; %s FLOPs per token\n",
               static_cast<long>(cfg_.train.global_batch_size), static_cast<long>(cfg_.train.seq_len),
-              static_cast<long>(cfg_.accumulation_steps(1)), static_cast<long>(cfg_.train.micro_batch_size),
+              static_cast<long>(cfg_.accumulation_steps(world_.size())), static_cast<long>(cfg_.train.micro_batch_size),
               format_count(flops_.flops_per_token).c_str());
   std::printf("  memory plan: model state %s, activations %s (%.0f tokens/step)\n",
               format_bytes(static_cast<double>(state_.total_bytes())).c_str(),
@@ -99,46 +128,64 @@ void Trainer::load_checkpoint(const std::string& path) {
             ": train_state.json lacks model_config or step");
   const std::string theirs = st["model_config"].get<std::string>(), ours = model_config_toml(cfg_.model);
   MOE_CHECK(theirs == ours, "cannot resume from ", dir, ": the model config differs:", config_diff(ours, theirs));
-  Tensor p = params(), m = optimizer_->exp_avg(), v = optimizer_->exp_avg_sq();
-  for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {
-    const ParamEntry& e = reg_.entry(i);
-    const int64_t b = e.global_begin(), end = b + e.numel();
-    ckpt.read(e.name, DType::F32, b, end, reg_.view(p, i).data);
-    ckpt.read(e.name + ".exp_avg", DType::F32, b, end, reg_.view(m, i).data);
-    ckpt.read(e.name + ".exp_avg_sq", DType::F32, b, end, reg_.view(v, i).data);
-  }
+  // Every rank reads the ranges it holds under the current topology, whatever wrote them.
+  store_->load(ckpt);
   Tensor bias = state_.get(router_bias_);
   if (ckpt.has("router_bias")) ckpt.read("router_bias", DType::F32, 0, bias.numel(), bias.data);
   start_step_ = st["step"].get<int64_t>();
   skipped_steps_ = st.value("skipped_steps", int64_t{0});
   MOE_CHECK(start_step_ <= cfg_.train.steps, "checkpoint ", dir, " is at step ", start_step_,
             ", past train.steps = ", cfg_.train.steps);
-  if (!opts_.quiet) std::printf("resumed from %s at step %ld\n", dir.c_str(), static_cast<long>(start_step_));
+  if (!opts_.quiet && leader())
+    std::printf("resumed from %s at step %ld\n", dir.c_str(), static_cast<long>(start_step_));
 }
 
 void Trainer::save_checkpoint_now(int64_t step) {
-  std::vector<CheckpointSlice> slices;
-  Tensor p = params(), m = optimizer_->exp_avg(), v = optimizer_->exp_avg_sq();
-  for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {
-    const ParamEntry& e = reg_.entry(i);
-    std::vector<int64_t> shape(e.global_shape.dims.begin(), e.global_shape.dims.begin() + e.global_shape.ndim);
-    const int64_t b = e.global_begin(), end = b + e.numel();
-    slices.push_back({e.name, DType::F32, shape, b, end, reg_.view(p, i).data});
-    slices.push_back({e.name + ".exp_avg", DType::F32, shape, b, end, reg_.view(m, i).data});
-    slices.push_back({e.name + ".exp_avg_sq", DType::F32, shape, b, end, reg_.view(v, i).data});
-  }
+  // DESIGN.md section 8: rank 0 opens a temporary directory, every rank writes the slices it
+  // owns into its own file, rank 0 gathers the chunk records (through small JSON files in the
+  // temporary directory: the checkpoint folder must be shared by the ranks anyway), writes the
+  // index and renames the directory, which is the commit point.
+  const std::string run = cfg_.run_dir();
+  std::string tmp = run + "/.tmp-" + checkpoint_dir_name(step);
+  if (leader()) tmp = begin_checkpoint(run, step);
+  world_.barrier();
+  std::vector<CheckpointSlice> slices = store_->checkpoint_slices();
   Tensor bias = state_.get(router_bias_);
-  slices.push_back({"router_bias", DType::F32, {bias.dim(0), bias.dim(1)}, 0, bias.numel(), bias.data});
-  nlohmann::json st;
-  st["step"] = step;
-  st["skipped_steps"] = skipped_steps_;
-  st["data_position"] = {{"step", step}, {"note", "training windows are a pure function of (data.seed, step, sequence)"}};
-  st["rng"] = {{"train.seed", cfg_.train.seed}, {"data.seed", cfg_.data.seed}};
-  st["model_config"] = model_config_toml(cfg_.model);
-  st["config"] = config_to_toml(cfg_);
-  const std::string dir = save_checkpoint(cfg_.run_dir(), step, slices, st);
-  if (cfg_.train.keep_last > 0) prune_checkpoints(cfg_.run_dir(), static_cast<int>(cfg_.train.keep_last));
-  if (!opts_.quiet) std::printf("saved checkpoint %s\n", dir.c_str());
+  if (leader()) slices.push_back({"router_bias", DType::F32, {bias.dim(0), bias.dim(1)}, 0, bias.numel(), bias.data});
+  const std::vector<CheckpointChunk> mine = write_rank_file(tmp, world_.rank(), slices);
+  if (world_.size() > 1) {
+    std::ofstream out(tmp + "/chunks-" + std::to_string(world_.rank()) + ".json");
+    out << chunks_to_json(mine).dump();
+    MOE_CHECK(out.good(), "cannot write chunk records into ", tmp);
+  }
+  world_.barrier();
+  std::string dir;
+  if (leader()) {
+    std::vector<CheckpointChunk> all = mine;
+    for (int r = 1; r < world_.size(); ++r) {
+      const std::string f = tmp + "/chunks-" + std::to_string(r) + ".json";
+      std::ifstream in(f);
+      MOE_CHECK(in.good(), "missing chunk records of rank ", r, ": ", f);
+      const std::vector<CheckpointChunk> theirs = chunks_from_json(nlohmann::json::parse(in));
+      all.insert(all.end(), theirs.begin(), theirs.end());
+      in.close();
+      fs::remove(f);
+    }
+    nlohmann::json st;
+    st["step"] = step;
+    st["skipped_steps"] = skipped_steps_;
+    st["data_position"] = {{"step", step},
+                           {"note", "training windows are a pure function of (data.seed, step, sequence)"}};
+    st["rng"] = {{"train.seed", cfg_.train.seed}, {"data.seed", cfg_.data.seed}};
+    st["topology"] = {{"world_size", world_.size()}, {"mode", cfg_.parallel.mode}, {"ep", cfg_.parallel.ep}};
+    st["model_config"] = model_config_toml(cfg_.model);
+    st["config"] = config_to_toml(cfg_);
+    write_checkpoint_index(tmp, step, all, st);
+    dir = commit_checkpoint(run, step);
+    if (cfg_.train.keep_last > 0) prune_checkpoints(run, static_cast<int>(cfg_.train.keep_last));
+    if (!opts_.quiet) std::printf("saved checkpoint %s\n", dir.c_str());
+  }
+  world_.barrier();
 }
 
 void Trainer::update_router_bias() {
@@ -161,31 +208,36 @@ void Trainer::update_router_bias() {
 
 StepRecord Trainer::train_step(int64_t step) {
   const TrainConfig& t = cfg_.train;
-  const int64_t B = t.micro_batch_size, T = t.seq_len, accum = cfg_.accumulation_steps(1);
+  const int64_t dp = world_.size(), rank = world_.rank();
+  const int64_t B = t.micro_batch_size, T = t.seq_len, accum = cfg_.accumulation_steps(dp);
   const int64_t moe_layers = cfg_.model.num_hidden_layers - cfg_.model.first_k_dense_replace;
+  // Every rank scales by the global batch, so the reduced gradient is that of the global mean loss.
   StepScales scales;
   scales.lm_grad_scale = 1.0f / static_cast<float>(t.global_batch_size * T);
-  scales.aux_grad_scale = moe_layers > 0 ? 1.0f / static_cast<float>(accum * moe_layers) : 0.0f;
+  scales.aux_grad_scale = moe_layers > 0 ? 1.0f / static_cast<float>(accum * dp * moe_layers) : 0.0f;
   const auto t0 = Clock::now();
-  fill_zero(grads());
+  const double comm_before = world_.seconds();
+  store_->zero_grads();
   Tensor load = state_.get(expert_load_);
   fill_zero(load);
   RoutingState rs{state_.get(router_bias_), load};
   Tensor tokens = state_.get(tokens_), targets = state_.get(targets_);
+  Tensor stats = state_.get(step_stats_);
+  fill_zero(stats);
+  float* st = stats.f32();
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    // Global sequences of this microbatch: the same global batch in the same order on any topology.
+    data_.train_batch(step, (micro * dp + rank) * B, B, T, tokens.i32(), targets.i32());
+    const MicrobatchLosses l = model_->forward_backward(store_->weights(), store_->grads(), tokens, targets, scales,
+                                                       routing_seed(t.seed, step, micro * dp + rank), rs);
+    st[kLmSum] += static_cast<float>(l.lm_loss_sum);
+    st[kLb] += static_cast<float>(l.lb_loss);
+    st[kZ] += static_cast<float>(l.z_loss);
+    st[kRoutes] += static_cast<float>(l.routes);
+    st[kDropped] += static_cast<float>(l.dropped_routes);
+  }
   StepRecord r;
   r.step = step + 1;
-  double lm_sum = 0, lb = 0, z = 0;
-  int64_t routes = 0, dropped = 0;
-  for (int64_t micro = 0; micro < accum; ++micro) {
-    data_.train_batch(step, micro * B, B, T, tokens.i32(), targets.i32());
-    const MicrobatchLosses l =
-        model_->forward_backward(w_, g_, tokens, targets, scales, routing_seed(t.seed, step, micro), rs);
-    lm_sum += l.lm_loss_sum;
-    lb += l.lb_loss;
-    z += l.z_loss;
-    routes += l.routes;
-    dropped += l.dropped_routes;
-  }
   r.lr = lr_at(step, t.steps, t.lr, t.warmup_steps, t.min_lr_ratio);
   AdamWConfig oc;
   oc.lr = static_cast<float>(r.lr);
@@ -193,21 +245,26 @@ StepRecord Trainer::train_step(int64_t step) {
   oc.beta2 = static_cast<float>(t.beta2);
   oc.eps = static_cast<float>(t.eps);
   oc.weight_decay = static_cast<float>(t.weight_decay);
-  const AdamW::Result opt = optimizer_->step(params(), grads(), oc, static_cast<float>(t.grad_clip), step + 1);
+  const auto t_opt = Clock::now();
+  const ParamStore::StepResult opt = store_->step(oc, static_cast<float>(t.grad_clip), step + 1);
+  r.optimizer_time_s = seconds_since(t_opt);
+  world_.all_reduce(stats, ReduceOp::Sum);
+  world_.all_reduce(load, ReduceOp::Sum);  // every rank sees the global expert load (bias update, metrics)
+  r.comm_time_s = world_.seconds() - comm_before;
   r.skipped = opt.skipped;
   if (opt.skipped)
     ++skipped_steps_;
   else
     update_router_bias();
   r.step_time_s = seconds_since(t0);
-  r.lm_loss = lm_sum / static_cast<double>(t.global_batch_size * T);
-  r.lb_loss = lb / static_cast<double>(accum);
-  r.z_loss = z / static_cast<double>(accum);
+  r.lm_loss = st[kLmSum] / static_cast<double>(t.global_batch_size * T);
+  r.lb_loss = st[kLb] / static_cast<double>(accum * dp);
+  r.z_loss = st[kZ] / static_cast<double>(accum * dp);
   r.loss = r.lm_loss + cfg_.model.router_aux_loss_coef * r.lb_loss + cfg_.model.router_z_loss_coef * r.z_loss;
   r.grad_norm = opt.grad_norm;
   r.tokens_per_s = static_cast<double>(t.global_batch_size * T) / r.step_time_s;
-  r.mfu = flops_.flops_per_token * r.tokens_per_s / (cfg_.run.peak_tflops * 1e12);
-  r.dropped_fraction = routes > 0 ? static_cast<double>(dropped) / static_cast<double>(routes) : 0.0;
+  r.mfu = flops_.flops_per_token * r.tokens_per_s / (cfg_.run.peak_tflops * 1e12 * static_cast<double>(dp));
+  r.dropped_fraction = st[kRoutes] > 0 ? st[kDropped] / st[kRoutes] : 0.0;
   const int64_t N = cfg_.model.num_experts;
   for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l) {
     if (!cfg_.model.is_moe_layer(l)) continue;
@@ -221,18 +278,21 @@ StepRecord Trainer::train_step(int64_t step) {
 }
 
 double Trainer::evaluate(int64_t batches) {
+  const int64_t dp = world_.size(), rank = world_.rank();
   const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len;
-  const int64_t available = data_.eval_num_sequences(T) / B;
-  const int64_t n = std::min(batches, available);
+  const int64_t n = std::min(batches, data_.eval_num_sequences(T) / (B * dp));  // microbatches per rank
   if (n <= 0) return std::nan("");
-  Tensor tokens = state_.get(tokens_), targets = state_.get(targets_);
+  Tensor tokens = state_.get(tokens_), targets = state_.get(targets_), stats = state_.get(step_stats_);
   RoutingState rs{state_.get(router_bias_), Tensor()};
-  double sum = 0;
+  fill_zero(stats);
   for (int64_t i = 0; i < n; ++i) {
-    data_.eval_batch(i * B, B, T, tokens.i32(), targets.i32());
-    sum += model_->forward_loss(w_, tokens, targets, routing_seed(cfg_.train.seed, -1, i), rs).lm_loss_sum;
+    data_.eval_batch((i * dp + rank) * B, B, T, tokens.i32(), targets.i32());
+    stats.f32()[kLmSum] += static_cast<float>(
+        model_->forward_loss(store_->weights(), tokens, targets, routing_seed(cfg_.train.seed, -1, i * dp + rank), rs)
+            .lm_loss_sum);
   }
-  return sum / static_cast<double>(n * B * T);
+  world_.all_reduce(stats, ReduceOp::Sum);
+  return stats.f32()[kLmSum] / static_cast<double>(n * dp * B * T);
 }
 
 TrainSummary Trainer::run() {
@@ -241,13 +301,18 @@ TrainSummary Trainer::run() {
   summary.first_step = start_step_;
   summary.attainable_loss = data_.attainable_loss();
   std::unique_ptr<MetricsLog> metrics;
-  if (!opts_.bench) {
+  const bool talk = leader() && !opts_.quiet;
+  if (!opts_.bench && leader()) {
     std::error_code ec;
     fs::create_directories(cfg_.run_dir(), ec);
     MOE_CHECK(!ec, "cannot create run directory '", cfg_.run_dir(), "' (run.dir): ", ec.message());
     metrics = std::make_unique<MetricsLog>(cfg_.run_dir() + "/metrics.jsonl");
   }
-  if (!opts_.quiet) print_plan();
+  if (talk) print_plan();
+  const double dp = static_cast<double>(world_.size());
+  const double ideal_step_s = flops_.flops_per_token * static_cast<double>(t.global_batch_size * t.seq_len) /
+                              (cfg_.run.peak_tflops * 1e12 * dp);
+  double comm_s = 0, opt_s = 0;
   const double tokens_per_step = static_cast<double>(t.global_batch_size * t.seq_len);
   const auto run_start = Clock::now();
   double timed_s = 0;
@@ -256,7 +321,10 @@ TrainSummary Trainer::run() {
   for (int64_t step = start_step_; step < t.steps; ++step) {
     StepRecord r = train_step(step);
     summary.steps.push_back(r);
-    if (step > start_step_ || t.steps - start_step_ == 1) timed_s += r.step_time_s, ++timed_steps;
+    if (step > start_step_ || t.steps - start_step_ == 1) {
+      timed_s += r.step_time_s, comm_s += r.comm_time_s, opt_s += r.optimizer_time_s;
+      ++timed_steps;
+    }
     const bool last = r.step == t.steps;
     const bool log = r.step % t.log_every == 0 || last || step == start_step_;
     std::optional<double> eval;
@@ -267,7 +335,7 @@ TrainSummary Trainer::run() {
     if (log || eval) {
       const double elapsed = seconds_since(run_start);
       const double eta = elapsed / static_cast<double>(step - start_step_ + 1) * static_cast<double>(t.steps - r.step);
-      if (!opts_.quiet) {
+      if (talk) {
         std::printf("step %5ld/%ld | loss %.4f (lm %.4f lb %.3f z %.3f) | gnorm %.3f | lr %.2e | %s tok/s | MFU %.2f%% | %.0f ms/step | ETA %s%s\n",
                     static_cast<long>(r.step), static_cast<long>(t.steps), r.loss, r.lm_loss, r.lb_loss, r.z_loss,
                     r.grad_norm, r.lr, format_count(r.tokens_per_s).c_str(), 100 * r.mfu,
@@ -287,7 +355,10 @@ TrainSummary Trainer::run() {
                             {"tokens_per_s", r.tokens_per_s},
                             {"mfu", r.mfu},
                             {"step_time_s", r.step_time_s},
-                            {"ideal_time_s", flops_.flops_per_token * tokens_per_step / (cfg_.run.peak_tflops * 1e12)},
+                            {"ideal_time_s", ideal_step_s},
+                            {"comm_time_s", r.comm_time_s},
+                            {"optimizer_time_s", r.optimizer_time_s},
+                            {"world_size", world_.size()},
                             {"dropped_fraction", r.dropped_fraction},
                             {"expert_load_max_over_mean", r.expert_load_max_over_mean},
                             {"skipped", r.skipped},
@@ -315,7 +386,9 @@ TrainSummary Trainer::run() {
   if (timed_steps > 0) {
     summary.mean_step_time_s = timed_s / static_cast<double>(timed_steps);
     summary.mean_tokens_per_s = tokens_per_step / summary.mean_step_time_s;
-    summary.mean_mfu = flops_.flops_per_token * summary.mean_tokens_per_s / (cfg_.run.peak_tflops * 1e12);
+    summary.mean_mfu = ideal_step_s / summary.mean_step_time_s;  // per device
+    summary.mean_comm_time_s = comm_s / static_cast<double>(timed_steps);
+    summary.mean_optimizer_time_s = opt_s / static_cast<double>(timed_steps);
   }
   summary.arena_bytes = state_.total_bytes() + acts_.total_bytes();
   summary.peak_rss_bytes = peak_rss_bytes();

@@ -1,0 +1,51 @@
+// make_mesh: checks the EP size against the world and the expert count, then splits the world
+// into ep groups (contiguous ranks) and expert replica groups (strided ranks).
+#include "moe/comm/mesh.h"
+
+#include <sstream>
+
+namespace moe {
+
+namespace {
+
+// "1, 2, 4": the EP sizes that divide both the world size and the expert count.
+std::string valid_ep_sizes(int world_size, int64_t num_experts) {
+  std::ostringstream os;
+  bool first = true;
+  for (int d = 1; d <= world_size; ++d) {
+    if (world_size % d != 0 || num_experts < d || num_experts % d != 0) continue;
+    os << (first ? "" : ", ") << d;
+    first = false;
+  }
+  return os.str();
+}
+
+}  // namespace
+
+Mesh make_mesh(Communicator& world, int ep, int64_t num_experts) {
+  const int world_size = world.size();
+  MOE_CHECK(num_experts >= 1, "model.num_experts = ", num_experts, " must be at least 1");
+  const std::string use = "; use one of " + valid_ep_sizes(world_size, num_experts);
+  MOE_CHECK(ep >= 1, "parallel.ep = ", ep, " must be at least 1", use);
+  MOE_CHECK(world_size % ep == 0, "parallel.ep = ", ep, " does not divide the ", world_size,
+            " ranks", use);
+  MOE_CHECK(num_experts >= ep, "parallel.ep = ", ep, " exceeds model.num_experts = ", num_experts,
+            " (every EP rank needs at least one expert)", use);
+  MOE_CHECK(num_experts % ep == 0, "parallel.ep = ", ep, " does not divide model.num_experts = ",
+            num_experts, " (every EP rank holds the same number of experts)", use);
+
+  Mesh mesh;
+  mesh.world_size = world_size;
+  mesh.rank = world.rank();
+  mesh.ep = ep;
+  mesh.ep_dp = world_size / ep;
+  mesh.ep_index = mesh.rank % ep;
+  mesh.ep_dp_index = mesh.rank / ep;
+  mesh.world = &world;
+  // Both splits are collective over the world, in this order on every rank.
+  mesh.ep_group = world.split(/*color=*/mesh.ep_dp_index, /*key=*/mesh.rank);
+  mesh.expert_replicas = world.split(/*color=*/mesh.ep_index, /*key=*/mesh.rank);
+  return mesh;
+}
+
+}  // namespace moe

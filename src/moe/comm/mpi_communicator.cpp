@@ -1,0 +1,143 @@
+// MpiCommunicator: the Communicator collectives over an MPI_Comm, for CPU tensors.
+// NOTES: every communicator gets MPI_ERRORS_RETURN so a failing call returns a code that
+// MPI_CHECK turns into moe::Error (the default handler would abort the job with no context).
+// Argument checks run before any MPI call and need no communication (collective_checks.h).
+#include "moe/comm/mpi_communicator.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "moe/comm/collective_checks.h"
+
+namespace moe {
+
+using namespace comm_detail;
+
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::I32: return MPI_INT;
+    case DType::I64: return MPI_INT64_T;
+    default: break;
+  }
+  MOE_FAIL("no MPI datatype for ", dtype_name(t));
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
+
+bool mpi_active() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+  MOE_CHECK(comm != MPI_COMM_NULL, "MpiCommunicator: MPI_COMM_NULL is not a communicator");
+  MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  // No throwing here; after MPI_Finalize the handle is already gone.
+  if (owned_ && comm_ != MPI_COMM_NULL && mpi_active()) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::all_reduce(Tensor buf, ReduceOp op, Stream) {
+  check_cpu_tensor("all_reduce", "buf", buf, rank_);
+  int n = checked_count("all_reduce", buf.numel(), rank_);
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf.data, n, mpi_type(buf.dtype), mpi_op(op), comm_));
+}
+
+void MpiCommunicator::reduce_scatter(Tensor out, Tensor in, ReduceOp op, Stream) {
+  check_reduce_scatter(out, in, size_, rank_);
+  checked_count("reduce_scatter", in.numel(), rank_);
+  int n = checked_count("reduce_scatter", out.numel(), rank_);
+  MPI_CHECK(MPI_Reduce_scatter_block(in.data, out.data, n, mpi_type(in.dtype), mpi_op(op), comm_));
+}
+
+void MpiCommunicator::all_gather(Tensor out, Tensor in, Stream) {
+  check_all_gather(out, in, size_, rank_);
+  checked_count("all_gather", out.numel(), rank_);
+  int n = checked_count("all_gather", in.numel(), rank_);
+  MPI_Datatype t = mpi_type(in.dtype);
+  MPI_CHECK(MPI_Allgather(in.data, n, t, out.data, n, t, comm_));
+}
+
+void MpiCommunicator::all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts, Tensor in,
+                                   const std::vector<int64_t>& send_counts, Stream) {
+  check_all_to_all_v(out, recv_counts, in, send_counts, size_, rank_);
+  // Totals fit int, so every count and displacement does too.
+  checked_count("all_to_all_v", in.numel(), rank_);
+  checked_count("all_to_all_v", out.numel(), rank_);
+  std::vector<int> send_n(size_), send_displ(size_), recv_n(size_), recv_displ(size_);
+  int send_at = 0, recv_at = 0;
+  for (int r = 0; r < size_; ++r) {
+    send_n[r] = static_cast<int>(send_counts[r]);
+    recv_n[r] = static_cast<int>(recv_counts[r]);
+    send_displ[r] = send_at;
+    recv_displ[r] = recv_at;
+    send_at += send_n[r];
+    recv_at += recv_n[r];
+  }
+  MPI_Datatype t = mpi_type(in.dtype);
+  MPI_CHECK(MPI_Alltoallv(in.data, send_n.data(), send_displ.data(), t, out.data, recv_n.data(),
+                          recv_displ.data(), t, comm_));
+}
+
+void MpiCommunicator::broadcast(Tensor buf, int root, Stream) {
+  check_cpu_tensor("broadcast", "buf", buf, rank_);
+  check_root(root, size_, rank_);
+  int n = checked_count("broadcast", buf.numel(), rank_);
+  MPI_CHECK(MPI_Bcast(buf.data, n, mpi_type(buf.dtype), root, comm_));
+}
+
+void MpiCommunicator::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  MOE_CHECK(color >= 0, "split (rank ", rank_, "): color ", color, " must be non-negative");
+  MPI_Comm part = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));
+  return std::make_unique<MpiCommunicator>(part, /*owned=*/true);
+}
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_CHECK(MPI_Initialized(&initialized));
+  if (!initialized) {
+    int provided = 0;
+    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    initialized_here_ = true;
+    // Only the main thread calls MPI; OpenMP workers never do.
+    MOE_CHECK(provided >= MPI_THREAD_FUNNELED, "MPI provides thread level ", provided,
+              ", below MPI_THREAD_FUNNELED");
+  }
+  world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+}
+
+MpiRuntime::~MpiRuntime() {
+  world_.reset();
+  if (initialized_here_ && mpi_active()) MPI_Finalize();
+}
+
+void MpiRuntime::abort_job(const char* msg, int code) {
+  int rank = -1;
+  bool active = mpi_active();
+  if (active) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "error (rank %d): %s\n", rank, msg);
+  std::fflush(stderr);
+  if (active) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // MPI_Abort should not return; without MPI there is nothing to abort
+}
+
+bool launched_under_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr ||
+         std::getenv("PMIX_RANK") != nullptr;
+}
+
+}  // namespace moe

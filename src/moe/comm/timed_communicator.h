@@ -1,0 +1,53 @@
+// A Communicator that forwards to another and adds up the wall time spent inside collectives
+// (for the "time in communication" metric). Groups split from it are timed into the same clock.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <utility>
+
+#include "moe/comm/communicator.h"
+
+namespace moe {
+
+class TimedCommunicator final : public Communicator {
+ public:
+  // inner is not owned unless given as owned_inner; seconds is the shared accumulator.
+  TimedCommunicator(Communicator& inner, std::shared_ptr<double> seconds,
+                    std::unique_ptr<Communicator> owned_inner = nullptr)
+      : inner_(inner), seconds_(std::move(seconds)), owned_(std::move(owned_inner)) {}
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  void all_reduce(Tensor buf, ReduceOp op, Stream s = {}) override { timed([&] { inner_.all_reduce(buf, op, s); }); }
+  void reduce_scatter(Tensor out, Tensor in, ReduceOp op, Stream s = {}) override {
+    timed([&] { inner_.reduce_scatter(out, in, op, s); });
+  }
+  void all_gather(Tensor out, Tensor in, Stream s = {}) override { timed([&] { inner_.all_gather(out, in, s); }); }
+  void all_to_all_v(Tensor out, const std::vector<int64_t>& recv, Tensor in, const std::vector<int64_t>& send,
+                    Stream s = {}) override {
+    timed([&] { inner_.all_to_all_v(out, recv, in, send, s); });
+  }
+  void broadcast(Tensor buf, int root, Stream s = {}) override { timed([&] { inner_.broadcast(buf, root, s); }); }
+  void barrier() override { timed([&] { inner_.barrier(); }); }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    std::unique_ptr<Communicator> group = inner_.split(color, key);
+    Communicator& ref = *group;
+    return std::make_unique<TimedCommunicator>(ref, seconds_, std::move(group));
+  }
+  Communicator& inner() { return inner_; }
+  double seconds() const { return *seconds_; }
+
+ private:
+  template <typename Fn>
+  void timed(Fn&& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  Communicator& inner_;
+  std::shared_ptr<double> seconds_;
+  std::unique_ptr<Communicator> owned_;
+};
+
+}  // namespace moe

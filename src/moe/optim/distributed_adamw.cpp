@@ -1,0 +1,199 @@
+#include "moe/optim/distributed_adamw.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "moe/ops/embedding.h"
+
+namespace moe {
+
+namespace {
+
+// Elements [begin, begin + n) of a flat FP32 buffer, as a 1-D tensor.
+Tensor flat_range(const Tensor& t, int64_t begin, int64_t n) {
+  MOE_CHECK(begin >= 0 && n >= 0 && begin + n <= t.numel(), "range [", begin, ", ", begin + n,
+            ") outside a buffer of ", t.numel(), " elements");
+  return Tensor(t.ptr<float>() + begin, DType::F32, {n}, t.device);
+}
+
+}  // namespace
+
+DistributedAdamW::DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, Arena& arena, size_t bucket_bytes)
+    : reg_(reg), mesh_(mesh), arena_(arena) {
+  MOE_CHECK(mesh.world != nullptr, "DistributedAdamW: the mesh has no world communicator");
+  MOE_CHECK(bucket_bytes >= sizeof(float), "DistributedAdamW: bucket_bytes = ", bucket_bytes,
+            " holds no FP32 element");
+  bucket_elems_ = static_cast<int64_t>(bucket_bytes / sizeof(float));
+
+  const auto expert_region = reg.region(ReplicaGroup::Expert);
+  MOE_CHECK(expert_region.first == expert_region.second || mesh.expert_replicas != nullptr,
+            "DistributedAdamW: the registry has expert parameters but the mesh has no expert replica group");
+  dense_ = plan_shard(ReplicaGroup::Dense, mesh.world, 0);
+  expert_ = plan_shard(ReplicaGroup::Expert, mesh.expert_replicas.get(), dense_.shard_numel);
+  const int64_t shard_total = dense_.shard_numel + expert_.shard_numel;
+
+  // The pieces of each parameter that fall in this rank's shards, in flat order.
+  for (int i = 0; i < static_cast<int>(reg.entries().size()); ++i) {
+    const ParamEntry& e = reg.entry(i);
+    const Shard& s = shard(e.group);
+    const int64_t b = std::max(e.offset, s.begin), end = std::min(e.offset + e.numel(), s.end);
+    if (b < end) pieces_.push_back({i, b, end - b, s.buffer_offset + (b - s.begin)});
+  }
+
+  // Staging for one bucket: group_size chunks of `chunk` elements each (the chunk a rank
+  // contributes to / receives from one collective call).
+  int64_t staging = 0, send = 0;
+  for (const Shard* s : {&dense_, &expert_}) {
+    if (s->shard_numel == 0) continue;
+    const int64_t chunk = std::min(s->shard_numel, std::max<int64_t>(1, bucket_elems_ / s->group_size));
+    staging = std::max(staging, chunk * s->group_size);
+    send = std::max(send, chunk);
+  }
+  m_ = arena.reserve("optimizer.exp_avg_shard", DType::F32, {shard_total});
+  v_ = arena.reserve("optimizer.exp_avg_sq_shard", DType::F32, {shard_total});
+  grad_shard_ = arena.reserve("optimizer.grad_shard", DType::F32, {shard_total});
+  norm_sq_ = arena.reserve("optimizer.grad_norm_sq", DType::F32, {1});
+  staging_ = arena.reserve("optimizer.bucket_staging", DType::F32, {staging});
+  send_ = arena.reserve("optimizer.gather_send", DType::F32, {send});
+}
+
+DistributedAdamW::Shard DistributedAdamW::plan_shard(ReplicaGroup group, Communicator* comm, int64_t buffer_offset) {
+  Shard s;
+  const auto [begin, end] = reg_.region(group);
+  s.region_begin = begin;
+  s.region_end = end;
+  s.buffer_offset = buffer_offset;
+  if (begin == end) {  // no parameters of this group: no shard, no collectives
+    s.begin = s.end = begin;
+    return s;
+  }
+  s.group_size = comm->size();
+  s.group_rank = comm->rank();
+  const int64_t n = end - begin;
+  s.shard_numel = (n + s.group_size - 1) / s.group_size;
+  s.begin = std::min(end, begin + s.group_rank * s.shard_numel);
+  s.end = std::min(end, s.begin + s.shard_numel);
+  return s;
+}
+
+// NOTES: a bucket is not a contiguous range of the region: rank r's part of bucket k is shard
+// elements [k0, k0 + chunk) of rank r's shard, so the bucket's input is gathered into staging
+// (block r = rank r's part) before the collective. That one copy also supplies the zero padding
+// past the region end, so the padding never needs to exist in the params or gradient buffers.
+//
+// Bucket k covers shard elements [k0, k0 + chunk) of every rank's shard: staging block r holds
+// rank r's shard elements of that range (zeros past the region end), so one reduce_scatter leaves
+// the summed block of this rank in its gradient shard. Buckets never mix the two groups.
+void DistributedAdamW::reduce_scatter_grads(const Shard& s, Communicator* comm, const Tensor& grads) {
+  if (s.shard_numel == 0) return;
+  const Tensor staging = arena_.get(staging_), grad_shard = arena_.get(grad_shard_);
+  const int p = s.group_size;
+  const int64_t chunk_max = std::min(s.shard_numel, std::max<int64_t>(1, bucket_elems_ / p));
+  for (int64_t k0 = 0; k0 < s.shard_numel; k0 += chunk_max) {
+    const int64_t chunk = std::min(chunk_max, s.shard_numel - k0);
+    for (int r = 0; r < p; ++r) {
+      const int64_t src = s.region_begin + r * s.shard_numel + k0;
+      const int64_t avail = std::clamp<int64_t>(s.region_end - src, 0, chunk);
+      if (avail > 0) copy(flat_range(staging, r * chunk, avail), flat_range(grads, src, avail));
+      if (avail < chunk) fill_zero(flat_range(staging, r * chunk + avail, chunk - avail));
+    }
+    comm->reduce_scatter(flat_range(grad_shard, s.buffer_offset + k0, chunk), flat_range(staging, 0, chunk * p),
+                         ReduceOp::Sum);
+  }
+}
+
+// The reverse of the reduce-scatter: each bucket gathers shard elements [k0, k0 + chunk) of every
+// rank and writes them back into params (dropping the padding past the region end).
+void DistributedAdamW::all_gather_params(const Shard& s, Communicator* comm, const Tensor& params) {
+  if (s.shard_numel == 0) return;
+  const Tensor staging = arena_.get(staging_), send = arena_.get(send_);
+  const int p = s.group_size;
+  const int64_t chunk_max = std::min(s.shard_numel, std::max<int64_t>(1, bucket_elems_ / p));
+  const int64_t own = s.region_begin + static_cast<int64_t>(s.group_rank) * s.shard_numel;
+  for (int64_t k0 = 0; k0 < s.shard_numel; k0 += chunk_max) {
+    const int64_t chunk = std::min(chunk_max, s.shard_numel - k0);
+    const int64_t own_avail = std::clamp<int64_t>(s.region_end - (own + k0), 0, chunk);
+    if (own_avail > 0) copy(flat_range(send, 0, own_avail), flat_range(params, own + k0, own_avail));
+    if (own_avail < chunk) fill_zero(flat_range(send, own_avail, chunk - own_avail));
+    comm->all_gather(flat_range(staging, 0, chunk * p), flat_range(send, 0, chunk));
+    for (int r = 0; r < p; ++r) {
+      const int64_t dst = s.region_begin + r * s.shard_numel + k0;
+      const int64_t avail = std::clamp<int64_t>(s.region_end - dst, 0, chunk);
+      if (avail > 0 && r != s.group_rank) copy(flat_range(params, dst, avail), flat_range(staging, r * chunk, avail));
+    }
+  }
+}
+
+DistributedAdamW::Result DistributedAdamW::step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm,
+                                                int64_t step) {
+  MOE_CHECK(params.numel() == reg_.total_numel() && grads.numel() == reg_.total_numel(),
+            "DistributedAdamW::step: params has ", params.numel(), " and grads ", grads.numel(),
+            " elements, the registry needs ", reg_.total_numel());
+  params.check_dtype(DType::F32);
+  grads.check_dtype(DType::F32);
+
+  // 1. Gradient reduction over each replica group into this rank's shards.
+  reduce_scatter_grads(dense_, mesh_.world, grads);
+  reduce_scatter_grads(expert_, mesh_.expert_replicas.get(), grads);
+
+  // 2. Global squared norm. Every element of every logical parameter is counted exactly once:
+  // the dense shards partition the dense region over the world (each rank one disjoint piece);
+  // the expert shards partition each EP slice over its replica group (ranks with the same
+  // ep_index), and ranks of different ep_index hold different EP slices, i.e. different
+  // parameters. The padding is zero. So the world sum of the shard norms is the full norm. The
+  // shard buffer is [dense | expert] in one piece, so one pass covers both (with one rank it is
+  // exactly AdamW's pass over the whole gradient buffer).
+  const Tensor norm_sq = arena_.get(norm_sq_), grad_shard = arena_.get(grad_shard_);
+  fill_zero(norm_sq);
+  sum_squares_accumulate(norm_sq, grad_shard);
+  mesh_.world->all_reduce(norm_sq, ReduceOp::Sum);
+
+  // 3. AdamW on the shard, one call per parameter piece so each gets its own weight decay.
+  // Clipping and the non-finite skip read the all-reduced norm in memory: every rank sees the
+  // same value, so a non-finite gradient anywhere skips the step everywhere.
+  const Tensor m = arena_.get(m_), v = arena_.get(v_);
+  AdamWConfig no_decay = cfg;
+  no_decay.weight_decay = 0.0f;
+  for (const Piece& pc : pieces_) {
+    adamw_step(flat_range(params, pc.flat_begin, pc.n), flat_range(grad_shard, pc.buffer_offset, pc.n),
+               flat_range(m, pc.buffer_offset, pc.n), flat_range(v, pc.buffer_offset, pc.n), norm_sq, max_norm,
+               reg_.entry(pc.param).decay ? cfg : no_decay, step);
+  }
+
+  // 4. Every replica gets the updated shards back.
+  all_gather_params(dense_, mesh_.world, params);
+  all_gather_params(expert_, mesh_.expert_replicas.get(), params);
+
+  Result r;
+  const double sq = norm_sq.f32()[0];  // CPU path: read the scalar for the log
+  r.grad_norm = std::sqrt(sq);
+  r.skipped = !std::isfinite(sq);
+  return r;
+}
+
+std::vector<DistributedAdamW::MomentSlice> DistributedAdamW::moment_slices() const {
+  const Tensor m = arena_.get(m_), v = arena_.get(v_);
+  std::vector<MomentSlice> out;
+  out.reserve(pieces_.size());
+  for (const Piece& pc : pieces_) {
+    const ParamEntry& e = reg_.entry(pc.param);
+    MomentSlice s;
+    s.param = pc.param;
+    s.entry = &e;
+    s.begin = e.global_begin() + (pc.flat_begin - e.offset);
+    s.end = s.begin + pc.n;
+    s.exp_avg = m.ptr<float>() + pc.buffer_offset;
+    s.exp_avg_sq = v.ptr<float>() + pc.buffer_offset;
+    out.push_back(s);
+  }
+  return out;
+}
+
+void DistributedAdamW::load_moments(const ReadFn& read_fn) const {
+  for (const MomentSlice& s : moment_slices()) {
+    read_fn(s.entry->name + ".exp_avg", s.begin, s.end, s.exp_avg);
+    read_fn(s.entry->name + ".exp_avg_sq", s.begin, s.end, s.exp_avg_sq);
+  }
+}
+
+}  // namespace moe

@@ -1,0 +1,104 @@
+// Distributed AdamW (ZeRO-1 style, DESIGN.md section 7): the AdamW moments are sharded over each
+// replica group. Dense parameters are replicated over the world, expert parameters (this rank's
+// EP slice) over mesh.expert_replicas; each group splits its region of the flat buffers into
+// equal contiguous shards, one per rank (the region padded to a multiple of the group size).
+//
+// Step order (after the last microbatch of an accumulation window, every rank holding its local
+// gradient sum):
+//   1. reduce-scatter (sum) of the gradients over each group, in buckets, into this rank's shard;
+//   2. global squared norm: this rank's dense + expert shard, all-reduced over the world;
+//   3. AdamW on the shard, one call per parameter piece (own weight decay), with clipping and
+//      the non-finite skip decided from the norm in memory (the same on every rank);
+//   4. all-gather of the updated shards back into the full params buffer, per group.
+//
+// On the CPU the compute weights are the trainer's FP32 params buffer, so the main weights of a
+// shard are simply that slice of it: only moments, the gradient shard, the norm scalar and
+// staging are reserved here. With one rank the result equals AdamW bit for bit.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "moe/comm/mesh.h"
+#include "moe/core/arena.h"
+#include "moe/model/params.h"
+#include "moe/ops/optim.h"
+
+namespace moe {
+
+class DistributedAdamW {
+ public:
+  static constexpr size_t kDefaultBucketBytes = size_t{16} << 20;
+
+  // Reserves the shard moments, gradient shard, norm scalar and staging in `arena` (which the
+  // caller commits). `reg` and `mesh` must outlive the optimizer.
+  DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, Arena& arena,
+                   size_t bucket_bytes = kDefaultBucketBytes);
+
+  struct Result {
+    double grad_norm = 0;  // global L2 norm of the reduced gradient, before clipping
+    bool skipped = false;  // non-finite gradient: nothing was updated, on every rank
+  };
+  // One step (step counts from 1). params and grads are the registry's flat FP32 buffers;
+  // grads holds this rank's local gradient sum and is only read. params is updated everywhere
+  // (every replica ends with identical values). Collective over the world.
+  Result step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm, int64_t step);
+
+  // This rank's shard of one replica group's region.
+  struct Shard {
+    int group_size = 1, group_rank = 0;
+    int64_t region_begin = 0, region_end = 0;  // the region in the flat buffers
+    int64_t shard_numel = 0;                   // padded: ceil(region / group_size)
+    int64_t begin = 0, end = 0;                // flat elements this rank owns, clipped to the region
+    int64_t buffer_offset = 0;                 // where the shard starts in exp_avg/exp_avg_sq/grad_shard
+  };
+  const Shard& shard(ReplicaGroup group) const { return group == ReplicaGroup::Dense ? dense_ : expert_; }
+
+  // Shard buffers laid out [dense shard | expert shard] (each shard_numel long, padding zero).
+  Tensor exp_avg() const { return arena_.get(m_); }
+  Tensor exp_avg_sq() const { return arena_.get(v_); }
+  Tensor grad_shard() const { return arena_.get(grad_shard_); }
+
+  // The part of parameter `param` this rank's shard owns: logical (row-major, global) elements
+  // [begin, end) of the tensor, and where its moments live. Across all ranks these slices
+  // partition every logical tensor exactly once, so checkpoints store them as flat ranges under
+  // the keys name + ".exp_avg" and name + ".exp_avg_sq".
+  struct MomentSlice {
+    int param = 0;
+    const ParamEntry* entry = nullptr;
+    int64_t begin = 0, end = 0;
+    float* exp_avg = nullptr;     // end - begin elements
+    float* exp_avg_sq = nullptr;  // end - begin elements
+  };
+  // Valid once the arena is committed.
+  std::vector<MomentSlice> moment_slices() const;
+
+  // read_fn(key, logical_begin, logical_end, dst) fills dst with elements [begin, end) of the
+  // logical tensor `key`; called for every moment slice of this rank (keys as above).
+  using ReadFn = std::function<void(const std::string& key, int64_t begin, int64_t end, float* dst)>;
+  void load_moments(const ReadFn& read_fn) const;
+
+ private:
+  // A run of one parameter inside this rank's shard: flat elements [flat_begin, flat_begin + n)
+  // of params, at buffer_offset in the shard buffers.
+  struct Piece {
+    int param = 0;
+    int64_t flat_begin = 0, n = 0, buffer_offset = 0;
+  };
+  Shard plan_shard(ReplicaGroup group, Communicator* comm, int64_t buffer_offset);
+  void reduce_scatter_grads(const Shard& s, Communicator* comm, const Tensor& grads);
+  void all_gather_params(const Shard& s, Communicator* comm, const Tensor& params);
+
+  const ParamRegistry& reg_;
+  const Mesh& mesh_;
+  Arena& arena_;
+  int64_t bucket_elems_ = 0;  // elements per bucket over the whole group
+  Shard dense_, expert_;
+  std::vector<Piece> pieces_;
+  Arena::Slot m_, v_, grad_shard_, norm_sq_, staging_, send_;
+};
+
+}  // namespace moe

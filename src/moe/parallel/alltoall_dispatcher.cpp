@@ -1,0 +1,276 @@
+#include "moe/parallel/alltoall_dispatcher.h"
+
+#include <cstring>
+#include <string>
+
+#include "moe/core/error.h"
+#include "moe/parallel/ep_plan.h"
+#include "moe/parallel/routed_rows.h"
+
+namespace moe {
+
+AllToAllDispatcher::AllToAllDispatcher(Communicator& ep_group, int64_t num_experts, double capacity_factor,
+                                       bool dropless)
+    : ep_group_(ep_group),
+      num_experts_(num_experts),
+      local_experts_(0),
+      capacity_factor_(capacity_factor),
+      dropless_(dropless) {
+  const int P = ep_group.size();
+  MOE_CHECK(num_experts >= 1 && num_experts % P == 0, "alltoall dispatcher: ", num_experts,
+            " experts do not split evenly over an EP group of ", P, " ranks (parallel.ep)");
+  local_experts_ = num_experts / P;
+  send_elems_.resize(static_cast<size_t>(P));
+  recv_elems_.resize(static_cast<size_t>(P));
+}
+
+int64_t AllToAllDispatcher::expert_rows(int64_t tokens, int64_t top_k) const {
+  return ep_rank_capacity(tokens, top_k, ep_group_.size(), capacity_factor_, dropless_);
+}
+
+void AllToAllDispatcher::plan_buffers(const DispatchShape& shape, Arena& arena) {
+  MOE_CHECK(arena_ == nullptr, "alltoall dispatcher: plan_buffers called twice");
+  arena_ = &arena;
+  tokens_ = shape.tokens, top_k_ = shape.top_k, hidden_ = shape.hidden;
+  rows_ = expert_rows(tokens_, top_k_);
+  const int64_t D = hidden_, rows = rows_;
+  pools_.init(shape.num_layers, shape.slots_per_layer);
+  slots_.assign(static_cast<size_t>(shape.num_layers), {});
+  for (int l = 0; l < shape.num_layers; ++l)
+    for (int s = 0; s < shape.slots_per_layer; ++s) {
+      const std::string p = "dispatch.layer." + std::to_string(l) + ".slot." + std::to_string(s) + ".";
+      slots_[static_cast<size_t>(l)].emplace_back(arena.reserve(p + "expert_in", DType::F32, {rows, D}),
+                                                  arena.reserve(p + "expert_out", DType::F32, {rows, D}));
+    }
+  grad_slots_ = {arena.reserve("dispatch.grad.expert_in", DType::F32, {rows, D}),
+                 arena.reserve("dispatch.grad.expert_out", DType::F32, {rows, D})};
+  gathered_counts_ = arena.reserve("dispatch.gathered_expert_counts", DType::I32, {ep_group_.size() * num_experts_});
+  route_buf_slot_ = arena.reserve("dispatch.alltoall.route_rows", DType::F32, {tokens_ * top_k_, D});
+  stage_slot_ = arena.reserve("dispatch.alltoall.expert_rows", DType::F32, {rows, D});
+}
+
+Lease AllToAllDispatcher::acquire(int layer) {
+  MOE_CHECK(arena_ != nullptr, "alltoall dispatcher: acquire before plan_buffers");
+  Lease lease;
+  lease.layer = layer;
+  lease.slot = pools_.take(layer);
+  const auto& [in, out] = slots_[static_cast<size_t>(layer)][static_cast<size_t>(lease.slot)];
+  lease.buffers = {arena_->get(in), arena_->get(out)};
+  return lease;
+}
+
+void AllToAllDispatcher::release(const Lease& lease) { pools_.give_back(lease.layer, lease.slot); }
+
+ExpertBuffers AllToAllDispatcher::grad_buffers() {
+  MOE_CHECK(arena_ != nullptr, "alltoall dispatcher: grad_buffers before plan_buffers");
+  return {arena_->get(grad_slots_.first), arena_->get(grad_slots_.second)};
+}
+
+void AllToAllDispatcher::plan(const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream) {
+  MOE_CHECK(arena_ != nullptr, "alltoall dispatcher: plan before plan_buffers");
+  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == tokens_ && topk_idx.dim(1) == top_k_,
+            "alltoall dispatcher: topk_idx ", topk_idx.shape.str(), " does not match the planned [", tokens_, ", ",
+            top_k_, "]");
+  ep_plan(ep_group_, placement_, arena_->get(gathered_counts_), plan, topk_idx, expert_counts, num_experts_, rows_,
+          "alltoall");
+  route_buf_ = arena_->get(route_buf_slot_);
+  stage_ = arena_->get(stage_slot_);
+
+  const int P = ep_group_.size(), me = ep_group_.rank();
+  const int64_t E = local_experts_, routes = tokens_ * top_k_;
+  Layout& L = layouts_[plan.route_index.data];
+  L.route_pos.resize(static_cast<size_t>(routes));
+  L.route_counts.assign(static_cast<size_t>(P), 0);
+  L.expert_counts.assign(static_cast<size_t>(P), 0);
+  L.expert_rows.resize(static_cast<size_t>(rows_));
+  // Route side: the rows for d are packed in d's row order: local expert, then token order. So
+  // route j of expert e sits at displ[d] + (kept rows of d's experts before e from us) + j,
+  // i.e. displ[d] + (its row - the first row we fill at d).
+  std::vector<int64_t>& first_row = displ_scratch_;  // [P]: where d's rows start in the packed buffer
+  first_row.assign(static_cast<size_t>(P), 0);
+  int64_t displ = 0;
+  for (int d = 0; d < P; ++d) {
+    L.route_counts[static_cast<size_t>(d)] = placement_.kept_from(d, me);
+    first_row[static_cast<size_t>(d)] = displ;
+    displ += L.route_counts[static_cast<size_t>(d)];
+  }
+  L.route_total = displ;
+  const int32_t* index = plan.route_index.i32();
+  const int32_t* idx = topk_idx.i32();
+  // prefix[d*E + e] = kept rows from us for d's local experts before e.
+  std::vector<int64_t>& prefix = prefix_scratch_;
+  prefix.assign(static_cast<size_t>(P * E), 0);
+  for (int d = 0; d < P; ++d) {
+    int64_t acc = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      prefix[static_cast<size_t>(d * E + e)] = acc;
+      acc += placement_.kept_of(d, e, me);
+    }
+  }
+  for (int64_t i = 0; i < routes; ++i) {
+    const int32_t v = index[i];
+    if (v < 0) {
+      L.route_pos[static_cast<size_t>(i)] = -1;
+      continue;
+    }
+    const int d = static_cast<int>(v / rows_);
+    const int64_t e = idx[i] % E, j = v % rows_ - placement_.start_of(d, e, me);
+    L.route_pos[static_cast<size_t>(i)] =
+        static_cast<int32_t>(first_row[static_cast<size_t>(d)] + prefix[static_cast<size_t>(d * E + e)] + j);
+  }
+  // Expert side: from each source s (in rank order) its rows arrive in our row order restricted to s.
+  int64_t n = 0;
+  for (int s = 0; s < P; ++s) {
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t start = placement_.start_of(me, e, s), kept = placement_.kept_of(me, e, s);
+      for (int64_t j = 0; j < kept; ++j) L.expert_rows[static_cast<size_t>(n++)] = static_cast<int32_t>(start + j);
+    }
+    L.expert_counts[static_cast<size_t>(s)] = placement_.kept_from(me, s);
+  }
+  L.expert_total = n;
+}
+
+const AllToAllDispatcher::Layout& AllToAllDispatcher::layout_of(const RoutePlan& plan, const char* op) const {
+  const auto it = layouts_.find(plan.route_index.data);
+  MOE_CHECK(it != layouts_.end(), "alltoall dispatcher ", op, " (rank ", ep_group_.rank(),
+            "): this route plan's route_index was not written by plan()");
+  return it->second;
+}
+
+void AllToAllDispatcher::check_expert_buffer(const Tensor& t, const char* op, const char* what) const {
+  MOE_CHECK(t.dtype == DType::F32 && t.ndim() == 2 && t.dim(0) == rows_ && t.dim(1) == hidden_,
+            "alltoall dispatcher ", op, ": ", what, " must be [", rows_, ", ", hidden_, "] F32, got ", t.shape.str());
+}
+
+void AllToAllDispatcher::check_tokens(const Tensor& t, int64_t cols, const char* op, const char* what) const {
+  MOE_CHECK(t.dtype == DType::F32 && t.ndim() == 2 && t.dim(0) == tokens_ && t.dim(1) == cols,
+            "alltoall dispatcher ", op, ": ", what, " must be [", tokens_, ", ", cols, "] F32, got ", t.shape.str());
+}
+
+void AllToAllDispatcher::to_experts(const Layout& L) {
+  const int P = ep_group_.size();
+  for (int r = 0; r < P; ++r) {
+    send_elems_[static_cast<size_t>(r)] = L.route_counts[static_cast<size_t>(r)] * hidden_;
+    recv_elems_[static_cast<size_t>(r)] = L.expert_counts[static_cast<size_t>(r)] * hidden_;
+  }
+  ep_group_.all_to_all_v(stage_.rows(0, L.expert_total), recv_elems_, route_buf_.rows(0, L.route_total), send_elems_);
+}
+
+void AllToAllDispatcher::to_routes(const Layout& L) {
+  const int P = ep_group_.size();
+  for (int r = 0; r < P; ++r) {
+    send_elems_[static_cast<size_t>(r)] = L.expert_counts[static_cast<size_t>(r)] * hidden_;
+    recv_elems_[static_cast<size_t>(r)] = L.route_counts[static_cast<size_t>(r)] * hidden_;
+  }
+  ep_group_.all_to_all_v(route_buf_.rows(0, L.route_total), recv_elems_, stage_.rows(0, L.expert_total), send_elems_);
+}
+
+void AllToAllDispatcher::count_bytes(const Layout& L) {
+  const auto row_bytes = static_cast<int64_t>(hidden_ * sizeof(float));
+  const int me = ep_group_.rank();
+  bytes_moved_ += L.route_total * row_bytes;
+  remote_bytes_moved_ += (L.route_total - L.route_counts[static_cast<size_t>(me)]) * row_bytes;
+}
+
+void AllToAllDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream) {
+  const Layout& L = layout_of(plan, "dispatch");
+  check_expert_buffer(expert_in, "dispatch", "expert_in");
+  check_tokens(x, hidden_, "dispatch", "x");
+  MOE_CHECK(top_k == top_k_, "alltoall dispatch: top_k ", top_k, " does not match the plan's ", top_k_);
+  const int64_t D = hidden_;
+  const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
+  const float* xs = x.f32();
+  float* send = route_buf_.f32();
+  const int32_t* pos = L.route_pos.data();
+#pragma omp parallel for schedule(static) if (tokens_ * top_k_ * D >= routed::kMinParallelWork)
+  for (int64_t t = 0; t < tokens_; ++t)
+    for (int k = 0; k < top_k; ++k)
+      if (const int32_t p = pos[t * top_k + k]; p >= 0) std::memcpy(send + p * D, xs + t * D, row_bytes);
+  to_experts(L);
+  const float* recv = stage_.f32();
+  float* in = expert_in.f32();
+  const int32_t* rows = L.expert_rows.data();
+  for (int64_t i = 0; i < L.expert_total; ++i) std::memcpy(in + rows[i] * D, recv + i * D, row_bytes);
+  count_bytes(L);
+}
+
+void AllToAllDispatcher::combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
+                                 Stream) {
+  const Layout& L = layout_of(plan, "combine");
+  check_expert_buffer(expert_out, "combine", "expert_out");
+  check_tokens(out, hidden_, "combine", "out");
+  check_tokens(weights, top_k_, "combine", "weights");
+  MOE_CHECK(top_k == top_k_, "alltoall combine: top_k ", top_k, " does not match the plan's ", top_k_);
+  const int64_t D = hidden_;
+  const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
+  const float* y = expert_out.f32();
+  float* send = stage_.f32();
+  const int32_t* rows = L.expert_rows.data();
+  for (int64_t i = 0; i < L.expert_total; ++i) std::memcpy(send + i * D, y + rows[i] * D, row_bytes);
+  to_routes(L);
+  const float* recv = route_buf_.f32();
+  const int32_t* pos = L.route_pos.data();
+  routed::sum_routes(out.f32(), weights.f32(), tokens_, top_k, D, /*accumulate=*/true,
+                     [&](int64_t i) -> const float* { return pos[i] < 0 ? nullptr : recv + pos[i] * D; });
+  count_bytes(L);
+}
+
+void AllToAllDispatcher::combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out,
+                                          Tensor weights, const RoutePlan& plan, int top_k, Stream) {
+  const Layout& L = layout_of(plan, "combine_backward");
+  check_expert_buffer(d_expert_out, "combine_backward", "d_expert_out");
+  check_expert_buffer(expert_out, "combine_backward", "expert_out");
+  check_tokens(dout, hidden_, "combine_backward", "dout");
+  check_tokens(weights, top_k_, "combine_backward", "weights");
+  check_tokens(dweights, top_k_, "combine_backward", "dweights");
+  MOE_CHECK(top_k == top_k_, "alltoall combine_backward: top_k ", top_k, " does not match the plan's ", top_k_);
+  const int64_t D = hidden_;
+  const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
+  // The expert outputs travel back again for the combine-weight gradient (rowwise loads them
+  // from the owner the same way), then the weighted output gradients travel to the experts.
+  const float* y = expert_out.f32();
+  float* stage = stage_.f32();
+  const int32_t* rows = L.expert_rows.data();
+  for (int64_t i = 0; i < L.expert_total; ++i) std::memcpy(stage + i * D, y + rows[i] * D, row_bytes);
+  to_routes(L);
+  float* route_rows = route_buf_.f32();
+  const int32_t* pos = L.route_pos.data();
+  const float* g = dout.f32();
+  const float* w = weights.f32();
+  float* dw = dweights.f32();
+#pragma omp parallel for schedule(static) if (tokens_ * top_k_ * D >= routed::kMinParallelWork)
+  for (int64_t t = 0; t < tokens_; ++t)
+    for (int k = 0; k < top_k; ++k) {
+      const int64_t i = t * top_k + k;
+      if (pos[i] < 0) {
+        dw[i] = 0.0f;
+        continue;
+      }
+      float* row = route_rows + pos[i] * D;
+      dw[i] = routed::dot_row(g + t * D, row, D);
+      routed::scale_row(row, w[i], g + t * D, D);  // the expert output row is used up: reuse it
+    }
+  to_experts(L);
+  float* dy = d_expert_out.f32();
+  for (int64_t i = 0; i < L.expert_total; ++i) std::memcpy(dy + rows[i] * D, stage + i * D, row_bytes);
+}
+
+void AllToAllDispatcher::dispatch_backward(Tensor dx, Tensor d_expert_in, const RoutePlan& plan, int top_k, Stream) {
+  const Layout& L = layout_of(plan, "dispatch_backward");
+  check_expert_buffer(d_expert_in, "dispatch_backward", "d_expert_in");
+  check_tokens(dx, hidden_, "dispatch_backward", "dx");
+  MOE_CHECK(top_k == top_k_, "alltoall dispatch_backward: top_k ", top_k, " does not match the plan's ", top_k_);
+  const int64_t D = hidden_;
+  const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
+  const float* dxe = d_expert_in.f32();
+  float* stage = stage_.f32();
+  const int32_t* rows = L.expert_rows.data();
+  for (int64_t i = 0; i < L.expert_total; ++i) std::memcpy(stage + i * D, dxe + rows[i] * D, row_bytes);
+  to_routes(L);
+  const float* recv = route_buf_.f32();
+  const int32_t* pos = L.route_pos.data();
+  routed::sum_routes(dx.f32(), nullptr, tokens_, top_k, D, /*accumulate=*/false,
+                     [&](int64_t i) -> const float* { return pos[i] < 0 ? nullptr : recv + pos[i] * D; });
+}
+
+}  // namespace moe

@@ -1,0 +1,88 @@
+// The alltoall dispatcher (`ep.backend = alltoall`): the baseline the rowwise backend is measured
+// against, and the fallback where no symmetric memory exists. Same placement and identical results
+// as rowwise (DESIGN.md section 6), but rows travel by Communicator::all_to_all_v with host-side
+// split counts: dispatch packs each destination's rows in the destination's row order into a
+// route-side buffer, exchanges them into an expert-side staging buffer and scatters them to their
+// rows of expert_in; combine does the reverse with expert_out. Backward mirrors both. All buffers
+// come from the arena (nothing symmetric).
+//
+// The exchange layout (split counts, where each route sits in the packed route-side buffer, which
+// expert row each received row belongs to) follows from the placement, which only plan() knows.
+// plan() therefore records it per route plan, keyed by the route_index buffer, and dispatch,
+// combine and their backward of that plan look it up (backward makes no new agreement).
+#pragma once
+
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "moe/comm/communicator.h"
+#include "moe/model/dispatch.h"
+#include "moe/parallel/placement.h"
+
+namespace moe {
+
+class AllToAllDispatcher final : public TokenDispatcher {
+ public:
+  AllToAllDispatcher(Communicator& ep_group, int64_t num_experts, double capacity_factor, bool dropless);
+
+  const char* name() const override { return "alltoall"; }
+  int64_t expert_rows(int64_t tokens, int64_t top_k) const override;
+  int64_t first_expert() const override { return ep_group_.rank() * local_experts_; }
+  int64_t local_experts() const override { return local_experts_; }
+
+  void plan_buffers(const DispatchShape& shape, Arena& arena) override;
+  Lease acquire(int layer) override;
+  void release(const Lease& lease) override;
+  ExpertBuffers grad_buffers() override;
+
+  void plan(const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) override;
+  void dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) override;
+  void combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
+               Stream stream) override;
+  void combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out, Tensor weights,
+                        const RoutePlan& plan, int top_k, Stream stream) override;
+  void dispatch_backward(Tensor dx, Tensor d_expert_in, const RoutePlan& plan, int top_k, Stream stream) override;
+
+  // Payload bytes moved by dispatch and combine (all rows, and those sent to another rank), as in
+  // RowwiseDispatcher.
+  int64_t bytes_moved() const { return bytes_moved_; }
+  int64_t remote_bytes_moved() const { return remote_bytes_moved_; }
+  void reset_bytes_moved() { bytes_moved_ = remote_bytes_moved_ = 0; }
+
+ private:
+  // How one route plan's rows are exchanged.
+  struct Layout {
+    std::vector<int32_t> route_pos;     // [T*K]: row of route (t, k) in the packed route-side buffer, or -1
+    std::vector<int64_t> route_counts;  // [P]: rows this rank sends to (and gets back from) rank d
+    std::vector<int64_t> expert_counts; // [P]: rows this rank receives from (and returns to) rank s
+    std::vector<int32_t> expert_rows;   // expert-buffer row of each received row, in receive order
+    int64_t route_total = 0, expert_total = 0;
+  };
+  const Layout& layout_of(const RoutePlan& plan, const char* op) const;
+  void check_expert_buffer(const Tensor& t, const char* op, const char* what) const;
+  void check_tokens(const Tensor& t, int64_t cols, const char* op, const char* what) const;
+  // Route side -> expert side: route_buf rows (packed) to stage rows (receive order). And back.
+  void to_experts(const Layout& L);
+  void to_routes(const Layout& L);
+  void count_bytes(const Layout& L);
+
+  Communicator& ep_group_;
+  int64_t num_experts_, local_experts_;
+  double capacity_factor_;
+  bool dropless_;
+  int64_t tokens_ = 0, top_k_ = 0, hidden_ = 0, rows_ = 0;
+  Arena* arena_ = nullptr;
+  LeasePools pools_;
+  std::vector<std::vector<std::pair<Arena::Slot, Arena::Slot>>> slots_;  // [layer][slot] -> (in, out)
+  std::pair<Arena::Slot, Arena::Slot> grad_slots_;
+  Arena::Slot gathered_counts_, route_buf_slot_, stage_slot_;
+  Tensor route_buf_, stage_;  // [T*K, D] route side, [rows, D] expert side
+  Placement placement_;
+  std::map<const void*, Layout> layouts_;  // by route_index data
+  std::vector<int64_t> send_elems_, recv_elems_;   // split counts of one exchange, in elements
+  std::vector<int64_t> displ_scratch_, prefix_scratch_;  // plan() scratch, reused
+  int64_t bytes_moved_ = 0, remote_bytes_moved_ = 0;
+};
+
+}  // namespace moe

@@ -1,0 +1,46 @@
+// The resident-weight design (DESIGN.md section 7): every rank holds the full dense weights and
+// its EP slice of the experts for the whole run; after the last microbatch of a window the
+// gradients are reduced over each parameter's replica group and a ZeRO-1 sharded AdamW
+// updates the shards and all-gathers them back into the resident weights.
+#pragma once
+
+#include <memory>
+
+#include "moe/comm/mesh.h"
+#include "moe/core/arena.h"
+#include "moe/optim/distributed_adamw.h"
+#include "moe/parallel/param_store.h"
+
+namespace moe {
+
+class DdpStore final : public ParamStore {
+ public:
+  // reg must use ParamLayout::ByReplicaGroup with this rank's expert slice. Reserves in `arena`.
+  DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh& mesh, Arena& arena);
+
+  const ModelWeights& weights() const override { return weights_; }
+  const ModelWeights& grads() const override { return grads_; }
+  BlockHooks* hooks() override { return nullptr; }
+  void init(uint64_t seed) override;
+  void zero_grads() override;
+  StepResult step(const AdamWConfig& cfg, float max_norm, int64_t step) override;
+  std::vector<CheckpointSlice> checkpoint_slices() const override;
+  void load(const CheckpointReader& ckpt) override;
+
+  Tensor params() const { return arena_.get(params_); }
+  Tensor grads_flat() const { return arena_.get(grads_slot_); }
+
+ private:
+  void bind();
+
+  ModelConfig cfg_;
+  const ParamRegistry& reg_;
+  const Mesh& mesh_;
+  Arena& arena_;
+  Arena::Slot params_, grads_slot_;
+  std::unique_ptr<DistributedAdamW> optimizer_;
+  ModelWeights weights_, grads_;
+  bool bound_ = false;
+};
+
+}  // namespace moe

@@ -1,0 +1,35 @@
+#include "moe/parallel/dispatcher_factory.h"
+
+#include "moe/core/error.h"
+#include "moe/parallel/alltoall_dispatcher.h"
+#include "moe/parallel/local_dispatcher.h"
+#include "moe/parallel/rowwise_dispatcher.h"
+
+namespace moe {
+
+std::unique_ptr<TokenDispatcher> make_dispatcher(const std::string& backend, Communicator& ep_group,
+                                                 int64_t num_experts, double capacity_factor, bool dropless) {
+  if (backend == "local") {
+    MOE_CHECK(ep_group.size() == 1, "dispatch backend 'local' (ep.backend) holds every expert on one rank, but the EP "
+              "group has ", ep_group.size(), " ranks; use rowwise or alltoall");
+    return std::make_unique<LocalDispatcher>(num_experts, capacity_factor, dropless);
+  }
+  if (backend == "rowwise") return std::make_unique<RowwiseDispatcher>(ep_group, num_experts, capacity_factor, dropless);
+  if (backend == "alltoall")
+    return std::make_unique<AllToAllDispatcher>(ep_group, num_experts, capacity_factor, dropless);
+  MOE_FAIL("unknown dispatch backend '", backend, "' (ep.backend); choose one of: local, rowwise, alltoall");
+}
+
+int64_t dispatch_bytes_moved(const TokenDispatcher& dispatcher) {
+  if (const auto* d = dynamic_cast<const RowwiseDispatcher*>(&dispatcher)) return d->bytes_moved();
+  if (const auto* d = dynamic_cast<const AllToAllDispatcher*>(&dispatcher)) return d->bytes_moved();
+  return 0;
+}
+
+int64_t dispatch_remote_bytes_moved(const TokenDispatcher& dispatcher) {
+  if (const auto* d = dynamic_cast<const RowwiseDispatcher*>(&dispatcher)) return d->remote_bytes_moved();
+  if (const auto* d = dynamic_cast<const AllToAllDispatcher*>(&dispatcher)) return d->remote_bytes_moved();
+  return 0;
+}
+
+}  // namespace moe

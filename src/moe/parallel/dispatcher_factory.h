@@ -1,0 +1,24 @@
+// Picks the token-dispatch backend by name (`ep.backend`): local (EP = 1), rowwise (symmetric
+// heap, the default for EP > 1) or alltoall (the all-to-all baseline).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "moe/comm/communicator.h"
+#include "moe/model/dispatch.h"
+
+namespace moe {
+
+// ep_group: the EP group this rank belongs to (size 1 for local). Throws listing the backends
+// for an unknown name, and when local is asked for an EP group of more than one rank.
+std::unique_ptr<TokenDispatcher> make_dispatcher(const std::string& backend, Communicator& ep_group,
+                                                 int64_t num_experts, double capacity_factor, bool dropless);
+
+// Payload bytes moved by dispatch + combine so far (0 for local, which moves nothing between
+// ranks), for metrics; and the part that crossed ranks.
+int64_t dispatch_bytes_moved(const TokenDispatcher& dispatcher);
+int64_t dispatch_remote_bytes_moved(const TokenDispatcher& dispatcher);
+
+}  // namespace moe

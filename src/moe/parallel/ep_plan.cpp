@@ -1,0 +1,32 @@
+#include "moe/parallel/ep_plan.h"
+
+#include <algorithm>
+
+#include "moe/core/error.h"
+
+namespace moe {
+
+void ep_plan(Communicator& ep_group, Placement& placement, Tensor gathered_counts, const RoutePlan& plan,
+             Tensor topk_idx, Tensor expert_counts, int64_t num_experts, int64_t rows, const char* backend) {
+  const int P = ep_group.size(), me = ep_group.rank();
+  const int64_t N = num_experts, E = N / P;
+  MOE_CHECK(topk_idx.dtype == DType::I32 && topk_idx.ndim() == 2, backend, " dispatcher (rank ", me,
+            "): topk_idx must be [T, K] i32, got ", topk_idx.shape.str());
+  const int64_t T = topk_idx.dim(0), K = topk_idx.dim(1);
+  MOE_CHECK(expert_counts.dtype == DType::I32 && expert_counts.numel() == N, backend, " dispatcher (rank ", me,
+            "): expert_counts must be [", N, "] i32, got ", expert_counts.shape.str());
+  MOE_CHECK(plan.route_index.dtype == DType::I32 && plan.route_index.numel() == T * K, backend, " dispatcher (rank ",
+            me, "): route_index must be [", T * K, "] i32, got ", plan.route_index.shape.str());
+  MOE_CHECK(plan.expert_offsets.dtype == DType::I32 && plan.expert_offsets.numel() == E + 1, backend,
+            " dispatcher (rank ", me, "): expert_offsets must be [", E + 1, "] i32 (local experts + 1), got ",
+            plan.expert_offsets.shape.str());
+  MOE_CHECK(gathered_counts.numel() == P * N, backend, " dispatcher: count buffer is not [P*N]");
+  // Agreement: every rank gets every rank's counts, so every rank computes the same placement.
+  ep_group.all_gather(gathered_counts, expert_counts);
+  compute_placement(placement, gathered_counts.i32(), P, N, rows);
+  assign_routes(plan.route_index.i32(), topk_idx.i32(), T, K, placement, expert_counts.i32(), me);
+  const int32_t* mine = placement.offsets_of(me);
+  std::copy(mine, mine + E + 1, plan.expert_offsets.i32());
+}
+
+}  // namespace moe

@@ -1,0 +1,167 @@
+#include "moe/parallel/fsdp_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "moe/ops/embedding.h"
+
+namespace moe {
+
+FsdpStore::FsdpStore(const ModelConfig& cfg, const ParamRegistry& reg, Communicator& world, Arena& arena)
+    : cfg_(cfg), reg_(reg), world_(world), arena_(arena) {
+  const int nblocks = static_cast<int>(cfg.num_hidden_layers) + 2;
+  blocks_.resize(static_cast<size_t>(nblocks));
+  for (auto& b : blocks_) b.begin = -1;
+  for (int i = 0; i < static_cast<int>(reg.entries().size()); ++i) {
+    const ParamEntry& e = reg.entry(i);
+    MOE_CHECK(e.local_shape == e.global_shape, "fsdp: parameter '", e.name, "' is sliced; FSDP holds all experts");
+    Block& b = blocks_[static_cast<size_t>(param_block(cfg, e.name))];
+    MOE_CHECK(b.begin < 0 || b.end == e.offset, "fsdp: block of '", e.name, "' is not contiguous (use ParamLayout::ByBlock)");
+    if (b.begin < 0) b.begin = e.offset;
+    b.end = e.offset + e.numel();
+    b.params.push_back(i);
+  }
+  const int64_t P = world.size();
+  int64_t total_shard = 0, max_shard = 0;
+  for (auto& b : blocks_) {
+    MOE_CHECK(b.begin >= 0, "fsdp: an empty parameter block");
+    b.shard = (b.end - b.begin + P - 1) / P;
+    b.shard_offset = total_shard;
+    total_shard += b.shard;
+    max_shard = std::max(max_shard, b.shard);
+  }
+  w_shard_ = arena.reserve("fsdp.weight_shards", DType::F32, {total_shard});
+  g_shard_ = arena.reserve("fsdp.grad_shards", DType::F32, {total_shard});
+  m_ = arena.reserve("fsdp.exp_avg_shards", DType::F32, {total_shard});
+  v_ = arena.reserve("fsdp.exp_avg_sq_shards", DType::F32, {total_shard});
+  gather_w_ = arena.reserve("fsdp.gathered_block_weights", DType::F32, {P * max_shard});
+  grad_full_ = arena.reserve("fsdp.block_gradients", DType::F32, {P * max_shard});
+  rs_tmp_ = arena.reserve("fsdp.reduce_scatter_out", DType::F32, {max_shard});
+  norm_sq_ = arena.reserve("fsdp.grad_norm_sq", DType::F32, {1});
+}
+
+void FsdpStore::bind() {
+  if (bound_) return;
+  MOE_CHECK(arena_.committed(), "fsdp: used before the arena was committed");
+  Tensor gw = arena_.get(gather_w_), gg = arena_.get(grad_full_);
+  auto into = [&](const Tensor& base) {
+    return [&, base](int i) {
+      const ParamEntry& e = reg_.entry(i);
+      const Block& b = blocks_[static_cast<size_t>(param_block(cfg_, e.name))];
+      return Tensor(base.ptr<float>() + (e.offset - b.begin), DType::F32, e.local_shape, base.device);
+    };
+  };
+  weights_ = bind_weights(cfg_, reg_, into(gw));
+  grads_ = bind_weights(cfg_, reg_, into(gg));
+  bound_ = true;
+}
+
+template <typename Fn>
+void FsdpStore::for_each_owned_piece(Fn&& fn) const {
+  const int64_t r = world_.rank();
+  for (const Block& b : blocks_) {
+    const int64_t lo = b.begin + r * b.shard, hi = std::min(b.end, lo + b.shard);  // this rank's range (full layout)
+    for (int i : b.params) {
+      const ParamEntry& e = reg_.entry(i);
+      const int64_t plo = std::max(lo, e.offset), phi = std::min(hi, e.offset + e.numel());
+      if (plo < phi) fn(i, plo - e.offset, phi - e.offset, b.shard_offset + (plo - lo));
+    }
+  }
+}
+
+void FsdpStore::init(uint64_t seed) {
+  bind();
+  Tensor gw = arena_.get(gather_w_), ws = arena_.get(w_shard_);
+  fill_zero(ws);
+  // Each rank materializes one block at a time in the gather buffer and keeps its shard.
+  for (const Block& b : blocks_) {
+    for (int i : b.params) {
+      const ParamEntry& e = reg_.entry(i);
+      init_param(cfg_, reg_, i, Tensor(gw.ptr<float>() + (e.offset - b.begin), DType::F32, e.local_shape), seed);
+    }
+    const int64_t lo = world_.rank() * b.shard, n = std::max<int64_t>(0, std::min(b.shard, (b.end - b.begin) - lo));
+    if (n > 0) std::memcpy(ws.ptr<float>() + b.shard_offset, gw.ptr<float>() + lo, static_cast<size_t>(n) * 4);
+  }
+}
+
+void FsdpStore::zero_grads() { fill_zero(arena_.get(g_shard_)); }
+
+void FsdpStore::gather(int block) {
+  bind();
+  const Block& b = blocks_[static_cast<size_t>(block)];
+  const int64_t P = world_.size();
+  Tensor shard = arena_.get(w_shard_).rows(b.shard_offset, b.shard_offset + b.shard);
+  world_.all_gather(arena_.get(gather_w_).rows(0, P * b.shard), shard);
+  bytes_gathered_ += P * b.shard * 4;
+}
+
+void FsdpStore::before_forward(int block) {
+  gather(block);
+  // The head block's gradients are produced inside the forward (the LM head runs fused with its backward).
+  if (block == static_cast<int>(blocks_.size()) - 1)
+    fill_zero(arena_.get(grad_full_).rows(0, world_.size() * blocks_.back().shard));
+}
+
+void FsdpStore::before_backward(int block) {
+  // The embedding's backward only scatters gradient rows; it does not read the table.
+  if (block != 0) gather(block);
+  fill_zero(arena_.get(grad_full_).rows(0, world_.size() * blocks_[static_cast<size_t>(block)].shard));
+}
+
+void FsdpStore::after_backward(int block) {
+  const Block& b = blocks_[static_cast<size_t>(block)];
+  const int64_t P = world_.size();
+  Tensor out = arena_.get(rs_tmp_).rows(0, b.shard);
+  world_.reduce_scatter(out, arena_.get(grad_full_).rows(0, P * b.shard), ReduceOp::Sum);
+  add_inplace(arena_.get(g_shard_).rows(b.shard_offset, b.shard_offset + b.shard), out);
+  bytes_reduced_ += P * b.shard * 4;
+}
+
+ParamStore::StepResult FsdpStore::step(const AdamWConfig& cfg, float max_norm, int64_t step) {
+  Tensor ws = arena_.get(w_shard_), gs = arena_.get(g_shard_), m = arena_.get(m_), v = arena_.get(v_);
+  Tensor norm_sq = arena_.get(norm_sq_);
+  fill_zero(norm_sq);
+  sum_squares_accumulate(norm_sq, gs);  // shards partition every parameter: each element counted once
+  world_.all_reduce(norm_sq, ReduceOp::Sum);
+  AdamWConfig no_decay = cfg;
+  no_decay.weight_decay = 0.0f;
+  for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) {
+    auto piece = [&](const Tensor& t) { return t.rows(at, at + (hi - lo)); };
+    adamw_step(piece(ws), piece(gs), piece(m), piece(v), norm_sq, max_norm, reg_.entry(i).decay ? cfg : no_decay, step);
+  });
+  StepResult r;
+  const double sq = norm_sq.f32()[0];
+  r.grad_norm = std::sqrt(sq);
+  r.skipped = !std::isfinite(sq);
+  return r;
+}
+
+std::vector<CheckpointSlice> FsdpStore::checkpoint_slices() const {
+  std::vector<CheckpointSlice> out;
+  const float* ws = arena_.get(w_shard_).f32();
+  const float* m = arena_.get(m_).f32();
+  const float* v = arena_.get(v_).f32();
+  for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) {
+    const ParamEntry& e = reg_.entry(i);
+    std::vector<int64_t> shape(e.global_shape.dims.begin(), e.global_shape.dims.begin() + e.global_shape.ndim);
+    out.push_back({e.name, DType::F32, shape, lo, hi, ws + at});
+    out.push_back({e.name + ".exp_avg", DType::F32, shape, lo, hi, m + at});
+    out.push_back({e.name + ".exp_avg_sq", DType::F32, shape, lo, hi, v + at});
+  });
+  return out;
+}
+
+void FsdpStore::load(const CheckpointReader& ckpt) {
+  float* ws = arena_.get(w_shard_).f32();
+  float* m = arena_.get(m_).f32();
+  float* v = arena_.get(v_).f32();
+  for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) {
+    const std::string& name = reg_.entry(i).name;
+    ckpt.read(name, DType::F32, lo, hi, ws + at);
+    ckpt.read(name + ".exp_avg", DType::F32, lo, hi, m + at);
+    ckpt.read(name + ".exp_avg_sq", DType::F32, lo, hi, v + at);
+  });
+}
+
+}  // namespace moe

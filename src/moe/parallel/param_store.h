@@ -1,0 +1,47 @@
+// ParamStore: how this rank holds the parameters, their gradients and the optimizer state, and
+// runs the optimizer step. Two designs, measured against each other:
+//   DdpStore  (ddp_store.h): resident full weights (the EP slice of the experts), gradients
+//             reduced over each replica group, ZeRO-1 sharded AdamW (DESIGN.md section 7);
+//   FsdpStore (fsdp_store.h): the legacy baseline; every parameter sharded over all ranks, each
+//             block's full weights gathered before its forward and again before its backward,
+//             gradients reduce-scattered after its backward.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "moe/ckpt/checkpoint.h"
+#include "moe/model/transformer.h"
+#include "moe/model/weights.h"
+#include "moe/ops/optim.h"
+
+namespace moe {
+
+class ParamStore {
+ public:
+  virtual ~ParamStore() = default;
+  // Views the model reads and accumulates into (for FSDP valid only inside the hooks' windows).
+  virtual const ModelWeights& weights() const = 0;
+  virtual const ModelWeights& grads() const = 0;
+  // Hooks the model must call around each block (nullptr: weights are resident).
+  virtual BlockHooks* hooks() = 0;
+
+  // Initializes the weights (a pure function of seed and logical index: the same model on any topology).
+  virtual void init(uint64_t seed) = 0;
+  virtual void zero_grads() = 0;
+
+  struct StepResult {
+    double grad_norm = 0;  // global, before clipping
+    bool skipped = false;  // non-finite gradient: nothing changed, on every rank
+  };
+  // Reduces the accumulated gradients over their replica groups and takes one AdamW step.
+  virtual StepResult step(const AdamWConfig& cfg, float max_norm, int64_t step) = 0;
+
+  // The slices of logical tensors this rank saves (weights under the HF name, moments under
+  // <name>.exp_avg / <name>.exp_avg_sq), each element saved by exactly one rank.
+  virtual std::vector<CheckpointSlice> checkpoint_slices() const = 0;
+  // Reads what this rank holds from a checkpoint written under any topology.
+  virtual void load(const CheckpointReader& ckpt) = 0;
+};
+
+}  // namespace moe

@@ -1,0 +1,395 @@
+// ranks: 2 4
+// DistributedAdamW (ZeRO-1 over replica groups) against an unsharded torch-style AdamW applied
+// to the summed gradient of each parameter's replica group, on meshes with ep 1, 2 and 4.
+// The registry has dense parameters of odd sizes (the dense region, 57 elements, is padded at
+// 2 and 4 ranks) and expert parameters sliced by EP (the expert region is padded where
+// ep_dp does not divide it).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moe/comm/local_communicator.h"
+#include "moe/comm/mesh.h"
+#include "moe/comm/mpi_communicator.h"
+#include "moe/core/arena.h"
+#include "moe/core/rng.h"
+#include "moe/model/params.h"
+#include "moe/optim/adamw.h"
+#include "moe/optim/distributed_adamw.h"
+
+namespace moe {
+namespace {
+
+struct Spec {
+  std::string name;
+  std::vector<int64_t> shape;  // logical
+  bool expert;
+  bool decay;
+};
+
+std::vector<Spec> specs(int64_t experts) {
+  return {{"model.embed_tokens.weight", {7, 5}, false, true},
+          {"model.norm.weight", {13}, false, false},
+          {"model.layers.0.self_attn.q_proj.weight", {3, 3}, false, true},
+          {"model.layers.0.mlp.experts.gate_up_proj", {experts, 3, 3}, true, true},
+          {"model.layers.0.mlp.experts.down_proj", {experts, 2, 3}, true, false}};
+}
+
+Shape to_shape(const std::vector<int64_t>& d) {
+  Shape s;
+  for (int64_t v : d) s.dims[s.ndim++] = v;
+  return s;
+}
+
+int64_t numel(const std::vector<int64_t>& d) {
+  int64_t n = 1;
+  for (int64_t v : d) n *= v;
+  return n;
+}
+
+// Deterministic values keyed by (what, param, logical element, step): magnitude in [lo, hi], random sign.
+float keyed_value(uint64_t what, int param, int64_t logical, int64_t step, double lo, double hi) {
+  Rng rng(hash_counters(what, static_cast<uint64_t>(param), static_cast<uint64_t>(logical), static_cast<uint64_t>(step)));
+  const double mag = lo + (hi - lo) * rng.uniform();
+  return static_cast<float>(rng.uniform() < 0.5 ? -mag : mag);
+}
+float init_value(int param, int64_t logical) { return keyed_value(1, param, logical, 0, 0.1, 1.0); }
+// Rank r's local gradient: the same sign on every rank, so replica sums stay away from zero.
+float grad_value(int rank, int param, int64_t logical, int64_t step) {
+  return keyed_value(2, param, logical, step, 0.5, 1.0) * (1.0f + 0.25f * static_cast<float>(rank));
+}
+
+// One rank's optimizer setup for a mesh with `ep`.
+struct Case {
+  int64_t experts = 0;
+  Mesh mesh;
+  ParamRegistry reg;
+  Arena arena{"distributed_optimizer_test"};
+  Arena::Slot params_slot, grads_slot;
+  std::unique_ptr<DistributedAdamW> opt;
+
+  Tensor params() const { return arena.get(params_slot); }
+  Tensor grads() const { return arena.get(grads_slot); }
+
+  void fill_grads(int64_t step) {
+    Tensor g = grads();
+    for (int i = 0; i < static_cast<int>(reg.entries().size()); ++i) {
+      const ParamEntry& e = reg.entry(i);
+      float* gv = reg.view(g, i).f32();
+      for (int64_t j = 0; j < e.numel(); ++j) gv[j] = grad_value(mesh.rank, i, e.global_begin() + j, step);
+    }
+  }
+};
+
+std::unique_ptr<Case> make_case(Communicator& world, int ep, size_t bucket_bytes) {
+  auto c = std::make_unique<Case>();
+  c->experts = ep == 4 ? 4 : 6;
+  c->mesh = make_mesh(world, ep, c->experts);
+  const int64_t per_rank = c->experts / ep;
+  for (const Spec& s : specs(c->experts)) {
+    if (s.expert)
+      c->reg.add_sliced(s.name, to_shape(s.shape), c->mesh.ep_index * per_rank, per_rank, ReplicaGroup::Expert, s.decay);
+    else
+      c->reg.add(s.name, to_shape(s.shape), ReplicaGroup::Dense, s.decay);
+  }
+  c->params_slot = c->arena.reserve("params", DType::F32, {c->reg.total_numel()});
+  c->grads_slot = c->arena.reserve("grads", DType::F32, {c->reg.total_numel()});
+  c->opt = std::make_unique<DistributedAdamW>(c->reg, c->mesh, c->arena, bucket_bytes);
+  c->arena.commit();
+  Tensor p = c->params();
+  for (int i = 0; i < static_cast<int>(c->reg.entries().size()); ++i) {
+    const ParamEntry& e = c->reg.entry(i);
+    float* pv = c->reg.view(p, i).f32();
+    for (int64_t j = 0; j < e.numel(); ++j) pv[j] = init_value(i, e.global_begin() + j);
+  }
+  return c;
+}
+
+// The unsharded reference: every logical tensor whole, in double, updated with the gradient
+// summed over each parameter's replica group (torch.optim.AdamW + clip_grad_norm_).
+struct Reference {
+  int world_size = 1, ep = 1;
+  int64_t experts = 0;
+  std::vector<Spec> spec;
+  std::vector<std::vector<double>> p, m, v;
+
+  Reference(int world_size_, int ep_, int64_t experts_)
+      : world_size(world_size_), ep(ep_), experts(experts_), spec(specs(experts_)) {
+    for (int i = 0; i < static_cast<int>(spec.size()); ++i) {
+      const int64_t n = numel(spec[i].shape);
+      p.emplace_back(n);
+      m.emplace_back(n, 0.0);
+      v.emplace_back(n, 0.0);
+      for (int64_t l = 0; l < n; ++l) p[i][l] = init_value(i, l);
+    }
+  }
+
+  // Gradient of logical element l of parameter i: the sum over the ranks holding a replica.
+  double summed_grad(int i, int64_t l, int64_t step) const {
+    double g = 0;
+    if (!spec[i].expert) {
+      for (int r = 0; r < world_size; ++r) g += grad_value(r, i, l, step);
+      return g;
+    }
+    const int64_t row = l / (numel(spec[i].shape) / spec[i].shape[0]);
+    const int ep_index = static_cast<int>(row / (experts / ep));
+    for (int d = 0; d < world_size / ep; ++d) g += grad_value(d * ep + ep_index, i, l, step);
+    return g;
+  }
+
+  double step(const AdamWConfig& c, double max_norm, int64_t step) {
+    std::vector<std::vector<double>> grads(spec.size());
+    double norm_sq = 0;
+    for (int i = 0; i < static_cast<int>(spec.size()); ++i) {
+      for (int64_t l = 0; l < static_cast<int64_t>(p[i].size()); ++l) {
+        grads[i].push_back(summed_grad(i, l, step));
+        norm_sq += grads[i].back() * grads[i].back();
+      }
+    }
+    const double clip = max_norm > 0 ? std::min(1.0, max_norm / (std::sqrt(norm_sq) + 1e-6)) : 1.0;
+    const double bc1 = 1 - std::pow(double(c.beta1), step), bc2 = 1 - std::pow(double(c.beta2), step);
+    for (int i = 0; i < static_cast<int>(spec.size()); ++i) {
+      const double wd = spec[i].decay ? c.weight_decay : 0.0;
+      for (size_t l = 0; l < p[i].size(); ++l) {
+        const double g = clip * grads[i][l];
+        p[i][l] *= 1 - double(c.lr) * wd;
+        m[i][l] = c.beta1 * m[i][l] + (1 - double(c.beta1)) * g;
+        v[i][l] = c.beta2 * v[i][l] + (1 - double(c.beta2)) * g * g;
+        p[i][l] -= c.lr * (m[i][l] / bc1) / (std::sqrt(v[i][l] / bc2) + c.eps);
+      }
+    }
+    return std::sqrt(norm_sq);
+  }
+};
+
+AdamWConfig test_config() {
+  AdamWConfig c;
+  c.lr = 1e-2f;
+  c.weight_decay = 0.1f;
+  return c;
+}
+constexpr float kMaxNorm = 1.0f;  // the summed gradients' norm is far above it: clipping is active
+
+double rel_err(double got, double want) { return std::fabs(got - want) / std::max(std::fabs(want), 1e-3); }
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+std::vector<int> ep_sizes() {
+  std::vector<int> eps;
+  for (int ep : {1, 2, 4})
+    if (world_size() % ep == 0) eps.push_back(ep);
+  return eps;
+}
+
+// Every rank's params buffer (all the same size) gathered everywhere.
+std::vector<float> gather_params(const Case& c) {
+  const int64_t n = c.reg.total_numel();
+  std::vector<float> all(static_cast<size_t>(n) * world_size());
+  MPI_Allgather(c.params().data, static_cast<int>(n), MPI_FLOAT, all.data(), static_cast<int>(n), MPI_FLOAT,
+                MPI_COMM_WORLD);
+  return all;
+}
+
+// Replicas hold identical bits: the dense region on every rank, the expert region on the ranks
+// with the same ep_index.
+void expect_replicas_identical(const Case& c) {
+  const std::vector<float> all = gather_params(c);
+  const int64_t n = c.reg.total_numel();
+  const float* mine = c.params().f32();
+  for (ReplicaGroup g : {ReplicaGroup::Dense, ReplicaGroup::Expert}) {
+    const auto [b, e] = c.reg.region(g);
+    for (int r = 0; r < world_size(); ++r) {
+      if (g == ReplicaGroup::Expert && r % c.mesh.ep != c.mesh.ep_index) continue;
+      EXPECT_EQ(std::memcmp(mine + b, all.data() + r * n + b, static_cast<size_t>(e - b) * sizeof(float)), 0)
+          << (g == ReplicaGroup::Dense ? "dense" : "expert") << " params differ from rank " << r;
+    }
+  }
+}
+
+// Params and moments of this rank against the reference (moments through moment_slices, i.e. in
+// logical coordinates).
+void expect_matches_reference(const Case& c, const Reference& ref, const char* what) {
+  Tensor p = c.params();
+  double worst = 0;
+  for (int i = 0; i < static_cast<int>(c.reg.entries().size()); ++i) {
+    const ParamEntry& e = c.reg.entry(i);
+    const float* pv = c.reg.view(p, i).f32();
+    for (int64_t j = 0; j < e.numel(); ++j) worst = std::max(worst, rel_err(pv[j], ref.p[i][e.global_begin() + j]));
+  }
+  EXPECT_LE(worst, 1e-6) << what << ": params, ep " << c.mesh.ep << ", rank " << c.mesh.rank;
+  double worst_m = 0, worst_v = 0;
+  for (const auto& s : c.opt->moment_slices()) {
+    for (int64_t l = s.begin; l < s.end; ++l) {
+      worst_m = std::max(worst_m, std::fabs(s.exp_avg[l - s.begin] - ref.m[s.param][l]) /
+                                      std::max(std::fabs(ref.m[s.param][l]), 1e-4));
+      worst_v = std::max(worst_v, std::fabs(s.exp_avg_sq[l - s.begin] - ref.v[s.param][l]) /
+                                      std::max(std::fabs(ref.v[s.param][l]), 1e-8));
+    }
+  }
+  EXPECT_LE(worst_m, 1e-5) << what << ": exp_avg, ep " << c.mesh.ep << ", rank " << c.mesh.rank;
+  EXPECT_LE(worst_v, 1e-5) << what << ": exp_avg_sq, ep " << c.mesh.ep << ", rank " << c.mesh.rank;
+}
+
+TEST(DistributedOptimizer, three_steps_match_unsharded_adamw_on_summed_gradients) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  for (int ep : ep_sizes()) {
+    SCOPED_TRACE("ep " + std::to_string(ep));
+    auto c = make_case(world, ep, DistributedAdamW::kDefaultBucketBytes);
+    Reference ref(world_size(), ep, c->experts);
+    for (int64_t step = 1; step <= 3; ++step) {
+      c->fill_grads(step);
+      const auto r = c->opt->step(c->params(), c->grads(), test_config(), kMaxNorm, step);
+      const double want_norm = ref.step(test_config(), kMaxNorm, step);
+      EXPECT_FALSE(r.skipped);
+      EXPECT_LE(rel_err(r.grad_norm, want_norm), 1e-6) << "step " << step << ": " << r.grad_norm << " vs " << want_norm;
+    }
+    expect_matches_reference(*c, ref, "after 3 steps");
+    expect_replicas_identical(*c);
+  }
+}
+
+TEST(DistributedOptimizer, buckets_smaller_than_a_parameter_give_the_same_result) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  for (int ep : ep_sizes()) {
+    SCOPED_TRACE("ep " + std::to_string(ep));
+    auto small = make_case(world, ep, 64);
+    auto large = make_case(world, ep, DistributedAdamW::kDefaultBucketBytes);
+    Reference ref(world_size(), ep, small->experts);
+    for (int64_t step = 1; step <= 3; ++step) {
+      small->fill_grads(step);
+      large->fill_grads(step);
+      const auto rs = small->opt->step(small->params(), small->grads(), test_config(), kMaxNorm, step);
+      const auto rl = large->opt->step(large->params(), large->grads(), test_config(), kMaxNorm, step);
+      ref.step(test_config(), kMaxNorm, step);
+      EXPECT_LE(rel_err(rs.grad_norm, rl.grad_norm), 1e-6);
+    }
+    const float* ps = small->params().f32();
+    const float* pl = large->params().f32();
+    double worst = 0;
+    for (int64_t k = 0; k < small->reg.total_numel(); ++k) worst = std::max(worst, rel_err(ps[k], pl[k]));
+    EXPECT_LE(worst, 1e-6) << "rank " << world_rank();
+    expect_matches_reference(*small, ref, "64-byte buckets");
+    expect_replicas_identical(*small);
+  }
+}
+
+TEST(DistributedOptimizer, a_nan_on_one_rank_skips_the_step_on_all_ranks) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  for (int ep : ep_sizes()) {
+    for (bool in_expert : {false, true}) {
+      SCOPED_TRACE("ep " + std::to_string(ep) + (in_expert ? ", NaN in an expert gradient" : ", NaN in a dense gradient"));
+      auto c = make_case(world, ep, 64);
+      c->fill_grads(1);
+      ASSERT_FALSE(c->opt->step(c->params(), c->grads(), test_config(), kMaxNorm, 1).skipped);
+
+      const int64_t n = c->reg.total_numel(), shard_n = c->opt->exp_avg().numel();
+      const std::vector<float> p0(c->params().f32(), c->params().f32() + n);
+      const std::vector<float> m0(c->opt->exp_avg().f32(), c->opt->exp_avg().f32() + shard_n);
+      const std::vector<float> v0(c->opt->exp_avg_sq().f32(), c->opt->exp_avg_sq().f32() + shard_n);
+      c->fill_grads(2);
+      if (world_rank() == world_size() - 1) {
+        const int64_t at = c->reg.region(in_expert ? ReplicaGroup::Expert : ReplicaGroup::Dense).first + 3;
+        c->grads().f32()[at] = std::numeric_limits<float>::quiet_NaN();
+      }
+      const auto r = c->opt->step(c->params(), c->grads(), test_config(), kMaxNorm, 2);
+      EXPECT_TRUE(r.skipped) << "rank " << world_rank();
+      EXPECT_FALSE(std::isfinite(r.grad_norm));
+      EXPECT_EQ(std::memcmp(p0.data(), c->params().data, n * sizeof(float)), 0) << "params changed";
+      EXPECT_EQ(std::memcmp(m0.data(), c->opt->exp_avg().data, shard_n * sizeof(float)), 0) << "exp_avg changed";
+      EXPECT_EQ(std::memcmp(v0.data(), c->opt->exp_avg_sq().data, shard_n * sizeof(float)), 0) << "exp_avg_sq changed";
+      expect_replicas_identical(*c);
+
+      int skipped = r.skipped ? 1 : 0, all_skipped = 0;
+      MPI_Allreduce(&skipped, &all_skipped, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+      EXPECT_EQ(all_skipped, 1);
+
+      // The next finite step proceeds.
+      c->fill_grads(3);
+      EXPECT_FALSE(c->opt->step(c->params(), c->grads(), test_config(), kMaxNorm, 2).skipped);
+    }
+  }
+}
+
+// Moment slices cover every logical tensor exactly once over all ranks (what a checkpoint
+// stores), and load_moments reads back exactly those ranges.
+TEST(DistributedOptimizer, moment_slices_partition_every_logical_tensor_and_load_back) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  for (int ep : ep_sizes()) {
+    SCOPED_TRACE("ep " + std::to_string(ep));
+    auto c = make_case(world, ep, 64);
+    const auto spec = specs(c->experts);
+    const auto slices = c->opt->moment_slices();
+    for (int i = 0; i < static_cast<int>(spec.size()); ++i) {
+      std::vector<int> covered(static_cast<size_t>(numel(spec[i].shape)), 0);
+      for (const auto& s : slices) {
+        if (s.param != i) continue;
+        EXPECT_EQ(s.entry->name, spec[i].name);
+        for (int64_t l = s.begin; l < s.end; ++l) covered[l] += 1;
+      }
+      MPI_Allreduce(MPI_IN_PLACE, covered.data(), static_cast<int>(covered.size()), MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+      for (size_t l = 0; l < covered.size(); ++l)
+        ASSERT_EQ(covered[l], 1) << spec[i].name << " element " << l << " is covered " << covered[l] << " times";
+    }
+
+    auto stored = [](const std::string& key, int64_t l) {
+      return static_cast<float>(static_cast<double>(hash_string(key) % 1000) + 1e-3 * static_cast<double>(l));
+    };
+    c->opt->load_moments([&](const std::string& key, int64_t begin, int64_t end, float* dst) {
+      for (int64_t l = begin; l < end; ++l) dst[l - begin] = stored(key, l);
+    });
+    for (const auto& s : c->opt->moment_slices()) {
+      for (int64_t l = s.begin; l < s.end; ++l) {
+        ASSERT_EQ(s.exp_avg[l - s.begin], stored(s.entry->name + ".exp_avg", l));
+        ASSERT_EQ(s.exp_avg_sq[l - s.begin], stored(s.entry->name + ".exp_avg_sq", l));
+      }
+    }
+  }
+}
+
+// With one rank (LocalCommunicator, no MPI) DistributedAdamW is AdamW, bit for bit, including the
+// skipped step.
+TEST(DistributedOptimizer, one_rank_equals_single_rank_adamw_bit_for_bit) {
+  LocalCommunicator local;
+  for (size_t bucket : {size_t{64}, DistributedAdamW::kDefaultBucketBytes}) {
+    auto c = make_case(local, 1, bucket);
+    ParamRegistry& reg = c->reg;
+    Arena arena("single_rank_adamw");
+    const auto p_slot = arena.reserve("params", DType::F32, {reg.total_numel()});
+    AdamW single(reg, arena);
+    arena.commit();
+    Tensor p = arena.get(p_slot);
+    std::memcpy(p.data, c->params().data, p.nbytes());
+    for (int64_t step = 1; step <= 4; ++step) {
+      c->fill_grads(step);
+      if (step == 3) c->grads().f32()[reg.total_numel() - 2] = std::numeric_limits<float>::infinity();
+      const auto rd = c->opt->step(c->params(), c->grads(), test_config(), kMaxNorm, step);
+      const auto rs = single.step(p, c->grads(), test_config(), kMaxNorm, step);
+      EXPECT_EQ(rd.skipped, step == 3);
+      EXPECT_EQ(rd.skipped, rs.skipped);
+      if (!rs.skipped) {
+        EXPECT_EQ(rd.grad_norm, rs.grad_norm) << "step " << step;
+      }
+      ASSERT_EQ(std::memcmp(c->params().data, p.data, p.nbytes()), 0) << "params differ after step " << step;
+      ASSERT_EQ(c->opt->exp_avg().numel(), single.exp_avg().numel());
+      ASSERT_EQ(std::memcmp(c->opt->exp_avg().data, single.exp_avg().data, single.exp_avg().nbytes()), 0);
+      ASSERT_EQ(std::memcmp(c->opt->exp_avg_sq().data, single.exp_avg_sq().data, single.exp_avg_sq().nbytes()), 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moe
