@@ -4,6 +4,8 @@
 // capacity never dropping. Runs on one rank (no communication involved).
 #include "moe/parallel/placement.h"
 
+#include "moe/core/error.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -139,12 +141,11 @@ TEST(Placement, dropless_never_drops) {
     const int P = 1 + static_cast<int>(rng() % 4);
     const int64_t E = 1 + rng() % 3, N = E * P, T = 1 + rng() % 10, K = 1 + rng() % std::min<int64_t>(N, 4);
     Routes topk(P);
-    // Worst case: every route of every rank to the experts of rank 0.
+    // Odd trials: the worst case, every route of every rank to the experts of rank 0 (a token may
+    // repeat an expert here; placement does not care).
     for (auto& routes : topk)
       for (int64_t t = 0; t < T; ++t)
         for (int64_t k = 0; k < K; ++k) routes.push_back(static_cast<int32_t>(trial % 2 ? k % E : rng() % N));
-    for (auto& routes : topk)  // a token may repeat an expert here; placement does not care
-      (void)routes;
     const int64_t rows = ep_rank_capacity(T, K, P, 0.01, /*dropless=*/true);
     EXPECT_EQ(rows, T * K * P);
     const std::vector<int32_t> counts = counts_of(topk, N);

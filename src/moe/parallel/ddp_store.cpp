@@ -33,6 +33,19 @@ ParamStore::StepResult DdpStore::step(const AdamWConfig& cfg, float max_norm, in
   return {r.grad_norm, r.skipped};
 }
 
+void DdpStore::reduced_gradients(const GradientFn& fn) {
+  const Tensor g = grads_flat();
+  for (ReplicaGroup group : {ReplicaGroup::Dense, ReplicaGroup::Expert}) {
+    const auto [begin, end] = reg_.region(group);
+    Communicator& comm = group == ReplicaGroup::Dense ? *mesh_.world : *mesh_.expert_replicas;
+    if (end > begin) comm.all_reduce(g.rows(begin, end), ReduceOp::Sum);
+  }
+  for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {
+    const ParamEntry& e = reg_.entry(i);
+    fn(e.name, e.global_begin(), e.global_begin() + e.numel(), reg_.view(g, i).f32());
+  }
+}
+
 std::vector<CheckpointSlice> DdpStore::checkpoint_slices() const {
   std::vector<CheckpointSlice> out;
   const Tensor p = params();

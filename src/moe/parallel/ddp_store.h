@@ -24,6 +24,7 @@ class DdpStore final : public ParamStore {
   void init(uint64_t seed) override;
   void zero_grads() override;
   StepResult step(const AdamWConfig& cfg, float max_norm, int64_t step) override;
+  void reduced_gradients(const GradientFn& fn) override;
   std::vector<CheckpointSlice> checkpoint_slices() const override;
   void load(const CheckpointReader& ckpt) override;
 

@@ -137,6 +137,12 @@ ParamStore::StepResult FsdpStore::step(const AdamWConfig& cfg, float max_norm, i
   return r;
 }
 
+void FsdpStore::reduced_gradients(const GradientFn& fn) {
+  // The hooks already reduce-scattered every block's gradients into the shards.
+  const float* gs = arena_.get(g_shard_).f32();
+  for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) { fn(reg_.entry(i).name, lo, hi, gs + at); });
+}
+
 std::vector<CheckpointSlice> FsdpStore::checkpoint_slices() const {
   std::vector<CheckpointSlice> out;
   const float* ws = arena_.get(w_shard_).f32();

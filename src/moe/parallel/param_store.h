@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "moe/ckpt/checkpoint.h"
@@ -36,6 +38,12 @@ class ParamStore {
   };
   // Reduces the accumulated gradients over their replica groups and takes one AdamW step.
   virtual StepResult step(const AdamWConfig& cfg, float max_norm, int64_t step) = 0;
+
+  // Reduces the accumulated gradients over their replica groups (as step() would) and hands this
+  // rank's pieces of the reduced gradient to fn(name, logical begin, logical end, data). For tests
+  // and diagnostics: it changes the gradient buffers; run step() only after zero_grads().
+  using GradientFn = std::function<void(const std::string& name, int64_t begin, int64_t end, const float* data)>;
+  virtual void reduced_gradients(const GradientFn& fn) = 0;
 
   // The slices of logical tensors this rank saves (weights under the HF name, moments under
   // <name>.exp_avg / <name>.exp_avg_sq), each element saved by exactly one rank.

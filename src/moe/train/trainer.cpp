@@ -206,7 +206,7 @@ void Trainer::update_router_bias() {
   }
 }
 
-StepRecord Trainer::train_step(int64_t step) {
+std::vector<double> Trainer::accumulate_gradients(int64_t step) {
   const TrainConfig& t = cfg_.train;
   const int64_t dp = world_.size(), rank = world_.rank();
   const int64_t B = t.micro_batch_size, T = t.seq_len, accum = cfg_.accumulation_steps(dp);
@@ -215,27 +215,35 @@ StepRecord Trainer::train_step(int64_t step) {
   StepScales scales;
   scales.lm_grad_scale = 1.0f / static_cast<float>(t.global_batch_size * T);
   scales.aux_grad_scale = moe_layers > 0 ? 1.0f / static_cast<float>(accum * dp * moe_layers) : 0.0f;
-  const auto t0 = Clock::now();
-  const double comm_before = world_.seconds();
   store_->zero_grads();
   Tensor load = state_.get(expert_load_);
   fill_zero(load);
   RoutingState rs{state_.get(router_bias_), load};
   Tensor tokens = state_.get(tokens_), targets = state_.get(targets_);
-  Tensor stats = state_.get(step_stats_);
-  fill_zero(stats);
-  float* st = stats.f32();
+  std::vector<double> st(kNumStepStats, 0.0);
   for (int64_t micro = 0; micro < accum; ++micro) {
     // Global sequences of this microbatch: the same global batch in the same order on any topology.
     data_.train_batch(step, (micro * dp + rank) * B, B, T, tokens.i32(), targets.i32());
     const MicrobatchLosses l = model_->forward_backward(store_->weights(), store_->grads(), tokens, targets, scales,
                                                        routing_seed(t.seed, step, micro * dp + rank), rs);
-    st[kLmSum] += static_cast<float>(l.lm_loss_sum);
-    st[kLb] += static_cast<float>(l.lb_loss);
-    st[kZ] += static_cast<float>(l.z_loss);
-    st[kRoutes] += static_cast<float>(l.routes);
-    st[kDropped] += static_cast<float>(l.dropped_routes);
+    st[kLmSum] += l.lm_loss_sum;
+    st[kLb] += l.lb_loss;
+    st[kZ] += l.z_loss;
+    st[kRoutes] += static_cast<double>(l.routes);
+    st[kDropped] += static_cast<double>(l.dropped_routes);
   }
+  return st;
+}
+
+StepRecord Trainer::train_step(int64_t step) {
+  const TrainConfig& t = cfg_.train;
+  const int64_t dp = world_.size(), T = t.seq_len, accum = cfg_.accumulation_steps(dp);
+  const auto t0 = Clock::now();
+  const double comm_before = world_.seconds();
+  const std::vector<double> local = accumulate_gradients(step);
+  Tensor load = state_.get(expert_load_), stats = state_.get(step_stats_);
+  float* st = stats.f32();
+  for (int i = 0; i < kNumStepStats; ++i) st[i] = static_cast<float>(local[static_cast<size_t>(i)]);
   StepRecord r;
   r.step = step + 1;
   r.lr = lr_at(step, t.steps, t.lr, t.warmup_steps, t.min_lr_ratio);

@@ -57,6 +57,11 @@ class Trainer {
   ~Trainer();
   TrainSummary run();
 
+  // Forward and backward of every microbatch of optimizer step `step` (0-based) into the
+  // gradient buffers (zeroed first); no optimizer step. Returns the summed statistics
+  // [lm loss sum, lb, z, routes, dropped] of this rank.
+  std::vector<double> accumulate_gradients(int64_t step);
+
   // Mean LM loss over up to `batches` microbatches of the held-out split per rank (collective).
   double evaluate(int64_t batches);
 
