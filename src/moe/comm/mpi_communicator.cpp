@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 
 #include "moe/comm/collective_checks.h"
 
@@ -45,7 +46,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned
 
 MpiCommunicator::~MpiCommunicator() {
   // No throwing here; after MPI_Finalize the handle is already gone.
-  if (owned_ && comm_ != MPI_COMM_NULL && mpi_active()) MPI_Comm_free(&comm_);
+  // Not while an exception unwinds: peers may be blocked elsewhere, and the job is being aborted.
+  if (owned_ && comm_ != MPI_COMM_NULL && mpi_active() && std::uncaught_exceptions() == 0) MPI_Comm_free(&comm_);
 }
 
 void MpiCommunicator::all_reduce(Tensor buf, ReduceOp op, Stream) {

@@ -11,6 +11,7 @@
 //   ranks throw together instead of some waiting forever in the next collective.
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <vector>
 
 #include "moe/comm/mpi_communicator.h"
@@ -124,6 +125,10 @@ class MpiSymmetricHeap final : public SymmetricHeap {
   // Collective on every rank; no throwing (runs from the destructor).
   void release() {
     if (!mpi_active()) return;
+    // NOTES: while an exception unwinds (one rank failed), the other ranks are not coming to this
+    // collective; freeing the window would wait forever instead of letting the error reach
+    // main(), which aborts the job. The process is about to end, so leave the window alone.
+    if (std::uncaught_exceptions() > 0) return;
     if (locked_) MPI_Win_unlock_all(win_);
     locked_ = false;
     if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);

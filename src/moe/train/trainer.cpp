@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -207,6 +208,9 @@ void Trainer::update_router_bias() {
 }
 
 std::vector<double> Trainer::accumulate_gradients(int64_t step) {
+  // Test hook: make one rank fail in the middle of a step (the job must end, not hang).
+  if (const char* r = std::getenv("MOE_TEST_FAIL_ON_RANK"); r && std::atoi(r) == world_.rank() && step == 1)
+    MOE_FAIL("test hook MOE_TEST_FAIL_ON_RANK: rank ", world_.rank(), " fails in step ", step + 1);
   const TrainConfig& t = cfg_.train;
   const int64_t dp = world_.size(), rank = world_.rank();
   const int64_t B = t.micro_batch_size, T = t.seq_len, accum = cfg_.accumulation_steps(dp);
