@@ -262,7 +262,10 @@ MicrobatchLosses Transformer::collect_losses(bool with_lm) const {
     out.z_loss += A.z.f32()[0];
     const int64_t routes = rows_ * cfg_.num_experts_per_tok;
     out.routes += routes;
-    out.dropped_routes += routes - A.offsets.i32()[dispatcher_.local_experts()];
+    const int64_t received = A.offsets.i32()[dispatcher_.local_experts()];
+    out.dropped_routes += routes - received;  // summed over an EP group: routes sent - rows kept
+    out.received_rows += received;
+    out.capacity_rows += capacity_;
   }
   if (moe_layers > 0) {
     out.lb_loss /= static_cast<double>(moe_layers);

@@ -30,7 +30,9 @@ struct MicrobatchLosses {
   double z_loss = 0;       // mean over MoE layers of the router z-loss
   int64_t tokens = 0;
   int64_t routes = 0;          // (token, k) routes over all MoE layers
-  int64_t dropped_routes = 0;  // of which dropped by capacity
+  int64_t dropped_routes = 0;  // of which dropped by capacity (sum over ranks to get the global count)
+  int64_t received_rows = 0;   // expert-buffer rows filled on this rank, over all MoE layers
+  int64_t capacity_rows = 0;   // expert-buffer rows available on this rank, over all MoE layers
 };
 
 // Routing state that is not trained by gradients.

@@ -50,7 +50,7 @@ uint64_t routing_seed(uint64_t seed, int64_t step, int64_t micro) {
 }  // namespace
 
 // Indices of the per-step statistics all-reduced over the world (one small collective per step).
-enum StepStat { kLmSum, kLb, kZ, kRoutes, kDropped, kNumStepStats };
+enum StepStat { kLmSum, kLb, kZ, kRoutes, kDropped, kReceived, kCapacity, kBytesMoved, kNumStepStats };
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& world)
     : cfg_(cfg),
@@ -235,6 +235,8 @@ std::vector<double> Trainer::accumulate_gradients(int64_t step) {
     st[kZ] += l.z_loss;
     st[kRoutes] += static_cast<double>(l.routes);
     st[kDropped] += static_cast<double>(l.dropped_routes);
+    st[kReceived] += static_cast<double>(l.received_rows);
+    st[kCapacity] += static_cast<double>(l.capacity_rows);
   }
   return st;
 }
@@ -244,7 +246,9 @@ StepRecord Trainer::train_step(int64_t step) {
   const int64_t dp = world_.size(), T = t.seq_len, accum = cfg_.accumulation_steps(dp);
   const auto t0 = Clock::now();
   const double comm_before = world_.seconds();
-  const std::vector<double> local = accumulate_gradients(step);
+  const int64_t bytes_before = dispatch_bytes_moved(*dispatcher_);
+  std::vector<double> local = accumulate_gradients(step);
+  local[kBytesMoved] = static_cast<double>(dispatch_bytes_moved(*dispatcher_) - bytes_before);
   Tensor load = state_.get(expert_load_), stats = state_.get(step_stats_);
   float* st = stats.f32();
   for (int i = 0; i < kNumStepStats; ++i) st[i] = static_cast<float>(local[static_cast<size_t>(i)]);
@@ -277,6 +281,8 @@ StepRecord Trainer::train_step(int64_t step) {
   r.tokens_per_s = static_cast<double>(t.global_batch_size * T) / r.step_time_s;
   r.mfu = flops_.flops_per_token * r.tokens_per_s / (cfg_.run.peak_tflops * 1e12 * static_cast<double>(dp));
   r.dropped_fraction = st[kRoutes] > 0 ? st[kDropped] / st[kRoutes] : 0.0;
+  r.receive_utilization = st[kCapacity] > 0 ? st[kReceived] / st[kCapacity] : 0.0;
+  r.dispatch_bytes = st[kBytesMoved];
   const int64_t N = cfg_.model.num_experts;
   for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l) {
     if (!cfg_.model.is_moe_layer(l)) continue;
@@ -372,6 +378,8 @@ TrainSummary Trainer::run() {
                             {"optimizer_time_s", r.optimizer_time_s},
                             {"world_size", world_.size()},
                             {"dropped_fraction", r.dropped_fraction},
+                            {"receive_buffer_utilization", r.receive_utilization},
+                            {"dispatch_combine_bytes", r.dispatch_bytes},
                             {"expert_load_max_over_mean", r.expert_load_max_over_mean},
                             {"skipped", r.skipped},
                             {"skipped_steps", skipped_steps_},
