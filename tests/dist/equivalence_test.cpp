@@ -1,8 +1,7 @@
 // ranks: 2 4
 // Every topology computes what the single-rank run computes: for the same global batch and
-// seed (learned routing, no drops), the reduced gradient of the first step, gathered to logical
-// tensors, and the losses of 3 optimizer steps match the single-process run within FP32
-// tolerance. Topologies: DDP with ep in {1, 2, world} (rowwise and alltoall dispatch), FSDP,
+// seed (learned routing, no drops), the reduced gradients of 3 optimizer steps, gathered to
+// logical tensors, and their losses match the single-process run within FP32 tolerance. Topologies: DDP with ep in {1, 2, world} (rowwise and alltoall dispatch), FSDP,
 // and gradient accumulation over 2 microbatches per rank (against the single-process run with
 // the same microbatch size: the auxiliary losses are per-microbatch quantities).
 #include <gtest/gtest.h>
@@ -35,7 +34,8 @@ std::vector<std::string> base_overrides(const std::string& run_dir) {
 }
 
 struct RunResult {
-  std::map<std::string, std::vector<float>> grads;  // logical tensors (pieces placed at their ranges)
+  // Reduced gradients of each of the 3 steps, as logical tensors (pieces placed at their ranges).
+  std::vector<std::map<std::string, std::vector<float>>> grads;
   std::vector<double> losses;
 };
 
@@ -45,11 +45,14 @@ RunResult run(Communicator& world, std::vector<std::string> overrides, bool full
   quiet.bench = true;  // nothing written
   const Config cfg = load_config("tiny", overrides);
   RunResult out;
-  {
-    Trainer t(cfg, quiet, world);
-    t.accumulate_gradients(0);
+  Trainer t(cfg, quiet, world);
+  for (int64_t step = 0; step < cfg.train.steps; ++step) {
+    // The reduced gradient of this step (reduced_gradients changes the buffers, so the step
+    // itself accumulates again from zero).
+    t.accumulate_gradients(step);
+    std::map<std::string, std::vector<float>>& grads = out.grads.emplace_back();
     t.store().reduced_gradients([&](const std::string& name, int64_t begin, int64_t end, const float* data) {
-      std::vector<float>& g = out.grads[name];
+      std::vector<float>& g = grads[name];
       if (full_tensors) {
         const ParamEntry& e = t.registry().entry(t.registry().index(name));
         g.resize(static_cast<size_t>(e.global_shape.numel()), std::nanf(""));
@@ -58,9 +61,8 @@ RunResult run(Communicator& world, std::vector<std::string> overrides, bool full
       }
       std::copy(data, data + (end - begin), g.begin() + begin);
     });
+    out.losses.push_back(t.train_step(step).loss);
   }
-  Trainer t(cfg, quiet, world);
-  for (const StepRecord& r : t.run().steps) out.losses.push_back(r.loss);
   return out;
 }
 
@@ -91,8 +93,10 @@ class Equivalence : public ::testing::Test {
     const RunResult got = run(*world_, o, false);
     std::string label;
     for (const auto& s : topology) label += s + " ";
-    for (const auto& [name, g] : got.grads) {
-      const std::vector<float>& ref = reference_.grads.at(name);
+    ASSERT_EQ(got.grads.size(), reference_.grads.size());
+    for (size_t step = 0; step < got.grads.size(); ++step)
+    for (const auto& [name, g] : got.grads[step]) {
+      const std::vector<float>& ref = reference_.grads[step].at(name);
       double scale = 0, diff = 0;
       for (float v : ref) scale = std::max(scale, std::fabs(static_cast<double>(v)));
       size_t compared = 0;
@@ -102,17 +106,18 @@ class Equivalence : public ::testing::Test {
         ++compared;
       }
       EXPECT_GT(compared, 0u) << name;
-      EXPECT_LE(diff, kGradTol * std::max(scale, 1e-12)) << "gradient of " << name << " under " << label;
+      EXPECT_LE(diff, kGradTol * std::max(scale, 1e-12))
+          << "gradient of " << name << " in step " << step + 1 << " under " << label;
     }
     ASSERT_EQ(got.losses.size(), reference_.losses.size());
     for (size_t s = 0; s < got.losses.size(); ++s)
       EXPECT_NEAR(got.losses[s], reference_.losses[s], kLossTol * reference_.losses[s])
           << "loss of step " << s + 1 << " under " << label;
     // Every logical element of every parameter is held by some rank.
-    for (const auto& [name, ref] : reference_.grads) {
+    for (const auto& [name, ref] : reference_.grads[0]) {
       std::vector<float> mine(ref.size(), 0.0f);
-      auto it = got.grads.find(name);
-      if (it != got.grads.end())
+      auto it = got.grads[0].find(name);
+      if (it != got.grads[0].end())
         for (size_t i = 0; i < it->second.size(); ++i) mine[i] = std::isnan(it->second[i]) ? 0.0f : 1.0f;
       MPI_Allreduce(MPI_IN_PLACE, mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
       for (float m : mine) ASSERT_EQ(m, 1.0f) << name << " has elements no rank holds under " << label;

@@ -64,6 +64,9 @@ class Trainer {
   // [lm loss sum, lb, z, routes, dropped] of this rank.
   std::vector<double> accumulate_gradients(int64_t step);
 
+  // One optimizer step (0-based `step`): accumulate_gradients, reduction, AdamW, statistics.
+  StepRecord train_step(int64_t step);
+
   // Mean LM loss over up to `batches` microbatches of the held-out split per rank (collective).
   double evaluate(int64_t batches);
 
@@ -75,7 +78,6 @@ class Trainer {
  private:
   void load_checkpoint(const std::string& path);
   void save_checkpoint_now(int64_t step);
-  StepRecord train_step(int64_t step);
   void update_router_bias();
   void print_plan() const;
   bool leader() const { return world_.rank() == 0; }
