@@ -290,7 +290,9 @@ StepRecord Trainer::train_step(int64_t step) {
     double mx = 0, mean = 0;
     for (int64_t e = 0; e < N; ++e) mx = std::max(mx, static_cast<double>(c[e])), mean += c[e];
     mean /= static_cast<double>(N);
-    if (mean > 0) r.expert_load_max_over_mean = std::max(r.expert_load_max_over_mean, mx / mean);
+    const double ratio = mean > 0 ? mx / mean : 0.0;
+    r.expert_load_per_layer.push_back(ratio);
+    r.expert_load_max_over_mean = std::max(r.expert_load_max_over_mean, ratio);
   }
   return r;
 }
@@ -381,6 +383,7 @@ TrainSummary Trainer::run() {
                             {"receive_buffer_utilization", r.receive_utilization},
                             {"dispatch_combine_bytes", r.dispatch_bytes},
                             {"expert_load_max_over_mean", r.expert_load_max_over_mean},
+                            {"expert_load_max_over_mean_per_layer", r.expert_load_per_layer},
                             {"skipped", r.skipped},
                             {"skipped_steps", skipped_steps_},
                             {"tokens_seen", static_cast<double>(r.step) * tokens_per_step},

@@ -35,7 +35,8 @@ struct StepRecord {
   double grad_norm = 0, lr = 0;
   double step_time_s = 0, tokens_per_s = 0, mfu = 0;
   double comm_time_s = 0, optimizer_time_s = 0;  // inside the step: in collectives, in the optimizer step
-  double dropped_fraction = 0, expert_load_max_over_mean = 0;
+  double dropped_fraction = 0, expert_load_max_over_mean = 0;  // the latter: worst MoE layer
+  std::vector<double> expert_load_per_layer;  // max/mean routes per expert, each MoE layer
   double receive_utilization = 0;  // expert-buffer rows filled / rows available
   double dispatch_bytes = 0;       // payload bytes moved by dispatch and combine, all ranks
   bool skipped = false;
