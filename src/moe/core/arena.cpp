@@ -1,5 +1,7 @@
 #include "moe/core/arena.h"
 
+#include "moe/core/cuda_check.h"
+
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -11,11 +13,21 @@
 
 namespace moe {
 
-Arena::~Arena() { std::free(base_); }
+Arena::~Arena() {
+#if defined(MOE_HAVE_CUDA)
+  if (device_ == Device::CUDA) {
+    if (base_) cudaFree(base_);  // no throwing from a destructor
+    return;
+  }
+#endif
+  std::free(base_);
+}
 
 Arena::Slot Arena::reserve(const std::string& buffer_name, DType dtype, Shape shape) {
   MOE_CHECK(!committed(), "arena '", name_, "': buffer '", buffer_name, "' reserved after commit");
-  MOE_CHECK(device_ == Device::CPU, "arena '", name_, "': only CPU arenas are built in this binary");
+#if !defined(MOE_HAVE_CUDA)
+  MOE_CHECK(device_ == Device::CPU, "arena '", name_, "': CUDA arenas need a build with the CUDA backend");
+#endif
   const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   entries_.push_back({buffer_name, dtype, shape, total_, bytes});
   total_ += (bytes + kAlign - 1) / kAlign * kAlign;
@@ -42,6 +54,17 @@ void Arena::commit(size_t limit_bytes) {
   }
   committed_flag_ = true;
   if (total_ == 0) return;
+#if defined(MOE_HAVE_CUDA)
+  if (device_ == Device::CUDA) {
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, total_);
+    MOE_CHECK(rc == cudaSuccess, "arena '", name_, "': device allocation of ", format_bytes(total_), " failed (",
+              cudaGetErrorString(rc), "); largest buffers:\n", largest(5));
+    base_ = static_cast<char*>(p);
+    CUDA_CHECK(cudaMemset(base_, 0, total_));
+    return;
+  }
+#endif
   base_ = static_cast<char*>(std::aligned_alloc(kAlign, total_));
   MOE_CHECK(base_ != nullptr, "arena '", name_, "': allocation of ", format_bytes(total_), " failed");
   std::memset(base_, 0, total_);

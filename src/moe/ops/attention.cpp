@@ -3,6 +3,15 @@
 #include "moe/ops/cpu/attention.h"
 #include "moe/ops/dispatch.h"
 
+#if defined(MOE_HAVE_CUDA) && __has_include("moe/ops/cuda/attention.h")
+#include "moe/ops/cuda/attention.h"
+#define MOE_FAMILY_HAS_CUDA 1
+#define MOE_CUDA_NAMESPACE cuda
+#else
+#define MOE_FAMILY_HAS_CUDA 0
+#define MOE_CUDA_NAMESPACE cpu
+#endif
+
 namespace moe {
 
 // NOTES: the workspace size has no tensor to dispatch on; it is the CPU size for now. A CUDA

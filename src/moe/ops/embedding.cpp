@@ -3,6 +3,15 @@
 #include "moe/ops/cpu/embedding.h"
 #include "moe/ops/dispatch.h"
 
+#if defined(MOE_HAVE_CUDA) && __has_include("moe/ops/cuda/embedding.h")
+#include "moe/ops/cuda/embedding.h"
+#define MOE_FAMILY_HAS_CUDA 1
+#define MOE_CUDA_NAMESPACE cuda
+#else
+#define MOE_FAMILY_HAS_CUDA 0
+#define MOE_CUDA_NAMESPACE cpu
+#endif
+
 namespace moe {
 
 void embedding_forward(Tensor out, Tensor table, Tensor tokens, Stream stream) {

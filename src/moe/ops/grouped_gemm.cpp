@@ -3,6 +3,15 @@
 #include "moe/ops/cpu/grouped_gemm.h"
 #include "moe/ops/dispatch.h"
 
+#if defined(MOE_HAVE_CUDA) && __has_include("moe/ops/cuda/grouped_gemm.h")
+#include "moe/ops/cuda/grouped_gemm.h"
+#define MOE_FAMILY_HAS_CUDA 1
+#define MOE_CUDA_NAMESPACE cuda
+#else
+#define MOE_FAMILY_HAS_CUDA 0
+#define MOE_CUDA_NAMESPACE cpu
+#endif
+
 namespace moe {
 
 void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool trans_b, bool accumulate, Stream stream) {

@@ -3,6 +3,15 @@
 #include "moe/ops/cpu/rope.h"
 #include "moe/ops/dispatch.h"
 
+#if defined(MOE_HAVE_CUDA) && __has_include("moe/ops/cuda/rope.h")
+#include "moe/ops/cuda/rope.h"
+#define MOE_FAMILY_HAS_CUDA 1
+#define MOE_CUDA_NAMESPACE cuda
+#else
+#define MOE_FAMILY_HAS_CUDA 0
+#define MOE_CUDA_NAMESPACE cpu
+#endif
+
 namespace moe {
 
 void rope_forward(Tensor x, int64_t seq_len, int64_t n_heads, float theta, Stream stream) {

@@ -3,6 +3,15 @@
 #include "moe/ops/cpu/router.h"
 #include "moe/ops/dispatch.h"
 
+#if defined(MOE_HAVE_CUDA) && __has_include("moe/ops/cuda/router.h")
+#include "moe/ops/cuda/router.h"
+#define MOE_FAMILY_HAS_CUDA 1
+#define MOE_CUDA_NAMESPACE cuda
+#else
+#define MOE_FAMILY_HAS_CUDA 0
+#define MOE_CUDA_NAMESPACE cpu
+#endif
+
 namespace moe {
 
 void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor logits, Tensor bias, ScoreFn fn,

@@ -1,0 +1,28 @@
+// CUDA_CHECK / CUBLAS_CHECK: turn a failing CUDA or cuBLAS call into moe::Error with the call,
+// the error name and file:line. Only in builds with the CUDA backend (MOE_HAVE_CUDA).
+#pragma once
+
+#if defined(MOE_HAVE_CUDA)
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "moe/core/error.h"
+
+#define CUDA_CHECK(call)                                                                             \
+  do {                                                                                               \
+    const cudaError_t moe_cuda_rc_ = (call);                                                         \
+    if (moe_cuda_rc_ != cudaSuccess)                                                                 \
+      MOE_FAIL(#call, " failed: ", cudaGetErrorName(moe_cuda_rc_), ": ", cudaGetErrorString(moe_cuda_rc_)); \
+  } while (0)
+
+// After a kernel launch: launch-configuration errors surface here, not at the next call.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+#define CUBLAS_CHECK(call)                                                                      \
+  do {                                                                                          \
+    const cublasStatus_t moe_cublas_rc_ = (call);                                               \
+    if (moe_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                                \
+      MOE_FAIL(#call, " failed: ", cublasGetStatusName(moe_cublas_rc_), ": ",                   \
+               cublasGetStatusString(moe_cublas_rc_));                                          \
+  } while (0)
+#endif

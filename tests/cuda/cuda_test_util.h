@@ -1,0 +1,110 @@
+// Helpers for CUDA op tests: skip with a printed reason where no GPU is usable, device buffers,
+// host<->device copies (F32, BF16, I32) and the normalized error ||out - ref|| / ||ref||.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe/core/device.h"
+#include "moe/core/dtype.h"
+#include "moe/core/tensor.h"
+
+#if defined(MOE_HAVE_CUDA)
+#include <cuda_runtime.h>
+
+#include "moe/core/cuda_check.h"
+#endif
+
+// Skips the test (with the reason printed) when this binary or machine cannot run CUDA.
+#define MOE_SKIP_WITHOUT_GPU()                                  \
+  do {                                                          \
+    std::string moe_why_;                                       \
+    if (!::moe::cuda_available(&moe_why_)) GTEST_SKIP() << moe_why_; \
+  } while (0)
+
+namespace moe::testing {
+
+#if defined(MOE_HAVE_CUDA)
+// A device allocation owned by the test (tests may allocate; the library may not, inside a step).
+class DeviceBuffer {
+ public:
+  DeviceBuffer(DType dtype, Shape shape) : dtype_(dtype), shape_(shape) {
+    bytes_ = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+    CUDA_CHECK(cudaMalloc(&ptr_, bytes_ == 0 ? 1 : bytes_));
+    CUDA_CHECK(cudaMemset(ptr_, 0xff, bytes_ == 0 ? 1 : bytes_));  // poison: every output must be written
+  }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  Tensor tensor() const { return Tensor(ptr_, dtype_, shape_, Device::CUDA); }
+  operator Tensor() const { return tensor(); }
+  size_t bytes() const { return bytes_; }
+
+  // Uploads FP32 values, converting to this buffer's dtype (F32 or BF16), or I32 values.
+  void upload(const std::vector<float>& v) {
+    EXPECT_EQ(v.size(), static_cast<size_t>(shape_.numel()));
+    if (dtype_ == DType::BF16) {
+      std::vector<uint16_t> h(v.size());
+      for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
+      CUDA_CHECK(cudaMemcpy(ptr_, h.data(), bytes_, cudaMemcpyHostToDevice));
+    } else {
+      EXPECT_EQ(dtype_, DType::F32);
+      CUDA_CHECK(cudaMemcpy(ptr_, v.data(), bytes_, cudaMemcpyHostToDevice));
+    }
+  }
+  void upload_i32(const std::vector<int32_t>& v) {
+    EXPECT_EQ(dtype_, DType::I32);
+    EXPECT_EQ(v.size(), static_cast<size_t>(shape_.numel()));
+    CUDA_CHECK(cudaMemcpy(ptr_, v.data(), bytes_, cudaMemcpyHostToDevice));
+  }
+  // Downloads as FP32 (BF16 widened exactly).
+  std::vector<float> download() const {
+    std::vector<float> out(static_cast<size_t>(shape_.numel()));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (dtype_ == DType::BF16) {
+      std::vector<uint16_t> h(out.size());
+      CUDA_CHECK(cudaMemcpy(h.data(), ptr_, bytes_, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < h.size(); ++i) out[i] = bf16_to_f32(h[i]);
+    } else {
+      CUDA_CHECK(cudaMemcpy(out.data(), ptr_, bytes_, cudaMemcpyDeviceToHost));
+    }
+    return out;
+  }
+  std::vector<int32_t> download_i32() const {
+    std::vector<int32_t> out(static_cast<size_t>(shape_.numel()));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(out.data(), ptr_, bytes_, cudaMemcpyDeviceToHost));
+    return out;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  DType dtype_;
+  Shape shape_;
+  size_t bytes_ = 0;
+};
+#endif
+
+// ||out - ref||_2 / ||ref||_2 (NaN in out never passes: returns +inf).
+inline double normalized_error(const std::vector<float>& out, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(out[i])) return INFINITY;
+    const double d = static_cast<double>(out[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+// Rounds every value to BF16 and back (the CPU reference sees the same inputs as the GPU).
+inline std::vector<float> round_bf16(std::vector<float> v) {
+  for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  return v;
+}
+
+}  // namespace moe::testing
