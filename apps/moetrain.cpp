@@ -1,4 +1,4 @@
-// moetrain: the command line. Subcommands: train, bench, prepare.
+// moetrain: the command line. Subcommands: train, bench, eval, export-hf, import-hf, prepare.
 // Every error is reported as one "error: ..." line and a non-zero exit.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
@@ -14,7 +14,9 @@
 #include "moe/comm/mpi_communicator.h"
 #include "moe/core/arena.h"
 #include "moe/core/error.h"
+#include "moe/ckpt/checkpoint.h"
 #include "moe/data/prepare.h"
+#include "moe/train/hf_interop.h"
 #include "moe/train/config.h"
 #include "moe/train/metrics.h"
 #include "moe/train/trainer.h"
@@ -84,6 +86,30 @@ int main(int argc, char** argv) {
   prepare->add_option("files", prepare_inputs, "text files")->required();
   prepare->add_option("--out", prepare_out, "output folder")->required();
 
+  std::string eval_ckpt, eval_data, eval_logits;
+  int64_t eval_tokens = 0;
+  std::vector<std::string> eval_overrides;
+  CLI::App* eval = app.add_subcommand("eval", "mean LM loss of a checkpoint over token data (.npy file or folder)");
+  eval->add_option("--checkpoint", eval_ckpt, "checkpoint dir (or run dir: its newest checkpoint)")->required();
+  eval->add_option("--data", eval_data, ".npy token file or folder of them")->required();
+  eval->add_option("--tokens", eval_tokens, "evaluate at most N predicted tokens (0 = all)");
+  eval->add_option("--logits", eval_logits, "write the first microbatch's logits to this .npy (float32)");
+  eval->add_option("--set", eval_overrides, "override a key of the checkpoint's config (e.g. train.seq_len)");
+
+  std::string export_ckpt, export_out;
+  double export_shard_gb = 5.0;
+  std::vector<std::string> export_tokenizer;
+  CLI::App* export_hf = app.add_subcommand("export-hf", "write a checkpoint as a Hugging Face OlmoeForCausalLM directory");
+  export_hf->add_option("checkpoint", export_ckpt, "checkpoint dir (or run dir)")->required();
+  export_hf->add_option("out", export_out, "output directory (must not exist)")->required();
+  export_hf->add_option("--max-shard-gb", export_shard_gb, "largest safetensors shard, GB")->capture_default_str();
+  export_hf->add_option("--tokenizer", export_tokenizer, "tokenizer files to copy in (tokenizer.json, ...)");
+
+  std::string import_dir, import_out;
+  CLI::App* import_hf = app.add_subcommand("import-hf", "turn a Hugging Face OLMoE directory into a moetrain checkpoint");
+  import_hf->add_option("hf_dir", import_dir, "directory with config.json and safetensors")->required();
+  import_hf->add_option("out", import_out, "run directory to create (step-000000/ and config.toml)")->required();
+
   CLI11_PARSE(app, argc, argv);
 
   // Under mpirun (or srun) every process is one rank; otherwise one process without MPI.
@@ -127,6 +153,44 @@ int main(int argc, char** argv) {
                     ideal, s.mean_step_time_s - ideal, 100 * (1 - s.mean_mfu), s.mean_comm_time_s,
                     s.mean_optimizer_time_s);
       }
+    } else if (eval->parsed()) {
+      const std::string dir = moe::resolve_checkpoint(eval_ckpt);
+      const moe::CheckpointReader ckpt(dir);
+      MOE_CHECK(ckpt.train_state().contains("config"), dir, ": train_state.json has no config");
+      // The checkpoint's own config, without its data source (the data is given here) and with a
+      // global batch that fits this topology.
+      std::vector<std::string> o = {"data.path=synthetic", "data.synthetic_tokens=65536",
+                                    "data.synthetic_eval_tokens=8192", "parallel.mode=ddp"};
+      o.insert(o.end(), eval_overrides.begin(), eval_overrides.end());
+      moe::Config cfg = moe::parse_config(ckpt.train_state()["config"].get<std::string>(), dir + "/train_state.json", o);
+      cfg.train.global_batch_size = cfg.train.micro_batch_size * world.size();
+      if (cfg.parallel.ep > world.size() || world.size() % cfg.parallel.ep != 0) cfg.parallel.ep = 1;
+      moe::TrainOptions opts;
+      opts.resume = dir;
+      opts.bench = true;
+      opts.quiet = true;
+      moe::Trainer trainer(cfg, opts, world);
+      const moe::EvalReport r = trainer.evaluate_data(eval_data, eval_tokens, eval_logits);
+      if (leader) {
+        std::printf("eval %s on %s: mean loss %.6f over %ld tokens (%s tokens/s)\n", dir.c_str(), eval_data.c_str(),
+                    r.mean_loss, static_cast<long>(r.tokens), moe::format_count(r.tokens_per_s).c_str());
+        if (r.windows_skipped > 0)
+          std::printf("  %ld trailing windows did not fill a microbatch on every rank and were not evaluated\n",
+                      static_cast<long>(r.windows_skipped));
+        if (!eval_logits.empty()) std::printf("  logits of the first microbatch: %s\n", eval_logits.c_str());
+      }
+    } else if (export_hf->parsed()) {
+      const moe::ExportResult r =
+          moe::export_hf(export_ckpt, export_out, static_cast<int64_t>(export_shard_gb * 1e9), export_tokenizer);
+      std::printf("exported %ld tensors (%s, float32) in %d shard(s) to %s; peak resident memory %s\n",
+                  static_cast<long>(r.tensors), moe::format_bytes(static_cast<double>(r.bytes)).c_str(), r.shards,
+                  r.out_dir.c_str(), moe::format_bytes(static_cast<double>(r.peak_rss_bytes)).c_str());
+    } else if (import_hf->parsed()) {
+      const moe::ImportResult r = moe::import_hf(import_dir, import_out);
+      std::printf("imported %ld tensors (%s expert layout) into %s\n  config: %s\n  AdamW moments start at zero.\n"
+                  "  continue with: moetrain train --config %s --resume %s\n",
+                  static_cast<long>(r.tensors), r.fused_experts ? "fused" : "per-expert", r.checkpoint_dir.c_str(),
+                  r.config_path.c_str(), r.config_path.c_str(), r.checkpoint_dir.c_str());
     } else if (prepare->parsed()) {
       const moe::PrepareResult r = moe::prepare_byte_level(prepare_inputs, prepare_out);
       for (const auto& f : r.files)

@@ -187,6 +187,11 @@ std::string begin_checkpoint(const std::string& run_dir, int64_t step) {
 
 std::vector<CheckpointChunk> write_rank_file(const std::string& tmp_dir, int rank,
                                              const std::vector<CheckpointSlice>& slices) {
+  return write_rank_file(tmp_dir, rank, slices, nullptr);
+}
+
+std::vector<CheckpointChunk> write_rank_file(const std::string& tmp_dir, int rank,
+                                             const std::vector<CheckpointSlice>& slices, const SliceProducer& produce) {
   MOE_CHECK(rank >= 0, "write_rank_file: rank must be >= 0, got ", rank);
   const std::string file = rank_file_name(rank);
   const std::string path = tmp_dir + "/" + file;
@@ -201,8 +206,8 @@ std::vector<CheckpointChunk> write_rank_file(const std::string& tmp_dir, int ran
               shape_str(s.global_shape));
     MOE_CHECK(0 <= s.begin && s.begin <= s.end && s.end <= numel, "checkpoint rank ", rank, ": slice [", s.begin, ", ",
               s.end, ") of tensor '", s.key, "' lies outside its ", numel, " elements");
-    MOE_CHECK(s.begin == s.end || s.data, "checkpoint rank ", rank, ": slice [", s.begin, ", ", s.end, ") of tensor '",
-              s.key, "' has no data");
+    MOE_CHECK(s.begin == s.end || s.data || produce, "checkpoint rank ", rank, ": slice [", s.begin, ", ", s.end,
+              ") of tensor '", s.key, "' has no data");
     CheckpointChunk c{s.key, s.dtype, s.global_shape, s.begin, s.end, file, s.key + "@" + std::to_string(s.begin)};
     for (const auto& other : chunks)
       MOE_CHECK(other.file_key != c.file_key, "checkpoint rank ", rank, ": two slices of tensor '", s.key,
@@ -211,7 +216,18 @@ std::vector<CheckpointChunk> write_rank_file(const std::string& tmp_dir, int ran
     chunks.push_back(std::move(c));
   }
   writer.open(path);
-  for (const auto& s : slices) writer.write(s.data, static_cast<size_t>(s.end - s.begin) * dtype_size(s.dtype));
+  std::vector<unsigned char> staging;  // one slice at a time when slices are produced on demand
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const CheckpointSlice& s = slices[i];
+    const size_t bytes = static_cast<size_t>(s.end - s.begin) * dtype_size(s.dtype);
+    if (s.data || bytes == 0) {
+      writer.write(s.data, bytes);
+    } else {
+      staging.resize(bytes);
+      produce(i, staging.data());
+      writer.write(staging.data(), bytes);
+    }
+  }
   writer.finish();
   return chunks;
 }

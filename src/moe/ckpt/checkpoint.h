@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -60,6 +61,11 @@ std::string rank_file_name(int rank);           // "rank-00003.safetensors"
 // 1. Creates <run_dir>/.tmp-step-XXXXXX (creating run_dir if needed, removing a stale temp dir)
 //    and returns its path.
 std::string begin_checkpoint(const std::string& run_dir, int64_t step);
+// Streaming form: a slice whose data is null is produced by produce(slice index, destination)
+// just before it is written, so only one slice at a time needs to be in memory.
+using SliceProducer = std::function<void(size_t index, void* destination)>;
+std::vector<CheckpointChunk> write_rank_file(const std::string& tmp_dir, int rank,
+                                             const std::vector<CheckpointSlice>& slices, const SliceProducer& produce);
 // 2a. Writes <tmp_dir>/rank-RRRRR.safetensors holding `slices`; returns their chunk records.
 std::vector<CheckpointChunk> write_rank_file(const std::string& tmp_dir, int rank,
                                              const std::vector<CheckpointSlice>& slices);

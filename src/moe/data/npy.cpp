@@ -130,9 +130,16 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 }
 
 template <typename T>
-void write_npy_impl(const std::string& path, const char* descr, std::span<const T> values) {
-  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" +
-                     std::to_string(values.size()) + ",), }";
+void write_npy_impl(const std::string& path, const char* descr, std::span<const T> values,
+                    const std::vector<int64_t>& shape = {}) {
+  std::string shape_text;
+  if (shape.empty()) {
+    shape_text = std::to_string(values.size()) + ",";
+  } else {
+    for (size_t i = 0; i < shape.size(); ++i) shape_text += (i ? ", " : "") + std::to_string(shape[i]);
+    if (shape.size() == 1) shape_text += ",";
+  }
+  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" + shape_text + "), }";
   // magic(6) + version(2) + header_len(2) + dict + padding + '\n', total a multiple of 64.
   size_t total = kMagicLen + 2 + 2 + dict.size() + 1;
   const size_t padded = (total + 63) / 64 * 64;
@@ -252,6 +259,12 @@ void write_npy(const std::string& path, std::span<const uint16_t> values) {
 }
 void write_npy(const std::string& path, std::span<const uint32_t> values) {
   write_npy_impl<uint32_t>(path, "<u4", values);
+}
+void write_npy_f32(const std::string& path, std::span<const float> values, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  MOE_CHECK(n == static_cast<int64_t>(values.size()), path, ": shape does not match ", values.size(), " values");
+  write_npy_impl<float>(path, "<f4", values, shape);
 }
 
 }  // namespace moe

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace moe {
 
@@ -73,5 +74,7 @@ class NpyTokens {
 // Writes a 1-D .npy file (format 1.0, header padded to 64 bytes). Throws naming the file.
 void write_npy(const std::string& path, std::span<const uint16_t> values);
 void write_npy(const std::string& path, std::span<const uint32_t> values);
+// A float32 array of any shape (for dumping logits to compare with other implementations).
+void write_npy_f32(const std::string& path, std::span<const float> values, const std::vector<int64_t>& shape);
 
 }  // namespace moe

@@ -28,4 +28,6 @@ void fill_zero(Tensor y, Stream stream) { MOE_OP_DISPATCH(y.device, fill_zero, y
 
 void copy(Tensor dst, Tensor src, Stream stream) { MOE_OP_DISPATCH(dst.device, copy, dst, src, stream); }
 
+void cast_copy(Tensor dst, Tensor src, Stream stream) { MOE_OP_DISPATCH(dst.device, cast_copy, dst, src, stream); }
+
 }  // namespace moe

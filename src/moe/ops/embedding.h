@@ -18,5 +18,9 @@ void add_inplace(Tensor y, Tensor x, Stream stream = {});
 void fill_zero(Tensor y, Stream stream = {});
 // dst = src, same shapes and dtypes.
 void copy(Tensor dst, Tensor src, Stream stream = {});
+// dst = src converted to dst's dtype, same shapes: F32 -> BF16 rounds to nearest even (exactly as
+// moe::f32_to_bf16), BF16 -> F32 is exact, equal dtypes copy. The BF16 refresh of compute weights
+// from the FP32 master weights.
+void cast_copy(Tensor dst, Tensor src, Stream stream = {});
 
 }  // namespace moe

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "moe/ckpt/checkpoint.h"
+#include "moe/data/npy.h"
 #include "moe/core/rng.h"
 #include "moe/ops/embedding.h"
 #include "moe/optim/lr_schedule.h"
@@ -313,6 +314,71 @@ double Trainer::evaluate(int64_t batches) {
   }
   world_.all_reduce(stats, ReduceOp::Sum);
   return stats.f32()[kLmSum] / static_cast<double>(n * dp * B * T);
+}
+
+EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, const std::string& logits_npy) {
+  std::vector<std::string> paths;
+  if (fs::is_directory(path)) {
+    for (const auto& e : fs::directory_iterator(path))
+      if (e.path().extension() == ".npy") paths.push_back(e.path().string());
+    std::sort(paths.begin(), paths.end());
+    MOE_CHECK(!paths.empty(), "eval: no .npy files in ", path);
+  } else {
+    MOE_CHECK(fs::exists(path), "eval: data '", path, "' does not exist");
+    paths.push_back(path);
+  }
+  const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
+  std::vector<NpyTokens> files;
+  struct Window {
+    size_t file;
+    int64_t start;
+  };
+  std::vector<Window> windows;
+  int64_t predicted = 0;
+  for (const auto& p : paths) {
+    files.push_back(NpyTokens::open(p));
+    const NpyTokens& f = files.back();
+    for (int64_t i = 0; i < f.size(); ++i)
+      MOE_CHECK(f.at(i) < static_cast<uint32_t>(V), p, ": token ", f.at(i), " at index ", i, " is >= model.vocab_size = ", V);
+    for (int64_t start = 0; start + T + 1 <= f.size(); start += T) {
+      if (max_tokens > 0 && predicted >= max_tokens) break;
+      windows.push_back({files.size() - 1, start});
+      predicted += T;
+    }
+  }
+  const int64_t dp = world_.size(), rank = world_.rank();
+  const int64_t per_rank = static_cast<int64_t>(windows.size()) / (B * dp);  // microbatches per rank
+  MOE_CHECK(per_rank > 0, "eval: ", windows.size(), " windows of ", T + 1, " tokens in ", path, " do not fill one microbatch of ",
+            B, " sequences per rank (", dp, " ranks)");
+  Tensor tokens = state_.get(tokens_), targets = state_.get(targets_), stats = state_.get(step_stats_);
+  RoutingState rs{state_.get(router_bias_), Tensor()};
+  fill_zero(stats);
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < per_rank; ++i) {
+    for (int64_t j = 0; j < B; ++j) {
+      const Window& w = windows[static_cast<size_t>((i * dp + rank) * B + j)];
+      const NpyTokens& f = files[w.file];
+      for (int64_t t = 0; t < T; ++t) {
+        tokens.i32()[j * T + t] = static_cast<int32_t>(f.at(w.start + t));
+        targets.i32()[j * T + t] = static_cast<int32_t>(f.at(w.start + t + 1));
+      }
+    }
+    const uint64_t seed = routing_seed(cfg_.train.seed, -1, i * dp + rank);
+    stats.f32()[kLmSum] += static_cast<float>(model_->forward_loss(store_->weights(), tokens, targets, seed, rs).lm_loss_sum);
+    if (i == 0 && !logits_npy.empty()) {
+      // Every rank runs the forward (expert parallelism makes it collective); rank 0 writes.
+      std::vector<float> logits(static_cast<size_t>(B * T * V));
+      model_->forward_logits(store_->weights(), tokens, Tensor(logits.data(), DType::F32, {B * T, V}), seed, rs);
+      if (leader()) write_npy_f32(logits_npy, logits, {B * T, V});
+    }
+  }
+  world_.all_reduce(stats, ReduceOp::Sum);
+  EvalReport r;
+  r.tokens = per_rank * dp * B * T;
+  r.mean_loss = stats.f32()[kLmSum] / static_cast<double>(r.tokens);
+  r.tokens_per_s = static_cast<double>(r.tokens) / seconds_since(t0);
+  r.windows_skipped = static_cast<int64_t>(windows.size()) - per_rank * dp * B;
+  return r;
 }
 
 TrainSummary Trainer::run() {

@@ -53,6 +53,13 @@ struct TrainSummary {
   size_t arena_bytes = 0, peak_rss_bytes = 0;
 };
 
+struct EvalReport {
+  double mean_loss = 0;    // mean token cross-entropy over the evaluated windows
+  int64_t tokens = 0;      // predicted tokens evaluated (all ranks)
+  double tokens_per_s = 0;
+  int64_t windows_skipped = 0;  // trailing windows that did not fill a microbatch on every rank
+};
+
 class Trainer {
  public:
   // world: all ranks of the job (a LocalCommunicator for one process).
@@ -67,6 +74,13 @@ class Trainer {
 
   // One optimizer step (0-based `step`): accumulate_gradients, reduction, AdamW, statistics.
   StepRecord train_step(int64_t step);
+
+  // `moetrain eval`: the mean LM loss over a token file or a folder of .npy files, read as
+  // consecutive windows of seq_len + 1 tokens with stride seq_len (each token after a window's
+  // first is predicted once), up to max_tokens predicted tokens (0 = all). Windows are dealt to
+  // ranks round robin. When logits_npy is set, rank 0 writes the logits of its first
+  // microbatch there ([B*T, V] float32) for comparisons with other implementations.
+  EvalReport evaluate_data(const std::string& path, int64_t max_tokens, const std::string& logits_npy = "");
 
   // Mean LM loss over up to `batches` microbatches of the held-out split per rank (collective).
   double evaluate(int64_t batches);

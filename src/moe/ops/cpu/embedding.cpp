@@ -93,4 +93,28 @@ void copy(Tensor dst, Tensor src, Stream /*stream*/) {
   if (dst.nbytes() > 0 && dst.data != src.data) std::memcpy(dst.data, src.data, dst.nbytes());
 }
 
+void cast_copy(Tensor dst, Tensor src, Stream stream) {
+  const char* op = "cast_copy";
+  check_cpu(op, "dst", dst);
+  check_cpu(op, "src", src);
+  MOE_CHECK(dst.shape == src.shape, op, ": dst ", dst.shape.str(), " and src ", src.shape.str(), " differ in shape");
+  if (dst.dtype == src.dtype) return copy(dst, src, stream);
+  const bool f32_to_bf16_cast = dst.dtype == DType::BF16 && src.dtype == DType::F32;
+  const bool bf16_to_f32_cast = dst.dtype == DType::F32 && src.dtype == DType::BF16;
+  MOE_CHECK(f32_to_bf16_cast || bf16_to_f32_cast, op, ": converts only between F32 and BF16, got dst ",
+            dtype_name(dst.dtype), " and src ", dtype_name(src.dtype));
+  const int64_t n = dst.numel();
+  if (f32_to_bf16_cast) {
+    const float* s = src.f32();
+    uint16_t* d = dst.ptr<uint16_t>();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
+  } else {
+    const uint16_t* s = src.ptr<const uint16_t>();
+    float* d = dst.f32();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+  }
+}
+
 }  // namespace moe::cpu

@@ -11,5 +11,6 @@ void embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, Stream stream
 void add_inplace(Tensor y, Tensor x, Stream stream);
 void fill_zero(Tensor y, Stream stream);
 void copy(Tensor dst, Tensor src, Stream stream);
+void cast_copy(Tensor dst, Tensor src, Stream stream);
 
 }  // namespace moe::cpu

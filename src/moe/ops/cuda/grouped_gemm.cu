@@ -1,0 +1,280 @@
+// CUDA grouped GEMM: tiled CUDA-core kernels whose per-expert row ranges are read on the device
+// from expert_offsets. grouped_matmul tiles the whole row buffer (64 rows x 64 output columns per
+// block) and each block computes, for every expert whose rows meet its tile, that expert's part of
+// the tile; so the grid is sized from the buffer, never from per-expert counts the host cannot see.
+// grouped_matmul_wgrad gives each (expert, 64x64 tile of db[e]) one block that walks the expert's
+// rows in order, so the sum order is fixed and the result deterministic.
+#include "moe/ops/cuda/grouped_gemm.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "moe/core/cuda_check.h"
+
+namespace moe::cuda {
+namespace {
+
+constexpr int kTile = 64;     // output tile edge
+constexpr int kDepth = 16;    // inner-dimension slice staged in shared memory per step
+constexpr int kThreads = 256; // 16 x 16 threads, each owning 4 x 4 outputs strided by 16
+constexpr int kSub = kTile / 16;
+constexpr int64_t kMaxGridY = 65535;
+
+template <typename T>
+__device__ inline float to_float(T v);
+template <>
+__device__ inline float to_float<float>(float v) { return v; }
+template <>
+__device__ inline float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ inline T from_float(float v);
+template <>
+__device__ inline float from_float<float>(float v) { return v; }
+template <>
+__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+
+// expert_offsets[e] clamped into [0, rows]: bad offsets give wrong ranges, never out-of-bounds rows.
+__device__ inline int64_t row_offset(const int32_t* offsets, int64_t e, int64_t rows) {
+  const int64_t v = offsets[e];
+  return v < 0 ? 0 : (v > rows ? rows : v);
+}
+
+// c [rows, n_out] (= or +=) per expert e: a[o_e:o_e+1] [., k_in] * (trans_b ? b[e]^T : b[e]).
+// Block (x, y): buffer rows [64x, 64x + 64), output columns [64y, 64y + 64).
+template <typename T, typename TC>
+__global__ void __launch_bounds__(kThreads)
+    grouped_matmul_kernel(TC* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b,
+                          const int32_t* __restrict__ offsets, int num_experts, int64_t rows, int64_t n_out,
+                          int64_t k_in, bool trans_b, bool accumulate) {
+  __shared__ float a_tile[kDepth][kTile + 1];  // [k][tile row]
+  __shared__ float b_tile[kDepth][kTile + 1];  // [k][tile column]
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  if (t0 >= row_offset(offsets, num_experts, rows) || t0 + kTile <= row_offset(offsets, 0, rows)) return;
+
+  // First expert whose range ends after t0 (offsets non-decreasing; offsets[E] > t0 here).
+  int lo = 0, hi = num_experts - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (row_offset(offsets, mid + 1, rows) > t0) hi = mid;
+    else lo = mid + 1;
+  }
+  // Every branch below depends only on (e, t0): uniform across the block, so the barriers are safe.
+  for (int e = lo; e < num_experts; ++e) {
+    const int64_t e_begin = row_offset(offsets, e, rows), e_end = row_offset(offsets, e + 1, rows);
+    if (e_begin >= t0 + kTile) break;
+    const int64_t r_lo = e_begin > t0 ? e_begin : t0;
+    const int64_t r_hi = e_end < t0 + kTile ? e_end : t0 + kTile;
+    if (r_lo >= r_hi) continue;
+    const T* be = b + static_cast<int64_t>(e) * n_out * k_in;
+    float acc[kSub][kSub] = {};
+    for (int64_t k0 = 0; k0 < k_in; k0 += kDepth) {
+      for (int i = tid; i < kTile * kDepth; i += kThreads) {  // a rows outside [r_lo, r_hi) are never read
+        const int m = i / kDepth, k = i % kDepth;
+        const int64_t row = t0 + m, kk = k0 + k;
+        a_tile[k][m] = (row >= r_lo && row < r_hi && kk < k_in) ? to_float(a[row * k_in + kk]) : 0.0f;
+      }
+      for (int i = tid; i < kTile * kDepth; i += kThreads) {
+        int n, k;
+        if (trans_b) {  // b[e] is [n_out, k_in]: consecutive threads walk k
+          n = i / kDepth;
+          k = i % kDepth;
+        } else {  // b[e] is [k_in, n_out]: consecutive threads walk n
+          k = i / kTile;
+          n = i % kTile;
+        }
+        const int64_t col = n0 + n, kk = k0 + k;
+        float v = 0.0f;
+        if (col < n_out && kk < k_in) v = to_float(trans_b ? be[col * k_in + kk] : be[kk * n_out + col]);
+        b_tile[k][n] = v;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int k = 0; k < kDepth; ++k) {
+        float av[kSub], bv[kSub];
+#pragma unroll
+        for (int i = 0; i < kSub; ++i) av[i] = a_tile[k][ty + 16 * i];
+#pragma unroll
+        for (int j = 0; j < kSub; ++j) bv[j] = b_tile[k][tx + 16 * j];
+#pragma unroll
+        for (int i = 0; i < kSub; ++i)
+#pragma unroll
+          for (int j = 0; j < kSub; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+      const int64_t row = t0 + ty + 16 * i;
+      if (row < r_lo || row >= r_hi) continue;
+#pragma unroll
+      for (int j = 0; j < kSub; ++j) {
+        const int64_t col = n0 + tx + 16 * j;
+        if (col >= n_out) continue;
+        TC* out = c + row * n_out + col;
+        *out = from_float<TC>(accumulate ? to_float(*out) + acc[i][j] : acc[i][j]);
+      }
+    }
+  }
+}
+
+// db[e] [n_out, k_in] += dc[o_e:o_e+1]^T a[o_e:o_e+1]. Block (x, y, e): db[e] rows [64y, 64y + 64),
+// columns [64x, 64x + 64); it walks the expert's rows from first to last.
+template <typename T, typename TD>
+__global__ void __launch_bounds__(kThreads)
+    grouped_matmul_wgrad_kernel(TD* __restrict__ db, const T* __restrict__ dc, const T* __restrict__ a,
+                                const int32_t* __restrict__ offsets, int64_t rows, int64_t n_out, int64_t k_in) {
+  __shared__ float dc_tile[kDepth][kTile + 1];  // [row][n]
+  __shared__ float a_tile[kDepth][kTile + 1];   // [row][k]
+  const int64_t e = blockIdx.z;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int64_t r_begin = row_offset(offsets, e, rows), r_end = row_offset(offsets, e + 1, rows);
+  if (r_begin >= r_end) return;  // no rows: db[e] untouched, as on the CPU
+  float acc[kSub][kSub] = {};
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += kDepth) {
+    for (int i = tid; i < kTile * kDepth; i += kThreads) {
+      const int r = i / kTile, x = i % kTile;
+      const int64_t row = r0 + r;
+      const bool in_rows = row < r_end;
+      dc_tile[r][x] = (in_rows && n0 + x < n_out) ? to_float(dc[row * n_out + n0 + x]) : 0.0f;
+      a_tile[r][x] = (in_rows && k0 + x < k_in) ? to_float(a[row * k_in + k0 + x]) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kDepth; ++r) {
+      float dv[kSub], av[kSub];
+#pragma unroll
+      for (int i = 0; i < kSub; ++i) dv[i] = dc_tile[r][ty + 16 * i];
+#pragma unroll
+      for (int j = 0; j < kSub; ++j) av[j] = a_tile[r][tx + 16 * j];
+#pragma unroll
+      for (int i = 0; i < kSub; ++i)
+#pragma unroll
+        for (int j = 0; j < kSub; ++j) acc[i][j] = fmaf(dv[i], av[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+  TD* db_e = db + e * n_out * k_in;
+#pragma unroll
+  for (int i = 0; i < kSub; ++i) {
+    const int64_t n = n0 + ty + 16 * i;
+    if (n >= n_out) continue;
+#pragma unroll
+    for (int j = 0; j < kSub; ++j) {
+      const int64_t k = k0 + tx + 16 * j;
+      if (k >= k_in) continue;
+      TD* out = db_e + n * k_in + k;
+      *out = from_float<TD>(to_float(*out) + acc[i][j]);
+    }
+  }
+}
+
+void check_tensor(const Tensor& t, int ndim, const char* op, const char* name) {
+  MOE_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " has no data");
+  MOE_CHECK(t.device == Device::CUDA, op, ": ", name, " is on ", device_name(t.device), ", expected cuda");
+  MOE_CHECK(t.ndim() == ndim, op, ": ", name, " must be ", ndim, "-D, got ", t.shape.str());
+}
+
+// Inputs share T in {F32, BF16}; the output is T or F32.
+void check_dtypes(const Tensor& out, const Tensor& in0, const Tensor& in1, const char* op, const char* names) {
+  MOE_CHECK(in0.dtype == in1.dtype && (in0.dtype == DType::F32 || in0.dtype == DType::BF16), op, ": inputs ", names,
+            " must share one dtype, F32 or BF16; got ", dtype_name(in0.dtype), " and ", dtype_name(in1.dtype));
+  MOE_CHECK(out.dtype == in0.dtype || out.dtype == DType::F32, op, ": output has dtype ", dtype_name(out.dtype),
+            ", expected ", dtype_name(in0.dtype), " or F32");
+}
+
+void check_offsets(const Tensor& expert_offsets, int64_t E, const char* op) {
+  MOE_CHECK(expert_offsets.device == Device::CUDA, op, ": expert_offsets is on ", device_name(expert_offsets.device),
+            ", expected cuda");
+  MOE_CHECK(expert_offsets.dtype == DType::I32, op, ": expert_offsets has dtype ", dtype_name(expert_offsets.dtype),
+            ", expected I32");
+  MOE_CHECK(expert_offsets.ndim() == 1 && expert_offsets.dim(0) == E + 1, op, ": expert_offsets has shape ",
+            expert_offsets.shape.str(), ", expected [", E + 1, "] (experts + 1)");
+  MOE_CHECK(E <= 65535, op, ": ", E, " experts exceed the 65535 this kernel's grid allows");
+}
+
+template <typename T, typename TC>
+void launch_grouped_matmul(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& offsets, int64_t E,
+                           int64_t rows, int64_t n_out, int64_t k_in, bool trans_b, bool accumulate,
+                           cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((rows + kTile - 1) / kTile), static_cast<unsigned>((n_out + kTile - 1) / kTile));
+  grouped_matmul_kernel<T, TC><<<grid, kThreads, 0, stream>>>(
+      static_cast<TC*>(c.data), static_cast<const T*>(a.data), static_cast<const T*>(b.data),
+      static_cast<const int32_t*>(offsets.data), static_cast<int>(E), rows, n_out, k_in, trans_b, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, typename TD>
+void launch_grouped_matmul_wgrad(const Tensor& db, const Tensor& dc, const Tensor& a, const Tensor& offsets, int64_t E,
+                                 int64_t rows, int64_t n_out, int64_t k_in, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((k_in + kTile - 1) / kTile), static_cast<unsigned>((n_out + kTile - 1) / kTile),
+                  static_cast<unsigned>(E));
+  grouped_matmul_wgrad_kernel<T, TD><<<grid, kThreads, 0, stream>>>(
+      static_cast<TD*>(db.data), static_cast<const T*>(dc.data), static_cast<const T*>(a.data),
+      static_cast<const int32_t*>(offsets.data), rows, n_out, k_in);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool trans_b, bool accumulate,
+                    Stream stream) {
+  constexpr const char* op = "grouped_matmul";
+  check_tensor(a, 2, op, "a");
+  check_tensor(b, 3, op, "b");
+  check_tensor(c, 2, op, "c");
+  check_dtypes(c, a, b, op, "a and b");
+  const int64_t E = b.dim(0);
+  const int64_t k_in = a.dim(1);
+  const int64_t n_out = trans_b ? b.dim(1) : b.dim(2);
+  const int64_t b_k = trans_b ? b.dim(2) : b.dim(1);
+  MOE_CHECK(b_k == k_in, op, ": b ", b.shape.str(), (trans_b ? " (trans_b)" : ""), " does not match a ", a.shape.str(),
+            " in the inner dimension");
+  MOE_CHECK(c.dim(1) == n_out, op, ": c has ", c.dim(1), " columns, expected ", n_out, " from b ", b.shape.str());
+  MOE_CHECK(k_in >= 1 && n_out >= 1, op, ": empty inner or output dimension (a ", a.shape.str(), ", b ", b.shape.str(),
+            ")");
+  check_offsets(expert_offsets, E, op);
+  const int64_t rows = a.dim(0) < c.dim(0) ? a.dim(0) : c.dim(0);
+  if (rows == 0 || E == 0) return;
+  MOE_CHECK((n_out + kTile - 1) / kTile <= kMaxGridY, op, ": ", n_out, " output columns exceed the kernel's grid");
+  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  if (a.dtype == DType::F32) {
+    launch_grouped_matmul<float, float>(c, a, b, expert_offsets, E, rows, n_out, k_in, trans_b, accumulate, s);
+  } else if (c.dtype == DType::BF16) {
+    launch_grouped_matmul<__nv_bfloat16, __nv_bfloat16>(c, a, b, expert_offsets, E, rows, n_out, k_in, trans_b,
+                                                        accumulate, s);
+  } else {
+    launch_grouped_matmul<__nv_bfloat16, float>(c, a, b, expert_offsets, E, rows, n_out, k_in, trans_b, accumulate,
+                                                s);
+  }
+}
+
+void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream) {
+  constexpr const char* op = "grouped_matmul_wgrad";
+  check_tensor(db, 3, op, "db");
+  check_tensor(dc, 2, op, "dc");
+  check_tensor(a, 2, op, "a");
+  check_dtypes(db, dc, a, op, "dc and a");
+  const int64_t E = db.dim(0), n_out = db.dim(1), k_in = db.dim(2);
+  MOE_CHECK(dc.dim(1) == n_out, op, ": dc has ", dc.dim(1), " columns, expected ", n_out, " from db ", db.shape.str());
+  MOE_CHECK(a.dim(1) == k_in, op, ": a has ", a.dim(1), " columns, expected ", k_in, " from db ", db.shape.str());
+  MOE_CHECK(k_in >= 1 && n_out >= 1, op, ": db ", db.shape.str(), " has an empty dimension");
+  check_offsets(expert_offsets, E, op);
+  const int64_t rows = a.dim(0) < dc.dim(0) ? a.dim(0) : dc.dim(0);
+  if (rows == 0 || E == 0) return;
+  MOE_CHECK((n_out + kTile - 1) / kTile <= kMaxGridY, op, ": ", n_out, " output rows of db exceed the kernel's grid");
+  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  if (a.dtype == DType::F32) {
+    launch_grouped_matmul_wgrad<float, float>(db, dc, a, expert_offsets, E, rows, n_out, k_in, s);
+  } else if (db.dtype == DType::BF16) {
+    launch_grouped_matmul_wgrad<__nv_bfloat16, __nv_bfloat16>(db, dc, a, expert_offsets, E, rows, n_out, k_in, s);
+  } else {
+    launch_grouped_matmul_wgrad<__nv_bfloat16, float>(db, dc, a, expert_offsets, E, rows, n_out, k_in, s);
+  }
+}
+
+}  // namespace moe::cuda

@@ -1,0 +1,216 @@
+// CUDA LM head + cross-entropy: cuBLASLt products around one row-wise softmax kernel per chunk.
+// The design (BF16 logit gradient in place, deterministic loss sum) is explained in
+// moe/ops/cuda/loss.h.
+#include "moe/ops/cuda/loss.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "moe/core/cuda_check.h"
+#include "moe/ops/cuda/gemm.h"
+
+namespace moe::cuda {
+namespace {
+
+constexpr int kThreads = 512;     // per row
+constexpr int kRowBlocks = 256;   // fixed grid: the loss partials do not depend on the GPU
+static_assert((kRowBlocks + 1) * sizeof(double) <= kStreamScratchBytes, "loss partials must fit the stream scratch");
+
+// Block-wide max / sum with a fixed reduction tree (deterministic). Every thread gets the result;
+// the trailing barrier lets the caller reuse `shared` at once.
+__device__ float block_max(float v, float* shared) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) shared[0] = v;
+  }
+  __syncthreads();
+  const float result = shared[0];
+  __syncthreads();
+  return result;
+}
+
+__device__ double block_sum(double v, double* shared) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) shared[0] = v;
+  }
+  __syncthreads();
+  const double result = shared[0];
+  __syncthreads();
+  return result;
+}
+
+// Rows [0, n) of logits [n, V] (F32): per-row loss into this block's partial, and with want_grad
+// the row replaced by G = grad_scale * (softmax - onehot) (0 for ignored rows), F32 in place or,
+// with kBf16Grad, BF16 in the first half of the row (leading dim 2V in BF16 elements).
+template <bool kBf16Grad>
+__global__ void __launch_bounds__(kThreads)
+    softmax_cross_entropy_rows(float* __restrict__ logits, int64_t n, int64_t V, const int32_t* __restrict__ targets,
+                               float grad_scale, bool want_grad, double* __restrict__ partials) {
+  __shared__ float max_shared[32];
+  __shared__ double sum_shared[32];
+  const int tid = threadIdx.x;
+  double block_loss = 0.0;  // meaningful in thread 0
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    float* row = logits + i * V;
+    const int32_t t = targets[i];
+    const bool valid = t >= 0 && t < V;  // uniform across the block: the branches below may hold barriers
+    float max_logit = 0.0f, scale = 0.0f;
+    double row_loss = t == -1 ? 0.0 : NAN;  // ignored row: no loss; out-of-range target: NaN
+    if (valid) {
+      const float target_logit = row[t];  // read before any thread writes the row
+      float m = -INFINITY;
+      for (int64_t j = tid; j < V; j += kThreads) m = fmaxf(m, row[j]);
+      max_logit = block_max(m, max_shared);
+      double s = 0.0;  // exponentials in FP32, their sum in FP64 (as on the CPU)
+      for (int64_t j = tid; j < V; j += kThreads) s += static_cast<double>(expf(row[j] - max_logit));
+      const double sum_exp = block_sum(s, sum_shared);
+      row_loss = static_cast<double>(max_logit) + log(sum_exp) - static_cast<double>(target_logit);
+      scale = static_cast<float>(grad_scale / sum_exp);
+    }
+    if (want_grad) {
+      if constexpr (kBf16Grad) {
+        __nv_bfloat16* grad_row = reinterpret_cast<__nv_bfloat16*>(row);
+        for (int64_t s0 = 0; s0 < V; s0 += kThreads) {
+          const int64_t j = s0 + tid;
+          float g = 0.0f;
+          if (valid && j < V) {
+            g = scale * expf(row[j] - max_logit);
+            if (j == t) g -= grad_scale;
+          }
+          // All of strip [s0, s0 + kThreads) is read; its BF16 values land on F32 elements
+          // [s0 / 2, (s0 + kThreads) / 2), all below the strip's end, so nothing unread is overwritten.
+          __syncthreads();
+          if (j < V) grad_row[j] = __float2bfloat16(g);
+        }
+      } else {
+        for (int64_t j = tid; j < V; j += kThreads) {
+          float g = 0.0f;
+          if (valid) {
+            g = scale * expf(row[j] - max_logit);
+            if (j == t) g -= grad_scale;
+          }
+          row[j] = g;
+        }
+      }
+    }
+    if (tid == 0) block_loss += row_loss;
+    __syncthreads();
+  }
+  if (tid == 0) partials[blockIdx.x] = block_loss;
+}
+
+// One thread: total (= on the first chunk, += after) the chunk's partials in block order; after
+// the last chunk loss_sum = total rounded to F32.
+__global__ void accumulate_chunk_loss(const double* __restrict__ partials, int count, double* __restrict__ total,
+                                      bool first, bool last, float* __restrict__ loss_sum) {
+  double sum = first ? 0.0 : *total;
+  for (int b = 0; b < count; ++b) sum += partials[b];
+  *total = sum;
+  if (last) *loss_sum = static_cast<float>(sum);
+}
+
+void check_cuda(const Tensor& t, const char* name) {
+  MOE_CHECK(t.device == Device::CUDA, "lm_head_cross_entropy: tensor ", name, " is on ", device_name(t.device),
+            ", expected cuda");
+}
+
+}  // namespace
+
+void lm_head_cross_entropy(Tensor loss_sum, Tensor dh, Tensor dweight, Tensor h, Tensor weight, Tensor targets,
+                           float grad_scale, Tensor workspace, Stream stream) {
+  const char* op = "lm_head_cross_entropy";
+  check_cuda(loss_sum, "loss_sum");
+  check_cuda(h, "h");
+  check_cuda(weight, "weight");
+  check_cuda(targets, "targets");
+  check_cuda(workspace, "workspace");
+  const DType T = h.dtype;
+  MOE_CHECK(T == DType::F32 || T == DType::BF16, op, ": h has dtype ", dtype_name(T), ", expected F32 or BF16");
+  MOE_CHECK(weight.dtype == T, op, ": weight has dtype ", dtype_name(weight.dtype), ", expected h's ", dtype_name(T));
+  MOE_CHECK(loss_sum.dtype == DType::F32 && loss_sum.numel() == 1, op, ": loss_sum must be one F32, got ",
+            dtype_name(loss_sum.dtype), " ", loss_sum.shape.str());
+  MOE_CHECK(workspace.dtype == DType::F32, op, ": workspace must be F32, got ", dtype_name(workspace.dtype));
+  MOE_CHECK(targets.dtype == DType::I32, op, ": targets must be I32, got ", dtype_name(targets.dtype));
+  MOE_CHECK(h.ndim() == 2, op, ": h must be 2-D [R, D], got ", h.shape.str());
+  MOE_CHECK(weight.ndim() == 2 && weight.dim(1) == h.dim(1), op, ": weight ", weight.shape.str(),
+            " must be [V, D] with D = ", h.dim(1));
+  const int64_t R = h.dim(0), D = h.dim(1), V = weight.dim(0);
+  MOE_CHECK(targets.numel() == R, op, ": targets has ", targets.numel(), " elements, expected R = ", R);
+  MOE_CHECK(workspace.ndim() == 2 && workspace.dim(1) == V && workspace.dim(0) > 0, op, ": workspace ",
+            workspace.shape.str(), " must be [chunk, V] with V = ", V, " and chunk > 0");
+  const bool want_dh = !dh.empty(), want_dw = !dweight.empty();
+  if (want_dh) {
+    check_cuda(dh, "dh");
+    MOE_CHECK(dh.shape == h.shape, op, ": dh ", dh.shape.str(), " must match h ", h.shape.str());
+    MOE_CHECK(dh.dtype == T || dh.dtype == DType::F32, op, ": dh has dtype ", dtype_name(dh.dtype), ", expected ",
+              dtype_name(T), " or F32");
+  }
+  if (want_dw) {
+    check_cuda(dweight, "dweight");
+    MOE_CHECK(dweight.shape == weight.shape, op, ": dweight ", dweight.shape.str(), " must match weight ",
+              weight.shape.str());
+    MOE_CHECK(dweight.dtype == T || dweight.dtype == DType::F32, op, ": dweight has dtype ",
+              dtype_name(dweight.dtype), ", expected ", dtype_name(T), " or F32");
+  }
+  MOE_CHECK(V > 0 || R == 0, op, ": vocabulary size is 0");
+  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  if (R == 0) {
+    CUDA_CHECK(cudaMemsetAsync(loss_sum.data, 0, sizeof(float), s));  // 0.0f is all zero bits
+    return;
+  }
+  const bool want_grad = want_dh || want_dw;
+  const bool bf16_grad = T == DType::BF16;
+  const size_t elem = dtype_size(T);
+  double* partials = static_cast<double*>(stream_workspace(stream).scratch);
+  double* total = partials + kRowBlocks;
+  const int64_t chunk = workspace.dim(0);
+  const int64_t ld_d = D > 0 ? D : 1;  // leading dims must be >= 1 even for empty rows
+  const MatrixView w{weight.data, T, V, D, ld_d};
+  for (int64_t r0 = 0; r0 < R; r0 += chunk) {
+    const int64_t n = R - r0 < chunk ? R - r0 : chunk;
+    const MatrixView logits{workspace.data, DType::F32, n, V, V};
+    const MatrixView h_chunk{static_cast<char*>(h.data) + r0 * D * elem, T, n, D, ld_d};
+    matmul_view(logits, h_chunk, w, false, true, 1.0f, 0.0f, stream);  // D = 0: zeros, as on the CPU
+
+    const int blocks = static_cast<int>(n < kRowBlocks ? n : kRowBlocks);
+    const int32_t* chunk_targets = static_cast<const int32_t*>(targets.data) + r0;
+    if (bf16_grad) {
+      softmax_cross_entropy_rows<true><<<blocks, kThreads, 0, s>>>(workspace.f32(), n, V, chunk_targets, grad_scale,
+                                                                    want_grad, partials);
+    } else {
+      softmax_cross_entropy_rows<false><<<blocks, kThreads, 0, s>>>(workspace.f32(), n, V, chunk_targets, grad_scale,
+                                                                     want_grad, partials);
+    }
+    CUDA_CHECK_LAUNCH();
+    accumulate_chunk_loss<<<1, 1, 0, s>>>(partials, blocks, total, r0 == 0, r0 + n >= R, loss_sum.f32());
+    CUDA_CHECK_LAUNCH();
+
+    if (!want_grad || D == 0) continue;
+    // G [n, V]: F32 in place (leading dim V) or BF16 in the first half of each F32 row (leading dim 2V).
+    const MatrixView grad = bf16_grad ? MatrixView{workspace.data, DType::BF16, n, V, 2 * V}
+                                      : MatrixView{workspace.data, DType::F32, n, V, V};
+    if (want_dh) {  // dh[r0:r0+n] = G W
+      const MatrixView dh_chunk{static_cast<char*>(dh.data) + r0 * D * dtype_size(dh.dtype), dh.dtype, n, D, D};
+      matmul_view(dh_chunk, grad, w, false, false, 1.0f, 0.0f, stream);
+    }
+    if (want_dw) {  // dweight += G^T h[r0:r0+n]
+      const MatrixView dw{dweight.data, dweight.dtype, V, D, D};
+      matmul_view(dw, grad, h_chunk, true, false, 1.0f, 1.0f, stream);
+    }
+  }
+}
+
+}  // namespace moe::cuda

@@ -1,0 +1,170 @@
+// CUDA routing metadata. One block per expert scans all T*K routes in (t, k) order:
+//   route_counts: the block counts the routes that select its expert;
+//   route_index_local: the block numbers the routes of its expert in (t, k) order with a
+//     block-wide exclusive scan per chunk of routes, so the j-th route to expert e gets the row
+//     offsets_unclamped[e] + j (rows expert-major, then token, then k, as on the CPU), and the
+//     tail drop clamps at rank_capacity.
+// Each output element is written by exactly one thread and all arithmetic is on integers, so the
+// results are exact and deterministic. The routes (at most ~262144 I32 = 1 MiB) stay in L2 while
+// the N blocks read them.
+//
+// NOTES: N blocks each reading every route costs N * T * K loads from L2; fine at N <= 128 and
+// T * K ~ 262144. A faster form (one pass with per-block histograms and a decoupled look-back)
+// can replace it without changing results.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "moe/core/cuda_check.h"
+#include "moe/ops/cuda/route.h"
+
+namespace moe::cuda {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / kWarp;
+constexpr int kItems = 8;                     // consecutive routes per thread per chunk
+constexpr int kChunk = kThreads * kItems;     // routes per chunk
+constexpr unsigned kFullMask = 0xffffffffu;
+
+void check_i32(const Tensor& t, const char* op, const char* name) {
+  MOE_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " has no data");
+  MOE_CHECK(t.device == Device::CUDA, op, ": ", name, " is on ", device_name(t.device), ", expected cuda");
+  MOE_CHECK(t.dtype == DType::I32, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected I32");
+}
+
+void check_topk_idx(const Tensor& topk_idx, const char* op) {
+  check_i32(topk_idx, op, "topk_idx");
+  MOE_CHECK(topk_idx.ndim() == 2, op, ": topk_idx must be [T, K], got ", topk_idx.shape.str());
+  MOE_CHECK(topk_idx.numel() <= std::numeric_limits<int32_t>::max(), op, ": ", topk_idx.numel(),
+            " routes do not fit I32 row indices");
+}
+
+cudaStream_t cuda_stream(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+
+// Sum over the block (integers: the order does not matter); every thread gets it.
+__device__ long long block_sum(long long v) {
+  __shared__ long long warp_totals[kWarps];
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  if (threadIdx.x % kWarp == 0) warp_totals[threadIdx.x / kWarp] = v;
+  __syncthreads();
+  long long total = 0;
+  for (int w = 0; w < kWarps; ++w) total += warp_totals[w];
+  __syncthreads();  // warp_totals may be reused by the next call
+  return total;
+}
+
+// Exclusive prefix of v over the threads of the block in thread order; *total = the block's sum.
+__device__ int block_exclusive_scan(int v, int* total) {
+  __shared__ int warp_totals[kWarps];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  int inclusive = v;
+  for (int o = 1; o < kWarp; o <<= 1) {
+    const int n = __shfl_up_sync(kFullMask, inclusive, o);
+    if (lane >= o) inclusive += n;
+  }
+  if (lane == kWarp - 1) warp_totals[warp] = inclusive;
+  __syncthreads();
+  int before = 0, sum = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) before += warp_totals[w];
+    sum += warp_totals[w];
+  }
+  __syncthreads();  // warp_totals may be reused by the next call
+  *total = sum;
+  return before + inclusive - v;
+}
+
+// Block e: expert_counts[e] = number of routes with topk_idx == e.
+__global__ void route_counts_kernel(int32_t* __restrict__ expert_counts, const int32_t* __restrict__ topk_idx,
+                                    int64_t routes) {
+  const int e = blockIdx.x;
+  long long count = 0;
+  for (int64_t i = threadIdx.x; i < routes; i += kThreads) count += topk_idx[i] == e;
+  count = block_sum(count);
+  if (threadIdx.x == 0) expert_counts[e] = static_cast<int32_t>(count);
+}
+
+// Block e: offsets[e+1] = min(sum_{f<=e} counts[f], capacity) (block 0 also offsets[0] = 0), and the
+// row of every route to expert e. Block 0 also writes -1 for routes whose expert is not in [0, N).
+__global__ void route_index_kernel(int32_t* __restrict__ route_index, int32_t* __restrict__ expert_offsets,
+                                   const int32_t* __restrict__ topk_idx, const int32_t* __restrict__ expert_counts,
+                                   int64_t routes, int N, int64_t capacity) {
+  const int e = blockIdx.x;
+  long long part = 0;
+  for (int f = threadIdx.x; f < e; f += kThreads) part += expert_counts[f];
+  const long long base = block_sum(part);  // unclamped row of expert e's first route
+  if (threadIdx.x == 0) {
+    const long long end = base + expert_counts[e];
+    expert_offsets[e + 1] = static_cast<int32_t>(end < capacity ? end : capacity);
+    if (e == 0) expert_offsets[0] = 0;
+  }
+
+  long long seen = 0;  // routes to expert e in earlier chunks
+  for (int64_t chunk = 0; chunk < routes; chunk += kChunk) {
+    const int64_t first = chunk + static_cast<int64_t>(threadIdx.x) * kItems;
+    int32_t expert[kItems];
+    int mine = 0;
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) {
+      const int64_t i = first + u;
+      expert[u] = i < routes ? topk_idx[i] : -1;
+      mine += expert[u] == e;
+      if (e == 0 && i < routes && (expert[u] < 0 || expert[u] >= N)) route_index[i] = -1;
+    }
+    int chunk_total;
+    long long row = base + seen + block_exclusive_scan(mine, &chunk_total);
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) {
+      if (expert[u] != e) continue;
+      route_index[first + u] = row < capacity ? static_cast<int32_t>(row) : -1;  // tail drop
+      ++row;
+    }
+    seen += chunk_total;
+  }
+}
+
+}  // namespace
+
+void route_counts(Tensor expert_counts, Tensor topk_idx, Stream stream) {
+  constexpr const char* op = "route_counts";
+  check_i32(expert_counts, op, "expert_counts");
+  MOE_CHECK(expert_counts.ndim() == 1, op, ": expert_counts must be [N], got ", expert_counts.shape.str());
+  const int64_t N = expert_counts.dim(0);
+  check_topk_idx(topk_idx, op);
+  MOE_CHECK(N <= std::numeric_limits<int32_t>::max(), op, ": N = ", N, " experts is too many");
+  if (N == 0) return;
+  route_counts_kernel<<<static_cast<unsigned>(N), kThreads, 0, cuda_stream(stream)>>>(
+      expert_counts.i32(), topk_idx.i32(), topk_idx.numel());
+  CUDA_CHECK_LAUNCH();
+}
+
+void route_index_local(Tensor route_index, Tensor expert_offsets, Tensor topk_idx, Tensor expert_counts,
+                       int64_t rank_capacity, Stream stream) {
+  constexpr const char* op = "route_index_local";
+  check_i32(expert_counts, op, "expert_counts");
+  MOE_CHECK(expert_counts.ndim() == 1, op, ": expert_counts must be [N], got ", expert_counts.shape.str());
+  const int64_t N = expert_counts.dim(0);
+  MOE_CHECK(N >= 1 && N <= std::numeric_limits<int32_t>::max(), op, ": N = ", N,
+            " experts; the CUDA route index needs at least one");
+  check_topk_idx(topk_idx, op);
+  const int64_t routes = topk_idx.numel();
+  check_i32(route_index, op, "route_index");
+  MOE_CHECK(route_index.numel() == routes, op, ": route_index has shape ", route_index.shape.str(), ", expected [",
+            routes, "] (T*K)");
+  check_i32(expert_offsets, op, "expert_offsets");
+  MOE_CHECK(expert_offsets.ndim() == 1 && expert_offsets.dim(0) == N + 1, op, ": expert_offsets has shape ",
+            expert_offsets.shape.str(), ", expected [", N + 1, "]");
+  MOE_CHECK(rank_capacity >= 0, op, ": rank_capacity = ", rank_capacity, " is negative");
+  // NOTES: the CPU also checks expert_counts against a histogram of topk_idx; that needs the data on
+  // the host, so it is not done here (the caller passes route_counts of this topk_idx).
+  route_index_kernel<<<static_cast<unsigned>(N), kThreads, 0, cuda_stream(stream)>>>(
+      route_index.i32(), expert_offsets.i32(), topk_idx.i32(), expert_counts.i32(), routes, static_cast<int>(N),
+      rank_capacity);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moe::cuda

@@ -1,0 +1,418 @@
+// CUDA router. Per-token work (scores, top-K, weights, gradient) runs one warp per token with the
+// token's N <= 256 scores held 8 per lane in registers; reductions over tokens (the losses) run
+// in two kernels whose sums follow a fixed order. No float atomics anywhere: results are
+// bit-identical from run to run.
+//
+// NOTES: exponentials are computed as (float)exp((double)x), which rounds like the CPU's expf in
+// all but vanishingly rare cases, so scores (and hence the top-K order) agree with the CPU
+// bit for bit almost always; the remaining differences are sum orders (warp trees here,
+// serial loops on the CPU) in double precision.
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "moe/core/cuda_check.h"
+#include "moe/ops/cuda/router.h"
+
+namespace moe::cuda {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kMaxExperts = 256;
+constexpr int kExpertsPerLane = kMaxExperts / kWarp;  // register slots per lane
+constexpr int kThreads = 256;                         // 8 warps per block: 8 tokens
+constexpr int kWarpsPerBlock = kThreads / kWarp;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// router_losses: tokens are split over at most this many blocks, each writing its partial sums to
+// the static scratch below; a second one-block kernel adds the partials in block order.
+constexpr int kLossBlocks = 128;
+
+// NOTES: fixed scratch for router_losses (128 x 256 doubles + 128 doubles, about 257 KiB of device
+// memory per process and device). One buffer for all calls: router_losses calls on one stream are
+// ordered, but two calls running concurrently on different streams would overwrite each other.
+__device__ double g_loss_score_partials[kLossBlocks * kMaxExperts];  // [block][expert] sum_t scores
+__device__ double g_loss_z_partials[kLossBlocks];                     // [block] sum_t lse_t^2
+
+void check_tensor(const Tensor& t, DType dtype, const char* op, const char* name) {
+  MOE_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " has no data");
+  MOE_CHECK(t.device == Device::CUDA, op, ": ", name, " is on ", device_name(t.device), ", expected cuda");
+  MOE_CHECK(t.dtype == dtype, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected ", dtype_name(dtype));
+}
+
+void check_shape(const Tensor& t, Shape s, const char* op, const char* name) {
+  MOE_CHECK(t.shape == s, op, ": ", name, " has shape ", t.shape.str(), ", expected ", s.str());
+}
+
+void check_experts(int64_t N, const char* op) {
+  MOE_CHECK(N >= 1 && N <= kMaxExperts, op, ": N = ", N, " experts; the CUDA router supports 1 to ", kMaxExperts);
+}
+
+cudaStream_t cuda_stream(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// Butterfly sum: every lane ends with the same, order-fixed value.
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+// Sum over the block in a fixed order (warp trees, then warps in index order); all threads get it.
+// Every thread of the block must call it.
+__device__ double block_sum(double v) {
+  __shared__ double warp_totals[kWarpsPerBlock];
+  v = warp_sum(v);
+  if (threadIdx.x % kWarp == 0) warp_totals[threadIdx.x / kWarp] = v;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < kWarpsPerBlock; ++w) total += warp_totals[w];
+  __syncthreads();  // warp_totals may be reused by the next call
+  return total;
+}
+
+// (float)exp(x) rounded from double: matches the CPU's expf in all but vanishingly rare cases.
+__device__ __forceinline__ float exp_f32(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
+
+// log(sum_e exp(l[e])) of one token's logits, held as in router_forward (slot j = expert lane + 32 j).
+// Same formula as the CPU: float max, double sum of exp(l - max), max + log(sum).
+__device__ double warp_logsumexp(const float (&l)[kExpertsPerLane], int lane, int N) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kExpertsPerLane; ++j)
+    if (lane + j * kWarp < N) mx = fmaxf(mx, l[j]);
+  mx = warp_max(mx);
+  double sum = 0.0;
+#pragma unroll
+  for (int j = 0; j < kExpertsPerLane; ++j)
+    if (lane + j * kWarp < N) sum += exp(static_cast<double>(l[j]) - mx);
+  sum = warp_sum(sum);
+  return mx + log(sum);
+}
+
+// One warp per token: scores, then K passes of a warp argmax over the not-yet-taken experts.
+__global__ void router_forward_kernel(float* __restrict__ scores, int32_t* __restrict__ topk_idx,
+                                      float* __restrict__ topk_weight, const float* __restrict__ logits,
+                                      const float* __restrict__ bias, int64_t T, int N, int K, bool softmax,
+                                      bool normalize) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (t >= T) return;  // the whole warp leaves together
+  const float* l = logits + t * N;
+
+  float s[kExpertsPerLane];  // slot j: expert lane + 32 j
+#pragma unroll
+  for (int j = 0; j < kExpertsPerLane; ++j) {
+    const int e = lane + j * kWarp;
+    s[j] = e < N ? l[e] : -INFINITY;
+  }
+  if (softmax) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j)
+      if (lane + j * kWarp < N) mx = fmaxf(mx, s[j]);
+    mx = warp_max(mx);
+    double sum = 0.0;
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j)
+      if (lane + j * kWarp < N) {
+        s[j] = exp_f32(s[j] - mx);
+        sum += s[j];
+      }
+    sum = warp_sum(sum);
+    const float inv = static_cast<float>(1.0 / sum);
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) s[j] *= inv;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) s[j] = 1.0f / (1.0f + exp_f32(-s[j]));
+  }
+
+  float key[kExpertsPerLane];  // selection key: score plus the selection-only bias
+  uint32_t taken = 0;          // bit j: slot j is already selected or is not an expert (e >= N)
+#pragma unroll
+  for (int j = 0; j < kExpertsPerLane; ++j) {
+    const int e = lane + j * kWarp;
+    if (e < N) {
+      scores[t * N + e] = s[j];
+      key[j] = bias != nullptr ? s[j] + bias[e] : s[j];
+      // NOTES: a NaN key is selected as if it were -inf (after every finite key, lower index first),
+      // so the K selected experts are always distinct.
+      if (isnan(key[j])) key[j] = -INFINITY;
+    } else {
+      key[j] = -INFINITY;
+      taken |= 1u << j;
+    }
+  }
+
+  int32_t* idx = topk_idx + t * K;
+  float* w = topk_weight + t * K;
+  float sum = 0.0f;  // in k order, in FP32, as on the CPU
+  for (int k = 0; k < K; ++k) {
+    // Best untaken (key descending, expert ascending) of this lane, then over the warp.
+    float best_key = -INFINITY, best_score = 0.0f;
+    int best = INT_MAX;
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) {
+      const int e = lane + j * kWarp;
+      if (!((taken >> j) & 1u) && (key[j] > best_key || (key[j] == best_key && e < best))) {
+        best_key = key[j];
+        best = e;
+        best_score = s[j];
+      }
+    }
+    for (int o = kWarp / 2; o > 0; o >>= 1) {
+      const float other_key = __shfl_xor_sync(kFullMask, best_key, o);
+      const int other = __shfl_xor_sync(kFullMask, best, o);
+      const float other_score = __shfl_xor_sync(kFullMask, best_score, o);
+      if (other_key > best_key || (other_key == best_key && other < best)) {
+        best_key = other_key;
+        best = other;
+        best_score = other_score;
+      }
+    }
+    // K <= N guarantees an untaken expert, so best < N here.
+    if (best % kWarp == lane) taken |= 1u << (best / kWarp);
+    if (k % kWarp == lane) {
+      idx[k] = best;
+      w[k] = best_score;
+    }
+    sum += best_score;
+  }
+  // NOTES: a zero sum (every selected sigmoid underflowed) leaves the weights unnormalized, as on the CPU.
+  if (normalize && sum > 0.0f)
+    for (int k = lane; k < K; k += kWarp) w[k] /= sum;  // this lane wrote w[k] above
+}
+
+// Block b sums tokens [b * chunk, min(T, (b + 1) * chunk)): per-expert score sums (one thread per
+// expert column, tokens in order) and lse^2 (one warp per token, warps' sums added in order).
+__global__ void router_losses_partials_kernel(const float* __restrict__ scores, const float* __restrict__ logits,
+                                              int64_t T, int N, int64_t chunk) {
+  const int64_t begin = blockIdx.x * chunk;
+  const int64_t end = begin + chunk < T ? begin + chunk : T;
+  for (int e = threadIdx.x; e < N; e += kThreads) {
+    double sum = 0.0;
+    for (int64_t t = begin; t < end; ++t) sum += scores[t * N + e];
+    g_loss_score_partials[blockIdx.x * kMaxExperts + e] = sum;
+  }
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  double z = 0.0;  // same value in every lane of the warp
+  for (int64_t t = begin + warp; t < end; t += kWarpsPerBlock) {
+    float l[kExpertsPerLane];
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) {
+      const int e = lane + j * kWarp;
+      l[j] = e < N ? logits[t * N + e] : -INFINITY;
+    }
+    const double lse = warp_logsumexp(l, lane, N);
+    z += lse * lse;
+  }
+  __shared__ double warp_z[kWarpsPerBlock];
+  if (lane == 0) warp_z[warp] = z;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kWarpsPerBlock; ++w) total += warp_z[w];
+    g_loss_z_partials[blockIdx.x] = total;
+  }
+}
+
+// One block: adds the partials of `blocks` blocks in block order and writes both losses.
+__global__ void router_losses_final_kernel(float* __restrict__ lb_loss, float* __restrict__ z_loss,
+                                           const int32_t* __restrict__ expert_counts, int64_t T, int N, int top_k,
+                                           int blocks) {
+  double lb = 0.0;
+  for (int e = threadIdx.x; e < N; e += kThreads) {
+    double score_sum = 0.0;
+    for (int b = 0; b < blocks; ++b) score_sum += g_loss_score_partials[b * kMaxExperts + e];
+    lb += (static_cast<double>(expert_counts[e]) / T) * (score_sum / T);
+  }
+  lb = block_sum(lb);
+  if (threadIdx.x == 0) {
+    double z = 0.0;
+    for (int b = 0; b < blocks; ++b) z += g_loss_z_partials[b];
+    lb_loss[0] = static_cast<float>(lb * (static_cast<double>(N) / top_k));
+    z_loss[0] = static_cast<float>(z / T);
+  }
+}
+
+// One warp per token; the token's dscores row is built in shared memory because the top-K terms
+// land on arbitrary experts.
+__global__ void router_backward_kernel(float* __restrict__ dlogits, const float* __restrict__ dtopk_weight,
+                                       const int32_t* __restrict__ topk_idx, const float* __restrict__ topk_weight,
+                                       const float* __restrict__ scores, const float* __restrict__ logits,
+                                       const int32_t* __restrict__ expert_counts, int64_t T, int N, int K,
+                                       double lb_coef, double z_coef, bool use_z, bool softmax, bool normalize) {
+  __shared__ float dscores_rows[kWarpsPerBlock][kMaxExperts];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (t >= T) return;  // the whole warp leaves together; no block-wide barrier follows
+  float* ds = dscores_rows[warp];
+  const float* s_row = scores + t * N;
+
+  // d lb / d scores[t,e] = lb_scale * (N/K) * (count_e/T) / T: the same for every token.
+  for (int e = lane; e < N; e += kWarp) ds[e] = static_cast<float>(lb_coef * expert_counts[e]);
+  __syncwarp();
+  if (lane == 0) {  // the K selected terms, serially in k order exactly as on the CPU
+    const int32_t* idx = topk_idx + t * K;
+    const float* dw = dtopk_weight + t * K;
+    if (normalize) {
+      // w_k = s_k / S  =>  ds_k = (dw_k - sum_j dw_j w_j) / S.
+      const float* w = topk_weight + t * K;
+      double sel_sum = 0.0, dot = 0.0;
+      for (int k = 0; k < K; ++k) {
+        if (idx[k] < 0 || idx[k] >= N) continue;  // not an expert: skipped (not checked on the GPU)
+        sel_sum += s_row[idx[k]];
+        dot += static_cast<double>(dw[k]) * w[k];
+      }
+      if (sel_sum > 0.0)
+        for (int k = 0; k < K; ++k)
+          if (idx[k] >= 0 && idx[k] < N) ds[idx[k]] += static_cast<float>((dw[k] - dot) / sel_sum);
+    } else {
+      for (int k = 0; k < K; ++k)
+        if (idx[k] >= 0 && idx[k] < N) ds[idx[k]] += dw[k];
+    }
+  }
+  __syncwarp();
+
+  float d[kExpertsPerLane], s[kExpertsPerLane], l[kExpertsPerLane];
+#pragma unroll
+  for (int j = 0; j < kExpertsPerLane; ++j) {
+    const int e = lane + j * kWarp;
+    d[j] = e < N ? ds[e] : 0.0f;
+    s[j] = e < N ? s_row[e] : 0.0f;
+    l[j] = e < N ? logits[t * N + e] : -INFINITY;
+  }
+  // Through the score function.
+  if (softmax) {
+    double dot = 0.0;
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) dot += static_cast<double>(d[j]) * s[j];
+    dot = warp_sum(dot);
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) d[j] = s[j] * static_cast<float>(d[j] - dot);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j) d[j] = d[j] * s[j] * (1.0f - s[j]);
+  }
+  // z-loss: d/dlogits of z_scale * mean_t lse_t^2, through softmax(logits) whatever the score function.
+  if (use_z) {
+    const double lse = warp_logsumexp(l, lane, N);
+    const double coef = z_coef * lse;
+#pragma unroll
+    for (int j = 0; j < kExpertsPerLane; ++j)
+      if (lane + j * kWarp < N) d[j] += static_cast<float>(coef * exp(static_cast<double>(l[j]) - lse));
+  }
+#pragma unroll
+  for (int j = 0; j < kExpertsPerLane; ++j) {
+    const int e = lane + j * kWarp;
+    if (e < N) dlogits[t * N + e] = d[j];
+  }
+}
+
+int token_blocks(int64_t T) { return static_cast<int>((T + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+
+}  // namespace
+
+void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor logits, Tensor bias, ScoreFn fn,
+                    bool normalize, Stream stream) {
+  constexpr const char* op = "router_forward";
+  check_tensor(logits, DType::F32, op, "logits");
+  MOE_CHECK(logits.ndim() == 2, op, ": logits must be [T, N], got ", logits.shape.str());
+  const int64_t T = logits.dim(0), N = logits.dim(1);
+  check_experts(N, op);
+  check_tensor(topk_idx, DType::I32, op, "topk_idx");
+  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == T, op, ": topk_idx must be [", T, ", K], got ",
+            topk_idx.shape.str());
+  const int64_t K = topk_idx.dim(1);
+  MOE_CHECK(K >= 1 && K <= N, op, ": top_k = ", K, " must be in [1, N = ", N, "]");
+  check_tensor(scores, DType::F32, op, "scores");
+  check_shape(scores, {T, N}, op, "scores");
+  check_tensor(topk_weight, DType::F32, op, "topk_weight");
+  check_shape(topk_weight, {T, K}, op, "topk_weight");
+  const bool has_bias = !bias.empty();
+  if (has_bias) {
+    check_tensor(bias, DType::F32, op, "bias");
+    check_shape(bias, {N}, op, "bias");
+  }
+  if (T == 0) return;
+  router_forward_kernel<<<token_blocks(T), kThreads, 0, cuda_stream(stream)>>>(
+      scores.f32(), topk_idx.i32(), topk_weight.f32(), logits.f32(), has_bias ? bias.f32() : nullptr, T,
+      static_cast<int>(N), static_cast<int>(K), fn == ScoreFn::Softmax, normalize);
+  CUDA_CHECK_LAUNCH();
+}
+
+void router_losses(Tensor lb_loss, Tensor z_loss, Tensor expert_counts, Tensor scores, Tensor logits, int top_k,
+                   Stream stream) {
+  constexpr const char* op = "router_losses";
+  check_tensor(logits, DType::F32, op, "logits");
+  MOE_CHECK(logits.ndim() == 2, op, ": logits must be [T, N], got ", logits.shape.str());
+  const int64_t T = logits.dim(0), N = logits.dim(1);
+  MOE_CHECK(T >= 1, op, ": logits ", logits.shape.str(), " must have at least one token");
+  check_experts(N, op);
+  MOE_CHECK(top_k >= 1 && top_k <= N, op, ": top_k = ", top_k, " must be in [1, N = ", N, "]");
+  check_tensor(scores, DType::F32, op, "scores");
+  check_shape(scores, {T, N}, op, "scores");
+  check_tensor(expert_counts, DType::I32, op, "expert_counts");
+  check_shape(expert_counts, {N}, op, "expert_counts");
+  check_tensor(lb_loss, DType::F32, op, "lb_loss");
+  MOE_CHECK(lb_loss.numel() == 1, op, ": lb_loss must hold one value, got ", lb_loss.shape.str());
+  check_tensor(z_loss, DType::F32, op, "z_loss");
+  MOE_CHECK(z_loss.numel() == 1, op, ": z_loss must hold one value, got ", z_loss.shape.str());
+
+  // A fixed split of the tokens for a given T, so the sum order (and the result) depends on T only.
+  const int64_t chunk = (T + kLossBlocks - 1) / kLossBlocks;
+  const int blocks = static_cast<int>((T + chunk - 1) / chunk);
+  const cudaStream_t s = cuda_stream(stream);
+  router_losses_partials_kernel<<<blocks, kThreads, 0, s>>>(scores.f32(), logits.f32(), T, static_cast<int>(N),
+                                                           chunk);
+  CUDA_CHECK_LAUNCH();
+  router_losses_final_kernel<<<1, kThreads, 0, s>>>(lb_loss.f32(), z_loss.f32(), expert_counts.i32(), T,
+                                                    static_cast<int>(N), top_k, blocks);
+  CUDA_CHECK_LAUNCH();
+}
+
+void router_backward(Tensor dlogits, Tensor dtopk_weight, Tensor topk_idx, Tensor topk_weight, Tensor scores,
+                     Tensor logits, Tensor expert_counts, float lb_scale, float z_scale, ScoreFn fn, bool normalize,
+                     Stream stream) {
+  constexpr const char* op = "router_backward";
+  check_tensor(logits, DType::F32, op, "logits");
+  MOE_CHECK(logits.ndim() == 2, op, ": logits must be [T, N], got ", logits.shape.str());
+  const int64_t T = logits.dim(0), N = logits.dim(1);
+  check_experts(N, op);
+  check_tensor(topk_idx, DType::I32, op, "topk_idx");
+  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == T, op, ": topk_idx must be [", T, ", K], got ",
+            topk_idx.shape.str());
+  const int64_t K = topk_idx.dim(1);
+  MOE_CHECK(K >= 1 && K <= N, op, ": top_k = ", K, " must be in [1, N = ", N, "]");
+  check_tensor(dlogits, DType::F32, op, "dlogits");
+  check_shape(dlogits, {T, N}, op, "dlogits");
+  check_tensor(scores, DType::F32, op, "scores");
+  check_shape(scores, {T, N}, op, "scores");
+  check_tensor(dtopk_weight, DType::F32, op, "dtopk_weight");
+  check_shape(dtopk_weight, {T, K}, op, "dtopk_weight");
+  check_tensor(topk_weight, DType::F32, op, "topk_weight");
+  check_shape(topk_weight, {T, K}, op, "topk_weight");
+  check_tensor(expert_counts, DType::I32, op, "expert_counts");
+  check_shape(expert_counts, {N}, op, "expert_counts");
+  // NOTES: the CPU checks every topk_idx entry lies in [0, N); that needs the data on the host, so
+  // the GPU skips entries outside the range instead (router_forward never writes such entries).
+  if (T == 0) return;
+
+  const double lb_coef = static_cast<double>(lb_scale) * static_cast<double>(N) / K / (static_cast<double>(T) * T);
+  const double z_coef = 2.0 * static_cast<double>(z_scale) / T;
+  router_backward_kernel<<<token_blocks(T), kThreads, 0, cuda_stream(stream)>>>(
+      dlogits.f32(), dtopk_weight.f32(), topk_idx.i32(), topk_weight.f32(), scores.f32(), logits.f32(),
+      expert_counts.i32(), T, static_cast<int>(N), static_cast<int>(K), lb_coef, z_coef, z_scale != 0.0f,
+      fn == ScoreFn::Softmax, normalize);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moe::cuda

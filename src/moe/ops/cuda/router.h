@@ -1,0 +1,29 @@
+// CUDA router: the GPU implementation of moe/ops/router.h (same signatures, same meaning as moe::cpu).
+//
+// Dtype contract (as on the CPU): logits, scores, bias, topk_weight, dtopk_weight, dlogits F32;
+// topk_idx, expert_counts I32; lb_loss, z_loss F32 [1]. Every tensor lives on the CUDA device.
+// Each op only enqueues kernels on `stream`: no allocation, no host copy, no synchronization, and
+// no device data is read on the host (so checks that need the data, such as the CPU's range
+// check of topk_idx in router_backward, are not made: an expert id outside [0, N) is skipped).
+// Limit: N <= 256 experts (one warp holds a token's scores in registers, 8 per lane).
+// Deterministic: the same inputs give bit-identical outputs (no float atomics; every reduction
+// runs in a fixed order).
+#pragma once
+
+#include "moe/ops/router.h"
+
+namespace moe::cuda {
+
+void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor logits, Tensor bias, ScoreFn fn,
+                    bool normalize, Stream stream = {});
+
+// NOTES: reduces over tokens through a fixed static device scratch (per-block partial sums), so two
+// router_losses calls must not run at the same time on different streams of one device.
+void router_losses(Tensor lb_loss, Tensor z_loss, Tensor expert_counts, Tensor scores, Tensor logits, int top_k,
+                   Stream stream = {});
+
+void router_backward(Tensor dlogits, Tensor dtopk_weight, Tensor topk_idx, Tensor topk_weight, Tensor scores,
+                     Tensor logits, Tensor expert_counts, float lb_scale, float z_scale, ScoreFn fn, bool normalize,
+                     Stream stream = {});
+
+}  // namespace moe::cuda
