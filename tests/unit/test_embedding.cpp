@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "moe/core/rng.h"
@@ -92,6 +94,48 @@ TEST(Embedding, AddInplaceFillZeroAndCopyAreExact) {
   EXPECT_EQ(ints, ints_src);
   moe::fill_zero(i32_tensor(ints.data(), {5}));
   for (int32_t v : ints) EXPECT_EQ(v, 0);
+}
+
+// F32 -> BF16 rounds to nearest even exactly as moe::f32_to_bf16 (ties, NaN, infinities, values
+// that round up into the next binade, denormals); BF16 -> F32 is exact; equal dtypes copy.
+TEST(Embedding, CastCopyRoundsToNearestEvenAndWidensExactly) {
+  std::vector<float> src = random_values(1001, 5);
+  const float specials[] = {0.0f, -0.0f, 1.0f + 0x1.0p-8f /* tie: stays 1 */,
+                            1.0f + 0x1.8p-7f /* tie: rounds up to even */, 1.0f + 0x1.0p-9f,
+                            0x1.fffffep127f /* rounds to inf */, std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min(),
+                            std::numeric_limits<float>::min() / 3, -3.39e38f};
+  src.insert(src.end(), std::begin(specials), std::end(specials));
+  const int64_t n = static_cast<int64_t>(src.size());
+  std::vector<uint16_t> half(n, 0xdead);
+  moe::cast_copy(moe::Tensor(half.data(), moe::DType::BF16, {n}), f32_tensor(src.data(), {n}));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(half[i], moe::f32_to_bf16(src[i])) << "at " << i << " value " << src[i];
+  EXPECT_EQ(half[n - 13 + 2], 0x3f80);  // the tie 1 + 2^-8 keeps the even mantissa of 1
+  EXPECT_EQ(half[n - 13 + 3], 0x3f82);  // the tie 1 + 3 * 2^-8 rounds up to the even 1 + 2^-6
+
+  std::vector<float> wide(n, 7.0f);
+  moe::cast_copy(f32_tensor(wide.data(), {n}), moe::Tensor(half.data(), moe::DType::BF16, {n}));
+  for (int64_t i = 0; i < n; ++i) {
+    const float want = moe::bf16_to_f32(half[i]);
+    ASSERT_EQ(std::memcmp(&wide[i], &want, 4), 0) << "at " << i;
+  }
+
+  std::vector<float> same(n, 7.0f);
+  moe::cast_copy(f32_tensor(same.data(), {n}), f32_tensor(src.data(), {n}));
+  EXPECT_EQ(std::memcmp(same.data(), src.data(), n * sizeof(float)), 0);
+  std::vector<uint16_t> half_copy(n, 0);
+  moe::cast_copy(moe::Tensor(half_copy.data(), moe::DType::BF16, {n}), moe::Tensor(half.data(), moe::DType::BF16, {n}));
+  EXPECT_EQ(half_copy, half);
+}
+
+TEST(Embedding, CastCopyRejectsShapeMismatchAndOtherDtypes) {
+  std::vector<float> a(6);
+  std::vector<uint16_t> h(6);
+  std::vector<int32_t> ints(6);
+  EXPECT_THROW(moe::cast_copy(moe::Tensor(h.data(), moe::DType::BF16, {2, 3}), f32_tensor(a.data(), {3, 2})),
+               moe::Error);
+  EXPECT_THROW(moe::cast_copy(f32_tensor(a.data(), {6}), i32_tensor(ints.data(), {6})), moe::Error);
 }
 
 TEST(Embedding, HelpersRejectMismatchedShapesOrDtypes) {

@@ -1,0 +1,225 @@
+// CUDA embedding lookup/accumulation, element-wise helpers and cast_copy against the CPU ops.
+// Pure data movement (embedding_forward, copy, fill_zero, cast_copy) must be exact. add_inplace
+// is exact too: the CPU's FP32 sum rounded to BF16 is what the GPU computes. embedding_backward
+// is exact as well: each dtable element gets the same FP32 additions in the same row order as on
+// the CPU (BF16 dout is widened exactly). Outputs start poisoned; two runs give identical bits.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "moe/core/rng.h"
+#include "moe/ops/embedding.h"
+
+namespace moe {
+namespace {
+
+#if defined(MOE_HAVE_CUDA)
+using testing::DeviceBuffer;
+using testing::round_bf16;
+
+std::vector<float> random_values(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<float>(rng.normal());
+  return v;
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(rng.below(V));
+  return t;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// R, V, D: one row, odd sizes, heavy repetition (V << R) spanning two 256-column blocks, many
+// partitions with a vocab of 50304, and a large table.
+const int64_t kShapes[][3] = {{1, 1, 1}, {5, 7, 3}, {40, 11, 300}, {4096, 50, 1024}, {2048, 50304, 512}};
+
+void check_embedding_forward(DType dtype) {
+  uint64_t seed = 1;
+  for (const auto& s : kShapes) {
+    const int64_t R = s[0], V = s[1], D = s[2];
+    SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " R " << R << " V " << V << " D " << D);
+    auto table = random_values(V * D, seed++);
+    if (dtype == DType::BF16) table = round_bf16(table);
+    const auto tokens = random_tokens(R, V, seed++);
+    std::vector<float> ref(R * D);
+    auto tokens_host = tokens;
+    embedding_forward(f32_tensor(ref.data(), {R, D}), f32_tensor(table.data(), {V, D}),
+                      i32_tensor(tokens_host.data(), {R}));
+
+    DeviceBuffer table_d(dtype, {V, D}), tokens_d(DType::I32, {R}), out_d(dtype, {R, D});
+    table_d.upload(table);
+    tokens_d.upload_i32(tokens);
+    embedding_forward(out_d, table_d, tokens_d);
+    EXPECT_TRUE(same_bits(out_d.download(), ref)) << "embedding_forward is not an exact copy of table rows";
+  }
+}
+
+void check_embedding_backward(DType dtype) {
+  uint64_t seed = 100;
+  for (const auto& s : kShapes) {
+    const int64_t R = s[0], V = s[1], D = s[2];
+    SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " R " << R << " V " << V << " D " << D);
+    auto dout = random_values(R * D, seed++);
+    if (dtype == DType::BF16) dout = round_bf16(dout);
+    const auto tokens = random_tokens(R, V, seed++);
+    const auto dtable0 = random_values(V * D, seed++);  // existing gradient: accumulated into
+    auto ref = dtable0;
+    auto tokens_host = tokens;
+    embedding_backward(f32_tensor(ref.data(), {V, D}), f32_tensor(dout.data(), {R, D}),
+                       i32_tensor(tokens_host.data(), {R}));
+
+    DeviceBuffer dtable_d(DType::F32, {V, D}), tokens_d(DType::I32, {R}), dout_d(dtype, {R, D});
+    dout_d.upload(dout);
+    tokens_d.upload_i32(tokens);
+    auto run = [&] {
+      dtable_d.upload(dtable0);
+      embedding_backward(dtable_d, dout_d, tokens_d);
+      return dtable_d.download();
+    };
+    const auto got = run();
+    EXPECT_LE(testing::normalized_error(got, ref), 1e-6);  // a readable figure should the exact check fail
+    EXPECT_TRUE(same_bits(got, ref)) << "embedding_backward differs from the CPU's ordered FP32 sums";
+    EXPECT_TRUE(same_bits(run(), got)) << "embedding_backward is not deterministic";
+  }
+}
+#endif
+
+TEST(CudaEmbedding, ForwardCopiesTableRowsExactlyF32) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  check_embedding_forward(DType::F32);
+#endif
+}
+
+TEST(CudaEmbedding, ForwardCopiesTableRowsExactlyBF16) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  check_embedding_forward(DType::BF16);
+#endif
+}
+
+TEST(CudaEmbedding, BackwardAccumulatesRepeatedTokensExactlyAndDeterministicallyF32) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  check_embedding_backward(DType::F32);
+#endif
+}
+
+TEST(CudaEmbedding, BackwardAccumulatesRepeatedTokensExactlyAndDeterministicallyBF16) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  check_embedding_backward(DType::BF16);
+#endif
+}
+
+TEST(CudaEmbedding, AddInplaceIsExact) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (int64_t n : {int64_t{1}, int64_t{100003}, int64_t{4096} * 1024}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " n " << n);
+      auto y = random_values(n, 1 + n), x = random_values(n, 2 + n);
+      if (dtype == DType::BF16) y = round_bf16(y), x = round_bf16(x);
+      std::vector<float> ref = y;
+      add_inplace(f32_tensor(ref.data(), {n}), f32_tensor(x.data(), {n}));
+      if (dtype == DType::BF16) ref = round_bf16(ref);  // the FP32 sum, stored as BF16
+      DeviceBuffer y_d(dtype, {n}), x_d(dtype, {n});
+      y_d.upload(y);
+      x_d.upload(x);
+      add_inplace(y_d, x_d);
+      EXPECT_TRUE(same_bits(y_d.download(), ref));
+    }
+  }
+#endif
+}
+
+TEST(CudaEmbedding, FillZeroAndCopyAreExactForEveryDtype) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  for (int64_t n : {int64_t{1}, int64_t{100003}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n);
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      auto src = random_values(n, 7 + n);
+      if (dtype == DType::BF16) src = round_bf16(src);
+      DeviceBuffer src_d(dtype, {n}), dst_d(dtype, {n});
+      src_d.upload(src);
+      copy(dst_d, src_d);
+      EXPECT_TRUE(same_bits(dst_d.download(), src)) << dtype_name(dtype);
+      fill_zero(dst_d);
+      EXPECT_TRUE(same_bits(dst_d.download(), std::vector<float>(n, 0.0f))) << dtype_name(dtype);
+    }
+    std::vector<int32_t> ints(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ints[i] = static_cast<int32_t>(i * 7919 - 5);
+    DeviceBuffer ints_d(DType::I32, {n}), ints_dst(DType::I32, {n});
+    ints_d.upload_i32(ints);
+    copy(ints_dst, ints_d);
+    EXPECT_EQ(ints_dst.download_i32(), ints);
+    fill_zero(ints_dst);
+    EXPECT_EQ(ints_dst.download_i32(), std::vector<int32_t>(n, 0));
+  }
+#endif
+}
+
+// F32 -> BF16 bit-identical to moe::f32_to_bf16 (ties to even, NaN, infinities, overflow to inf,
+// denormals), BF16 -> F32 exact, equal dtypes copy.
+TEST(CudaEmbedding, CastCopyMatchesHostRoundingBitForBit) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  std::vector<float> src = random_values(4096 * 1024 + 3, 11);
+  const float specials[] = {0.0f, -0.0f, 1.0f + 0x1.0p-8f, 1.0f + 0x1.8p-7f, 0x1.fffffep127f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min() / 3,
+                            -3.39e38f};
+  src.insert(src.end(), std::begin(specials), std::end(specials));
+  const int64_t n = static_cast<int64_t>(src.size());
+  std::vector<uint16_t> want_bits(src.size());
+  for (size_t i = 0; i < src.size(); ++i) want_bits[i] = f32_to_bf16(src[i]);
+  std::vector<float> want(src.size());  // the BF16 values widened exactly, as download() reports them
+  for (size_t i = 0; i < src.size(); ++i) want[i] = bf16_to_f32(want_bits[i]);
+
+  // The host reference through the CPU op agrees with f32_to_bf16.
+  std::vector<uint16_t> cpu_bits(src.size());
+  cast_copy(Tensor(cpu_bits.data(), DType::BF16, {n}), f32_tensor(src.data(), {n}));
+  EXPECT_EQ(cpu_bits, want_bits);
+
+  DeviceBuffer f32_d(DType::F32, {n}), bf16_d(DType::BF16, {n}), back_d(DType::F32, {n}), bf16_copy(DType::BF16, {n});
+  CUDA_CHECK(cudaMemcpy(f32_d.tensor().data, src.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  cast_copy(bf16_d, f32_d);
+  EXPECT_TRUE(same_bits(bf16_d.download(), want)) << "F32 -> BF16";
+  cast_copy(back_d, bf16_d);
+  EXPECT_TRUE(same_bits(back_d.download(), want)) << "BF16 -> F32";
+  cast_copy(bf16_copy, bf16_d);
+  EXPECT_TRUE(same_bits(bf16_copy.download(), want)) << "BF16 -> BF16";
+  DeviceBuffer f32_copy(DType::F32, {n});
+  cast_copy(f32_copy, f32_d);
+  EXPECT_TRUE(same_bits(f32_copy.download(), src)) << "F32 -> F32";
+
+  DeviceBuffer wrong_shape(DType::BF16, {n + 1}), ints(DType::I32, {n});
+  EXPECT_THROW(cast_copy(wrong_shape, f32_d), Error);
+  EXPECT_THROW(cast_copy(ints, f32_d), Error);
+#endif
+}
+
+TEST(CudaEmbedding, RejectsMixedDtypesAndAHalfPrecisionAccumulator) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  DeviceBuffer table_bf16(DType::BF16, {7, 4}), out_f32(DType::F32, {3, 4}), tokens(DType::I32, {3}),
+      dout(DType::F32, {3, 4}), y(DType::BF16, {5}), x(DType::F32, {5});
+  EXPECT_THROW(embedding_forward(out_f32, table_bf16, tokens), Error);
+  EXPECT_THROW(embedding_backward(table_bf16, dout, tokens), Error);
+  EXPECT_THROW(add_inplace(y, x), Error);
+#endif
+}
+
+}  // namespace
+}  // namespace moe

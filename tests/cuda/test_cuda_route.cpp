@@ -1,0 +1,140 @@
+// CUDA routing metadata against the CPU: route_counts and route_index_local on random top-K
+// selections (T in {1, 37, 4096} and T*K = 262144; N in {8, 64, 128}; K in {1, 2, 8, N}), with an
+// expert that gets no route, capacities that force drops (down to 0) and ones that do not
+// (including one past the I32 range). The GPU pipeline runs device-only: its counts feed its route
+// index. Every output is integer and must equal the CPU's exactly; two runs must be identical.
+//
+// NOTES: DeviceBuffer's poison (0xff bytes) reads as -1 in I32, which is also the "dropped" value of
+// route_index, so outputs are pre-filled with -7 instead: a route left unwritten shows up.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "moe/core/rng.h"
+#include "moe/ops/route.h"
+
+namespace moe {
+namespace {
+
+#if defined(MOE_HAVE_CUDA)
+using testing::DeviceBuffer;
+
+constexpr int32_t kUnwritten = -7;
+
+// K distinct experts per token, uniformly at random, never `empty_expert` (when K < N).
+std::vector<int32_t> random_topk(int T, int N, int K, int empty_expert, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> pool, idx(static_cast<size_t>(T) * K);
+  for (int e = 0; e < N; ++e)
+    if (e != empty_expert || K == N) pool.push_back(e);
+  for (int t = 0; t < T; ++t)
+    for (int k = 0; k < K; ++k) {  // partial Fisher-Yates
+      const int pick = k + static_cast<int>(rng.below(pool.size() - k));
+      std::swap(pool[k], pool[pick]);
+      idx[static_cast<size_t>(t) * K + k] = pool[k];
+    }
+  return idx;
+}
+
+// Runs both ops on the CPU and (twice) on the GPU for one selection and capacity.
+void check_route(const std::vector<int32_t>& topk, int T, int N, int K, int64_t capacity) {
+  SCOPED_TRACE(::testing::Message() << "T=" << T << " N=" << N << " K=" << K << " capacity=" << capacity);
+  const int routes = T * K;
+  std::vector<int32_t> idx = topk, counts_ref(N), index_ref(routes), offsets_ref(N + 1);
+  route_counts(i32_tensor(counts_ref.data(), {N}), i32_tensor(idx.data(), {T, K}));
+  route_index_local(i32_tensor(index_ref.data(), {routes}), i32_tensor(offsets_ref.data(), {N + 1}),
+                    i32_tensor(idx.data(), {T, K}), i32_tensor(counts_ref.data(), {N}), capacity);
+
+  DeviceBuffer topk_d(DType::I32, {T, K});
+  topk_d.upload_i32(topk);
+  std::vector<int32_t> first_counts, first_index, first_offsets;
+  for (int run = 0; run < 2; ++run) {
+    DeviceBuffer counts_d(DType::I32, {N}), index_d(DType::I32, {routes}), offsets_d(DType::I32, {N + 1});
+    counts_d.upload_i32(std::vector<int32_t>(N, kUnwritten));
+    index_d.upload_i32(std::vector<int32_t>(routes, kUnwritten));
+    offsets_d.upload_i32(std::vector<int32_t>(N + 1, kUnwritten));
+    route_counts(counts_d, topk_d);
+    route_index_local(index_d, offsets_d, topk_d, counts_d, capacity);  // device counts feed the index
+    const std::vector<int32_t> counts = counts_d.download_i32(), index = index_d.download_i32(),
+                               offsets = offsets_d.download_i32();
+    if (run == 0) {
+      EXPECT_EQ(counts, counts_ref) << "expert_counts";
+      EXPECT_EQ(offsets, offsets_ref) << "expert_offsets";
+      int mismatches = 0;
+      for (int i = 0; i < routes; ++i)
+        if (index[i] != index_ref[i] && ++mismatches <= 5)
+          ADD_FAILURE() << "route_index[" << i << "] = " << index[i] << ", CPU " << index_ref[i];
+      EXPECT_EQ(mismatches, 0);
+      first_counts = counts;
+      first_index = index;
+      first_offsets = offsets;
+    } else {
+      EXPECT_EQ(counts, first_counts) << "expert_counts differ between two runs";
+      EXPECT_EQ(index, first_index) << "route_index differs between two runs";
+      EXPECT_EQ(offsets, first_offsets) << "expert_offsets differ between two runs";
+    }
+  }
+}
+#endif
+
+TEST(CudaRoute, CountsAndIndexMatchCpuWithAndWithoutDrops) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  uint64_t seed = 1;
+  for (int T : {1, 37, 4096})
+    for (int N : {8, 64, 128})
+      for (int K : {1, 2, 8, N}) {
+        if (K > N || (K == N && K == 8)) continue;
+        const int empty_expert = N / 2;  // gets no route when K < N
+        const std::vector<int32_t> topk = random_topk(T, N, K, empty_expert, ++seed);
+        const int64_t routes = static_cast<int64_t>(T) * K;
+        for (int64_t capacity : {routes, (routes * 5 + 3) / 4, routes * 3 / 4, routes / 2, int64_t{1}, int64_t{0},
+                                 int64_t{1} << 40})
+          check_route(topk, T, N, K, capacity);
+      }
+#endif
+}
+
+TEST(CudaRoute, CountsAndIndexMatchCpuAtFullScale) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  // T*K = 262144 routes over 128 experts: many chunks per expert block.
+  const int T = 32768, N = 128, K = 8;
+  const std::vector<int32_t> topk = random_topk(T, N, K, 5, 77);
+  for (int64_t capacity : {int64_t{T} * K, int64_t{T} * K * 5 / 4, int64_t{T} * K * 9 / 10, int64_t{1000}})
+    check_route(topk, T, N, K, capacity);
+#endif
+}
+
+TEST(CudaRoute, AllRoutesToOneExpert) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  const int T = 5000, N = 64, K = 1;
+  const std::vector<int32_t> topk(T, 63);  // the last expert takes everything
+  for (int64_t capacity : {int64_t{T}, int64_t{2500}, int64_t{0}}) check_route(topk, T, N, K, capacity);
+#endif
+}
+
+TEST(CudaRoute, ExpertIdsOutsideTheRangeAreDroppedOnTheGpu) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  // The CPU rejects such ids; the GPU cannot check on the host, so it counts them nowhere and
+  // marks their routes dropped (moe/ops/cuda/route.h).
+  const int T = 3, N = 4, K = 2;
+  DeviceBuffer topk_d(DType::I32, {T, K}), counts_d(DType::I32, {N}), index_d(DType::I32, {T * K}),
+      offsets_d(DType::I32, {N + 1});
+  topk_d.upload_i32({1, 4, -3, 1, 0, 2});
+  index_d.upload_i32(std::vector<int32_t>(T * K, kUnwritten));
+  route_counts(counts_d, topk_d);
+  route_index_local(index_d, offsets_d, topk_d, counts_d, 100);
+  EXPECT_EQ(counts_d.download_i32(), (std::vector<int32_t>{1, 2, 1, 0}));
+  EXPECT_EQ(index_d.download_i32(), (std::vector<int32_t>{1, -1, -1, 2, 0, 3}));
+  EXPECT_EQ(offsets_d.download_i32(), (std::vector<int32_t>{0, 1, 3, 4, 4}));
+#endif
+}
+
+}  // namespace
+}  // namespace moe
