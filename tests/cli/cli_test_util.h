@@ -65,7 +65,7 @@ inline std::vector<uint16_t> valid_tokens(int64_t n) {
   return tokens;
 }
 
-int count_lines(const std::string& text) { return static_cast<int>(std::count(text.begin(), text.end(), '\n')); }
+inline int count_lines(const std::string& text) { return static_cast<int>(std::count(text.begin(), text.end(), '\n')); }
 
 class CliTest : public ::testing::Test {
  protected:

