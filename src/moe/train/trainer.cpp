@@ -162,7 +162,7 @@ void Trainer::save_checkpoint_now(int64_t step) {
   Tensor bias = state_.get(router_bias_);
   if (leader()) slices.push_back({"router_bias", DType::F32, {bias.dim(0), bias.dim(1)}, 0, bias.numel(), bias.data});
   const std::vector<CheckpointChunk> mine = write_rank_file(tmp, world_.rank(), slices);
-  if (world_.size() > 1) {
+  if (!leader()) {  // rank 0 keeps its own records in memory
     std::ofstream out(tmp + "/chunks-" + std::to_string(world_.rank()) + ".json");
     out << chunks_to_json(mine).dump();
     MOE_CHECK(out.good(), "cannot write chunk records into ", tmp);

@@ -15,6 +15,16 @@
 
 #include "moe/core/cuda_check.h"
 
+// NOTES: core's CUBLAS_CHECK names errors with cublasGetStatusName, which lives in libcublas; this
+// build links only libcublasLt, so cuBLASLt calls are checked with cuBLASLt's own status strings.
+#define CUBLASLT_CHECK(call)                                                                          \
+  do {                                                                                                \
+    const cublasStatus_t moe_cublaslt_rc_ = (call);                                                   \
+    if (moe_cublaslt_rc_ != CUBLAS_STATUS_SUCCESS)                                                    \
+      MOE_FAIL(#call, " failed: ", cublasLtGetStatusName(moe_cublaslt_rc_), ": ",                     \
+               cublasLtGetStatusString(moe_cublaslt_rc_));                                            \
+  } while (0)
+
 namespace moe::cuda {
 namespace {
 
@@ -71,7 +81,7 @@ class CublasLtContext {
     std::lock_guard<std::mutex> lock(mutex_);
     if (handle_ == nullptr) {
       check_not_capturing(stream, "cuBLASLt handle");
-      CUBLAS_CHECK(cublasLtCreate(&handle_));
+      CUBLASLT_CHECK(cublasLtCreate(&handle_));
       device_ = device;
     }
     MOE_CHECK(device == device_, "matmul: the cuBLASLt context belongs to device ", device_,
@@ -104,38 +114,38 @@ class CublasLtContext {
     const cudaDataType_t c_type = cuda_data_type(static_cast<DType>(key[6]));
     const int64_t lda = key[7], ldb = key[8], ldc = key[9];
     MatmulPlan p;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our b
     const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B is our a
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     // Column-major views of the row-major storage: [rows, cols] row-major is [cols, rows] column-major.
     const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;  // our b, row-major
     const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;  // our a, row-major
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a_layout, in_type, static_cast<uint64_t>(b_cols),
-                                            static_cast<uint64_t>(b_rows), ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b_layout, in_type, static_cast<uint64_t>(a_cols),
-                                            static_cast<uint64_t>(a_rows), lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c_layout, c_type, static_cast<uint64_t>(N), static_cast<uint64_t>(M),
-                                            ldc));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.a_layout, in_type, static_cast<uint64_t>(b_cols),
+                                              static_cast<uint64_t>(b_rows), ldb));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.b_layout, in_type, static_cast<uint64_t>(a_cols),
+                                              static_cast<uint64_t>(a_rows), lda));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.c_layout, c_type, static_cast<uint64_t>(N), static_cast<uint64_t>(M),
+                                              ldc));
 
     cublasLtMatmulPreference_t pref = nullptr;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t max_workspace = kCublasWorkspaceBytes;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
-                                                      sizeof(max_workspace)));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
+                                                        sizeof(max_workspace)));
     // cuBLASLt assumes 256-byte aligned buffers unless told otherwise; sub-views (row ranges,
     // chunks) are often less aligned, and an algorithm chosen for 256 would read them wrongly.
     const uint32_t align_a = static_cast<uint32_t>(key[10]), align_b = static_cast<uint32_t>(key[11]),
                    align_c = static_cast<uint32_t>(key[12] >> 1);
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_b,
-                                                      sizeof(align_b)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a,
-                                                      sizeof(align_a)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
-                                                      sizeof(align_c)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
-                                                      sizeof(align_c)));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_b,
+                                                        sizeof(align_b)));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a,
+                                                        sizeof(align_a)));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                        sizeof(align_c)));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                        sizeof(align_c)));
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
     const cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a_layout, p.b_layout, p.c_layout,
@@ -144,7 +154,7 @@ class CublasLtContext {
     MOE_CHECK(rc == CUBLAS_STATUS_SUCCESS && returned > 0, "matmul: cuBLASLt found no algorithm for M=", M, " N=", N,
               " K=", K, " trans_a=", trans_a, " trans_b=", trans_b, " input ", dtype_name(static_cast<DType>(key[5])),
               " output ", dtype_name(static_cast<DType>(key[6])), " (lda ", lda, ", ldb ", ldb, ", ldc ", ldc,
-              ", alignments ", align_a, "/", align_b, "/", align_c, "): ", cublasGetStatusName(rc));
+              ", alignments ", align_a, "/", align_b, "/", align_c, "): ", cublasLtGetStatusName(rc));
     p.algo = result.algo;
     return plans_.emplace(key, p).first->second;
   }
@@ -249,9 +259,9 @@ void matmul_view(MatrixView c, MatrixView a, MatrixView b, bool trans_a, bool tr
                        pointer_alignment(b.data),
                        (static_cast<int64_t>(pointer_alignment(c.data)) << 1) | (beta != 0.0f ? 1 : 0)};
   const MatmulPlan& p = context.plan(key, handle);
-  CUBLAS_CHECK(cublasLtMatmul(handle, p.desc, &alpha, b.data, p.a_layout, a.data, p.b_layout, &beta, c.data,
-                              p.c_layout, c.data, p.c_layout, &p.algo, ws.cublas, kCublasWorkspaceBytes,
-                              cuda_stream));
+  CUBLASLT_CHECK(cublasLtMatmul(handle, p.desc, &alpha, b.data, p.a_layout, a.data, p.b_layout, &beta, c.data,
+                                p.c_layout, c.data, p.c_layout, &p.algo, ws.cublas, kCublasWorkspaceBytes,
+                                cuda_stream));
 }
 
 void matmul(Tensor c, Tensor a, Tensor b, bool trans_a, bool trans_b, float alpha, float beta, Stream stream) {

@@ -201,7 +201,8 @@ template <typename T, typename TC>
 void launch_grouped_matmul(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& offsets, int64_t E,
                            int64_t rows, int64_t n_out, int64_t k_in, bool trans_b, bool accumulate,
                            cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((rows + kTile - 1) / kTile), static_cast<unsigned>((n_out + kTile - 1) / kTile));
+  const dim3 grid(static_cast<unsigned>((rows + kTile - 1) / kTile),
+                  static_cast<unsigned>((n_out + kTile - 1) / kTile));
   grouped_matmul_kernel<T, TC><<<grid, kThreads, 0, stream>>>(
       static_cast<TC*>(c.data), static_cast<const T*>(a.data), static_cast<const T*>(b.data),
       static_cast<const int32_t*>(offsets.data), static_cast<int>(E), rows, n_out, k_in, trans_b, accumulate);
