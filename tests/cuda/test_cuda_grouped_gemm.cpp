@@ -179,7 +179,8 @@ TEST(CudaGroupedGemm, ForwardMatchesCpuAtModelSizes) {
   const Layout l = make_layout(random_counts(8, 600, 3), 0, 100);
   uint32_t seed = 2000;
   for (const DtypePair& d : kDtypes)
-    for (bool trans_b : {false, true}) expect_grouped_matmul_matches_cpu(l, 512, 256, trans_b, false, d.in, d.out, seed += 3);
+    for (bool trans_b : {false, true})
+      expect_grouped_matmul_matches_cpu(l, 512, 256, trans_b, false, d.in, d.out, seed += 3);
 #endif
 }
 

@@ -1,4 +1,4 @@
-// CUDA_CHECK / CUBLAS_CHECK: turn a failing CUDA or cuBLAS call into moe::Error with the call,
+// CUDA_CHECK / CUBLASLT_CHECK: turn a failing CUDA or cuBLAS call into moe::Error with the call,
 // the error name and file:line. Only in builds with the CUDA backend (MOE_HAVE_CUDA).
 #pragma once
 
@@ -18,11 +18,12 @@
 // After a kernel launch: launch-configuration errors surface here, not at the next call.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
-#define CUBLAS_CHECK(call)                                                                      \
+// cuBLASLt status names come from cublasLt itself (moe_core links cublasLt, not cublas).
+#define CUBLASLT_CHECK(call)                                                                    \
   do {                                                                                          \
     const cublasStatus_t moe_cublas_rc_ = (call);                                               \
     if (moe_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                                \
-      MOE_FAIL(#call, " failed: ", cublasGetStatusName(moe_cublas_rc_), ": ",                   \
-               cublasGetStatusString(moe_cublas_rc_));                                          \
+      MOE_FAIL(#call, " failed: ", cublasLtGetStatusName(moe_cublas_rc_), ": ",                 \
+               cublasLtGetStatusString(moe_cublas_rc_));                                        \
   } while (0)
 #endif

@@ -15,15 +15,6 @@
 
 #include "moe/core/cuda_check.h"
 
-// NOTES: core's CUBLAS_CHECK names errors with cublasGetStatusName, which lives in libcublas; this
-// build links only libcublasLt, so cuBLASLt calls are checked with cuBLASLt's own status strings.
-#define CUBLASLT_CHECK(call)                                                                          \
-  do {                                                                                                \
-    const cublasStatus_t moe_cublaslt_rc_ = (call);                                                   \
-    if (moe_cublaslt_rc_ != CUBLAS_STATUS_SUCCESS)                                                    \
-      MOE_FAIL(#call, " failed: ", cublasLtGetStatusName(moe_cublaslt_rc_), ": ",                     \
-               cublasLtGetStatusString(moe_cublaslt_rc_));                                            \
-  } while (0)
 
 namespace moe::cuda {
 namespace {
