@@ -25,18 +25,11 @@
 #include <cuda_runtime.h>
 
 #include "moe/core/cuda_check.h"
+#include "moe/ops/cuda/element.cuh"
 
 namespace moe::cuda {
 namespace {
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // Bit-identical to moe::f32_to_bf16 (round to nearest even; a NaN stays a quiet NaN with its sign
 // and top payload bits), so a device refresh of BF16 weights equals the host one, NaNs included.

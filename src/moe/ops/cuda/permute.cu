@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "moe/core/cuda_check.h"
+#include "moe/ops/cuda/element.cuh"
 #include "moe/ops/cuda/permute.h"
 
 namespace moe::cuda {
@@ -67,8 +68,6 @@ cudaStream_t cuda_stream(Stream s) { return static_cast<cudaStream_t>(s.handle);
 
 unsigned grid_for(int64_t items) { return static_cast<unsigned>(std::min(items, kMaxBlocks)); }
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 

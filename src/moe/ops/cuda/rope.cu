@@ -15,18 +15,11 @@
 #include <cuda_runtime.h>
 
 #include "moe/core/cuda_check.h"
+#include "moe/ops/cuda/element.cuh"
 
 namespace moe::cuda {
 namespace {
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 1 << 16;
