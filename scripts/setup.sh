@@ -27,5 +27,23 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# cuDNN frontend (header-only C++ API for cuDNN's fused attention), pinned, into the ignored .deps/:
+# CMakeLists.txt finds its include/ there and builds the CUDA attention op on it. 1.18 works with the
+# cuDNN 9.19 runtime of the build and H200 machines. Skipped when present; without pip it is left
+# out and attention stays CPU-only (CMake says so).
+cudnn_fe_version=1.18.0
+if [ ! -f .deps/cudnn-frontend/include/cudnn_frontend.h ] ||
+   [ ! -d ".deps/cudnn-frontend/nvidia_cudnn_frontend-${cudnn_fe_version}.dist-info" ]; then
+  if python3 -m pip --version > /dev/null 2>&1; then
+    echo "setup: installing nvidia-cudnn-frontend ${cudnn_fe_version} into .deps/cudnn-frontend"
+    rm -rf .deps/cudnn-frontend
+    python3 -m pip install --quiet --no-deps --disable-pip-version-check --target .deps/cudnn-frontend \
+      "nvidia-cudnn-frontend==${cudnn_fe_version}" ||
+      echo "setup: installing nvidia-cudnn-frontend failed; CUDA attention stays off"
+  else
+    echo "setup: python3 -m pip not available; skipping the cuDNN frontend (CUDA attention stays off)"
+  fi
+fi
+
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
 cmake --build build -j "$(nproc)"

@@ -44,8 +44,9 @@ struct DispatchShape {
   int64_t tokens = 0;    // tokens per microbatch on this rank
   int64_t top_k = 0;
   int64_t hidden = 0;    // d_model
-  int num_layers = 0;    // layers (a pool is made for every MoE layer id < num_layers)
+  int num_layers = 0;    // layer ids run from 0 to num_layers - 1
   int slots_per_layer = 1;  // microbatches whose activations are alive at once
+  int first_layer = 0;   // pools (and their buffers) exist for MoE layers first_layer..num_layers-1 only
 };
 
 class TokenDispatcher {

@@ -114,7 +114,8 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
     reserve(s.dffn_gu, "grad.mlp_gate_up", F, {R, 2 * ffn_width});
   }
   if (cfg.first_k_dense_replace < L)
-    dispatcher.plan_buffers(DispatchShape{R, K, D, static_cast<int>(L), lease_slots}, arena);
+    dispatcher.plan_buffers(
+        DispatchShape{R, K, D, static_cast<int>(L), lease_slots, static_cast<int>(cfg.first_k_dense_replace)}, arena);
   reserve(s.attn_ws, "attention_workspace", F, {std::max<int64_t>(1, attention_workspace_elems(attn_shape_))});
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(R, kHeadWorkspaceFloats / V));
   reserve(s.head_ws, "lm_head_workspace", F, {chunk, V});

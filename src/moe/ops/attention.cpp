@@ -14,8 +14,9 @@
 
 namespace moe {
 
-// NOTES: the workspace size has no tensor to dispatch on; it is the CPU size for now. A CUDA
-// backend that needs a different size will need a device argument here.
+// NOTES: the workspace size has no tensor to dispatch on; it is the CPU size. The CUDA op (cuDNN)
+// ignores the caller's workspace and keeps its own per-stream buffer (moe/ops/cuda/attention.h),
+// so no device argument is needed here.
 int64_t attention_workspace_elems(const AttentionShape& s) { return cpu::attention_workspace_elems(s); }
 
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttentionShape& s,

@@ -36,7 +36,7 @@ void AllToAllDispatcher::plan_buffers(const DispatchShape& shape, Arena& arena) 
   const int64_t D = hidden_, rows = rows_;
   pools_.init(shape.num_layers, shape.slots_per_layer);
   slots_.assign(static_cast<size_t>(shape.num_layers), {});
-  for (int l = 0; l < shape.num_layers; ++l)
+  for (int l = shape.first_layer; l < shape.num_layers; ++l)
     for (int s = 0; s < shape.slots_per_layer; ++s) {
       const std::string p = "dispatch.layer." + std::to_string(l) + ".slot." + std::to_string(s) + ".";
       slots_[static_cast<size_t>(l)].emplace_back(arena.reserve(p + "expert_in", DType::F32, {rows, D}),

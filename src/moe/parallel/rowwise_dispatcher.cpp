@@ -49,10 +49,10 @@ void RowwiseDispatcher::plan_buffers(const DispatchShape& shape, Arena& arena) {
     return offset;
   };
   slots_.assign(static_cast<size_t>(shape.num_layers), {});
-  for (auto& layer : slots_)
+  for (int l = shape.first_layer; l < shape.num_layers; ++l)  // dense layers get no buffers
     for (int s = 0; s < shape.slots_per_layer; ++s) {
       const size_t in = next(), out = next();
-      layer.emplace_back(in, out);
+      slots_[static_cast<size_t>(l)].emplace_back(in, out);
     }
   const size_t d_in = next(), d_out = next();
   grad_slots_ = {d_in, d_out};

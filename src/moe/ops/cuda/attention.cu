@@ -76,7 +76,7 @@ void check_not_capturing(cudaStream_t stream, const char* what, const AttentionS
             "one eager call of this shape on this stream before capturing");
 }
 
-void fe_check(const fe::error_t& e, const char* stage, const char* op, const AttentionShape& s) {
+void fe_check(fe::error_t e, const char* stage, const char* op, const AttentionShape& s) {
   MOE_CHECK(e.is_good(), op, ": cuDNN frontend ", stage, " failed for shape ", shape_str(s), " (BF16): ",
             e.get_message());
 }

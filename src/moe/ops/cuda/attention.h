@@ -16,8 +16,9 @@
 // built on first use and kept for the life of the process. The cuDNN workspace is not the
 // caller's `workspace` tensor (that stays sized for the CPU op, see moe/ops/attention.cpp): each
 // stream gets a device buffer owned by this file, allocated on first use and grown (after a
-// synchronize of that stream) when a newly built graph needs more; at B=8, T=4096, Hq=16, hd=128
-// the backward asks for about 270 MB (cuDNN's FP32 dQ accumulator). Creating the handle, building a
+// synchronize of that stream) when a newly built graph needs more (the backward's can be large: an
+// FP32 dQ accumulator is B*Hq*T*hd*4 bytes, 268 MB at B=8, T=4096, Hq=16, hd=128; the size was not
+// measured). This memory lives outside the caller's planned allocation. Creating the handle, building a
 // graph and allocating the workspace must not happen during CUDA graph capture: the first eager
 // call of each shape does them, a first call under capture fails with a clear error; later calls
 // only enqueue work and may be captured. The backward is cuDNN's default (non-deterministic: dQ
