@@ -79,6 +79,21 @@ TEST_F(HfInterop, import_with_a_missing_tensor_names_it_and_writes_no_checkpoint
   EXPECT_TRUE(step_dirs(path("imported")).empty());
 }
 
+TEST_F(HfInterop, export_refuses_a_model_with_a_selection_bias) {
+  std::vector<std::string> sets = tiny_sets();
+  sets.push_back("model.bias_update_rate=0.01");
+  sets.push_back("run.dir=" + path("biased"));
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "1"}, sets)).exit_code, 0);
+  expect_error(moetrain({"export-hf", path("biased"), path("hf")}), {"bias_update_rate"});
+  EXPECT_FALSE(fs::exists(path("hf")));
+}
+
+TEST_F(HfInterop, import_refuses_a_non_empty_output_and_leaves_it_alone) {
+  ASSERT_EQ(moetrain({"export-hf", run_dir(), path("hf")}).exit_code, 0);
+  expect_error(moetrain({"import-hf", path("hf"), run_dir()}), {run_dir(), "not empty"});
+  EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000002"});
+}
+
 TEST_F(HfInterop, eval_refuses_tokens_outside_the_vocabulary) {
   write_file(path("big.txt"), std::string(3000, 'x'));
   ASSERT_EQ(moetrain({"prepare", path("big.txt"), "--out", path("bytes")}).exit_code, 0);

@@ -9,7 +9,9 @@
 //   outlive the Communicator it was made from.
 // - Every check that could fail on some ranks only is agreed by an all-reduce first, so all
 //   ranks throw together instead of some waiting forever in the next collective.
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <cstring>
 #include <exception>
 #include <vector>
@@ -38,7 +40,8 @@ bool all_ranks_agree(bool cond, MPI_Comm comm) {
 
 class MpiSymmetricHeap final : public SymmetricHeap {
  public:
-  MpiSymmetricHeap(MPI_Comm group, size_t bytes_per_rank) : bytes_per_rank_(bytes_per_rank) {
+  MpiSymmetricHeap(MPI_Comm group, size_t bytes_per_rank, std::shared_ptr<double> clock = nullptr)
+      : clock_(std::move(clock)), bytes_per_rank_(bytes_per_rank) {
     MPI_CHECK(MPI_Comm_dup(group, &comm_));
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -70,9 +73,11 @@ class MpiSymmetricHeap final : public SymmetricHeap {
   }
 
   void sync() override {
+    const auto t0 = std::chrono::steady_clock::now();
     MPI_CHECK(MPI_Win_sync(win_));
     MPI_CHECK(MPI_Barrier(comm_));
     MPI_CHECK(MPI_Win_sync(win_));
+    if (clock_) *clock_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
  private:
@@ -135,6 +140,7 @@ class MpiSymmetricHeap final : public SymmetricHeap {
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
+  std::shared_ptr<double> clock_;  // time in sync() counts as communication (TimedCommunicator's clock)
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
   bool locked_ = false;
@@ -147,12 +153,16 @@ class MpiSymmetricHeap final : public SymmetricHeap {
 
 std::unique_ptr<SymmetricHeap> make_mpi_symmetric_heap(Communicator& group, size_t bytes_per_rank) {
   Communicator* inner = &group;
-  while (auto* timed = dynamic_cast<TimedCommunicator*>(inner)) inner = &timed->inner();  // see through timing
+  std::shared_ptr<double> clock;
+  while (auto* timed = dynamic_cast<TimedCommunicator*>(inner)) {  // see through timing, keep its clock
+    clock = timed->clock();
+    inner = &timed->inner();
+  }
   auto* mpi = dynamic_cast<MpiCommunicator*>(inner);
   MOE_CHECK(mpi != nullptr, "make_mpi_symmetric_heap: the group is not an MpiCommunicator (",
             "the CPU symmetric heap is an MPI shared-memory window; a LocalCommunicator or ",
             "NCCL group cannot back it)");
-  return std::make_unique<MpiSymmetricHeap>(mpi->comm(), bytes_per_rank);
+  return std::make_unique<MpiSymmetricHeap>(mpi->comm(), bytes_per_rank, clock);
 }
 
 }  // namespace moe

@@ -37,6 +37,9 @@ class TimedCommunicator final : public Communicator {
   }
   Communicator& inner() { return inner_; }
   double seconds() const { return *seconds_; }
+  // The shared accumulator, for other channels that should count as communication time
+  // (the symmetric heap's barriers).
+  const std::shared_ptr<double>& clock() const { return seconds_; }
 
  private:
   template <typename Fn>

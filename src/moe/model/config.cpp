@@ -1,10 +1,21 @@
 #include "moe/model/config.h"
 
+#include <cmath>
+#include <utility>
+
 #include "moe/core/error.h"
 
 namespace moe {
 
 void ModelConfig::validate() const {
+  for (const auto& [key, v] :
+       {std::pair<const char*, double>{"model.rope_theta", rope_theta}, {"model.rms_norm_eps", rms_norm_eps},
+        {"model.router_aux_loss_coef", router_aux_loss_coef}, {"model.router_z_loss_coef", router_z_loss_coef},
+        {"model.bias_update_rate", bias_update_rate}, {"model.capacity_factor", capacity_factor},
+        {"model.init_std", init_std}})
+    MOE_CHECK(std::isfinite(v), key, " must be a finite number, got ", v);
+  MOE_CHECK(router_aux_loss_coef >= 0 && router_z_loss_coef >= 0 && bias_update_rate >= 0,
+            "model.router_aux_loss_coef, model.router_z_loss_coef and model.bias_update_rate must be >= 0");
   MOE_CHECK(vocab_size > 1, "model.vocab_size must be > 1, got ", vocab_size);
   MOE_CHECK(hidden_size > 0, "model.hidden_size must be > 0, got ", hidden_size);
   MOE_CHECK(num_hidden_layers > 0, "model.num_hidden_layers must be > 0, got ", num_hidden_layers);

@@ -1,5 +1,6 @@
 #include "moe/train/config.h"
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <set>
@@ -238,7 +239,16 @@ void Config::validate(int64_t dp) const {
   MOE_CHECK(t.global_batch_size > 0 && t.global_batch_size % (t.micro_batch_size * dp) == 0,
             "train.global_batch_size (", t.global_batch_size, ") must be a positive multiple of train.micro_batch_size (",
             t.micro_batch_size, ") x data-parallel ranks (", dp, ")");
+  for (const auto& [key, v] : {std::pair<const char*, double>{"train.lr", t.lr}, {"train.min_lr_ratio", t.min_lr_ratio},
+                                {"train.weight_decay", t.weight_decay}, {"train.beta1", t.beta1}, {"train.beta2", t.beta2},
+                                {"train.eps", t.eps}, {"train.grad_clip", t.grad_clip}, {"run.peak_tflops", run.peak_tflops},
+                                {"data.eval_fraction", data.eval_fraction}})
+    MOE_CHECK(std::isfinite(v), key, " must be a finite number, got ", v);
   MOE_CHECK(t.lr >= 0, "train.lr must be >= 0");
+  MOE_CHECK(t.weight_decay >= 0, "train.weight_decay must be >= 0, got ", t.weight_decay);
+  constexpr int64_t kIntMax = 2147483647;
+  MOE_CHECK(t.keep_last <= kIntMax && parallel.ep <= kIntMax && parallel.lease_slots <= kIntMax,
+            "train.keep_last, parallel.ep and parallel.lease_slots must fit in 32 bits");
   MOE_CHECK(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1, "train.min_lr_ratio must be in [0, 1]");
   MOE_CHECK(t.warmup_steps >= 0, "train.warmup_steps must be >= 0");
   MOE_CHECK(t.beta1 >= 0 && t.beta1 < 1 && t.beta2 >= 0 && t.beta2 < 1, "train.beta1 and train.beta2 must be in [0, 1)");

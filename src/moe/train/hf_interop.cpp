@@ -119,6 +119,8 @@ nlohmann::json olmoe_hf_config(const ModelConfig& c) {
             c.shared_expert_intermediate_size, ")");
   MOE_CHECK(c.first_k_dense_replace == 0, "export-hf: OLMoE has no dense layers (model.first_k_dense_replace = ",
             c.first_k_dense_replace, ")");
+  MOE_CHECK(c.bias_update_rate == 0, "export-hf: the model routes with an auxiliary-loss-free selection bias ",
+            "(model.bias_update_rate = ", c.bias_update_rate, "), which OlmoeForCausalLM cannot express");
   return {{"architectures", {"OlmoeForCausalLM"}},
           {"model_type", "olmoe"},
           {"vocab_size", c.vocab_size},
@@ -209,6 +211,15 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   std::error_code ec;
   fs::create_directories(tmp, ec);
   MOE_CHECK(!ec, "export-hf: cannot create ", tmp, ": ", ec.message());
+  // Nothing half-written stays behind: the temporary directory goes if anything below fails.
+  struct RemoveOnFailure {
+    std::string path;
+    bool armed = true;
+    ~RemoveOnFailure() {
+      std::error_code ignored;
+      if (armed) fs::remove_all(path, ignored);
+    }
+  } cleanup{tmp};
   ExportResult r;
   r.out_dir = out_dir;
   r.shards = static_cast<int>(shards.size());
@@ -237,11 +248,15 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   for (const auto& t : tokenizer_files) fs::copy_file(t, tmp + "/" + fs::path(t).filename().string());
   fs::rename(tmp, out_dir, ec);
   MOE_CHECK(!ec, "export-hf: cannot rename ", tmp, " to ", out_dir, ": ", ec.message());
+  cleanup.armed = false;
   r.peak_rss_bytes = peak_rss_bytes();
   return r;
 }
 
 ImportResult import_hf(const std::string& hf_dir, const std::string& out_run_dir) {
+  MOE_CHECK(!fs::exists(out_run_dir) || fs::is_empty(out_run_dir), "import-hf: output '", out_run_dir,
+            "' exists and is not empty; choose a new directory");
+  const bool created_out = !fs::exists(out_run_dir);
   const ModelConfig mc = model_config_from_hf(read_json(hf_dir + "/config.json"));
   // Which file holds each tensor.
   std::map<std::string, std::string> where;
@@ -306,7 +321,14 @@ ImportResult import_hf(const std::string& hf_dir, const std::string& out_run_dir
     to_f32(file_of(name), name, slice.global_shape, dst);
   };
   const std::string tmp = begin_checkpoint(out_run_dir, 0);
-  const std::vector<CheckpointChunk> chunks = write_rank_file(tmp, 0, slices, produce);
+  std::vector<CheckpointChunk> chunks;
+  try {
+    chunks = write_rank_file(tmp, 0, slices, produce);
+  } catch (...) {  // nothing half-written stays behind
+    std::error_code ignored;
+    fs::remove_all(created_out ? out_run_dir : tmp, ignored);
+    throw;
+  }
   r.tensors = static_cast<int64_t>(reg.entries().size());
 
   Config cfg;

@@ -70,7 +70,11 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     store_ = std::make_unique<FsdpStore>(mc, reg_, world_, state_);
     dispatcher_ = std::make_unique<LocalDispatcher>(mc.num_experts, mc.capacity_factor, mc.dropless);
   } else {
-    mesh_ = std::make_unique<Mesh>(make_mesh(world_, static_cast<int>(cfg_.parallel.ep), moe_experts));
+    // A model without MoE layers has nothing to shard over experts: data parallelism only.
+    MOE_CHECK(moe_experts > 0 || cfg_.parallel.ep == 1, "parallel.ep = ", cfg_.parallel.ep,
+              " needs MoE layers, but model.first_k_dense_replace makes every layer dense; use parallel.ep = 1");
+    mesh_ = std::make_unique<Mesh>(
+        make_mesh(world_, static_cast<int>(cfg_.parallel.ep), moe_experts > 0 ? moe_experts : 1));
     const int64_t local = mc.num_experts / mesh_->ep;
     reg_ = build_registry(mc, mesh_->ep_index * local, local, ParamLayout::ByReplicaGroup);
     store_ = std::make_unique<DdpStore>(mc, reg_, *mesh_, state_);
@@ -320,12 +324,13 @@ double Trainer::evaluate(int64_t batches) {
   Tensor tokens = state_.get(tokens_), targets = state_.get(targets_), stats = state_.get(step_stats_);
   RoutingState rs{state_.get(router_bias_), Tensor()};
   fill_zero(stats);
+  double local = 0;  // summed in double; one rounding to FP32 before the all-reduce
   for (int64_t i = 0; i < n; ++i) {
     data_.eval_batch((i * dp + rank) * B, B, T, tokens.i32(), targets.i32());
-    stats.f32()[kLmSum] += static_cast<float>(
-        model_->forward_loss(store_->weights(), tokens, targets, routing_seed(cfg_.train.seed, -1, i * dp + rank), rs)
-            .lm_loss_sum);
+    local += model_->forward_loss(store_->weights(), tokens, targets, routing_seed(cfg_.train.seed, -1, i * dp + rank), rs)
+                 .lm_loss_sum;
   }
+  stats.f32()[kLmSum] = static_cast<float>(local);
   world_.all_reduce(stats, ReduceOp::Sum);
   return stats.f32()[kLmSum] / static_cast<double>(n * dp * B * T);
 }
@@ -367,6 +372,7 @@ EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, c
   Tensor tokens = state_.get(tokens_), targets = state_.get(targets_), stats = state_.get(step_stats_);
   RoutingState rs{state_.get(router_bias_), Tensor()};
   fill_zero(stats);
+  double local = 0;  // summed in double; one rounding to FP32 before the all-reduce
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < per_rank; ++i) {
     for (int64_t j = 0; j < B; ++j) {
@@ -378,7 +384,7 @@ EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, c
       }
     }
     const uint64_t seed = routing_seed(cfg_.train.seed, -1, i * dp + rank);
-    stats.f32()[kLmSum] += static_cast<float>(model_->forward_loss(store_->weights(), tokens, targets, seed, rs).lm_loss_sum);
+    local += model_->forward_loss(store_->weights(), tokens, targets, seed, rs).lm_loss_sum;
     if (i == 0 && !logits_npy.empty()) {
       // Every rank runs the forward (expert parallelism makes it collective); rank 0 writes.
       std::vector<float> logits(static_cast<size_t>(B * T * V));
@@ -386,6 +392,7 @@ EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, c
       if (leader()) write_npy_f32(logits_npy, logits, {B * T, V});
     }
   }
+  stats.f32()[kLmSum] = static_cast<float>(local);
   world_.all_reduce(stats, ReduceOp::Sum);
   EvalReport r;
   r.tokens = per_rank * dp * B * T;
@@ -431,6 +438,7 @@ TrainSummary Trainer::run() {
     if (!opts_.bench && t.eval_every > 0 && t.eval_batches > 0 && (r.step % t.eval_every == 0 || last)) {
       const double e = evaluate(t.eval_batches);
       if (std::isfinite(e)) eval = e;
+      if (last) summary.eval_loss = eval;  // the final evaluation; not repeated below
     }
     if (log || eval) {
       const double elapsed = seconds_since(run_start);
@@ -481,7 +489,7 @@ TrainSummary Trainer::run() {
   summary.last_step = t.steps;
   if (!opts_.bench && cfg_.run.save_final && last_saved != t.steps && t.steps > start_step_)
     save_checkpoint_now(t.steps);
-  if (!opts_.bench && t.eval_batches > 0) {
+  if (!opts_.bench && t.eval_batches > 0 && !summary.eval_loss && !(t.eval_every > 0 && t.steps > start_step_)) {
     const double e = evaluate(t.eval_batches);
     if (std::isfinite(e)) summary.eval_loss = e;
   }
