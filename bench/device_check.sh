@@ -3,7 +3,9 @@
 # .devrun/bin and their non-system shared libraries in .devrun/lib (see bench/RESULTS.md):
 # every CUDA op test, then the Hugging Face round trip (python/hf_check.py). Logs go to $OUT.
 set -uo pipefail
-export LD_LIBRARY_PATH="$PWD/.devrun/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# cuDNN (attention) comes from PyTorch's environment on that machine (9.19, the version built against).
+cudnn=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
+export LD_LIBRARY_PATH="$PWD/.devrun/lib:$cudnn:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
 out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
