@@ -14,7 +14,7 @@
 #include <unordered_map>
 
 #include "moe/core/cuda_check.h"
-
+#include "moe/ops/cuda/element.cuh"
 
 namespace moe::cuda {
 namespace {
@@ -159,20 +159,6 @@ class CublasLtContext {
   std::map<PlanKey, MatmulPlan> plans_;
 };
 
-template <typename T>
-__device__ inline float to_float(T v);
-template <>
-__device__ inline float to_float<float>(float v) { return v; }
-template <>
-__device__ inline float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ inline T from_float(float v);
-template <>
-__device__ inline float from_float<float>(float v) { return v; }
-template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
-
 // K = 0: c = beta * c over an [M, N] matrix with leading dim ld; beta = 0 writes zeros (even over NaN).
 template <typename T>
 __global__ void scale_matrix_kernel(T* c, int64_t M, int64_t N, int64_t ld, float beta) {
@@ -180,7 +166,7 @@ __global__ void scale_matrix_kernel(T* c, int64_t M, int64_t N, int64_t ld, floa
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     T* p = c + (i / N) * ld + i % N;
-    *p = beta == 0.0f ? from_float<T>(0.0f) : from_float<T>(beta * to_float(*p));
+    *p = beta == 0.0f ? from_f32<T>(0.0f) : from_f32<T>(beta * to_f32(*p));
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "moe/core/cuda_check.h"
+#include "moe/ops/cuda/element.cuh"
 
 namespace moe::cuda {
 namespace {
@@ -19,20 +20,6 @@ constexpr int kDepth = 16;    // inner-dimension slice staged in shared memory p
 constexpr int kThreads = 256; // 16 x 16 threads, each owning 4 x 4 outputs strided by 16
 constexpr int kSub = kTile / 16;
 constexpr int64_t kMaxGridY = 65535;
-
-template <typename T>
-__device__ inline float to_float(T v);
-template <>
-__device__ inline float to_float<float>(float v) { return v; }
-template <>
-__device__ inline float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ inline T from_float(float v);
-template <>
-__device__ inline float from_float<float>(float v) { return v; }
-template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 
 // expert_offsets[e] clamped into [0, rows]: bad offsets give wrong ranges, never out-of-bounds rows.
 __device__ inline int64_t row_offset(const int32_t* offsets, int64_t e, int64_t rows) {
@@ -74,7 +61,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = tid; i < kTile * kDepth; i += kThreads) {  // a rows outside [r_lo, r_hi) are never read
         const int m = i / kDepth, k = i % kDepth;
         const int64_t row = t0 + m, kk = k0 + k;
-        a_tile[k][m] = (row >= r_lo && row < r_hi && kk < k_in) ? to_float(a[row * k_in + kk]) : 0.0f;
+        a_tile[k][m] = (row >= r_lo && row < r_hi && kk < k_in) ? to_f32(a[row * k_in + kk]) : 0.0f;
       }
       for (int i = tid; i < kTile * kDepth; i += kThreads) {
         int n, k;
@@ -87,7 +74,7 @@ __global__ void __launch_bounds__(kThreads)
         }
         const int64_t col = n0 + n, kk = k0 + k;
         float v = 0.0f;
-        if (col < n_out && kk < k_in) v = to_float(trans_b ? be[col * k_in + kk] : be[kk * n_out + col]);
+        if (col < n_out && kk < k_in) v = to_f32(trans_b ? be[col * k_in + kk] : be[kk * n_out + col]);
         b_tile[k][n] = v;
       }
       __syncthreads();
@@ -114,7 +101,7 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t col = n0 + tx + 16 * j;
         if (col >= n_out) continue;
         TC* out = c + row * n_out + col;
-        *out = from_float<TC>(accumulate ? to_float(*out) + acc[i][j] : acc[i][j]);
+        *out = from_f32<TC>(accumulate ? to_f32(*out) + acc[i][j] : acc[i][j]);
       }
     }
   }
@@ -140,8 +127,8 @@ __global__ void __launch_bounds__(kThreads)
       const int r = i / kTile, x = i % kTile;
       const int64_t row = r0 + r;
       const bool in_rows = row < r_end;
-      dc_tile[r][x] = (in_rows && n0 + x < n_out) ? to_float(dc[row * n_out + n0 + x]) : 0.0f;
-      a_tile[r][x] = (in_rows && k0 + x < k_in) ? to_float(a[row * k_in + k0 + x]) : 0.0f;
+      dc_tile[r][x] = (in_rows && n0 + x < n_out) ? to_f32(dc[row * n_out + n0 + x]) : 0.0f;
+      a_tile[r][x] = (in_rows && k0 + x < k_in) ? to_f32(a[row * k_in + k0 + x]) : 0.0f;
     }
     __syncthreads();
 #pragma unroll
@@ -168,7 +155,7 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t k = k0 + tx + 16 * j;
       if (k >= k_in) continue;
       TD* out = db_e + n * k_in + k;
-      *out = from_float<TD>(to_float(*out) + acc[i][j]);
+      *out = from_f32<TD>(to_f32(*out) + acc[i][j]);
     }
   }
 }
