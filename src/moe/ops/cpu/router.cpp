@@ -2,6 +2,7 @@
 // reduction over tokens runs in a fixed order so results do not depend on the thread count.
 #include "moe/ops/cpu/router.h"
 
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -32,11 +33,8 @@ double logsumexp(const float* row, int64_t n) {
   return max_logit + std::log(sum);
 }
 
-}  // namespace
-
-void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor logits, Tensor bias, ScoreFn fn,
-                    bool normalize, Stream /*stream*/) {
-  constexpr const char* op = "router_forward";
+// logits [T, N] F32 and topk_idx [T, K] I32 with 1 <= K <= N; returns {T, N, K}.
+std::array<int64_t, 3> check_logits_and_topk(const Tensor& logits, const Tensor& topk_idx, const char* op) {
   check_tensor(logits, DType::F32, op, "logits");
   MOE_CHECK(logits.ndim() == 2, op, ": logits must be [T, N], got ", logits.shape.str());
   const int64_t T = logits.dim(0), N = logits.dim(1);
@@ -46,6 +44,15 @@ void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor l
             topk_idx.shape.str());
   const int64_t K = topk_idx.dim(1);
   MOE_CHECK(K >= 1 && K <= N, op, ": top_k = ", K, " must be in [1, N = ", N, "]");
+  return {T, N, K};
+}
+
+}  // namespace
+
+void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor logits, Tensor bias, ScoreFn fn,
+                    bool normalize, Stream /*stream*/) {
+  constexpr const char* op = "router_forward";
+  const auto [T, N, K] = check_logits_and_topk(logits, topk_idx, op);
   check_tensor(scores, DType::F32, op, "scores");
   check_shape(scores, {T, N}, op, "scores");
   check_tensor(topk_weight, DType::F32, op, "topk_weight");
@@ -167,15 +174,7 @@ void router_backward(Tensor dlogits, Tensor dtopk_weight, Tensor topk_idx, Tenso
                      Tensor logits, Tensor expert_counts, float lb_scale, float z_scale, ScoreFn fn, bool normalize,
                      Stream /*stream*/) {
   constexpr const char* op = "router_backward";
-  check_tensor(logits, DType::F32, op, "logits");
-  MOE_CHECK(logits.ndim() == 2, op, ": logits must be [T, N], got ", logits.shape.str());
-  const int64_t T = logits.dim(0), N = logits.dim(1);
-  MOE_CHECK(N >= 1, op, ": logits has no experts (N = 0)");
-  check_tensor(topk_idx, DType::I32, op, "topk_idx");
-  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == T, op, ": topk_idx must be [", T, ", K], got ",
-            topk_idx.shape.str());
-  const int64_t K = topk_idx.dim(1);
-  MOE_CHECK(K >= 1 && K <= N, op, ": top_k = ", K, " must be in [1, N = ", N, "]");
+  const auto [T, N, K] = check_logits_and_topk(logits, topk_idx, op);
   check_tensor(dlogits, DType::F32, op, "dlogits");
   check_shape(dlogits, {T, N}, op, "dlogits");
   check_tensor(scores, DType::F32, op, "scores");
