@@ -3,6 +3,7 @@
 // is exact too: the CPU's FP32 sum rounded to BF16 is what the GPU computes. embedding_backward
 // is exact as well: each dtable element gets the same FP32 additions in the same row order as on
 // the CPU (BF16 dout is widened exactly). Outputs start poisoned; two runs give identical bits.
+// accumulate_scalars must equal the CPU bit for bit, also when captured into a CUDA graph.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -218,6 +219,103 @@ TEST(CudaEmbedding, RejectsMixedDtypesAndAHalfPrecisionAccumulator) {
   EXPECT_THROW(embedding_forward(out_f32, table_bf16, tokens), Error);
   EXPECT_THROW(embedding_backward(table_bf16, dout, tokens), Error);
   EXPECT_THROW(add_inplace(y, x), Error);
+#endif
+}
+
+#if defined(MOE_HAVE_CUDA)
+// The same terms over host sources (for the CPU op) and device sources (for the GPU op): F32 and
+// I32 sources, 150 random terms (three launches of 64), then a term whose source is stats itself.
+struct ScalarTermsCase {
+  std::vector<float> losses = random_values(10, 3), stats0 = {1.0f, 2.0f, 3.0f, 1e8f};
+  std::vector<int32_t> counts = {7, 0, 123456789, -5, 16777217};  // 16777217 rounds when converted to F32
+  DeviceBuffer losses_d{DType::F32, {2, 5}}, counts_d{DType::I32, {5}};
+
+  ScalarTermsCase() {
+    losses_d.upload(losses);
+    counts_d.upload_i32(counts);
+  }
+  // Terms over stats (host or device) and this case's sources on stats' device.
+  std::vector<ScalarTerm> terms(Tensor stats) {
+    const bool on_gpu = stats.device == Device::CUDA;
+    const Tensor loss_t = on_gpu ? losses_d.tensor() : f32_tensor(losses.data(), {2, 5});
+    const Tensor count_t = on_gpu ? counts_d.tensor() : i32_tensor(counts.data(), {5});
+    std::vector<ScalarTerm> t{{loss_t, 0, 0, 1.0f},
+                              {loss_t, 9, 0, 0.1f},
+                              {count_t, 2, 1, 0.5f},
+                              {count_t, 4, 1, 1.0f},
+                              {count_t, 3, 2, 3.0f}};
+    Rng rng(4);
+    for (int i = 0; i < 150; ++i)
+      t.push_back({i % 3 == 0 ? count_t : loss_t, static_cast<int64_t>(rng.below(5)),
+                   static_cast<int64_t>(rng.below(4)), static_cast<float>(rng.normal())});
+    t.push_back({stats, 1, 3, -2.0f});  // reads a slot that earlier terms wrote
+    return t;
+  }
+};
+#endif
+
+// Every term applied in order with FP32 rounding of the product and of the sum, bit-identical to the
+// CPU (the random scales make a fused multiply-add show); no terms leave stats untouched.
+TEST(CudaEmbedding, AccumulateScalarsMatchesCpuBitForBit) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  ScalarTermsCase c;
+  std::vector<float> want = c.stats0;
+  accumulate_scalars(f32_tensor(want.data(), {4}), c.terms(f32_tensor(want.data(), {4})));
+  DeviceBuffer stats_d(DType::F32, {4});
+  stats_d.upload(c.stats0);
+  accumulate_scalars(stats_d, c.terms(stats_d));
+  const std::vector<float> got = stats_d.download();
+  EXPECT_TRUE(same_bits(got, want)) << "stats " << got[0] << " " << got[1] << " " << got[2] << " " << got[3] << ", CPU "
+                                    << want[0] << " " << want[1] << " " << want[2] << " " << want[3];
+  accumulate_scalars(stats_d, {});
+  EXPECT_TRUE(same_bits(stats_d.download(), got)) << "no terms changed stats";
+#endif
+}
+
+// The op allocates nothing and reads nothing back on the host, so it can be captured into a CUDA
+// graph (global capture mode refuses such calls); two replays add the terms twice.
+TEST(CudaEmbedding, AccumulateScalarsRunsInsideACapturedGraph) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  ScalarTermsCase c;
+  std::vector<float> want = c.stats0;
+  for (int replay = 0; replay < 2; ++replay)
+    accumulate_scalars(f32_tensor(want.data(), {4}), c.terms(f32_tensor(want.data(), {4})));
+  DeviceBuffer stats_d(DType::F32, {4});
+  stats_d.upload(c.stats0);
+  const std::vector<ScalarTerm> terms = c.terms(stats_d);
+  cudaStream_t s = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  accumulate_scalars(stats_d, terms, Stream{s});
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_CHECK(cudaDeviceSynchronize());  // the uploads are done: s does not wait for the legacy stream
+  for (int replay = 0; replay < 2; ++replay) CUDA_CHECK(cudaGraphLaunch(exec, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  EXPECT_TRUE(same_bits(stats_d.download(), want));
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(s));
+#endif
+}
+
+TEST(CudaEmbedding, AccumulateScalarsRejectsHostSourcesAndOutOfRangeTerms) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  DeviceBuffer stats_d(DType::F32, {3}), loss_d(DType::F32, {2}), half_d(DType::BF16, {2}), ints_d(DType::I32, {3});
+  std::vector<float> loss_host(2);
+  auto call = [&](Tensor src, int64_t index, int64_t slot) { accumulate_scalars(stats_d, {{src, index, slot, 1.0f}}); };
+  EXPECT_THROW(call(f32_tensor(loss_host.data(), {2}), 0, 0), Error);  // a host source
+  EXPECT_THROW(call(loss_d, 2, 0), Error);                             // index past src
+  EXPECT_THROW(call(loss_d, 0, 3), Error);                             // slot past stats
+  EXPECT_THROW(call(loss_d, 0, -1), Error);
+  EXPECT_THROW(call(half_d, 0, 0), Error);              // BF16 source
+  EXPECT_THROW(accumulate_scalars(ints_d, {}), Error);  // I32 stats
+  EXPECT_NO_THROW(call(loss_d, 1, 2));
 #endif
 }
 

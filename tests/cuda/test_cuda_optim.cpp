@@ -2,7 +2,9 @@
 // against the CPU's double sum, accumulated into out, bit-identical over two runs, any shape.
 // adamw_step: three steps with clipping active, inactive and off, param/m/v each within a
 // normalized error of 1e-5 of the CPU op; an inf or NaN grad_norm_sq leaves param/m/v
-// bit-identical (the skip is decided on the device).
+// bit-identical (the skip is decided on the device). With a schedule (lr, step in device memory)
+// adamw_step must give the bits of the same lr and step passed from the host, also when replayed
+// from a captured CUDA graph.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -183,6 +185,159 @@ TEST(CudaOptim, RejectsNonF32AndMismatchedShapes) {
   EXPECT_THROW(adamw_step(p, g7, p, p, norm, 1.0f, AdamWConfig{}, 1), Error);
   EXPECT_THROW(adamw_step(p_bf16, p_bf16, p_bf16, p_bf16, norm, 1.0f, AdamWConfig{}, 1), Error);
   EXPECT_THROW(adamw_step(p, p, p, p, norm, 1.0f, AdamWConfig{}, 0), Error);
+#endif
+}
+
+#if defined(MOE_HAVE_CUDA)
+// One AdamW update on the device from (param0, m0, v0): without a schedule (cfg.lr, step) when
+// schedule_d is null, else from schedule_d = {lr, step} with cfg.lr and `step` set to nonsense.
+struct DeviceAdamW {
+  int64_t n;
+  DeviceBuffer param_d{DType::F32, {n}}, grad_d{DType::F32, {n}}, m_d{DType::F32, {n}}, v_d{DType::F32, {n}},
+      norm_d{DType::F32, {1}}, schedule_d{DType::F32, {2}};
+
+  void load(const std::vector<float>& param, const std::vector<float>& grad, const std::vector<float>& m,
+            const std::vector<float>& v, float norm_sq) {
+    param_d.upload(param);
+    grad_d.upload(grad);
+    m_d.upload(m);
+    v_d.upload(v);
+    norm_d.upload({norm_sq});
+  }
+  void step(AdamWConfig cfg, float max_norm, int64_t step, bool use_schedule) {
+    if (!use_schedule) return adamw_step(param_d, grad_d, m_d, v_d, norm_d, max_norm, cfg, step);
+    schedule_d.upload({cfg.lr, static_cast<float>(step)});
+    cfg.lr = 123.0f;  // ignored
+    adamw_step(param_d, grad_d, m_d, v_d, norm_d, max_norm, cfg, /*step=*/-5, {}, schedule_d);
+  }
+};
+#endif
+
+// The device computes the bias corrections and decay from the schedule in memory with the same
+// double arithmetic as the host: steps 1 to 2000, each from the same state with its own lr, give
+// the same param/m/v bits with and without a schedule (weight decay on, clipping active; n spans
+// four blocks, each of which computes the scalars itself).
+TEST(CudaOptim, AdamwWithScheduleEqualsAdamwWithoutOverTwoThousandSteps) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  const int64_t n = 1000;
+  const auto param = random_values(n, 21), grad = random_values(n, 22, 0.5), m = random_values(n, 23, 0.1);
+  auto v = random_values(n, 24, 0.1);
+  for (float& x : v) x = x * x;
+  auto grad_host = grad;
+  float norm_sq = 0.0f;
+  sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad_host.data(), {n}));
+  AdamWConfig cfg;
+  cfg.weight_decay = 0.1f;
+  DeviceAdamW plain{n}, scheduled{n};
+  int mismatched_steps = 0;
+  for (int64_t step = 1; step <= 2000; ++step) {
+    cfg.lr = 3e-4f * static_cast<float>(0.05 + 0.95 * static_cast<double>((step * 37) % 101) / 100.0);
+    plain.load(param, grad, m, v, norm_sq);
+    scheduled.load(param, grad, m, v, norm_sq);
+    plain.step(cfg, 1.0f, step, false);
+    scheduled.step(cfg, 1.0f, step, true);
+    const bool same = same_bits(plain.param_d.download(), scheduled.param_d.download()) &&
+                      same_bits(plain.m_d.download(), scheduled.m_d.download()) &&
+                      same_bits(plain.v_d.download(), scheduled.v_d.download());
+    if (!same && ++mismatched_steps <= 5) ADD_FAILURE() << "step " << step << " lr " << cfg.lr << " differs";
+  }
+  EXPECT_EQ(mismatched_steps, 0);
+#endif
+}
+
+// Three consecutive steps with a warmup lr on 100003 elements (many blocks), clipping active,
+// inactive and off: the schedule run equals the plain run bit for bit, and both track the CPU.
+TEST(CudaOptim, AdamwWithScheduleEqualsAdamwWithoutOverThreeSteps) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  const int64_t n = 100003;
+  for (float max_norm : {1.0f, 1e6f, 0.0f}) {
+    SCOPED_TRACE(::testing::Message() << "max_norm " << max_norm);
+    AdamWConfig cfg;
+    cfg.weight_decay = 0.05f;
+    auto param = random_values(n, 31);
+    std::vector<float> m(n, 0.0f), v(n, 0.0f);
+    DeviceAdamW plain{n}, scheduled{n};
+    for (int64_t step = 1; step <= 3; ++step) {
+      cfg.lr = 1e-3f * static_cast<float>(step) / 3.0f;
+      auto grad = random_values(n, 40 + step, 0.01);
+      float norm_sq = 0.0f;
+      sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad.data(), {n}));
+      if (step == 1) {
+        plain.load(param, grad, m, v, norm_sq);
+        scheduled.load(param, grad, m, v, norm_sq);
+      } else {
+        for (DeviceAdamW* d : {&plain, &scheduled}) {
+          d->grad_d.upload(grad);
+          d->norm_d.upload({norm_sq});
+        }
+      }
+      adamw_step(f32_tensor(param.data(), {n}), f32_tensor(grad.data(), {n}), f32_tensor(m.data(), {n}),
+                 f32_tensor(v.data(), {n}), f32_tensor(&norm_sq, {1}), max_norm, cfg, step);
+      plain.step(cfg, max_norm, step, false);
+      scheduled.step(cfg, max_norm, step, true);
+      const auto got = scheduled.param_d.download();
+      EXPECT_TRUE(same_bits(got, plain.param_d.download())) << "param, step " << step;
+      EXPECT_TRUE(same_bits(scheduled.m_d.download(), plain.m_d.download())) << "m, step " << step;
+      EXPECT_TRUE(same_bits(scheduled.v_d.download(), plain.v_d.download())) << "v, step " << step;
+      EXPECT_LE(normalized_error(got, param), kTol) << "param against the CPU, step " << step;
+    }
+  }
+#endif
+}
+
+// The reason for the schedule: one captured update replays with a new lr and step written into
+// device memory before each replay, and gives the bits of plain (uncaptured) steps.
+TEST(CudaOptim, AdamwScheduleReplaysInACapturedGraph) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  const int64_t n = 100003;
+  AdamWConfig cfg;
+  cfg.weight_decay = 0.1f;
+  const auto param = random_values(n, 51), grad = random_values(n, 52, 0.01);
+  const std::vector<float> zeros(n, 0.0f);
+  auto grad_host = grad;
+  float norm_sq = 0.0f;
+  sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad_host.data(), {n}));
+  DeviceAdamW plain{n}, graphed{n};
+  plain.load(param, grad, zeros, zeros, norm_sq);
+  graphed.load(param, grad, zeros, zeros, norm_sq);
+
+  cudaStream_t s = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  adamw_step(graphed.param_d, graphed.grad_d, graphed.m_d, graphed.v_d, graphed.norm_d, 1.0f, cfg, 1, Stream{s},
+             graphed.schedule_d);
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int64_t step = 1; step <= 3; ++step) {
+    cfg.lr = 1e-3f / static_cast<float>(step);
+    graphed.schedule_d.upload({cfg.lr, static_cast<float>(step)});
+    CUDA_CHECK(cudaDeviceSynchronize());  // s does not wait for the legacy stream's copies by itself
+    CUDA_CHECK(cudaGraphLaunch(exec, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    plain.step(cfg, 1.0f, step, false);
+    EXPECT_TRUE(same_bits(graphed.param_d.download(), plain.param_d.download())) << "param, step " << step;
+    EXPECT_TRUE(same_bits(graphed.m_d.download(), plain.m_d.download())) << "m, step " << step;
+    EXPECT_TRUE(same_bits(graphed.v_d.download(), plain.v_d.download())) << "v, step " << step;
+  }
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(s));
+#endif
+}
+
+TEST(CudaOptim, AdamwRejectsAScheduleOffTheDeviceOrOfAnotherShape) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  DeviceBuffer p(DType::F32, {8}), norm(DType::F32, {1}), schedule3(DType::F32, {3}), schedule_i32(DType::I32, {2});
+  float schedule_host[2] = {1e-3f, 1.0f};
+  EXPECT_THROW(adamw_step(p, p, p, p, norm, 1.0f, AdamWConfig{}, 1, {}, f32_tensor(schedule_host, {2})), Error);
+  EXPECT_THROW(adamw_step(p, p, p, p, norm, 1.0f, AdamWConfig{}, 1, {}, schedule3), Error);
+  EXPECT_THROW(adamw_step(p, p, p, p, norm, 1.0f, AdamWConfig{}, 1, {}, schedule_i32), Error);
 #endif
 }
 

@@ -3,12 +3,14 @@
 // expert that gets no route, capacities that force drops (down to 0) and ones that do not
 // (including one past the I32 range). The GPU pipeline runs device-only: its counts feed its route
 // index. Every output is integer and must equal the CPU's exactly; two runs must be identical.
+// accumulate_counts (FP32 sums of integer counts) must equal the CPU's exactly too.
 //
 // NOTES: DeviceBuffer's poison (0xff bytes) reads as -1 in I32, which is also the "dropped" value of
 // route_index, so outputs are pre-filled with -7 instead: a route left unwritten shows up.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -133,6 +135,38 @@ TEST(CudaRoute, ExpertIdsOutsideTheRangeAreDroppedOnTheGpu) {
   EXPECT_EQ(counts_d.download_i32(), (std::vector<int32_t>{1, 2, 1, 0}));
   EXPECT_EQ(index_d.download_i32(), (std::vector<int32_t>{1, -1, -1, 2, 0, 3}));
   EXPECT_EQ(offsets_d.download_i32(), (std::vector<int32_t>{0, 1, 3, 4, 4}));
+#endif
+}
+
+// The device counts of three microbatches accumulated into a device load equal the CPU's exactly
+// (N = 8, 128 and 70000, past one block of 256 experts); the load starts non-zero and keeps it.
+TEST(CudaRoute, AccumulateCountsMatchesCpuExactly) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  for (int N : {8, 128, 70000}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << N);
+    const int T = 4096, K = 2;
+    std::vector<float> load(N);
+    for (int e = 0; e < N; ++e) load[e] = 0.25f * static_cast<float>(e % 7);
+    DeviceBuffer load_d(DType::F32, {N}), counts_d(DType::I32, {N}), topk_d(DType::I32, {T, K});
+    load_d.upload(load);
+    for (uint64_t microbatch = 0; microbatch < 3; ++microbatch) {
+      const std::vector<int32_t> topk = random_topk(T, N, K, N / 2, 500 + microbatch);
+      std::vector<int32_t> idx = topk, counts(N);
+      route_counts(i32_tensor(counts.data(), {N}), i32_tensor(idx.data(), {T, K}));
+      accumulate_counts(f32_tensor(load.data(), {N}), i32_tensor(counts.data(), {N}));
+      topk_d.upload_i32(topk);
+      route_counts(counts_d, topk_d);
+      accumulate_counts(load_d, counts_d);  // device counts into the device load: no host read
+    }
+    const std::vector<float> got = load_d.download();
+    EXPECT_EQ(std::memcmp(got.data(), load.data(), load.size() * sizeof(float)), 0) << "load differs from the CPU";
+  }
+  DeviceBuffer load_d(DType::F32, {4}), counts_d(DType::I32, {4}), counts_3(DType::I32, {3});
+  std::vector<int32_t> counts_host(4);
+  EXPECT_THROW(accumulate_counts(load_d, counts_3), Error);
+  EXPECT_THROW(accumulate_counts(load_d, i32_tensor(counts_host.data(), {4})), Error);
+  EXPECT_THROW(accumulate_counts(counts_d, counts_d), Error);
 #endif
 }
 

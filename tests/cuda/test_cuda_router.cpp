@@ -1,6 +1,7 @@
 // CUDA router ops against the CPU router on fresh random inputs: T in {1, 37, 4096}, N in {8, 64,
 // 128} (and 256, the CUDA limit), K in {1, 2, 8, N}, softmax and sigmoid, normalize on and off,
-// with and without the selection bias, ties, and two runs bit-identical.
+// with and without the selection bias, ties, and two runs bit-identical. synthetic_routing must
+// equal the CPU exactly (integer ids, weights 1/K).
 //
 // Inputs and tolerances:
 //   - logits are random multiples of 1/16 in [-4, 4]: equal logits give exactly equal scores on
@@ -303,6 +304,59 @@ TEST(CudaRouter, BackwardMatchesCpuAndIsDeterministic) {
               }
             }
       }
+#endif
+}
+
+#if defined(MOE_HAVE_CUDA)
+// synthetic_routing on the CPU and (into poisoned buffers) on the GPU: ids and weight bits equal.
+void check_synthetic_routing(int64_t T, int64_t N, int64_t K, bool random, uint64_t seed, int64_t layer) {
+  SCOPED_TRACE(::testing::Message() << "T " << T << " N " << N << " K " << K << " random " << random << " seed " << seed
+                                    << " layer " << layer);
+  const size_t n = static_cast<size_t>(T * K);
+  std::vector<int32_t> idx(n);
+  std::vector<float> weights(n);
+  synthetic_routing(i32_tensor(idx.data(), {T, K}), f32_tensor(weights.data(), {T, K}), random, N, seed, layer);
+  DeviceBuffer idx_d(DType::I32, {T, K}), weights_d(DType::F32, {T, K});  // poisoned: -1 and NaN
+  synthetic_routing(idx_d, weights_d, random, N, seed, layer);
+  const std::vector<int32_t> got = idx_d.download_i32();
+  int mismatches = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (got[i] != idx[i] && ++mismatches <= 5)
+      ADD_FAILURE() << "topk_idx[" << i / K << ", " << i % K << "] = " << got[i] << ", CPU " << idx[i];
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_TRUE(bits_equal(weights_d.download(), weights)) << "topk_weight";
+}
+#endif
+
+// Both benchmark routings equal the CPU op exactly: the kernel replays the host's Rng draws bit for
+// bit. Shapes include one token, K = N (many redraws), N above the router's 256 limit, and T past
+// the kernel's grid cap (65536 blocks of 256 threads), where threads take several tokens.
+TEST(CudaRouter, SyntheticRoutingMatchesCpuExactly) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  const int64_t shapes[][3] = {{1, 1, 1},     {1, 8, 8},       {37, 8, 2},     {100, 16, 16},
+                               {4096, 64, 8}, {300, 128, 128}, {513, 1000, 7}, {2000, 300, 300}};
+  for (const auto& s : shapes)
+    for (bool random : {false, true})
+      for (uint64_t seed : {uint64_t{0}, uint64_t{0x9e3779b97f4a7c15ull}})
+        for (int64_t layer : {int64_t{0}, int64_t{5}}) check_synthetic_routing(s[0], s[1], s[2], random, seed, layer);
+  const int64_t many_tokens = int64_t{65536} * 256 + 37;
+  check_synthetic_routing(many_tokens, 64, 2, false, 1, 0);
+  check_synthetic_routing(many_tokens, 64, 2, true, 1, 0);
+#endif
+}
+
+TEST(CudaRouter, SyntheticRoutingRejectsImpossibleOrMixedInputs) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  DeviceBuffer idx_d(DType::I32, {4, 3}), weights_d(DType::F32, {4, 3}), weights_34(DType::F32, {3, 4});
+  std::vector<float> weights_host(12);
+  EXPECT_NO_THROW(synthetic_routing(idx_d, weights_d, true, 3, 1, 0));       // K = N
+  EXPECT_THROW(synthetic_routing(idx_d, weights_d, true, 2, 1, 0), Error);   // K > N
+  EXPECT_THROW(synthetic_routing(idx_d, weights_d, false, 0, 1, 0), Error);  // no experts
+  EXPECT_THROW(synthetic_routing(idx_d, weights_34, true, 8, 1, 0), Error);  // weight shape
+  EXPECT_THROW(synthetic_routing(idx_d, f32_tensor(weights_host.data(), {4, 3}), true, 8, 1, 0), Error);  // host
+  EXPECT_THROW(synthetic_routing(weights_d, weights_d, true, 8, 1, 0), Error);                            // idx dtype
 #endif
 }
 

@@ -144,4 +144,60 @@ TEST(Embedding, HelpersRejectMismatchedShapesOrDtypes) {
   EXPECT_THROW(moe::copy(f32_tensor(a.data(), {6}), moe::Tensor(b.data(), moe::DType::I32, {6})), moe::Error);
 }
 
+// The naive loop of accumulate_scalars, one FP32 product and one FP32 sum per term, in order.
+void ref_accumulate(std::vector<float>& stats, const std::vector<moe::ScalarTerm>& terms) {
+  for (const auto& term : terms) {
+    const float value =
+        term.src.dtype == moe::DType::I32 ? static_cast<float>(term.src.i32()[term.index]) : term.src.f32()[term.index];
+    const float product = term.scale * value;
+    stats[term.slot] = stats[term.slot] + product;
+  }
+}
+
+// F32 and I32 sources, several terms into one slot (order matters in FP32), a source that is stats
+// itself, and 150 terms (more than one CUDA launch's worth): bit-identical to the naive loop.
+TEST(Embedding, AccumulateScalarsAddsTermsInOrderExactly) {
+  auto losses = random_values(10, 3);
+  std::vector<int32_t> counts = {7, 0, 123456789, -5, 16777217};  // 16777217 rounds when converted to F32
+  std::vector<float> stats = {1.0f, 2.0f, 3.0f, 1e8f}, want = stats;
+  const moe::Tensor loss_t = f32_tensor(losses.data(), {2, 5}), count_t = i32_tensor(counts.data(), {5});
+  const moe::Tensor stats_t = f32_tensor(stats.data(), {4});
+  std::vector<moe::ScalarTerm> terms{
+      {loss_t, 0, 0, 1.0f}, {loss_t, 9, 0, 0.1f}, {count_t, 2, 1, 0.5f}, {count_t, 4, 1, 1.0f}, {count_t, 3, 2, 3.0f}};
+  moe::Rng rng(4);
+  for (int i = 0; i < 150; ++i)
+    terms.push_back({i % 3 == 0 ? count_t : loss_t, static_cast<int64_t>(rng.below(5)),
+                     static_cast<int64_t>(rng.below(4)), static_cast<float>(rng.normal())});
+  terms.push_back({stats_t, 1, 3, -2.0f});  // reads a slot that earlier terms wrote
+  auto want_terms = terms;
+  want_terms.back().src = f32_tensor(want.data(), {4});
+  moe::accumulate_scalars(stats_t, terms);
+  ref_accumulate(want, want_terms);
+  EXPECT_EQ(std::memcmp(stats.data(), want.data(), stats.size() * sizeof(float)), 0);
+  EXPECT_EQ(counts, (std::vector<int32_t>{7, 0, 123456789, -5, 16777217})) << "a source was modified";
+
+  const auto before = stats;
+  moe::accumulate_scalars(stats_t, {});  // no terms: nothing happens
+  EXPECT_EQ(std::memcmp(stats.data(), before.data(), stats.size() * sizeof(float)), 0);
+}
+
+TEST(Embedding, AccumulateScalarsRejectsOutOfRangeTermsAndOtherDtypes) {
+  std::vector<float> stats(3, 0.0f), loss(2, 1.0f);
+  std::vector<uint16_t> half(2);
+  const moe::Tensor stats_t = f32_tensor(stats.data(), {3}), loss_t = f32_tensor(loss.data(), {2});
+  auto call = [&](moe::Tensor src, int64_t index, int64_t slot) {
+    moe::accumulate_scalars(stats_t, {{loss_t, 0, 0, 1.0f}, {src, index, slot, 1.0f}});
+  };
+  EXPECT_THROW(call(loss_t, 2, 0), moe::Error);   // index past src
+  EXPECT_THROW(call(loss_t, -1, 0), moe::Error);  // negative index
+  EXPECT_THROW(call(loss_t, 0, 3), moe::Error);   // slot past stats
+  EXPECT_THROW(call(loss_t, 0, -1), moe::Error);  // negative slot
+  EXPECT_THROW(call(moe::Tensor(half.data(), moe::DType::BF16, {2}), 0, 0), moe::Error);
+  EXPECT_THROW(call(moe::Tensor(), 0, 0), moe::Error);  // no data
+  EXPECT_EQ(stats, std::vector<float>(3, 0.0f)) << "a rejected call changed stats";
+  EXPECT_THROW(moe::accumulate_scalars(i32_tensor(reinterpret_cast<int32_t*>(stats.data()), {3}), {}), moe::Error);
+  EXPECT_NO_THROW(call(loss_t, 1, 2));
+  EXPECT_EQ(stats, (std::vector<float>{1.0f, 0.0f, 1.0f}));
+}
+
 }  // namespace

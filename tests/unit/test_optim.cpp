@@ -140,5 +140,55 @@ TEST(Optim, adamw_rejects_mismatched_shapes_and_bad_step) {
   EXPECT_NO_THROW(call(f32_tensor(v.data(), {10}), 1));
 }
 
+// lr and step from a schedule tensor give the same bits as cfg.lr and `step` (whatever cfg.lr and
+// `step` then say): five steps with a changing lr, with and without weight decay and clipping.
+TEST(Optim, adamw_with_schedule_equals_adamw_without_bit_for_bit) {
+  const int64_t n = 100000;  // the OpenMP path
+  for (float weight_decay : {0.0f, 0.1f}) {
+    SCOPED_TRACE(testing::Message() << "wd=" << weight_decay);
+    AdamWConfig cfg;
+    cfg.weight_decay = weight_decay;
+    auto param = random_vec(n, 1), m = std::vector<float>(n, 0.0f), v = std::vector<float>(n, 0.0f);
+    auto param_s = param, m_s = m, v_s = v;
+    for (int step = 1; step <= 5; ++step) {
+      auto grad = random_vec(n, 10 + step, 0.01);
+      float norm_sq = 0.0f;
+      sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad.data(), {n}));
+      cfg.lr = 3e-4f * static_cast<float>(step) / 5.0f;  // a warmup
+      adamw_step(f32_tensor(param.data(), {n}), f32_tensor(grad.data(), {n}), f32_tensor(m.data(), {n}),
+                 f32_tensor(v.data(), {n}), f32_tensor(&norm_sq, {1}), 1.0f, cfg, step);
+      float schedule[2] = {cfg.lr, static_cast<float>(step)};
+      AdamWConfig ignored_lr = cfg;
+      ignored_lr.lr = 123.0f;
+      adamw_step(f32_tensor(param_s.data(), {n}), f32_tensor(grad.data(), {n}), f32_tensor(m_s.data(), {n}),
+                 f32_tensor(v_s.data(), {n}), f32_tensor(&norm_sq, {1}), 1.0f, ignored_lr, /*step=*/0, {},
+                 f32_tensor(schedule, {2}));
+      ASSERT_EQ(std::memcmp(param.data(), param_s.data(), n * 4), 0) << "param, step " << step;
+      ASSERT_EQ(std::memcmp(m.data(), m_s.data(), n * 4), 0) << "m, step " << step;
+      ASSERT_EQ(std::memcmp(v.data(), v_s.data(), n * 4), 0) << "v, step " << step;
+    }
+  }
+}
+
+TEST(Optim, adamw_rejects_a_bad_schedule) {
+  std::vector<float> p(10), g(10), m(10), v(10);
+  float norm_sq = 1.0f;
+  auto call = [&](Tensor schedule) {
+    adamw_step(f32_tensor(p.data(), {10}), f32_tensor(g.data(), {10}), f32_tensor(m.data(), {10}),
+               f32_tensor(v.data(), {10}), f32_tensor(&norm_sq, {1}), 1.0f, AdamWConfig{}, 1, {}, schedule);
+  };
+  float three[3] = {1e-3f, 1.0f, 0.0f};
+  int32_t ints[2] = {1, 1};
+  EXPECT_THROW(call(f32_tensor(three, {3})), Error);  // not [2]
+  EXPECT_THROW(call(i32_tensor(ints, {2})), Error);   // not F32
+  for (float bad_step :
+       {0.0f, -1.0f, 2.5f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    float schedule[2] = {1e-3f, bad_step};
+    EXPECT_THROW(call(f32_tensor(schedule, {2})), Error) << "step " << bad_step;
+  }
+  float good[2] = {1e-3f, 7.0f};
+  EXPECT_NO_THROW(call(f32_tensor(good, {2})));
+}
+
 }  // namespace
 }  // namespace moe

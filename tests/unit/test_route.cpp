@@ -150,5 +150,32 @@ TEST(Route, rejects_inconsistent_inputs) {
   EXPECT_THROW(call(4), Error);
 }
 
+// load += counts over several microbatches equals the sum of their histograms (exact: counts are
+// small integers), and the load is only added to, never reset.
+TEST(Route, accumulate_counts_sums_microbatch_counts) {
+  const int T = 64, N = 16, K = 4;
+  std::vector<float> load(N, 0.5f);
+  std::vector<double> want(N, 0.5);
+  for (uint64_t microbatch = 0; microbatch < 3; ++microbatch) {
+    const auto counts_v = counts_of(random_topk(T, N, K, 100 + microbatch, 3), N);
+    std::vector<int32_t> counts = counts_v;
+    accumulate_counts(f32_tensor(load.data(), {N}), i32_tensor(counts.data(), {N}));
+    for (int e = 0; e < N; ++e) want[e] += counts_v[e];
+    EXPECT_EQ(counts, counts_v) << "counts was modified";
+  }
+  for (int e = 0; e < N; ++e) EXPECT_EQ(load[e], static_cast<float>(want[e])) << "expert " << e;
+  EXPECT_EQ(load[3], 0.5f) << "expert 3 gets no route";
+}
+
+TEST(Route, accumulate_counts_rejects_mismatched_inputs) {
+  std::vector<float> load(4);
+  std::vector<int32_t> counts(4);
+  EXPECT_NO_THROW(accumulate_counts(f32_tensor(load.data(), {4}), i32_tensor(counts.data(), {4})));
+  EXPECT_THROW(accumulate_counts(f32_tensor(load.data(), {4}), i32_tensor(counts.data(), {3})), Error);
+  EXPECT_THROW(accumulate_counts(f32_tensor(load.data(), {2, 2}), i32_tensor(counts.data(), {2, 2})), Error);
+  EXPECT_THROW(accumulate_counts(i32_tensor(counts.data(), {4}), i32_tensor(counts.data(), {4})), Error);
+  EXPECT_THROW(accumulate_counts(f32_tensor(load.data(), {4}), f32_tensor(load.data(), {4})), Error);
+}
+
 }  // namespace
 }  // namespace moe

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "moe/core/rng.h"
@@ -446,6 +448,96 @@ TEST(Router, rejects_bad_shapes_and_dtypes) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("router_forward"), std::string::npos) << e.what();
+  }
+}
+
+// The benchmark routings as Transformer::moe_forward_layer computed them on the host before
+// synthetic_routing existed: the op must reproduce this loop exactly.
+void ref_synthetic_routing(std::vector<int32_t>& idx_v, std::vector<float>& wt_v, bool random, int64_t T, int64_t K,
+                           int64_t N, uint64_t routing_seed, int64_t l) {
+  int32_t* idx = idx_v.data();
+  float* wt = wt_v.data();
+  for (int64_t t = 0; t < T; ++t) {
+    if (!random) {
+      for (int64_t k = 0; k < K; ++k) idx[t * K + k] = static_cast<int32_t>((t * K + k) % N);
+    } else {
+      Rng rng(hash_counters(routing_seed, static_cast<uint64_t>(l), static_cast<uint64_t>(t)));
+      for (int64_t k = 0; k < K; ++k) {
+        int32_t e;
+        bool fresh;
+        do {
+          e = static_cast<int32_t>(rng.below(static_cast<uint64_t>(N)));
+          fresh = std::find(idx + t * K, idx + t * K + k, e) == idx + t * K + k;
+        } while (!fresh);
+        idx[t * K + k] = e;
+      }
+    }
+    for (int64_t k = 0; k < K; ++k) wt[t * K + k] = 1.0f / static_cast<float>(K);
+  }
+}
+
+// Both modes equal the former host loop exactly (ids and weight bits) over shapes including K = N,
+// one token, and T * K large enough for the OpenMP path; random rows hold K distinct experts.
+TEST(Router, synthetic_routing_matches_the_host_loop_it_replaces) {
+  const Problem shapes[] = {{1, 1, 1}, {1, 8, 8}, {37, 8, 2}, {100, 16, 16}, {5000, 64, 8}, {300, 128, 128}};
+  for (const auto& p : shapes)
+    for (bool random : {false, true})
+      for (uint64_t seed : {uint64_t{0}, uint64_t{12345}})
+        for (int64_t layer : {int64_t{0}, int64_t{3}}) {
+          SCOPED_TRACE(testing::Message() << "T=" << p.T << " N=" << p.N << " K=" << p.K << " random=" << random
+                                          << " seed=" << seed << " layer=" << layer);
+          const size_t n = static_cast<size_t>(p.T) * p.K;
+          std::vector<int32_t> idx(n, -7), want_idx(n, -7);
+          std::vector<float> wt(n, -1.0f), want_wt(n, -1.0f);
+          synthetic_routing(i32_tensor(idx.data(), {p.T, p.K}), f32_tensor(wt.data(), {p.T, p.K}), random, p.N, seed,
+                            layer);
+          ref_synthetic_routing(want_idx, want_wt, random, p.T, p.K, p.N, seed, layer);
+          ASSERT_EQ(idx, want_idx);
+          ASSERT_EQ(std::memcmp(wt.data(), want_wt.data(), n * sizeof(float)), 0);
+          for (int t = 0; t < p.T; ++t) {
+            std::vector<int32_t> row(idx.begin() + t * p.K, idx.begin() + (t + 1) * p.K);
+            std::sort(row.begin(), row.end());
+            ASSERT_EQ(std::adjacent_find(row.begin(), row.end()), row.end()) << "token " << t << " repeats an expert";
+            ASSERT_GE(row.front(), 0);
+            ASSERT_LT(row.back(), p.N);
+          }
+        }
+}
+
+// Random routing is a pure function of (seed, layer, t): a token's row does not depend on T, and
+// another layer or seed draws another routing.
+TEST(Router, synthetic_random_routing_depends_on_seed_layer_and_token_only) {
+  const int N = 32, K = 4;
+  auto route = [&](int T, uint64_t seed, int64_t layer) {
+    std::vector<int32_t> idx(static_cast<size_t>(T) * K);
+    std::vector<float> wt(idx.size());
+    synthetic_routing(i32_tensor(idx.data(), {T, K}), f32_tensor(wt.data(), {T, K}), true, N, seed, layer);
+    return idx;
+  };
+  const auto base = route(50, 7, 2);
+  const auto longer = route(200, 7, 2);
+  EXPECT_TRUE(std::equal(base.begin(), base.end(), longer.begin())) << "rows depend on T";
+  EXPECT_NE(base, route(50, 7, 3)) << "layer is ignored";
+  EXPECT_NE(base, route(50, 8, 2)) << "seed is ignored";
+}
+
+TEST(Router, synthetic_routing_rejects_impossible_or_mismatched_inputs) {
+  std::vector<int32_t> idx(12);
+  std::vector<float> wt(12);
+  auto call = [&](Tensor i, Tensor w, int64_t N, int64_t layer) { synthetic_routing(i, w, true, N, 1, layer); };
+  const Tensor i43 = i32_tensor(idx.data(), {4, 3}), w43 = f32_tensor(wt.data(), {4, 3});
+  EXPECT_NO_THROW(call(i43, w43, 3, 0));                                         // K = N
+  EXPECT_THROW(call(i43, w43, 2, 0), Error);                                     // K > N: 3 distinct experts of 2
+  EXPECT_THROW(call(i43, w43, 0, 0), Error);                                     // no experts
+  EXPECT_THROW(call(i43, w43, 8, -1), Error);                                    // negative layer
+  EXPECT_THROW(call(i43, f32_tensor(wt.data(), {3, 4}), 8, 0), Error);           // weight shape
+  EXPECT_THROW(call(i43, Tensor(idx.data(), DType::I32, {4, 3}), 8, 0), Error);  // weight dtype
+  EXPECT_THROW(call(f32_tensor(wt.data(), {4, 3}), w43, 8, 0), Error);           // idx dtype
+  EXPECT_THROW(call(i32_tensor(idx.data(), {12}), f32_tensor(wt.data(), {12}), 8, 0), Error);  // not [T, K]
+  try {
+    call(i43, w43, 2, 0);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("synthetic_routing"), std::string::npos) << e.what();
   }
 }
 

@@ -7,10 +7,18 @@
 #include <cstdint>
 #include <string_view>
 
+// mix64 and hash_counters also compile as device functions, so a kernel draws exactly the
+// numbers the host draws (random routing on the GPU); Rng itself stays host-only.
+#if defined(__CUDACC__)
+#define MOE_HOST_DEVICE __host__ __device__
+#else
+#define MOE_HOST_DEVICE
+#endif
+
 namespace moe {
 
 // SplitMix64 finalizer: a good 64-bit mixing function.
-constexpr uint64_t mix64(uint64_t x) {
+MOE_HOST_DEVICE constexpr uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
@@ -18,7 +26,7 @@ constexpr uint64_t mix64(uint64_t x) {
 }
 
 // Hash of several counters, order-sensitive.
-constexpr uint64_t hash_counters(uint64_t a, uint64_t b = 0, uint64_t c = 0, uint64_t d = 0) {
+MOE_HOST_DEVICE constexpr uint64_t hash_counters(uint64_t a, uint64_t b = 0, uint64_t c = 0, uint64_t d = 0) {
   return mix64(mix64(mix64(mix64(a) ^ b) ^ c) ^ d);
 }
 

@@ -30,4 +30,8 @@ void copy(Tensor dst, Tensor src, Stream stream) { MOE_OP_DISPATCH(dst.device, c
 
 void cast_copy(Tensor dst, Tensor src, Stream stream) { MOE_OP_DISPATCH(dst.device, cast_copy, dst, src, stream); }
 
+void accumulate_scalars(Tensor stats, const std::vector<ScalarTerm>& terms, Stream stream) {
+  MOE_OP_DISPATCH(stats.device, accumulate_scalars, stats, terms, stream);
+}
+
 }  // namespace moe

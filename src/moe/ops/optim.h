@@ -25,7 +25,12 @@ void sum_squares_accumulate(Tensor out, Tensor x, Stream stream = {});
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   param = param * (1 - lr * wd) - lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps).
 // step counts from 1.
+// schedule: empty, or F32 [2] on the params' device: schedule[0] = lr, schedule[1] = step (counting
+// from 1, a whole number). When given, lr and step are read from it in memory when the update runs,
+// and cfg.lr and `step` are ignored: a captured CUDA graph replays with a new learning rate and step
+// written into schedule before each replay. Same lr and step give the same bits either way (the
+// GPU computes its bias corrections on the device, in double as the host does).
 void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
-                const AdamWConfig& cfg, int64_t step, Stream stream = {});
+                const AdamWConfig& cfg, int64_t step, Stream stream = {}, Tensor schedule = {});
 
 }  // namespace moe

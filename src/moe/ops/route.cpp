@@ -24,4 +24,8 @@ void route_index_local(Tensor route_index, Tensor expert_offsets, Tensor topk_id
                   rank_capacity, stream);
 }
 
+void accumulate_counts(Tensor load, Tensor counts, Stream stream) {
+  MOE_OP_DISPATCH(load.device, accumulate_counts, load, counts, stream);
+}
+
 }  // namespace moe

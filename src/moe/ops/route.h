@@ -18,4 +18,8 @@ void route_counts(Tensor expert_counts, Tensor topk_idx, Stream stream = {});
 void route_index_local(Tensor route_index, Tensor expert_offsets, Tensor topk_idx, Tensor expert_counts,
                        int64_t rank_capacity, Stream stream = {});
 
+// load[e] += counts[e]: routes per expert summed over the microbatches of a step (load F32 [N],
+// counts I32 [N]). On the counts' device, so the per-step expert load is kept without a host read.
+void accumulate_counts(Tensor load, Tensor counts, Stream stream = {});
+
 }  // namespace moe

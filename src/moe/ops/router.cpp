@@ -19,6 +19,11 @@ void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor l
   MOE_OP_DISPATCH(logits.device, router_forward, scores, topk_idx, topk_weight, logits, bias, fn, normalize, stream);
 }
 
+void synthetic_routing(Tensor topk_idx, Tensor topk_weight, bool random, int64_t num_experts, uint64_t seed,
+                       int64_t layer, Stream stream) {
+  MOE_OP_DISPATCH(topk_idx.device, synthetic_routing, topk_idx, topk_weight, random, num_experts, seed, layer, stream);
+}
+
 void router_losses(Tensor lb_loss, Tensor z_loss, Tensor expert_counts, Tensor scores, Tensor logits, int top_k,
                    Stream stream) {
   MOE_OP_DISPATCH(logits.device, router_losses, lb_loss, z_loss, expert_counts, scores, logits, top_k, stream);

@@ -18,6 +18,16 @@ enum class ScoreFn { Softmax, Sigmoid };
 void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor logits, Tensor bias, ScoreFn fn,
                     bool normalize, Stream stream = {});
 
+// Benchmark routings (model.routing = uniform | random) replace the router's choice; the router
+// still runs (same cost). topk_idx [T, K] i32, topk_weight [T, K] F32 (set to 1/K).
+//   uniform: idx[t,k] = (t*K + k) % num_experts;
+//   random:  K distinct experts per token t, drawn from Rng(hash_counters(seed, layer, t)) by
+//            below(num_experts), redrawing repeats: a pure function of (seed, layer, t).
+// K <= num_experts (K distinct experts must exist). Computed where the tensors live, so the GPU
+// step needs no host loop and no upload.
+void synthetic_routing(Tensor topk_idx, Tensor topk_weight, bool random, int64_t num_experts, uint64_t seed,
+                       int64_t layer, Stream stream = {});
+
 // expert_counts [N] i32 = number of (t, k) routes selecting each expert (before any drop).
 // lb_loss [1] = (N/K) * sum_e (count_e / T) * P_e with P_e = mean_t scores[t,e]  (1.0 when balanced);
 // z_loss [1] = mean_t logsumexp_e(logits[t,e])^2.

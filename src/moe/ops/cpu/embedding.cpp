@@ -33,6 +33,23 @@ void check_embedding(const char* op, const Tensor& rows, const char* rows_name, 
     MOE_CHECK(tok[r] >= 0 && tok[r] < V, op, ": tokens[", r, "] = ", tok[r], " outside [0, ", V, ")");
 }
 
+// stats is F32 on `device`; every term's src is F32 or I32 on that device, its index inside src and
+// its slot inside stats.
+void check_scalar_terms(const char* op, const Tensor& stats, const std::vector<ScalarTerm>& terms) {
+  check_f32(op, "stats", stats);
+  MOE_CHECK(stats.data != nullptr || stats.numel() == 0, op, ": stats has no data");
+  for (size_t i = 0; i < terms.size(); ++i) {
+    const ScalarTerm& term = terms[i];
+    MOE_CHECK(term.src.device == Device::CPU, op, ": terms[", i, "].src is not on the CPU (stats is)");
+    MOE_CHECK(term.src.dtype == DType::F32 || term.src.dtype == DType::I32, op, ": terms[", i,
+              "].src must be F32 or I32, got ", dtype_name(term.src.dtype));
+    MOE_CHECK(term.index >= 0 && term.index < term.src.numel() && term.src.data != nullptr, op, ": terms[", i,
+              "].index = ", term.index, " is outside src ", term.src.shape.str());
+    MOE_CHECK(term.slot >= 0 && term.slot < stats.numel(), op, ": terms[", i, "].slot = ", term.slot,
+              " is outside stats ", stats.shape.str());
+  }
+}
+
 // Columns per task in embedding_backward.
 constexpr int64_t kColumnBlock = 256;
 
@@ -98,7 +115,7 @@ void cast_copy(Tensor dst, Tensor src, Stream stream) {
   check_cpu(op, "dst", dst);
   check_cpu(op, "src", src);
   MOE_CHECK(dst.shape == src.shape, op, ": dst ", dst.shape.str(), " and src ", src.shape.str(), " differ in shape");
-  if (dst.dtype == src.dtype) return copy(dst, src, stream);
+  if (dst.dtype == src.dtype) return cpu::copy(dst, src, stream);  // qualified: moe::copy is visible too
   const bool f32_to_bf16_cast = dst.dtype == DType::BF16 && src.dtype == DType::F32;
   const bool bf16_to_f32_cast = dst.dtype == DType::F32 && src.dtype == DType::BF16;
   MOE_CHECK(f32_to_bf16_cast || bf16_to_f32_cast, op, ": converts only between F32 and BF16, got dst ",
@@ -114,6 +131,17 @@ void cast_copy(Tensor dst, Tensor src, Stream stream) {
     float* d = dst.f32();
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
     for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+  }
+}
+
+// Checked in full before the first add, so a bad term leaves stats untouched.
+void accumulate_scalars(Tensor stats, const std::vector<ScalarTerm>& terms, Stream /*stream*/) {
+  check_scalar_terms("accumulate_scalars", stats, terms);
+  float* s = static_cast<float*>(stats.data);
+  for (const ScalarTerm& term : terms) {
+    const float value = term.src.dtype == DType::I32 ? static_cast<float>(term.src.ptr<const int32_t>()[term.index])
+                                                     : term.src.ptr<const float>()[term.index];
+    s[term.slot] += term.scale * value;
   }
 }
 

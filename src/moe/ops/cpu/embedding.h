@@ -3,6 +3,7 @@
 
 #include "moe/core/stream.h"
 #include "moe/core/tensor.h"
+#include "moe/ops/embedding.h"
 
 namespace moe::cpu {
 
@@ -12,5 +13,6 @@ void add_inplace(Tensor y, Tensor x, Stream stream);
 void fill_zero(Tensor y, Stream stream);
 void copy(Tensor dst, Tensor src, Stream stream);
 void cast_copy(Tensor dst, Tensor src, Stream stream);
+void accumulate_scalars(Tensor stats, const std::vector<ScalarTerm>& terms, Stream stream);
 
 }  // namespace moe::cpu

@@ -45,7 +45,7 @@ void sum_squares_accumulate(Tensor out, Tensor x, Stream /*stream*/) {
 }
 
 void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
-                const AdamWConfig& cfg, int64_t step, Stream /*stream*/) {
+                const AdamWConfig& cfg, int64_t step, Stream /*stream*/, Tensor schedule) {
   constexpr const char* op = "adamw_step";
   check_f32(param, op, "param");
   check_f32(grad, op, "grad");
@@ -56,7 +56,19 @@ void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_
   MOE_CHECK(m.shape == param.shape, op, ": m ", m.shape.str(), " does not match param ", param.shape.str());
   MOE_CHECK(v.shape == param.shape, op, ": v ", v.shape.str(), " does not match param ", param.shape.str());
   MOE_CHECK(grad_norm_sq.numel() == 1, op, ": grad_norm_sq must hold one value, got shape ", grad_norm_sq.shape.str());
-  MOE_CHECK(step >= 1, op, ": step = ", step, " must count from 1");
+  // lr and step from the schedule in memory when given (the update runs now, on this thread).
+  float lr = cfg.lr;
+  double step_count = static_cast<double>(step);
+  if (!schedule.empty()) {
+    check_f32(schedule, op, "schedule");
+    MOE_CHECK(schedule.numel() == 2, op, ": schedule must be [2] (lr, step), got shape ", schedule.shape.str());
+    lr = schedule.f32()[0];
+    step_count = schedule.f32()[1];
+    MOE_CHECK(std::isfinite(step_count) && step_count >= 1 && step_count == std::floor(step_count), op,
+              ": schedule[1] = ", step_count, " is not a step counting from 1");
+  } else {
+    MOE_CHECK(step >= 1, op, ": step = ", step, " must count from 1");
+  }
 
   const float norm_sq = grad_norm_sq.f32()[0];
   if (!std::isfinite(norm_sq)) return;  // skip the step: a non-finite gradient changes nothing
@@ -64,11 +76,11 @@ void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_
       max_norm > 0.0f ? std::fmin(1.0f, static_cast<float>(max_norm / (std::sqrt(static_cast<double>(norm_sq)) + 1e-6)))
                       : 1.0f;
   // Scalars in double (as torch computes them in Python), applied in FP32.
-  const double bias1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(step));
-  const double bias2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(step));
-  const float step_size = static_cast<float>(cfg.lr / bias1);
+  const double bias1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), step_count);
+  const double bias2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), step_count);
+  const float step_size = static_cast<float>(lr / bias1);
   const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-  const float decay = static_cast<float>(1.0 - static_cast<double>(cfg.lr) * cfg.weight_decay);
+  const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * cfg.weight_decay);
   const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
 
   const int64_t n = param.numel();

@@ -16,6 +16,12 @@ void check_i32(const Tensor& t, const char* op, const char* name) {
   MOE_CHECK(t.dtype == DType::I32, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected I32");
 }
 
+void check_f32(const Tensor& t, const char* op, const char* name) {
+  MOE_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " has no data");
+  MOE_CHECK(t.device == Device::CPU, op, ": ", name, " is on ", device_name(t.device), ", expected cpu");
+  MOE_CHECK(t.dtype == DType::F32, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected F32");
+}
+
 // topk_idx must be [T, K] with every entry in [0, N).
 void check_topk_idx(const Tensor& topk_idx, int64_t N, const char* op) {
   check_i32(topk_idx, op, "topk_idx");
@@ -84,6 +90,18 @@ void route_index_local(Tensor route_index, Tensor expert_offsets, Tensor topk_id
     const int64_t row = cursor[idx[i]]++;
     index[i] = row < rank_capacity ? static_cast<int32_t>(row) : -1;  // tail drop
   }
+}
+
+void accumulate_counts(Tensor load, Tensor counts, Stream /*stream*/) {
+  constexpr const char* op = "accumulate_counts";
+  check_f32(load, op, "load");
+  MOE_CHECK(load.ndim() == 1, op, ": load must be [N], got ", load.shape.str());
+  check_i32(counts, op, "counts");
+  MOE_CHECK(counts.shape == load.shape, op, ": counts has shape ", counts.shape.str(), ", expected ", load.shape.str(),
+            " (one count per expert of load)");
+  float* l = load.f32();
+  const int32_t* c = counts.i32();
+  for (int64_t e = 0; e < load.numel(); ++e) l[e] += static_cast<float>(c[e]);
 }
 
 }  // namespace moe::cpu

@@ -2,9 +2,13 @@
 // reduction over tokens runs in a fixed order so results do not depend on the thread count.
 #include "moe/ops/cpu/router.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <vector>
+
+#include "moe/core/rng.h"
 
 namespace moe::cpu {
 
@@ -117,6 +121,44 @@ void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor l
       if (normalize && sum > 0.0f)
         for (int64_t k = 0; k < K; ++k) w[k] /= sum;
     }
+  }
+}
+
+// Tokens are independent (each random token has its own generator), so they run under OpenMP
+// with the same result for any thread count.
+void synthetic_routing(Tensor topk_idx, Tensor topk_weight, bool random, int64_t num_experts, uint64_t seed,
+                       int64_t layer, Stream /*stream*/) {
+  constexpr const char* op = "synthetic_routing";
+  check_tensor(topk_idx, DType::I32, op, "topk_idx");
+  MOE_CHECK(topk_idx.ndim() == 2, op, ": topk_idx must be [T, K], got ", topk_idx.shape.str());
+  const int64_t T = topk_idx.dim(0), K = topk_idx.dim(1), N = num_experts;
+  check_tensor(topk_weight, DType::F32, op, "topk_weight");
+  check_shape(topk_weight, {T, K}, op, "topk_weight");
+  MOE_CHECK(N >= 1 && N <= std::numeric_limits<int32_t>::max(), op, ": num_experts = ", N,
+            " must be in [1, 2^31) (expert ids are I32)");
+  MOE_CHECK(K >= 1 && K <= N, op, ": top_k = ", K, " must be in [1, num_experts = ", N,
+            "]: each token takes K distinct experts");
+  MOE_CHECK(layer >= 0, op, ": layer = ", layer, " is negative");
+
+  int32_t* idx = topk_idx.i32();
+  float* wt = topk_weight.f32();
+  const float weight = 1.0f / static_cast<float>(K);
+#pragma omp parallel for schedule(static) if (T * K >= kMinParallelWork)
+  for (int64_t t = 0; t < T; ++t) {
+    int32_t* row = idx + t * K;
+    if (!random) {
+      for (int64_t k = 0; k < K; ++k) row[k] = static_cast<int32_t>((t * K + k) % N);
+    } else {  // K distinct experts drawn uniformly, a pure function of (seed, layer, token)
+      Rng rng(hash_counters(seed, static_cast<uint64_t>(layer), static_cast<uint64_t>(t)));
+      for (int64_t k = 0; k < K; ++k) {
+        int32_t e;
+        do {
+          e = static_cast<int32_t>(rng.below(static_cast<uint64_t>(N)));
+        } while (std::find(row, row + k, e) != row + k);  // a repeat: draw again
+        row[k] = e;
+      }
+    }
+    for (int64_t k = 0; k < K; ++k) wt[t * K + k] = weight;
   }
 }
 

@@ -13,6 +13,8 @@
 //                              the result.
 //   add_inplace_kernel         one thread per element, grid-stride, sum in FP32.
 //   cast_kernel                one thread per element, grid-stride.
+//   accumulate_scalars_kernel  one thread applies up to kMaxScalarTerms terms, passed by value in
+//                              the kernel's parameters, in order.
 // fill_zero and copy (and cast_copy between equal dtypes) are cudaMemsetAsync/cudaMemcpyAsync.
 // NOTES: every thread of embedding_backward reads all R token ids (cached, warp-uniform
 // branch); a skewed token distribution loads one partition more than the others.
@@ -20,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -50,6 +53,7 @@ constexpr int64_t kMaxBlocks = 1 << 16;
 constexpr int kBackwardColumns = 256;     // columns per block in embedding_backward
 constexpr int64_t kBackwardTargetBlocks = 512;  // about 4 blocks per SM on an H200 (132 SMs)
 constexpr int64_t kMaxPartitions = 64;
+constexpr int kMaxScalarTerms = 64;  // accumulate_scalars terms per launch (24 bytes each)
 
 unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
@@ -96,6 +100,30 @@ __global__ void __launch_bounds__(kThreads) cast_bf16_to_f32_kernel(float* dst, 
   MOE_GRID_STRIDE(i, n) { dst[i] = __bfloat162float(src[i]); }
 }
 
+// One term of accumulate_scalars as the kernel sees it: the address of the element, not the tensor.
+struct ScalarTermArg {
+  const void* value;  // src's element `index`: an int32_t when is_int, else a float
+  int64_t slot;
+  float scale;
+  int is_int;
+};
+
+struct ScalarTermBatch {
+  ScalarTermArg terms[kMaxScalarTerms];
+  int count;
+};
+
+// A single thread, terms in order. __fmul_rn/__fadd_rn keep the product and the sum separately
+// rounded (no fused multiply-add), as on the CPU. No restrict: a term's src may be stats itself.
+__global__ void accumulate_scalars_kernel(float* stats, const ScalarTermBatch batch) {
+  for (int i = 0; i < batch.count; ++i) {
+    const ScalarTermArg& term = batch.terms[i];
+    const float value = term.is_int ? static_cast<float>(*static_cast<const int32_t*>(term.value))
+                                    : *static_cast<const float*>(term.value);
+    stats[term.slot] = __fadd_rn(stats[term.slot], __fmul_rn(term.scale, value));
+  }
+}
+
 #undef MOE_GRID_STRIDE
 
 void check_cuda(const char* op, const char* name, const Tensor& t) {
@@ -106,6 +134,24 @@ void check_float_type(const char* op, const char* name, const Tensor& t) {
   check_cuda(op, name, t);
   MOE_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, op, ": tensor ", name, " must be F32 or BF16, got ",
             dtype_name(t.dtype));
+}
+
+// stats is F32 on the device; every term's src is F32 or I32 there, its index inside src and its
+// slot inside stats.
+void check_scalar_terms(const char* op, const Tensor& stats, const std::vector<ScalarTerm>& terms) {
+  check_cuda(op, "stats", stats);
+  MOE_CHECK(stats.dtype == DType::F32, op, ": tensor stats must be F32, got ", dtype_name(stats.dtype));
+  MOE_CHECK(stats.data != nullptr || stats.numel() == 0, op, ": stats has no data");
+  for (size_t i = 0; i < terms.size(); ++i) {
+    const ScalarTerm& term = terms[i];
+    MOE_CHECK(term.src.device == Device::CUDA, op, ": terms[", i, "].src is not on the CUDA device (stats is)");
+    MOE_CHECK(term.src.dtype == DType::F32 || term.src.dtype == DType::I32, op, ": terms[", i,
+              "].src must be F32 or I32, got ", dtype_name(term.src.dtype));
+    MOE_CHECK(term.index >= 0 && term.index < term.src.numel() && term.src.data != nullptr, op, ": terms[", i,
+              "].index = ", term.index, " is outside src ", term.src.shape.str());
+    MOE_CHECK(term.slot >= 0 && term.slot < stats.numel(), op, ": terms[", i, "].slot = ", term.slot,
+              " is outside stats ", stats.shape.str());
+  }
 }
 
 // Shared checks of the lookup and its gradient: devices, dtypes, [R, D] rows, [V, D] table.
@@ -198,7 +244,7 @@ void cast_copy(Tensor dst, Tensor src, Stream stream) {
   check_cuda(op, "dst", dst);
   check_cuda(op, "src", src);
   MOE_CHECK(dst.shape == src.shape, op, ": dst ", dst.shape.str(), " and src ", src.shape.str(), " differ in shape");
-  if (dst.dtype == src.dtype) return copy(dst, src, stream);
+  if (dst.dtype == src.dtype) return cuda::copy(dst, src, stream);  // qualified: moe::copy is visible too
   check_float_type(op, "dst", dst);
   check_float_type(op, "src", src);
   const int64_t n = dst.numel();
@@ -209,6 +255,23 @@ void cast_copy(Tensor dst, Tensor src, Stream stream) {
   else
     cast_bf16_to_f32_kernel<<<grid_for(n), kThreads, 0, s>>>(dst.ptr<float>(), src.ptr<const __nv_bfloat16>(), n);
   CUDA_CHECK_LAUNCH();
+}
+
+void accumulate_scalars(Tensor stats, const std::vector<ScalarTerm>& terms, Stream stream) {
+  check_scalar_terms("accumulate_scalars", stats, terms);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  for (size_t first = 0; first < terms.size(); first += kMaxScalarTerms) {
+    ScalarTermBatch batch{};
+    batch.count = static_cast<int>(std::min<size_t>(terms.size() - first, kMaxScalarTerms));
+    for (int i = 0; i < batch.count; ++i) {
+      const ScalarTerm& term = terms[first + i];
+      const char* element =
+          static_cast<const char*>(term.src.data) + static_cast<size_t>(term.index) * dtype_size(term.src.dtype);
+      batch.terms[i] = {element, term.slot, term.scale, term.src.dtype == DType::I32 ? 1 : 0};
+    }
+    accumulate_scalars_kernel<<<1, 1, 0, s>>>(stats.ptr<float>(), batch);
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace moe::cuda

@@ -9,7 +9,14 @@
 //                               double) and does out[0] += total.
 //   Deterministic: the partition and the reduction order depend only on n.
 // adamw_step: one thread per element, grid-stride. Each thread reads grad_norm_sq[0] first; a
-// non-finite value makes every thread return before touching param/m/v (the skipped step).
+// non-finite value makes every thread return before touching param/m/v (the skipped step). With a
+// schedule, thread 0 of each block computes the step's scalars from schedule (lr, step) into shared
+// memory, in double as the host does without one: pow and sqrt, then __dmul_rn/__dadd_rn so nothing
+// is fused into a multiply-add that the host would round twice. The update loop is the same code
+// either way, so the same lr and step give the same bits.
+// NOTES: CUDA's double pow and the host's std::pow may differ in the last bit of a double in rare
+// cases; the scalars are then rounded to FP32, where such a difference almost never shows
+// (tests/cuda/test_cuda_optim.cpp checks steps 1 to 2000 bit for bit).
 #include "moe/ops/cuda/optim.h"
 
 #include <algorithm>
@@ -60,9 +67,27 @@ __global__ void __launch_bounds__(kThreads) sum_squares_final_kernel(float* out,
   if (threadIdx.x == 0) out[0] = static_cast<float>(static_cast<double>(out[0]) + block_sum[0]);
 }
 
+// schedule == nullptr: step_size, bias2_sqrt and decay are the host's. Otherwise they are computed
+// here from lr = schedule[0], step = schedule[1] and the weight decay wd, exactly as on the host.
 __global__ void __launch_bounds__(kThreads)
     adamw_kernel(float* param, const float* grad, float* m, float* v, const float* grad_norm_sq, float max_norm,
-                 float b1, float b2, float eps, float step_size, float bias2_sqrt, float decay, int64_t n) {
+                 float b1, float b2, float eps, float step_size, float bias2_sqrt, float decay, const float* schedule,
+                 float wd, int64_t n) {
+  if (schedule != nullptr) {
+    __shared__ float scalars[3];
+    if (threadIdx.x == 0) {
+      const double lr = schedule[0], step = schedule[1];
+      const double bias1 = 1.0 - pow(static_cast<double>(b1), step);
+      const double bias2 = 1.0 - pow(static_cast<double>(b2), step);
+      scalars[0] = static_cast<float>(lr / bias1);
+      scalars[1] = static_cast<float>(sqrt(bias2));
+      scalars[2] = static_cast<float>(__dadd_rn(1.0, -__dmul_rn(lr, static_cast<double>(wd))));
+    }
+    __syncthreads();
+    step_size = scalars[0];
+    bias2_sqrt = scalars[1];
+    decay = scalars[2];
+  }
   const float norm_sq = grad_norm_sq[0];
   if (!isfinite(norm_sq)) return;  // skip the step: a non-finite gradient changes nothing
   const float clip =
@@ -104,7 +129,7 @@ void sum_squares_accumulate(Tensor out, Tensor x, Stream stream) {
 }
 
 void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
-                const AdamWConfig& cfg, int64_t step, Stream stream) {
+                const AdamWConfig& cfg, int64_t step, Stream stream, Tensor schedule) {
   constexpr const char* op = "adamw_step";
   check_f32(param, op, "param");
   check_f32(grad, op, "grad");
@@ -115,19 +140,30 @@ void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_
   MOE_CHECK(m.shape == param.shape, op, ": m ", m.shape.str(), " does not match param ", param.shape.str());
   MOE_CHECK(v.shape == param.shape, op, ": v ", v.shape.str(), " does not match param ", param.shape.str());
   MOE_CHECK(grad_norm_sq.numel() == 1, op, ": grad_norm_sq must hold one value, got shape ", grad_norm_sq.shape.str());
-  MOE_CHECK(step >= 1, op, ": step = ", step, " must count from 1");
+  const bool has_schedule = !schedule.empty();
+  if (has_schedule) {
+    check_f32(schedule, op, "schedule");
+    MOE_CHECK(schedule.numel() == 2, op, ": schedule must be [2] (lr, step), got shape ", schedule.shape.str());
+  } else {
+    MOE_CHECK(step >= 1, op, ": step = ", step, " must count from 1");
+  }
   const int64_t n = param.numel();
   if (n == 0) return;
-  // Scalars in double on the host (as torch computes them in Python and the CPU op does).
-  const double bias1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(step));
-  const double bias2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(step));
-  const float step_size = static_cast<float>(cfg.lr / bias1);
-  const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-  const float decay = static_cast<float>(1.0 - static_cast<double>(cfg.lr) * cfg.weight_decay);
+  // Scalars in double on the host (as torch computes them in Python and the CPU op does); with a
+  // schedule the kernel computes them instead, and these are unused.
+  float step_size = 0.0f, bias2_sqrt = 0.0f, decay = 0.0f;
+  if (!has_schedule) {
+    const double bias1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(step));
+    const double bias2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(step));
+    step_size = static_cast<float>(cfg.lr / bias1);
+    bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+    decay = static_cast<float>(1.0 - static_cast<double>(cfg.lr) * cfg.weight_decay);
+  }
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
   adamw_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream.handle)>>>(
       param.ptr<float>(), grad.ptr<const float>(), m.ptr<float>(), v.ptr<float>(), grad_norm_sq.ptr<const float>(),
-      max_norm, cfg.beta1, cfg.beta2, cfg.eps, step_size, bias2_sqrt, decay, n);
+      max_norm, cfg.beta1, cfg.beta2, cfg.eps, step_size, bias2_sqrt, decay,
+      has_schedule ? schedule.ptr<const float>() : nullptr, cfg.weight_decay, n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -4,6 +4,7 @@
 //     block-wide exclusive scan per chunk of routes, so the j-th route to expert e gets the row
 //     offsets_unclamped[e] + j (rows expert-major, then token, then k, as on the CPU), and the
 //     tail drop clamps at rank_capacity.
+// accumulate_counts: one thread per expert adds its count (grid-stride).
 // Each output element is written by exactly one thread and all arithmetic is on integers, so the
 // results are exact and deterministic. The routes (at most ~262144 I32 = 1 MiB) stay in L2 while
 // the N blocks read them.
@@ -13,6 +14,7 @@
 // can replace it without changing results.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -29,11 +31,18 @@ constexpr int kWarps = kThreads / kWarp;
 constexpr int kItems = 8;                     // consecutive routes per thread per chunk
 constexpr int kChunk = kThreads * kItems;     // routes per chunk
 constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int64_t kMaxBlocks = 1 << 16;  // accumulate_counts grid cap
 
 void check_i32(const Tensor& t, const char* op, const char* name) {
   MOE_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " has no data");
   MOE_CHECK(t.device == Device::CUDA, op, ": ", name, " is on ", device_name(t.device), ", expected cuda");
   MOE_CHECK(t.dtype == DType::I32, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected I32");
+}
+
+void check_f32(const Tensor& t, const char* op, const char* name) {
+  MOE_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " has no data");
+  MOE_CHECK(t.device == Device::CUDA, op, ": ", name, " is on ", device_name(t.device), ", expected cuda");
+  MOE_CHECK(t.dtype == DType::F32, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected F32");
 }
 
 void check_topk_idx(const Tensor& topk_idx, const char* op) {
@@ -127,6 +136,13 @@ __global__ void route_index_kernel(int32_t* __restrict__ route_index, int32_t* _
   }
 }
 
+// load[e] += counts[e], one thread per expert.
+__global__ void accumulate_counts_kernel(float* __restrict__ load, const int32_t* __restrict__ counts, int64_t N) {
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < N;
+       e += static_cast<int64_t>(gridDim.x) * kThreads)
+    load[e] += static_cast<float>(counts[e]);
+}
+
 }  // namespace
 
 void route_counts(Tensor expert_counts, Tensor topk_idx, Stream stream) {
@@ -164,6 +180,20 @@ void route_index_local(Tensor route_index, Tensor expert_offsets, Tensor topk_id
   route_index_kernel<<<static_cast<unsigned>(N), kThreads, 0, cuda_stream(stream)>>>(
       route_index.i32(), expert_offsets.i32(), topk_idx.i32(), expert_counts.i32(), routes, static_cast<int>(N),
       rank_capacity);
+  CUDA_CHECK_LAUNCH();
+}
+
+void accumulate_counts(Tensor load, Tensor counts, Stream stream) {
+  constexpr const char* op = "accumulate_counts";
+  check_f32(load, op, "load");
+  MOE_CHECK(load.ndim() == 1, op, ": load must be [N], got ", load.shape.str());
+  check_i32(counts, op, "counts");
+  MOE_CHECK(counts.shape == load.shape, op, ": counts has shape ", counts.shape.str(), ", expected ", load.shape.str(),
+            " (one count per expert of load)");
+  const int64_t N = load.numel();
+  if (N == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((N + kThreads - 1) / kThreads, kMaxBlocks));
+  accumulate_counts_kernel<<<blocks, kThreads, 0, cuda_stream(stream)>>>(load.f32(), counts.i32(), N);
   CUDA_CHECK_LAUNCH();
 }
 

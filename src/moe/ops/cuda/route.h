@@ -22,4 +22,7 @@ void route_counts(Tensor expert_counts, Tensor topk_idx, Stream stream = {});
 void route_index_local(Tensor route_index, Tensor expert_offsets, Tensor topk_idx, Tensor expert_counts,
                        int64_t rank_capacity, Stream stream = {});
 
+// One thread per expert; exact as on the CPU (each count converted to FP32 and added once).
+void accumulate_counts(Tensor load, Tensor counts, Stream stream = {});
+
 }  // namespace moe::cuda

@@ -1,7 +1,8 @@
 // CUDA router. Per-token work (scores, top-K, weights, gradient) runs one warp per token with the
 // token's N <= 256 scores held 8 per lane in registers; reductions over tokens (the losses) run
 // in two kernels whose sums follow a fixed order. No float atomics anywhere: results are
-// bit-identical from run to run.
+// bit-identical from run to run. synthetic_routing runs one thread per token and draws the same
+// numbers as the CPU's Rng (mix64/hash_counters are shared with the host), so it equals the CPU op.
 //
 // NOTES: exponentials are computed as (float)exp((double)x), which rounds like the CPU's expf in
 // all but vanishingly rare cases, so scores (and hence the top-K order) agree with the CPU
@@ -12,9 +13,12 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "moe/core/cuda_check.h"
+#include "moe/core/rng.h"
 #include "moe/ops/cuda/router.h"
 
 namespace moe::cuda {
@@ -31,6 +35,11 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // router_losses: tokens are split over at most this many blocks, each writing its partial sums to
 // the static scratch below; a second one-block kernel adds the partials in block order.
 constexpr int kLossBlocks = 128;
+
+// synthetic_routing: one thread per token, grid-stride over at most this many blocks.
+constexpr int64_t kMaxTokenBlocks = 1 << 16;
+// The increment of Rng::next_u64 (moe/core/rng.h): the kernel replays Rng's draws.
+constexpr uint64_t kRngIncrement = 0x9e3779b97f4a7c15ull;
 
 // NOTES: fixed scratch for router_losses (128 x 256 doubles + 128 doubles, about 257 KiB of device
 // memory per process and device). One buffer for all calls: router_losses calls on one stream are
@@ -317,6 +326,37 @@ __global__ void router_backward_kernel(float* __restrict__ dlogits, const float*
   }
 }
 
+// Thread t writes token t's K experts and weights. Random: the draws of Rng(hash_counters(seed,
+// layer, t)).below(N) on the host, i.e. state = hash_counters(hash_counters(seed, layer, t), 0), then
+// state += increment, value = mix64(state) % N per draw; a repeat of an expert already in the row is
+// drawn again, as on the CPU.
+__global__ void __launch_bounds__(kThreads)
+    synthetic_routing_kernel(int32_t* __restrict__ topk_idx, float* __restrict__ topk_weight, int64_t T, int K,
+                             int64_t N, bool random, uint64_t seed, uint64_t layer) {
+  const float weight = 1.0f / static_cast<float>(K);
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; t < T;
+       t += static_cast<int64_t>(gridDim.x) * kThreads) {
+    int32_t* row = topk_idx + t * K;
+    if (!random) {
+      for (int k = 0; k < K; ++k) row[k] = static_cast<int32_t>((t * K + k) % N);
+    } else {
+      uint64_t state = hash_counters(hash_counters(seed, layer, static_cast<uint64_t>(t)));  // Rng(.., stream 0)
+      for (int k = 0; k < K; ++k) {
+        int32_t e;
+        bool repeat;
+        do {
+          state += kRngIncrement;
+          e = static_cast<int32_t>(mix64(state) % static_cast<uint64_t>(N));
+          repeat = false;
+          for (int j = 0; j < k && !repeat; ++j) repeat = row[j] == e;
+        } while (repeat);
+        row[k] = e;
+      }
+    }
+    for (int k = 0; k < K; ++k) topk_weight[t * K + k] = weight;
+  }
+}
+
 int token_blocks(int64_t T) { return static_cast<int>((T + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
 }  // namespace
@@ -346,6 +386,26 @@ void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor l
   router_forward_kernel<<<token_blocks(T), kThreads, 0, cuda_stream(stream)>>>(
       scores.f32(), topk_idx.i32(), topk_weight.f32(), logits.f32(), has_bias ? bias.f32() : nullptr, T,
       static_cast<int>(N), static_cast<int>(K), fn == ScoreFn::Softmax, normalize);
+  CUDA_CHECK_LAUNCH();
+}
+
+void synthetic_routing(Tensor topk_idx, Tensor topk_weight, bool random, int64_t num_experts, uint64_t seed,
+                       int64_t layer, Stream stream) {
+  constexpr const char* op = "synthetic_routing";
+  check_tensor(topk_idx, DType::I32, op, "topk_idx");
+  MOE_CHECK(topk_idx.ndim() == 2, op, ": topk_idx must be [T, K], got ", topk_idx.shape.str());
+  const int64_t T = topk_idx.dim(0), K = topk_idx.dim(1), N = num_experts;
+  check_tensor(topk_weight, DType::F32, op, "topk_weight");
+  check_shape(topk_weight, {T, K}, op, "topk_weight");
+  MOE_CHECK(N >= 1 && N <= std::numeric_limits<int32_t>::max(), op, ": num_experts = ", N,
+            " must be in [1, 2^31) (expert ids are I32)");
+  MOE_CHECK(K >= 1 && K <= N, op, ": top_k = ", K, " must be in [1, num_experts = ", N,
+            "]: each token takes K distinct experts");
+  MOE_CHECK(layer >= 0, op, ": layer = ", layer, " is negative");
+  if (T == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((T + kThreads - 1) / kThreads, kMaxTokenBlocks));
+  synthetic_routing_kernel<<<blocks, kThreads, 0, cuda_stream(stream)>>>(
+      topk_idx.i32(), topk_weight.f32(), T, static_cast<int>(K), N, random, seed, static_cast<uint64_t>(layer));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -17,6 +17,11 @@ namespace moe::cuda {
 void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor logits, Tensor bias, ScoreFn fn,
                     bool normalize, Stream stream = {});
 
+// One thread per token; the random draws use the host's mix64/hash_counters (moe/core/rng.h), so
+// the result equals the CPU's bit for bit. Any num_experts that fits I32 (no 256 limit here).
+void synthetic_routing(Tensor topk_idx, Tensor topk_weight, bool random, int64_t num_experts, uint64_t seed,
+                       int64_t layer, Stream stream = {});
+
 // NOTES: reduces over tokens through a fixed static device scratch (per-block partial sums), so two
 // router_losses calls must not run at the same time on different streams of one device.
 void router_losses(Tensor lb_loss, Tensor z_loss, Tensor expert_counts, Tensor scores, Tensor logits, int top_k,
