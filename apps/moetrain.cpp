@@ -46,8 +46,13 @@ void print_summary(const moe::TrainSummary& s, bool bench) {
     std::printf("  attainable loss: %.4f (entropy rate of the synthetic corpus)\n", *s.attainable_loss);
   std::printf("  throughput: %s tokens/s, MFU %.2f%% per device, %.3f s/step (mean over steps after the first)\n",
               moe::format_count(s.mean_tokens_per_s).c_str(), 100 * s.mean_mfu, s.mean_step_time_s);
-  std::printf("  memory: arena %s, peak resident %s\n", moe::format_bytes(static_cast<double>(s.arena_bytes)).c_str(),
+  std::printf("  memory: arena %s, peak resident (host) %s", moe::format_bytes(static_cast<double>(s.arena_bytes)).c_str(),
               moe::format_bytes(static_cast<double>(s.peak_rss_bytes)).c_str());
+  if (s.device == moe::Device::CUDA)
+    std::printf(", GPU high-water %s (device memory in use after a step, CUDA context and library workspaces included)",
+                moe::format_bytes(static_cast<double>(s.device_peak_bytes)).c_str());
+  std::printf("\n");
+  if (s.graph_nodes > 0) std::printf("  CUDA graph: the step replays as one graph of %zu nodes\n", s.graph_nodes);
   if (s.skipped_steps > 0) std::printf("  skipped steps (non-finite gradients): %ld\n", static_cast<long>(s.skipped_steps));
 }
 
@@ -143,15 +148,27 @@ int main(int argc, char** argv) {
       const moe::Config cfg = moe::load_config(bench_args.config, overrides);
       moe::TrainOptions opts;
       opts.bench = true;
+      moe::KernelProfiler profiler;
+      opts.profiler = &profiler;  // used on the GPU only
       moe::Trainer trainer(cfg, opts, world);
       const moe::TrainSummary s = trainer.run();
       if (leader) {
         print_summary(s, true);
         const double ideal = s.mean_step_time_s * s.mean_mfu;
         std::printf("  step-time split: ideal model time at peak %.4f s, the rest (tax) %.4f s (%.1f%%); "
-                    "in collectives %.4f s, optimizer step %.4f s\n",
-                    ideal, s.mean_step_time_s - ideal, 100 * (1 - s.mean_mfu), s.mean_comm_time_s,
-                    s.mean_optimizer_time_s);
+                    "in collectives %.4f s",
+                    ideal, s.mean_step_time_s - ideal, 100 * (1 - s.mean_mfu), s.mean_comm_time_s);
+        if (s.device == moe::Device::CPU)
+          std::printf(", optimizer step %.4f s\n", s.mean_optimizer_time_s);
+        else
+          std::printf(" (GPU work is asynchronous: the kernel table below splits the step)\n");
+        if (s.device == moe::Device::CUDA) {
+          if (!profiler.available())
+            std::printf("  top kernels: not recorded (%s)\n", profiler.why().c_str());
+          else if (s.steps.size() > 1)
+            std::printf("%s", moe::format_kernel_table(profiler.top(20), profiler.total_ms(),
+                                                       static_cast<int>(s.steps.size() - 1)).c_str());
+        }
       }
     } else if (eval->parsed()) {
       const std::string dir = moe::resolve_checkpoint(eval_ckpt);

@@ -12,8 +12,9 @@
 namespace moe::comm_detail {
 
 // CPU tensors of F32, I32 or I64 only: the element types the collectives are defined for.
-inline void check_cpu_tensor(const char* op, const char* name, const Tensor& t, int rank) {
-  MOE_CHECK(t.device == Device::CPU, op, " (rank ", rank, "): ", name, " is a ",
+// any_device: the communicator also moves GPU buffers (LocalCommunicator).
+inline void check_cpu_tensor(const char* op, const char* name, const Tensor& t, int rank, bool any_device = false) {
+  MOE_CHECK(any_device || t.device == Device::CPU, op, " (rank ", rank, "): ", name, " is a ",
             device_name(t.device), " tensor; this communicator moves CPU buffers only");
   MOE_CHECK(t.dtype == DType::F32 || t.dtype == DType::I32 || t.dtype == DType::I64, op,
             " (rank ", rank, "): ", name, " has dtype ", dtype_name(t.dtype),
@@ -35,20 +36,22 @@ inline int checked_count(const char* op, int64_t n, int rank) {
 }
 
 // reduce_scatter: in = size * out.
-inline void check_reduce_scatter(const Tensor& out, const Tensor& in, int size, int rank) {
-  check_cpu_tensor("reduce_scatter", "out", out, rank);
-  check_cpu_tensor("reduce_scatter", "in", in, rank);
+inline void check_reduce_scatter(const Tensor& out, const Tensor& in, int size, int rank, bool any_device = false) {
+  check_cpu_tensor("reduce_scatter", "out", out, rank, any_device);
+  check_cpu_tensor("reduce_scatter", "in", in, rank, any_device);
   check_same_dtype("reduce_scatter", out, in, rank);
+  MOE_CHECK(out.device == in.device, "reduce_scatter (rank ", rank, "): out and in are on different devices");
   MOE_CHECK(in.numel() == static_cast<int64_t>(size) * out.numel(), "reduce_scatter (rank ", rank,
             "): in has ", in.numel(), " elements, expected size ", size, " x out's ", out.numel(),
             " = ", static_cast<int64_t>(size) * out.numel());
 }
 
 // all_gather: out = size * in.
-inline void check_all_gather(const Tensor& out, const Tensor& in, int size, int rank) {
-  check_cpu_tensor("all_gather", "out", out, rank);
-  check_cpu_tensor("all_gather", "in", in, rank);
+inline void check_all_gather(const Tensor& out, const Tensor& in, int size, int rank, bool any_device = false) {
+  check_cpu_tensor("all_gather", "out", out, rank, any_device);
+  check_cpu_tensor("all_gather", "in", in, rank, any_device);
   check_same_dtype("all_gather", out, in, rank);
+  MOE_CHECK(out.device == in.device, "all_gather (rank ", rank, "): out and in are on different devices");
   MOE_CHECK(out.numel() == static_cast<int64_t>(size) * in.numel(), "all_gather (rank ", rank,
             "): out has ", out.numel(), " elements, expected size ", size, " x in's ", in.numel(),
             " = ", static_cast<int64_t>(size) * in.numel());
@@ -71,9 +74,9 @@ inline void check_counts(const char* which, const std::vector<int64_t>& counts,
 
 inline void check_all_to_all_v(const Tensor& out, const std::vector<int64_t>& recv_counts,
                                const Tensor& in, const std::vector<int64_t>& send_counts,
-                               int size, int rank) {
-  check_cpu_tensor("all_to_all_v", "out", out, rank);
-  check_cpu_tensor("all_to_all_v", "in", in, rank);
+                               int size, int rank, bool any_device = false) {
+  check_cpu_tensor("all_to_all_v", "out", out, rank, any_device);
+  check_cpu_tensor("all_to_all_v", "in", in, rank, any_device);
   check_same_dtype("all_to_all_v", out, in, rank);
   check_counts("send_counts", send_counts, in, "in", size, rank);
   check_counts("recv_counts", recv_counts, out, "out", size, rank);

@@ -34,6 +34,13 @@ Arena::Slot Arena::reserve(const std::string& buffer_name, DType dtype, Shape sh
   return Slot{static_cast<int>(entries_.size()) - 1};
 }
 
+size_t Arena::bytes_with_prefix(const std::string& prefix) const {
+  size_t n = 0;
+  for (const Entry& e : entries_)
+    if (e.name.compare(0, prefix.size(), prefix) == 0) n += e.bytes;
+  return n;
+}
+
 std::string Arena::largest(int n) const {
   std::vector<const Entry*> sorted;
   for (const auto& e : entries_) sorted.push_back(&e);

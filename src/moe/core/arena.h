@@ -34,6 +34,9 @@ class Arena {
   Tensor get(Slot slot) const;
   size_t total_bytes() const { return total_; }
   const std::string& name() const { return name_; }
+  Device device() const { return device_; }
+  // Bytes of the buffers whose names start with `prefix` (memory reports by role).
+  size_t bytes_with_prefix(const std::string& prefix) const;
   // "name: bytes" lines for the largest n buffers, for memory reports.
   std::string largest(int n) const;
 

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "moe/core/error.h"
+#include "moe/core/stream.h"
 
 #define CUDA_CHECK(call)                                                                             \
   do {                                                                                               \
@@ -26,4 +27,15 @@
       MOE_FAIL(#call, " failed: ", cublasLtGetStatusName(moe_cublas_rc_), ": ",                 \
                cublasLtGetStatusString(moe_cublas_rc_));                                        \
   } while (0)
+
+namespace moe {
+// The stream every op runs on when its Stream argument is empty: one blocking stream per
+// process, created on first use. Not the legacy default stream, because that stream cannot be
+// captured into a CUDA graph; blocking, so synchronous copies on the legacy stream outside a step
+// stay ordered with the ops.
+cudaStream_t compute_stream();
+inline cudaStream_t cuda_stream(Stream s) {
+  return s.handle != nullptr ? static_cast<cudaStream_t>(s.handle) : compute_stream();
+}
+}  // namespace moe
 #endif

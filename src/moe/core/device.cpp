@@ -1,7 +1,12 @@
 #include "moe/core/device.h"
 
+#include <cstdlib>
+#include <cstring>
+
+#include "moe/core/arena.h"
+
 #if defined(MOE_HAVE_CUDA)
-#include <cuda_runtime.h>
+#include "moe/core/cuda_check.h"
 #endif
 
 namespace moe {
@@ -23,6 +28,102 @@ bool cuda_available(std::string* why) {
   if (why) *why = "this binary was built without the CUDA backend (MOE_CUDA=OFF or no nvcc)";
   return false;
 #endif
+}
+
+#if defined(MOE_HAVE_CUDA)
+cudaStream_t compute_stream() {
+  static cudaStream_t stream = [] {
+    cudaStream_t s = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamDefault));
+    return s;
+  }();
+  return stream;
+}
+#endif
+
+void copy_to_tensor(const Tensor& dst, const void* host) {
+  if (dst.nbytes() == 0) return;
+  if (dst.device == Device::CPU) {
+    std::memcpy(dst.data, host, dst.nbytes());
+    return;
+  }
+#if defined(MOE_HAVE_CUDA)
+  CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.nbytes(), cudaMemcpyHostToDevice, compute_stream()));
+  CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+#else
+  MOE_FAIL("copy_to_tensor: a CUDA tensor in a build without the CUDA backend");
+#endif
+}
+
+void copy_from_tensor(void* host, const Tensor& src) {
+  if (src.nbytes() == 0) return;
+  if (src.device == Device::CPU) {
+    std::memcpy(host, src.data, src.nbytes());
+    return;
+  }
+#if defined(MOE_HAVE_CUDA)
+  CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.nbytes(), cudaMemcpyDeviceToHost, compute_stream()));
+  CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+#else
+  MOE_FAIL("copy_from_tensor: a CUDA tensor in a build without the CUDA backend");
+#endif
+}
+
+void copy_bytes(const Tensor& out, const Tensor& in) {
+  MOE_CHECK(out.nbytes() == in.nbytes() && out.device == in.device, "copy_bytes: ", out.nbytes(), " bytes on ",
+            device_name(out.device), " from ", in.nbytes(), " bytes on ", device_name(in.device));
+  if (in.nbytes() == 0 || out.data == in.data) return;
+  if (in.device == Device::CPU) {
+    std::memmove(out.data, in.data, in.nbytes());
+    return;
+  }
+#if defined(MOE_HAVE_CUDA)
+  CUDA_CHECK(cudaMemcpyAsync(out.data, in.data, in.nbytes(), cudaMemcpyDeviceToDevice, compute_stream()));
+#else
+  MOE_FAIL("copy_bytes: a CUDA tensor in a build without the CUDA backend");
+#endif
+}
+
+void device_synchronize() {
+#if defined(MOE_HAVE_CUDA)
+  std::string why;
+  if (cuda_available(&why)) CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+#endif
+}
+
+DeviceAllocation::DeviceAllocation(size_t bytes, Device device) : device_(device) {
+  if (bytes == 0) return;
+  if (device == Device::CPU) {
+    data_ = std::calloc(bytes, 1);
+    MOE_CHECK(data_ != nullptr, "cannot allocate ", format_bytes(static_cast<double>(bytes)), " of host memory");
+    return;
+  }
+#if defined(MOE_HAVE_CUDA)
+  CUDA_CHECK(cudaMalloc(&data_, bytes));
+  CUDA_CHECK(cudaMemset(data_, 0, bytes));
+#else
+  MOE_FAIL("DeviceAllocation: a CUDA buffer in a build without the CUDA backend");
+#endif
+}
+
+DeviceAllocation::~DeviceAllocation() {
+  if (device_ == Device::CPU) {
+    std::free(data_);
+    return;
+  }
+#if defined(MOE_HAVE_CUDA)
+  if (data_) cudaFree(data_);  // no throwing from a destructor
+#endif
+}
+
+DeviceMemory device_memory() {
+  DeviceMemory m;
+#if defined(MOE_HAVE_CUDA)
+  CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
+#else
+  MOE_FAIL("device_memory: this binary was built without the CUDA backend");
+#endif
+  return m;
 }
 
 }  // namespace moe

@@ -47,6 +47,7 @@ struct DispatchShape {
   int num_layers = 0;    // layer ids run from 0 to num_layers - 1
   int slots_per_layer = 1;  // microbatches whose activations are alive at once
   int first_layer = 0;   // pools (and their buffers) exist for MoE layers first_layer..num_layers-1 only
+  DType dtype = DType::F32;  // of the activation rows moved (BF16 on the GPU)
 };
 
 class TokenDispatcher {

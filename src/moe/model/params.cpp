@@ -54,7 +54,8 @@ int64_t ParamRegistry::global_numel() const {
 Tensor ParamRegistry::view(const Tensor& flat, int i) const {
   const ParamEntry& e = entry(i);
   MOE_CHECK(flat.numel() == total_, "flat buffer has ", flat.numel(), " elements, registry needs ", total_);
-  return Tensor(flat.ptr<float>() + e.offset, DType::F32, e.local_shape, flat.device);
+  return Tensor(static_cast<char*>(flat.data) + e.offset * static_cast<int64_t>(dtype_size(flat.dtype)), flat.dtype,
+                e.local_shape, flat.device);
 }
 
 Tensor ParamRegistry::view_span(const Tensor& flat, int first, int last_inclusive, Shape shape) const {
@@ -65,7 +66,8 @@ Tensor ParamRegistry::view_span(const Tensor& flat, int first, int last_inclusiv
     n += entry(i).numel();
   }
   MOE_CHECK(shape.numel() == n, "fused view ", shape.str(), " does not cover ", n, " elements");
-  return Tensor(flat.ptr<float>() + entry(first).offset, DType::F32, shape, flat.device);
+  return Tensor(static_cast<char*>(flat.data) + entry(first).offset * static_cast<int64_t>(dtype_size(flat.dtype)),
+                flat.dtype, shape, flat.device);
 }
 
 }  // namespace moe

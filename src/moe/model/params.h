@@ -52,7 +52,8 @@ class ParamRegistry {
   std::pair<int64_t, int64_t> region(ReplicaGroup group) const;
   int64_t global_numel() const;  // sum of logical sizes
 
-  // The view of parameter i inside a flat FP32 buffer laid out by this registry.
+  // The view of parameter i inside a flat buffer laid out by this registry (FP32 main weights,
+  // gradients, or the BF16 compute copy: the view takes the buffer's dtype).
   Tensor view(const Tensor& flat, int i) const;
   // Parameters i..j-1 registered back to back, viewed as one tensor with shape `shape`
   // (e.g. gate_proj then up_proj as one fused [2S, D] matrix).

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "moe/core/rng.h"
+#include "moe/core/device.h"
 #include "moe/ops/activation.h"
 #include "moe/ops/embedding.h"
 #include "moe/ops/gemm.h"
@@ -32,7 +32,14 @@ constexpr int64_t kHeadWorkspaceFloats = 16 << 20;  // 64 MiB of logits per LM-h
 
 Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena,
                          TokenDispatcher& dispatcher, int lease_slots)
-    : cfg_(cfg), batch_(batch), seq_len_(seq_len), rows_(batch * seq_len), arena_(arena), dispatcher_(dispatcher) {
+    : cfg_(cfg),
+      batch_(batch),
+      seq_len_(seq_len),
+      rows_(batch * seq_len),
+      dev_(arena.device()),
+      act_(arena.device() == Device::CUDA ? DType::BF16 : DType::F32),
+      arena_(arena),
+      dispatcher_(dispatcher) {
   cfg_.validate();
   const int64_t R = rows_, D = cfg.hidden_size, L = cfg.num_hidden_layers, hd = cfg.head_dim();
   const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads;
@@ -41,31 +48,33 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
   const int64_t E = dispatcher.local_experts();
   capacity_ = dispatcher.expert_rows(R, K);
   attn_shape_ = AttentionShape{batch, seq_len, Hq, Hkv, hd};
-  const auto F = DType::F32, I = DType::I32;
+  // Activations and their gradients in act_ (BF16 on the GPU); statistics, router logits and
+  // scores, top-K weights and losses stay F32 on every device.
+  const auto X = act_, F = DType::F32, I = DType::I32;
 
   h_.resize(L + 1);
   layers_.resize(L);
-  for (int64_t l = 0; l <= L; ++l) reserve(h_[l], "h." + std::to_string(l), F, {R, D});
+  for (int64_t l = 0; l <= L; ++l) reserve(h_[l], "h." + std::to_string(l), X, {R, D});
   int64_t ffn_width = 0;  // widest dense MLP / shared expert, for the shared backward scratch
   for (int64_t l = 0; l < L; ++l) {
     LayerActs& A = layers_[l];
     const std::string p = "layer." + std::to_string(l) + ".";
-    reserve(A.h_mid, p + "h_mid", F, {R, D});
-    reserve(A.a, p + "attn_norm_out", F, {R, D});
+    reserve(A.h_mid, p + "h_mid", X, {R, D});
+    reserve(A.a, p + "attn_norm_out", X, {R, D});
     reserve(A.rstd1, p + "attn_norm_rstd", F, {R});
-    reserve(A.q_raw, p + "q_proj_out", F, {R, Qo});
-    reserve(A.k_raw, p + "k_proj_out", F, {R, KVo});
+    reserve(A.q_raw, p + "q_proj_out", X, {R, Qo});
+    reserve(A.k_raw, p + "k_proj_out", X, {R, KVo});
     if (cfg.qk_norm != QkNorm::None) {
-      reserve(A.q, p + "q", F, {R, Qo});
-      reserve(A.k, p + "k", F, {R, KVo});
+      reserve(A.q, p + "q", X, {R, Qo});
+      reserve(A.k, p + "k", X, {R, KVo});
       const bool per_head = cfg.qk_norm == QkNorm::PerHead;
       reserve(A.q_rstd, p + "q_norm_rstd", F, {per_head ? R * Hq : R});
       reserve(A.k_rstd, p + "k_norm_rstd", F, {per_head ? R * Hkv : R});
     }
-    reserve(A.v, p + "v", F, {R, KVo});
-    reserve(A.att, p + "attn_out", F, {R, Qo});
+    reserve(A.v, p + "v", X, {R, KVo});
+    reserve(A.att, p + "attn_out", X, {R, Qo});
     reserve(A.lse, p + "attn_lse", F, {batch, Hq, seq_len});
-    reserve(A.m, p + "ffn_norm_out", F, {R, D});
+    reserve(A.m, p + "ffn_norm_out", X, {R, D});
     reserve(A.rstd2, p + "ffn_norm_rstd", F, {R});
     if (cfg.is_moe_layer(l)) {
       reserve(A.logits, p + "router_logits", F, {R, N});
@@ -75,53 +84,57 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       reserve(A.counts, p + "expert_counts", I, {N});
       reserve(A.route_index, p + "route_index", I, {R * K});
       reserve(A.offsets, p + "expert_offsets", I, {E + 1});
-      reserve(A.gu, p + "expert_gate_up", F, {capacity_, 2 * H});
-      reserve(A.act, p + "expert_act", F, {capacity_, H});
+      reserve(A.gu, p + "expert_gate_up", X, {capacity_, 2 * H});
+      reserve(A.act, p + "expert_act", X, {capacity_, H});
       reserve(A.lb, p + "lb_loss", F, {1});
       reserve(A.z, p + "z_loss", F, {1});
       if (const int64_t S = cfg.shared_expert_intermediate_size; S > 0) {
-        reserve(A.shared_gu, p + "shared_gate_up", F, {R, 2 * S});
-        reserve(A.shared_act, p + "shared_act", F, {R, S});
+        reserve(A.shared_gu, p + "shared_gate_up", X, {R, 2 * S});
+        reserve(A.shared_act, p + "shared_act", X, {R, S});
         ffn_width = std::max(ffn_width, S);
       }
     } else {
       const int64_t Hd = cfg.dense_intermediate_size;
-      reserve(A.mlp_gu, p + "mlp_gate_up", F, {R, 2 * Hd});
-      reserve(A.mlp_act, p + "mlp_act", F, {R, Hd});
+      reserve(A.mlp_gu, p + "mlp_gate_up", X, {R, 2 * Hd});
+      reserve(A.mlp_act, p + "mlp_act", X, {R, Hd});
       ffn_width = std::max(ffn_width, Hd);
     }
   }
   Scratch& s = s_;
-  reserve(s.dres, "grad.residual", F, {R, D});
-  reserve(s.dm, "grad.ffn_norm_out", F, {R, D});
-  reserve(s.datt, "grad.attn_out", F, {R, Qo});
-  reserve(s.dq, "grad.q", F, {R, Qo});
-  reserve(s.dk, "grad.k", F, {R, KVo});
-  reserve(s.dv, "grad.v", F, {R, KVo});
+  reserve(s.dres, "grad.residual", X, {R, D});
+  reserve(s.dm, "grad.ffn_norm_out", X, {R, D});
+  reserve(s.datt, "grad.attn_out", X, {R, Qo});
+  reserve(s.dq, "grad.q", X, {R, Qo});
+  reserve(s.dk, "grad.k", X, {R, KVo});
+  reserve(s.dv, "grad.v", X, {R, KVo});
   if (cfg.qk_norm != QkNorm::None) {
-    reserve(s.dq_raw, "grad.q_proj_out", F, {R, Qo});
-    reserve(s.dk_raw, "grad.k_proj_out", F, {R, KVo});
+    reserve(s.dq_raw, "grad.q_proj_out", X, {R, Qo});
+    reserve(s.dk_raw, "grad.k_proj_out", X, {R, KVo});
   }
-  reserve(s.da, "grad.attn_norm_out", F, {R, D});
+  reserve(s.da, "grad.attn_norm_out", X, {R, D});
   if (cfg.first_k_dense_replace < L) {
     reserve(s.dlogits, "grad.router_logits", F, {R, N});
     reserve(s.dw, "grad.topk_weight", F, {R, K});
-    reserve(s.dact, "grad.expert_act", F, {capacity_, H});
-    reserve(s.dgu, "grad.expert_gate_up", F, {capacity_, 2 * H});
+    reserve(s.dact, "grad.expert_act", X, {capacity_, H});
+    reserve(s.dgu, "grad.expert_gate_up", X, {capacity_, 2 * H});
+    if (X != F) reserve(s.dlogits_act, "grad.router_logits_" + std::string(dtype_name(X)), X, {R, N});
   }
   if (ffn_width > 0) {
-    reserve(s.dffn_act, "grad.mlp_act", F, {R, ffn_width});
-    reserve(s.dffn_gu, "grad.mlp_gate_up", F, {R, 2 * ffn_width});
+    reserve(s.dffn_act, "grad.mlp_act", X, {R, ffn_width});
+    reserve(s.dffn_gu, "grad.mlp_gate_up", X, {R, 2 * ffn_width});
   }
   if (cfg.first_k_dense_replace < L)
     dispatcher.plan_buffers(
-        DispatchShape{R, K, D, static_cast<int>(L), lease_slots, static_cast<int>(cfg.first_k_dense_replace)}, arena);
-  reserve(s.attn_ws, "attention_workspace", F, {std::max<int64_t>(1, attention_workspace_elems(attn_shape_))});
+        DispatchShape{R, K, D, static_cast<int>(L), lease_slots, static_cast<int>(cfg.first_k_dense_replace), X}, arena);
+  // The CPU attention keeps its workspace here; cuDNN manages its own (docs/architecture.md).
+  const int64_t attn_ws = dev_ == Device::CPU ? attention_workspace_elems(attn_shape_) : 0;
+  reserve(s.attn_ws, "attention_workspace", F, {std::max<int64_t>(1, attn_ws)});
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(R, kHeadWorkspaceFloats / V));
   reserve(s.head_ws, "lm_head_workspace", F, {chunk, V});
-  reserve(s.hn, "final_norm_out", F, {R, D});
+  reserve(s.hn, "final_norm_out", X, {R, D});
   reserve(s.rstd_f, "final_norm_rstd", F, {R});
   reserve(s.loss_sum, "lm_loss_sum", F, {1});
+  stats_slot_ = arena.reserve("activations.microbatch_stats", F, {kNumMicrobatchStats});
 }
 
 void Transformer::reserve(Tensor& t, const std::string& name, DType dtype, Shape shape) {
@@ -169,35 +182,11 @@ void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs&
   linear(A.logits, A.m, w.router);
   Tensor bias = rs.router_bias.empty() ? Tensor() : rs.router_bias.rows(l, l + 1).view({N});
   router_forward(A.scores, A.topk_idx, A.topk_w, A.logits, bias, cfg_.router_score, cfg_.norm_topk_prob);
-  if (cfg_.routing != Routing::Learned) {
-    // Benchmark routings: the router still runs (same cost), its choice is replaced.
-    int32_t* idx = A.topk_idx.i32();
-    float* wt = A.topk_w.f32();
-    for (int64_t t = 0; t < rows_; ++t) {
-      if (cfg_.routing == Routing::Uniform) {
-        for (int64_t k = 0; k < K; ++k) idx[t * K + k] = static_cast<int32_t>((t * K + k) % N);
-      } else {  // K distinct experts drawn uniformly, a pure function of (seed, layer, token)
-        Rng rng(hash_counters(routing_seed, static_cast<uint64_t>(l), static_cast<uint64_t>(t)));
-        for (int64_t k = 0; k < K; ++k) {
-          int32_t e;
-          bool fresh;
-          do {
-            e = static_cast<int32_t>(rng.below(static_cast<uint64_t>(N)));
-            fresh = std::find(idx + t * K, idx + t * K + k, e) == idx + t * K + k;
-          } while (!fresh);
-          idx[t * K + k] = e;
-        }
-      }
-      for (int64_t k = 0; k < K; ++k) wt[t * K + k] = 1.0f / static_cast<float>(K);
-    }
-  }
+  if (cfg_.routing != Routing::Learned)  // benchmark routings: the router still runs (same cost), its choice is replaced
+    synthetic_routing(A.topk_idx, A.topk_w, cfg_.routing == Routing::Random, N, routing_seed, l);
   route_counts(A.counts, A.topk_idx);
   router_losses(A.lb, A.z, A.counts, A.scores, A.logits, static_cast<int>(K));
-  if (!rs.expert_load.empty()) {
-    float* load = rs.expert_load.f32() + l * N;
-    const int32_t* c = A.counts.i32();
-    for (int64_t e = 0; e < N; ++e) load[e] += static_cast<float>(c[e]);
-  }
+  if (!rs.expert_load.empty()) accumulate_counts(rs.expert_load.rows(l, l + 1).view({N}), A.counts);
   const RoutePlan plan{A.route_index, A.offsets};
   A.lease = dispatcher_.acquire(static_cast<int>(l));
   A.leased = true;
@@ -250,28 +239,44 @@ void Transformer::forward(const ModelWeights& w, Tensor tokens, uint64_t routing
   rmsnorm_forward(s_.hn, s_.rstd_f, h_[cfg_.num_hidden_layers], w.final_norm, eps);
 }
 
-MicrobatchLosses Transformer::collect_losses(bool with_lm) const {
-  MicrobatchLosses out;
-  out.tokens = rows_;
-  if (with_lm) out.lm_loss_sum = s_.loss_sum.f32()[0];
-  int64_t moe_layers = 0;
+int64_t Transformer::moe_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) n += cfg_.is_moe_layer(l) ? 1 : 0;
+  return n;
+}
+
+void Transformer::add_stats(Tensor stats) const {
+  MOE_CHECK(stats.dtype == DType::F32 && stats.numel() >= kNumMicrobatchStats && stats.device == dev_,
+            "Transformer::add_stats: stats must be F32 with at least ", static_cast<int>(kNumMicrobatchStats),
+            " elements on the model's device");
+  std::vector<ScalarTerm> terms{{s_.loss_sum, 0, kStatLmSum, 1.0f}};
+  const float per_layer = 1.0f / static_cast<float>(std::max<int64_t>(1, moe_layers()));
+  const int64_t E = dispatcher_.local_experts();
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     if (!cfg_.is_moe_layer(l)) continue;
     const LayerActs& A = layers_[l];
-    ++moe_layers;
-    out.lb_loss += A.lb.f32()[0];
-    out.z_loss += A.z.f32()[0];
-    const int64_t routes = rows_ * cfg_.num_experts_per_tok;
-    out.routes += routes;
-    const int64_t received = A.offsets.i32()[dispatcher_.local_experts()];
-    out.dropped_routes += routes - received;  // summed over an EP group: routes sent - rows kept
-    out.received_rows += received;
-    out.capacity_rows += capacity_;
+    terms.push_back({A.lb, 0, kStatLb, per_layer});
+    terms.push_back({A.z, 0, kStatZ, per_layer});
+    terms.push_back({A.offsets, E, kStatReceivedRows, 1.0f});
   }
-  if (moe_layers > 0) {
-    out.lb_loss /= static_cast<double>(moe_layers);
-    out.z_loss /= static_cast<double>(moe_layers);
-  }
+  accumulate_scalars(stats, terms);
+}
+
+MicrobatchLosses Transformer::losses() const {
+  std::vector<float> st(kNumMicrobatchStats, 0.0f);
+  Tensor stats = arena_.get(stats_slot_);
+  fill_zero(stats);
+  add_stats(stats);
+  copy_from_tensor(st.data(), stats);
+  MicrobatchLosses out;
+  out.tokens = rows_;
+  out.lm_loss_sum = st[kStatLmSum];
+  out.lb_loss = st[kStatLb];
+  out.z_loss = st[kStatZ];
+  out.routes = rows_ * cfg_.num_experts_per_tok * moe_layers();
+  out.received_rows = static_cast<int64_t>(st[kStatReceivedRows]);
+  out.dropped_routes = out.routes - out.received_rows;  // summed over an EP group: routes sent - rows kept
+  out.capacity_rows = capacity_ * moe_layers();
   return out;
 }
 
@@ -283,13 +288,12 @@ void Transformer::release_leases() {
     }
 }
 
-MicrobatchLosses Transformer::forward_loss(const ModelWeights& w, Tensor tokens, Tensor targets,
-                                           uint64_t routing_seed, const RoutingState& rs) {
+void Transformer::forward_loss(const ModelWeights& w, Tensor tokens, Tensor targets, uint64_t routing_seed,
+                               const RoutingState& rs) {
   forward(w, tokens, routing_seed, rs, false);
   release_leases();  // no backward follows
   lm_head_cross_entropy(s_.loss_sum, Tensor(), Tensor(), s_.hn, w.lm_head, targets, 0.0f, s_.head_ws);
   if (hooks_) hooks_->after_forward_only(static_cast<int>(cfg_.num_hidden_layers) + 1);
-  return collect_losses(true);
 }
 
 void Transformer::forward_logits(const ModelWeights& w, Tensor tokens, Tensor logits, uint64_t routing_seed,
@@ -350,8 +354,8 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const LayerWeights& 
   A.leased = false;
   if (!w.shared_gate_up.empty()) {
     const int64_t S = cfg_.shared_expert_intermediate_size;
-    Tensor dact = Tensor(s.dffn_act.data, DType::F32, {rows_, S});
-    Tensor dgu = Tensor(s.dffn_gu.data, DType::F32, {rows_, 2 * S});
+    Tensor dact = Tensor(s.dffn_act.data, act_, {rows_, S}, dev_);
+    Tensor dgu = Tensor(s.dffn_gu.data, act_, {rows_, 2 * S}, dev_);
     linear_backward(dact, g.shared_down, s.dres, A.shared_act, w.shared_down, false);
     swiglu_backward(dgu, dact, A.shared_gu);
     linear_backward(s.dm, g.shared_gate_up, dgu, A.m, w.shared_gate_up, true);
@@ -361,15 +365,21 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const LayerWeights& 
     const float z_scale = static_cast<float>(cfg_.router_z_loss_coef) * scales.aux_grad_scale;
     router_backward(s.dlogits, s.dw, A.topk_idx, A.topk_w, A.scores, A.logits, A.counts, lb_scale, z_scale,
                     cfg_.router_score, cfg_.norm_topk_prob);
-    linear_backward(s.dm, g.router, s.dlogits, A.m, w.router, true);
+    // The router's matrix products run in the activation dtype: d(logits) is rounded once.
+    Tensor dlogits = s.dlogits;
+    if (act_ != DType::F32) {
+      cast_copy(s.dlogits_act, s.dlogits);
+      dlogits = s.dlogits_act;
+    }
+    linear_backward(s.dm, g.router, dlogits, A.m, w.router, true);
   }
 }
 
 void Transformer::mlp_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A) {
   const int64_t Hd = cfg_.dense_intermediate_size;
   Scratch& s = s_;
-  Tensor dact = Tensor(s.dffn_act.data, DType::F32, {rows_, Hd});
-  Tensor dgu = Tensor(s.dffn_gu.data, DType::F32, {rows_, 2 * Hd});
+  Tensor dact = Tensor(s.dffn_act.data, act_, {rows_, Hd}, dev_);
+  Tensor dgu = Tensor(s.dffn_gu.data, act_, {rows_, 2 * Hd}, dev_);
   linear_backward(dact, g.mlp_down, s.dres, A.mlp_act, w.mlp_down, false);
   swiglu_backward(dgu, dact, A.mlp_gu);
   linear_backward(s.dm, g.mlp_gate_up, dgu, A.m, w.mlp_gate_up, false);
@@ -399,15 +409,13 @@ void Transformer::backward(const ModelWeights& w, const ModelWeights& g, Tensor 
   if (hooks_) hooks_->after_backward(0);
 }
 
-MicrobatchLosses Transformer::forward_backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens,
-                                               Tensor targets, const StepScales& scales, uint64_t routing_seed,
-                                               const RoutingState& rs) {
+void Transformer::forward_backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens, Tensor targets,
+                                   const StepScales& scales, uint64_t routing_seed, const RoutingState& rs) {
   forward(w, tokens, routing_seed, rs, true);
   // The LM head and cross-entropy run fused with their backward: d(final norm output) lands in s_.dm.
   lm_head_cross_entropy(s_.loss_sum, s_.dm, g.lm_head, s_.hn, w.lm_head, targets, scales.lm_grad_scale,
                         s_.head_ws);
   backward(w, g, tokens, scales);
-  return collect_losses(true);
 }
 
 }  // namespace moe

@@ -24,6 +24,15 @@ struct StepScales {
   float aux_grad_scale = 0;  // 1 / (microbatches in the global batch x MoE layers)
 };
 
+// Per-microbatch statistics that add_stats accumulates on the model's device (one slot each).
+enum MicrobatchStat : int {
+  kStatLmSum,         // sum of token cross-entropies
+  kStatLb,            // mean over MoE layers of the load-balancing loss
+  kStatZ,             // mean over MoE layers of the router z-loss
+  kStatReceivedRows,  // expert-buffer rows filled on this rank, over all MoE layers
+  kNumMicrobatchStats
+};
+
 struct MicrobatchLosses {
   double lm_loss_sum = 0;  // sum of token cross-entropies
   double lb_loss = 0;      // mean over MoE layers of the load-balancing loss
@@ -58,12 +67,17 @@ class Transformer {
   Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena, TokenDispatcher& dispatcher,
               int lease_slots = 1);
 
-  // Forward and backward of one microbatch: tokens, targets [B*T] i32. Gradients are added into g.
-  MicrobatchLosses forward_backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens, Tensor targets,
-                                    const StepScales& scales, uint64_t routing_seed, const RoutingState& rs);
+  // Forward and backward of one microbatch: tokens, targets [B*T] i32 on the model's device.
+  // Gradients are added into g. Only queues work: nothing is read back to the host.
+  void forward_backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens, Tensor targets,
+                        const StepScales& scales, uint64_t routing_seed, const RoutingState& rs);
   // Forward only, for evaluation.
-  MicrobatchLosses forward_loss(const ModelWeights& w, Tensor tokens, Tensor targets, uint64_t routing_seed,
-                                const RoutingState& rs);
+  void forward_loss(const ModelWeights& w, Tensor tokens, Tensor targets, uint64_t routing_seed,
+                    const RoutingState& rs);
+  // stats[kStat...] += this microbatch's statistics (F32, on the model's device; queued, no host read).
+  void add_stats(Tensor stats) const;
+  // The last microbatch's statistics, read back to the host (waits for the device: tests, eval).
+  MicrobatchLosses losses() const;
   // Forward to logits [B*T, V] (tests, interop checks).
   void forward_logits(const ModelWeights& w, Tensor tokens, Tensor logits, uint64_t routing_seed,
                       const RoutingState& rs);
@@ -90,7 +104,7 @@ class Transformer {
   };
   struct Scratch {
     Tensor dres, dm, datt, dq, dk, dv, dq_raw, dk_raw, da;
-    Tensor dlogits, dw, dact, dgu;
+    Tensor dlogits, dlogits_act, dw, dact, dgu;  // dlogits_act: d(router logits) in the activation dtype
     Tensor dffn_act, dffn_gu;  // dense MLP and shared expert
     Tensor attn_ws, head_ws;
     Tensor hn, rstd_f, loss_sum;
@@ -107,17 +121,20 @@ class Transformer {
   void attention_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A, Tensor h_in);
   void moe_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A, const StepScales& scales);
   void mlp_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A);
-  MicrobatchLosses collect_losses(bool with_lm) const;
+  int64_t moe_layers() const;
   void release_leases();
 
   ModelConfig cfg_;
   int64_t batch_, seq_len_, rows_, capacity_;
+  Device dev_;
+  DType act_;  // activations: F32 on the CPU, BF16 on the GPU
   AttentionShape attn_shape_;
   Arena& arena_;
   TokenDispatcher& dispatcher_;
   std::vector<Tensor> h_;  // h_[l]: input of layer l; h_[L]: final residual stream
   std::vector<LayerActs> layers_;
   Scratch s_;
+  Arena::Slot stats_slot_;  // losses(): one microbatch's statistics
   std::vector<std::pair<Tensor*, Arena::Slot>> pending_;
   bool bound_ = false;
   BlockHooks* hooks_ = nullptr;

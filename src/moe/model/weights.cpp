@@ -1,5 +1,7 @@
 #include "moe/model/weights.h"
 
+#include "moe/core/device.h"
+
 #include <string>
 
 #include "moe/core/rng.h"
@@ -122,7 +124,17 @@ ModelWeights bind_weights(const ModelConfig& cfg, const ParamRegistry& reg, cons
 }
 
 void init_params(const ModelConfig& cfg, const ParamRegistry& reg, const Tensor& flat, uint64_t seed) {
-  for (int i = 0; i < static_cast<int>(reg.entries().size()); ++i) init_param(cfg, reg, i, reg.view(flat, i), seed);
+  std::vector<float> staging;  // device buffers: one parameter at a time through host memory
+  for (int i = 0; i < static_cast<int>(reg.entries().size()); ++i) {
+    const Tensor dst = reg.view(flat, i);
+    if (dst.device == Device::CPU) {
+      init_param(cfg, reg, i, dst, seed);
+      continue;
+    }
+    staging.resize(static_cast<size_t>(dst.numel()));
+    init_param(cfg, reg, i, Tensor(staging.data(), DType::F32, dst.shape), seed);
+    copy_to_tensor(dst, staging.data());
+  }
 }
 
 void init_param(const ModelConfig& cfg, const ParamRegistry& reg, int i, const Tensor& out, uint64_t seed) {

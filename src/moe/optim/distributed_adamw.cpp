@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "moe/core/device.h"
 #include "moe/ops/embedding.h"
 
 namespace moe {
@@ -126,6 +127,12 @@ void DistributedAdamW::all_gather_params(const Shard& s, Communicator* comm, con
 
 DistributedAdamW::Result DistributedAdamW::step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm,
                                                 int64_t step) {
+  enqueue_step(params, grads, cfg, max_norm, step);
+  return last_result();
+}
+
+void DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm, int64_t step,
+                                    Tensor schedule) {
   MOE_CHECK(params.numel() == reg_.total_numel() && grads.numel() == reg_.total_numel(),
             "DistributedAdamW::step: params has ", params.numel(), " and grads ", grads.numel(),
             " elements, the registry needs ", reg_.total_numel());
@@ -157,16 +164,19 @@ DistributedAdamW::Result DistributedAdamW::step(Tensor params, Tensor grads, con
   for (const Piece& pc : pieces_) {
     adamw_step(flat_range(params, pc.flat_begin, pc.n), flat_range(grad_shard, pc.buffer_offset, pc.n),
                flat_range(m, pc.buffer_offset, pc.n), flat_range(v, pc.buffer_offset, pc.n), norm_sq, max_norm,
-               reg_.entry(pc.param).decay ? cfg : no_decay, step);
+               reg_.entry(pc.param).decay ? cfg : no_decay, step, {}, schedule);
   }
 
   // 4. Every replica gets the updated shards back.
   all_gather_params(dense_, mesh_.world, params);
   all_gather_params(expert_, mesh_.expert_replicas.get(), params);
+}
 
+DistributedAdamW::Result DistributedAdamW::last_result() const {
   Result r;
-  const double sq = norm_sq.f32()[0];  // CPU path: read the scalar for the log
-  r.grad_norm = std::sqrt(sq);
+  float sq = 0;
+  copy_from_tensor(&sq, arena_.get(norm_sq_));
+  r.grad_norm = std::sqrt(static_cast<double>(sq));
   r.skipped = !std::isfinite(sq);
   return r;
 }

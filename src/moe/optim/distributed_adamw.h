@@ -46,6 +46,12 @@ class DistributedAdamW {
   // grads holds this rank's local gradient sum and is only read. params is updated everywhere
   // (every replica ends with identical values). Collective over the world.
   Result step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm, int64_t step);
+  // The same without reading the result back (capturable in a CUDA graph); a non-empty schedule
+  // (F32 [2]: lr, step, on the buffers' device) overrides cfg.lr and step (see adamw_step).
+  void enqueue_step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm, int64_t step,
+                    Tensor schedule = {});
+  // The result of the last step (reads the norm from the device).
+  Result last_result() const;
 
   // This rank's shard of one replica group's region.
   struct Shard {

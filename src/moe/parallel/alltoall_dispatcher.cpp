@@ -29,6 +29,8 @@ int64_t AllToAllDispatcher::expert_rows(int64_t tokens, int64_t top_k) const {
 }
 
 void AllToAllDispatcher::plan_buffers(const DispatchShape& shape, Arena& arena) {
+  MOE_CHECK(shape.dtype == DType::F32 && arena.device() == Device::CPU, "alltoall dispatcher: moves F32 rows in host "
+            "memory (MPI); GPU activations (BF16) need the NCCL backend, which this build does not have yet");
   MOE_CHECK(arena_ == nullptr, "alltoall dispatcher: plan_buffers called twice");
   arena_ = &arena;
   tokens_ = shape.tokens, top_k_ = shape.top_k, hidden_ = shape.hidden;

@@ -1,5 +1,6 @@
 #include "moe/parallel/ddp_store.h"
 
+#include "moe/core/device.h"
 #include "moe/ops/embedding.h"
 
 namespace moe {
@@ -8,12 +9,16 @@ DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh&
     : cfg_(cfg), reg_(reg), mesh_(mesh), arena_(arena) {
   params_ = arena.reserve("parameters", DType::F32, {reg.total_numel()});
   grads_slot_ = arena.reserve("gradients", DType::F32, {reg.total_numel()});
+  // On the GPU the model reads BF16 compute weights, refreshed from the FP32 main weights after
+  // every change to them (DESIGN.md: BF16 compute, FP32 main weights, gradients and moments).
+  has_compute_copy_ = arena.device() == Device::CUDA;
+  if (has_compute_copy_) compute_ = arena.reserve("compute_weights", DType::BF16, {reg.total_numel()});
   optimizer_ = std::make_unique<DistributedAdamW>(reg, mesh, arena);
 }
 
 void DdpStore::bind() {
   if (bound_) return;
-  weights_ = bind_weights(cfg_, reg_, params());
+  weights_ = bind_weights(cfg_, reg_, compute_weights());
   grads_ = bind_weights(cfg_, reg_, grads_flat());
   bound_ = true;
 }
@@ -21,6 +26,11 @@ void DdpStore::bind() {
 void DdpStore::init(uint64_t seed) {
   bind();
   init_params(cfg_, reg_, params(), seed);
+  refresh_compute_weights();
+}
+
+void DdpStore::refresh_compute_weights() {
+  if (has_compute_copy_) cast_copy(arena_.get(compute_), params());
 }
 
 void DdpStore::zero_grads() {
@@ -28,8 +38,13 @@ void DdpStore::zero_grads() {
   fill_zero(grads_flat());
 }
 
-ParamStore::StepResult DdpStore::step(const AdamWConfig& cfg, float max_norm, int64_t step) {
-  const DistributedAdamW::Result r = optimizer_->step(params(), grads_flat(), cfg, max_norm, step);
+void DdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule) {
+  optimizer_->enqueue_step(params(), grads_flat(), cfg, max_norm, step, schedule);
+  refresh_compute_weights();
+}
+
+ParamStore::StepResult DdpStore::last_step() const {
+  const DistributedAdamW::Result r = optimizer_->last_result();
   return {r.grad_norm, r.skipped};
 }
 
@@ -42,7 +57,14 @@ void DdpStore::reduced_gradients(const GradientFn& fn) {
   }
   for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {
     const ParamEntry& e = reg_.entry(i);
-    fn(e.name, e.global_begin(), e.global_begin() + e.numel(), reg_.view(g, i).f32());
+    const Tensor gi = reg_.view(g, i);
+    if (gi.device == Device::CPU) {
+      fn(e.name, e.global_begin(), e.global_begin() + e.numel(), gi.f32());
+      continue;
+    }
+    std::vector<float> host(static_cast<size_t>(gi.numel()));
+    copy_from_tensor(host.data(), gi);
+    fn(e.name, e.global_begin(), e.global_begin() + e.numel(), host.data());
   }
 }
 
@@ -71,13 +93,21 @@ std::vector<CheckpointSlice> DdpStore::checkpoint_slices() const {
 void DdpStore::load(const CheckpointReader& ckpt) {
   bind();
   const Tensor p = params();
+  const Device dev = p.device;
+  std::vector<float> staging;  // device buffers are read through host memory, one slice at a time
+  auto read = [&](const std::string& key, int64_t begin, int64_t end, void* dst) {
+    if (dev == Device::CPU) return ckpt.read(key, DType::F32, begin, end, dst);
+    staging.resize(static_cast<size_t>(end - begin));
+    ckpt.read(key, DType::F32, begin, end, staging.data());
+    copy_to_tensor(Tensor(dst, DType::F32, {end - begin}, dev), staging.data());
+  };
   for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {
     const ParamEntry& e = reg_.entry(i);
-    ckpt.read(e.name, DType::F32, e.global_begin(), e.global_begin() + e.numel(), reg_.view(p, i).data);
+    read(e.name, e.global_begin(), e.global_begin() + e.numel(), reg_.view(p, i).data);
   }
-  optimizer_->load_moments([&](const std::string& key, int64_t begin, int64_t end, float* dst) {
-    ckpt.read(key, DType::F32, begin, end, dst);
-  });
+  optimizer_->load_moments(
+      [&](const std::string& key, int64_t begin, int64_t end, float* dst) { read(key, begin, end, dst); });
+  refresh_compute_weights();
 }
 
 }  // namespace moe

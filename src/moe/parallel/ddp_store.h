@@ -23,22 +23,28 @@ class DdpStore final : public ParamStore {
   BlockHooks* hooks() override { return nullptr; }
   void init(uint64_t seed) override;
   void zero_grads() override;
-  StepResult step(const AdamWConfig& cfg, float max_norm, int64_t step) override;
+  void enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule = {}) override;
+  StepResult last_step() const override;
   void reduced_gradients(const GradientFn& fn) override;
   std::vector<CheckpointSlice> checkpoint_slices() const override;
   void load(const CheckpointReader& ckpt) override;
 
+  // FP32 main weights; the model reads compute_weights() (the same buffer on the CPU, a BF16
+  // copy refreshed after every update on the GPU).
   Tensor params() const { return arena_.get(params_); }
+  Tensor compute_weights() const { return has_compute_copy_ ? arena_.get(compute_) : params(); }
   Tensor grads_flat() const { return arena_.get(grads_slot_); }
 
  private:
   void bind();
+  void refresh_compute_weights();
 
   ModelConfig cfg_;
   const ParamRegistry& reg_;
   const Mesh& mesh_;
   Arena& arena_;
-  Arena::Slot params_, grads_slot_;
+  Arena::Slot params_, grads_slot_, compute_;
+  bool has_compute_copy_ = false;
   std::unique_ptr<DistributedAdamW> optimizer_;
   ModelWeights weights_, grads_;
   bool bound_ = false;

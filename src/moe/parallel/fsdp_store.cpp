@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "moe/core/device.h"
 #include "moe/ops/embedding.h"
 
 namespace moe {
@@ -118,7 +119,7 @@ void FsdpStore::after_backward(int block) {
   bytes_reduced_ += P * b.shard * 4;
 }
 
-ParamStore::StepResult FsdpStore::step(const AdamWConfig& cfg, float max_norm, int64_t step) {
+void FsdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule) {
   Tensor ws = arena_.get(w_shard_), gs = arena_.get(g_shard_), m = arena_.get(m_), v = arena_.get(v_);
   Tensor norm_sq = arena_.get(norm_sq_);
   fill_zero(norm_sq);
@@ -128,11 +129,16 @@ ParamStore::StepResult FsdpStore::step(const AdamWConfig& cfg, float max_norm, i
   no_decay.weight_decay = 0.0f;
   for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) {
     auto piece = [&](const Tensor& t) { return t.rows(at, at + (hi - lo)); };
-    adamw_step(piece(ws), piece(gs), piece(m), piece(v), norm_sq, max_norm, reg_.entry(i).decay ? cfg : no_decay, step);
+    adamw_step(piece(ws), piece(gs), piece(m), piece(v), norm_sq, max_norm, reg_.entry(i).decay ? cfg : no_decay, step,
+               {}, schedule);
   });
+}
+
+ParamStore::StepResult FsdpStore::last_step() const {
   StepResult r;
-  const double sq = norm_sq.f32()[0];
-  r.grad_norm = std::sqrt(sq);
+  float sq = 0;
+  copy_from_tensor(&sq, arena_.get(norm_sq_));
+  r.grad_norm = std::sqrt(static_cast<double>(sq));
   r.skipped = !std::isfinite(sq);
   return r;
 }

@@ -25,7 +25,8 @@ class FsdpStore final : public ParamStore, public BlockHooks {
   BlockHooks* hooks() override { return this; }
   void init(uint64_t seed) override;
   void zero_grads() override;
-  StepResult step(const AdamWConfig& cfg, float max_norm, int64_t step) override;
+  void enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule = {}) override;
+  StepResult last_step() const override;
   void reduced_gradients(const GradientFn& fn) override;
   std::vector<CheckpointSlice> checkpoint_slices() const override;
   void load(const CheckpointReader& ckpt) override;

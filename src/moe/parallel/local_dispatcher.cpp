@@ -24,11 +24,11 @@ void LocalDispatcher::plan_buffers(const DispatchShape& shape, Arena& arena) {
   for (int l = shape.first_layer; l < shape.num_layers; ++l)
     for (int s = 0; s < shape.slots_per_layer; ++s) {
       const std::string p = "dispatch.layer." + std::to_string(l) + ".slot." + std::to_string(s) + ".";
-      slots_[static_cast<size_t>(l)].emplace_back(arena.reserve(p + "expert_in", DType::F32, {rows, D}),
-                                                  arena.reserve(p + "expert_out", DType::F32, {rows, D}));
+      slots_[static_cast<size_t>(l)].emplace_back(arena.reserve(p + "expert_in", shape.dtype, {rows, D}),
+                                                  arena.reserve(p + "expert_out", shape.dtype, {rows, D}));
     }
-  grad_slots_ = {arena.reserve("dispatch.grad.expert_in", DType::F32, {rows, D}),
-                 arena.reserve("dispatch.grad.expert_out", DType::F32, {rows, D})};
+  grad_slots_ = {arena.reserve("dispatch.grad.expert_in", shape.dtype, {rows, D}),
+                 arena.reserve("dispatch.grad.expert_out", shape.dtype, {rows, D})};
 }
 
 Lease LocalDispatcher::acquire(int layer) {

@@ -36,8 +36,17 @@ class ParamStore {
     double grad_norm = 0;  // global, before clipping
     bool skipped = false;  // non-finite gradient: nothing changed, on every rank
   };
-  // Reduces the accumulated gradients over their replica groups and takes one AdamW step.
-  virtual StepResult step(const AdamWConfig& cfg, float max_norm, int64_t step) = 0;
+  // Queues the reduction of the accumulated gradients over their replica groups and one AdamW
+  // step, reading nothing back (a CUDA graph can capture it). A non-empty `schedule` (F32 [2]:
+  // lr, step) supplies the learning rate and step from memory instead of cfg.lr and `step`.
+  virtual void enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule = {}) = 0;
+  // The last step's gradient norm and skip decision (waits for the device).
+  virtual StepResult last_step() const = 0;
+  // Both, for callers that want the result at once.
+  StepResult step(const AdamWConfig& cfg, float max_norm, int64_t step) {
+    enqueue_step(cfg, max_norm, step);
+    return last_step();
+  }
 
   // Reduces the accumulated gradients over their replica groups (as step() would) and hands this
   // rank's pieces of the reduced gradient to fn(name, logical begin, logical end, data). For tests

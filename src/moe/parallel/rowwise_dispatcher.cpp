@@ -34,6 +34,8 @@ int64_t RowwiseDispatcher::expert_rows(int64_t tokens, int64_t top_k) const {
 }
 
 void RowwiseDispatcher::plan_buffers(const DispatchShape& shape, Arena& arena) {
+  MOE_CHECK(shape.dtype == DType::F32 && arena.device() == Device::CPU, "rowwise dispatcher: moves F32 rows in host "
+            "memory (MPI); GPU activations (BF16) need the NCCL backend, which this build does not have yet");
   MOE_CHECK(heap_ == nullptr, "rowwise dispatcher: plan_buffers called twice");
   arena_ = &arena;
   tokens_ = shape.tokens, top_k_ = shape.top_k, hidden_ = shape.hidden;

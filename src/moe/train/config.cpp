@@ -206,6 +206,7 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
   r.read("train", "log_every", t.log_every);
   r.read("train", "save_every", t.save_every);
   r.read("train", "keep_last", t.keep_last);
+  r.read("train", "cuda_graph", t.cuda_graph);
 
   r.read("parallel", "mode", c.parallel.mode);
   r.read("parallel", "ep", c.parallel.ep);
@@ -215,6 +216,7 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
   r.read("run", "dir", c.run.dir);
   r.read("run", "peak_tflops", c.run.peak_tflops);
   r.read("run", "save_final", c.run.save_final);
+  r.read("run", "device", c.run.device);
 
   r.reject_unknown();
   c.validate();
@@ -266,6 +268,9 @@ void Config::validate(int64_t dp) const {
   MOE_CHECK(ep.backend == "rowwise" || ep.backend == "alltoall", "ep.backend = \"", ep.backend,
             "\" is not one of: rowwise, alltoall");
   MOE_CHECK(run.peak_tflops > 0, "run.peak_tflops must be > 0");
+  MOE_CHECK(run.device == "auto" || run.device == "cpu" || run.device == "cuda", "run.device = \"", run.device,
+            "\" is not one of: auto, cpu, cuda");
+  MOE_CHECK(!t.cuda_graph || run.device != "cpu", "train.cuda_graph = true needs the GPU, but run.device = \"cpu\"");
   MOE_CHECK(data.eval_fraction >= 0 && data.eval_fraction < 1, "data.eval_fraction must be in [0, 1)");
 }
 
@@ -305,11 +310,12 @@ std::string config_to_toml(const Config& c) {
      << "\nwarmup_steps = " << t.warmup_steps << "\nweight_decay = " << t.weight_decay << "\nbeta1 = " << t.beta1
      << "\nbeta2 = " << t.beta2 << "\neps = " << t.eps << "\ngrad_clip = " << t.grad_clip << "\nseed = " << t.seed
      << "\neval_every = " << t.eval_every << "\neval_batches = " << t.eval_batches << "\nlog_every = " << t.log_every
-     << "\nsave_every = " << t.save_every << "\nkeep_last = " << t.keep_last << "\n\n[parallel]\nmode = \""
+     << "\nsave_every = " << t.save_every << "\nkeep_last = " << t.keep_last
+     << "\ncuda_graph = " << (t.cuda_graph ? "true" : "false") << "\n\n[parallel]\nmode = \""
      << c.parallel.mode << "\"\nep = " << c.parallel.ep << "\nlease_slots = " << c.parallel.lease_slots
      << "\n\n[ep]\nbackend = \"" << c.ep.backend << "\"\n\n[run]\ndir = \"" << c.run.dir
      << "\"\npeak_tflops = " << c.run.peak_tflops << "\nsave_final = " << (c.run.save_final ? "true" : "false")
-     << "\n";
+     << "\ndevice = \"" << c.run.device << "\"\n";
   return os.str();
 }
 

@@ -31,6 +31,7 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t save_every = 0;          // 0 = only a final checkpoint when run.save_final
   int64_t keep_last = 0;           // 0 = keep all checkpoints
+  bool cuda_graph = false;         // GPU: capture the whole step once, replay it every step
 };
 
 struct ParallelConfig {
@@ -47,6 +48,7 @@ struct RunConfig {
   std::string dir;              // output folder; empty = runs/<name>
   double peak_tflops = 0.2;     // device peak used as the MFU denominator (CPU: set for your machine)
   bool save_final = true;       // write a checkpoint after the last step
+  std::string device = "auto";  // auto (the GPU when this build has CUDA and one is present) | cpu | cuda
 };
 
 struct Config {

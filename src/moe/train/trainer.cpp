@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "moe/ckpt/checkpoint.h"
+#include "moe/core/device.h"
 #include "moe/data/npy.h"
 #include "moe/core/rng.h"
 #include "moe/ops/embedding.h"
@@ -48,17 +49,65 @@ uint64_t routing_seed(uint64_t seed, int64_t step, int64_t micro) {
   return hash_counters(seed, 0x726f757465ull, static_cast<uint64_t>(step), static_cast<uint64_t>(micro));
 }
 
+// Device memory left out of the arenas' limit: cuBLASLt and cuDNN workspaces, the CUDA context.
+constexpr size_t kLibraryReserveBytes = size_t{2} << 30;
+
+// run.device: auto picks the GPU when this build has CUDA and one is usable, for one process in
+// ddp mode (the GPU path has no NCCL communicator yet: multi-GPU jobs are issue 7).
+Device resolve_device(const Config& cfg, int world_size, std::string* note) {
+  std::string why;
+  const bool gpu = cuda_available(&why);
+  const std::string& want = cfg.run.device;
+  if (want == "cpu") {
+    *note = "cpu (run.device)";
+    return Device::CPU;
+  }
+  if (want == "auto") {
+    if (!gpu) {
+      *note = "cpu (run.device = auto: " + why + ")";
+      return Device::CPU;
+    }
+    if (world_size > 1 || cfg.parallel.mode != "ddp") {
+      *note = "cpu (run.device = auto: GPU training runs one process in ddp mode; multi-GPU needs NCCL, not built yet)";
+      return Device::CPU;
+    }
+    *note = "cuda (run.device = auto)";
+    return Device::CUDA;
+  }
+  MOE_CHECK(gpu, "run.device = \"cuda\", but ", why);
+  MOE_CHECK(world_size == 1, "run.device = \"cuda\" with ", world_size,
+            " ranks: multi-GPU training needs the NCCL communicator, which this version does not have yet; run one "
+            "process, or set run.device = \"cpu\"");
+  MOE_CHECK(cfg.parallel.mode == "ddp", "run.device = \"cuda\" needs parallel.mode = \"ddp\" (fsdp shards over "
+            "several GPUs, which needs NCCL)");
+  *note = "cuda (run.device)";
+  return Device::CUDA;
+}
+
 }  // namespace
 
-// Indices of the per-step statistics all-reduced over the world (one small collective per step).
-enum StepStat { kLmSum, kLb, kZ, kRoutes, kDropped, kReceived, kCapacity, kBytesMoved, kNumStepStats };
+// Per-step statistics all-reduced over the world (one small collective per step). The first
+// kNumMicrobatchStats are summed on the device by the model; the rest are known on the host.
+enum StepStat {
+  kLmSum = kStatLmSum,
+  kLb = kStatLb,
+  kZ = kStatZ,
+  kReceived = kStatReceivedRows,
+  kRoutes = kNumMicrobatchStats,
+  kCapacity,
+  kBytesMoved,
+  kNumStepStats
+};
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& world)
     : cfg_(cfg),
       opts_(opts),
       world_(world, std::make_shared<double>(0.0)),
       flops_(count_flops(cfg.model, cfg.train.seq_len)),
-      data_(TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id)) {
+      data_(TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id)),
+      dev_(resolve_device(cfg, world.size(), &device_note_)),
+      state_("model state", dev_),
+      acts_("activations", dev_) {
   const int dp = world_.size();
   cfg_.validate(dp);
   data_.check_window(cfg_.train.seq_len);  // before anything is written
@@ -84,18 +133,33 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       dispatcher_ = make_dispatcher(cfg_.ep.backend, *mesh_->ep_group, mc.num_experts, mc.capacity_factor,
                                     mc.dropless);
   }
+  MOE_CHECK(!cfg_.train.cuda_graph || dev_ == Device::CUDA, "train.cuda_graph = true needs the GPU, but this run uses ",
+            device_note_);
+  MOE_CHECK(!cfg_.train.cuda_graph || mc.routing != Routing::Random,
+            "train.cuda_graph = true with model.routing = \"random\": the routing draw is seeded per step by a launch "
+            "argument, which a replayed graph would repeat; use learned or uniform routing, or cuda_graph = false");
   const int64_t rows = cfg_.train.micro_batch_size * cfg_.train.seq_len;
+  const int64_t accum = cfg_.accumulation_steps(dp);
   const int64_t L = mc.num_hidden_layers, N = mc.num_experts;
   router_bias_ = state_.reserve("router_bias", DType::F32, {L, N});
   expert_load_ = state_.reserve("expert_load", DType::F32, {L, N});
   step_stats_ = state_.reserve("step_stats", DType::F32, {kNumStepStats});
-  tokens_ = state_.reserve("batch.tokens", DType::I32, {rows});
-  targets_ = state_.reserve("batch.targets", DType::I32, {rows});
+  tokens_ = state_.reserve("batch.tokens", DType::I32, {accum * rows});
+  targets_ = state_.reserve("batch.targets", DType::I32, {accum * rows});
+  schedule_ = state_.reserve("optimizer.schedule", DType::F32, {2});
+  host_tokens_.resize(static_cast<size_t>(accum * rows));
+  host_targets_.resize(static_cast<size_t>(accum * rows));
+  host_bias_.assign(static_cast<size_t>(L * N), 0.0f);
+  host_load_.assign(static_cast<size_t>(L * N), 0.0f);
   model_ = std::make_unique<Transformer>(mc, cfg_.train.micro_batch_size, cfg_.train.seq_len, acts_, *dispatcher_,
                                          static_cast<int>(cfg_.parallel.lease_slots));
   model_->set_block_hooks(store_->hooks());
-  // Fail before any work when the plan cannot fit in this machine's memory.
-  const size_t limit = physical_memory_bytes();
+  // Fail before any work when the plan cannot fit in this machine's (or this GPU's) memory.
+  size_t limit = physical_memory_bytes();
+  if (dev_ == Device::CUDA) {
+    const DeviceMemory m = device_memory();
+    limit = m.free_bytes > kLibraryReserveBytes ? m.free_bytes - kLibraryReserveBytes : 1;
+  }
   state_.commit(limit);
   acts_.commit(limit > state_.total_bytes() ? limit - state_.total_bytes() : 1);
   store_->init(cfg_.train.seed);
@@ -120,9 +184,16 @@ void Trainer::print_plan() const {
               static_cast<long>(cfg_.train.global_batch_size), static_cast<long>(cfg_.train.seq_len),
               static_cast<long>(cfg_.accumulation_steps(world_.size())), static_cast<long>(cfg_.train.micro_batch_size),
               format_count(flops_.flops_per_token).c_str());
-  std::printf("  memory plan: model state %s, activations %s (%.0f tokens/step)\n",
-              format_bytes(static_cast<double>(state_.total_bytes())).c_str(),
-              format_bytes(static_cast<double>(acts_.total_bytes())).c_str(), tokens_per_step);
+  auto b = [](size_t n) { return format_bytes(static_cast<double>(n)); };
+  const size_t params = state_.bytes_with_prefix("parameters"), compute = state_.bytes_with_prefix("compute_weights");
+  const size_t grads = state_.bytes_with_prefix("gradients"), optim = state_.bytes_with_prefix("optimizer.");
+  const size_t other = state_.total_bytes() - params - compute - grads - optim;
+  std::printf("  device: %s\n", device_note_.c_str());
+  std::printf("  memory plan (%s, %.0f tokens/step): parameters %s (FP32), compute weights %s (BF16), gradients %s, "
+              "optimizer %s, other state %s; activations %s (expert buffers %s); total %s\n",
+              std::string(device_name(dev_)).c_str(), tokens_per_step, b(params).c_str(), b(compute).c_str(), b(grads).c_str(),
+              b(optim).c_str(), b(other).c_str(), b(acts_.total_bytes()).c_str(),
+              b(acts_.bytes_with_prefix("dispatch.")).c_str(), b(state_.total_bytes() + acts_.total_bytes()).c_str());
   std::fflush(stdout);
 }
 
@@ -138,8 +209,10 @@ void Trainer::load_checkpoint(const std::string& path) {
   MOE_CHECK(theirs == ours, "cannot resume from ", dir, ": the model config differs:", config_diff(ours, theirs));
   // Every rank reads the ranges it holds under the current topology, whatever wrote them.
   store_->load(ckpt);
-  Tensor bias = state_.get(router_bias_);
-  if (ckpt.has("router_bias")) ckpt.read("router_bias", DType::F32, 0, bias.numel(), bias.data);
+  if (ckpt.has("router_bias")) {
+    ckpt.read("router_bias", DType::F32, 0, static_cast<int64_t>(host_bias_.size()), host_bias_.data());
+    copy_to_tensor(state_.get(router_bias_), host_bias_.data());
+  }
   start_step_ = st["step"].get<int64_t>();
   skipped_steps_ = st.value("skipped_steps", int64_t{0});
   MOE_CHECK(start_step_ <= cfg_.train.steps, "checkpoint ", dir, " is at step ", start_step_,
@@ -163,9 +236,20 @@ void Trainer::save_checkpoint_now(int64_t step) {
   if (leader()) tmp = begin_checkpoint(run, step);
   world_.barrier();
   std::vector<CheckpointSlice> slices = store_->checkpoint_slices();
-  Tensor bias = state_.get(router_bias_);
-  if (leader()) slices.push_back({"router_bias", DType::F32, {bias.dim(0), bias.dim(1)}, 0, bias.numel(), bias.data});
-  const std::vector<CheckpointChunk> mine = write_rank_file(tmp, world_.rank(), slices);
+  // GPU state is streamed through host memory one slice at a time: the writer asks for each
+  // slice's bytes just before writing it.
+  std::vector<const void*> device_data(slices.size(), nullptr);
+  if (dev_ == Device::CUDA)
+    for (size_t i = 0; i < slices.size(); ++i) std::swap(device_data[i], slices[i].data);
+  const int64_t L = cfg_.model.num_hidden_layers, N = cfg_.model.num_experts;
+  if (leader()) slices.push_back({"router_bias", DType::F32, {L, N}, 0, L * N, host_bias_.data()});
+  device_data.resize(slices.size(), nullptr);
+  const std::vector<CheckpointChunk> mine =
+      write_rank_file(tmp, world_.rank(), slices, [&](size_t i, void* dst) {
+        const CheckpointSlice& s = slices[i];
+        const int64_t n = s.end - s.begin;
+        copy_from_tensor(dst, Tensor(const_cast<void*>(device_data[i]), s.dtype, {n}, dev_));
+      });
   if (!leader()) {  // rank 0 keeps its own records in memory
     std::ofstream out(tmp + "/chunks-" + std::to_string(world_.rank()) + ".json");
     out << chunks_to_json(mine).dump();
@@ -212,11 +296,10 @@ void Trainer::update_router_bias() {
   const double rate = cfg_.model.bias_update_rate;
   if (rate <= 0 || cfg_.model.routing != Routing::Learned) return;
   const int64_t N = cfg_.model.num_experts;
-  Tensor bias = state_.get(router_bias_), load = state_.get(expert_load_);
   for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l) {
     if (!cfg_.model.is_moe_layer(l)) continue;
-    float* b = bias.f32() + l * N;
-    const float* c = load.f32() + l * N;
+    float* b = host_bias_.data() + l * N;
+    const float* c = host_load_.data() + l * N;
     double mean = 0;
     for (int64_t e = 0; e < N; ++e) mean += c[e];
     mean /= static_cast<double>(N);
@@ -224,40 +307,72 @@ void Trainer::update_router_bias() {
     for (int64_t e = 0; e < N; ++e)
       b[e] += static_cast<float>(rate * (c[e] < mean ? 1.0 : c[e] > mean ? -1.0 : 0.0));
   }
+  copy_to_tensor(state_.get(router_bias_), host_bias_.data());  // between steps, read by the next one
 }
 
-std::vector<double> Trainer::accumulate_gradients(int64_t step) {
-  // Test hook: make one rank fail in the middle of a step (the job must end, not hang).
-  if (const char* r = std::getenv("MOE_TEST_FAIL_ON_RANK"); r && std::atoi(r) == world_.rank() && step == 1)
-    MOE_FAIL("test hook MOE_TEST_FAIL_ON_RANK: rank ", world_.rank(), " fails in step ", step + 1);
+void Trainer::upload_batch(int64_t step) {
   const TrainConfig& t = cfg_.train;
   const int64_t dp = world_.size(), rank = world_.rank();
   const int64_t B = t.micro_batch_size, T = t.seq_len, accum = cfg_.accumulation_steps(dp);
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    // Global sequences of this microbatch: the same global batch in the same order on any topology.
+    data_.train_batch(step, (micro * dp + rank) * B, B, T, host_tokens_.data() + micro * B * T,
+                      host_targets_.data() + micro * B * T);
+  }
+  copy_to_tensor(state_.get(tokens_), host_tokens_.data());
+  copy_to_tensor(state_.get(targets_), host_targets_.data());
+}
+
+void Trainer::queue_gradients(int64_t step) {
+  const TrainConfig& t = cfg_.train;
+  const int64_t dp = world_.size(), rank = world_.rank();
+  const int64_t rows = t.micro_batch_size * t.seq_len, accum = cfg_.accumulation_steps(dp);
   const int64_t moe_layers = cfg_.model.num_hidden_layers - cfg_.model.first_k_dense_replace;
   // Every rank scales by the global batch, so the reduced gradient is that of the global mean loss.
   StepScales scales;
-  scales.lm_grad_scale = 1.0f / static_cast<float>(t.global_batch_size * T);
+  scales.lm_grad_scale = 1.0f / static_cast<float>(t.global_batch_size * t.seq_len);
   scales.aux_grad_scale = moe_layers > 0 ? 1.0f / static_cast<float>(accum * dp * moe_layers) : 0.0f;
   store_->zero_grads();
-  Tensor load = state_.get(expert_load_);
+  Tensor load = state_.get(expert_load_), stats = state_.get(step_stats_);
   fill_zero(load);
+  fill_zero(stats);
   RoutingState rs{state_.get(router_bias_), load};
-  Tensor tokens = state_.get(tokens_), targets = state_.get(targets_);
-  std::vector<double> st(kNumStepStats, 0.0);
+  const Tensor tokens = state_.get(tokens_), targets = state_.get(targets_);
   for (int64_t micro = 0; micro < accum; ++micro) {
-    // Global sequences of this microbatch: the same global batch in the same order on any topology.
-    data_.train_batch(step, (micro * dp + rank) * B, B, T, tokens.i32(), targets.i32());
-    const MicrobatchLosses l = model_->forward_backward(store_->weights(), store_->grads(), tokens, targets, scales,
-                                                       routing_seed(t.seed, step, micro * dp + rank), rs);
-    st[kLmSum] += l.lm_loss_sum;
-    st[kLb] += l.lb_loss;
-    st[kZ] += l.z_loss;
-    st[kRoutes] += static_cast<double>(l.routes);
-    st[kDropped] += static_cast<double>(l.dropped_routes);
-    st[kReceived] += static_cast<double>(l.received_rows);
-    st[kCapacity] += static_cast<double>(l.capacity_rows);
+    model_->forward_backward(store_->weights(), store_->grads(), tokens.rows(micro * rows, (micro + 1) * rows),
+                             targets.rows(micro * rows, (micro + 1) * rows), scales,
+                             routing_seed(t.seed, step, micro * dp + rank), rs);
+    model_->add_stats(stats);
   }
-  return st;
+}
+
+// Test hook: make one rank fail in the middle of a step (the job must end, not hang).
+void Trainer::fail_for_test(int64_t step) const {
+  if (const char* r = std::getenv("MOE_TEST_FAIL_ON_RANK"); r && std::atoi(r) == world_.rank() && step == 1)
+    MOE_FAIL("test hook MOE_TEST_FAIL_ON_RANK: rank ", world_.rank(), " fails in step ", step + 1);
+}
+
+void Trainer::accumulate_gradients(int64_t step) {
+  fail_for_test(step);
+  upload_batch(step);
+  queue_gradients(step);
+}
+
+void Trainer::queue_step(int64_t step, const AdamWConfig& oc) {
+  queue_gradients(step);
+  // On the GPU, AdamW reads lr and step from memory so that a replayed graph sees this step's values.
+  store_->enqueue_step(oc, static_cast<float>(cfg_.train.grad_clip), step + 1,
+                       dev_ == Device::CUDA ? state_.get(schedule_) : Tensor());
+}
+
+void Trainer::all_reduce_host(std::vector<float>& v) {
+  const Tensor stats = state_.get(step_stats_);
+  MOE_CHECK(static_cast<int64_t>(v.size()) <= stats.numel(), "all_reduce_host: ", v.size(), " values, room for ",
+            stats.numel());
+  const Tensor part = stats.rows(0, static_cast<int64_t>(v.size()));
+  copy_to_tensor(part, v.data());
+  world_.all_reduce(part, ReduceOp::Sum);
+  copy_from_tensor(v.data(), part);
 }
 
 StepRecord Trainer::train_step(int64_t step) {
@@ -266,11 +381,6 @@ StepRecord Trainer::train_step(int64_t step) {
   const auto t0 = Clock::now();
   const double comm_before = world_.seconds();
   const int64_t bytes_before = dispatch_bytes_moved(*dispatcher_);
-  std::vector<double> local = accumulate_gradients(step);
-  local[kBytesMoved] = static_cast<double>(dispatch_bytes_moved(*dispatcher_) - bytes_before);
-  Tensor load = state_.get(expert_load_), stats = state_.get(step_stats_);
-  float* st = stats.f32();
-  for (int i = 0; i < kNumStepStats; ++i) st[i] = static_cast<float>(local[static_cast<size_t>(i)]);
   StepRecord r;
   r.step = step + 1;
   r.lr = lr_at(step, t.steps, t.lr, t.warmup_steps, t.min_lr_ratio);
@@ -280,11 +390,40 @@ StepRecord Trainer::train_step(int64_t step) {
   oc.beta2 = static_cast<float>(t.beta2);
   oc.eps = static_cast<float>(t.eps);
   oc.weight_decay = static_cast<float>(t.weight_decay);
-  const auto t_opt = Clock::now();
-  const ParamStore::StepResult opt = store_->step(oc, static_cast<float>(t.grad_clip), step + 1);
-  r.optimizer_time_s = seconds_since(t_opt);
-  world_.all_reduce(stats, ReduceOp::Sum);
+  fail_for_test(step);
+  upload_batch(step);
+  if (dev_ == Device::CUDA) {
+    const float schedule[2] = {static_cast<float>(r.lr), static_cast<float>(step + 1)};
+    copy_to_tensor(state_.get(schedule_), schedule);
+  }
+  if (!t.cuda_graph) {
+    const auto t_opt = Clock::now();
+    queue_step(step, oc);
+    if (dev_ == Device::CPU) r.optimizer_time_s = seconds_since(t_opt);  // GPU work is asynchronous: see bench
+  } else {
+    // The first step runs eagerly (it builds the cuBLASLt and cuDNN plans and workspaces, which
+    // cannot be created during a capture); the second is captured; every later one replays it.
+    if (step > start_step_ && !graph_) {
+      graph_ = std::make_unique<StepGraph>();
+      graph_->capture([&] { queue_step(step, oc); });
+    }
+    if (graph_)
+      graph_->replay();
+    else
+      queue_step(step, oc);
+  }
+  // After the step: one read of its statistics (this waits for the device), then the collectives.
+  std::vector<float> st(kNumStepStats, 0.0f);
+  copy_from_tensor(st.data(), state_.get(step_stats_).rows(0, kNumMicrobatchStats));
+  const int64_t moe_layers = cfg_.model.num_hidden_layers - cfg_.model.first_k_dense_replace;
+  st[kRoutes] = static_cast<float>(accum * t.micro_batch_size * T * cfg_.model.num_experts_per_tok * moe_layers);
+  st[kCapacity] = static_cast<float>(accum * model_->expert_rows() * moe_layers);
+  st[kBytesMoved] = static_cast<float>(dispatch_bytes_moved(*dispatcher_) - bytes_before);
+  const ParamStore::StepResult opt = store_->last_step();
+  all_reduce_host(st);
+  const Tensor load = state_.get(expert_load_);
   world_.all_reduce(load, ReduceOp::Sum);  // every rank sees the global expert load (bias update, metrics)
+  copy_from_tensor(host_load_.data(), load);
   r.comm_time_s = world_.seconds() - comm_before;
   r.skipped = opt.skipped;
   if (opt.skipped)
@@ -292,6 +431,10 @@ StepRecord Trainer::train_step(int64_t step) {
   else
     update_router_bias();
   r.step_time_s = seconds_since(t0);
+  if (dev_ == Device::CUDA) {
+    const DeviceMemory m = device_memory();
+    device_peak_bytes_ = std::max(device_peak_bytes_, m.total_bytes - m.free_bytes);
+  }
   r.lm_loss = st[kLmSum] / static_cast<double>(t.global_batch_size * T);
   r.lb_loss = st[kLb] / static_cast<double>(accum * dp);
   r.z_loss = st[kZ] / static_cast<double>(accum * dp);
@@ -299,13 +442,14 @@ StepRecord Trainer::train_step(int64_t step) {
   r.grad_norm = opt.grad_norm;
   r.tokens_per_s = static_cast<double>(t.global_batch_size * T) / r.step_time_s;
   r.mfu = flops_.flops_per_token * r.tokens_per_s / (cfg_.run.peak_tflops * 1e12 * static_cast<double>(dp));
-  r.dropped_fraction = st[kRoutes] > 0 ? st[kDropped] / st[kRoutes] : 0.0;
+  // Routes sent minus rows kept, summed over the world: the routes dropped by capacity.
+  r.dropped_fraction = st[kRoutes] > 0 ? (st[kRoutes] - st[kReceived]) / st[kRoutes] : 0.0;
   r.receive_utilization = st[kCapacity] > 0 ? st[kReceived] / st[kCapacity] : 0.0;
   r.dispatch_bytes = st[kBytesMoved];
   const int64_t N = cfg_.model.num_experts;
   for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l) {
     if (!cfg_.model.is_moe_layer(l)) continue;
-    const float* c = load.f32() + l * N;
+    const float* c = host_load_.data() + l * N;
     double mx = 0, mean = 0;
     for (int64_t e = 0; e < N; ++e) mx = std::max(mx, static_cast<double>(c[e])), mean += c[e];
     mean /= static_cast<double>(N);
@@ -321,18 +465,19 @@ double Trainer::evaluate(int64_t batches) {
   const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len;
   const int64_t n = std::min(batches, data_.eval_num_sequences(T) / (B * dp));  // microbatches per rank
   if (n <= 0) return std::nan("");
-  Tensor tokens = state_.get(tokens_), targets = state_.get(targets_), stats = state_.get(step_stats_);
+  const Tensor tokens = state_.get(tokens_).rows(0, B * T), targets = state_.get(targets_).rows(0, B * T);
   RoutingState rs{state_.get(router_bias_), Tensor()};
-  fill_zero(stats);
   double local = 0;  // summed in double; one rounding to FP32 before the all-reduce
   for (int64_t i = 0; i < n; ++i) {
-    data_.eval_batch((i * dp + rank) * B, B, T, tokens.i32(), targets.i32());
-    local += model_->forward_loss(store_->weights(), tokens, targets, routing_seed(cfg_.train.seed, -1, i * dp + rank), rs)
-                 .lm_loss_sum;
+    data_.eval_batch((i * dp + rank) * B, B, T, host_tokens_.data(), host_targets_.data());
+    copy_to_tensor(tokens, host_tokens_.data());
+    copy_to_tensor(targets, host_targets_.data());
+    model_->forward_loss(store_->weights(), tokens, targets, routing_seed(cfg_.train.seed, -1, i * dp + rank), rs);
+    local += model_->losses().lm_loss_sum;
   }
-  stats.f32()[kLmSum] = static_cast<float>(local);
-  world_.all_reduce(stats, ReduceOp::Sum);
-  return stats.f32()[kLmSum] / static_cast<double>(n * dp * B * T);
+  std::vector<float> sum{static_cast<float>(local)};
+  all_reduce_host(sum);
+  return sum[0] / static_cast<double>(n * dp * B * T);
 }
 
 EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, const std::string& logits_npy) {
@@ -369,9 +514,8 @@ EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, c
   const int64_t per_rank = static_cast<int64_t>(windows.size()) / (B * dp);  // microbatches per rank
   MOE_CHECK(per_rank > 0, "eval: ", windows.size(), " windows of ", T + 1, " tokens in ", path, " do not fill one microbatch of ",
             B, " sequences per rank (", dp, " ranks)");
-  Tensor tokens = state_.get(tokens_), targets = state_.get(targets_), stats = state_.get(step_stats_);
+  const Tensor tokens = state_.get(tokens_).rows(0, B * T), targets = state_.get(targets_).rows(0, B * T);
   RoutingState rs{state_.get(router_bias_), Tensor()};
-  fill_zero(stats);
   double local = 0;  // summed in double; one rounding to FP32 before the all-reduce
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < per_rank; ++i) {
@@ -379,24 +523,30 @@ EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, c
       const Window& w = windows[static_cast<size_t>((i * dp + rank) * B + j)];
       const NpyTokens& f = files[w.file];
       for (int64_t t = 0; t < T; ++t) {
-        tokens.i32()[j * T + t] = static_cast<int32_t>(f.at(w.start + t));
-        targets.i32()[j * T + t] = static_cast<int32_t>(f.at(w.start + t + 1));
+        host_tokens_[static_cast<size_t>(j * T + t)] = static_cast<int32_t>(f.at(w.start + t));
+        host_targets_[static_cast<size_t>(j * T + t)] = static_cast<int32_t>(f.at(w.start + t + 1));
       }
     }
+    copy_to_tensor(tokens, host_tokens_.data());
+    copy_to_tensor(targets, host_targets_.data());
     const uint64_t seed = routing_seed(cfg_.train.seed, -1, i * dp + rank);
-    local += model_->forward_loss(store_->weights(), tokens, targets, seed, rs).lm_loss_sum;
+    model_->forward_loss(store_->weights(), tokens, targets, seed, rs);
+    local += model_->losses().lm_loss_sum;
     if (i == 0 && !logits_npy.empty()) {
       // Every rank runs the forward (expert parallelism makes it collective); rank 0 writes.
       std::vector<float> logits(static_cast<size_t>(B * T * V));
-      model_->forward_logits(store_->weights(), tokens, Tensor(logits.data(), DType::F32, {B * T, V}), seed, rs);
+      const DeviceAllocation buf(logits.size() * sizeof(float), dev_);
+      const Tensor out(buf.data(), DType::F32, {B * T, V}, dev_);
+      model_->forward_logits(store_->weights(), tokens, out, seed, rs);
+      copy_from_tensor(logits.data(), out);
       if (leader()) write_npy_f32(logits_npy, logits, {B * T, V});
     }
   }
-  stats.f32()[kLmSum] = static_cast<float>(local);
-  world_.all_reduce(stats, ReduceOp::Sum);
+  std::vector<float> sum{static_cast<float>(local)};
+  all_reduce_host(sum);
   EvalReport r;
   r.tokens = per_rank * dp * B * T;
-  r.mean_loss = stats.f32()[kLmSum] / static_cast<double>(r.tokens);
+  r.mean_loss = sum[0] / static_cast<double>(r.tokens);
   r.tokens_per_s = static_cast<double>(r.tokens) / seconds_since(t0);
   r.windows_skipped = static_cast<int64_t>(windows.size()) - per_rank * dp * B;
   return r;
@@ -425,7 +575,10 @@ TrainSummary Trainer::run() {
   double timed_s = 0;
   int64_t timed_steps = 0;
   int64_t last_saved = start_step_;
+  const bool profile = dev_ == Device::CUDA && opts_.profiler != nullptr && opts_.profiler->available() &&
+                       t.steps - start_step_ > 1;
   for (int64_t step = start_step_; step < t.steps; ++step) {
+    if (profile && step == start_step_ + 1) opts_.profiler->start();  // the first step builds plans: not timed
     StepRecord r = train_step(step);
     summary.steps.push_back(r);
     if (step > start_step_ || t.steps - start_step_ == 1) {
@@ -487,6 +640,7 @@ TrainSummary Trainer::run() {
     }
   }
   summary.last_step = t.steps;
+  if (profile && opts_.profiler->recording()) opts_.profiler->stop();
   if (!opts_.bench && cfg_.run.save_final && last_saved != t.steps && t.steps > start_step_)
     save_checkpoint_now(t.steps);
   if (!opts_.bench && t.eval_batches > 0 && !summary.eval_loss && !(t.eval_every > 0 && t.steps > start_step_)) {
@@ -503,6 +657,9 @@ TrainSummary Trainer::run() {
   }
   summary.arena_bytes = state_.total_bytes() + acts_.total_bytes();
   summary.peak_rss_bytes = peak_rss_bytes();
+  summary.device = dev_;
+  summary.device_peak_bytes = device_peak_bytes_;
+  summary.graph_nodes = graph_ ? graph_->nodes() : 0;
   return summary;
 }
 

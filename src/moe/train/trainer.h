@@ -14,6 +14,8 @@
 #include "moe/comm/mesh.h"
 #include "moe/comm/timed_communicator.h"
 #include "moe/core/arena.h"
+#include "moe/core/kernel_profiler.h"
+#include "moe/core/step_graph.h"
 #include "moe/data/dataset.h"
 #include "moe/model/dispatch.h"
 #include "moe/model/transformer.h"
@@ -27,6 +29,8 @@ struct TrainOptions {
   std::string resume;  // checkpoint dir, run dir, or "latest" (= this run's dir); empty = fresh start
   bool bench = false;  // benchmark: write nothing to disk, print the throughput summary
   bool quiet = false;  // no progress lines (tests)
+  // GPU runs: records kernel times from the second step run to the last (bench; not owned).
+  KernelProfiler* profiler = nullptr;
 };
 
 struct StepRecord {
@@ -51,6 +55,9 @@ struct TrainSummary {
   double mean_tokens_per_s = 0, mean_mfu = 0, mean_step_time_s = 0;  // over steps after the first
   double mean_comm_time_s = 0, mean_optimizer_time_s = 0;
   size_t arena_bytes = 0, peak_rss_bytes = 0;
+  Device device = Device::CPU;
+  size_t device_peak_bytes = 0;  // GPU: most device memory in use after a step (the process's high-water)
+  size_t graph_nodes = 0;        // train.cuda_graph: nodes of the captured step
 };
 
 struct EvalReport {
@@ -68,9 +75,8 @@ class Trainer {
   TrainSummary run();
 
   // Forward and backward of every microbatch of optimizer step `step` (0-based) into the
-  // gradient buffers (zeroed first); no optimizer step. Returns the summed statistics
-  // [lm loss sum, lb, z, routes, dropped] of this rank.
-  std::vector<double> accumulate_gradients(int64_t step);
+  // gradient buffers (zeroed first); no optimizer step.
+  void accumulate_gradients(int64_t step);
 
   // One optimizer step (0-based `step`): accumulate_gradients, reduction, AdamW, statistics.
   StepRecord train_step(int64_t step);
@@ -86,6 +92,7 @@ class Trainer {
   double evaluate(int64_t batches);
 
   const ParamRegistry& registry() const { return reg_; }
+  Device device() const { return dev_; }
   ParamStore& store() { return *store_; }
   Transformer& model() { return *model_; }
   int rank() const { return world_.rank(); }
@@ -93,6 +100,12 @@ class Trainer {
  private:
   void load_checkpoint(const std::string& path);
   void save_checkpoint_now(int64_t step);
+  void fail_for_test(int64_t step) const;
+  void upload_batch(int64_t step);           // host data -> the step's token buffers (before the step)
+  void queue_gradients(int64_t step);        // zero, then every microbatch's forward + backward (no host reads)
+  void queue_step(int64_t step, const AdamWConfig& oc);  // queue_gradients + the optimizer (what a graph records)
+  // Sums v over the world through the step-statistics buffer (v.size() <= its length).
+  void all_reduce_host(std::vector<float>& v);
   void update_router_bias();
   void print_plan() const;
   bool leader() const { return world_.rank() == 0; }
@@ -104,9 +117,17 @@ class Trainer {
   ParamRegistry reg_;
   FlopCount flops_;
   TokenDataset data_;
-  Arena state_{"model state"};
-  Arena acts_{"activations"};
-  Arena::Slot tokens_, targets_, router_bias_, expert_load_, step_stats_;
+  std::string device_note_;  // why this device, for the plan printout (set while dev_ is initialized)
+  Device dev_;
+  Arena state_;
+  Arena acts_;
+  // tokens_, targets_: [accumulation steps x tokens per microbatch], uploaded before each step;
+  // schedule_: [lr, step] read by AdamW from memory (a replayed graph sees the new values).
+  Arena::Slot tokens_, targets_, router_bias_, expert_load_, step_stats_, schedule_;
+  std::vector<int32_t> host_tokens_, host_targets_;
+  std::vector<float> host_bias_, host_load_;  // host copies of router_bias_ and expert_load_
+  std::unique_ptr<StepGraph> graph_;          // train.cuda_graph: the captured step
+  size_t device_peak_bytes_ = 0;
   std::unique_ptr<TokenDispatcher> dispatcher_;
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<Transformer> model_;

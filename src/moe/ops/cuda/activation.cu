@@ -77,7 +77,7 @@ void swiglu_forward(Tensor out, Tensor gate_up, Stream stream) {
   MOE_CHECK(gate_up.dim(0) == R && gate_up.dim(1) == 2 * H, op, ": gate_up ", gate_up.shape.str(),
             " must be [R, 2H] for out ", out.shape.str());
   if (R * H == 0) return;
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   if (gate_up.dtype == DType::F32)
     swiglu_forward_kernel<float><<<grid_for(R * H), kThreads, 0, s>>>(out.ptr<float>(), gate_up.ptr<const float>(), R, H);
   else
@@ -97,7 +97,7 @@ void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, Stream stream
   MOE_CHECK(dgate_up.shape == gate_up.shape, op, ": dgate_up ", dgate_up.shape.str(), " must match gate_up ",
             gate_up.shape.str());
   if (R * H == 0) return;
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   if (gate_up.dtype == DType::F32)
     swiglu_backward_kernel<float><<<grid_for(R * H), kThreads, 0, s>>>(
         dgate_up.ptr<float>(), dout.ptr<const float>(), gate_up.ptr<const float>(), R, H);

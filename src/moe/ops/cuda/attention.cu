@@ -273,7 +273,7 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
   if (rows == 0) return;
   std::unordered_map<int64_t, void*> pack{
       {kQ, q.data}, {kK, k.data}, {kV, v.data}, {kOut, out.data}, {kStats, lse.data}};
-  CudnnAttentionContext::get().run(false, s, pack, static_cast<cudaStream_t>(stream.handle));
+  CudnnAttentionContext::get().run(false, s, pack, cuda_stream(stream));
 }
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
@@ -296,7 +296,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, 
   std::unordered_map<int64_t, void*> pack{{kQ, q.data},       {kK, k.data},   {kV, v.data},   {kOut, out.data},
                                           {kDout, dout.data}, {kStats, lse.data}, {kDq, dq.data}, {kDk, dk.data},
                                           {kDv, dv.data}};
-  CudnnAttentionContext::get().run(true, s, pack, static_cast<cudaStream_t>(stream.handle));
+  CudnnAttentionContext::get().run(true, s, pack, cuda_stream(stream));
 }
 
 #else  // built without cuDNN: every CUDA call is refused

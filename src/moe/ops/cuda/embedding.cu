@@ -175,7 +175,7 @@ void embedding_forward(Tensor out, Tensor table, Tensor tokens, Stream stream) {
             " must share one dtype");
   const int64_t R = out.dim(0), D = out.dim(1), V = table.dim(0);
   if (R * D == 0) return;
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   if (table.dtype == DType::F32)
     embedding_forward_kernel<float><<<grid_for(R * D), kThreads, 0, s>>>(out.ptr<float>(), table.ptr<const float>(),
                                                                          tokens.ptr<const int32_t>(), R, D, V);
@@ -196,7 +196,7 @@ void embedding_backward(Tensor dtable, Tensor dout, Tensor tokens, Stream stream
   const int64_t partitions =
       std::min({V, kMaxPartitions, std::max<int64_t>(1, kBackwardTargetBlocks / column_blocks)});
   const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(partitions));
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   if (dout.dtype == DType::F32)
     embedding_backward_kernel<float><<<grid, kBackwardColumns, 0, s>>>(
         dtable.ptr<float>(), dout.ptr<const float>(), tokens.ptr<const int32_t>(), R, D, V, static_cast<int>(partitions));
@@ -215,7 +215,7 @@ void add_inplace(Tensor y, Tensor x, Stream stream) {
   MOE_CHECK(y.shape == x.shape, "add_inplace: y ", y.shape.str(), " and x ", x.shape.str(), " differ in shape");
   const int64_t n = y.numel();
   if (n == 0) return;
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   if (y.dtype == DType::F32)
     add_inplace_kernel<float><<<grid_for(n), kThreads, 0, s>>>(y.ptr<float>(), x.ptr<const float>(), n);
   else
@@ -226,7 +226,7 @@ void add_inplace(Tensor y, Tensor x, Stream stream) {
 
 void fill_zero(Tensor y, Stream stream) {
   check_cuda("fill_zero", "y", y);
-  if (y.nbytes() > 0) CUDA_CHECK(cudaMemsetAsync(y.data, 0, y.nbytes(), static_cast<cudaStream_t>(stream.handle)));
+  if (y.nbytes() > 0) CUDA_CHECK(cudaMemsetAsync(y.data, 0, y.nbytes(), cuda_stream(stream)));
 }
 
 void copy(Tensor dst, Tensor src, Stream stream) {
@@ -236,7 +236,7 @@ void copy(Tensor dst, Tensor src, Stream stream) {
             dtype_name(dst.dtype), " and src ", src.shape.str(), " ", dtype_name(src.dtype), " differ");
   if (dst.nbytes() > 0 && dst.data != src.data)
     CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDeviceToDevice,
-                               static_cast<cudaStream_t>(stream.handle)));
+                               cuda_stream(stream)));
 }
 
 void cast_copy(Tensor dst, Tensor src, Stream stream) {
@@ -249,7 +249,7 @@ void cast_copy(Tensor dst, Tensor src, Stream stream) {
   check_float_type(op, "src", src);
   const int64_t n = dst.numel();
   if (n == 0) return;
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   if (dst.dtype == DType::BF16)
     cast_f32_to_bf16_kernel<<<grid_for(n), kThreads, 0, s>>>(dst.ptr<__nv_bfloat16>(), src.ptr<const float>(), n);
   else
@@ -259,7 +259,7 @@ void cast_copy(Tensor dst, Tensor src, Stream stream) {
 
 void accumulate_scalars(Tensor stats, const std::vector<ScalarTerm>& terms, Stream stream) {
   check_scalar_terms("accumulate_scalars", stats, terms);
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   for (size_t first = 0; first < terms.size(); first += kMaxScalarTerms) {
     ScalarTermBatch batch{};
     batch.count = static_cast<int>(std::min<size_t>(terms.size() - first, kMaxScalarTerms));

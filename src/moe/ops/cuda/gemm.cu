@@ -200,7 +200,7 @@ MatrixView as_view(const Tensor& t, const char* name) {
 }  // namespace
 
 StreamWorkspace stream_workspace(Stream stream) {
-  return CublasLtContext::get().workspace(static_cast<cudaStream_t>(stream.handle));
+  return CublasLtContext::get().workspace(cuda_stream(stream));
 }
 
 void matmul_view(MatrixView c, MatrixView a, MatrixView b, bool trans_a, bool trans_b, float alpha, float beta,
@@ -223,14 +223,14 @@ void matmul_view(MatrixView c, MatrixView a, MatrixView b, bool trans_a, bool tr
   MOE_CHECK(M <= kIntMax && N <= kIntMax && K <= kIntMax, "matmul: dimensions M=", M, " N=", N, " K=", K,
             " exceed the int range");
   if (M == 0 || N == 0) return;
-  const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   if (K == 0) {  // empty sum: c = beta * c
-    scale_matrix(c, beta, cuda_stream);
+    scale_matrix(c, beta, s);
     return;
   }
   CublasLtContext& context = CublasLtContext::get();
-  const cublasLtHandle_t handle = context.handle(cuda_stream);
-  const StreamWorkspace ws = context.workspace(cuda_stream);
+  const cublasLtHandle_t handle = context.handle(s);
+  const StreamWorkspace ws = context.workspace(s);
   const PlanKey key = {M, N, K, trans_a ? 1 : 0, trans_b ? 1 : 0, static_cast<int64_t>(a.dtype),
                        static_cast<int64_t>(c.dtype), a.ld, b.ld, c.ld, pointer_alignment(a.data),
                        pointer_alignment(b.data),
@@ -238,7 +238,7 @@ void matmul_view(MatrixView c, MatrixView a, MatrixView b, bool trans_a, bool tr
   const MatmulPlan& p = context.plan(key, handle);
   CUBLASLT_CHECK(cublasLtMatmul(handle, p.desc, &alpha, b.data, p.a_layout, a.data, p.b_layout, &beta, c.data,
                                 p.c_layout, c.data, p.c_layout, &p.algo, ws.cublas, kCublasWorkspaceBytes,
-                                cuda_stream));
+                                s));
 }
 
 void matmul(Tensor c, Tensor a, Tensor b, bool trans_a, bool trans_b, float alpha, float beta, Stream stream) {

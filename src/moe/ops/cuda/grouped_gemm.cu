@@ -229,7 +229,7 @@ void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool tr
   const int64_t rows = a.dim(0) < c.dim(0) ? a.dim(0) : c.dim(0);
   if (rows == 0 || E == 0) return;
   MOE_CHECK((n_out + kTile - 1) / kTile <= kMaxGridY, op, ": ", n_out, " output columns exceed the kernel's grid");
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   if (a.dtype == DType::F32) {
     launch_grouped_matmul<float, float>(c, a, b, expert_offsets, E, rows, n_out, k_in, trans_b, accumulate, s);
   } else if (c.dtype == DType::BF16) {
@@ -255,7 +255,7 @@ void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets,
   const int64_t rows = a.dim(0) < dc.dim(0) ? a.dim(0) : dc.dim(0);
   if (rows == 0 || E == 0) return;
   MOE_CHECK((n_out + kTile - 1) / kTile <= kMaxGridY, op, ": ", n_out, " output rows of db exceed the kernel's grid");
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   if (a.dtype == DType::F32) {
     launch_grouped_matmul_wgrad<float, float>(db, dc, a, expert_offsets, E, rows, n_out, k_in, s);
   } else if (db.dtype == DType::BF16) {

@@ -166,7 +166,7 @@ void lm_head_cross_entropy(Tensor loss_sum, Tensor dh, Tensor dweight, Tensor h,
               dtype_name(dweight.dtype), ", expected ", dtype_name(T), " or F32");
   }
   MOE_CHECK(V > 0 || R == 0, op, ": vocabulary size is 0");
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   if (R == 0) {
     CUDA_CHECK(cudaMemsetAsync(loss_sum.data, 0, sizeof(float), s));  // 0.0f is all zero bits
     return;

@@ -159,7 +159,7 @@ void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps
   const int64_t C = weight.dim(0);
   MOE_CHECK(out.shape == x.shape, op, ": out ", out.shape.str(), " must match x ", x.shape.str());
   if (R == 0) return;
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   if (x.dtype == DType::F32)
     launch_forward<float>(out, rstd, x, weight, eps, R, C, s);
   else
@@ -182,7 +182,7 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor w
   MOE_CHECK(dweight.shape == weight.shape, op, ": dweight ", dweight.shape.str(), " must match weight ",
             weight.shape.str());
   if (R == 0) return;
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   if (x.dtype == DType::F32)
     launch_backward<float>(dx, dweight, dout, x, weight, rstd, accumulate_dx, R, C, s);
   else

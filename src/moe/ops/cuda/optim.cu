@@ -121,7 +121,7 @@ void sum_squares_accumulate(Tensor out, Tensor x, Stream stream) {
   const int64_t n = x.numel();
   if (n == 0) return;
   const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxPartials));
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   sum_squares_partial_kernel<<<blocks, kThreads, 0, s>>>(x.ptr<const float>(), n);
   CUDA_CHECK_LAUNCH();
   sum_squares_final_kernel<<<1, kThreads, 0, s>>>(out.ptr<float>(), blocks);
@@ -160,7 +160,7 @@ void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_
     decay = static_cast<float>(1.0 - static_cast<double>(cfg.lr) * cfg.weight_decay);
   }
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
-  adamw_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream.handle)>>>(
+  adamw_kernel<<<blocks, kThreads, 0, cuda_stream(stream)>>>(
       param.ptr<float>(), grad.ptr<const float>(), m.ptr<float>(), v.ptr<float>(), grad_norm_sq.ptr<const float>(),
       max_norm, cfg.beta1, cfg.beta2, cfg.eps, step_size, bias2_sqrt, decay,
       has_schedule ? schedule.ptr<const float>() : nullptr, cfg.weight_decay, n);

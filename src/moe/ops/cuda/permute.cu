@@ -64,7 +64,6 @@ void check_route_index(const Tensor& route_index, int64_t T, int top_k, const ch
             T * top_k, "] (T = ", T, " times top_k = ", top_k, ")");
 }
 
-cudaStream_t cuda_stream(Stream s) { return static_cast<cudaStream_t>(s.handle); }
 
 unsigned grid_for(int64_t items) { return static_cast<unsigned>(std::min(items, kMaxBlocks)); }
 

@@ -69,7 +69,7 @@ void rope_rotate(const char* op, Tensor x, int64_t seq_len, int64_t n_heads, flo
   const int64_t total = rows * (hd / 2);
   if (total == 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, kMaxBlocks));
-  const cudaStream_t s = static_cast<cudaStream_t>(stream.handle);
+  const cudaStream_t s = cuda_stream(stream);
   const double sign = inverse ? -1.0 : 1.0;
   if (x.dtype == DType::F32)
     rope_kernel<float><<<blocks, kThreads, 0, s>>>(x.ptr<float>(), rows, seq_len, n_heads, hd, theta, sign);

@@ -52,7 +52,6 @@ void check_topk_idx(const Tensor& topk_idx, const char* op) {
             " routes do not fit I32 row indices");
 }
 
-cudaStream_t cuda_stream(Stream s) { return static_cast<cudaStream_t>(s.handle); }
 
 // Sum over the block (integers: the order does not matter); every thread gets it.
 __device__ long long block_sum(long long v) {

@@ -61,7 +61,6 @@ void check_experts(int64_t N, const char* op) {
   MOE_CHECK(N >= 1 && N <= kMaxExperts, op, ": N = ", N, " experts; the CUDA router supports 1 to ", kMaxExperts);
 }
 
-cudaStream_t cuda_stream(Stream s) { return static_cast<cudaStream_t>(s.handle); }
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
