@@ -106,10 +106,12 @@ def main():
 
     # A. moetrain -> transformers
     run_dir = os.path.join(work, "run")
+    # Training runs wherever run.device = auto puts it (the GPU where there is one, which also
+    # checks that GPU checkpoints load); evaluation runs on the CPU in FP32, for exact comparisons.
     run([mt, "train", "--steps", "40", "--set", f"run.dir={run_dir}", "--set", "train.log_every=20"])
     logits_a = os.path.join(work, "moetrain_a.npy")
     loss_a = eval_loss(run([mt, "eval", "--checkpoint", run_dir, "--data", data, "--tokens", str(args.tokens),
-                            "--logits", logits_a]))
+                            "--logits", logits_a, "--set", 'run.device="cpu"']))
     hf_a = os.path.join(work, "hf_export")
     run([mt, "export-hf", run_dir, hf_a])
     model_a = OlmoeForCausalLM.from_pretrained(hf_a, dtype=torch.float32).eval()
@@ -128,7 +130,7 @@ def main():
     run([mt, "import-hf", hf_b, imported])
     logits_b = os.path.join(work, "moetrain_b.npy")
     loss_b = eval_loss(run([mt, "eval", "--checkpoint", imported, "--data", data, "--tokens", str(args.tokens),
-                            "--logits", logits_b]))
+                            "--logits", logits_b, "--set", 'run.device="cpu"']))
     ref_logits, ref_loss = hf_reference(model_b, wins, batch)
     ok_b = compare("import-hf (random transformers model)", np.load(logits_b), loss_b, ref_logits, ref_loss)
     sys.exit(0 if ok_a and ok_b else 1)

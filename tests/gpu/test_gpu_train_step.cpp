@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -81,7 +82,9 @@ TEST(GpuTrainStep, GradientsMatchTheCpuWithinBf16Tolerance) {
   for (const auto& [name, g] : ref) {
     ASSERT_TRUE(got.count(name)) << name;
     ASSERT_EQ(got.at(name).size(), g.size()) << name;
-    EXPECT_LE(rel_l2(got.at(name), g), kGradRelTol) << "gradient of " << name;
+    const double err = rel_l2(got.at(name), g);
+    std::printf("  %-48s relative L2 error %.2e\n", name.c_str(), err);
+    EXPECT_LE(err, kGradRelTol) << "gradient of " << name;
   }
 }
 

@@ -1,7 +1,8 @@
 // SymmetricHeap: every rank of a group allocates the same number of bytes, and any rank can
 // load from and store to any peer's segment directly (DESIGN.md section 6). CPU: one MPI-3
 // shared-memory window (MPI_Win_allocate_shared) over the group, which must lie inside one node.
-// CUDA (later): NCCL registered windows with LSA pointers.
+// CUDA: NCCL registered windows with LSA pointers (nccl_symmetric_heap.cu): local() and peer()
+// are device addresses, and sync() is a device-side barrier queued on the compute stream.
 // Ordering: stores to a peer become visible to it after sync() (window sync + group barrier),
 // which every rank of the group calls collectively.
 #pragma once
@@ -29,5 +30,7 @@ class SymmetricHeap {
 
 // Collective over `group` (an MpiCommunicator whose ranks share one node).
 std::unique_ptr<SymmetricHeap> make_mpi_symmetric_heap(Communicator& group, size_t bytes_per_rank);
+// Collective over `group` (an NCCL communicator whose GPUs share one NVLink domain); zero-filled.
+std::unique_ptr<SymmetricHeap> make_nccl_symmetric_heap(Communicator& group, size_t bytes_per_rank);
 
 }  // namespace moe

@@ -41,6 +41,21 @@ cudaStream_t compute_stream() {
 }
 #endif
 
+void select_local_gpu() {
+#if defined(MOE_HAVE_CUDA)
+  int local = 0;
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"})
+    if (const char* v = std::getenv(var)) {
+      local = std::atoi(v);
+      break;
+    }
+  int count = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&count));
+  MOE_CHECK(count > 0, "select_local_gpu: no CUDA device");
+  CUDA_CHECK(cudaSetDevice(local % count));
+#endif
+}
+
 void copy_to_tensor(const Tensor& dst, const void* host) {
   if (dst.nbytes() == 0) return;
   if (dst.device == Device::CPU) {

@@ -12,6 +12,10 @@ namespace moe {
 // the reason in *why (no CUDA in this build, no driver, no device).
 bool cuda_available(std::string* why = nullptr);
 
+// With several ranks per host: makes GPU (local rank mod GPU count) current, the local rank read
+// from the launcher (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or LOCAL_RANK; 0 without one).
+void select_local_gpu();
+
 // Copies between host memory and a tensor on either device: dst.nbytes() / src.nbytes() bytes,
 // ordered after the work already queued on the compute stream and finished on return. For use
 // between steps (batch upload, metrics, checkpoints), never inside one.

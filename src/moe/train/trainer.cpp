@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "moe/ckpt/checkpoint.h"
+#include "moe/comm/nccl_communicator.h"
 #include "moe/core/device.h"
 #include "moe/data/npy.h"
 #include "moe/core/rng.h"
@@ -52,36 +53,52 @@ uint64_t routing_seed(uint64_t seed, int64_t step, int64_t micro) {
 // Device memory left out of the arenas' limit: cuBLASLt and cuDNN workspaces, the CUDA context.
 constexpr size_t kLibraryReserveBytes = size_t{2} << 30;
 
-// run.device: auto picks the GPU when this build has CUDA and one is usable, for one process in
-// ddp mode (the GPU path has no NCCL communicator yet: multi-GPU jobs are issue 7).
+// run.device: auto picks the GPU when this build has CUDA and one is usable, in ddp mode. Several
+// ranks need NCCL, and on the GPU expert parallelism needs the NCCL rowwise dispatcher, which is
+// not built yet (issue 7): multi-GPU runs are data parallel with parallel.ep = 1.
 Device resolve_device(const Config& cfg, int world_size, std::string* note) {
-  std::string why;
+  std::string why, nccl_why;
   const bool gpu = cuda_available(&why);
+  const bool nccl = gpu && nccl_available(&nccl_why);
   const std::string& want = cfg.run.device;
   if (want == "cpu") {
     *note = "cpu (run.device)";
     return Device::CPU;
   }
   if (want == "auto") {
-    if (!gpu) {
-      *note = "cpu (run.device = auto: " + why + ")";
+    std::string reason;
+    if (!gpu)
+      reason = why;
+    else if (cfg.parallel.mode != "ddp")
+      reason = "parallel.mode = fsdp runs on the CPU";
+    else if (world_size > 1 && !nccl)
+      reason = "several ranks on GPUs need NCCL: " + nccl_why;
+    else if (world_size > 1 && cfg.parallel.ep > 1)
+      reason = "expert parallelism across GPUs needs the NCCL rowwise dispatcher, not built yet";
+    if (!reason.empty()) {
+      *note = "cpu (run.device = auto: " + reason + ")";
       return Device::CPU;
     }
-    if (world_size > 1 || cfg.parallel.mode != "ddp") {
-      *note = "cpu (run.device = auto: GPU training runs one process in ddp mode; multi-GPU needs NCCL, not built yet)";
-      return Device::CPU;
-    }
-    *note = "cuda (run.device = auto)";
-    return Device::CUDA;
+  } else {
+    MOE_CHECK(gpu, "run.device = \"cuda\", but ", why);
+    MOE_CHECK(cfg.parallel.mode == "ddp", "run.device = \"cuda\" needs parallel.mode = \"ddp\" (the FSDP baseline "
+              "runs on the CPU)");
+    MOE_CHECK(world_size == 1 || nccl, "run.device = \"cuda\" with ", world_size, " ranks needs NCCL: ", nccl_why);
+    MOE_CHECK(world_size == 1 || cfg.parallel.ep == 1, "run.device = \"cuda\" with parallel.ep = ", cfg.parallel.ep,
+              ": expert parallelism across GPUs needs the NCCL rowwise dispatcher, which this version does not have "
+              "yet; use parallel.ep = 1 (data parallel) or run.device = \"cpu\"");
   }
-  MOE_CHECK(gpu, "run.device = \"cuda\", but ", why);
-  MOE_CHECK(world_size == 1, "run.device = \"cuda\" with ", world_size,
-            " ranks: multi-GPU training needs the NCCL communicator, which this version does not have yet; run one "
-            "process, or set run.device = \"cpu\"");
-  MOE_CHECK(cfg.parallel.mode == "ddp", "run.device = \"cuda\" needs parallel.mode = \"ddp\" (fsdp shards over "
-            "several GPUs, which needs NCCL)");
-  *note = "cuda (run.device)";
+  if (world_size > 1) select_local_gpu();
+  *note = std::string("cuda (") + (want == "auto" ? "run.device = auto" : "run.device") + "; collectives " +
+          (nccl ? "through NCCL" : "in-process (one rank; NCCL: " + nccl_why + ")") + ")";
   return Device::CUDA;
+}
+
+// The run's world on the GPU: NCCL over the job's ranks where available (one rank included, so a
+// single-GPU run goes through the same collectives as a multi-GPU one).
+std::unique_ptr<Communicator> make_gpu_world(Device dev, Communicator& world) {
+  if (dev != Device::CUDA || !nccl_available()) return nullptr;
+  return make_nccl_communicator(world);
 }
 
 }  // namespace
@@ -102,10 +119,12 @@ enum StepStat {
 Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& world)
     : cfg_(cfg),
       opts_(opts),
-      world_(world, std::make_shared<double>(0.0)),
+      device_note_(),
+      dev_(resolve_device(cfg, world.size(), &device_note_)),
+      gpu_world_(make_gpu_world(dev_, world)),
+      world_(gpu_world_ ? *gpu_world_ : world, std::make_shared<double>(0.0)),
       flops_(count_flops(cfg.model, cfg.train.seq_len)),
       data_(TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id)),
-      dev_(resolve_device(cfg, world.size(), &device_note_)),
       state_("model state", dev_),
       acts_("activations", dev_) {
   const int dp = world_.size();

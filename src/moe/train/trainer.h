@@ -112,13 +112,16 @@ class Trainer {
 
   Config cfg_;
   TrainOptions opts_;
+  std::string device_note_;  // why this device, for the plan printout (set while dev_ is initialized)
+  Device dev_;
+  // GPU runs: the NCCL communicator over the job's ranks (bootstrapped through `world`), which
+  // the run uses instead of it; empty when the run's world is the given one.
+  std::unique_ptr<Communicator> gpu_world_;
   TimedCommunicator world_;  // every collective of the run goes through it (time in communication)
   std::unique_ptr<Mesh> mesh_;  // ddp only
   ParamRegistry reg_;
   FlopCount flops_;
   TokenDataset data_;
-  std::string device_note_;  // why this device, for the plan printout (set while dev_ is initialized)
-  Device dev_;
   Arena state_;
   Arena acts_;
   // tokens_, targets_: [accumulation steps x tokens per microbatch], uploaded before each step;
