@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -19,6 +21,7 @@
 #include "moe/train/hf_interop.h"
 #include "moe/train/config.h"
 #include "moe/train/metrics.h"
+#include "moe/ops/kernel_choice.h"
 #include "moe/train/trainer.h"
 
 namespace {
@@ -32,6 +35,10 @@ struct ConfigArgs {
     cmd->add_option("--set", overrides, "override a config key: --set section.key=value (repeatable)");
   }
 };
+
+// bench --check: fast vs reference kernels on one batch, both BF16 with FP32 accumulation in a
+// different order: the losses (~1 to 11 nats) agree to well under 1%.
+constexpr double kCheckRelTol = 5e-3;
 
 void print_summary(const moe::TrainSummary& s, bool bench) {
   if (s.steps.empty()) {
@@ -84,6 +91,9 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "time N training steps; prints tokens/s, MFU and the step-time split");
   bench_args.add_to(bench);
   bench->add_option("--steps", bench_steps, "steps to run")->capture_default_str();
+  bool bench_check = false;
+  bench->add_flag("--check", bench_check,
+                  "first compare one batch's loss between the fast and the reference kernels; fail if they differ");
 
   std::vector<std::string> prepare_inputs;
   std::string prepare_out;
@@ -151,6 +161,20 @@ int main(int argc, char** argv) {
       moe::KernelProfiler profiler;
       opts.profiler = &profiler;  // used on the GPU only
       moe::Trainer trainer(cfg, opts, world);
+      if (bench_check) {
+        // The fast kernels must give the plain reference kernels' loss on the same batch (BF16
+        // rounding apart) before any timing is worth reading.
+        moe::set_kernel_choice(moe::KernelChoice::Reference);
+        const double plain = trainer.microbatch_loss(0);
+        moe::set_kernel_choice(moe::KernelChoice::Fast);
+        const double fast = trainer.microbatch_loss(0);
+        const double rel = std::abs(fast - plain) / std::max(std::abs(plain), 1e-12);
+        if (leader)
+          std::printf("check: first microbatch loss %.6f with the fast kernels, %.6f with the reference kernels "
+                      "(relative difference %.2e, bar %.0e)\n", fast, plain, rel, kCheckRelTol);
+        MOE_CHECK(rel <= kCheckRelTol, "bench --check: the fast kernels' loss ", fast, " differs from the reference ",
+                  "kernels' ", plain, " by ", rel, " (relative), more than ", kCheckRelTol);
+      }
       const moe::TrainSummary s = trainer.run();
       if (leader) {
         print_summary(s, true);

@@ -377,11 +377,14 @@ void Trainer::accumulate_gradients(int64_t step) {
   queue_gradients(step);
 }
 
-void Trainer::queue_step(int64_t step, const AdamWConfig& oc) {
+void Trainer::queue_step(int64_t step, const AdamWConfig& oc, double* optimizer_s) {
   queue_gradients(step);
+  const auto t_opt = Clock::now();
   // On the GPU, AdamW reads lr and step from memory so that a replayed graph sees this step's values.
   store_->enqueue_step(oc, static_cast<float>(cfg_.train.grad_clip), step + 1,
                        dev_ == Device::CUDA ? state_.get(schedule_) : Tensor());
+  // GPU work is asynchronous: the host time of queueing it says nothing (bench splits the GPU step by kernel).
+  if (optimizer_s && dev_ == Device::CPU) *optimizer_s = seconds_since(t_opt);
 }
 
 void Trainer::all_reduce_host(std::vector<float>& v) {
@@ -416,20 +419,18 @@ StepRecord Trainer::train_step(int64_t step) {
     copy_to_tensor(state_.get(schedule_), schedule);
   }
   if (!t.cuda_graph) {
-    const auto t_opt = Clock::now();
-    queue_step(step, oc);
-    if (dev_ == Device::CPU) r.optimizer_time_s = seconds_since(t_opt);  // GPU work is asynchronous: see bench
+    queue_step(step, oc, &r.optimizer_time_s);
   } else {
     // The first step runs eagerly (it builds the cuBLASLt and cuDNN plans and workspaces, which
     // cannot be created during a capture); the second is captured; every later one replays it.
     if (step > start_step_ && !graph_) {
       graph_ = std::make_unique<StepGraph>();
-      graph_->capture([&] { queue_step(step, oc); });
+      graph_->capture([&] { queue_step(step, oc, nullptr); });
     }
     if (graph_)
       graph_->replay();
     else
-      queue_step(step, oc);
+      queue_step(step, oc, nullptr);
   }
   // After the step: one read of its statistics (this waits for the device), then the collectives.
   std::vector<float> st(kNumStepStats, 0.0f);
@@ -497,6 +498,17 @@ double Trainer::evaluate(int64_t batches) {
   std::vector<float> sum{static_cast<float>(local)};
   all_reduce_host(sum);
   return sum[0] / static_cast<double>(n * dp * B * T);
+}
+
+double Trainer::microbatch_loss(int64_t step) {
+  const int64_t rows = cfg_.train.micro_batch_size * cfg_.train.seq_len;
+  upload_batch(step);
+  const RoutingState rs{state_.get(router_bias_), Tensor()};
+  model_->forward_loss(store_->weights(), state_.get(tokens_).rows(0, rows), state_.get(targets_).rows(0, rows),
+                       routing_seed(cfg_.train.seed, step, world_.rank()), rs);
+  std::vector<float> sum{static_cast<float>(model_->losses().lm_loss_sum)};
+  all_reduce_host(sum);
+  return sum[0] / static_cast<double>(rows * world_.size());
 }
 
 EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, const std::string& logits_npy) {

@@ -91,6 +91,10 @@ class Trainer {
   // Mean LM loss over up to `batches` microbatches of the held-out split per rank (collective).
   double evaluate(int64_t batches);
 
+  // Mean LM loss of the first microbatch of training step `step` under the current weights
+  // (forward only; collective). `bench --check` compares it across kernel choices.
+  double microbatch_loss(int64_t step);
+
   const ParamRegistry& registry() const { return reg_; }
   Device device() const { return dev_; }
   ParamStore& store() { return *store_; }
@@ -103,7 +107,8 @@ class Trainer {
   void fail_for_test(int64_t step) const;
   void upload_batch(int64_t step);           // host data -> the step's token buffers (before the step)
   void queue_gradients(int64_t step);        // zero, then every microbatch's forward + backward (no host reads)
-  void queue_step(int64_t step, const AdamWConfig& oc);  // queue_gradients + the optimizer (what a graph records)
+  // queue_gradients + the optimizer (what a graph records); *optimizer_s: the CPU optimizer's time.
+  void queue_step(int64_t step, const AdamWConfig& oc, double* optimizer_s);
   // Sums v over the world through the step-statistics buffer (v.size() <= its length).
   void all_reduce_host(std::vector<float>& v);
   void update_router_bias();
