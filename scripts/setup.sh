@@ -45,5 +45,23 @@ if [ ! -f .deps/cudnn-frontend/include/cudnn_frontend.h ] ||
   fi
 fi
 
+# CUTLASS headers (header-only C++ templates; the PyPI package ships the include tree under
+# cutlass_library/source/include), pinned, into the ignored .deps/: CMakeLists.txt finds them there
+# and builds the expert GEMMs on CUTLASS's Hopper ptr-array grouped GEMM. Skipped when present;
+# without pip they are left out and the expert GEMMs use the plain tiled kernels (CMake says so).
+cutlass_version=4.2.0.0
+if [ ! -f .deps/cutlass/cutlass_library/source/include/cutlass/cutlass.h ] ||
+   [ ! -d ".deps/cutlass/nvidia_cutlass-${cutlass_version}.dist-info" ]; then
+  if python3 -m pip --version > /dev/null 2>&1; then
+    echo "setup: installing nvidia-cutlass ${cutlass_version} (headers) into .deps/cutlass"
+    rm -rf .deps/cutlass
+    python3 -m pip install --quiet --no-deps --disable-pip-version-check --target .deps/cutlass \
+      "nvidia-cutlass==${cutlass_version}" ||
+      echo "setup: installing nvidia-cutlass failed; the expert GEMMs stay on the plain CUDA kernels"
+  else
+    echo "setup: python3 -m pip not available; skipping CUTLASS (the expert GEMMs stay on the plain CUDA kernels)"
+  fi
+fi
+
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
 cmake --build build -j "$(nproc)"

@@ -1,7 +1,15 @@
-// CUDA grouped GEMM: tiled CUDA-core kernels whose per-expert row ranges are read on the device
-// from expert_offsets. grouped_matmul tiles the whole row buffer (64 rows x 64 output columns per
-// block) and each block computes, for every expert whose rows meet its tile, that expert's part of
-// the tile; so the grid is sized from the buffer, never from per-expert counts the host cannot see.
+// CUDA grouped GEMM: the dispatcher and the portable tiled kernels.
+//
+// BF16 products go to CUTLASS's Hopper ptr-array grouped GEMM (grouped_gemm_cutlass.h) when it
+// was built in (MOE_HAVE_CUTLASS) and the host-visible conditions hold (BF16 in, BF16 out for
+// grouped_matmul / F32 out for the wgrad; n_out and k_in multiples of 8 and 16-byte aligned base
+// pointers, for TMA; at most kMaxGroups experts). Everything else, F32 included, runs the tiled
+// CUDA-core kernels below.
+//
+// Tiled kernels: per-expert row ranges are read on the device from expert_offsets.
+// grouped_matmul tiles the whole row buffer (64 rows x 64 output columns per block) and each block
+// computes, for every expert whose rows meet its tile, that expert's part of the tile; so the grid
+// is sized from the buffer, never from per-expert counts the host cannot see.
 // grouped_matmul_wgrad gives each (expert, 64x64 tile of db[e]) one block that walks the expert's
 // rows in order, so the sum order is fixed and the result deterministic.
 #include "moe/ops/cuda/grouped_gemm.h"
@@ -9,8 +17,14 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
+
 #include "moe/core/cuda_check.h"
 #include "moe/ops/cuda/element.cuh"
+#include "moe/ops/cuda/grouped_gemm_cutlass.h"
 
 namespace moe::cuda {
 namespace {
@@ -207,10 +221,13 @@ void launch_grouped_matmul_wgrad(const Tensor& db, const Tensor& dc, const Tenso
   CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
+// The dimensions of one call, after the checks every path shares.
+struct Dims {
+  int64_t E, rows, n_out, k_in;
+};
 
-void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool trans_b, bool accumulate,
-                    Stream stream) {
+Dims check_grouped_matmul(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& expert_offsets,
+                          bool trans_b) {
   constexpr const char* op = "grouped_matmul";
   check_tensor(a, 2, op, "a");
   check_tensor(b, 3, op, "b");
@@ -226,22 +243,11 @@ void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool tr
   MOE_CHECK(k_in >= 1 && n_out >= 1, op, ": empty inner or output dimension (a ", a.shape.str(), ", b ", b.shape.str(),
             ")");
   check_offsets(expert_offsets, E, op);
-  const int64_t rows = a.dim(0) < c.dim(0) ? a.dim(0) : c.dim(0);
-  if (rows == 0 || E == 0) return;
   MOE_CHECK((n_out + kTile - 1) / kTile <= kMaxGridY, op, ": ", n_out, " output columns exceed the kernel's grid");
-  const cudaStream_t s = cuda_stream(stream);
-  if (a.dtype == DType::F32) {
-    launch_grouped_matmul<float, float>(c, a, b, expert_offsets, E, rows, n_out, k_in, trans_b, accumulate, s);
-  } else if (c.dtype == DType::BF16) {
-    launch_grouped_matmul<__nv_bfloat16, __nv_bfloat16>(c, a, b, expert_offsets, E, rows, n_out, k_in, trans_b,
-                                                        accumulate, s);
-  } else {
-    launch_grouped_matmul<__nv_bfloat16, float>(c, a, b, expert_offsets, E, rows, n_out, k_in, trans_b, accumulate,
-                                                s);
-  }
+  return {E, a.dim(0) < c.dim(0) ? a.dim(0) : c.dim(0), n_out, k_in};
 }
 
-void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream) {
+Dims check_grouped_matmul_wgrad(const Tensor& db, const Tensor& dc, const Tensor& a, const Tensor& expert_offsets) {
   constexpr const char* op = "grouped_matmul_wgrad";
   check_tensor(db, 3, op, "db");
   check_tensor(dc, 2, op, "dc");
@@ -252,17 +258,167 @@ void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets,
   MOE_CHECK(a.dim(1) == k_in, op, ": a has ", a.dim(1), " columns, expected ", k_in, " from db ", db.shape.str());
   MOE_CHECK(k_in >= 1 && n_out >= 1, op, ": db ", db.shape.str(), " has an empty dimension");
   check_offsets(expert_offsets, E, op);
-  const int64_t rows = a.dim(0) < dc.dim(0) ? a.dim(0) : dc.dim(0);
-  if (rows == 0 || E == 0) return;
   MOE_CHECK((n_out + kTile - 1) / kTile <= kMaxGridY, op, ": ", n_out, " output rows of db exceed the kernel's grid");
+  return {E, a.dim(0) < dc.dim(0) ? a.dim(0) : dc.dim(0), n_out, k_in};
+}
+
+#if defined(MOE_HAVE_CUTLASS)
+void check_not_capturing(cudaStream_t stream, const char* op) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  MOE_CHECK(status == cudaStreamCaptureStatusNone, op,
+            ": the grouped GEMM scratch would be created during CUDA graph capture (it allocates device memory); "
+            "run one eager call on this stream (e.g. an eager first step) before capturing");
+}
+
+// The process-wide CUTLASS state: one scratch per stream (calls on one stream run in order, so they
+// can share it), allocated on the first eager call. Never destroyed (it would run after the CUDA
+// context is gone at exit); the driver frees it with the process.
+class CutlassScratchPool {
+ public:
+  static CutlassScratchPool& get() {
+    static CutlassScratchPool* pool = new CutlassScratchPool();
+    return *pool;
+  }
+
+  // Whether the current device runs the sm_90a kernels (host queries only: allowed in capture).
+  bool supported(const char* op) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return supported_locked(op);
+  }
+
+  // The stream's scratch, or nullptr when the device cannot run the sm_90a kernels.
+  const cutlass_grouped::Scratch* scratch(cudaStream_t stream, const char* op) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!supported_locked(op)) return nullptr;
+    auto it = scratch_.find(stream);
+    if (it != scratch_.end()) return &it->second;
+    check_not_capturing(stream, op);
+    if (!prepared_) {  // kernel attributes: host calls, once, outside capture
+      cutlass_grouped::prepare_nt_bf16();
+      cutlass_grouped::prepare_nn_bf16();
+      cutlass_grouped::prepare_wgrad_bf16_f32();
+      prepared_ = true;
+    }
+    cutlass_grouped::Scratch s;
+    CUDA_CHECK(cudaMalloc(&s.base, cutlass_grouped::kScratchBytes));
+    s.device = device_;
+    s.sm_count = sm_count_;
+    return &scratch_.emplace(stream, s).first->second;
+  }
+
+ private:
+  bool supported_locked(const char* op) {
+    int device = -1;
+    CUDA_CHECK(cudaGetDevice(&device));
+    if (device_ < 0) {
+      int major = 0, minor = 0, sms = 0;
+      CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+      CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      device_ = device;
+      sm_count_ = sms;
+      supported_ = major == 9 && minor == 0;
+    }
+    MOE_CHECK(device == device_, op, ": the grouped GEMM state belongs to device ", device_, " but device ", device,
+              " is current (one GPU per process)");
+    return supported_;
+  }
+
+  std::mutex mutex_;
+  int device_ = -1;
+  int sm_count_ = 0;
+  bool supported_ = false;
+  bool prepared_ = false;
+  std::unordered_map<cudaStream_t, cutlass_grouped::Scratch> scratch_;
+};
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// What the host can check for the CUTLASS path (see grouped_gemm_cutlass.h); false: tiled kernels.
+bool cutlass_fits(const void* x, const void* y, const void* out, int64_t E, int64_t rows, int64_t n_out,
+                  int64_t k_in) {
+  constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
+  return E <= cutlass_grouped::kMaxGroups && rows <= kIntMax && n_out <= kIntMax && k_in <= kIntMax &&
+         n_out % 8 == 0 && k_in % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(out);
+}
+#endif
+
+}  // namespace
+
+void grouped_matmul_tiled(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool trans_b, bool accumulate,
+                          Stream stream) {
+  const Dims d = check_grouped_matmul(c, a, b, expert_offsets, trans_b);
+  if (d.rows == 0 || d.E == 0) return;
   const cudaStream_t s = cuda_stream(stream);
   if (a.dtype == DType::F32) {
-    launch_grouped_matmul_wgrad<float, float>(db, dc, a, expert_offsets, E, rows, n_out, k_in, s);
-  } else if (db.dtype == DType::BF16) {
-    launch_grouped_matmul_wgrad<__nv_bfloat16, __nv_bfloat16>(db, dc, a, expert_offsets, E, rows, n_out, k_in, s);
+    launch_grouped_matmul<float, float>(c, a, b, expert_offsets, d.E, d.rows, d.n_out, d.k_in, trans_b, accumulate, s);
+  } else if (c.dtype == DType::BF16) {
+    launch_grouped_matmul<__nv_bfloat16, __nv_bfloat16>(c, a, b, expert_offsets, d.E, d.rows, d.n_out, d.k_in,
+                                                        trans_b, accumulate, s);
   } else {
-    launch_grouped_matmul_wgrad<__nv_bfloat16, float>(db, dc, a, expert_offsets, E, rows, n_out, k_in, s);
+    launch_grouped_matmul<__nv_bfloat16, float>(c, a, b, expert_offsets, d.E, d.rows, d.n_out, d.k_in, trans_b,
+                                                accumulate, s);
   }
+}
+
+void grouped_matmul_wgrad_tiled(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream) {
+  const Dims d = check_grouped_matmul_wgrad(db, dc, a, expert_offsets);
+  if (d.rows == 0 || d.E == 0) return;
+  const cudaStream_t s = cuda_stream(stream);
+  if (a.dtype == DType::F32) {
+    launch_grouped_matmul_wgrad<float, float>(db, dc, a, expert_offsets, d.E, d.rows, d.n_out, d.k_in, s);
+  } else if (db.dtype == DType::BF16) {
+    launch_grouped_matmul_wgrad<__nv_bfloat16, __nv_bfloat16>(db, dc, a, expert_offsets, d.E, d.rows, d.n_out, d.k_in,
+                                                              s);
+  } else {
+    launch_grouped_matmul_wgrad<__nv_bfloat16, float>(db, dc, a, expert_offsets, d.E, d.rows, d.n_out, d.k_in, s);
+  }
+}
+
+bool grouped_gemm_uses_cutlass() {
+#if defined(MOE_HAVE_CUTLASS)
+  return CutlassScratchPool::get().supported("grouped_gemm_uses_cutlass");
+#else
+  return false;
+#endif
+}
+
+void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool trans_b, bool accumulate,
+                    Stream stream) {
+#if defined(MOE_HAVE_CUTLASS)
+  const Dims d = check_grouped_matmul(c, a, b, expert_offsets, trans_b);
+  if (d.rows == 0 || d.E == 0) return;
+  if (a.dtype == DType::BF16 && c.dtype == DType::BF16 &&
+      cutlass_fits(a.data, b.data, c.data, d.E, d.rows, d.n_out, d.k_in)) {
+    const cudaStream_t s = cuda_stream(stream);
+    if (const cutlass_grouped::Scratch* scratch = CutlassScratchPool::get().scratch(s, "grouped_matmul")) {
+      const auto product = trans_b ? cutlass_grouped::matmul_nt_bf16 : cutlass_grouped::matmul_nn_bf16;
+      product(c.data, a.data, b.data, static_cast<const int32_t*>(expert_offsets.data), static_cast<int>(d.E), d.rows,
+              static_cast<int>(d.n_out), static_cast<int>(d.k_in), accumulate, *scratch, s);
+      return;
+    }
+  }
+#endif
+  grouped_matmul_tiled(c, a, b, expert_offsets, trans_b, accumulate, stream);
+}
+
+void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream) {
+#if defined(MOE_HAVE_CUTLASS)
+  const Dims d = check_grouped_matmul_wgrad(db, dc, a, expert_offsets);
+  if (d.rows == 0 || d.E == 0) return;
+  if (a.dtype == DType::BF16 && db.dtype == DType::F32 &&
+      cutlass_fits(dc.data, a.data, db.data, d.E, d.rows, d.n_out, d.k_in)) {
+    const cudaStream_t s = cuda_stream(stream);
+    if (const cutlass_grouped::Scratch* scratch = CutlassScratchPool::get().scratch(s, "grouped_matmul_wgrad")) {
+      cutlass_grouped::wgrad_bf16_f32(db.data, dc.data, a.data, static_cast<const int32_t*>(expert_offsets.data),
+                                      static_cast<int>(d.E), d.rows, static_cast<int>(d.n_out),
+                                      static_cast<int>(d.k_in), *scratch, s);
+      return;
+    }
+  }
+#endif
+  grouped_matmul_wgrad_tiled(db, dc, a, expert_offsets, stream);
 }
 
 }  // namespace moe::cuda

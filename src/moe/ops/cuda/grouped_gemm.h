@@ -10,9 +10,14 @@
 // Values outside [0, rows] are clamped on the device so that bad offsets cannot touch memory past
 // the buffers (the result is then wrong, but nothing is overwritten).
 //
-// NOTES: these are plain tiled CUDA-core kernels (64x64 output tiles, shared-memory staging, FP32
-// FMA), written to be obviously correct and deterministic. A CUTLASS Hopper ptr-array grouped GEMM
-// with device-side problem sizes (WGMMA) replaces them in the speed issue.
+// Two implementations. BF16 products (BF16 out for grouped_matmul, F32 out for the wgrad) run on
+// CUTLASS's Hopper ptr-array grouped GEMM (WGMMA + TMA, grouped_gemm_cutlass.h) when the build found
+// the CUTLASS headers (MOE_HAVE_CUTLASS), the GPU is sm_90, n_out and k_in are multiples of 8 and
+// the base pointers 16-byte aligned; the first such call on a stream allocates that stream's
+// scratch and must not be inside a graph capture. Everything else runs plain tiled CUDA-core
+// kernels (64x64 output tiles, shared-memory staging, FP32 FMA), written to be obviously correct;
+// the *_tiled entry points always use those (tests and benchmarks compare the two).
+// Both are deterministic: every output tile is summed by one CTA in a fixed order.
 #pragma once
 
 #include "moe/core/stream.h"
@@ -24,5 +29,13 @@ void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool tr
                     Stream stream);
 
 void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream);
+
+// The tiled CUDA-core kernels, whatever the dtypes and dims (same semantics).
+void grouped_matmul_tiled(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool trans_b, bool accumulate,
+                          Stream stream);
+void grouped_matmul_wgrad_tiled(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream);
+
+// Whether BF16 products that fit go to CUTLASS here: built with it and the current GPU is sm_90.
+bool grouped_gemm_uses_cutlass();
 
 }  // namespace moe::cuda
