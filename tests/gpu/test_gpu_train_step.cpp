@@ -4,6 +4,7 @@
 // execution. Skipped with the reason where no GPU is usable.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -68,24 +69,55 @@ TEST(GpuTrainStep, PicksTheGpuAndPlansItsMemoryThere) {
   EXPECT_EQ(t.device(), Device::CUDA);
 }
 
+// Largest relative L2 error over the parameters, printing each.
+double worst_gradient_error(const std::map<std::string, std::vector<float>>& ref,
+                            const std::map<std::string, std::vector<float>>& got, const char* label) {
+  EXPECT_EQ(ref.size(), got.size());
+  double worst = 0;
+  for (const auto& [name, g] : ref) {
+    if (!got.count(name) || got.at(name).size() != g.size()) {
+      ADD_FAILURE() << "gradient of " << name << " missing or of another size";
+      continue;
+    }
+    const double err = rel_l2(got.at(name), g);
+    std::printf("  [%s] %-44s relative L2 error %.2e\n", label, name.c_str(), err);
+    worst = std::max(worst, err);
+  }
+  return worst;
+}
+
+// With the routing fixed (uniform), CPU and GPU send every token to the same experts, so every
+// gradient differs only by BF16 rounding: within 3% in relative L2 norm for every parameter.
 TEST(GpuTrainStep, GradientsMatchTheCpuWithinBf16Tolerance) {
+  MOE_SKIP_WITHOUT_GPU();
+  TempDir dir;
+  const std::vector<std::string> uniform = {"model.routing=\"uniform\""};
+  Trainer cpu(gpu_config(dir.path, "cpu", uniform), quiet_bench(), local_world());
+  Trainer gpu(gpu_config(dir.path, "cuda", uniform), quiet_bench(), local_world());
+  constexpr double kGradRelTol = 3e-2;
+  EXPECT_LE(worst_gradient_error(first_step_gradients(cpu), first_step_gradients(gpu), "uniform"), kGradRelTol);
+}
+
+// With learned routing, BF16 router inputs flip the top-K choice of tokens whose logits nearly
+// tie (at initialization most do), which moves whole rows between experts: the expert, router
+// and norm gradients then differ by more than rounding. The bar here is on the whole gradient:
+// within 10% in relative L2 norm summed over all parameters; the 50-step test checks the loss.
+TEST(GpuTrainStep, LearnedRoutingGradientsStayClose) {
   MOE_SKIP_WITHOUT_GPU();
   TempDir dir;
   Trainer cpu(gpu_config(dir.path, "cpu"), quiet_bench(), local_world());
   Trainer gpu(gpu_config(dir.path, "cuda"), quiet_bench(), local_world());
-  const auto ref = first_step_gradients(cpu);
-  const auto got = first_step_gradients(gpu);
-  ASSERT_EQ(ref.size(), got.size());
-  // BF16 activations and compute weights (8 bits of mantissa) through ~10 layers of products:
-  // each parameter's gradient is within 5% of the FP32 CPU gradient in relative L2 norm.
-  constexpr double kGradRelTol = 5e-2;
+  const auto ref = first_step_gradients(cpu), got = first_step_gradients(gpu);
+  worst_gradient_error(ref, got, "learned");
+  std::vector<float> all_ref, all_got;
   for (const auto& [name, g] : ref) {
-    ASSERT_TRUE(got.count(name)) << name;
-    ASSERT_EQ(got.at(name).size(), g.size()) << name;
-    const double err = rel_l2(got.at(name), g);
-    std::printf("  %-48s relative L2 error %.2e\n", name.c_str(), err);
-    EXPECT_LE(err, kGradRelTol) << "gradient of " << name;
+    all_ref.insert(all_ref.end(), g.begin(), g.end());
+    all_got.insert(all_got.end(), got.at(name).begin(), got.at(name).end());
   }
+  constexpr double kWholeGradRelTol = 1e-1;
+  const double err = rel_l2(all_got, all_ref);
+  std::printf("  whole gradient: relative L2 error %.2e\n", err);
+  EXPECT_LE(err, kWholeGradRelTol);
 }
 
 TEST(GpuTrainStep, FiftyStepsTrackTheCpuLossCurve) {

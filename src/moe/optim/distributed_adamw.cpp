@@ -32,6 +32,7 @@ DistributedAdamW::DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, A
   dense_ = plan_shard(ReplicaGroup::Dense, mesh.world, 0);
   expert_ = plan_shard(ReplicaGroup::Expert, mesh.expert_replicas.get(), dense_.shard_numel);
   const int64_t shard_total = dense_.shard_numel + expert_.shard_numel;
+  single_rank_ = mesh.world->size() == 1;
 
   // The pieces of each parameter that fall in this rank's shards, in flat order.
   for (int i = 0; i < static_cast<int>(reg.entries().size()); ++i) {
@@ -52,10 +53,12 @@ DistributedAdamW::DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, A
   }
   m_ = arena.reserve("optimizer.exp_avg_shard", DType::F32, {shard_total});
   v_ = arena.reserve("optimizer.exp_avg_sq_shard", DType::F32, {shard_total});
-  grad_shard_ = arena.reserve("optimizer.grad_shard", DType::F32, {shard_total});
   norm_sq_ = arena.reserve("optimizer.grad_norm_sq", DType::F32, {1});
-  staging_ = arena.reserve("optimizer.bucket_staging", DType::F32, {staging});
-  send_ = arena.reserve("optimizer.gather_send", DType::F32, {send});
+  if (!single_rank_) {
+    grad_shard_ = arena.reserve("optimizer.grad_shard", DType::F32, {shard_total});
+    staging_ = arena.reserve("optimizer.bucket_staging", DType::F32, {staging});
+    send_ = arena.reserve("optimizer.gather_send", DType::F32, {send});
+  }
 }
 
 DistributedAdamW::Shard DistributedAdamW::plan_shard(ReplicaGroup group, Communicator* comm, int64_t buffer_offset) {
@@ -139,9 +142,12 @@ void DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConf
   params.check_dtype(DType::F32);
   grads.check_dtype(DType::F32);
 
-  // 1. Gradient reduction over each replica group into this rank's shards.
-  reduce_scatter_grads(dense_, mesh_.world, grads);
-  reduce_scatter_grads(expert_, mesh_.expert_replicas.get(), grads);
+  // 1. Gradient reduction over each replica group into this rank's shards (one rank: the
+  // gradient buffer already is the whole shard, in the same order).
+  if (!single_rank_) {
+    reduce_scatter_grads(dense_, mesh_.world, grads);
+    reduce_scatter_grads(expert_, mesh_.expert_replicas.get(), grads);
+  }
 
   // 2. Global squared norm. Every element of every logical parameter is counted exactly once:
   // the dense shards partition the dense region over the world (each rank one disjoint piece);
@@ -150,7 +156,7 @@ void DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConf
   // parameters. The padding is zero. So the world sum of the shard norms is the full norm. The
   // shard buffer is [dense | expert] in one piece, so one pass covers both (with one rank it is
   // exactly AdamW's pass over the whole gradient buffer).
-  const Tensor norm_sq = arena_.get(norm_sq_), grad_shard = arena_.get(grad_shard_);
+  const Tensor norm_sq = arena_.get(norm_sq_), grad_shard = single_rank_ ? grads : arena_.get(grad_shard_);
   fill_zero(norm_sq);
   sum_squares_accumulate(norm_sq, grad_shard);
   mesh_.world->all_reduce(norm_sq, ReduceOp::Sum);
@@ -162,14 +168,17 @@ void DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConf
   AdamWConfig no_decay = cfg;
   no_decay.weight_decay = 0.0f;
   for (const Piece& pc : pieces_) {
-    adamw_step(flat_range(params, pc.flat_begin, pc.n), flat_range(grad_shard, pc.buffer_offset, pc.n),
+    const int64_t grad_at = single_rank_ ? pc.flat_begin : pc.buffer_offset;
+    adamw_step(flat_range(params, pc.flat_begin, pc.n), flat_range(grad_shard, grad_at, pc.n),
                flat_range(m, pc.buffer_offset, pc.n), flat_range(v, pc.buffer_offset, pc.n), norm_sq, max_norm,
                reg_.entry(pc.param).decay ? cfg : no_decay, step, {}, schedule);
   }
 
   // 4. Every replica gets the updated shards back.
-  all_gather_params(dense_, mesh_.world, params);
-  all_gather_params(expert_, mesh_.expert_replicas.get(), params);
+  if (!single_rank_) {
+    all_gather_params(dense_, mesh_.world, params);
+    all_gather_params(expert_, mesh_.expert_replicas.get(), params);
+  }
 }
 
 DistributedAdamW::Result DistributedAdamW::last_result() const {

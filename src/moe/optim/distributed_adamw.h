@@ -11,9 +11,10 @@
 //      the non-finite skip decided from the norm in memory (the same on every rank);
 //   4. all-gather of the updated shards back into the full params buffer, per group.
 //
-// On the CPU the compute weights are the trainer's FP32 params buffer, so the main weights of a
-// shard are simply that slice of it: only moments, the gradient shard, the norm scalar and
-// staging are reserved here. With one rank the result equals AdamW bit for bit.
+// The main weights of a shard are that slice of the trainer's FP32 params buffer: only moments,
+// the gradient shard, the norm scalar and staging are reserved here. With one rank the result
+// equals AdamW bit for bit, and nothing is reduced or gathered: AdamW reads the gradient buffer
+// in place (no shard copy, no staging).
 #pragma once
 
 #include <cstddef>
@@ -66,7 +67,8 @@ class DistributedAdamW {
   // Shard buffers laid out [dense shard | expert shard] (each shard_numel long, padding zero).
   Tensor exp_avg() const { return arena_.get(m_); }
   Tensor exp_avg_sq() const { return arena_.get(v_); }
-  Tensor grad_shard() const { return arena_.get(grad_shard_); }
+  // Empty for a world of one rank (the gradient buffer is the shard).
+  Tensor grad_shard() const { return single_rank_ ? Tensor() : arena_.get(grad_shard_); }
 
   // The part of parameter `param` this rank's shard owns: logical (row-major, global) elements
   // [begin, end) of the tensor, and where its moments live. Across all ranks these slices
@@ -102,6 +104,7 @@ class DistributedAdamW {
   const Mesh& mesh_;
   Arena& arena_;
   int64_t bucket_elems_ = 0;  // elements per bucket over the whole group
+  bool single_rank_ = false;  // a world of one: every group has one rank
   Shard dense_, expert_;
   std::vector<Piece> pieces_;
   Arena::Slot m_, v_, grad_shard_, norm_sq_, staging_, send_;

@@ -13,6 +13,7 @@
 // grouped_matmul_wgrad gives each (expert, 64x64 tile of db[e]) one block that walks the expert's
 // rows in order, so the sum order is fixed and the result deterministic.
 #include "moe/ops/cuda/grouped_gemm.h"
+#include "moe/ops/kernel_choice.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -389,7 +390,7 @@ void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool tr
 #if defined(MOE_HAVE_CUTLASS)
   const Dims d = check_grouped_matmul(c, a, b, expert_offsets, trans_b);
   if (d.rows == 0 || d.E == 0) return;
-  if (a.dtype == DType::BF16 && c.dtype == DType::BF16 &&
+  if (kernel_choice() == KernelChoice::Fast && a.dtype == DType::BF16 && c.dtype == DType::BF16 &&
       cutlass_fits(a.data, b.data, c.data, d.E, d.rows, d.n_out, d.k_in)) {
     const cudaStream_t s = cuda_stream(stream);
     if (const cutlass_grouped::Scratch* scratch = CutlassScratchPool::get().scratch(s, "grouped_matmul")) {
@@ -407,7 +408,7 @@ void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets,
 #if defined(MOE_HAVE_CUTLASS)
   const Dims d = check_grouped_matmul_wgrad(db, dc, a, expert_offsets);
   if (d.rows == 0 || d.E == 0) return;
-  if (a.dtype == DType::BF16 && db.dtype == DType::F32 &&
+  if (kernel_choice() == KernelChoice::Fast && a.dtype == DType::BF16 && db.dtype == DType::F32 &&
       cutlass_fits(dc.data, a.data, db.data, d.E, d.rows, d.n_out, d.k_in)) {
     const cudaStream_t s = cuda_stream(stream);
     if (const cutlass_grouped::Scratch* scratch = CutlassScratchPool::get().scratch(s, "grouped_matmul_wgrad")) {
