@@ -39,9 +39,13 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// R, V, D: one row, odd sizes, heavy repetition (V << R) spanning two 256-column blocks, many
-// partitions with a vocab of 50304, and a large table.
-const int64_t kShapes[][3] = {{1, 1, 1}, {5, 7, 3}, {40, 11, 300}, {4096, 50, 1024}, {2048, 50304, 512}};
+// R, V, D: one row, odd sizes, heavy repetition (V << R) spanning several column chunks, many
+// partitions with a vocab of 50304, and a large table. D a multiple of 8 takes the 16-byte path
+// (D = 8, 24, 2048), other D the scalar path (D = 3, 300, 1030); R = 300 and 1000 are not
+// multiples of the 128 token ids of a scan step.
+const int64_t kShapes[][3] = {{1, 1, 1},      {5, 7, 3},         {40, 11, 300},      {300, 13, 8},
+                              {1000, 5, 24},  {777, 3, 1030},    {4096, 50, 1024},   {2048, 50304, 512},
+                              {2000, 4099, 2048}};
 
 void check_embedding_forward(DType dtype) {
   uint64_t seed = 1;

@@ -37,8 +37,12 @@ Shape make_shape(const std::vector<int64_t>& dims) {
   return s;
 }
 
-// x shapes; the last dim is C. Odd sizes, one row, a 3-D per-head view, and many blocks.
-const std::vector<std::vector<int64_t>> kShapes = {{1, 1}, {1, 7}, {3, 129}, {5, 4, 64}, {37, 2048}, {4096, 1024}};
+// x shapes; the last dim is C. Odd sizes, one row, a 3-D per-head view, and many blocks. C a
+// multiple of 8 takes the 16-byte path (BF16: 8 columns, F32: 4), with rows partly in registers
+// (C = 2048) and beyond them (C = 4104); other C the scalar path. R = 37, 13 are not multiples of
+// the 8 rows of a block.
+const std::vector<std::vector<int64_t>> kShapes = {{1, 1},    {1, 7},      {3, 129},    {5, 4, 64},  {37, 2048},
+                                                   {13, 24},  {13, 8},     {37, 4104},  {9, 1030},   {4096, 1024}};
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -1,16 +1,29 @@
 // CUDA RMSNorm over the last dimension (see moe/ops/cuda/norm.h for the dtype contract).
 //
-// Kernels:
-//   rmsnorm_forward_kernel  one warp per row (8 rows per 256-thread block): the warp sums x^2
-//                           (lanes stride over the columns, then a shuffle tree), and writes out.
-//   rmsnorm_dx_kernel       one warp per row: dot = sum_c w_c g_c x_c the same way, then dx.
-//   rmsnorm_dweight_kernel  one 32 x 32 block per chunk of 32 columns: thread (col, lane_y) sums
-//                           rows lane_y, lane_y + 32, ... in order; the 32 partials of a column
-//                           are then added in order by one thread. Each column is owned by one
-//                           block, so there are no races and no atomics: deterministic.
-// NOTES: the dweight kernel has only ceil(C / 32) blocks; for small C (per-head QK-norm, C = hd)
-// it is latency-bound over many rows. Correct first; a faster split needs a workspace.
+// Kernels (kVec = columns per access: 8 BF16 or 4 F32 in one 16-byte access when C % kVec == 0
+// and every row tensor's base is 16-byte aligned, so that each row x + r * C is too; kVec = 1
+// otherwise, any C and alignment):
+//   rmsnorm_forward_kernel  one warp per row (8 rows per 256-thread block): lane l reads columns
+//                           [l kVec, l kVec + kVec) of every 32 kVec; the first kCachedChunks
+//                           accesses stay in registers (a BF16 row of 2048), further ones are read
+//                           again. The warp sums x^2 (each lane in column order, then a shuffle
+//                           tree) and writes out.
+//   rmsnorm_dx_kernel       one warp per row the same way: dot = sum_c w_c g_c x_c, then dx.
+//   rmsnorm_dweight_kernel  one block of 1024 threads per 16 columns (32 bytes of BF16: a DRAM
+//                           sector per row): thread (row lane, column lane) sums rows row_lane,
+//                           row_lane + row_lanes, ... in order for its kVec columns; the row
+//                           lanes' partials are added by a fixed shared-memory tree. Each column
+//                           is owned by one block, so there are no races and no atomics.
+// Every sum is in a fixed order, so two runs give the same bits.
+// NOTES: the dweight kernel has only ceil(C / 16) blocks (128 for C = 2048 on 132 SMs); a split
+// over rows would need a workspace for the partials. For small C (per-head QK-norm, C = hd) it is
+// latency-bound over many rows.
+// NOTES: nothing is __restrict__ or read through the non-coherent cache: dx may alias dout or x
+// (as on the CPU); each lane reads its own columns of a row before it writes them.
 #include "moe/ops/cuda/norm.h"
+
+#include <cstdint>
+#include <initializer_list>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -21,7 +34,6 @@
 namespace moe::cuda {
 namespace {
 
-
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
@@ -29,68 +41,229 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kRowThreads = 32 * kWarpsPerBlock;
-constexpr int kDweightRowLanes = 32;  // threads along the rows in the dweight kernel
+// Accesses per lane held in registers between a row kernel's two passes: a BF16 row of 2048
+// columns; F32 rows keep 4 (512 columns), so that the dx kernel fits 128 registers unspilled.
+template <int kVec>
+constexpr int kCachedChunks = kVec == 4 ? 4 : 8;
+constexpr int kDweightThreads = 1024;
+constexpr int kDweightColumns = 16;  // columns per dweight block
+
+// Columns per 16-byte access of T.
+template <typename T>
+constexpr int kVecOf = static_cast<int>(16 / sizeof(T));
+
+// kVec consecutive elements of T: Raw holds their bits (one register per 4 bytes), unpack widens
+// them to FP32 exactly, store rounds FP32 to T (as from_f32). kVec is 1 or a 16-byte access.
+template <typename T, int kVec>
+struct Access;
 
 template <typename T>
+struct Access<T, 1> {
+  using Raw = T;
+  static __device__ __forceinline__ Raw load(const T* p) { return *p; }
+  static __device__ __forceinline__ void unpack(Raw raw, float (&v)[1]) { v[0] = to_f32(raw); }
+  static __device__ __forceinline__ void store(T* p, const float (&v)[1]) { *p = from_f32<T>(v[0]); }
+};
+
+template <>
+struct Access<float, 4> {
+  using Raw = uint4;
+  static __device__ __forceinline__ Raw load(const float* p) { return *reinterpret_cast<const uint4*>(p); }
+  static __device__ __forceinline__ void unpack(Raw raw, float (&v)[4]) {
+    v[0] = __uint_as_float(raw.x);
+    v[1] = __uint_as_float(raw.y);
+    v[2] = __uint_as_float(raw.z);
+    v[3] = __uint_as_float(raw.w);
+  }
+  static __device__ __forceinline__ void store(float* p, const float (&v)[4]) {
+    *reinterpret_cast<uint4*>(p) =
+        make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+  }
+};
+
+// BF16 is the top half of an FP32: widening is a shift (as __bfloat162float). Little-endian: the
+// element with the lower index is the low half of a word.
+template <>
+struct Access<__nv_bfloat16, 8> {
+  using Raw = uint4;
+  static __device__ __forceinline__ Raw load(const __nv_bfloat16* p) { return *reinterpret_cast<const uint4*>(p); }
+  static __device__ __forceinline__ void unpack_word(uint32_t word, float& lo, float& hi) {
+    lo = __uint_as_float(word << 16);
+    hi = __uint_as_float(word & 0xffff0000u);
+  }
+  static __device__ __forceinline__ void unpack(Raw raw, float (&v)[8]) {
+    unpack_word(raw.x, v[0], v[1]);
+    unpack_word(raw.y, v[2], v[3]);
+    unpack_word(raw.z, v[4], v[5]);
+    unpack_word(raw.w, v[6], v[7]);
+  }
+  static __device__ __forceinline__ uint32_t pack_word(float lo, float hi) {
+    return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+  }
+  static __device__ __forceinline__ void store(__nv_bfloat16* p, const float (&v)[8]) {
+    *reinterpret_cast<uint4*>(p) =
+        make_uint4(pack_word(v[0], v[1]), pack_word(v[2], v[3]), pack_word(v[4], v[5]), pack_word(v[6], v[7]));
+  }
+};
+
+// Lane `lane`'s columns of access i of a row: [i 32 kVec + lane kVec, + kVec). C % kVec == 0, so
+// an access that starts inside the row lies inside it.
+template <int kVec>
+__device__ __forceinline__ int64_t access_column(int i, int lane) {
+  return static_cast<int64_t>(i) * (32 * kVec) + lane * kVec;
+}
+
+template <typename T, int kVec>
 __global__ void __launch_bounds__(kRowThreads)
     rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* weight, float eps, int64_t R, int64_t C) {
+  using A = Access<T, kVec>;
+  constexpr int kStride = 32 * kVec;  // columns of one warp-wide access
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= R) return;  // whole warps leave together
   const T* xr = x + r * C;
+  T* yr = out + r * C;
+  // The first kCachedChunks accesses stay in registers between the passes (their indices are
+  // compile-time after unrolling); columns beyond are read again.
+  typename A::Raw x_cached[kCachedChunks<kVec>] = {};
+#pragma unroll
+  for (int i = 0; i < kCachedChunks<kVec>; ++i)
+    if (access_column<kVec>(i, lane) < C) x_cached[i] = A::load(xr + access_column<kVec>(i, lane));
   float sum_sq = 0.0f;
-  for (int64_t c = lane; c < C; c += 32) {
-    const float v = to_f32(xr[c]);
-    sum_sq += v * v;
+#pragma unroll
+  for (int i = 0; i < kCachedChunks<kVec>; ++i) {
+    if (access_column<kVec>(i, lane) >= C) continue;
+    float v[kVec];
+    A::unpack(x_cached[i], v);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) sum_sq += v[j] * v[j];
+  }
+  for (int64_t c = access_column<kVec>(kCachedChunks<kVec>, lane); c < C; c += kStride) {
+    float v[kVec];
+    A::unpack(A::load(xr + c), v);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) sum_sq += v[j] * v[j];
   }
   sum_sq = warp_sum(sum_sq);
   const float rs = 1.0f / sqrtf(sum_sq / static_cast<float>(C) + eps);
   if (lane == 0) rstd[r] = rs;
-  T* yr = out + r * C;
-  for (int64_t c = lane; c < C; c += 32) yr[c] = from_f32<T>(to_f32(xr[c]) * rs * to_f32(weight[c]));
+  auto write = [&](int64_t c, typename A::Raw x_raw) {
+    float xv[kVec], wv[kVec], y[kVec];
+    A::unpack(x_raw, xv);
+    A::unpack(A::load(weight + c), wv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) y[j] = xv[j] * rs * wv[j];
+    A::store(yr + c, y);
+  };
+#pragma unroll
+  for (int i = 0; i < kCachedChunks<kVec>; ++i)
+    if (access_column<kVec>(i, lane) < C) write(access_column<kVec>(i, lane), x_cached[i]);
+  for (int64_t c = access_column<kVec>(kCachedChunks<kVec>, lane); c < C; c += kStride) write(c, A::load(xr + c));
 }
 
 // dx_j = rstd * w_j * g_j - x_j * rstd^3 * (1/C) * sum_c w_c g_c x_c (derivation in cpu/norm.cpp).
-template <typename T>
+// x and dout of the first kCachedChunks accesses stay in registers; a lane reads its columns of
+// x, dout (and dx) before it writes dx there, so dx may alias x or dout.
+template <typename T, int kVec>
 __global__ void __launch_bounds__(kRowThreads)
     rmsnorm_dx_kernel(T* dx, const T* dout, const T* x, const T* weight, const float* rstd, bool accumulate_dx,
                       int64_t R, int64_t C) {
+  using A = Access<T, kVec>;
+  using Raw = typename A::Raw;
+  constexpr int kStride = 32 * kVec;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= R) return;
   const T* xr = x + r * C;
   const T* gr = dout + r * C;
+  T* dxr = dx + r * C;
+  Raw x_cached[kCachedChunks<kVec>] = {};
+  Raw g_cached[kCachedChunks<kVec>] = {};
+#pragma unroll
+  for (int i = 0; i < kCachedChunks<kVec>; ++i) {
+    const int64_t c = access_column<kVec>(i, lane);
+    if (c < C) {
+      x_cached[i] = A::load(xr + c);
+      g_cached[i] = A::load(gr + c);
+    }
+  }
   float dot = 0.0f;
-  for (int64_t c = lane; c < C; c += 32) dot += to_f32(weight[c]) * to_f32(gr[c]) * to_f32(xr[c]);
+  auto add_dot = [&](int64_t c, Raw x_raw, Raw g_raw) {
+    float xv[kVec], gv[kVec], wv[kVec];
+    A::unpack(x_raw, xv);
+    A::unpack(g_raw, gv);
+    A::unpack(A::load(weight + c), wv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) dot += wv[j] * gv[j] * xv[j];
+  };
+#pragma unroll
+  for (int i = 0; i < kCachedChunks<kVec>; ++i)
+    if (access_column<kVec>(i, lane) < C) add_dot(access_column<kVec>(i, lane), x_cached[i], g_cached[i]);
+  for (int64_t c = access_column<kVec>(kCachedChunks<kVec>, lane); c < C; c += kStride)
+    add_dot(c, A::load(xr + c), A::load(gr + c));
   dot = warp_sum(dot);
   const float rs = rstd[r];
   const float coef = rs * rs * rs * dot / static_cast<float>(C);
-  T* dxr = dx + r * C;
-  for (int64_t c = lane; c < C; c += 32) {
-    float d = rs * to_f32(weight[c]) * to_f32(gr[c]) - to_f32(xr[c]) * coef;
-    if (accumulate_dx) d += to_f32(dxr[c]);
-    dxr[c] = from_f32<T>(d);
-  }
+  auto write = [&](int64_t c, Raw x_raw, Raw g_raw) {
+    float xv[kVec], gv[kVec], wv[kVec], d[kVec];
+    A::unpack(x_raw, xv);
+    A::unpack(g_raw, gv);
+    A::unpack(A::load(weight + c), wv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) d[j] = rs * wv[j] * gv[j] - xv[j] * coef;
+    if (accumulate_dx) {
+      float old[kVec];
+      A::unpack(A::load(dxr + c), old);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) d[j] += old[j];
+    }
+    A::store(dxr + c, d);
+  };
+#pragma unroll
+  for (int i = 0; i < kCachedChunks<kVec>; ++i)
+    if (access_column<kVec>(i, lane) < C) write(access_column<kVec>(i, lane), x_cached[i], g_cached[i]);
+  for (int64_t c = access_column<kVec>(kCachedChunks<kVec>, lane); c < C; c += kStride)
+    write(c, A::load(xr + c), A::load(gr + c));
 }
 
-// blockDim = (32 columns, kDweightRowLanes row lanes); block b owns columns [32 b, 32 b + 32).
-template <typename T>
-__global__ void __launch_bounds__(32 * kDweightRowLanes)
+// blockDim = kDweightThreads = (kDweightColumns / kVec column lanes) x (row lanes), the column lane
+// fastest; block b owns columns [16 b, 16 b + 16). Thread (row lane, column lane) sums rows
+// row_lane, row_lane + row_lanes, ... in order, then the row lanes' partials are added by a fixed
+// tree (row lane i takes i + s for s = row_lanes / 2, ..., 1), and dweight += the total.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kDweightThreads)
     rmsnorm_dweight_kernel(float* dweight, const T* dout, const T* x, const float* rstd, int64_t R, int64_t C) {
-  __shared__ float partial[kDweightRowLanes][33];
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  float acc = 0.0f;
+  using A = Access<T, kVec>;
+  constexpr int kColumnLanes = kDweightColumns / kVec;
+  constexpr int kRowLanes = kDweightThreads / kColumnLanes;
+  static_assert((kRowLanes & (kRowLanes - 1)) == 0, "the tree needs a power-of-two number of row lanes");
+  __shared__ float partial[kRowLanes][kDweightColumns + 1];  // + 1: the tree's reads spread over banks
+  const int column_lane = threadIdx.x % kColumnLanes;
+  const int row_lane = threadIdx.x / kColumnLanes;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kDweightColumns + column_lane * kVec;
+  float acc[kVec] = {};
   if (c < C) {
-    for (int64_t r = threadIdx.y; r < R; r += kDweightRowLanes)
-      acc += to_f32(dout[r * C + c]) * to_f32(x[r * C + c]) * rstd[r];
+#pragma unroll 4
+    for (int64_t r = row_lane; r < R; r += kRowLanes) {
+      float gv[kVec], xv[kVec];
+      A::unpack(A::load(dout + r * C + c), gv);
+      A::unpack(A::load(x + r * C + c), xv);
+      const float rs = rstd[r];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) acc[j] += gv[j] * xv[j] * rs;
+    }
   }
-  partial[threadIdx.y][threadIdx.x] = acc;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) partial[row_lane][column_lane * kVec + j] = acc[j];
   __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float sum = 0.0f;
-    for (int i = 0; i < kDweightRowLanes; ++i) sum += partial[i][threadIdx.x];
-    dweight[c] += sum;
+  for (int s = kRowLanes / 2; s > 0; s /= 2) {
+    for (int e = threadIdx.x; e < s * kDweightColumns; e += kDweightThreads)
+      partial[e / kDweightColumns][e % kDweightColumns] += partial[e / kDweightColumns + s][e % kDweightColumns];
+    __syncthreads();
   }
+  const int64_t column = static_cast<int64_t>(blockIdx.x) * kDweightColumns + threadIdx.x;
+  if (threadIdx.x < kDweightColumns && column < C) dweight[column] += partial[0][threadIdx.x];
 }
 
 void check_cuda(const char* op, const char* name, const Tensor& t) {
@@ -124,27 +297,54 @@ int64_t check_rows(const char* op, const Tensor& x, const Tensor& weight, const 
 
 unsigned row_blocks(int64_t R) { return static_cast<unsigned>((R + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
+// The 16-byte path needs every row of every T tensor to start on 16 bytes: C a multiple of kVec
+// and 16-byte aligned bases.
+template <typename T>
+bool vector_rows(int64_t C, std::initializer_list<const Tensor*> tensors) {
+  if (C % kVecOf<T> != 0) return false;
+  for (const Tensor* t : tensors)
+    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return false;
+  return true;
+}
+
+template <typename T, int kVec>
+void launch_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps, int64_t R, int64_t C,
+                    cudaStream_t s) {
+  rmsnorm_forward_kernel<T, kVec><<<row_blocks(R), kRowThreads, 0, s>>>(
+      out.ptr<T>(), rstd.ptr<float>(), x.ptr<const T>(), weight.ptr<const T>(), eps, R, C);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <typename T>
 void launch_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps, int64_t R, int64_t C,
                     cudaStream_t s) {
-  rmsnorm_forward_kernel<T><<<row_blocks(R), kRowThreads, 0, s>>>(out.ptr<T>(), rstd.ptr<float>(), x.ptr<const T>(),
-                                                                  weight.ptr<const T>(), eps, R, C);
+  if (vector_rows<T>(C, {&out, &x, &weight}))
+    launch_forward<T, kVecOf<T>>(out, rstd, x, weight, eps, R, C, s);
+  else
+    launch_forward<T, 1>(out, rstd, x, weight, eps, R, C, s);
+}
+
+template <typename T, int kVec>
+void launch_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight, Tensor rstd, bool accumulate_dx,
+                     int64_t R, int64_t C, cudaStream_t s) {
+  // dweight first: it reads dout and x, so dx may alias either of them (as on the CPU).
+  const unsigned dw_blocks = static_cast<unsigned>((C + kDweightColumns - 1) / kDweightColumns);
+  rmsnorm_dweight_kernel<T, kVec><<<dw_blocks, kDweightThreads, 0, s>>>(
+      dweight.ptr<float>(), dout.ptr<const T>(), x.ptr<const T>(), rstd.ptr<const float>(), R, C);
+  CUDA_CHECK_LAUNCH();
+  rmsnorm_dx_kernel<T, kVec><<<row_blocks(R), kRowThreads, 0, s>>>(dx.ptr<T>(), dout.ptr<const T>(),
+                                                                   x.ptr<const T>(), weight.ptr<const T>(),
+                                                                   rstd.ptr<const float>(), accumulate_dx, R, C);
   CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 void launch_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight, Tensor rstd, bool accumulate_dx,
                      int64_t R, int64_t C, cudaStream_t s) {
-  // dweight first: it reads dout and x, so dx may alias either of them (as on the CPU).
-  const dim3 dw_block(32, kDweightRowLanes);
-  const unsigned dw_blocks = static_cast<unsigned>((C + 31) / 32);
-  rmsnorm_dweight_kernel<T><<<dw_blocks, dw_block, 0, s>>>(dweight.ptr<float>(), dout.ptr<const T>(), x.ptr<const T>(),
-                                                           rstd.ptr<const float>(), R, C);
-  CUDA_CHECK_LAUNCH();
-  rmsnorm_dx_kernel<T><<<row_blocks(R), kRowThreads, 0, s>>>(dx.ptr<T>(), dout.ptr<const T>(), x.ptr<const T>(),
-                                                             weight.ptr<const T>(), rstd.ptr<const float>(),
-                                                             accumulate_dx, R, C);
-  CUDA_CHECK_LAUNCH();
+  if (vector_rows<T>(C, {&dx, &dout, &x, &weight}))
+    launch_backward<T, kVecOf<T>>(dx, dweight, dout, x, weight, rstd, accumulate_dx, R, C, s);
+  else
+    launch_backward<T, 1>(dx, dweight, dout, x, weight, rstd, accumulate_dx, R, C, s);
 }
 
 }  // namespace
