@@ -2,6 +2,9 @@
 
 #include "moe/core/error.h"
 #include "moe/parallel/alltoall_dispatcher.h"
+#if defined(MOE_HAVE_CUDA)
+#include "moe/parallel/cuda_rowwise_dispatcher.h"
+#endif
 #include "moe/parallel/local_dispatcher.h"
 #include "moe/parallel/rowwise_dispatcher.h"
 
@@ -18,6 +21,22 @@ std::unique_ptr<TokenDispatcher> make_dispatcher(const std::string& backend, Com
   if (backend == "alltoall")
     return std::make_unique<AllToAllDispatcher>(ep_group, num_experts, capacity_factor, dropless);
   MOE_FAIL("unknown dispatch backend '", backend, "' (ep.backend); choose one of: local, rowwise, alltoall");
+}
+
+std::unique_ptr<TokenDispatcher> make_gpu_dispatcher(const std::string& backend, Communicator& ep_group,
+                                                     int64_t num_experts, double capacity_factor, bool dropless) {
+  if (backend == "rowwise") {
+#if defined(MOE_HAVE_CUDA)
+    return std::make_unique<CudaRowwiseDispatcher>(ep_group, num_experts, capacity_factor, dropless);
+#else
+    MOE_FAIL("dispatch backend 'rowwise' on the GPU (ep.backend): this binary was built without CUDA");
+#endif
+  }
+  if (backend == "alltoall")
+    MOE_FAIL("dispatch backend 'alltoall' (ep.backend) is not available on the GPU: its host-side split counts need "
+             "a device-to-host copy per layer, which a CUDA-graph step cannot make; use rowwise");
+  if (backend == "local") return make_dispatcher(backend, ep_group, num_experts, capacity_factor, dropless);
+  MOE_FAIL("unknown dispatch backend '", backend, "' (ep.backend); on the GPU choose one of: rowwise, local");
 }
 
 int64_t dispatch_bytes_moved(const TokenDispatcher& dispatcher) {

@@ -16,6 +16,13 @@ namespace moe {
 std::unique_ptr<TokenDispatcher> make_dispatcher(const std::string& backend, Communicator& ep_group,
                                                  int64_t num_experts, double capacity_factor, bool dropless);
 
+// The GPU backends (activations and expert rows on the device, BF16): rowwise runs on an NCCL
+// symmetric heap (CudaRowwiseDispatcher; ep_group must be an NCCL communicator, EP = 1 included);
+// local (EP = 1) is the LocalDispatcher, whose ops run on the device of their tensors; alltoall
+// (host-side counts, not capturable) is refused.
+std::unique_ptr<TokenDispatcher> make_gpu_dispatcher(const std::string& backend, Communicator& ep_group,
+                                                     int64_t num_experts, double capacity_factor, bool dropless);
+
 // Payload bytes moved by dispatch + combine so far (0 for local, which moves nothing between
 // ranks), for metrics; and the part that crossed ranks.
 int64_t dispatch_bytes_moved(const TokenDispatcher& dispatcher);

@@ -1,0 +1,635 @@
+// Kernels and host side of CudaRowwiseDispatcher (cuda_rowwise_dispatcher.h).
+//   exchange_counts: one thread per (peer, expert) stores this rank's count into the peer's area;
+//   ep_route_index: one block per expert n, as route_index_local in ops/cuda/route.cu but with the
+//     placement of placement.cpp: the block sums the gathered counts ahead of (n, me) at n's owner,
+//     then numbers the routes to n in (t, k) order with a block-wide scan per chunk of routes;
+//   dispatch_rows: one block per route copies the token's row into the owner's expert_in;
+//   combine_routes, dispatch_backward_routes: one block per token, one thread per chunk of columns,
+//     summing over k in ascending order in FP32 and rounding once on store;
+//   combine_backward_routes: one block per token; for each k the block stores w * dout into the
+//     owner's d_expert_out and reduces dot(dout, expert_out) in a fixed order for dweights.
+// Rows move in chunks of 16 bytes (8 BF16) when the row size and every buffer allow it, else one element at a time; the
+// arithmetic per element is the same either way, and the same as the local dispatcher's kernels (ops/cuda/permute.cu)
+// except the dweights dot product (another summation order per thread). No atomics: results are deterministic.
+#include "moe/parallel/cuda_rowwise_dispatcher.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <string>
+
+#include "moe/core/cuda_check.h"
+#include "moe/core/error.h"
+#include "moe/ops/cuda/element.cuh"
+#include "moe/parallel/placement.h"
+
+#if defined(MOE_HAVE_NCCL)
+#include "moe/comm/nccl_communicator.h"
+#endif
+
+namespace moe {
+
+namespace {
+
+constexpr size_t kHeapAlign = 256;
+size_t align_up(size_t n) { return (n + kHeapAlign - 1) / kHeapAlign * kHeapAlign; }
+
+constexpr int kWarp = 32;
+constexpr int kMaxThreads = 256;
+constexpr int kRouteThreads = 256;
+constexpr int kItems = 8;                         // consecutive routes per thread per chunk
+constexpr int kChunk = kRouteThreads * kItems;    // routes per chunk of ep_route_index
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride loops beyond this many rows
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Every rank's heap segment, passed by value to each kernel (no device table to keep filled).
+struct PeerBases {
+  char* base[CudaRowwiseDispatcher::kMaxRanks];
+};
+
+unsigned grid_for(int64_t items) { return static_cast<unsigned>(std::min(items, kMaxBlocks)); }
+
+// V elements moved as one word (16 bytes for V = 16 / sizeof(Elem)).
+template <typename Elem, int V>
+struct alignas(sizeof(Elem) * V) Pack {
+  Elem e[V];
+};
+
+// A chunk of a row in some rank's heap segment, loaded at L2 (ld.global.cg): never served from a
+// stale L1 line, whatever the compiler proves about the kernel's pointers.
+template <typename Elem, int V>
+__device__ __forceinline__ Pack<Elem, V> load_peer(const Elem* row, int64_t c) {
+  Pack<Elem, V> p;
+  if constexpr (sizeof(p) == 16) {
+    const uint4 w = __ldcg(reinterpret_cast<const uint4*>(row) + c);
+    memcpy(&p, &w, sizeof(p));
+  } else if constexpr (sizeof(p) == 4) {
+    const unsigned w = __ldcg(reinterpret_cast<const unsigned*>(row) + c);
+    memcpy(&p, &w, sizeof(p));
+  } else {
+    static_assert(sizeof(p) == 2, "rows are BF16 or F32");
+    const unsigned short w = __ldcg(reinterpret_cast<const unsigned short*>(row) + c);
+    memcpy(&p, &w, sizeof(p));
+  }
+  return p;
+}
+
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(__nv_bfloat16 v) { return cuda::to_f32(v); }
+template <typename Elem>
+__device__ __forceinline__ Elem narrow(float v) {
+  return cuda::from_f32<Elem>(v);
+}
+
+// Fixed-order block sum (warp trees, then warps in index order); every thread gets it and every thread of the block
+// must call it. blockDim.x is a multiple of 32, at most kMaxThreads.
+template <typename T>
+__device__ T block_sum(T v) {
+  __shared__ T warp_totals[kMaxThreads / kWarp];
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  if (threadIdx.x % kWarp == 0) warp_totals[threadIdx.x / kWarp] = v;
+  __syncthreads();
+  T total = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) total += warp_totals[w];
+  __syncthreads();  // warp_totals may be reused by the next call
+  return total;
+}
+
+// Exclusive prefix of v over the threads of the block (kRouteThreads) in thread order; *total = the block's sum.
+__device__ int block_exclusive_scan(int v, int* total) {
+  __shared__ int warp_totals[kRouteThreads / kWarp];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  int inclusive = v;
+  for (int o = 1; o < kWarp; o <<= 1) {
+    const int n = __shfl_up_sync(kFullMask, inclusive, o);
+    if (lane >= o) inclusive += n;
+  }
+  if (lane == kWarp - 1) warp_totals[warp] = inclusive;
+  __syncthreads();
+  int before = 0, sum = 0;
+  for (int w = 0; w < kRouteThreads / kWarp; ++w) {
+    if (w < warp) before += warp_totals[w];
+    sum += warp_totals[w];
+  }
+  __syncthreads();
+  *total = sum;
+  return before + inclusive - v;
+}
+
+// area(r)[me * N + n] = counts[n] for every rank r: this rank's row of everyone's [P][N] counts.
+__global__ void exchange_counts_kernel(PeerBases peers, int ranks, size_t area_offset,
+                                       const int32_t* __restrict__ counts, int me, int64_t N) {
+  const int64_t total = static_cast<int64_t>(ranks) * N;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int r = static_cast<int>(i / N);
+    const int64_t n = i % N;
+    reinterpret_cast<int32_t*>(peers.base[r] + area_offset)[me * N + n] = counts[n];
+  }
+}
+
+// Block n (an expert, owner d = n / E, local expert e = n % E), from gathered [P][N] counts:
+//   before  = routes ahead of (e, me) at d: all sources of local experts < e, sources < me of e; through = routes of
+//   local experts <= e at d, all sources; start = min(before, rows), kept = min(before + counts[me][n], rows) - start
+//   (placement.cpp);
+// the j-th route of this rank to n (in (t, k) order) gets d * rows + start + j if j < kept, else -1. When d == me the
+// block also writes expert_offsets[e + 1] = min(through, rows) (and block e == 0 offsets[0] = 0). Block 0 writes -1 for
+// routes whose expert is not in [0, N).
+__global__ void ep_route_index_kernel(int32_t* __restrict__ route_index, int32_t* __restrict__ expert_offsets,
+                                      const int32_t* __restrict__ topk_idx, const int32_t* __restrict__ gathered,
+                                      int64_t routes, int N, int ranks, int E, int me, int64_t rows) {
+  const int n = blockIdx.x, d = n / E, e = n % E;
+  long long before_part = 0, through_part = 0;
+  const int ahead = e * ranks + me,
+            through_items = (e + 1) * ranks;  // (e', s) pairs, e'-major
+  for (int j = threadIdx.x; j < through_items; j += blockDim.x) {
+    const int ep = j / ranks, s = j % ranks;
+    const long long c = __ldcg(gathered + static_cast<int64_t>(s) * N + static_cast<int64_t>(d) * E + ep);
+    through_part += c;
+    if (j < ahead) before_part += c;
+  }
+  const long long before = block_sum(before_part), through = block_sum(through_part);
+  const long long mine = __ldcg(gathered + static_cast<int64_t>(me) * N + n);  // peers' stores: read at L2
+  const long long start = before < rows ? before : rows;
+  const long long end = before + mine < rows ? before + mine : rows;
+  const long long kept = end - start;
+  if (d == me && threadIdx.x == 0) {
+    expert_offsets[e + 1] = static_cast<int32_t>(through < rows ? through : rows);
+    if (e == 0) expert_offsets[0] = 0;
+  }
+  const long long first_row = static_cast<long long>(d) * rows + start;
+  long long seen = 0;  // routes to expert n in earlier chunks
+  for (int64_t chunk = 0; chunk < routes; chunk += kChunk) {
+    const int64_t first = chunk + static_cast<int64_t>(threadIdx.x) * kItems;
+    int32_t expert[kItems];
+    int count = 0;
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) {
+      const int64_t i = first + u;
+      expert[u] = i < routes ? topk_idx[i] : -1;
+      count += expert[u] == n;
+      if (n == 0 && i < routes && (expert[u] < 0 || expert[u] >= N)) route_index[i] = -1;
+    }
+    int chunk_total;
+    long long j = seen + block_exclusive_scan(count, &chunk_total);
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) {
+      if (expert[u] != n) continue;
+      route_index[first + u] = j < kept ? static_cast<int32_t>(first_row + j) : -1;  // tail drop
+      ++j;
+    }
+    seen += chunk_total;
+  }
+}
+
+// A route's row in some rank's [rows, D] heap buffer at buffer_offset, or nullptr when dropped.
+template <typename Elem>
+__device__ __forceinline__ Elem* routed_row(const PeerBases& peers, size_t buffer_offset, int32_t v, int64_t rows,
+                                            int64_t limit, int64_t D) {
+  if (v < 0 || v >= limit) return nullptr;
+  const int d = static_cast<int>(v / rows);
+  return reinterpret_cast<Elem*>(peers.base[d] + buffer_offset) + (v % rows) * D;
+}
+
+// expert_in(owner)[row of route i] = x[i / top_k] for every kept route (PUT).
+template <typename Elem, int V>
+__global__ void dispatch_rows_kernel(PeerBases peers, size_t buffer_offset, const Elem* __restrict__ x,
+                                     const int32_t* __restrict__ route_index, int top_k, int64_t routes, int64_t rows,
+                                     int64_t limit, int64_t D) {
+  using P = Pack<Elem, V>;
+  const int64_t chunks = D / V;
+  for (int64_t i = blockIdx.x; i < routes; i += gridDim.x) {
+    Elem* to = routed_row<Elem>(peers, buffer_offset, route_index[i], rows, limit, D);
+    if (to == nullptr) continue;  // dropped route: nothing to move
+    const P* from = reinterpret_cast<const P*>(x + (i / top_k) * D);
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) reinterpret_cast<P*>(to)[c] = from[c];
+  }
+}
+
+// out[t] += sum over kept k, ascending, of weights[t,k] * expert_out(owner)[row of (t,k)] (GET). __fmul_rn/__fadd_rn:
+// never fused into an FMA, as in ops/cuda/permute.cu's combine.
+template <typename Elem, int V>
+__global__ void combine_routes_kernel(Elem* __restrict__ out, PeerBases peers, size_t buffer_offset,
+                                      const float* __restrict__ weights, const int32_t* __restrict__ route_index,
+                                      int top_k, int64_t T, int64_t rows, int64_t limit, int64_t D) {
+  using P = Pack<Elem, V>;
+  const int64_t chunks = D / V;
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      float acc[V];
+#pragma unroll
+      for (int u = 0; u < V; ++u) acc[u] = 0.0f;
+      for (int k = 0; k < top_k; ++k) {
+        const Elem* row = routed_row<Elem>(peers, buffer_offset, route_index[t * top_k + k], rows, limit, D);
+        if (row == nullptr) continue;  // a dropped route contributes zero
+        const float w = weights[t * top_k + k];
+        const P y = load_peer<Elem, V>(row, c);
+#pragma unroll
+        for (int u = 0; u < V; ++u) acc[u] = __fadd_rn(acc[u], __fmul_rn(w, widen(y.e[u])));
+      }
+      P* o = reinterpret_cast<P*>(out + t * D) + c;
+      P r = *o;
+#pragma unroll
+      for (int u = 0; u < V; ++u) r.e[u] = narrow<Elem>(__fadd_rn(widen(r.e[u]), acc[u]));
+      *o = r;
+    }
+  }
+}
+
+// For each kept (t, k): d_expert_out(owner)[row] = weights[t,k] * dout[t] (PUT) and dweights[t,k] = dot(dout[t],
+// expert_out(owner)[row]) (GET); dweights = 0 for a dropped route.
+template <typename Elem, int V>
+__global__ void combine_backward_routes_kernel(PeerBases peers, size_t dy_offset, size_t y_offset,
+                                               float* __restrict__ dweights, const Elem* __restrict__ dout,
+                                               const float* __restrict__ weights,
+                                               const int32_t* __restrict__ route_index, int top_k, int64_t T,
+                                               int64_t rows, int64_t limit, int64_t D) {
+  using P = Pack<Elem, V>;
+  const int64_t chunks = D / V;
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const P* g = reinterpret_cast<const P*>(dout + t * D);
+    for (int k = 0; k < top_k; ++k) {
+      const int64_t i = t * top_k + k;
+      const int32_t v = route_index[i];
+      const Elem* y_row = routed_row<Elem>(peers, y_offset, v, rows, limit, D);
+      if (y_row == nullptr) {  // the same v for the whole block: no thread
+                               // reaches block_sum below
+        if (threadIdx.x == 0) dweights[i] = 0.0f;
+        continue;
+      }
+      Elem* dy_row = routed_row<Elem>(peers, dy_offset, v, rows, limit, D);
+      const float wk = weights[i];
+      float dot = 0.0f;
+      for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+        const P gc = g[c], yc = load_peer<Elem, V>(y_row, c);
+        P dyc;
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+          const float gu = widen(gc.e[u]);
+          dot = fmaf(gu, widen(yc.e[u]), dot);
+          dyc.e[u] = narrow<Elem>(__fmul_rn(wk, gu));
+        }
+        reinterpret_cast<P*>(dy_row)[c] = dyc;
+      }
+      dot = block_sum(dot);
+      if (threadIdx.x == 0) dweights[i] = dot;
+    }
+  }
+}
+
+// dx[t] = sum over kept k, ascending, of d_expert_in(owner)[row of (t,k)] (GET).
+template <typename Elem, int V>
+__global__ void dispatch_backward_routes_kernel(Elem* __restrict__ dx, PeerBases peers, size_t buffer_offset,
+                                                const int32_t* __restrict__ route_index, int top_k, int64_t T,
+                                                int64_t rows, int64_t limit, int64_t D) {
+  using P = Pack<Elem, V>;
+  const int64_t chunks = D / V;
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      float acc[V];
+#pragma unroll
+      for (int u = 0; u < V; ++u) acc[u] = 0.0f;
+      for (int k = 0; k < top_k; ++k) {
+        const Elem* row = routed_row<Elem>(peers, buffer_offset, route_index[t * top_k + k], rows, limit, D);
+        if (row == nullptr) continue;
+        const P y = load_peer<Elem, V>(row, c);
+#pragma unroll
+        for (int u = 0; u < V; ++u) acc[u] += widen(y.e[u]);
+      }
+      P r;
+#pragma unroll
+      for (int u = 0; u < V; ++u) r.e[u] = narrow<Elem>(acc[u]);
+      reinterpret_cast<P*>(dx + t * D)[c] = r;
+    }
+  }
+}
+
+// Threads per row block: enough warps for the row's chunks, at most kMaxThreads.
+unsigned threads_for(int64_t chunks) {
+  const int64_t warps = std::max<int64_t>(1, std::min<int64_t>((chunks + kWarp - 1) / kWarp, kMaxThreads / kWarp));
+  return static_cast<unsigned>(warps * kWarp);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <typename Elem, int V>
+struct RowType {
+  using elem = Elem;
+  static constexpr int width = V;
+};
+
+// Calls f(RowType<Elem, V>{}) for the dtype, with V = 16 bytes of elements when the row and every pointer in `pointers`
+// are 16-byte aligned (a peer's heap segment is aligned like ours), else V = 1.
+template <typename F>
+void with_row_type(DType dtype, int64_t D, std::initializer_list<const void*> pointers, F&& f) {
+  const int64_t row_bytes = D * static_cast<int64_t>(dtype_size(dtype));
+  bool vec = row_bytes % 16 == 0;
+  for (const void* p : pointers) vec = vec && aligned16(p);
+  if (dtype == DType::BF16) {
+    if (vec)
+      f(RowType<__nv_bfloat16, 8>{});
+    else
+      f(RowType<__nv_bfloat16, 1>{});
+  } else {
+    if (vec)
+      f(RowType<float, 4>{});
+    else
+      f(RowType<float, 1>{});
+  }
+}
+
+}  // namespace
+
+CudaRowwiseDispatcher::CudaRowwiseDispatcher(Communicator& ep_group, int64_t num_experts, double capacity_factor,
+                                             bool dropless)
+    : ep_group_(ep_group),
+      num_experts_(num_experts),
+      local_experts_(0),
+      capacity_factor_(capacity_factor),
+      dropless_(dropless) {
+#if defined(MOE_HAVE_NCCL)
+  MOE_CHECK(dynamic_cast<NcclCommunicator*>(&ep_group) != nullptr,
+            "rowwise dispatcher on the GPU: the EP group must "
+            "be an NCCL communicator (its symmetric heap is made of NCCL "
+            "registered windows); got another "
+            "communicator (MPI or local). Make the EP group with "
+            "make_nccl_communicator");
+#else
+  MOE_FAIL(
+      "rowwise dispatcher on the GPU: this binary was built without NCCL "
+      "(ep.backend = rowwise needs it)");
+#endif
+  const int P = ep_group.size();
+  MOE_CHECK(P <= kMaxRanks, "rowwise dispatcher on the GPU: an EP group of ", P, " ranks exceeds the ", kMaxRanks,
+            " ranks of one NVLink domain that the kernels address (parallel.ep)");
+  MOE_CHECK(num_experts >= 1 && num_experts % P == 0 && num_experts <= std::numeric_limits<int32_t>::max(),
+            "rowwise dispatcher: ", num_experts, " experts do not split evenly over an EP group of ", P,
+            " ranks (parallel.ep)");
+  local_experts_ = num_experts / P;
+}
+
+int64_t CudaRowwiseDispatcher::expert_rows(int64_t tokens, int64_t top_k) const {
+  return ep_rank_capacity(tokens, top_k, ep_group_.size(), capacity_factor_, dropless_);
+}
+
+void CudaRowwiseDispatcher::plan_buffers(const DispatchShape& shape, Arena& arena) {
+  MOE_CHECK(arena.device() == Device::CUDA, "rowwise dispatcher on the GPU: plan_buffers needs a CUDA arena, got a ",
+            device_name(arena.device()), " one");
+  MOE_CHECK(shape.dtype == DType::BF16 || shape.dtype == DType::F32,
+            "rowwise dispatcher on the GPU: moves BF16 or "
+            "F32 rows, got ",
+            dtype_name(shape.dtype));
+  MOE_CHECK(heap_ == nullptr, "rowwise dispatcher: plan_buffers called twice");
+  tokens_ = shape.tokens, top_k_ = shape.top_k, hidden_ = shape.hidden, dtype_ = shape.dtype;
+  rows_ = expert_rows(tokens_, top_k_);
+  const int P = ep_group_.size();
+  MOE_CHECK(static_cast<int64_t>(P) * rows_ <= std::numeric_limits<int32_t>::max(), "rowwise dispatcher: ", P,
+            " ranks x ", rows_,
+            " rows do not fit an I32 route index (lower ep.capacity_factor or "
+            "the tokens per "
+            "microbatch)");
+  pools_.init(shape.num_layers, shape.slots_per_layer);
+  buffer_bytes_ = align_up(static_cast<size_t>(rows_ * hidden_) * dtype_size(dtype_));
+  size_t at = 0;
+  auto next = [&](size_t bytes) {
+    const size_t offset = at;
+    at += bytes;
+    return offset;
+  };
+  const size_t counts_bytes = align_up(static_cast<size_t>(P * num_experts_) * sizeof(int32_t));
+  counts_offset_[0] = next(counts_bytes);
+  counts_offset_[1] = next(counts_bytes);
+  first_buffer_offset_ = at;
+  slots_.assign(static_cast<size_t>(shape.num_layers), {});
+  for (int l = shape.first_layer; l < shape.num_layers; ++l)  // dense layers get no buffers
+    for (int s = 0; s < shape.slots_per_layer; ++s) {
+      const size_t in = next(buffer_bytes_), out = next(buffer_bytes_);
+      slots_[static_cast<size_t>(l)].emplace_back(in, out);
+    }
+  const size_t d_in = next(buffer_bytes_), d_out = next(buffer_bytes_);
+  grad_slots_ = {d_in, d_out};
+  // NOTES: the heap is zero-filled and every rank has registered it before make_nccl_symmetric_heap returns (a group
+  // barrier), so no peer's first store can land before the owner's zero-fill: the CPU version's opening sync is done
+  // inside the heap here.
+  heap_ = make_nccl_symmetric_heap(ep_group_, at);
+  peer_bases_.resize(static_cast<size_t>(P));
+  for (int r = 0; r < P; ++r) peer_bases_[static_cast<size_t>(r)] = static_cast<char*>(heap_->peer(heap_->local(), r));
+}
+
+Tensor CudaRowwiseDispatcher::heap_tensor(size_t offset) const {
+  return Tensor(static_cast<char*>(heap_->local()) + offset, dtype_, {rows_, hidden_}, Device::CUDA);
+}
+
+Lease CudaRowwiseDispatcher::acquire(int layer) {
+  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher: acquire before plan_buffers");
+  // NOTES: PUTs address a peer's buffer by our own (layer, slot), which is the same buffer on the peer because every
+  // rank runs the same schedule (LeasePools hands out the same slot everywhere).
+  Lease lease;
+  lease.layer = layer;
+  lease.slot = pools_.take(layer);
+  const auto& [in, out] = slots_[static_cast<size_t>(layer)][static_cast<size_t>(lease.slot)];
+  lease.buffers = {heap_tensor(in), heap_tensor(out)};
+  return lease;
+}
+
+void CudaRowwiseDispatcher::release(const Lease& lease) { pools_.give_back(lease.layer, lease.slot); }
+
+ExpertBuffers CudaRowwiseDispatcher::grad_buffers() {
+  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher: grad_buffers before plan_buffers");
+  return {heap_tensor(grad_slots_.first), heap_tensor(grad_slots_.second)};
+}
+
+size_t CudaRowwiseDispatcher::heap_offset(const Tensor& t, const char* op, const char* what) const {
+  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher ", op, ": called before plan_buffers");
+  const char* base = static_cast<const char*>(heap_->local());
+  const char* p = static_cast<const char*>(t.data);
+  MOE_CHECK(t.device == Device::CUDA && p >= base + first_buffer_offset_ &&
+                p + buffer_bytes_ <= base + heap_->bytes_per_rank(),
+            "rowwise dispatcher ", op, " (rank ", ep_group_.rank(), "): ", what,
+            " is not a buffer of the dispatcher's symmetric heap; pass a "
+            "lease's buffers or grad_buffers()");
+  MOE_CHECK(t.dtype == dtype_ && t.ndim() == 2 && t.dim(0) == rows_ && t.dim(1) == hidden_, "rowwise dispatcher ", op,
+            ": ", what, " must be [", rows_, ", ", hidden_, "] ", dtype_name(dtype_), ", got ", t.shape.str(), " ",
+            dtype_name(t.dtype));
+  return static_cast<size_t>(p - base);
+}
+
+void CudaRowwiseDispatcher::check_tokens(const Tensor& t, int64_t cols, DType dtype, const char* op,
+                                         const char* what) const {
+  MOE_CHECK(t.device == Device::CUDA && t.dtype == dtype && t.ndim() == 2 && t.dim(0) == tokens_ && t.dim(1) == cols &&
+                (t.data != nullptr || t.numel() == 0),
+            "rowwise dispatcher ", op, ": ", what, " must be [", tokens_, ", ", cols, "] ", dtype_name(dtype),
+            " on cuda, got ", t.shape.str(), " ", dtype_name(t.dtype), " on ", device_name(t.device));
+}
+
+void CudaRowwiseDispatcher::check_call(const RoutePlan& plan, int top_k, Stream stream, const char* op) const {
+  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher ", op, ": called before plan_buffers");
+  MOE_CHECK(top_k == top_k_, "rowwise dispatcher ", op, ": top_k ", top_k, " does not match the planned ", top_k_);
+  MOE_CHECK(plan.route_index.device == Device::CUDA && plan.route_index.dtype == DType::I32 &&
+                plan.route_index.numel() == tokens_ * top_k_,
+            "rowwise dispatcher ", op, ": route_index must be [", tokens_ * top_k_, "] I32 on cuda, got ",
+            plan.route_index.shape.str(), " ", dtype_name(plan.route_index.dtype));
+  // NOTES: heap_->sync() is queued on the compute stream; a kernel on another stream would not be ordered with it, so
+  // every call runs there.
+  MOE_CHECK(cuda_stream(stream) == compute_stream(), "rowwise dispatcher ", op,
+            ": runs on the compute stream only "
+            "(the heap's syncs are queued there); pass a null Stream");
+}
+
+void CudaRowwiseDispatcher::plan(const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) {
+  constexpr const char* op = "plan";
+  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher: plan before plan_buffers");
+  const int P = ep_group_.size(), me = ep_group_.rank();
+  const int64_t N = num_experts_, E = local_experts_;
+  MOE_CHECK(topk_idx.device == Device::CUDA && topk_idx.dtype == DType::I32 && topk_idx.ndim() == 2 &&
+                topk_idx.dim(0) == tokens_ && topk_idx.dim(1) == top_k_,
+            "rowwise dispatcher (rank ", me, "): topk_idx must be [", tokens_, ", ", top_k_, "] I32 on cuda, got ",
+            topk_idx.shape.str(), " ", dtype_name(topk_idx.dtype));
+  MOE_CHECK(expert_counts.device == Device::CUDA && expert_counts.dtype == DType::I32 && expert_counts.numel() == N,
+            "rowwise dispatcher (rank ", me, "): expert_counts must be [", N, "] I32 on cuda, got ",
+            expert_counts.shape.str(), " ", dtype_name(expert_counts.dtype));
+  MOE_CHECK(plan.expert_offsets.device == Device::CUDA && plan.expert_offsets.dtype == DType::I32 &&
+                plan.expert_offsets.numel() == E + 1,
+            "rowwise dispatcher (rank ", me, "): expert_offsets must be [", E + 1,
+            "] I32 on cuda (local experts + 1), got ", plan.expert_offsets.shape.str());
+  check_call(plan, static_cast<int>(top_k_), stream, op);
+  const cudaStream_t s = compute_stream();
+  PeerBases peers{};
+  for (int r = 0; r < P; ++r) peers.base[r] = peer_bases_[static_cast<size_t>(r)];
+  // NOTES: two count areas used in turn. A rank stores into area a while a peer may still be reading area a of an
+  // earlier plan; with alternation the last reads of area a came before the previous plan's sync, which we have passed,
+  // so they are finished. (In a captured step replayed back to back, a step with an odd number of plan calls meets the
+  // same area twice in a row across the replay boundary; any dispatch in between, whose sync follows the plan, keeps it
+  // safe, and every MoE layer dispatches after planning.)
+  const size_t area = counts_offset_[plans_++ % 2];
+  const int64_t pairs = static_cast<int64_t>(P) * N;
+  exchange_counts_kernel<<<grid_for((pairs + kMaxThreads - 1) / kMaxThreads), kMaxThreads, 0, s>>>(
+      peers, P, area, expert_counts.i32(), me, N);
+  CUDA_CHECK_LAUNCH();
+  // NOTES: every rank's count row must have landed in our area before we place routes from it.
+  heap_->sync();
+  const auto* gathered = reinterpret_cast<const int32_t*>(static_cast<const char*>(heap_->local()) + area);
+  ep_route_index_kernel<<<static_cast<unsigned>(N), kRouteThreads, 0, s>>>(
+      plan.route_index.i32(), plan.expert_offsets.i32(), topk_idx.i32(), gathered, tokens_ * top_k_,
+      static_cast<int>(N), P, static_cast<int>(E), me, rows_);
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaRowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) {
+  constexpr const char* op = "dispatch";
+  check_call(plan, top_k, stream, op);
+  const size_t in_offset = heap_offset(expert_in, op, "expert_in");
+  check_tokens(x, hidden_, dtype_, op, "x");
+  // NOTES: no sync before the PUTs. The rows we overwrite in a peer's expert_in were last read by that peer's expert
+  // GEMMs (forward, or the weight gradient in backward) of the lease's previous holder; the peer finished those reads
+  // (stream order) before its barrier kernel of a later sync (the opening sync of combine or of dispatch_backward) that
+  // we have passed too.
+  const int64_t routes = tokens_ * top_k_, P = ep_group_.size();
+  if (routes > 0 && hidden_ > 0) {
+    PeerBases peers{};
+    for (int r = 0; r < P; ++r) peers.base[r] = peer_bases_[static_cast<size_t>(r)];
+    const cudaStream_t s = compute_stream();
+    with_row_type(dtype_, hidden_, {x.data, peer_bases_[0], expert_in.data}, [&](auto row_type) {
+      using Elem = typename decltype(row_type)::elem;
+      constexpr int V = decltype(row_type)::width;
+      dispatch_rows_kernel<Elem, V><<<grid_for(routes), threads_for(hidden_ / V), 0, s>>>(
+          peers, in_offset, static_cast<const Elem*>(x.data), plan.route_index.i32(), top_k, routes, rows_, P * rows_,
+          hidden_);
+    });
+    CUDA_CHECK_LAUNCH();
+  }
+  // NOTES: the owners' expert GEMMs read expert_in next; this sync completes every rank's PUTs (each kept row has
+  // exactly one writer) before any owner reads.
+  heap_->sync();
+}
+
+void CudaRowwiseDispatcher::combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
+                                    Stream stream) {
+  constexpr const char* op = "combine";
+  check_call(plan, top_k, stream, op);
+  const size_t out_offset = heap_offset(expert_out, op, "expert_out");
+  check_tokens(out, hidden_, dtype_, op, "out");
+  check_tokens(weights, top_k_, DType::F32, op, "weights");
+  // NOTES: every owner must have finished writing expert_out (its down-projection GEMM) before we load from it. No
+  // closing sync: an owner writes this slot's expert_out again only after the dispatch sync of a later use of the slot,
+  // which we enter only after these loads (stream order).
+  heap_->sync();
+  if (tokens_ == 0 || hidden_ == 0) return;
+  PeerBases peers{};
+  const int64_t P = ep_group_.size();
+  for (int r = 0; r < P; ++r) peers.base[r] = peer_bases_[static_cast<size_t>(r)];
+  const cudaStream_t s = compute_stream();
+  with_row_type(dtype_, hidden_, {out.data, peer_bases_[0], expert_out.data}, [&](auto row_type) {
+    using Elem = typename decltype(row_type)::elem;
+    constexpr int V = decltype(row_type)::width;
+    combine_routes_kernel<Elem, V><<<grid_for(tokens_), threads_for(hidden_ / V), 0, s>>>(
+        static_cast<Elem*>(out.data), peers, out_offset, weights.f32(), plan.route_index.i32(), top_k, tokens_, rows_,
+        P * rows_, hidden_);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void CudaRowwiseDispatcher::combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out,
+                                             Tensor weights, const RoutePlan& plan, int top_k, Stream stream) {
+  constexpr const char* op = "combine_backward";
+  check_call(plan, top_k, stream, op);
+  const size_t dy_offset = heap_offset(d_expert_out, op, "d_expert_out");
+  const size_t y_offset = heap_offset(expert_out, op, "expert_out");
+  check_tokens(dout, hidden_, dtype_, op, "dout");
+  check_tokens(weights, top_k_, DType::F32, op, "weights");
+  check_tokens(dweights, top_k_, DType::F32, op, "dweights");
+  // NOTES: no opening sync. (1) The d_expert_out rows we store into were last read by the owner's expert GEMMs of the
+  // previous MoE backward, which precede that backward's dispatch_backward syncs, which we have passed. (2) expert_out
+  // (GET, for dweights) was completed before the combine sync of this lease's forward; the lease keeps it from being
+  // overwritten.
+  if (tokens_ > 0) {
+    PeerBases peers{};
+    const int64_t P = ep_group_.size();
+    for (int r = 0; r < P; ++r) peers.base[r] = peer_bases_[static_cast<size_t>(r)];
+    const cudaStream_t s = compute_stream();
+    // D == 0 still runs: dweights are written (all zeros).
+    with_row_type(dtype_, hidden_, {dout.data, peer_bases_[0], d_expert_out.data, expert_out.data}, [&](auto row_type) {
+      using Elem = typename decltype(row_type)::elem;
+      constexpr int V = decltype(row_type)::width;
+      combine_backward_routes_kernel<Elem, V><<<grid_for(tokens_), threads_for(hidden_ / V), 0, s>>>(
+          peers, dy_offset, y_offset, dweights.f32(), static_cast<const Elem*>(dout.data), weights.f32(),
+          plan.route_index.i32(), top_k, tokens_, rows_, P * rows_, hidden_);
+    });
+    CUDA_CHECK_LAUNCH();
+  }
+  // NOTES: the owners' GEMMs read d_expert_out next; complete every rank's PUTs first.
+  heap_->sync();
+}
+
+void CudaRowwiseDispatcher::dispatch_backward(Tensor dx, Tensor d_expert_in, const RoutePlan& plan, int top_k,
+                                              Stream stream) {
+  constexpr const char* op = "dispatch_backward";
+  check_call(plan, top_k, stream, op);
+  const size_t in_offset = heap_offset(d_expert_in, op, "d_expert_in");
+  check_tokens(dx, hidden_, dtype_, op, "dx");
+  // NOTES: every owner must have finished writing d_expert_in (its data-gradient GEMM) before we load from it.
+  heap_->sync();
+  if (tokens_ > 0 && hidden_ > 0) {
+    PeerBases peers{};
+    const int64_t P = ep_group_.size();
+    for (int r = 0; r < P; ++r) peers.base[r] = peer_bases_[static_cast<size_t>(r)];
+    const cudaStream_t s = compute_stream();
+    with_row_type(dtype_, hidden_, {dx.data, peer_bases_[0], d_expert_in.data}, [&](auto row_type) {
+      using Elem = typename decltype(row_type)::elem;
+      constexpr int V = decltype(row_type)::width;
+      dispatch_backward_routes_kernel<Elem, V><<<grid_for(tokens_), threads_for(hidden_ / V), 0, s>>>(
+          static_cast<Elem*>(dx.data), peers, in_offset, plan.route_index.i32(), top_k, tokens_, rows_, P * rows_,
+          hidden_);
+    });
+    CUDA_CHECK_LAUNCH();
+  }
+  // NOTES: once we return, the owner may write d_expert_in again (the next MoE layer's backward, or any caller's use of
+  // grad_buffers()); this sync keeps that write behind every rank's loads.
+  heap_->sync();
+}
+
+}  // namespace moe
