@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "moe/comm/nccl_communicator.h"
+#include "moe/comm/timed_communicator.h"
 #include "moe/core/cuda_check.h"
 
 #define NCCL_HEAP_CHECK(call)                                                                       \
@@ -99,7 +100,7 @@ class NcclSymmetricHeap final : public SymmetricHeap {
 }  // namespace
 
 std::unique_ptr<SymmetricHeap> make_nccl_symmetric_heap(Communicator& group, size_t bytes_per_rank) {
-  auto* nccl = dynamic_cast<NcclCommunicator*>(&group);
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&untimed(group));
   MOE_CHECK(nccl != nullptr, "NCCL symmetric heap: the group must be an NCCL communicator");
   MOE_CHECK(bytes_per_rank > 0, "NCCL symmetric heap: bytes_per_rank must be > 0");
   return std::make_unique<NcclSymmetricHeap>(*nccl, bytes_per_rank);

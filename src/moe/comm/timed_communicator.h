@@ -53,4 +53,12 @@ class TimedCommunicator final : public Communicator {
   std::unique_ptr<Communicator> owned_;
 };
 
+// The communicator under any layers of timing (for code that needs the concrete backend, such
+// as a symmetric heap over NCCL windows).
+inline Communicator& untimed(Communicator& c) {
+  Communicator* inner = &c;
+  while (auto* timed = dynamic_cast<TimedCommunicator*>(inner)) inner = &timed->inner();
+  return *inner;
+}
+
 }  // namespace moe

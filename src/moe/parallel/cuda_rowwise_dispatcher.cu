@@ -29,6 +29,7 @@
 
 #if defined(MOE_HAVE_NCCL)
 #include "moe/comm/nccl_communicator.h"
+#include "moe/comm/timed_communicator.h"
 #endif
 
 namespace moe {
@@ -352,7 +353,7 @@ CudaRowwiseDispatcher::CudaRowwiseDispatcher(Communicator& ep_group, int64_t num
       capacity_factor_(capacity_factor),
       dropless_(dropless) {
 #if defined(MOE_HAVE_NCCL)
-  MOE_CHECK(dynamic_cast<NcclCommunicator*>(&ep_group) != nullptr,
+  MOE_CHECK(dynamic_cast<NcclCommunicator*>(&untimed(ep_group)) != nullptr,
             "rowwise dispatcher on the GPU: the EP group must "
             "be an NCCL communicator (its symmetric heap is made of NCCL "
             "registered windows); got another "

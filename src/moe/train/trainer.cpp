@@ -54,8 +54,7 @@ uint64_t routing_seed(uint64_t seed, int64_t step, int64_t micro) {
 constexpr size_t kLibraryReserveBytes = size_t{2} << 30;
 
 // run.device: auto picks the GPU when this build has CUDA and one is usable, in ddp mode. Several
-// ranks need NCCL, and on the GPU expert parallelism needs the NCCL rowwise dispatcher, which is
-// not built yet (issue 7): multi-GPU runs are data parallel with parallel.ep = 1.
+// ranks need NCCL (collectives, and the rowwise dispatcher's symmetric heap for parallel.ep > 1).
 Device resolve_device(const Config& cfg, int world_size, std::string* note) {
   std::string why, nccl_why;
   const bool gpu = cuda_available(&why);
@@ -73,8 +72,8 @@ Device resolve_device(const Config& cfg, int world_size, std::string* note) {
       reason = "parallel.mode = fsdp runs on the CPU";
     else if (world_size > 1 && !nccl)
       reason = "several ranks on GPUs need NCCL: " + nccl_why;
-    else if (world_size > 1 && cfg.parallel.ep > 1)
-      reason = "expert parallelism across GPUs needs the NCCL rowwise dispatcher, not built yet";
+    else if (world_size > 1 && cfg.parallel.ep > 1 && cfg.ep.backend != "rowwise")
+      reason = "ep.backend = " + cfg.ep.backend + " runs on the CPU (the GPU has the rowwise backend)";
     if (!reason.empty()) {
       *note = "cpu (run.device = auto: " + reason + ")";
       return Device::CPU;
@@ -84,9 +83,6 @@ Device resolve_device(const Config& cfg, int world_size, std::string* note) {
     MOE_CHECK(cfg.parallel.mode == "ddp", "run.device = \"cuda\" needs parallel.mode = \"ddp\" (the FSDP baseline "
               "runs on the CPU)");
     MOE_CHECK(world_size == 1 || nccl, "run.device = \"cuda\" with ", world_size, " ranks needs NCCL: ", nccl_why);
-    MOE_CHECK(world_size == 1 || cfg.parallel.ep == 1, "run.device = \"cuda\" with parallel.ep = ", cfg.parallel.ep,
-              ": expert parallelism across GPUs needs the NCCL rowwise dispatcher, which this version does not have "
-              "yet; use parallel.ep = 1 (data parallel) or run.device = \"cpu\"");
   }
   if (world_size > 1) select_local_gpu();
   *note = std::string("cuda (") + (want == "auto" ? "run.device = auto" : "run.device") + "; collectives " +
@@ -148,6 +144,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     store_ = std::make_unique<DdpStore>(mc, reg_, *mesh_, state_);
     if (mesh_->ep == 1)
       dispatcher_ = std::make_unique<LocalDispatcher>(mc.num_experts, mc.capacity_factor, mc.dropless);
+    else if (dev_ == Device::CUDA)  // rows through NCCL symmetric windows, counts agreed on the device
+      dispatcher_ = make_gpu_dispatcher(cfg_.ep.backend, *mesh_->ep_group, mc.num_experts, mc.capacity_factor,
+                                        mc.dropless);
     else
       dispatcher_ = make_dispatcher(cfg_.ep.backend, *mesh_->ep_group, mc.num_experts, mc.capacity_factor,
                                     mc.dropless);

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs on a machine with 2 or more H200s (nvidia-h200-x2 and up), from the repo root, binaries in
+# .devrun (as for device_check.sh). The multi-GPU checks of issues 5 and 7 at small scale: the
+# same 20 training steps of a small model on 1 GPU, on 2 GPUs data parallel, on 2 GPUs with
+# expert parallelism (rowwise through NCCL symmetric windows), and the latter as a replayed CUDA
+# graph; prints each run's losses and the largest relative difference from the 1-GPU run.
+set -uo pipefail
+cudnn=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
+nccl=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
+# The machine's own OpenMPI (mpirun and libmpi of one version): leave the carried MPI libraries out.
+mkdir -p .devrun/lib-nompi
+for f in .devrun/lib/*; do
+  case "$(basename "$f")" in libmpi*|libopen-*|libhwloc*|libevent*) ;; *) ln -sf "$PWD/$f" .devrun/lib-nompi/ ;; esac
+done
+export LD_LIBRARY_PATH="$PWD/.devrun/lib-nompi:$nccl:$cudnn:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
+out=${OUT:-/tmp}
+steps=${STEPS:-20}
+common=(--steps "$steps" --set model.hidden_size=256 --set model.intermediate_size=256 --set train.seq_len=256
+        --set train.micro_batch_size=8 --set train.global_batch_size=16 --set train.log_every=1
+        --set run.device='"cuda"')
+mpi=(mpirun -np 2 --allow-run-as-root --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NVSHMEM_DISABLE_NVLS)
+nvidia-smi --query-gpu=index,name --format=csv,noheader
+status=0
+run() {  # run NAME CMD...
+  local name="$1"; shift
+  echo "== $name: $*"
+  "$@" > "$out/$name.log" 2>&1 || { status=1; tail -5 "$out/$name.log"; }
+  grep -E "^  (device|parallel)|throughput" "$out/$name.log"
+}
+run gpu1 .devrun/bin/moetrain bench "${common[@]}"
+run gpu2_dp2 "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep=1
+run gpu2_ep2 "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep=2
+run gpu2_ep2_graph "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep=2 --set train.cuda_graph=true
+python3 - "$out" <<'PY'
+import re, sys
+out = sys.argv[1]
+def losses(name):
+    try:
+        return [float(m.group(1)) for m in re.finditer(r"^step +\d+/\d+ \| loss ([0-9.]+)", open(f"{out}/{name}.log").read(), re.M)]
+    except OSError:
+        return []
+ref = losses("gpu1")
+print("1 GPU losses:", " ".join(f"{x:.4f}" for x in ref))
+for name in ["gpu2_dp2", "gpu2_ep2", "gpu2_ep2_graph"]:
+    got = losses(name)
+    if not ref or len(got) != len(ref):
+        print(f"{name}: FAIL ({len(got)} steps logged, 1-GPU run {len(ref)})"); continue
+    worst = max(abs(a - b) / b for a, b in zip(got, ref))
+    print(f"{name}: max relative loss difference from 1 GPU {worst:.2e} -> {'PASS' if worst <= 2e-2 else 'FAIL'} (bar 2e-2)")
+PY
+exit $status
