@@ -131,6 +131,22 @@ DeviceAllocation::~DeviceAllocation() {
 #endif
 }
 
+GpuInfo current_gpu() {
+  GpuInfo g;
+#if defined(MOE_HAVE_CUDA)
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp p{};
+  CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  g.name = p.name;
+  g.major = p.major;
+  g.minor = p.minor;
+#else
+  MOE_FAIL("current_gpu: this binary was built without the CUDA backend");
+#endif
+  return g;
+}
+
 DeviceMemory device_memory() {
   DeviceMemory m;
 #if defined(MOE_HAVE_CUDA)

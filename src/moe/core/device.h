@@ -41,6 +41,13 @@ class DeviceAllocation {
   Device device_;
 };
 
+// The current GPU's name and compute capability.
+struct GpuInfo {
+  std::string name;
+  int major = 0, minor = 0;
+};
+GpuInfo current_gpu();
+
 // Free and total memory of the current GPU.
 struct DeviceMemory {
   size_t free_bytes = 0, total_bytes = 0;

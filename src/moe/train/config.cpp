@@ -267,7 +267,7 @@ void Config::validate(int64_t dp) const {
   MOE_CHECK(parallel.lease_slots >= 1, "parallel.lease_slots must be >= 1");
   MOE_CHECK(ep.backend == "rowwise" || ep.backend == "alltoall", "ep.backend = \"", ep.backend,
             "\" is not one of: rowwise, alltoall");
-  MOE_CHECK(run.peak_tflops > 0, "run.peak_tflops must be > 0");
+  MOE_CHECK(run.peak_tflops >= 0, "run.peak_tflops must be >= 0 (0 = the device's default)");
   MOE_CHECK(run.device == "auto" || run.device == "cpu" || run.device == "cuda", "run.device = \"", run.device,
             "\" is not one of: auto, cpu, cuda");
   MOE_CHECK(!t.cuda_graph || run.device != "cpu", "train.cuda_graph = true needs the GPU, but run.device = \"cpu\"");

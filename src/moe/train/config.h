@@ -46,7 +46,7 @@ struct EpConfig {
 
 struct RunConfig {
   std::string dir;              // output folder; empty = runs/<name>
-  double peak_tflops = 0.2;     // device peak used as the MFU denominator (CPU: set for your machine)
+  double peak_tflops = 0;       // MFU denominator; 0 = the device's default (Hopper GPUs: 989, the CPU: 0.2)
   bool save_final = true;       // write a checkpoint after the last step
   std::string device = "auto";  // auto (the GPU when this build has CUDA and one is present) | cpu | cuda
 };

@@ -90,6 +90,23 @@ Device resolve_device(const Config& cfg, int world_size, std::string* note) {
   return Device::CUDA;
 }
 
+// The MFU denominator: run.peak_tflops, or the device's dense BF16 (GPU) / nominal (CPU) peak.
+double peak_tflops(const Config& cfg, Device dev, std::string* note) {
+  if (cfg.run.peak_tflops > 0) {
+    *note = "run.peak_tflops";
+    return cfg.run.peak_tflops;
+  }
+  if (dev == Device::CPU) {
+    *note = "the CPU default; set run.peak_tflops for your machine";
+    return 0.2;
+  }
+  const GpuInfo g = current_gpu();
+  MOE_CHECK(g.major == 9 && g.minor == 0, "no default MFU denominator for ", g.name, " (compute capability ", g.major,
+            ".", g.minor, "); set run.peak_tflops to its dense BF16 peak in TFLOP/s");
+  *note = "dense BF16 peak of an SXM Hopper GPU (" + g.name + "); set run.peak_tflops for other parts";
+  return 989.0;
+}
+
 // The run's world on the GPU: NCCL over the job's ranks where available (one rank included, so a
 // single-GPU run goes through the same collectives as a multi-GPU one).
 std::unique_ptr<Communicator> make_gpu_world(Device dev, Communicator& world) {
@@ -126,6 +143,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   const int dp = world_.size();
   cfg_.validate(dp);
   data_.check_window(cfg_.train.seq_len);  // before anything is written
+  peak_tflops_ = peak_tflops(cfg_, dev_, &peak_note_);
   const ModelConfig& mc = cfg_.model;
   const bool fsdp = cfg_.parallel.mode == "fsdp";
   const int64_t moe_experts = mc.first_k_dense_replace < mc.num_hidden_layers ? mc.num_experts : 0;
@@ -206,7 +224,7 @@ void Trainer::print_plan() const {
   const size_t params = state_.bytes_with_prefix("parameters"), compute = state_.bytes_with_prefix("compute_weights");
   const size_t grads = state_.bytes_with_prefix("gradients"), optim = state_.bytes_with_prefix("optimizer.");
   const size_t other = state_.total_bytes() - params - compute - grads - optim;
-  std::printf("  device: %s\n", device_note_.c_str());
+  std::printf("  device: %s; MFU against %.4g TFLOP/s (%s)\n", device_note_.c_str(), peak_tflops_, peak_note_.c_str());
   std::printf("  memory plan (%s, %.0f tokens/step): parameters %s (FP32), compute weights %s (BF16), gradients %s, "
               "optimizer %s, other state %s; activations %s (expert buffers %s); total %s\n",
               std::string(device_name(dev_)).c_str(), tokens_per_step, b(params).c_str(), b(compute).c_str(), b(grads).c_str(),
@@ -460,7 +478,7 @@ StepRecord Trainer::train_step(int64_t step) {
   r.loss = r.lm_loss + cfg_.model.router_aux_loss_coef * r.lb_loss + cfg_.model.router_z_loss_coef * r.z_loss;
   r.grad_norm = opt.grad_norm;
   r.tokens_per_s = static_cast<double>(t.global_batch_size * T) / r.step_time_s;
-  r.mfu = flops_.flops_per_token * r.tokens_per_s / (cfg_.run.peak_tflops * 1e12 * static_cast<double>(dp));
+  r.mfu = flops_.flops_per_token * r.tokens_per_s / (peak_tflops_ * 1e12 * static_cast<double>(dp));
   // Routes sent minus rows kept, summed over the world: the routes dropped by capacity.
   r.dropped_fraction = st[kRoutes] > 0 ? (st[kRoutes] - st[kReceived]) / st[kRoutes] : 0.0;
   r.receive_utilization = st[kCapacity] > 0 ? st[kReceived] / st[kCapacity] : 0.0;
@@ -598,7 +616,7 @@ TrainSummary Trainer::run() {
   if (talk) print_plan();
   const double dp = static_cast<double>(world_.size());
   const double ideal_step_s = flops_.flops_per_token * static_cast<double>(t.global_batch_size * t.seq_len) /
-                              (cfg_.run.peak_tflops * 1e12 * dp);
+                              (peak_tflops_ * 1e12 * dp);
   double comm_s = 0, opt_s = 0;
   const double tokens_per_step = static_cast<double>(t.global_batch_size * t.seq_len);
   const auto run_start = Clock::now();

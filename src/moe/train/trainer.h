@@ -122,6 +122,8 @@ class Trainer {
   // GPU runs: the NCCL communicator over the job's ranks (bootstrapped through `world`), which
   // the run uses instead of it; empty when the run's world is the given one.
   std::unique_ptr<Communicator> gpu_world_;
+  double peak_tflops_ = 0;  // the MFU denominator (run.peak_tflops or the device's default)
+  std::string peak_note_;
   TimedCommunicator world_;  // every collective of the run goes through it (time in communication)
   std::unique_ptr<Mesh> mesh_;  // ddp only
   ParamRegistry reg_;
