@@ -161,6 +161,23 @@ TEST(GpuTrainStep, GraphReplayGivesTheLossesOfEagerExecution) {
   }
 }
 
+// A config far larger than the GPU fails at start-up, before any work, naming the arena, the
+// total and its largest buffers.
+TEST(GpuTrainStep, AConfigThatDoesNotFitFailsBeforeTheFirstStepWithTheNumbers) {
+  MOE_SKIP_WITHOUT_GPU();
+  TempDir dir;
+  try {
+    Trainer t(gpu_config(dir.path, "cuda", {"model.num_experts=1024", "model.intermediate_size=16384",
+                                            "model.hidden_size=1024"}),
+              quiet_bench(), local_world());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("model state"), std::string::npos) << m;
+    EXPECT_NE(m.find("parameters"), std::string::npos) << m;  // the largest buffer, named
+  }
+}
+
 TEST(GpuTrainStep, RandomRoutingRefusesGraphCapture) {
   MOE_SKIP_WITHOUT_GPU();
   TempDir dir;

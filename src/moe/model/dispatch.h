@@ -63,6 +63,8 @@ class TokenDispatcher {
   // Start-up, before `arena` is committed (collective for multi-rank backends): plans the
   // lease pools and the backward scratch.
   virtual void plan_buffers(const DispatchShape& shape, Arena& arena) = 0;
+  // Bytes this rank holds outside `arena` for its buffers (a symmetric heap), for memory reports.
+  virtual size_t heap_bytes() const { return 0; }
   virtual Lease acquire(int layer) = 0;
   virtual void release(const Lease& lease) = 0;
   // Backward scratch shared by all layers: expert_out holds d(expert output) (combine-backward

@@ -66,6 +66,10 @@ class CudaRowwiseDispatcher final : public TokenDispatcher {
 
  private:
   Tensor heap_tensor(size_t offset) const;
+ public:
+  size_t heap_bytes() const override { return heap_ ? heap_->bytes_per_rank() : 0; }
+
+ private:
   // Checks that `t` is a [rows, D] buffer of the heap (shape dtype) and returns its heap offset.
   size_t heap_offset(const Tensor& t, const char* op, const char* what) const;
   void check_tokens(const Tensor& t, int64_t cols, DType dtype, const char* op, const char* what) const;

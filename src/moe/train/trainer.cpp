@@ -160,9 +160,15 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     const int64_t local = mc.num_experts / mesh_->ep;
     reg_ = build_registry(mc, mesh_->ep_index * local, local, ParamLayout::ByReplicaGroup);
     store_ = std::make_unique<DdpStore>(mc, reg_, *mesh_, state_);
-    if (mesh_->ep == 1)
+    // GPU runs with NCCL: rows through NCCL symmetric windows with counts agreed on the device,
+    // for any EP degree (EP = 1 goes through the same kernels as EP = 8). Without NCCL (one GPU,
+    // a mismatched libnccl) and on the CPU, EP = 1 is the local dispatcher.
+    if (dev_ == Device::CUDA && gpu_world_ && moe_experts > 0 && cfg_.ep.backend == "rowwise")
+      dispatcher_ = make_gpu_dispatcher(cfg_.ep.backend, *mesh_->ep_group, mc.num_experts, mc.capacity_factor,
+                                        mc.dropless);
+    else if (mesh_->ep == 1)
       dispatcher_ = std::make_unique<LocalDispatcher>(mc.num_experts, mc.capacity_factor, mc.dropless);
-    else if (dev_ == Device::CUDA)  // rows through NCCL symmetric windows, counts agreed on the device
+    else if (dev_ == Device::CUDA)
       dispatcher_ = make_gpu_dispatcher(cfg_.ep.backend, *mesh_->ep_group, mc.num_experts, mc.capacity_factor,
                                         mc.dropless);
     else
@@ -229,7 +235,11 @@ void Trainer::print_plan() const {
               "optimizer %s, other state %s; activations %s (expert buffers %s); total %s\n",
               std::string(device_name(dev_)).c_str(), tokens_per_step, b(params).c_str(), b(compute).c_str(), b(grads).c_str(),
               b(optim).c_str(), b(other).c_str(), b(acts_.total_bytes()).c_str(),
-              b(acts_.bytes_with_prefix("dispatch.")).c_str(), b(state_.total_bytes() + acts_.total_bytes()).c_str());
+              b(acts_.bytes_with_prefix("dispatch.") + dispatcher_->heap_bytes()).c_str(),
+              b(state_.total_bytes() + acts_.total_bytes() + dispatcher_->heap_bytes()).c_str());
+  if (dispatcher_->heap_bytes() > 0)
+    std::printf("  (expert buffers in the %s dispatcher's symmetric heap: %s per rank, outside the arenas)\n",
+                dispatcher_->name(), b(dispatcher_->heap_bytes()).c_str());
   std::fflush(stdout);
 }
 
