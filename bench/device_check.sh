@@ -3,12 +3,7 @@
 # .devrun/bin and their non-system shared libraries in .devrun/lib (see bench/RESULTS.md):
 # every CUDA op test and GPU training test, then the Hugging Face round trip (python/hf_check.py). Logs go to $OUT.
 set -uo pipefail
-# cuDNN (attention) comes from PyTorch's environment on that machine (9.19, the version built against).
-cudnn=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
-# NCCL: PyTorch's 2.28.9, the version of the headers built against (the system's 2.28.3 is refused).
-nccl=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
-export LD_LIBRARY_PATH="$PWD/.devrun/lib:$nccl:$cudnn:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
+. bench/device_env.sh
 out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 status=0

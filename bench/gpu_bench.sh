@@ -3,11 +3,7 @@
 # `moetrain bench` on bench-olmoe-4l, eager and with the step captured as one CUDA graph, each
 # printing tokens/s, MFU, the step-time split, memory and the top kernels. Logs go to $OUT.
 set -uo pipefail
-cudnn=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
-# NCCL: PyTorch's 2.28.9, the version of the headers built against (the system's 2.28.3 is refused).
-nccl=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
-export LD_LIBRARY_PATH="$PWD/.devrun/lib:$nccl:$cudnn:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
+. bench/device_env.sh
 out=${OUT:-/tmp}
 steps=${STEPS:-8}
 config=${CONFIG:-configs/bench-olmoe-4l.toml}

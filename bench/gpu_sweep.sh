@@ -3,10 +3,7 @@
 # expert-count sweep of issue 6 at fixed active size: bench-olmoe-4l with top-4 and
 # N = 8, 16, 32, 64, 128 experts (same dimensions), CUDA graph on. One summary line per N.
 set -uo pipefail
-cudnn=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
-nccl=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
-export LD_LIBRARY_PATH="$PWD/.devrun/lib:$nccl:$cudnn:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
+. bench/device_env.sh
 out=${OUT:-/tmp}
 steps=${STEPS:-6}
 status=0

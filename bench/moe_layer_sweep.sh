@@ -4,9 +4,7 @@
 # the minimal PyTorch torch._grouped_mm layer (python/bench/torch_olmoe.py --moe-layer-only),
 # forward + backward, T 32768, d 2048, h 1024, top-4, N = 8..128.
 set -uo pipefail
-cudnn=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
-nccl=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
-export LD_LIBRARY_PATH="$PWD/.devrun/lib:$nccl:$cudnn:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+. bench/device_env.sh
 py=${PYTHON:-/opt/torch/.venv/bin/python}
 printf '%-6s %-28s %-28s %s\n' N moetrain "PyTorch _grouped_mm" speedup
 for n in ${EXPERTS:-8 16 32 64 128}; do

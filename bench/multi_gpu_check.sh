@@ -5,15 +5,12 @@
 # expert parallelism (rowwise through NCCL symmetric windows), and the latter as a replayed CUDA
 # graph; prints each run's losses and the largest relative difference from the 1-GPU run.
 set -uo pipefail
-cudnn=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
-nccl=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
+MOE_DEVRUN_LIB=.devrun/lib-nompi . bench/device_env.sh
 # The machine's own OpenMPI (mpirun and libmpi of one version): leave the carried MPI libraries out.
 mkdir -p .devrun/lib-nompi
 for f in .devrun/lib/*; do
   case "$(basename "$f")" in libmpi*|libopen-*|libhwloc*|libevent*) ;; *) ln -sf "$PWD/$f" .devrun/lib-nompi/ ;; esac
 done
-export LD_LIBRARY_PATH="$PWD/.devrun/lib-nompi:$nccl:$cudnn:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
 out=${OUT:-/tmp}
 steps=${STEPS:-20}
 common=(--steps "$steps" --set model.hidden_size=256 --set model.intermediate_size=256 --set train.seq_len=256

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "moe/comm/local_communicator.h"
 #include "moe/comm/nccl_communicator.h"
 #include "moe/comm/symmetric_heap.h"
@@ -19,13 +20,6 @@
 
 namespace moe {
 namespace {
-
-#define MOE_SKIP_WITHOUT_NCCL()                                        \
-  do {                                                                 \
-    std::string moe_why_;                                              \
-    if (!::moe::cuda_available(&moe_why_)) GTEST_SKIP() << moe_why_;   \
-    if (!::moe::nccl_available(&moe_why_)) GTEST_SKIP() << moe_why_;   \
-  } while (0)
 
 std::vector<float> iota(size_t n, float base) {
   std::vector<float> v(n);

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "moe/comm/local_communicator.h"
 #include "moe/comm/nccl_communicator.h"
 #include "moe/core/arena.h"
@@ -29,13 +30,6 @@
 
 namespace moe {
 namespace {
-
-#define MOE_SKIP_WITHOUT_NCCL()                                      \
-  do {                                                               \
-    std::string moe_why_;                                            \
-    if (!::moe::cuda_available(&moe_why_)) GTEST_SKIP() << moe_why_; \
-    if (!::moe::nccl_available(&moe_why_)) GTEST_SKIP() << moe_why_; \
-  } while (0)
 
 struct Case {
   int64_t tokens, top_k, experts, hidden;

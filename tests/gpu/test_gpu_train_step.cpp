@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "../train/train_test_util.h"
 #include "moe/core/device.h"
 #include "moe/train/trainer.h"
@@ -21,12 +22,6 @@ namespace {
 using testing::local_world;
 using testing::small_config;
 using testing::TempDir;
-
-#define MOE_SKIP_WITHOUT_GPU()                                       \
-  do {                                                               \
-    std::string moe_why_;                                            \
-    if (!::moe::cuda_available(&moe_why_)) GTEST_SKIP() << moe_why_; \
-  } while (0)
 
 // Head dim 16 (cuDNN needs a multiple of 8), two MoE layers of 8 experts, top-2.
 Config gpu_config(const std::string& dir, const std::string& device, std::vector<std::string> extra = {}) {
