@@ -94,13 +94,14 @@ int main(int argc, char** argv) {
       swiglu_forward(t(act_), t(gu_));
       grouped_matmul(t(ye_), t(act_), t(w2_), t(offs_), true, false);
       combine_rows(t(out_), t(ye_), t(w_), t(route_), static_cast<int>(K), false);
-      // backward (dy given), weight gradients accumulated as in training
+      // backward (dy given); the expert weight gradients are written, as in the first microbatch of a
+      // training step (and as the PyTorch layer, which makes fresh gradients every iteration)
       combine_rows_backward(t(dye_), t(dw_), t(gy_), t(ye_), t(w_), t(route_), static_cast<int>(K));
       grouped_matmul(t(dact_), t(dye_), t(w2_), t(offs_), false, false);
-      grouped_matmul_wgrad(t(gw2_), t(dye_), t(act_), t(offs_));
+      grouped_matmul_wgrad(t(gw2_), t(dye_), t(act_), t(offs_), {}, /*accumulate=*/false);
       swiglu_backward(t(dgu_), t(dact_), t(gu_));
       grouped_matmul(t(dxe_), t(dgu_), t(w13_), t(offs_), false, false);
-      grouped_matmul_wgrad(t(gw13_), t(dgu_), t(xe_), t(offs_));
+      grouped_matmul_wgrad(t(gw13_), t(dgu_), t(xe_), t(offs_), {}, /*accumulate=*/false);
       gather_rows_backward(t(dx_), t(dxe_), t(route_), static_cast<int>(K), false);
       router_backward(t(dlogits_), t(dw_), t(idx_), t(w_), t(scores_), t(logits_), t(counts_), 0.0f, 0.0f,
                       ScoreFn::Softmax, false);

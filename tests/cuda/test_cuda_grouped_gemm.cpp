@@ -131,36 +131,41 @@ double expect_grouped_matmul_matches_cpu(const Layout& l, int64_t k_in, int64_t 
   return err;
 }
 
+// accumulate = false: db starts as NaNs on both sides and must be fully overwritten (experts
+// without rows: exact zeros).
 double expect_wgrad_matches_cpu(const Layout& l, int64_t k_in, int64_t n_out, DType in, DType out, uint32_t seed,
-                                double tol = -1) {
+                                double tol = -1, bool accumulate = true) {
   const int64_t E = static_cast<int64_t>(l.offsets.size()) - 1;
   std::ostringstream what;
-  what << "wgrad E=" << E << " rows=" << l.rows << " k_in=" << k_in << " n_out=" << n_out << " in=" << dtype_name(in)
+  what << "wgrad" << (accumulate ? "" : " (overwrite)") << " E=" << E << " rows=" << l.rows << " k_in=" << k_in << " n_out=" << n_out << " in=" << dtype_name(in)
        << " out=" << dtype_name(out);
   const bool bf16_in = in == DType::BF16;
   const std::vector<float> dc = routed_rows(l, n_out, seed, bf16_in);
   const std::vector<float> a = routed_rows(l, k_in, seed + 1, bf16_in);
   std::vector<float> db0 = random_values(E * n_out * k_in, seed + 2);
   if (out == DType::BF16) db0 = testing::round_bf16(db0);
+  if (!accumulate) std::fill(db0.begin(), db0.end(), std::numeric_limits<float>::quiet_NaN());
 
   std::vector<float> ref = db0;
   std::vector<int32_t> offsets = l.offsets;
   grouped_matmul_wgrad(f32_tensor(ref.data(), {E, n_out, k_in}),
                        f32_tensor(const_cast<float*>(dc.data()), {l.rows, n_out}),
-                       f32_tensor(const_cast<float*>(a.data()), {l.rows, k_in}), i32_tensor(offsets.data(), {E + 1}));
+                       f32_tensor(const_cast<float*>(a.data()), {l.rows, k_in}), i32_tensor(offsets.data(), {E + 1}),
+                       {}, accumulate);
 
   DeviceBuffer ddb(out, {E, n_out, k_in}), ddc(in, {l.rows, n_out}), da(in, {l.rows, k_in}), doff(DType::I32, {E + 1});
   ddb.upload(db0);
   ddc.upload(dc);
   da.upload(a);
   doff.upload_i32(l.offsets);
-  grouped_matmul_wgrad(ddb, ddc, da, doff);
+  grouped_matmul_wgrad(ddb, ddc, da, doff, {}, accumulate);
   const std::vector<float> got = ddb.download();
   for (int64_t e = 0; e < E; ++e) {
     if (l.offsets[e] != l.offsets[e + 1]) continue;
     for (int64_t i = e * n_out * k_in; i < (e + 1) * n_out * k_in; ++i) {
-      EXPECT_TRUE(same_bits(got[i], db0[i])) << what.str() << ": expert " << e << " has no rows but db changed";
-      if (!same_bits(got[i], db0[i])) return INFINITY;
+      const float want = accumulate ? db0[i] : 0.0f;
+      EXPECT_TRUE(same_bits(got[i], want)) << what.str() << ": expert " << e << " has no rows but db is " << got[i];
+      if (!same_bits(got[i], want)) return INFINITY;
     }
   }
   const double err = testing::normalized_error(got, ref);
@@ -314,6 +319,21 @@ std::vector<float> cpu_matmul(std::vector<float> c, const std::vector<float>& a,
   return c;
 }
 #endif
+
+// The first microbatch of a step writes the expert gradients (no read of db): every element is
+// overwritten, experts without rows become zero, values equal the CPU's.
+TEST(CudaGroupedGemm, WgradOverwriteMatchesCpuAndZeroesEmptyExperts) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  uint32_t seed = 3500;
+  for (const Layout& l : layouts())
+    for (const DtypePair& d : kDtypes) expect_wgrad_matches_cpu(l, 67, 45, d.in, d.out, seed += 3, -1, false);
+  const double tol = cuda::grouped_gemm_uses_cutlass() ? kTolF32 : kTolBf16;
+  for (const Layout& l : model_layouts())
+    for (const Dims& d : kModelDims)
+      expect_wgrad_matches_cpu(l, d.k_in, d.n_out, DType::BF16, DType::F32, seed += 3, tol, false);
+#endif
+}
 
 TEST(CudaGroupedGemm, CapturedGraphReplaysWithNewOffsets) {
   MOE_SKIP_WITHOUT_GPU();

@@ -115,6 +115,24 @@ TEST(GroupedGemm, wgrad_matches_naive_double) {
   }
 }
 
+// accumulate = false writes db (every element, experts without rows become zero): the same bits
+// as accumulating into zeros.
+TEST(GroupedGemm, wgrad_overwrite_equals_accumulating_into_zeros) {
+  const std::vector<int> counts = {3, 0, 5, 0, 1};
+  const int E = static_cast<int>(counts.size()), K = 6, N = 4;
+  auto offsets = offsets_of(counts);
+  const int rows = offsets[E];
+  auto a = random_vec(size_t(rows) * K, 7), dc = random_vec(size_t(rows) * N, 8);
+  std::vector<float> zeros(size_t(E) * N * K, 0.0f), written(size_t(E) * N * K, std::numeric_limits<float>::quiet_NaN());
+  auto call = [&](std::vector<float>& db, bool accumulate) {
+    grouped_matmul_wgrad(f32_tensor(db.data(), {E, N, K}), f32_tensor(dc.data(), {rows, N}),
+                         f32_tensor(a.data(), {rows, K}), i32_tensor(offsets.data(), {E + 1}), {}, accumulate);
+  };
+  call(zeros, true);
+  call(written, false);
+  ASSERT_EQ(std::memcmp(zeros.data(), written.data(), zeros.size() * sizeof(float)), 0);
+}
+
 TEST(GroupedGemm, rejects_bad_offsets_and_shapes) {
   std::vector<float> a(6 * 4), b(2 * 4 * 3), c(6 * 3);
   std::vector<int32_t> offsets = {0, 4, 2};  // decreasing

@@ -350,10 +350,11 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const LayerWeights& 
   const ExpertBuffers d = dispatcher_.grad_buffers();  // d.expert_out = dye, d.expert_in = dxe
   dispatcher_.combine_backward(d.expert_out, s.dw, s.dres, A.lease.buffers.expert_out, A.topk_w, plan, K, {});
   grouped_matmul(s.dact, d.expert_out, w.experts_down, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
-  grouped_matmul_wgrad(g.experts_down, d.expert_out, A.act, A.offsets);
+  const bool accumulate = !scales.gradients_zeroed;  // equal results: 0 + x == x
+  grouped_matmul_wgrad(g.experts_down, d.expert_out, A.act, A.offsets, {}, accumulate);
   swiglu_backward(s.dgu, s.dact, A.gu);
   grouped_matmul(d.expert_in, s.dgu, w.experts_gate_up, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
-  grouped_matmul_wgrad(g.experts_gate_up, s.dgu, A.lease.buffers.expert_in, A.offsets);
+  grouped_matmul_wgrad(g.experts_gate_up, s.dgu, A.lease.buffers.expert_in, A.offsets, {}, accumulate);
   dispatcher_.dispatch_backward(s.dm, d.expert_in, plan, K, {});
   dispatcher_.release(A.lease);  // last read of this layer's expert buffers
   A.leased = false;

@@ -22,6 +22,9 @@ namespace moe {
 struct StepScales {
   float lm_grad_scale = 0;   // 1 / tokens in the whole global batch
   float aux_grad_scale = 0;  // 1 / (microbatches in the global batch x MoE layers)
+  // The gradient buffers were just zeroed (first microbatch of a step): the expert weight
+  // gradients may be written instead of added, which saves reading them back.
+  bool gradients_zeroed = false;
 };
 
 // Per-microbatch statistics that add_stats accumulates on the model's device (one slot each).

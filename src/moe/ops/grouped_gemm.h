@@ -14,7 +14,11 @@ namespace moe {
 void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool trans_b, bool accumulate,
                     Stream stream = {});
 
-// Weight gradient: db[e] += dc[o_e:o_{e+1}]^T * a[o_e:o_{e+1}]  (db [E, N_out, K_in], always accumulated).
-void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream = {});
+// Weight gradient: db[e] (+= when accumulate, else =) dc[o_e:o_{e+1}]^T * a[o_e:o_{e+1}]
+// (db [E, N_out, K_in]). With accumulate = false an expert with no rows gets db[e] = 0: the first
+// microbatch after the gradients were zeroed writes them without reading them back (an F32
+// read of every expert's gradient saved per layer).
+void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream = {},
+                          bool accumulate = true);
 
 }  // namespace moe

@@ -385,6 +385,9 @@ void Trainer::queue_gradients(int64_t step) {
   RoutingState rs{state_.get(router_bias_), load};
   const Tensor tokens = state_.get(tokens_), targets = state_.get(targets_);
   for (int64_t micro = 0; micro < accum; ++micro) {
+    // The GPU writes the first microbatch's expert gradients instead of adding them to the zeros
+    // (the CPU keeps its bit-exact accumulation order: 0 + (-0) is +0).
+    scales.gradients_zeroed = micro == 0 && dev_ == Device::CUDA;
     model_->forward_backward(store_->weights(), store_->grads(), tokens.rows(micro * rows, (micro + 1) * rows),
                              targets.rows(micro * rows, (micro + 1) * rows), scales,
                              routing_seed(t.seed, step, micro * dp + rank), rs);

@@ -2,6 +2,8 @@
 // product). Experts with zero rows are skipped, so no zero-sized sgemm reaches the BLAS.
 #include "moe/ops/cpu/grouped_gemm.h"
 
+#include <algorithm>
+
 #include <cblas.h>
 
 namespace moe::cpu {
@@ -66,7 +68,8 @@ void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool tr
   }
 }
 
-void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream /*stream*/) {
+void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream /*stream*/,
+                          bool accumulate) {
   constexpr const char* op = "grouped_matmul_wgrad";
   check_f32(db, 3, op, "db");
   check_f32(dc, 2, op, "dc");
@@ -82,13 +85,17 @@ void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets,
   const float* av = a.f32();
   const float* dcv = dc.f32();
   float* dbv = db.f32();
+  const int64_t per_expert = n_out * k_in;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t m = o[e + 1] - o[e];
-    if (m == 0) continue;
-    // db[e] [n_out, k_in] += dc_e^T [n_out, m] * a_e [m, k_in]  (accumulated: gradient accumulation).
+    if (m == 0) {
+      if (!accumulate) std::fill(dbv + e * per_expert, dbv + (e + 1) * per_expert, 0.0f);
+      continue;
+    }
+    // db[e] [n_out, k_in] (+)= dc_e^T [n_out, m] * a_e [m, k_in]  (accumulated: gradient accumulation).
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(n_out), static_cast<blasint>(k_in),
                 static_cast<blasint>(m), 1.0f, dcv + o[e] * n_out, static_cast<blasint>(n_out), av + o[e] * k_in,
-                static_cast<blasint>(k_in), 1.0f, dbv + e * n_out * k_in, static_cast<blasint>(k_in));
+                static_cast<blasint>(k_in), accumulate ? 1.0f : 0.0f, dbv + e * per_expert, static_cast<blasint>(k_in));
   }
 }
 

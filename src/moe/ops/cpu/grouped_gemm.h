@@ -7,6 +7,7 @@ namespace moe::cpu {
 
 void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool trans_b, bool accumulate,
                     Stream stream = {});
-void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream = {});
+void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream = {},
+                          bool accumulate = true);
 
 }  // namespace moe::cpu

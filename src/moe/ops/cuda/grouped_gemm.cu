@@ -363,10 +363,13 @@ void grouped_matmul_tiled(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, b
   }
 }
 
-void grouped_matmul_wgrad_tiled(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream) {
+void grouped_matmul_wgrad_tiled(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream,
+                                bool accumulate) {
   const Dims d = check_grouped_matmul_wgrad(db, dc, a, expert_offsets);
-  if (d.rows == 0 || d.E == 0) return;
   const cudaStream_t s = cuda_stream(stream);
+  // Not accumulating: the reference kernels accumulate into zeros.
+  if (!accumulate && db.nbytes() > 0) CUDA_CHECK(cudaMemsetAsync(db.data, 0, db.nbytes(), s));
+  if (d.rows == 0 || d.E == 0) return;
   if (a.dtype == DType::F32) {
     launch_grouped_matmul_wgrad<float, float>(db, dc, a, expert_offsets, d.E, d.rows, d.n_out, d.k_in, s);
   } else if (db.dtype == DType::BF16) {
@@ -404,22 +407,22 @@ void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool tr
   grouped_matmul_tiled(c, a, b, expert_offsets, trans_b, accumulate, stream);
 }
 
-void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream) {
+void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream, bool accumulate) {
 #if defined(MOE_HAVE_CUTLASS)
   const Dims d = check_grouped_matmul_wgrad(db, dc, a, expert_offsets);
-  if (d.rows == 0 || d.E == 0) return;
+  if (d.rows == 0 || d.E == 0) return grouped_matmul_wgrad_tiled(db, dc, a, expert_offsets, stream, accumulate);
   if (kernel_choice() == KernelChoice::Fast && a.dtype == DType::BF16 && db.dtype == DType::F32 &&
       cutlass_fits(dc.data, a.data, db.data, d.E, d.rows, d.n_out, d.k_in)) {
     const cudaStream_t s = cuda_stream(stream);
     if (const cutlass_grouped::Scratch* scratch = CutlassScratchPool::get().scratch(s, "grouped_matmul_wgrad")) {
       cutlass_grouped::wgrad_bf16_f32(db.data, dc.data, a.data, static_cast<const int32_t*>(expert_offsets.data),
                                       static_cast<int>(d.E), d.rows, static_cast<int>(d.n_out),
-                                      static_cast<int>(d.k_in), *scratch, s);
+                                      static_cast<int>(d.k_in), accumulate, *scratch, s);
       return;
     }
   }
 #endif
-  grouped_matmul_wgrad_tiled(db, dc, a, expert_offsets, stream);
+  grouped_matmul_wgrad_tiled(db, dc, a, expert_offsets, stream, accumulate);
 }
 
 }  // namespace moe::cuda

@@ -28,12 +28,13 @@ namespace moe::cuda {
 void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool trans_b, bool accumulate,
                     Stream stream);
 
-void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream);
+void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream, bool accumulate);
 
 // The tiled CUDA-core kernels, whatever the dtypes and dims (same semantics).
 void grouped_matmul_tiled(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool trans_b, bool accumulate,
                           Stream stream);
-void grouped_matmul_wgrad_tiled(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream);
+void grouped_matmul_wgrad_tiled(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream,
+                                bool accumulate = true);
 
 // Whether BF16 products that fit go to CUTLASS here: built with it and the current GPU is sm_90.
 bool grouped_gemm_uses_cutlass();

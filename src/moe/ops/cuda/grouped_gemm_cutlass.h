@@ -42,10 +42,11 @@ void matmul_nt_bf16(void* c, const void* a, const void* b, const int32_t* offset
 void matmul_nn_bf16(void* c, const void* a, const void* b, const int32_t* offsets, int groups, int64_t rows,
                     int n_out, int k_in, bool accumulate, const Scratch& scratch, cudaStream_t stream);
 
-// db[e] [n_out, k_in] += dc[o_e:o_{e+1}]^T a[o_e:o_{e+1}]: dc [rows, n_out], a [rows, k_in] BF16, db F32.
-// Experts with no rows leave db[e] bit-identical.
+// db[e] [n_out, k_in] (+= when accumulate, else =) dc[o_e:o_{e+1}]^T a[o_e:o_{e+1}]: dc [rows, n_out],
+// a [rows, k_in] BF16, db F32. Experts with no rows leave db[e] bit-identical, or zero it when
+// not accumulating.
 void wgrad_bf16_f32(void* db, const void* dc, const void* a, const int32_t* offsets, int groups, int64_t rows,
-                    int n_out, int k_in, const Scratch& scratch, cudaStream_t stream);
+                    int n_out, int k_in, bool accumulate, const Scratch& scratch, cudaStream_t stream);
 
 // Raises each kernel's dynamic shared-memory limit (cudaFuncSetAttribute). Host-only, but done once
 // per process before any capture, together with the first scratch allocation.
