@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs on a machine with 2 or more H200s (nvidia-h200-x2 and up), from the repo root, binaries in
 # .devrun (as for device_check.sh). The multi-GPU checks of issues 5 and 7 at small scale: the
-# same 20 training steps of a small model on 1 GPU, on 2 GPUs data parallel, on 2 GPUs with
-# expert parallelism (rowwise through NCCL symmetric windows), and the latter as a replayed CUDA
-# graph; prints each run's losses and the largest relative difference from the 1-GPU run.
+# same 20 training steps of a small model on 1 GPU, on NP GPUs (NP=2 by default, or 4, 8) data
+# parallel, with expert parallelism over all NP (rowwise through NCCL symmetric windows), that
+# as a replayed CUDA graph, and (NP >= 4) EP 2 x data parallel NP/2; prints each run's losses
+# and the largest relative difference from the 1-GPU run. Microbatches of 4 sequences (the
+# auxiliary losses are per microbatch, so every run uses the same size), 16 per step.
 set -uo pipefail
 MOE_DEVRUN_LIB=.devrun/lib-nompi . bench/device_env.sh
 # The machine's own OpenMPI (mpirun and libmpi of one version): leave the carried MPI libraries out.
@@ -13,10 +15,11 @@ for f in .devrun/lib/*; do
 done
 out=${OUT:-/tmp}
 steps=${STEPS:-20}
+np=${NP:-2}
 common=(--steps "$steps" --set model.hidden_size=256 --set model.intermediate_size=256 --set train.seq_len=256
-        --set train.micro_batch_size=8 --set train.global_batch_size=16 --set train.log_every=1
+        --set train.micro_batch_size=4 --set train.global_batch_size=16 --set train.log_every=1
         --set run.device='"cuda"')
-mpi=(mpirun -np 2 --allow-run-as-root --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NVSHMEM_DISABLE_NVLS)
+mpi=(mpirun -np "$np" --allow-run-as-root --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NVSHMEM_DISABLE_NVLS)
 nvidia-smi --query-gpu=index,name --format=csv,noheader
 status=0
 run() {  # run NAME CMD...
@@ -26,12 +29,17 @@ run() {  # run NAME CMD...
   grep -E "^  (device|parallel)|throughput" "$out/$name.log"
 }
 run gpu1 .devrun/bin/moetrain bench "${common[@]}"
-run gpu2_dp2 "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep=1
-run gpu2_ep2 "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep=2
-run gpu2_ep2_graph "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep=2 --set train.cuda_graph=true
-python3 - "$out" <<'PY'
+runs=("gpu${np}_dp${np}" "gpu${np}_ep${np}" "gpu${np}_ep${np}_graph")
+run "${runs[0]}" "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep=1
+run "${runs[1]}" "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep="$np"
+run "${runs[2]}" "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep="$np" --set train.cuda_graph=true
+if [ "$np" -ge 4 ]; then
+  runs+=("gpu${np}_ep2_dp$((np / 2))")
+  run "${runs[3]}" "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep=2
+fi
+python3 - "$out" "${runs[@]}" <<'PY'
 import re, sys
-out = sys.argv[1]
+out, names = sys.argv[1], sys.argv[2:]
 def losses(name):
     try:
         return [float(m.group(1)) for m in re.finditer(r"^step +\d+/\d+ \| loss ([0-9.]+)", open(f"{out}/{name}.log").read(), re.M)]
@@ -39,7 +47,7 @@ def losses(name):
         return []
 ref = losses("gpu1")
 print("1 GPU losses:", " ".join(f"{x:.4f}" for x in ref))
-for name in ["gpu2_dp2", "gpu2_ep2", "gpu2_ep2_graph"]:
+for name in names:
     got = losses(name)
     if not ref or len(got) != len(ref):
         print(f"{name}: FAIL ({len(got)} steps logged, 1-GPU run {len(ref)})"); continue
