@@ -46,6 +46,7 @@ RunResult run(Communicator& world, std::vector<std::string> overrides, bool full
   TrainOptions quiet;
   quiet.quiet = true;
   quiet.bench = true;  // nothing written
+  overrides.insert(overrides.begin(), "run.device=\"cpu\"");  // the CPU path, also where a GPU exists
   const Config cfg = load_config("tiny", overrides);
   RunResult out;
   Trainer t(cfg, quiet, world);

@@ -39,7 +39,9 @@ std::vector<double> losses(Communicator& world, const std::vector<std::string>& 
   opts.quiet = true;
   opts.bench = !write;
   opts.resume = resume;
-  Trainer t(load_config("tiny", o), opts, world);
+  std::vector<std::string> cpu = {"run.device=\"cpu\""};  // the CPU path, also where a GPU exists
+  cpu.insert(cpu.end(), o.begin(), o.end());
+  Trainer t(load_config("tiny", cpu), opts, world);
   std::vector<double> out;
   for (const StepRecord& r : t.run().steps) out.push_back(r.loss);
   return out;

@@ -17,7 +17,7 @@ TEST(Learning, ShortTinyRunApproachesTheAttainableLoss) {
   TrainOptions quiet;
   quiet.quiet = true;
   // The tiny config at 200 steps of 8 x 64 tokens (a few seconds on 2 cores).
-  Config cfg = load_config("tiny", {"train.steps=200", "train.seq_len=64", "train.global_batch_size=8",
+  Config cfg = load_config("tiny", {"run.device=\"cpu\"", "train.steps=200", "train.seq_len=64", "train.global_batch_size=8",
                                     "train.micro_batch_size=4", "train.warmup_steps=10", "train.eval_every=0",
                                     "train.eval_batches=8", "run.save_final=false",
                                     "run.dir=\"" + dir.path + "\""});
