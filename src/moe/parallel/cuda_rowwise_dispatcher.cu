@@ -25,6 +25,7 @@
 #include "moe/core/cuda_check.h"
 #include "moe/core/error.h"
 #include "moe/ops/cuda/element.cuh"
+#include "moe/ops/cuda/route_scan.cuh"
 #include "moe/parallel/placement.h"
 
 #if defined(MOE_HAVE_NCCL)
@@ -43,14 +44,19 @@ constexpr int kWarp = 32;
 constexpr int kMaxThreads = 256;
 constexpr int kRouteThreads = 256;
 constexpr int kItems = 8;                         // consecutive routes per thread per chunk
-constexpr int kChunk = kRouteThreads * kItems;    // routes per chunk of ep_route_index
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride loops beyond this many rows
-constexpr unsigned kFullMask = 0xffffffffu;
 
 // Every rank's heap segment, passed by value to each kernel (no device table to keep filled).
 struct PeerBases {
   char* base[CudaRowwiseDispatcher::kMaxRanks];
 };
+
+// The kernels' by-value table of the ranks' heap segments.
+PeerBases peer_table(const std::vector<char*>& bases) {
+  PeerBases peers{};
+  for (size_t r = 0; r < bases.size(); ++r) peers.base[r] = bases[r];
+  return peers;
+}
 
 unsigned grid_for(int64_t items) { return static_cast<unsigned>(std::min(items, kMaxBlocks)); }
 
@@ -86,41 +92,6 @@ __device__ __forceinline__ Elem narrow(float v) {
   return cuda::from_f32<Elem>(v);
 }
 
-// Fixed-order block sum (warp trees, then warps in index order); every thread gets it and every thread of the block
-// must call it. blockDim.x is a multiple of 32, at most kMaxThreads.
-template <typename T>
-__device__ T block_sum(T v) {
-  __shared__ T warp_totals[kMaxThreads / kWarp];
-  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  if (threadIdx.x % kWarp == 0) warp_totals[threadIdx.x / kWarp] = v;
-  __syncthreads();
-  T total = 0;
-  for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) total += warp_totals[w];
-  __syncthreads();  // warp_totals may be reused by the next call
-  return total;
-}
-
-// Exclusive prefix of v over the threads of the block (kRouteThreads) in thread order; *total = the block's sum.
-__device__ int block_exclusive_scan(int v, int* total) {
-  __shared__ int warp_totals[kRouteThreads / kWarp];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  int inclusive = v;
-  for (int o = 1; o < kWarp; o <<= 1) {
-    const int n = __shfl_up_sync(kFullMask, inclusive, o);
-    if (lane >= o) inclusive += n;
-  }
-  if (lane == kWarp - 1) warp_totals[warp] = inclusive;
-  __syncthreads();
-  int before = 0, sum = 0;
-  for (int w = 0; w < kRouteThreads / kWarp; ++w) {
-    if (w < warp) before += warp_totals[w];
-    sum += warp_totals[w];
-  }
-  __syncthreads();
-  *total = sum;
-  return before + inclusive - v;
-}
-
 // area(r)[me * N + n] = counts[n] for every rank r: this rank's row of everyone's [P][N] counts.
 __global__ void exchange_counts_kernel(PeerBases peers, int ranks, size_t area_offset,
                                        const int32_t* __restrict__ counts, int me, int64_t N) {
@@ -153,7 +124,8 @@ __global__ void ep_route_index_kernel(int32_t* __restrict__ route_index, int32_t
     through_part += c;
     if (j < ahead) before_part += c;
   }
-  const long long before = block_sum(before_part), through = block_sum(through_part);
+  const long long before = cuda::route_scan::block_sum<kRouteThreads>(before_part),
+                  through = cuda::route_scan::block_sum<kRouteThreads>(through_part);
   const long long mine = __ldcg(gathered + static_cast<int64_t>(me) * N + n);  // peers' stores: read at L2
   const long long start = before < rows ? before : rows;
   const long long end = before + mine < rows ? before + mine : rows;
@@ -163,28 +135,8 @@ __global__ void ep_route_index_kernel(int32_t* __restrict__ route_index, int32_t
     if (e == 0) expert_offsets[0] = 0;
   }
   const long long first_row = static_cast<long long>(d) * rows + start;
-  long long seen = 0;  // routes to expert n in earlier chunks
-  for (int64_t chunk = 0; chunk < routes; chunk += kChunk) {
-    const int64_t first = chunk + static_cast<int64_t>(threadIdx.x) * kItems;
-    int32_t expert[kItems];
-    int count = 0;
-#pragma unroll
-    for (int u = 0; u < kItems; ++u) {
-      const int64_t i = first + u;
-      expert[u] = i < routes ? topk_idx[i] : -1;
-      count += expert[u] == n;
-      if (n == 0 && i < routes && (expert[u] < 0 || expert[u] >= N)) route_index[i] = -1;
-    }
-    int chunk_total;
-    long long j = seen + block_exclusive_scan(count, &chunk_total);
-#pragma unroll
-    for (int u = 0; u < kItems; ++u) {
-      if (expert[u] != n) continue;
-      route_index[first + u] = j < kept ? static_cast<int32_t>(first_row + j) : -1;  // tail drop
-      ++j;
-    }
-    seen += chunk_total;
-  }
+  cuda::route_scan::assign_expert_rows<kRouteThreads, kItems>(route_index, topk_idx, routes, N, n, first_row, kept,
+                                                        /*mark_invalid=*/n == 0);
 }
 
 // A route's row in some rank's [rows, D] heap buffer at buffer_offset, or nullptr when dropped.
@@ -211,12 +163,14 @@ __global__ void dispatch_rows_kernel(PeerBases peers, size_t buffer_offset, cons
   }
 }
 
-// out[t] += sum over kept k, ascending, of weights[t,k] * expert_out(owner)[row of (t,k)] (GET). __fmul_rn/__fadd_rn:
-// never fused into an FMA, as in ops/cuda/permute.cu's combine.
+// out[t] (+= when accumulate, else =) sum over kept k, ascending, of weights[t,k] * rows(owner)[row of (t,k)] (GET),
+// weights = 1 when null: the combine (weights, accumulate) and the dispatch backward (neither). __fmul_rn/__fadd_rn:
+// never fused into an FMA, as in ops/cuda/permute.cu's combine and gather backward.
 template <typename Elem, int V>
-__global__ void combine_routes_kernel(Elem* __restrict__ out, PeerBases peers, size_t buffer_offset,
-                                      const float* __restrict__ weights, const int32_t* __restrict__ route_index,
-                                      int top_k, int64_t T, int64_t rows, int64_t limit, int64_t D) {
+__global__ void sum_routes_kernel(Elem* __restrict__ out, PeerBases peers, size_t buffer_offset,
+                                  const float* __restrict__ weights, bool accumulate,
+                                  const int32_t* __restrict__ route_index, int top_k, int64_t T, int64_t rows,
+                                  int64_t limit, int64_t D) {
   using P = Pack<Elem, V>;
   const int64_t chunks = D / V;
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
@@ -227,15 +181,21 @@ __global__ void combine_routes_kernel(Elem* __restrict__ out, PeerBases peers, s
       for (int k = 0; k < top_k; ++k) {
         const Elem* row = routed_row<Elem>(peers, buffer_offset, route_index[t * top_k + k], rows, limit, D);
         if (row == nullptr) continue;  // a dropped route contributes zero
-        const float w = weights[t * top_k + k];
         const P y = load_peer<Elem, V>(row, c);
+        if (weights == nullptr) {
 #pragma unroll
-        for (int u = 0; u < V; ++u) acc[u] = __fadd_rn(acc[u], __fmul_rn(w, widen(y.e[u])));
+          for (int u = 0; u < V; ++u) acc[u] = __fadd_rn(acc[u], widen(y.e[u]));
+        } else {
+          const float w = weights[t * top_k + k];
+#pragma unroll
+          for (int u = 0; u < V; ++u) acc[u] = __fadd_rn(acc[u], __fmul_rn(w, widen(y.e[u])));
+        }
       }
       P* o = reinterpret_cast<P*>(out + t * D) + c;
-      P r = *o;
+      P r;
+      if (accumulate) r = *o;
 #pragma unroll
-      for (int u = 0; u < V; ++u) r.e[u] = narrow<Elem>(__fadd_rn(widen(r.e[u]), acc[u]));
+      for (int u = 0; u < V; ++u) r.e[u] = narrow<Elem>(accumulate ? __fadd_rn(widen(r.e[u]), acc[u]) : acc[u]);
       *o = r;
     }
   }
@@ -276,35 +236,8 @@ __global__ void combine_backward_routes_kernel(PeerBases peers, size_t dy_offset
         }
         reinterpret_cast<P*>(dy_row)[c] = dyc;
       }
-      dot = block_sum(dot);
+      dot = cuda::route_scan::block_sum<kMaxThreads>(dot);
       if (threadIdx.x == 0) dweights[i] = dot;
-    }
-  }
-}
-
-// dx[t] = sum over kept k, ascending, of d_expert_in(owner)[row of (t,k)] (GET).
-template <typename Elem, int V>
-__global__ void dispatch_backward_routes_kernel(Elem* __restrict__ dx, PeerBases peers, size_t buffer_offset,
-                                                const int32_t* __restrict__ route_index, int top_k, int64_t T,
-                                                int64_t rows, int64_t limit, int64_t D) {
-  using P = Pack<Elem, V>;
-  const int64_t chunks = D / V;
-  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-      float acc[V];
-#pragma unroll
-      for (int u = 0; u < V; ++u) acc[u] = 0.0f;
-      for (int k = 0; k < top_k; ++k) {
-        const Elem* row = routed_row<Elem>(peers, buffer_offset, route_index[t * top_k + k], rows, limit, D);
-        if (row == nullptr) continue;
-        const P y = load_peer<Elem, V>(row, c);
-#pragma unroll
-        for (int u = 0; u < V; ++u) acc[u] += widen(y.e[u]);
-      }
-      P r;
-#pragma unroll
-      for (int u = 0; u < V; ++u) r.e[u] = narrow<Elem>(acc[u]);
-      reinterpret_cast<P*>(dx + t * D)[c] = r;
     }
   }
 }
@@ -499,8 +432,7 @@ void CudaRowwiseDispatcher::plan(const RoutePlan& plan, Tensor topk_idx, Tensor 
             "] I32 on cuda (local experts + 1), got ", plan.expert_offsets.shape.str());
   check_call(plan, static_cast<int>(top_k_), stream, op);
   const cudaStream_t s = compute_stream();
-  PeerBases peers{};
-  for (int r = 0; r < P; ++r) peers.base[r] = peer_bases_[static_cast<size_t>(r)];
+  const PeerBases peers = peer_table(peer_bases_);
   // NOTES: two count areas used in turn. A rank stores into area a while a peer may still be reading area a of an
   // earlier plan; with alternation the last reads of area a came before the previous plan's sync, which we have passed,
   // so they are finished. (In a captured step replayed back to back, a step with an odd number of plan calls meets the
@@ -531,8 +463,7 @@ void CudaRowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan
   // we have passed too.
   const int64_t routes = tokens_ * top_k_, P = ep_group_.size();
   if (routes > 0 && hidden_ > 0) {
-    PeerBases peers{};
-    for (int r = 0; r < P; ++r) peers.base[r] = peer_bases_[static_cast<size_t>(r)];
+    const PeerBases peers = peer_table(peer_bases_);
     const cudaStream_t s = compute_stream();
     with_row_type(dtype_, hidden_, {x.data, peer_bases_[0], expert_in.data}, [&](auto row_type) {
       using Elem = typename decltype(row_type)::elem;
@@ -560,16 +491,15 @@ void CudaRowwiseDispatcher::combine(Tensor out, Tensor expert_out, Tensor weight
   // which we enter only after these loads (stream order).
   heap_->sync();
   if (tokens_ == 0 || hidden_ == 0) return;
-  PeerBases peers{};
   const int64_t P = ep_group_.size();
-  for (int r = 0; r < P; ++r) peers.base[r] = peer_bases_[static_cast<size_t>(r)];
+  const PeerBases peers = peer_table(peer_bases_);
   const cudaStream_t s = compute_stream();
   with_row_type(dtype_, hidden_, {out.data, peer_bases_[0], expert_out.data}, [&](auto row_type) {
     using Elem = typename decltype(row_type)::elem;
     constexpr int V = decltype(row_type)::width;
-    combine_routes_kernel<Elem, V><<<grid_for(tokens_), threads_for(hidden_ / V), 0, s>>>(
-        static_cast<Elem*>(out.data), peers, out_offset, weights.f32(), plan.route_index.i32(), top_k, tokens_, rows_,
-        P * rows_, hidden_);
+    sum_routes_kernel<Elem, V><<<grid_for(tokens_), threads_for(hidden_ / V), 0, s>>>(
+        static_cast<Elem*>(out.data), peers, out_offset, weights.f32(), /*accumulate=*/true, plan.route_index.i32(),
+        top_k, tokens_, rows_, P * rows_, hidden_);
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -588,9 +518,8 @@ void CudaRowwiseDispatcher::combine_backward(Tensor d_expert_out, Tensor dweight
   // (GET, for dweights) was completed before the combine sync of this lease's forward; the lease keeps it from being
   // overwritten.
   if (tokens_ > 0) {
-    PeerBases peers{};
     const int64_t P = ep_group_.size();
-    for (int r = 0; r < P; ++r) peers.base[r] = peer_bases_[static_cast<size_t>(r)];
+    const PeerBases peers = peer_table(peer_bases_);
     const cudaStream_t s = compute_stream();
     // D == 0 still runs: dweights are written (all zeros).
     with_row_type(dtype_, hidden_, {dout.data, peer_bases_[0], d_expert_out.data, expert_out.data}, [&](auto row_type) {
@@ -615,16 +544,15 @@ void CudaRowwiseDispatcher::dispatch_backward(Tensor dx, Tensor d_expert_in, con
   // NOTES: every owner must have finished writing d_expert_in (its data-gradient GEMM) before we load from it.
   heap_->sync();
   if (tokens_ > 0 && hidden_ > 0) {
-    PeerBases peers{};
     const int64_t P = ep_group_.size();
-    for (int r = 0; r < P; ++r) peers.base[r] = peer_bases_[static_cast<size_t>(r)];
+    const PeerBases peers = peer_table(peer_bases_);
     const cudaStream_t s = compute_stream();
     with_row_type(dtype_, hidden_, {dx.data, peer_bases_[0], d_expert_in.data}, [&](auto row_type) {
       using Elem = typename decltype(row_type)::elem;
       constexpr int V = decltype(row_type)::width;
-      dispatch_backward_routes_kernel<Elem, V><<<grid_for(tokens_), threads_for(hidden_ / V), 0, s>>>(
-          static_cast<Elem*>(dx.data), peers, in_offset, plan.route_index.i32(), top_k, tokens_, rows_, P * rows_,
-          hidden_);
+      sum_routes_kernel<Elem, V><<<grid_for(tokens_), threads_for(hidden_ / V), 0, s>>>(
+          static_cast<Elem*>(dx.data), peers, in_offset, /*weights=*/nullptr, /*accumulate=*/false,
+          plan.route_index.i32(), top_k, tokens_, rows_, P * rows_, hidden_);
     });
     CUDA_CHECK_LAUNCH();
   }

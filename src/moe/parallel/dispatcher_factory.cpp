@@ -35,8 +35,7 @@ std::unique_ptr<TokenDispatcher> make_gpu_dispatcher(const std::string& backend,
   if (backend == "alltoall")
     MOE_FAIL("dispatch backend 'alltoall' (ep.backend) is not available on the GPU: its host-side split counts need "
              "a device-to-host copy per layer, which a CUDA-graph step cannot make; use rowwise");
-  if (backend == "local") return make_dispatcher(backend, ep_group, num_experts, capacity_factor, dropless);
-  MOE_FAIL("unknown dispatch backend '", backend, "' (ep.backend); on the GPU choose one of: rowwise, local");
+  MOE_FAIL("unknown dispatch backend '", backend, "' (ep.backend); on the GPU choose rowwise");
 }
 
 int64_t dispatch_bytes_moved(const TokenDispatcher& dispatcher) {

@@ -18,8 +18,8 @@ std::unique_ptr<TokenDispatcher> make_dispatcher(const std::string& backend, Com
 
 // The GPU backends (activations and expert rows on the device, BF16): rowwise runs on an NCCL
 // symmetric heap (CudaRowwiseDispatcher; ep_group must be an NCCL communicator, EP = 1 included);
-// local (EP = 1) is the LocalDispatcher, whose ops run on the device of their tensors; alltoall
-// (host-side counts, not capturable) is refused.
+// alltoall (host-side counts, not capturable) is refused. (The LocalDispatcher runs on the GPU as
+// well: its ops run on the device of their tensors.)
 std::unique_ptr<TokenDispatcher> make_gpu_dispatcher(const std::string& backend, Communicator& ep_group,
                                                      int64_t num_experts, double capacity_factor, bool dropless);
 

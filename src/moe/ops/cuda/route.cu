@@ -20,17 +20,14 @@
 
 #include "moe/core/cuda_check.h"
 #include "moe/ops/cuda/route.h"
+#include "moe/ops/cuda/route_scan.cuh"
 
 namespace moe::cuda {
 
 namespace {
 
-constexpr int kWarp = 32;
 constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / kWarp;
 constexpr int kItems = 8;                     // consecutive routes per thread per chunk
-constexpr int kChunk = kThreads * kItems;     // routes per chunk
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int64_t kMaxBlocks = 1 << 16;  // accumulate_counts grid cap
 
 void check_i32(const Tensor& t, const char* op, const char* name) {
@@ -53,46 +50,13 @@ void check_topk_idx(const Tensor& topk_idx, const char* op) {
 }
 
 
-// Sum over the block (integers: the order does not matter); every thread gets it.
-__device__ long long block_sum(long long v) {
-  __shared__ long long warp_totals[kWarps];
-  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  if (threadIdx.x % kWarp == 0) warp_totals[threadIdx.x / kWarp] = v;
-  __syncthreads();
-  long long total = 0;
-  for (int w = 0; w < kWarps; ++w) total += warp_totals[w];
-  __syncthreads();  // warp_totals may be reused by the next call
-  return total;
-}
-
-// Exclusive prefix of v over the threads of the block in thread order; *total = the block's sum.
-__device__ int block_exclusive_scan(int v, int* total) {
-  __shared__ int warp_totals[kWarps];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  int inclusive = v;
-  for (int o = 1; o < kWarp; o <<= 1) {
-    const int n = __shfl_up_sync(kFullMask, inclusive, o);
-    if (lane >= o) inclusive += n;
-  }
-  if (lane == kWarp - 1) warp_totals[warp] = inclusive;
-  __syncthreads();
-  int before = 0, sum = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) before += warp_totals[w];
-    sum += warp_totals[w];
-  }
-  __syncthreads();  // warp_totals may be reused by the next call
-  *total = sum;
-  return before + inclusive - v;
-}
-
 // Block e: expert_counts[e] = number of routes with topk_idx == e.
 __global__ void route_counts_kernel(int32_t* __restrict__ expert_counts, const int32_t* __restrict__ topk_idx,
                                     int64_t routes) {
   const int e = blockIdx.x;
   long long count = 0;
   for (int64_t i = threadIdx.x; i < routes; i += kThreads) count += topk_idx[i] == e;
-  count = block_sum(count);
+  count = route_scan::block_sum<kThreads>(count);
   if (threadIdx.x == 0) expert_counts[e] = static_cast<int32_t>(count);
 }
 
@@ -104,35 +68,15 @@ __global__ void route_index_kernel(int32_t* __restrict__ route_index, int32_t* _
   const int e = blockIdx.x;
   long long part = 0;
   for (int f = threadIdx.x; f < e; f += kThreads) part += expert_counts[f];
-  const long long base = block_sum(part);  // unclamped row of expert e's first route
+  const long long base = route_scan::block_sum<kThreads>(part);  // unclamped row of expert e's first route
   if (threadIdx.x == 0) {
     const long long end = base + expert_counts[e];
     expert_offsets[e + 1] = static_cast<int32_t>(end < capacity ? end : capacity);
     if (e == 0) expert_offsets[0] = 0;
   }
-
-  long long seen = 0;  // routes to expert e in earlier chunks
-  for (int64_t chunk = 0; chunk < routes; chunk += kChunk) {
-    const int64_t first = chunk + static_cast<int64_t>(threadIdx.x) * kItems;
-    int32_t expert[kItems];
-    int mine = 0;
-#pragma unroll
-    for (int u = 0; u < kItems; ++u) {
-      const int64_t i = first + u;
-      expert[u] = i < routes ? topk_idx[i] : -1;
-      mine += expert[u] == e;
-      if (e == 0 && i < routes && (expert[u] < 0 || expert[u] >= N)) route_index[i] = -1;
-    }
-    int chunk_total;
-    long long row = base + seen + block_exclusive_scan(mine, &chunk_total);
-#pragma unroll
-    for (int u = 0; u < kItems; ++u) {
-      if (expert[u] != e) continue;
-      route_index[first + u] = row < capacity ? static_cast<int32_t>(row) : -1;  // tail drop
-      ++row;
-    }
-    seen += chunk_total;
-  }
+  // Rows base, base + 1, ... in (t, k) order; those at or past capacity are dropped (tail drop).
+  route_scan::assign_expert_rows<kThreads, kItems>(route_index, topk_idx, routes, N, e, base, capacity - base,
+                                                   /*mark_invalid=*/e == 0);
 }
 
 // load[e] += counts[e], one thread per expert.
