@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -20,8 +21,10 @@
 #include "moe/data/prepare.h"
 #include "moe/train/hf_interop.h"
 #include "moe/train/config.h"
+#include "moe/train/flops.h"
 #include "moe/train/metrics.h"
 #include "moe/ops/kernel_choice.h"
+#include "moe/train/step_split.h"
 #include "moe/train/trainer.h"
 
 namespace {
@@ -189,9 +192,18 @@ int main(int argc, char** argv) {
         if (s.device == moe::Device::CUDA) {
           if (!profiler.available())
             std::printf("  top kernels: not recorded (%s)\n", profiler.why().c_str());
-          else if (s.steps.size() > 1)
-            std::printf("%s", moe::format_kernel_table(profiler.top(20), profiler.total_ms(),
-                                                       static_cast<int>(s.steps.size() - 1)).c_str());
+          else if (s.steps.size() > 1) {
+            const int timed = static_cast<int>(s.steps.size() - 1);
+            std::printf("%s", moe::format_kernel_table(profiler.top(20), profiler.total_ms(), timed).c_str());
+            // Each kind of kernel against its ceiling, measured now on the same GPU.
+            const moe::Ceilings ceilings = moe::measure_ceilings();
+            const moe::FlopCount flops = moe::count_flops(cfg.model, cfg.train.seq_len);
+            const double ranks = static_cast<double>(world.size());
+            const double tokens = static_cast<double>(cfg.train.global_batch_size * cfg.train.seq_len) / ranks;
+            std::printf("%s", moe::format_step_split(moe::split_step(profiler.top(SIZE_MAX), timed, flops, tokens,
+                                                                     flops.total_params / ranks, ceilings),
+                                                     ceilings).c_str());
+          }
         }
       }
     } else if (eval->parsed()) {

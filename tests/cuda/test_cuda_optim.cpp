@@ -4,12 +4,15 @@
 // normalized error of 1e-5 of the CPU op; an inf or NaN grad_norm_sq leaves param/m/v
 // bit-identical (the skip is decided on the device). With a schedule (lr, step in device memory)
 // adamw_step must give the bits of the same lr and step passed from the host, also when replayed
-// from a captured CUDA graph.
+// from a captured CUDA graph. The float4 and one-by-one update paths give the same bits, and the
+// BF16 copy written with param_bf16 is exactly the rounding of the new param.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -171,6 +174,60 @@ TEST(CudaOptim, AdamwSkipsTheStepOnANonFiniteNorm) {
       EXPECT_TRUE(same_bits(m_d.download(), m)) << "m changed";
       EXPECT_TRUE(same_bits(v_d.download(), v)) << "v changed";
     }
+  }
+#endif
+}
+
+// The float4 path and the one-by-one path give the same bits, and the BF16 copy written in the same
+// pass is exactly the rounding of the new param: views starting 0-3 elements past an aligned
+// base (a head before the first 16-byte boundary, and tails of 0-3 elements) take the float4 path;
+// m at another misalignment than param takes the one-by-one path. Both match the CPU op.
+TEST(CudaOptim, AdamwVectorAndScalarPathsAndTheBf16CopyAgree) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  const int64_t n = 100003;
+  AdamWConfig cfg;
+  cfg.weight_decay = 0.1f;
+  const auto param0 = random_values(n, 21), grad = random_values(n, 22, 0.01);
+  auto param_cpu = param0;
+  std::vector<float> m_cpu(n, 0.0f), v_cpu(n, 0.0f), grad_cpu = grad;
+  float norm_sq = 2.0f;
+  adamw_step(f32_tensor(param_cpu.data(), {n}), f32_tensor(grad_cpu.data(), {n}), f32_tensor(m_cpu.data(), {n}),
+             f32_tensor(v_cpu.data(), {n}), f32_tensor(&norm_sq, {1}), 1.0f, cfg, 1);
+  std::vector<float> first_param;
+  const std::pair<int64_t, int64_t> offsets[] = {{0, 0}, {1, 1}, {2, 2}, {3, 3}, {0, 1}, {2, 3}};
+  for (const auto& [param_off, m_off] : offsets) {
+    SCOPED_TRACE(::testing::Message() << "param offset " << param_off << ", m offset " << m_off);
+    const int64_t len = n + 4;
+    DeviceBuffer p_d(DType::F32, {len}), g_d(DType::F32, {len}), m_d(DType::F32, {len}), v_d(DType::F32, {len}),
+        c_d(DType::BF16, {len}), norm_d(DType::F32, {1});
+    auto at = [&](const DeviceBuffer& b, int64_t off) {
+      return Tensor(static_cast<char*>(b.tensor().data) + off * static_cast<int64_t>(dtype_size(b.tensor().dtype)),
+                    b.tensor().dtype, {n}, Device::CUDA);
+    };
+    auto padded = [&](const std::vector<float>& x, int64_t off) {
+      std::vector<float> out(static_cast<size_t>(len), 0.0f);
+      std::copy(x.begin(), x.end(), out.begin() + off);
+      return out;
+    };
+    p_d.upload(padded(param0, param_off));
+    g_d.upload(padded(grad, param_off));
+    m_d.upload(std::vector<float>(static_cast<size_t>(len), 0.0f));
+    v_d.upload(std::vector<float>(static_cast<size_t>(len), 0.0f));
+    norm_d.upload({norm_sq});
+    adamw_step(at(p_d, param_off), at(g_d, param_off), at(m_d, m_off), at(v_d, m_off), norm_d, 1.0f, cfg, 1, {}, {},
+               at(c_d, param_off));
+    const auto p_all = p_d.download(), c_all = c_d.download();
+    const std::vector<float> p(p_all.begin() + param_off, p_all.begin() + param_off + n);
+    const std::vector<float> c(c_all.begin() + param_off, c_all.begin() + param_off + n);
+    EXPECT_LE(normalized_error(p, param_cpu), kTol);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(f32_to_bf16(c[static_cast<size_t>(i)]), f32_to_bf16(p[static_cast<size_t>(i)])) << "element " << i;
+    // Elements around the view are untouched (the poison of the copy buffer stays).
+    for (int64_t i = 0; i < param_off; ++i) EXPECT_TRUE(std::isnan(c_all[static_cast<size_t>(i)])) << i;
+    for (int64_t i = param_off + n; i < len; ++i) EXPECT_TRUE(std::isnan(c_all[static_cast<size_t>(i)])) << i;
+    if (first_param.empty()) first_param = p;
+    else EXPECT_TRUE(same_bits(p, first_param)) << "not the bits of the aligned float4 path";
   }
 #endif
 }

@@ -391,5 +391,33 @@ TEST(DistributedOptimizer, one_rank_equals_single_rank_adamw_bit_for_bit) {
   }
 }
 
+// compute_copy: one rank writes the BF16 copy of the updated params in the update's own pass (every
+// element the rounding of the new param) and says so; several ranks leave it to the caller
+// (the gathered params arrive after the update) and do not touch it.
+TEST(DistributedOptimizer, the_bf16_compute_copy_is_written_by_one_rank_only) {
+  LocalCommunicator local;
+  MpiCommunicator world(MPI_COMM_WORLD);
+  for (Communicator* comm : {static_cast<Communicator*>(&local), static_cast<Communicator*>(&world)}) {
+    auto c = make_case(*comm, 1, DistributedAdamW::kDefaultBucketBytes);
+    const int64_t n = c->reg.total_numel();
+    std::vector<uint16_t> copy(static_cast<size_t>(n), 0x7fc1);  // a NaN no rounding produces
+    const Tensor copy_t(copy.data(), DType::BF16, {n});
+    for (int64_t step = 1; step <= 2; ++step) {
+      c->fill_grads(step);
+      const bool wrote = c->opt->enqueue_step(c->params(), c->grads(), test_config(), kMaxNorm, step, {}, copy_t);
+      EXPECT_EQ(wrote, comm->size() == 1) << "ranks " << comm->size();
+    }
+    const float* p = c->params().f32();
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t want = comm->size() == 1 ? f32_to_bf16(p[i]) : uint16_t{0x7fc1};
+      ASSERT_EQ(copy[static_cast<size_t>(i)], want) << "element " << i << ", ranks " << comm->size();
+    }
+    std::vector<uint16_t> short_copy(static_cast<size_t>(n - 1));
+    EXPECT_THROW(c->opt->enqueue_step(c->params(), c->grads(), test_config(), kMaxNorm, 3, {},
+                                      Tensor(short_copy.data(), DType::BF16, {n - 1})),
+                 Error);
+  }
+}
+
 }  // namespace
 }  // namespace moe

@@ -190,5 +190,40 @@ TEST(Optim, adamw_rejects_a_bad_schedule) {
   EXPECT_NO_THROW(call(f32_tensor(good, {2})));
 }
 
+// param_bf16: the updated param rounded to BF16 (round to nearest even), written in the same pass;
+// the FP32 results are those of the call without it; a skipped step leaves the copy untouched; a
+// copy of another dtype or size is refused.
+TEST(Optim, adamw_writes_the_bf16_copy_of_the_updated_param) {
+  const int64_t n = 100003;
+  AdamWConfig cfg;
+  cfg.weight_decay = 0.1f;
+  auto param = random_vec(n, 1), grad = random_vec(n, 2, 0.01);
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  auto param2 = param, m2 = m, v2 = v;
+  std::vector<uint16_t> copy(n, 0xffff);
+  float norm_sq = 4.0f;
+  auto t = [](std::vector<float>& x) { return f32_tensor(x.data(), {static_cast<int64_t>(x.size())}); };
+  const Tensor copy_t(copy.data(), DType::BF16, {n}, Device::CPU);
+  adamw_step(t(param), t(grad), t(m), t(v), f32_tensor(&norm_sq, {1}), 1.0f, cfg, 1, {}, {}, copy_t);
+  adamw_step(t(param2), t(grad), t(m2), t(v2), f32_tensor(&norm_sq, {1}), 1.0f, cfg, 1);
+  ASSERT_EQ(std::memcmp(param.data(), param2.data(), n * 4), 0);
+  EXPECT_EQ(std::memcmp(m.data(), m2.data(), n * 4), 0);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(copy[i], f32_to_bf16(param[i])) << "element " << i;
+  EXPECT_NE(f32_to_bf16(param[0]), f32_to_bf16(random_vec(1, 1)[0]));  // the copy is of the new value
+
+  const auto before = copy;
+  float bad = std::numeric_limits<float>::quiet_NaN();
+  adamw_step(t(param), t(grad), t(m), t(v), f32_tensor(&bad, {1}), 1.0f, cfg, 2, {}, {}, copy_t);
+  EXPECT_EQ(before, copy) << "a skipped step wrote the copy";
+
+  std::vector<float> f32_copy(n);
+  EXPECT_THROW(adamw_step(t(param), t(grad), t(m), t(v), f32_tensor(&norm_sq, {1}), 1.0f, cfg, 2, {}, {},
+                          t(f32_copy)),
+               Error);
+  EXPECT_THROW(adamw_step(t(param), t(grad), t(m), t(v), f32_tensor(&norm_sq, {1}), 1.0f, cfg, 2, {}, {},
+                          Tensor(copy.data(), DType::BF16, {n - 1}, Device::CPU)),
+               Error);
+}
+
 }  // namespace
 }  // namespace moe

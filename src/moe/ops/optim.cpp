@@ -19,8 +19,9 @@ void sum_squares_accumulate(Tensor out, Tensor x, Stream stream) {
 }
 
 void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
-                const AdamWConfig& cfg, int64_t step, Stream stream, Tensor schedule) {
-  MOE_OP_DISPATCH(param.device, adamw_step, param, grad, m, v, grad_norm_sq, max_norm, cfg, step, stream, schedule);
+                const AdamWConfig& cfg, int64_t step, Stream stream, Tensor schedule, Tensor param_bf16) {
+  MOE_OP_DISPATCH(param.device, adamw_step, param, grad, m, v, grad_norm_sq, max_norm, cfg, step, stream, schedule,
+                  param_bf16);
 }
 
 }  // namespace moe

@@ -30,7 +30,12 @@ void sum_squares_accumulate(Tensor out, Tensor x, Stream stream = {});
 // and cfg.lr and `step` are ignored: a captured CUDA graph replays with a new learning rate and step
 // written into schedule before each replay. Same lr and step give the same bits either way (the
 // GPU computes its bias corrections on the device, in double as the host does).
+// param_bf16: empty, or BF16 with param's element count: the updated param rounded to BF16
+// (round-to-nearest-even) is written there in the same pass, so the model's BF16 compute copy
+// needs no second pass over the FP32 weights. A skipped step writes nothing (the copy already
+// holds the unchanged param).
 void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
-                const AdamWConfig& cfg, int64_t step, Stream stream = {}, Tensor schedule = {});
+                const AdamWConfig& cfg, int64_t step, Stream stream = {}, Tensor schedule = {},
+                Tensor param_bf16 = {});
 
 }  // namespace moe

@@ -10,11 +10,12 @@ namespace moe {
 
 namespace {
 
-// Elements [begin, begin + n) of a flat FP32 buffer, as a 1-D tensor.
+// Elements [begin, begin + n) of a flat buffer (FP32 state, or the BF16 compute copy), as a 1-D tensor.
 Tensor flat_range(const Tensor& t, int64_t begin, int64_t n) {
   MOE_CHECK(begin >= 0 && n >= 0 && begin + n <= t.numel(), "range [", begin, ", ", begin + n,
             ") outside a buffer of ", t.numel(), " elements");
-  return Tensor(t.ptr<float>() + begin, DType::F32, {n}, t.device);
+  return Tensor(static_cast<char*>(t.data) + begin * static_cast<int64_t>(dtype_size(t.dtype)), t.dtype, {n},
+                t.device);
 }
 
 }  // namespace
@@ -134,13 +135,19 @@ DistributedAdamW::Result DistributedAdamW::step(Tensor params, Tensor grads, con
   return last_result();
 }
 
-void DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm, int64_t step,
-                                    Tensor schedule) {
+bool DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm, int64_t step,
+                                    Tensor schedule, Tensor compute_copy) {
   MOE_CHECK(params.numel() == reg_.total_numel() && grads.numel() == reg_.total_numel(),
             "DistributedAdamW::step: params has ", params.numel(), " and grads ", grads.numel(),
             " elements, the registry needs ", reg_.total_numel());
   params.check_dtype(DType::F32);
   grads.check_dtype(DType::F32);
+  const bool write_copy = single_rank_ && !compute_copy.empty();
+  if (!compute_copy.empty()) {
+    compute_copy.check_dtype(DType::BF16);
+    MOE_CHECK(compute_copy.numel() == params.numel(), "DistributedAdamW::step: compute_copy has ",
+              compute_copy.numel(), " elements, params ", params.numel());
+  }
 
   // 1. Gradient reduction over each replica group into this rank's shards (one rank: the
   // gradient buffer already is the whole shard, in the same order).
@@ -171,7 +178,8 @@ void DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConf
     const int64_t grad_at = single_rank_ ? pc.flat_begin : pc.buffer_offset;
     adamw_step(flat_range(params, pc.flat_begin, pc.n), flat_range(grad_shard, grad_at, pc.n),
                flat_range(m, pc.buffer_offset, pc.n), flat_range(v, pc.buffer_offset, pc.n), norm_sq, max_norm,
-               reg_.entry(pc.param).decay ? cfg : no_decay, step, {}, schedule);
+               reg_.entry(pc.param).decay ? cfg : no_decay, step, {}, schedule,
+               write_copy ? flat_range(compute_copy, pc.flat_begin, pc.n) : Tensor());
   }
 
   // 4. Every replica gets the updated shards back.
@@ -179,6 +187,7 @@ void DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConf
     all_gather_params(dense_, mesh_.world, params);
     all_gather_params(expert_, mesh_.expert_replicas.get(), params);
   }
+  return write_copy;
 }
 
 DistributedAdamW::Result DistributedAdamW::last_result() const {

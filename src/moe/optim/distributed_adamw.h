@@ -49,8 +49,12 @@ class DistributedAdamW {
   Result step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm, int64_t step);
   // The same without reading the result back (capturable in a CUDA graph); a non-empty schedule
   // (F32 [2]: lr, step, on the buffers' device) overrides cfg.lr and step (see adamw_step).
-  void enqueue_step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm, int64_t step,
-                    Tensor schedule = {});
+  // compute_copy: empty, or the BF16 copy of params (same element count). In a world of one rank
+  // the update writes it in the same pass (adamw_step's param_bf16) and this returns true; with
+  // several ranks the gathered params arrive after the update, so it returns false and the caller
+  // refreshes the copy itself.
+  bool enqueue_step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm, int64_t step,
+                    Tensor schedule = {}, Tensor compute_copy = {});
   // The result of the last step (reads the norm from the device).
   Result last_result() const;
 

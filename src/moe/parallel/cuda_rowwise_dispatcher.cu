@@ -3,14 +3,17 @@
 //   ep_route_index: one block per expert n, as route_index_local in ops/cuda/route.cu but with the
 //     placement of placement.cpp: the block sums the gathered counts ahead of (n, me) at n's owner,
 //     then numbers the routes to n in (t, k) order with a block-wide scan per chunk of routes;
-//   dispatch_rows: one block per route copies the token's row into the owner's expert_in;
-//   combine_routes, dispatch_backward_routes: one block per token, one thread per chunk of columns,
-//     summing over k in ascending order in FP32 and rounding once on store;
-//   combine_backward_routes: one block per token; for each k the block stores w * dout into the
-//     owner's d_expert_out and reduces dot(dout, expert_out) in a fixed order for dweights.
+//   dispatch: one block per token reads its row once and stores it into the owners' expert_in rows
+//     of its K routes (PUT), route_rows.cuh's scatter kernel;
+//   combine, dispatch backward, combine backward: one block per token over its K routed rows, the
+//     kernels of ops/cuda/route_rows.cuh (shared with the local ops of ops/cuda/permute.cu) with
+//     rows located in their owners' heap segments (PeerRow): the combine and the dispatch backward
+//     read rows there (GET) and sum over k in ascending order in FP32, rounding once on store; the
+//     combine backward stores w * dout into the owner's d_expert_out (PUT) and reduces
+//     dot(dout, expert_out) in a fixed order for dweights.
 // Rows move in chunks of 16 bytes (8 BF16) when the row size and every buffer allow it, else one element at a time; the
-// arithmetic per element is the same either way, and the same as the local dispatcher's kernels (ops/cuda/permute.cu)
-// except the dweights dot product (another summation order per thread). No atomics: results are deterministic.
+// arithmetic per element is the same either way, and the same as the local dispatcher's. No atomics: results are
+// deterministic.
 #include "moe/parallel/cuda_rowwise_dispatcher.h"
 
 #include <cuda_bf16.h>
@@ -21,10 +24,12 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "moe/core/cuda_check.h"
 #include "moe/core/error.h"
 #include "moe/ops/cuda/element.cuh"
+#include "moe/ops/cuda/route_rows.cuh"
 #include "moe/ops/cuda/route_scan.cuh"
 #include "moe/parallel/placement.h"
 
@@ -40,7 +45,6 @@ namespace {
 constexpr size_t kHeapAlign = 256;
 size_t align_up(size_t n) { return (n + kHeapAlign - 1) / kHeapAlign * kHeapAlign; }
 
-constexpr int kWarp = 32;
 constexpr int kMaxThreads = 256;
 constexpr int kRouteThreads = 256;
 constexpr int kItems = 8;                         // consecutive routes per thread per chunk
@@ -60,37 +64,8 @@ PeerBases peer_table(const std::vector<char*>& bases) {
 
 unsigned grid_for(int64_t items) { return static_cast<unsigned>(std::min(items, kMaxBlocks)); }
 
-// V elements moved as one word (16 bytes for V = 16 / sizeof(Elem)).
-template <typename Elem, int V>
-struct alignas(sizeof(Elem) * V) Pack {
-  Elem e[V];
-};
-
-// A chunk of a row in some rank's heap segment, loaded at L2 (ld.global.cg): never served from a
-// stale L1 line, whatever the compiler proves about the kernel's pointers.
-template <typename Elem, int V>
-__device__ __forceinline__ Pack<Elem, V> load_peer(const Elem* row, int64_t c) {
-  Pack<Elem, V> p;
-  if constexpr (sizeof(p) == 16) {
-    const uint4 w = __ldcg(reinterpret_cast<const uint4*>(row) + c);
-    memcpy(&p, &w, sizeof(p));
-  } else if constexpr (sizeof(p) == 4) {
-    const unsigned w = __ldcg(reinterpret_cast<const unsigned*>(row) + c);
-    memcpy(&p, &w, sizeof(p));
-  } else {
-    static_assert(sizeof(p) == 2, "rows are BF16 or F32");
-    const unsigned short w = __ldcg(reinterpret_cast<const unsigned short*>(row) + c);
-    memcpy(&p, &w, sizeof(p));
-  }
-  return p;
-}
-
-__device__ __forceinline__ float widen(float v) { return v; }
-__device__ __forceinline__ float widen(__nv_bfloat16 v) { return cuda::to_f32(v); }
-template <typename Elem>
-__device__ __forceinline__ Elem narrow(float v) {
-  return cuda::from_f32<Elem>(v);
-}
+using cuda::Pack;
+using cuda::with_vec_width;
 
 // area(r)[me * N + n] = counts[n] for every rank r: this rank's row of everyone's [P][N] counts.
 __global__ void exchange_counts_kernel(PeerBases peers, int ranks, size_t area_offset,
@@ -148,133 +123,18 @@ __device__ __forceinline__ Elem* routed_row(const PeerBases& peers, size_t buffe
   return reinterpret_cast<Elem*>(peers.base[d] + buffer_offset) + (v % rows) * D;
 }
 
-// expert_in(owner)[row of route i] = x[i / top_k] for every kept route (PUT).
-template <typename Elem, int V>
-__global__ void dispatch_rows_kernel(PeerBases peers, size_t buffer_offset, const Elem* __restrict__ x,
-                                     const int32_t* __restrict__ route_index, int top_k, int64_t routes, int64_t rows,
-                                     int64_t limit, int64_t D) {
-  using P = Pack<Elem, V>;
-  const int64_t chunks = D / V;
-  for (int64_t i = blockIdx.x; i < routes; i += gridDim.x) {
-    Elem* to = routed_row<Elem>(peers, buffer_offset, route_index[i], rows, limit, D);
-    if (to == nullptr) continue;  // dropped route: nothing to move
-    const P* from = reinterpret_cast<const P*>(x + (i / top_k) * D);
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) reinterpret_cast<P*>(to)[c] = from[c];
+// A route's row in its owner's heap buffer at `offset` (route_rows.cuh's Row functor): the dispatch
+// stores rows there (PUT), the combine and the dispatch backward read them (GET), the combine
+// backward does both.
+template <typename Elem>
+struct PeerRow {
+  PeerBases peers;
+  size_t offset;
+  int64_t rows, limit, D;
+  __device__ __forceinline__ Elem* operator()(int32_t v) const {
+    return routed_row<std::remove_const_t<Elem>>(peers, offset, v, rows, limit, D);
   }
-}
-
-// out[t] (+= when accumulate, else =) sum over kept k, ascending, of weights[t,k] * rows(owner)[row of (t,k)] (GET),
-// weights = 1 when null: the combine (weights, accumulate) and the dispatch backward (neither). __fmul_rn/__fadd_rn:
-// never fused into an FMA, as in ops/cuda/permute.cu's combine and gather backward.
-template <typename Elem, int V>
-__global__ void sum_routes_kernel(Elem* __restrict__ out, PeerBases peers, size_t buffer_offset,
-                                  const float* __restrict__ weights, bool accumulate,
-                                  const int32_t* __restrict__ route_index, int top_k, int64_t T, int64_t rows,
-                                  int64_t limit, int64_t D) {
-  using P = Pack<Elem, V>;
-  const int64_t chunks = D / V;
-  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-      float acc[V];
-#pragma unroll
-      for (int u = 0; u < V; ++u) acc[u] = 0.0f;
-      for (int k = 0; k < top_k; ++k) {
-        const Elem* row = routed_row<Elem>(peers, buffer_offset, route_index[t * top_k + k], rows, limit, D);
-        if (row == nullptr) continue;  // a dropped route contributes zero
-        const P y = load_peer<Elem, V>(row, c);
-        if (weights == nullptr) {
-#pragma unroll
-          for (int u = 0; u < V; ++u) acc[u] = __fadd_rn(acc[u], widen(y.e[u]));
-        } else {
-          const float w = weights[t * top_k + k];
-#pragma unroll
-          for (int u = 0; u < V; ++u) acc[u] = __fadd_rn(acc[u], __fmul_rn(w, widen(y.e[u])));
-        }
-      }
-      P* o = reinterpret_cast<P*>(out + t * D) + c;
-      P r;
-      if (accumulate) r = *o;
-#pragma unroll
-      for (int u = 0; u < V; ++u) r.e[u] = narrow<Elem>(accumulate ? __fadd_rn(widen(r.e[u]), acc[u]) : acc[u]);
-      *o = r;
-    }
-  }
-}
-
-// For each kept (t, k): d_expert_out(owner)[row] = weights[t,k] * dout[t] (PUT) and dweights[t,k] = dot(dout[t],
-// expert_out(owner)[row]) (GET); dweights = 0 for a dropped route.
-template <typename Elem, int V>
-__global__ void combine_backward_routes_kernel(PeerBases peers, size_t dy_offset, size_t y_offset,
-                                               float* __restrict__ dweights, const Elem* __restrict__ dout,
-                                               const float* __restrict__ weights,
-                                               const int32_t* __restrict__ route_index, int top_k, int64_t T,
-                                               int64_t rows, int64_t limit, int64_t D) {
-  using P = Pack<Elem, V>;
-  const int64_t chunks = D / V;
-  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    const P* g = reinterpret_cast<const P*>(dout + t * D);
-    for (int k = 0; k < top_k; ++k) {
-      const int64_t i = t * top_k + k;
-      const int32_t v = route_index[i];
-      const Elem* y_row = routed_row<Elem>(peers, y_offset, v, rows, limit, D);
-      if (y_row == nullptr) {  // the same v for the whole block: no thread
-                               // reaches block_sum below
-        if (threadIdx.x == 0) dweights[i] = 0.0f;
-        continue;
-      }
-      Elem* dy_row = routed_row<Elem>(peers, dy_offset, v, rows, limit, D);
-      const float wk = weights[i];
-      float dot = 0.0f;
-      for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-        const P gc = g[c], yc = load_peer<Elem, V>(y_row, c);
-        P dyc;
-#pragma unroll
-        for (int u = 0; u < V; ++u) {
-          const float gu = widen(gc.e[u]);
-          dot = fmaf(gu, widen(yc.e[u]), dot);
-          dyc.e[u] = narrow<Elem>(__fmul_rn(wk, gu));
-        }
-        reinterpret_cast<P*>(dy_row)[c] = dyc;
-      }
-      dot = cuda::route_scan::block_sum<kMaxThreads>(dot);
-      if (threadIdx.x == 0) dweights[i] = dot;
-    }
-  }
-}
-
-// Threads per row block: enough warps for the row's chunks, at most kMaxThreads.
-unsigned threads_for(int64_t chunks) {
-  const int64_t warps = std::max<int64_t>(1, std::min<int64_t>((chunks + kWarp - 1) / kWarp, kMaxThreads / kWarp));
-  return static_cast<unsigned>(warps * kWarp);
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-template <typename Elem, int V>
-struct RowType {
-  using elem = Elem;
-  static constexpr int width = V;
 };
-
-// Calls f(RowType<Elem, V>{}) for the dtype, with V = 16 bytes of elements when the row and every pointer in `pointers`
-// are 16-byte aligned (a peer's heap segment is aligned like ours), else V = 1.
-template <typename F>
-void with_row_type(DType dtype, int64_t D, std::initializer_list<const void*> pointers, F&& f) {
-  const int64_t row_bytes = D * static_cast<int64_t>(dtype_size(dtype));
-  bool vec = row_bytes % 16 == 0;
-  for (const void* p : pointers) vec = vec && aligned16(p);
-  if (dtype == DType::BF16) {
-    if (vec)
-      f(RowType<__nv_bfloat16, 8>{});
-    else
-      f(RowType<__nv_bfloat16, 1>{});
-  } else {
-    if (vec)
-      f(RowType<float, 4>{});
-    else
-      f(RowType<float, 1>{});
-  }
-}
 
 }  // namespace
 
@@ -465,12 +325,12 @@ void CudaRowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan
   if (routes > 0 && hidden_ > 0) {
     const PeerBases peers = peer_table(peer_bases_);
     const cudaStream_t s = compute_stream();
-    with_row_type(dtype_, hidden_, {x.data, peer_bases_[0], expert_in.data}, [&](auto row_type) {
+    with_vec_width(dtype_, hidden_, {x.data, peer_bases_[0], expert_in.data}, [&](auto row_type) {
       using Elem = typename decltype(row_type)::elem;
       constexpr int V = decltype(row_type)::width;
-      dispatch_rows_kernel<Elem, V><<<grid_for(routes), threads_for(hidden_ / V), 0, s>>>(
-          peers, in_offset, static_cast<const Elem*>(x.data), plan.route_index.i32(), top_k, routes, rows_, P * rows_,
-          hidden_);
+      cuda::route_rows::launch_scatter_routes<Elem, V>(static_cast<const Elem*>(x.data),
+                                                       PeerRow<Elem>{peers, in_offset, rows_, P * rows_, hidden_},
+                                                       plan.route_index.i32(), top_k, tokens_, hidden_, s);
     });
     CUDA_CHECK_LAUNCH();
   }
@@ -494,12 +354,12 @@ void CudaRowwiseDispatcher::combine(Tensor out, Tensor expert_out, Tensor weight
   const int64_t P = ep_group_.size();
   const PeerBases peers = peer_table(peer_bases_);
   const cudaStream_t s = compute_stream();
-  with_row_type(dtype_, hidden_, {out.data, peer_bases_[0], expert_out.data}, [&](auto row_type) {
+  with_vec_width(dtype_, hidden_, {out.data, peer_bases_[0], expert_out.data}, [&](auto row_type) {
     using Elem = typename decltype(row_type)::elem;
     constexpr int V = decltype(row_type)::width;
-    sum_routes_kernel<Elem, V><<<grid_for(tokens_), threads_for(hidden_ / V), 0, s>>>(
-        static_cast<Elem*>(out.data), peers, out_offset, weights.f32(), /*accumulate=*/true, plan.route_index.i32(),
-        top_k, tokens_, rows_, P * rows_, hidden_);
+    cuda::route_rows::launch_sum_routes<Elem, V>(
+        static_cast<Elem*>(out.data), PeerRow<const Elem>{peers, out_offset, rows_, P * rows_, hidden_}, weights.f32(),
+        /*accumulate=*/true, plan.route_index.i32(), top_k, tokens_, hidden_, s);
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -522,12 +382,14 @@ void CudaRowwiseDispatcher::combine_backward(Tensor d_expert_out, Tensor dweight
     const PeerBases peers = peer_table(peer_bases_);
     const cudaStream_t s = compute_stream();
     // D == 0 still runs: dweights are written (all zeros).
-    with_row_type(dtype_, hidden_, {dout.data, peer_bases_[0], d_expert_out.data, expert_out.data}, [&](auto row_type) {
+    with_vec_width(dtype_, hidden_, {dout.data, peer_bases_[0], d_expert_out.data, expert_out.data}, [&](auto row_type) {
       using Elem = typename decltype(row_type)::elem;
       constexpr int V = decltype(row_type)::width;
-      combine_backward_routes_kernel<Elem, V><<<grid_for(tokens_), threads_for(hidden_ / V), 0, s>>>(
-          peers, dy_offset, y_offset, dweights.f32(), static_cast<const Elem*>(dout.data), weights.f32(),
-          plan.route_index.i32(), top_k, tokens_, rows_, P * rows_, hidden_);
+      cuda::route_rows::launch_combine_backward<Elem, V>(
+          dweights.f32(), static_cast<const Elem*>(dout.data), weights.f32(),
+          PeerRow<const Elem>{peers, y_offset, rows_, P * rows_, hidden_},
+          PeerRow<Elem>{peers, dy_offset, rows_, P * rows_, hidden_}, plan.route_index.i32(), top_k, tokens_, hidden_,
+          s);
     });
     CUDA_CHECK_LAUNCH();
   }
@@ -547,12 +409,12 @@ void CudaRowwiseDispatcher::dispatch_backward(Tensor dx, Tensor d_expert_in, con
     const int64_t P = ep_group_.size();
     const PeerBases peers = peer_table(peer_bases_);
     const cudaStream_t s = compute_stream();
-    with_row_type(dtype_, hidden_, {dx.data, peer_bases_[0], d_expert_in.data}, [&](auto row_type) {
+    with_vec_width(dtype_, hidden_, {dx.data, peer_bases_[0], d_expert_in.data}, [&](auto row_type) {
       using Elem = typename decltype(row_type)::elem;
       constexpr int V = decltype(row_type)::width;
-      sum_routes_kernel<Elem, V><<<grid_for(tokens_), threads_for(hidden_ / V), 0, s>>>(
-          static_cast<Elem*>(dx.data), peers, in_offset, /*weights=*/nullptr, /*accumulate=*/false,
-          plan.route_index.i32(), top_k, tokens_, rows_, P * rows_, hidden_);
+      cuda::route_rows::launch_sum_routes<Elem, V>(
+          static_cast<Elem*>(dx.data), PeerRow<const Elem>{peers, in_offset, rows_, P * rows_, hidden_},
+          /*weights=*/nullptr, /*accumulate=*/false, plan.route_index.i32(), top_k, tokens_, hidden_, s);
     });
     CUDA_CHECK_LAUNCH();
   }

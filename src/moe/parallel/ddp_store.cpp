@@ -39,8 +39,9 @@ void DdpStore::zero_grads() {
 }
 
 void DdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule) {
-  optimizer_->enqueue_step(params(), grads_flat(), cfg, max_norm, step, schedule);
-  refresh_compute_weights();
+  // One rank: the update writes the BF16 compute copy in its own pass over the weights.
+  const Tensor copy = has_compute_copy_ ? arena_.get(compute_) : Tensor();
+  if (!optimizer_->enqueue_step(params(), grads_flat(), cfg, max_norm, step, schedule, copy)) refresh_compute_weights();
 }
 
 ParamStore::StepResult DdpStore::last_step() const {

@@ -13,6 +13,7 @@ FlopCount count_flops(const ModelConfig& c, int64_t seq_len) {
   const double Hd = static_cast<double>(c.dense_intermediate_size);
 
   double matmul = D * V;  // LM head
+  double expert_matmul = 0;
   double total = 2 * D * V + D;  // embedding, LM head, final norm
   double active = total;
   double qk_norm = c.qk_norm == QkNorm::Full ? q_out + kv_out : c.qk_norm == QkNorm::PerHead ? 2 * hd : 0;
@@ -25,6 +26,7 @@ FlopCount count_flops(const ModelConfig& c, int64_t seq_len) {
     if (c.is_moe_layer(l)) {
       const double expert = 3 * D * H;
       matmul += D * N + K * expert + 3 * D * S;
+      expert_matmul += K * expert;
       total += D * N + N * expert + 3 * D * S;
       active += D * N + K * expert + 3 * D * S;
     } else {
@@ -35,7 +37,9 @@ FlopCount count_flops(const ModelConfig& c, int64_t seq_len) {
   }
   FlopCount f;
   f.matmul_params_per_token = matmul;
-  f.flops_per_token = 6 * matmul + 12.0 * static_cast<double>(c.num_hidden_layers) * static_cast<double>(seq_len) * q_out;
+  f.expert_params_per_token = expert_matmul;
+  f.attention_flops_per_token = 12.0 * static_cast<double>(c.num_hidden_layers) * static_cast<double>(seq_len) * q_out;
+  f.flops_per_token = 6 * matmul + f.attention_flops_per_token;
   f.total_params = total;
   f.active_params = active;
   return f;

@@ -13,6 +13,8 @@ namespace moe {
 
 struct FlopCount {
   double matmul_params_per_token = 0;  // parameters used in matrix products by one token
+  double expert_params_per_token = 0;  // of which in the K routed experts (all MoE layers)
+  double attention_flops_per_token = 0;  // 12 x layers x seq_len x d_q (in flops_per_token)
   double flops_per_token = 0;          // the MFU numerator per trained token
   double total_params = 0;             // every parameter of the model
   double active_params = 0;            // parameters one token touches (K of N experts)

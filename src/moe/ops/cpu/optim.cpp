@@ -3,7 +3,10 @@
 #include "moe/ops/cpu/optim.h"
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
+
+#include "moe/core/dtype.h"
 
 namespace moe::cpu {
 
@@ -45,7 +48,7 @@ void sum_squares_accumulate(Tensor out, Tensor x, Stream /*stream*/) {
 }
 
 void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
-                const AdamWConfig& cfg, int64_t step, Stream /*stream*/, Tensor schedule) {
+                const AdamWConfig& cfg, int64_t step, Stream /*stream*/, Tensor schedule, Tensor param_bf16) {
   constexpr const char* op = "adamw_step";
   check_f32(param, op, "param");
   check_f32(grad, op, "grad");
@@ -56,6 +59,13 @@ void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_
   MOE_CHECK(m.shape == param.shape, op, ": m ", m.shape.str(), " does not match param ", param.shape.str());
   MOE_CHECK(v.shape == param.shape, op, ": v ", v.shape.str(), " does not match param ", param.shape.str());
   MOE_CHECK(grad_norm_sq.numel() == 1, op, ": grad_norm_sq must hold one value, got shape ", grad_norm_sq.shape.str());
+  if (!param_bf16.empty()) {
+    MOE_CHECK(param_bf16.data != nullptr && param_bf16.device == Device::CPU && param_bf16.dtype == DType::BF16, op,
+              ": param_bf16 must be a BF16 CPU tensor, got ", dtype_name(param_bf16.dtype), " on ",
+              device_name(param_bf16.device));
+    MOE_CHECK(param_bf16.numel() == param.numel(), op, ": param_bf16 has ", param_bf16.numel(), " elements, param ",
+              param.numel());
+  }
   // lr and step from the schedule in memory when given (the update runs now, on this thread).
   float lr = cfg.lr;
   double step_count = static_cast<double>(step);
@@ -88,6 +98,7 @@ void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_
   const float* gv = grad.f32();
   float* mv = m.f32();
   float* vv = v.f32();
+  uint16_t* copy = param_bf16.empty() ? nullptr : param_bf16.ptr<uint16_t>();
 #pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const float g = clip * gv[i];
@@ -97,6 +108,7 @@ void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_
     vv[i] = vi;
     // Same operation order as torch: (m / (sqrt(v) / sqrt(bias2) + eps)) times the step size.
     p[i] = p[i] * decay - step_size * (mi / (std::sqrt(vi) / bias2_sqrt + eps));
+    if (copy != nullptr) copy[i] = f32_to_bf16(p[i]);
   }
 }
 

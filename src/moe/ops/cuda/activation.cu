@@ -1,11 +1,13 @@
 // CUDA SwiGLU on the fused [gate | up] projection output (see moe/ops/activation.h and
 // moe/ops/cuda/activation.h for the dtype contract).
 //
-// Kernels: one thread per output element (r, j) of [R, H], grid-stride; gate g = gate_up[r, j],
-// up u = gate_up[r, H + j]. Element-wise, so trivially deterministic.
+// Kernels: one thread per 16-byte word of the output [R, H] (8 BF16 or 4 F32 columns; one element
+// where H or a pointer does not allow it), grid-stride; gate g = gate_up[r, j], up
+// u = gate_up[r, H + j]. Element-wise, so trivially deterministic, and the same bits at any width.
 #include "moe/ops/cuda/activation.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -22,34 +24,50 @@ constexpr int64_t kMaxBlocks = 1 << 16;
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
-template <typename T>
+// Thread item (r, c): columns [c V, c V + V) of row r, moved as one V-element word (V = 1: one
+// element). The arithmetic per element does not depend on V.
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(T* out, const T* gate_up, int64_t R, int64_t H) {
-  const int64_t n = R * H;
+  using P = Pack<T, V>;
+  const int64_t words = H / V, n = R * words;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / H, j = idx % H;
-    const float g = to_f32(gate_up[r * 2 * H + j]);
-    const float u = to_f32(gate_up[r * 2 * H + H + j]);
-    out[idx] = from_f32<T>(g * sigmoid(g) * u);
+    const int64_t r = idx / words, c = idx % words;
+    const P g = reinterpret_cast<const P*>(gate_up + r * 2 * H)[c];
+    const P u = reinterpret_cast<const P*>(gate_up + r * 2 * H + H)[c];
+    P o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float gf = to_f32(g.e[e]);
+      o.e[e] = from_f32<T>(gf * sigmoid(gf) * to_f32(u.e[e]));
+    }
+    reinterpret_cast<P*>(out + r * H)[c] = o;
   }
 }
 
 // d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g).
-template <typename T>
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate_up, int64_t R, int64_t H) {
-  const int64_t n = R * H;
+  using P = Pack<T, V>;
+  const int64_t words = H / V, n = R * words;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / H, j = idx % H;
-    const int64_t gi = r * 2 * H + j, ui = gi + H;
-    const float g = to_f32(gate_up[gi]);
-    const float u = to_f32(gate_up[ui]);
-    const float dy = to_f32(dout[idx]);
-    const float s = sigmoid(g);
-    // Both inputs are read before either output is written: dgate_up may alias gate_up.
-    dgate_up[ui] = from_f32<T>(dy * g * s);
-    dgate_up[gi] = from_f32<T>(dy * u * s * (1.0f + g * (1.0f - s)));
+    const int64_t r = idx / words, c = idx % words;
+    // Every input is read before either output is written: dgate_up may alias gate_up.
+    const P g = reinterpret_cast<const P*>(gate_up + r * 2 * H)[c];
+    const P u = reinterpret_cast<const P*>(gate_up + r * 2 * H + H)[c];
+    const P dy = reinterpret_cast<const P*>(dout + r * H)[c];
+    P dg, du;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float gf = to_f32(g.e[e]), uf = to_f32(u.e[e]), d = to_f32(dy.e[e]);
+      const float s = sigmoid(gf);
+      du.e[e] = from_f32<T>(d * gf * s);
+      dg.e[e] = from_f32<T>(d * uf * s * (1.0f + gf * (1.0f - s)));
+    }
+    reinterpret_cast<P*>(dgate_up + r * 2 * H + H)[c] = du;
+    reinterpret_cast<P*>(dgate_up + r * 2 * H)[c] = dg;
   }
 }
 
@@ -78,11 +96,12 @@ void swiglu_forward(Tensor out, Tensor gate_up, Stream stream) {
             " must be [R, 2H] for out ", out.shape.str());
   if (R * H == 0) return;
   const cudaStream_t s = cuda_stream(stream);
-  if (gate_up.dtype == DType::F32)
-    swiglu_forward_kernel<float><<<grid_for(R * H), kThreads, 0, s>>>(out.ptr<float>(), gate_up.ptr<const float>(), R, H);
-  else
-    swiglu_forward_kernel<__nv_bfloat16><<<grid_for(R * H), kThreads, 0, s>>>(
-        out.ptr<__nv_bfloat16>(), gate_up.ptr<const __nv_bfloat16>(), R, H);
+  with_vec_width(gate_up.dtype, H, {out.data, gate_up.data}, [&](auto vec_type) {
+    using T = typename decltype(vec_type)::elem;
+    constexpr int V = decltype(vec_type)::width;
+    swiglu_forward_kernel<T, V><<<grid_for(R * H / V), kThreads, 0, s>>>(static_cast<T*>(out.data),
+                                                                        static_cast<const T*>(gate_up.data), R, H);
+  });
   CUDA_CHECK_LAUNCH();
 }
 
@@ -98,12 +117,12 @@ void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, Stream stream
             gate_up.shape.str());
   if (R * H == 0) return;
   const cudaStream_t s = cuda_stream(stream);
-  if (gate_up.dtype == DType::F32)
-    swiglu_backward_kernel<float><<<grid_for(R * H), kThreads, 0, s>>>(
-        dgate_up.ptr<float>(), dout.ptr<const float>(), gate_up.ptr<const float>(), R, H);
-  else
-    swiglu_backward_kernel<__nv_bfloat16><<<grid_for(R * H), kThreads, 0, s>>>(
-        dgate_up.ptr<__nv_bfloat16>(), dout.ptr<const __nv_bfloat16>(), gate_up.ptr<const __nv_bfloat16>(), R, H);
+  with_vec_width(gate_up.dtype, H, {dgate_up.data, dout.data, gate_up.data}, [&](auto vec_type) {
+    using T = typename decltype(vec_type)::elem;
+    constexpr int V = decltype(vec_type)::width;
+    swiglu_backward_kernel<T, V><<<grid_for(R * H / V), kThreads, 0, s>>>(
+        static_cast<T*>(dgate_up.data), static_cast<const T*>(dout.data), static_cast<const T*>(gate_up.data), R, H);
+  });
   CUDA_CHECK_LAUNCH();
 }
 

@@ -60,7 +60,12 @@ using GroupShape = ProblemShape::UnderlyingProblemShape;
 // Which product the setup kernel lays out (see the top of this file).
 enum class Product { kData, kWgrad };
 
-template <class LayoutA_, class LayoutB_, class ElementD_>
+// The tile, cluster and schedules default to the configuration the library runs (NOTES above);
+// bench/wgrad_variants_bench.cu instantiates others to compare them on the H200.
+template <class LayoutA_, class LayoutB_, class ElementD_, class TileShape_ = cute::Shape<cute::_128, cute::_128, cute::_64>,
+          class ClusterShape_ = cute::Shape<cute::_2, cute::_1, cute::_1>,
+          class KernelSchedule_ = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+          class EpilogueSchedule_ = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>
 struct GroupedGemm {
   using ElementA = cutlass::bfloat16_t;
   using ElementB = cutlass::bfloat16_t;
@@ -74,10 +79,10 @@ struct GroupedGemm {
   static constexpr int kAlignB = 128 / cutlass::sizeof_bits<ElementB>::value;
   static constexpr int kAlignC = 128 / cutlass::sizeof_bits<ElementC>::value;
 
-  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+  using TileShape = TileShape_;
+  using ClusterShape = ClusterShape_;
+  using KernelSchedule = KernelSchedule_;
+  using EpilogueSchedule = EpilogueSchedule_;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,

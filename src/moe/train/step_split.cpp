@@ -1,0 +1,190 @@
+#include "moe/train/step_split.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "moe/core/device.h"
+#include "moe/core/error.h"
+
+#if defined(MOE_HAVE_CUDA)
+#include <cuda_runtime.h>
+
+#include "moe/core/cuda_check.h"
+#include "moe/ops/gemm.h"
+#endif
+
+namespace moe {
+
+namespace {
+
+constexpr double kAdamWBytesPerParam = 30;  // param, m, v read + written (24), grad read (4), BF16 copy (2)
+constexpr double kGradNormBytesPerParam = 4;
+
+bool contains(const std::string& haystack, std::string_view needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+#if defined(MOE_HAVE_CUDA)
+// Median GPU time of `runs` calls of fn on the compute stream, after one warm-up call.
+template <typename Fn>
+double median_ms(int runs, Fn&& fn) {
+  const cudaStream_t s = compute_stream();
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  fn();
+  std::vector<float> ms;
+  for (int i = 0; i < runs; ++i) {
+    CUDA_CHECK(cudaEventRecord(e0, s));
+    fn();
+    CUDA_CHECK(cudaEventRecord(e1, s));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float m = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&m, e0, e1));
+    ms.push_back(m);
+  }
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+#endif
+
+}  // namespace
+
+Ceilings measure_ceilings() {
+  Ceilings c;
+#if defined(MOE_HAVE_CUDA)
+  if (std::string why; !cuda_available(&why)) {
+    c.why_not = why;
+    return c;
+  }
+  constexpr int64_t kEdge = 8192;
+  constexpr size_t kCopyBytes = size_t{1} << 30;
+  const size_t gemm_bytes = static_cast<size_t>(kEdge * kEdge) * 2;
+  void* buf = nullptr;
+  if (cudaMalloc(&buf, 3 * gemm_bytes + 2 * kCopyBytes) != cudaSuccess) {
+    cudaGetLastError();  // clear the allocation error
+    c.why_not = "no room for the 2.4 GiB the measurement needs";
+    return c;
+  }
+  char* base = static_cast<char*>(buf);
+  CUDA_CHECK(cudaMemsetAsync(buf, 0, 3 * gemm_bytes + 2 * kCopyBytes, compute_stream()));
+  const Tensor a(base, DType::BF16, {kEdge, kEdge}, Device::CUDA);
+  const Tensor b(base + gemm_bytes, DType::BF16, {kEdge, kEdge}, Device::CUDA);
+  const Tensor out(base + 2 * gemm_bytes, DType::BF16, {kEdge, kEdge}, Device::CUDA);
+  const double gemm_ms = median_ms(10, [&] { matmul(out, a, b, false, true, 1.0f, 0.0f); });
+  c.gemm_tflops = 2.0 * kEdge * kEdge * kEdge / (gemm_ms * 1e-3) / 1e12;
+  char* src = base + 3 * gemm_bytes;
+  char* dst = src + kCopyBytes;
+  const double copy_ms = median_ms(10, [&] {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, kCopyBytes, cudaMemcpyDeviceToDevice, compute_stream()));
+  });
+  c.copy_tb_s = 2.0 * static_cast<double>(kCopyBytes) / (copy_ms * 1e-3) / 1e12;
+  CUDA_CHECK(cudaFree(buf));
+#else
+  c.why_not = "this build has no CUDA backend";
+#endif
+  return c;
+}
+
+const char* kernel_group_name(KernelGroup g) {
+  switch (g) {
+    case KernelGroup::ExpertGemm: return "expert GEMMs";
+    case KernelGroup::DenseGemm: return "dense GEMMs";
+    case KernelGroup::Attention: return "attention";
+    case KernelGroup::AdamW: return "AdamW update";
+    case KernelGroup::GradNorm: return "gradient norm";
+    case KernelGroup::Other: return "other";
+  }
+  return "?";
+}
+
+KernelGroup kernel_group(std::string_view name) {
+  std::string n(name);
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  // Order matters: CUTLASS kernel names also contain "gemm"; the zeroing kernel of empty experts
+  // lives in the CUTLASS wrapper's namespace but moves bytes, not FLOPs.
+  if (contains(n, "cutlass") && !contains(n, "zero_empty")) return KernelGroup::ExpertGemm;
+  if (contains(n, "adamw")) return KernelGroup::AdamW;
+  if (contains(n, "sum_squares")) return KernelGroup::GradNorm;
+  if (contains(n, "cudnn") || contains(n, "sdpa") || contains(n, "fmha") || contains(n, "flash"))
+    return KernelGroup::Attention;
+  if (contains(n, "nvjet") || contains(n, "gemm") || contains(n, "xmma") || contains(n, "cublas"))
+    return KernelGroup::DenseGemm;
+  return KernelGroup::Other;
+}
+
+std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entries, int steps, const FlopCount& flops,
+                                 double tokens_per_step, double params_updated, const Ceilings& ceilings) {
+  MOE_CHECK(steps >= 1, "split_step: steps = ", steps, ", expected at least 1");
+  constexpr int kGroups = static_cast<int>(KernelGroup::Other) + 1;
+  double ms[kGroups] = {};
+  double total = 0;
+  for (const auto& e : entries) {
+    ms[static_cast<int>(kernel_group(e.name))] += e.total_ms / steps;
+    total += e.total_ms / steps;
+  }
+  std::vector<SplitRow> rows;
+  for (int g = 0; g < kGroups; ++g) {
+    if (ms[g] <= 0) continue;
+    SplitRow r;
+    r.group = static_cast<KernelGroup>(g);
+    r.ms_per_step = ms[g];
+    r.share = total > 0 ? ms[g] / total : 0;
+    double work = 0;  // FLOPs or bytes per step
+    switch (r.group) {
+      case KernelGroup::ExpertGemm: work = 6 * flops.expert_params_per_token * tokens_per_step; break;
+      case KernelGroup::DenseGemm:
+        work = 6 * (flops.matmul_params_per_token - flops.expert_params_per_token) * tokens_per_step;
+        break;
+      case KernelGroup::Attention: work = flops.attention_flops_per_token * tokens_per_step; break;
+      case KernelGroup::AdamW: work = kAdamWBytesPerParam * params_updated; break;
+      case KernelGroup::GradNorm: work = kGradNormBytesPerParam * params_updated; break;
+      case KernelGroup::Other: break;
+    }
+    const bool bytes = r.group == KernelGroup::AdamW || r.group == KernelGroup::GradNorm;
+    if (work > 0) {
+      r.rate = work / (ms[g] * 1e-3) / 1e12;
+      r.unit = bytes ? "TB/s" : "TFLOP/s";
+      r.ceiling = bytes ? ceilings.copy_tb_s : ceilings.gemm_tflops;
+    }
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+std::string format_step_split(const std::vector<SplitRow>& rows, const Ceilings& ceilings) {
+  std::string out;
+  char line[256];
+  if (ceilings.gemm_tflops > 0)
+    std::snprintf(line, sizeof(line),
+                  "  step-time split by kind (GPU time per step); ceilings measured now: BF16 GEMM 8192^3 %.0f "
+                  "TFLOP/s, device copy %.2f TB/s\n",
+                  ceilings.gemm_tflops, ceilings.copy_tb_s);
+  else
+    std::snprintf(line, sizeof(line), "  step-time split by kind (GPU time per step); ceilings not measured (%s)\n",
+                  ceilings.why_not.c_str());
+  out += line;
+  for (const SplitRow& r : rows) {
+    int n = std::snprintf(line, sizeof(line), "    %-14s %9.2f ms %6.1f%%", kernel_group_name(r.group), r.ms_per_step,
+                          100 * r.share);
+    if (r.rate > 0 && r.ceiling > 0)
+      n += std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n), "   %7.2f %-7s = %3.0f%% of the ceiling",
+                         r.rate, r.unit, 100 * r.rate / r.ceiling);
+    else if (r.rate > 0)
+      n += std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n), "   %7.2f %s", r.rate, r.unit);
+    if (r.group == KernelGroup::Attention)
+      std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n), " (full-square FLOPs; causal runs ~half)");
+    else if (r.group == KernelGroup::Other)
+      std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n), "   (element-wise, norms, routing: bytes not counted)");
+    out += line;
+    out += '\n';
+  }
+  return out;
+}
+
+}  // namespace moe

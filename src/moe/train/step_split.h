@@ -1,0 +1,55 @@
+// The step-time split `moetrain bench` prints on the GPU: the profiled kernels (KernelProfiler)
+// in groups of one kind, and how far each group runs from its ceiling, both measured in the same
+// process: a large cuBLAS BF16 GEMM gives the matrix-product ceiling, a device-to-device copy the
+// memory ceiling.
+//   expert GEMMs    CUTLASS grouped GEMMs; work: 6 x tokens x K x 3 x d x h per MoE layer (FLOPs)
+//   dense GEMMs     cuBLAS(Lt) products; work: 6 x tokens x the other matrix-product parameters
+//                   (attention projections, router, shared expert, dense MLPs, LM head)
+//   attention       cuDNN SDPA; work: 12 x layers x seq x d_q per token, the MFU convention (the
+//                   full square: a causal kernel does about half of it)
+//   AdamW update    bytes: 30 per parameter (param, m, v read and written, grad read, BF16 copy written)
+//   gradient norm   bytes: 4 per parameter read
+//   other           element-wise, norms, routing, copies: time only (their bytes are not counted)
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moe/core/kernel_profiler.h"
+#include "moe/train/flops.h"
+
+namespace moe {
+
+struct Ceilings {
+  double gemm_tflops = 0;  // BF16 GEMM, 8192 x 8192 x 8192, cuBLASLt (0: not measured)
+  double copy_tb_s = 0;    // device-to-device copy of 1 GiB, bytes read + written per second
+  std::string why_not;     // why nothing was measured (no GPU, no memory left)
+};
+
+// Measures both ceilings on the current GPU (median of several runs; allocates ~2.4 GiB for the
+// measurement and frees it). Without a GPU, returns zeros and the reason.
+Ceilings measure_ceilings();
+
+enum class KernelGroup { ExpertGemm, DenseGemm, Attention, AdamW, GradNorm, Other };
+const char* kernel_group_name(KernelGroup g);
+// The group of a kernel by its (mangled or plain) name.
+KernelGroup kernel_group(std::string_view name);
+
+struct SplitRow {
+  KernelGroup group = KernelGroup::Other;
+  double ms_per_step = 0;
+  double share = 0;     // of all recorded GPU time
+  double rate = 0;      // TFLOP/s or TB/s achieved; 0 when the group's work is not counted
+  double ceiling = 0;   // the measured ceiling in the same unit; 0 when none applies
+  const char* unit = "";  // "TFLOP/s", "TB/s" or ""
+};
+
+// Rows for every group with recorded time, in KernelGroup order. entries: all of the profiler's
+// entries; steps: the steps they cover; tokens_per_step: tokens this GPU trains per step;
+// params_updated: parameters this GPU's optimizer updates per step.
+std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entries, int steps, const FlopCount& flops,
+                                 double tokens_per_step, double params_updated, const Ceilings& ceilings);
+std::string format_step_split(const std::vector<SplitRow>& rows, const Ceilings& ceilings);
+
+}  // namespace moe

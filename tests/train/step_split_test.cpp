@@ -1,0 +1,85 @@
+// The step-time split of `moetrain bench`: kernels sorted into kinds by name, each kind's time per
+// step, share, and achieved rate computed from the model's FLOP count (or the optimizer's bytes),
+// against the ceilings given. The ceilings themselves are measured on the GPU (bench only).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "moe/core/device.h"
+#include "moe/train/step_split.h"
+
+namespace moe {
+namespace {
+
+TEST(StepSplit, kernels_are_grouped_by_name) {
+  EXPECT_EQ(kernel_group("_ZN4moe4cuda12_GLOBAL__N_112adamw_kernelILb1EEEvPfPKfS3_S3_"), KernelGroup::AdamW);
+  EXPECT_EQ(kernel_group("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<...>>(...)"),
+            KernelGroup::ExpertGemm);
+  EXPECT_EQ(kernel_group("_ZN4moe4cuda15cutlass_grouped18zero_empty_expertsEPfPKill"), KernelGroup::Other);
+  EXPECT_EQ(kernel_group("nvjet_tst_256x128_64x4_2x1_v_bz_coopA_NTN"), KernelGroup::DenseGemm);
+  EXPECT_EQ(kernel_group("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"), KernelGroup::DenseGemm);
+  EXPECT_EQ(kernel_group("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3"),
+            KernelGroup::Attention);
+  EXPECT_EQ(kernel_group("_ZN4moe4cuda12_GLOBAL__N_126sum_squares_partial_kernelEPKfl"), KernelGroup::GradNorm);
+  EXPECT_EQ(kernel_group("_ZN4moe4cuda12_GLOBAL__N_121rmsnorm_forward_kernelEv"), KernelGroup::Other);
+  EXPECT_EQ(kernel_group("[memcpy DtoD]"), KernelGroup::Other);
+}
+
+TEST(StepSplit, rates_come_from_the_flop_count_and_the_time_per_step) {
+  FlopCount f;
+  f.matmul_params_per_token = 3e8;
+  f.expert_params_per_token = 2e8;
+  f.attention_flops_per_token = 5e8;
+  const double tokens = 32768, params = 1e9;
+  Ceilings c;
+  c.gemm_tflops = 800;
+  c.copy_tb_s = 4;
+  const std::vector<KernelProfiler::Entry> entries = {
+      {"void cutlass::device_kernel<GemmUniversal>", 30, 40.0},  // 3 steps: 13.33 ms per step
+      {"nvjet_tst_128x256", 90, 12.0},
+      {"adamw_kernel", 6, 30.0},
+      {"rope_kernel", 30, 6.0},
+      {"another_elementwise", 30, 3.0},
+  };
+  const auto rows = split_step(entries, 3, f, tokens, params, c);
+  ASSERT_EQ(rows.size(), 4u);  // no attention and no gradient-norm time: no rows for them
+  EXPECT_EQ(rows[0].group, KernelGroup::ExpertGemm);
+  EXPECT_EQ(rows[1].group, KernelGroup::DenseGemm);
+  EXPECT_EQ(rows[2].group, KernelGroup::AdamW);
+  EXPECT_EQ(rows[3].group, KernelGroup::Other);
+  EXPECT_NEAR(rows[0].ms_per_step, 40.0 / 3, 1e-9);
+  EXPECT_NEAR(rows[3].ms_per_step, 3.0, 1e-9);
+  double share = 0;
+  for (const auto& r : rows) share += r.share;
+  EXPECT_NEAR(share, 1.0, 1e-12);
+  EXPECT_NEAR(rows[0].share, 40.0 / 91.0, 1e-12);
+  // 6 x 2e8 x 32768 FLOPs in 13.33 ms; the dense products: 6 x 1e8 x 32768 in 4 ms.
+  EXPECT_NEAR(rows[0].rate, 6 * 2e8 * tokens / (40.0 / 3 * 1e-3) / 1e12, 1e-9);
+  EXPECT_NEAR(rows[1].rate, 6 * 1e8 * tokens / 4e-3 / 1e12, 1e-9);
+  EXPECT_STREQ(rows[0].unit, "TFLOP/s");
+  EXPECT_EQ(rows[0].ceiling, 800);
+  // AdamW: 30 bytes per parameter in 10 ms per step = 3 TB/s against the 4 TB/s copy.
+  EXPECT_NEAR(rows[2].rate, 3.0, 1e-12);
+  EXPECT_STREQ(rows[2].unit, "TB/s");
+  EXPECT_EQ(rows[2].ceiling, 4);
+  EXPECT_EQ(rows[3].rate, 0);  // element-wise bytes are not counted
+
+  const std::string text = format_step_split(rows, c);
+  EXPECT_NE(text.find("expert GEMMs"), std::string::npos) << text;
+  EXPECT_NE(text.find("75% of the ceiling"), std::string::npos) << text;  // AdamW 3 of 4 TB/s
+  EXPECT_THROW(split_step(entries, 0, f, tokens, params, c), Error);
+}
+
+TEST(StepSplit, ceilings_say_why_they_were_not_measured_without_a_gpu) {
+  std::string why;
+  if (cuda_available(&why)) GTEST_SKIP() << "a GPU is present: measured by moetrain bench";
+  const Ceilings c = measure_ceilings();
+  EXPECT_EQ(c.gemm_tflops, 0);
+  EXPECT_FALSE(c.why_not.empty());
+  EXPECT_NE(format_step_split({}, c).find("not measured"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moe
