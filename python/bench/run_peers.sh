@@ -6,6 +6,8 @@
 #                    backends, MoE layer at N = 8 and 128
 #   full:            3 warm-up + 10 timed steps, plus the compiled top-4 expert sweep
 #                    N = 8..128 and the MoE layer at N = 8..128
+#   sweep:           only the compiled top-4 expert sweep N = 8..128 (2 warm-up + 4 timed
+#                    steps each), to run in one call with bench/gpu_sweep.sh
 # Each benchmark's last line is "RESULT_JSON {...}"; they are gathered into
 # LOG_DIR/peers.jsonl (LOG_DIR defaults to $OUT when set, else a temp folder) and tabled.
 set -u
@@ -36,6 +38,13 @@ run() {  # run NAME TIMEOUT_S ARGS...
 
 T="$HERE/torch_olmoe.py"
 H="$HERE/hf_olmoe.py"
+if [ "$MODE" = sweep ]; then
+  for n in ${EXPERTS:-8 16 32 64 128}; do
+    run sweep_top4_n$n 300 "$T" --compile --topk 4 --experts $n --warmup 2 --steps 4
+  done
+  MODE=done
+fi
+[ "$MODE" = done ] || {
 run torch_eager 300 "$T" --warmup $W --steps $S
 run moe_layer_n8 120 "$T" --moe-layer-only --experts 8
 run moe_layer_n128 120 "$T" --moe-layer-only --experts 128
@@ -50,6 +59,7 @@ if [ "$MODE" = full ]; then
     run sweep_top4_n$n 420 "$T" --compile --topk 4 --experts $n --warmup $W --steps $S
   done
 fi
+}
 
 "$PY" - "$JSONL" <<'EOF'
 import json, sys

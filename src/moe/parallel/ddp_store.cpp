@@ -33,9 +33,15 @@ void DdpStore::refresh_compute_weights() {
   if (has_compute_copy_) cast_copy(arena_.get(compute_), params());
 }
 
-void DdpStore::zero_grads() {
+void DdpStore::zero_grads(bool experts_written) {
   bind();
-  fill_zero(grads_flat());
+  const Tensor g = grads_flat();
+  if (!experts_written) return fill_zero(g);
+  // The flat buffer is [dense region | expert region]: only the dense region is zeroed.
+  const auto [begin, end] = reg_.region(ReplicaGroup::Dense);
+  if (end > begin)
+    fill_zero(Tensor(static_cast<char*>(g.data) + begin * static_cast<int64_t>(dtype_size(g.dtype)), g.dtype,
+                     {end - begin}, g.device));
 }
 
 void DdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule) {

@@ -22,7 +22,7 @@ class DdpStore final : public ParamStore {
   const ModelWeights& grads() const override { return grads_; }
   BlockHooks* hooks() override { return nullptr; }
   void init(uint64_t seed) override;
-  void zero_grads() override;
+  void zero_grads(bool experts_written) override;
   void enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule = {}) override;
   StepResult last_step() const override;
   void reduced_gradients(const GradientFn& fn) override;

@@ -86,7 +86,8 @@ void FsdpStore::init(uint64_t seed) {
   }
 }
 
-void FsdpStore::zero_grads() { fill_zero(arena_.get(g_shard_)); }
+// The shard mixes the blocks' parameters, experts included: always zeroed whole.
+void FsdpStore::zero_grads(bool /*experts_written*/) { fill_zero(arena_.get(g_shard_)); }
 
 void FsdpStore::gather(int block) {
   bind();

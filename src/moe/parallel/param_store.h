@@ -30,7 +30,11 @@ class ParamStore {
 
   // Initializes the weights (a pure function of seed and logical index: the same model on any topology).
   virtual void init(uint64_t seed) = 0;
-  virtual void zero_grads() = 0;
+  // Zeroes the gradient buffers. experts_written: the caller's first microbatch writes every
+  // routed-expert gradient instead of adding to it (the GPU's grouped weight gradient with
+  // accumulate = false, experts without rows zeroed), so a store may leave those gradients as they
+  // are (one pass less over most of the parameters).
+  virtual void zero_grads(bool experts_written) = 0;
 
   struct StepResult {
     double grad_norm = 0;  // global, before clipping

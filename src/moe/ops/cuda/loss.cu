@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "moe/core/cuda_check.h"
 #include "moe/ops/cuda/gemm.h"
@@ -16,6 +17,8 @@ namespace {
 
 constexpr int kThreads = 512;     // per row
 constexpr int kRowBlocks = 256;   // fixed grid: the loss partials do not depend on the GPU
+constexpr int kStagedThreads = 1024;  // per row, for rows staged in shared memory
+constexpr int kStagedStaticSmem = 1024;  // bytes kept back for the kernel's static shared memory
 static_assert((kRowBlocks + 1) * sizeof(double) <= kStreamScratchBytes, "loss partials must fit the stream scratch");
 
 // Block-wide max / sum with a fixed reduction tree (deterministic). Every thread gets the result;
@@ -112,6 +115,98 @@ __global__ void __launch_bounds__(kThreads)
   if (tid == 0) partials[blockIdx.x] = block_loss;
 }
 
+// Rows whose F32 logits fit in shared memory (see staged_rows_fit): the block copies the row
+// there with one read of global memory (16-byte words); the max, the exponential sum and the
+// gradient then read the copy, and the gradient goes straight to global memory (BF16 into the
+// first half of the row, or F32 in place) with no strip barriers: every global read of the row
+// precedes block_max's barriers, every write follows them. Same results as
+// softmax_cross_entropy_rows but for the summation order of the FP64 exponential sum.
+template <bool kBf16Grad>
+__global__ void __launch_bounds__(kStagedThreads)
+    softmax_cross_entropy_rows_staged(float* __restrict__ logits, int64_t n, int64_t V,
+                                      const int32_t* __restrict__ targets, float grad_scale, bool want_grad,
+                                      double* __restrict__ partials) {
+  extern __shared__ float4 staged[];
+  __shared__ float max_shared[32];
+  __shared__ double sum_shared[32];
+  const int tid = threadIdx.x;
+  const int64_t words = V / 4;
+  double block_loss = 0.0;  // meaningful in thread 0
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    float* row = logits + i * V;
+    const int32_t t = targets[i];
+    const bool valid = t >= 0 && t < V;  // uniform across the block: the branches below may hold barriers
+    float m = -INFINITY;
+    for (int64_t w = tid; w < words; w += kStagedThreads) {
+      const float4 x = reinterpret_cast<const float4*>(row)[w];
+      staged[w] = x;
+      m = fmaxf(fmaxf(m, fmaxf(x.x, x.y)), fmaxf(x.z, x.w));
+    }
+    const float max_logit = block_max(m, max_shared);  // its barriers also publish `staged`
+    float scale = 0.0f;
+    double row_loss = t == -1 ? 0.0 : NAN;  // ignored row: no loss; out-of-range target: NaN
+    if (valid) {
+      double sum = 0.0;  // exponentials in FP32, their sum in FP64 (as on the CPU)
+      for (int64_t w = tid; w < words; w += kStagedThreads) {
+        const float4 x = staged[w];
+        sum += static_cast<double>(expf(x.x - max_logit));
+        sum += static_cast<double>(expf(x.y - max_logit));
+        sum += static_cast<double>(expf(x.z - max_logit));
+        sum += static_cast<double>(expf(x.w - max_logit));
+      }
+      const double sum_exp = block_sum(sum, sum_shared);
+      row_loss = static_cast<double>(max_logit) + log(sum_exp) -
+                 static_cast<double>(reinterpret_cast<const float*>(staged)[t]);
+      scale = static_cast<float>(grad_scale / sum_exp);
+    }
+    if (want_grad) {
+      for (int64_t w = tid; w < words; w += kStagedThreads) {
+        const float4 x = staged[w];
+        const float xs[4] = {x.x, x.y, x.z, x.w};
+        float g[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          g[e] = 0.0f;
+          if (valid) {
+            g[e] = scale * expf(xs[e] - max_logit);
+            if (4 * w + e == t) g[e] -= grad_scale;
+          }
+        }
+        if constexpr (kBf16Grad) {
+          const __nv_bfloat162 lo = __floats2bfloat162_rn(g[0], g[1]), hi = __floats2bfloat162_rn(g[2], g[3]);
+          uint2 packed;
+          packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+          packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+          reinterpret_cast<uint2*>(row)[w] = packed;  // BF16 elements 4w..4w+3 of the row's first half
+        } else {
+          reinterpret_cast<float4*>(row)[w] = make_float4(g[0], g[1], g[2], g[3]);
+        }
+      }
+    }
+    if (tid == 0) block_loss += row_loss;
+    __syncthreads();  // the next row overwrites `staged`
+  }
+  if (tid == 0) partials[blockIdx.x] = block_loss;
+}
+
+// Whether rows of V F32 logits at `base` take the staged kernel: V a multiple of 4 (16-byte rows),
+// base 16-byte aligned, and the row within the GPU's opt-in shared memory per block. The first call
+// raises both instantiations' dynamic shared-memory limit (host only, no stream work).
+bool staged_rows_fit(int64_t V, const void* base) {
+  static const int64_t limit = [] {
+    int device = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const int dynamic = optin - kStagedStaticSmem;
+    CUDA_CHECK(cudaFuncSetAttribute(softmax_cross_entropy_rows_staged<true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+    CUDA_CHECK(cudaFuncSetAttribute(softmax_cross_entropy_rows_staged<false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+    return static_cast<int64_t>(dynamic);
+  }();
+  return V % 4 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && V * static_cast<int64_t>(sizeof(float)) <= limit;
+}
+
 // One thread: total (= on the first chunk, += after) the chunk's partials in block order; after
 // the last chunk loss_sum = total rounded to F32.
 __global__ void accumulate_chunk_loss(const double* __restrict__ partials, int count, double* __restrict__ total,
@@ -179,6 +274,7 @@ void lm_head_cross_entropy(Tensor loss_sum, Tensor dh, Tensor dweight, Tensor h,
   const int64_t chunk = workspace.dim(0);
   const int64_t ld_d = D > 0 ? D : 1;  // leading dims must be >= 1 even for empty rows
   const MatrixView w{weight.data, T, V, D, ld_d};
+  const bool staged = staged_rows_fit(V, workspace.data);
   for (int64_t r0 = 0; r0 < R; r0 += chunk) {
     const int64_t n = R - r0 < chunk ? R - r0 : chunk;
     const MatrixView logits{workspace.data, DType::F32, n, V, V};
@@ -187,7 +283,15 @@ void lm_head_cross_entropy(Tensor loss_sum, Tensor dh, Tensor dweight, Tensor h,
 
     const int blocks = static_cast<int>(n < kRowBlocks ? n : kRowBlocks);
     const int32_t* chunk_targets = static_cast<const int32_t*>(targets.data) + r0;
-    if (bf16_grad) {
+    if (staged) {
+      const size_t smem = static_cast<size_t>(V) * sizeof(float);
+      if (bf16_grad)
+        softmax_cross_entropy_rows_staged<true><<<blocks, kStagedThreads, smem, s>>>(
+            workspace.f32(), n, V, chunk_targets, grad_scale, want_grad, partials);
+      else
+        softmax_cross_entropy_rows_staged<false><<<blocks, kStagedThreads, smem, s>>>(
+            workspace.f32(), n, V, chunk_targets, grad_scale, want_grad, partials);
+    } else if (bf16_grad) {
       softmax_cross_entropy_rows<true><<<blocks, kThreads, 0, s>>>(workspace.f32(), n, V, chunk_targets, grad_scale,
                                                                     want_grad, partials);
     } else {
