@@ -20,6 +20,7 @@
 #include "moe/ckpt/checkpoint.h"
 #include "moe/data/prepare.h"
 #include "moe/train/hf_interop.h"
+#include "moe/train/bench_report.h"
 #include "moe/train/config.h"
 #include "moe/train/flops.h"
 #include "moe/train/metrics.h"
@@ -95,6 +96,9 @@ int main(int argc, char** argv) {
   bench_args.add_to(bench);
   bench->add_option("--steps", bench_steps, "steps to run")->capture_default_str();
   bool bench_check = false;
+  std::string bench_json;
+  bench->add_option("--json", bench_json,
+                    "also write the run's numbers (throughput, MFU, step split) to this JSON file (rank 0)");
   bench->add_flag("--check", bench_check,
                   "first compare one batch's loss between the fast and the reference kernels; fail if they differ");
 
@@ -179,6 +183,8 @@ int main(int argc, char** argv) {
                   "kernels' ", plain, " by ", rel, " (relative), more than ", kCheckRelTol);
       }
       const moe::TrainSummary s = trainer.run();
+      std::vector<moe::SplitRow> split;
+      moe::Ceilings ceilings;
       if (leader) {
         print_summary(s, true);
         const double ideal = s.mean_step_time_s * s.mean_mfu;
@@ -196,14 +202,18 @@ int main(int argc, char** argv) {
             const int timed = static_cast<int>(s.steps.size() - 1);
             std::printf("%s", moe::format_kernel_table(profiler.top(20), profiler.total_ms(), timed).c_str());
             // Each kind of kernel against its ceiling, measured now on the same GPU.
-            const moe::Ceilings ceilings = moe::measure_ceilings();
+            ceilings = moe::measure_ceilings();
             const moe::FlopCount flops = moe::count_flops(cfg.model, cfg.train.seq_len);
             const double ranks = static_cast<double>(world.size());
             const double tokens = static_cast<double>(cfg.train.global_batch_size * cfg.train.seq_len) / ranks;
-            std::printf("%s", moe::format_step_split(moe::split_step(profiler.top(SIZE_MAX), timed, flops, tokens,
-                                                                     flops.total_params / ranks, ceilings),
-                                                     ceilings).c_str());
+            split = moe::split_step(profiler.top(SIZE_MAX), timed, flops, tokens, flops.total_params / ranks,
+                                    ceilings);
+            std::printf("%s", moe::format_step_split(split, ceilings).c_str());
           }
+        }
+        if (!bench_json.empty()) {
+          moe::write_bench_report(bench_json, cfg, s, world.size(), split, ceilings);
+          std::printf("  report: %s\n", bench_json.c_str());
         }
       }
     } else if (eval->parsed()) {

@@ -3,23 +3,19 @@
 # .devrun (as for device_check.sh). The multi-GPU checks of issues 5 and 7 at small scale: the
 # same 20 training steps of a small model on 1 GPU, on NP GPUs (NP=2 by default, or 4, 8) data
 # parallel, with expert parallelism over all NP (rowwise through NCCL symmetric windows), that
-# as a replayed CUDA graph, and (NP >= 4) EP 2 x data parallel NP/2; prints each run's losses
+# as a replayed CUDA graph, the FSDP baseline over NP GPUs (BF16 gathers, no EP), and (NP >= 4)
+# EP 2 x data parallel NP/2; prints each run's losses
 # and the largest relative difference from the 1-GPU run. Microbatches of 4 sequences (the
 # auxiliary losses are per microbatch, so every run uses the same size), 16 per step.
 set -uo pipefail
-MOE_DEVRUN_LIB=.devrun/lib-nompi . bench/device_env.sh
-# The machine's own OpenMPI (mpirun and libmpi of one version): leave the carried MPI libraries out.
-mkdir -p .devrun/lib-nompi
-for f in .devrun/lib/*; do
-  case "$(basename "$f")" in libmpi*|libopen-*|libhwloc*|libevent*) ;; *) ln -sf "$PWD/$f" .devrun/lib-nompi/ ;; esac
-done
+. bench/device_mpi_env.sh
 out=${OUT:-/tmp}
 steps=${STEPS:-20}
 np=${NP:-2}
 common=(--steps "$steps" --set model.hidden_size=256 --set model.intermediate_size=256 --set train.seq_len=256
         --set train.micro_batch_size=4 --set train.global_batch_size=16 --set train.log_every=1
         --set run.device='"cuda"')
-mpi=(mpirun -np "$np" --allow-run-as-root --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NVSHMEM_DISABLE_NVLS)
+read -ra mpi <<< "$(mpi_launch "$np")"
 nvidia-smi --query-gpu=index,name --format=csv,noheader
 status=0
 run() {  # run NAME CMD...
@@ -29,13 +25,14 @@ run() {  # run NAME CMD...
   grep -E "^  (device|parallel)|throughput" "$out/$name.log"
 }
 run gpu1 .devrun/bin/moetrain bench "${common[@]}"
-runs=("gpu${np}_dp${np}" "gpu${np}_ep${np}" "gpu${np}_ep${np}_graph")
+runs=("gpu${np}_dp${np}" "gpu${np}_ep${np}" "gpu${np}_ep${np}_graph" "gpu${np}_fsdp")
 run "${runs[0]}" "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep=1
 run "${runs[1]}" "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep="$np"
 run "${runs[2]}" "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep="$np" --set train.cuda_graph=true
+run "${runs[3]}" "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.mode='"fsdp"'
 if [ "$np" -ge 4 ]; then
   runs+=("gpu${np}_ep2_dp$((np / 2))")
-  run "${runs[3]}" "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep=2
+  run "${runs[4]}" "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --set parallel.ep=2
 fi
 python3 - "$out" "${runs[@]}" <<'PY'
 import re, sys

@@ -138,22 +138,27 @@ void init_params(const ModelConfig& cfg, const ParamRegistry& reg, const Tensor&
 }
 
 void init_param(const ModelConfig& cfg, const ParamRegistry& reg, int i, const Tensor& out, uint64_t seed) {
-  {
-    const ParamEntry& e = reg.entry(i);
-    float* p = out.f32();
-    const int64_t n = e.numel();
-    if (!e.decay) {  // norm weights
-      for (int64_t j = 0; j < n; ++j) p[j] = 1.0f;
-      return;
-    }
-    const uint64_t name_hash = hash_string(e.name);
-    const int64_t base = e.global_begin();
-    const double std = cfg.init_std;
+  init_param_range(cfg, reg, i, 0, reg.entry(i).numel(), out.f32(), seed);
+}
+
+void init_param_range(const ModelConfig& cfg, const ParamRegistry& reg, int i, int64_t begin, int64_t end, float* p,
+                      uint64_t seed) {
+  const ParamEntry& e = reg.entry(i);
+  MOE_CHECK(0 <= begin && begin <= end && end <= e.numel(), "init_param_range: [", begin, ", ", end,
+            ") outside parameter '", e.name, "' of ", e.numel(), " elements");
+  const int64_t n = end - begin;
+  if (!e.decay) {  // norm weights
+    for (int64_t j = 0; j < n; ++j) p[j] = 1.0f;
+    return;
+  }
+  // Each value is a function of (seed, name, logical index) only: any piece, any rank, same values.
+  const uint64_t name_hash = hash_string(e.name);
+  const int64_t base = e.global_begin() + begin;
+  const double std = cfg.init_std;
 #pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < n; ++j) {
-      Rng rng(hash_counters(seed, name_hash, static_cast<uint64_t>(base + j)));
-      p[j] = static_cast<float>(std * rng.normal());
-    }
+  for (int64_t j = 0; j < n; ++j) {
+    Rng rng(hash_counters(seed, name_hash, static_cast<uint64_t>(base + j)));
+    p[j] = static_cast<float>(std * rng.normal());
   }
 }
 

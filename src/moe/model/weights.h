@@ -59,5 +59,10 @@ int param_block(const ModelConfig& cfg, const std::string& name);
 void init_params(const ModelConfig& cfg, const ParamRegistry& reg, const Tensor& flat, uint64_t seed);
 // The same for parameter i alone, written into `out` (its local shape).
 void init_param(const ModelConfig& cfg, const ParamRegistry& reg, int i, const Tensor& out, uint64_t seed);
+// Elements [begin, end) of parameter i's local tensor (the same values init_param writes there)
+// into out[0, end - begin), host memory: a rank that holds a piece of a tensor (FSDP shards)
+// initializes only that piece.
+void init_param_range(const ModelConfig& cfg, const ParamRegistry& reg, int i, int64_t begin, int64_t end, float* out,
+                      uint64_t seed);
 
 }  // namespace moe

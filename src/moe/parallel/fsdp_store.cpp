@@ -32,11 +32,13 @@ FsdpStore::FsdpStore(const ModelConfig& cfg, const ParamRegistry& reg, Communica
     total_shard += b.shard;
     max_shard = std::max(max_shard, b.shard);
   }
+  compute_ = arena.device() == Device::CUDA ? DType::BF16 : DType::F32;
   w_shard_ = arena.reserve("fsdp.weight_shards", DType::F32, {total_shard});
+  if (compute_ == DType::BF16) w_shard_bf16_ = arena.reserve("fsdp.weight_shards_bf16", DType::BF16, {total_shard});
   g_shard_ = arena.reserve("fsdp.grad_shards", DType::F32, {total_shard});
   m_ = arena.reserve("fsdp.exp_avg_shards", DType::F32, {total_shard});
   v_ = arena.reserve("fsdp.exp_avg_sq_shards", DType::F32, {total_shard});
-  gather_w_ = arena.reserve("fsdp.gathered_block_weights", DType::F32, {P * max_shard});
+  gather_w_ = arena.reserve("fsdp.gathered_block_weights", compute_, {P * max_shard});
   grad_full_ = arena.reserve("fsdp.block_gradients", DType::F32, {P * max_shard});
   rs_tmp_ = arena.reserve("fsdp.reduce_scatter_out", DType::F32, {max_shard});
   norm_sq_ = arena.reserve("fsdp.grad_norm_sq", DType::F32, {1});
@@ -50,12 +52,17 @@ void FsdpStore::bind() {
     return [&, base](int i) {
       const ParamEntry& e = reg_.entry(i);
       const Block& b = blocks_[static_cast<size_t>(param_block(cfg_, e.name))];
-      return Tensor(base.ptr<float>() + (e.offset - b.begin), DType::F32, e.local_shape, base.device);
+      return Tensor(static_cast<char*>(base.data) + (e.offset - b.begin) * static_cast<int64_t>(dtype_size(base.dtype)),
+                    base.dtype, e.local_shape, base.device);
     };
   };
   weights_ = bind_weights(cfg_, reg_, into(gw));
   grads_ = bind_weights(cfg_, reg_, into(gg));
   bound_ = true;
+}
+
+Tensor FsdpStore::compute_shards() const {
+  return compute_ == DType::BF16 ? arena_.get(w_shard_bf16_) : arena_.get(w_shard_);
 }
 
 template <typename Fn>
@@ -73,17 +80,21 @@ void FsdpStore::for_each_owned_piece(Fn&& fn) const {
 
 void FsdpStore::init(uint64_t seed) {
   bind();
-  Tensor gw = arena_.get(gather_w_), ws = arena_.get(w_shard_);
-  fill_zero(ws);
-  // Each rank materializes one block at a time in the gather buffer and keeps its shard.
-  for (const Block& b : blocks_) {
-    for (int i : b.params) {
-      const ParamEntry& e = reg_.entry(i);
-      init_param(cfg_, reg_, i, Tensor(gw.ptr<float>() + (e.offset - b.begin), DType::F32, e.local_shape), seed);
+  Tensor ws = arena_.get(w_shard_);
+  fill_zero(ws);  // the padding past each block's end stays zero
+  // Each rank initializes only the pieces it owns (a pure function of seed, name and index), in
+  // host memory, a bounded chunk at a time: a whole block of the largest models does not fit.
+  constexpr int64_t kChunk = int64_t{1} << 24;
+  std::vector<float> staging;
+  for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) {
+    for (int64_t c = lo; c < hi; c += kChunk) {
+      const int64_t n = std::min(kChunk, hi - c);
+      staging.resize(static_cast<size_t>(n));
+      init_param_range(cfg_, reg_, i, c, c + n, staging.data(), seed);
+      copy_to_tensor(ws.rows(at + (c - lo), at + (c - lo) + n), staging.data());
     }
-    const int64_t lo = world_.rank() * b.shard, n = std::max<int64_t>(0, std::min(b.shard, (b.end - b.begin) - lo));
-    if (n > 0) std::memcpy(ws.ptr<float>() + b.shard_offset, gw.ptr<float>() + lo, static_cast<size_t>(n) * 4);
-  }
+  });
+  if (compute_ == DType::BF16) cast_copy(arena_.get(w_shard_bf16_), ws);
 }
 
 // The shard mixes the blocks' parameters, experts included: always zeroed whole.
@@ -93,9 +104,9 @@ void FsdpStore::gather(int block) {
   bind();
   const Block& b = blocks_[static_cast<size_t>(block)];
   const int64_t P = world_.size();
-  Tensor shard = arena_.get(w_shard_).rows(b.shard_offset, b.shard_offset + b.shard);
+  Tensor shard = compute_shards().rows(b.shard_offset, b.shard_offset + b.shard);
   world_.all_gather(arena_.get(gather_w_).rows(0, P * b.shard), shard);
-  bytes_gathered_ += P * b.shard * 4;
+  bytes_gathered_ += P * b.shard * static_cast<int64_t>(dtype_size(compute_));
 }
 
 void FsdpStore::before_forward(int block) {
@@ -128,10 +139,12 @@ void FsdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t ste
   world_.all_reduce(norm_sq, ReduceOp::Sum);
   AdamWConfig no_decay = cfg;
   no_decay.weight_decay = 0.0f;
+  const Tensor copy = compute_ == DType::BF16 ? arena_.get(w_shard_bf16_) : Tensor();
   for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) {
     auto piece = [&](const Tensor& t) { return t.rows(at, at + (hi - lo)); };
+    // On the GPU the update also writes the BF16 shard copy the next gathers send.
     adamw_step(piece(ws), piece(gs), piece(m), piece(v), norm_sq, max_norm, reg_.entry(i).decay ? cfg : no_decay, step,
-               {}, schedule);
+               {}, schedule, copy.empty() ? Tensor() : piece(copy));
   });
 }
 
@@ -146,7 +159,13 @@ ParamStore::StepResult FsdpStore::last_step() const {
 
 void FsdpStore::reduced_gradients(const GradientFn& fn) {
   // The hooks already reduce-scattered every block's gradients into the shards.
-  const float* gs = arena_.get(g_shard_).f32();
+  const Tensor g = arena_.get(g_shard_);
+  std::vector<float> host;
+  if (g.device != Device::CPU) {
+    host.resize(static_cast<size_t>(g.numel()));
+    copy_from_tensor(host.data(), g);
+  }
+  const float* gs = g.device == Device::CPU ? g.f32() : host.data();
   for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) { fn(reg_.entry(i).name, lo, hi, gs + at); });
 }
 
@@ -166,15 +185,21 @@ std::vector<CheckpointSlice> FsdpStore::checkpoint_slices() const {
 }
 
 void FsdpStore::load(const CheckpointReader& ckpt) {
-  float* ws = arena_.get(w_shard_).f32();
-  float* m = arena_.get(m_).f32();
-  float* v = arena_.get(v_).f32();
+  const Tensor ws = arena_.get(w_shard_), m = arena_.get(m_), v = arena_.get(v_);
+  std::vector<float> staging;  // device buffers are read through host memory, one piece at a time
+  auto read = [&](const std::string& key, int64_t lo, int64_t hi, const Tensor& dst) {
+    if (dst.device == Device::CPU) return ckpt.read(key, DType::F32, lo, hi, dst.data);
+    staging.resize(static_cast<size_t>(hi - lo));
+    ckpt.read(key, DType::F32, lo, hi, staging.data());
+    copy_to_tensor(dst, staging.data());
+  };
   for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) {
     const std::string& name = reg_.entry(i).name;
-    ckpt.read(name, DType::F32, lo, hi, ws + at);
-    ckpt.read(name + ".exp_avg", DType::F32, lo, hi, m + at);
-    ckpt.read(name + ".exp_avg_sq", DType::F32, lo, hi, v + at);
+    read(name, lo, hi, ws.rows(at, at + (hi - lo)));
+    read(name + ".exp_avg", lo, hi, m.rows(at, at + (hi - lo)));
+    read(name + ".exp_avg_sq", lo, hi, v.rows(at, at + (hi - lo)));
   });
+  if (compute_ == DType::BF16) cast_copy(arena_.get(w_shard_bf16_), ws);
 }
 
 }  // namespace moe

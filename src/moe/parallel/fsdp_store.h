@@ -5,6 +5,11 @@
 // buffer (so they are "freed" when the next block is gathered), again before its backward,
 // and its gradients are reduce-scattered into the gradient shards after its backward.
 // No expert parallelism: every rank runs every expert on its own tokens.
+//
+// On the GPU (an arena on the CUDA device) the shards keep a BF16 copy, written by AdamW in its
+// own pass, and the blocks are all-gathered from it in BF16 (the mixed-precision FSDP of
+// PyTorch: half the bytes of an FP32 gather), into a BF16 gather buffer the model reads as its
+// compute weights. Gradients stay FP32 (reduce-scattered in FP32), as are the shards and moments.
 #pragma once
 
 #include <vector>
@@ -52,6 +57,7 @@ class FsdpStore final : public ParamStore, public BlockHooks {
   void for_each_owned_piece(Fn&& fn) const;
   void bind();
   void gather(int block);
+  Tensor compute_shards() const;  // what gather() sends: the BF16 shard copy on the GPU, else the F32 shards
 
   ModelConfig cfg_;
   const ParamRegistry& reg_;
@@ -59,6 +65,8 @@ class FsdpStore final : public ParamStore, public BlockHooks {
   Arena& arena_;
   std::vector<Block> blocks_;
   Arena::Slot w_shard_, g_shard_, m_, v_, gather_w_, grad_full_, rs_tmp_, norm_sq_;
+  Arena::Slot w_shard_bf16_;  // GPU only
+  DType compute_ = DType::F32;  // the gathered weights' dtype: BF16 on the GPU
   ModelWeights weights_, grads_;
   bool bound_ = false;
   int64_t bytes_gathered_ = 0, bytes_reduced_ = 0;

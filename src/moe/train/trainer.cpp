@@ -53,7 +53,7 @@ uint64_t routing_seed(uint64_t seed, int64_t step, int64_t micro) {
 // Device memory left out of the arenas' limit: cuBLASLt and cuDNN workspaces, the CUDA context.
 constexpr size_t kLibraryReserveBytes = size_t{2} << 30;
 
-// run.device: auto picks the GPU when this build has CUDA and one is usable, in ddp mode. Several
+// run.device: auto picks the GPU when this build has CUDA and one is usable (ddp or fsdp). Several
 // ranks need NCCL (collectives, and the rowwise dispatcher's symmetric heap for parallel.ep > 1).
 Device resolve_device(const Config& cfg, int world_size, std::string* note) {
   std::string why, nccl_why;
@@ -68,8 +68,6 @@ Device resolve_device(const Config& cfg, int world_size, std::string* note) {
     std::string reason;
     if (!gpu)
       reason = why;
-    else if (cfg.parallel.mode != "ddp")
-      reason = "parallel.mode = fsdp runs on the CPU";
     else if (world_size > 1 && !nccl)
       reason = "several ranks on GPUs need NCCL: " + nccl_why;
     else if (world_size > 1 && cfg.parallel.ep > 1 && cfg.ep.backend != "rowwise")
@@ -80,8 +78,6 @@ Device resolve_device(const Config& cfg, int world_size, std::string* note) {
     }
   } else {
     MOE_CHECK(gpu, "run.device = \"cuda\", but ", why);
-    MOE_CHECK(cfg.parallel.mode == "ddp", "run.device = \"cuda\" needs parallel.mode = \"ddp\" (the FSDP baseline "
-              "runs on the CPU)");
     MOE_CHECK(world_size == 1 || nccl, "run.device = \"cuda\" with ", world_size, " ranks needs NCCL: ", nccl_why);
   }
   if (world_size > 1) select_local_gpu();
@@ -177,6 +173,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   }
   MOE_CHECK(!cfg_.train.cuda_graph || dev_ == Device::CUDA, "train.cuda_graph = true needs the GPU, but this run uses ",
             device_note_);
+  MOE_CHECK(!cfg_.train.cuda_graph || !fsdp,
+            "train.cuda_graph = true with parallel.mode = \"fsdp\": the FSDP baseline runs eagerly (its per-block "
+            "gathers are counted on the host); use parallel.mode = \"ddp\" or cuda_graph = false");
   MOE_CHECK(!cfg_.train.cuda_graph || mc.routing != Routing::Random,
             "train.cuda_graph = true with model.routing = \"random\": the routing draw is seeded per step by a launch "
             "argument, which a replayed graph would repeat; use learned or uniform routing, or cuda_graph = false");

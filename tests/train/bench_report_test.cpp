@@ -1,0 +1,78 @@
+// `moetrain bench --json`: the report carries the run's numbers (computed from the summary and the
+// config, per GPU where asked), parses back as JSON, and is written whole or not at all.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "moe/core/error.h"
+#include "moe/train/bench_report.h"
+#include "train_test_util.h"
+
+namespace moe {
+namespace {
+
+TrainSummary two_steps() {
+  TrainSummary s;
+  s.steps.resize(2);
+  s.steps[1].loss = 3.25;
+  s.mean_tokens_per_s = 80000;
+  s.mean_mfu = 0.4;
+  s.mean_step_time_s = 0.5;
+  s.device = Device::CUDA;
+  s.graph_nodes = 12;
+  return s;
+}
+
+TEST(BenchReport, carries_the_runs_numbers_per_gpu) {
+  testing::TempDir dir;
+  Config cfg = testing::small_config(dir.path, {"model.num_experts=16", "parallel.ep=2"});
+  SplitRow row;
+  row.group = KernelGroup::ExpertGemm;
+  row.ms_per_step = 12.5;
+  row.share = 0.25;
+  row.rate = 600;
+  row.unit = "TFLOP/s";
+  row.ceiling = 800;
+  Ceilings c;
+  c.gemm_tflops = 800;
+  c.copy_tb_s = 4.1;
+  const auto j = nlohmann::json::parse(bench_report_json(cfg, two_steps(), 4, {row}, c));
+  EXPECT_EQ(j["world_size"], 4);
+  EXPECT_EQ(j["num_experts"], 16);
+  EXPECT_EQ(j["ep"], 2);
+  EXPECT_EQ(j["parallel_mode"], "ddp");
+  EXPECT_EQ(j["device"], "cuda");
+  EXPECT_DOUBLE_EQ(j["tokens_per_s"].get<double>(), 80000);
+  EXPECT_DOUBLE_EQ(j["tokens_per_s_per_gpu"].get<double>(), 20000);
+  EXPECT_DOUBLE_EQ(j["final_loss"].get<double>(), 3.25);
+  EXPECT_EQ(j["steps_timed"], 1);
+  EXPECT_GT(j["total_params"].get<double>(), j["active_params"].get<double>());  // 16 experts, top-k of them
+  ASSERT_EQ(j["split"].size(), 1u);
+  EXPECT_EQ(j["split"][0]["kind"], "expert GEMMs");
+  EXPECT_DOUBLE_EQ(j["split"][0]["rate"].get<double>(), 600);
+  EXPECT_DOUBLE_EQ(j["ceilings"]["copy_tb_s"].get<double>(), 4.1);
+
+  cfg.parallel.mode = "fsdp";
+  EXPECT_EQ(nlohmann::json::parse(bench_report_json(cfg, two_steps(), 4, {}, c))["ep"], 1);
+  EXPECT_THROW(bench_report_json(cfg, TrainSummary{}, 4, {}, c), Error);  // no steps: nothing to report
+}
+
+TEST(BenchReport, is_written_whole_or_not_at_all) {
+  testing::TempDir dir;
+  const Config cfg = testing::small_config(dir.path);
+  const std::string path = dir.path + "/report.json";
+  write_bench_report(path, cfg, two_steps(), 1, {}, Ceilings{});
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(nlohmann::json::parse(text.str())["tokens_per_s_per_gpu"].get<double>(), 80000);
+  const std::string bad = dir.path + "/no/such/dir/report.json";
+  EXPECT_THROW(write_bench_report(bad, cfg, two_steps(), 1, {}, Ceilings{}), Error);
+  EXPECT_FALSE(std::filesystem::exists(bad));
+}
+
+}  // namespace
+}  // namespace moe
