@@ -23,7 +23,7 @@ run() {  # run NAME ARGS...
   local name="$1"; shift
   echo "== $name"
   "${mpi[@]}" .devrun/bin/moetrain bench "${common[@]}" --json "$out/$name.json" "$@" > "$out/$name.log" 2>&1 ||
-    { status=1; tail -4 "$out/$name.log"; }
+    { status=1; echo "$name failed:"; grep -m3 -E "error|Error|what\(\)" "$out/$name.log" || tail -4 "$out/$name.log"; }
   grep -E "^  throughput" "$out/$name.log"
 }
 for n in ${EXPERTS:-8 16 32 64 128}; do

@@ -100,6 +100,22 @@ TEST(GpuTrainStep, GradientsMatchTheCpuWithinBf16Tolerance) {
   EXPECT_LE(worst_gradient_error(first_step_gradients(cpu), first_step_gradients(gpu), "uniform"), kGradRelTol);
 }
 
+// A dense first layer and a shared expert (the Figure-4 model's parts) on the GPU: their fused
+// gate/up views over the BF16 compute weights, and every gradient within the same 3% of the CPU's.
+TEST(GpuTrainStep, DenseLayerAndSharedExpertGradientsMatchTheCpu) {
+  MOE_SKIP_WITHOUT_GPU();
+  TempDir dir;
+  const std::vector<std::string> o = {"model.routing=\"uniform\"", "model.first_k_dense_replace=1",
+                                      "model.dense_intermediate_size=128", "model.shared_expert_intermediate_size=64"};
+  Trainer cpu(gpu_config(dir.path, "cpu", o), quiet_bench(), local_world());
+  Trainer gpu(gpu_config(dir.path, "cuda", o), quiet_bench(), local_world());
+  const auto ref = first_step_gradients(cpu), got = first_step_gradients(gpu);
+  ASSERT_TRUE(ref.count("model.layers.0.mlp.gate_proj.weight"));
+  ASSERT_TRUE(ref.count("model.layers.1.mlp.shared_expert.up_proj.weight"));
+  constexpr double kGradRelTol = 3e-2;
+  EXPECT_LE(worst_gradient_error(ref, got, "dense+shared"), kGradRelTol);
+}
+
 // With learned routing, BF16 router inputs flip the top-K choice of tokens whose logits nearly
 // tie (at initialization most do), which moves whole rows between experts: the expert, router
 // and norm gradients then differ by more than rounding. The bar here is on the whole gradient:

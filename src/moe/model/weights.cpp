@@ -79,11 +79,13 @@ ModelWeights bind_weights(const ModelConfig& cfg, const ParamRegistry& reg, cons
   return bind_weights(cfg, reg, [&](int i) { return reg.view(flat, i); });
 }
 
-// gate_proj and up_proj, registered back to back, as one fused [2S, D] matrix.
+// gate_proj and up_proj, registered back to back, as one fused [2S, D] matrix of their dtype (F32
+// weights and gradients, or the GPU's BF16 compute copy).
 static Tensor fused_pair(const Tensor& first, const Tensor& second) {
-  MOE_CHECK(first.ptr<float>() + first.numel() == second.ptr<float>() && first.shape == second.shape,
+  MOE_CHECK(static_cast<const char*>(first.data) + first.nbytes() == second.data && first.shape == second.shape &&
+                first.dtype == second.dtype,
             "fused gate/up view: the two projections are not adjacent in memory");
-  return Tensor(first.data, DType::F32, {2 * first.dim(0), first.dim(1)}, first.device);
+  return Tensor(first.data, first.dtype, {2 * first.dim(0), first.dim(1)}, first.device);
 }
 
 ModelWeights bind_weights(const ModelConfig& cfg, const ParamRegistry& reg, const ParamView& view) {
