@@ -14,7 +14,6 @@
 #include <CLI/CLI.hpp>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -25,39 +24,13 @@
 #include "moe/core/arena.h"
 #include "moe/core/cuda_check.h"
 #include "moe/core/device.h"
+#include "moe/core/gpu_timer.h"
 #include "moe/ops/embedding.h"
 #include "moe/parallel/cuda_rowwise_dispatcher.h"
 
-namespace {
-
-using namespace moe;
-
-template <typename Fn>
-double median_ms(int warmup, int iters, Fn&& fn) {
-  const cudaStream_t s = compute_stream();
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<float> ms;
-  for (int i = 0; i < iters; ++i) {
-    CUDA_CHECK(cudaEventRecord(e0, s));
-    fn();
-    CUDA_CHECK(cudaEventRecord(e1, s));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float m = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&m, e0, e1));
-    ms.push_back(m);
-  }
-  CUDA_CHECK(cudaEventDestroy(e0));
-  CUDA_CHECK(cudaEventDestroy(e1));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
+  using namespace moe;
   int64_t T = 16384, D = 4096, K = 4, experts_per_rank = 8;
   int iters = 20, warmup = 5;
   CLI::App app{"dispatch_bench: rowwise dispatch/combine vs NCCL all-to-all bandwidth between GPUs"};
@@ -116,16 +89,17 @@ int main(int argc, char** argv) {
     const Lease lease = rowwise.acquire(0);
     const Tensor x = arena.get(x_s), out = arena.get(out_s), weights = arena.get(weights_s);
     nccl->barrier();
-    const double dispatch_ms = median_ms(warmup, iters, [&] {
-      rowwise.dispatch(lease.buffers.expert_in, x, plan, static_cast<int>(K), {});
-    });
-    const double combine_ms = median_ms(warmup, iters, [&] {
-      rowwise.combine(out, lease.buffers.expert_out, weights, plan, static_cast<int>(K), {});
-    });
+    const double dispatch_ms = time_gpu(warmup, iters, [&] {
+                                 rowwise.dispatch(lease.buffers.expert_in, x, plan, static_cast<int>(K), {});
+                               }).median_ms;
+    const double combine_ms = time_gpu(warmup, iters, [&] {
+                                rowwise.combine(out, lease.buffers.expert_out, weights, plan, static_cast<int>(K), {});
+                              }).median_ms;
     rowwise.release(lease);
     const std::vector<int64_t> per_peer(static_cast<size_t>(P), routes / P * D);
     const Tensor send = arena.get(send_s), recv = arena.get(recv_s);
-    const double a2a_ms = median_ms(warmup, iters, [&] { nccl->all_to_all_v(recv, per_peer, send, per_peer); });
+    const double a2a_ms =
+        time_gpu(warmup, iters, [&] { nccl->all_to_all_v(recv, per_peer, send, per_peer); }).median_ms;
 
     const double payload = static_cast<double>(routes) * static_cast<double>(D) * 2.0;  // bytes per rank
     auto gbps = [&](double ms) { return payload / (ms * 1e-3) / 1e9; };

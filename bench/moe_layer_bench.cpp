@@ -7,7 +7,6 @@
 #include <CLI/CLI.hpp>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -15,6 +14,7 @@
 #include "moe/core/arena.h"
 #include "moe/core/cuda_check.h"
 #include "moe/core/device.h"
+#include "moe/core/gpu_timer.h"
 #include "moe/core/kernel_profiler.h"
 #include "moe/ops/activation.h"
 #include "moe/ops/embedding.h"
@@ -112,29 +112,13 @@ int main(int argc, char** argv) {
       matmul(t(dx_), t(dlogits_b_), t(wr_), false, false, 1.0f, 1.0f);
       matmul(t(gwr_), t(dlogits_b_), t(x_), true, false, 1.0f, 1.0f);
     };
-    for (int i = 0; i < warmup; ++i) once();
-    device_synchronize();
-    const cudaStream_t s = compute_stream();
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int i = 0; i < iters; ++i) {
-      CUDA_CHECK(cudaEventRecord(e0, s));
-      once();
-      CUDA_CHECK(cudaEventRecord(e1, s));
-      CUDA_CHECK(cudaEventSynchronize(e1));
-      float m = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&m, e0, e1));
-      ms.push_back(m);
-    }
-    std::sort(ms.begin(), ms.end());
-    const double median = ms[ms.size() / 2];
+    const GpuTimes times = time_gpu(warmup, iters, once);
+    const double median = times.median_ms;
     const double tflops = 6.0 * static_cast<double>(T * K) * 3.0 * static_cast<double>(d * h) / (median * 1e-3) / 1e12;
     std::printf("moetrain MoE layer fwd+bwd: T %ld d %ld h %ld N %ld top-%ld: median %.3f ms (min %.3f, max %.3f) over "
                 "%d; expert GEMMs %.0f TFLOP/s\n",
                 static_cast<long>(T), static_cast<long>(d), static_cast<long>(h), static_cast<long>(N),
-                static_cast<long>(K), median, ms.front(), ms.back(), iters, tflops);
+                static_cast<long>(K), median, times.min_ms, times.max_ms, iters, tflops);
     if (profile) {  // a separate window: CUPTI's per-launch cost stays out of the timing above
       KernelProfiler profiler;
       MOE_CHECK(profiler.available(), "--profile: ", profiler.why());

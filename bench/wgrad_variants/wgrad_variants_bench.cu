@@ -14,6 +14,7 @@
 #include <cstring>
 #include <vector>
 
+#include "moe/core/gpu_timer.h"
 #include "variants.h"
 
 #define CHECK_CUDA(x)                                                                                    \
@@ -75,9 +76,6 @@ int main() {
   for (const Variant& v : variants) v.prepare();
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
 
   std::printf("%-6s %-8s %-30s %9s %9s %12s\n", "E", "product", "variant", "ms", "TFLOP/s", "rel diff");
   for (int E : {8, 32, 128}) {
@@ -95,19 +93,7 @@ int main() {
         const Variant& v = variants[vi];
         void* out = vi == 0 ? ref : db;
         auto once = [&] { v.run(out, dc, a, offsets, E, rows, sh.n_out, sh.k_in, scratch, stream); };
-        for (int i = 0; i < 3; ++i) once();
-        std::vector<float> ms;
-        for (int i = 0; i < 15; ++i) {
-          CHECK_CUDA(cudaEventRecord(e0, stream));
-          once();
-          CHECK_CUDA(cudaEventRecord(e1, stream));
-          CHECK_CUDA(cudaEventSynchronize(e1));
-          float m = 0;
-          CHECK_CUDA(cudaEventElapsedTime(&m, e0, e1));
-          ms.push_back(m);
-        }
-        std::sort(ms.begin(), ms.end());
-        const float median = ms[ms.size() / 2];
+        const double median = moe::time_gpu(3, 15, once, stream).median_ms;
         unsigned host[2] = {0, 0};
         if (vi > 0) {
           CHECK_CUDA(cudaMemsetAsync(diff, 0, sizeof(host), stream));

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include "moe/core/cuda_check.h"
+#include "moe/core/gpu_timer.h"
 #include "moe/ops/gemm.h"
 #endif
 
@@ -27,32 +28,6 @@ bool contains(const std::string& haystack, std::string_view needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-#if defined(MOE_HAVE_CUDA)
-// Median GPU time of `runs` calls of fn on the compute stream, after `runs` warm-up calls (the
-// clocks settle: one warm-up call left the GEMM ceiling 10-20% low in some runs).
-template <typename Fn>
-double median_ms(int runs, Fn&& fn) {
-  const cudaStream_t s = compute_stream();
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < runs; ++i) fn();
-  std::vector<float> ms;
-  for (int i = 0; i < runs; ++i) {
-    CUDA_CHECK(cudaEventRecord(e0, s));
-    fn();
-    CUDA_CHECK(cudaEventRecord(e1, s));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float m = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&m, e0, e1));
-    ms.push_back(m);
-  }
-  CUDA_CHECK(cudaEventDestroy(e0));
-  CUDA_CHECK(cudaEventDestroy(e1));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-#endif
 
 }  // namespace
 
@@ -77,13 +52,15 @@ Ceilings measure_ceilings() {
   const Tensor a(base, DType::BF16, {kEdge, kEdge}, Device::CUDA);
   const Tensor b(base + gemm_bytes, DType::BF16, {kEdge, kEdge}, Device::CUDA);
   const Tensor out(base + 2 * gemm_bytes, DType::BF16, {kEdge, kEdge}, Device::CUDA);
-  const double gemm_ms = median_ms(20, [&] { matmul(out, a, b, false, true, 1.0f, 0.0f); });
+  // As many warm-up calls as timed ones: the clocks settle (one warm-up call left the GEMM
+  // ceiling 10-20% low in some runs).
+  const double gemm_ms = time_gpu(20, 20, [&] { matmul(out, a, b, false, true, 1.0f, 0.0f); }).median_ms;
   c.gemm_tflops = 2.0 * kEdge * kEdge * kEdge / (gemm_ms * 1e-3) / 1e12;
   char* src = base + 3 * gemm_bytes;
   char* dst = src + kCopyBytes;
-  const double copy_ms = median_ms(20, [&] {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, kCopyBytes, cudaMemcpyDeviceToDevice, compute_stream()));
-  });
+  const double copy_ms = time_gpu(20, 20, [&] {
+                            CUDA_CHECK(cudaMemcpyAsync(dst, src, kCopyBytes, cudaMemcpyDeviceToDevice, compute_stream()));
+                          }).median_ms;
   c.copy_tb_s = 2.0 * static_cast<double>(kCopyBytes) / (copy_ms * 1e-3) / 1e12;
   CUDA_CHECK(cudaFree(buf));
 #else
