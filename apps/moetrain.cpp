@@ -206,8 +206,11 @@ int main(int argc, char** argv) {
             const moe::FlopCount flops = moe::count_flops(cfg.model, cfg.train.seq_len);
             const double ranks = static_cast<double>(world.size());
             const double tokens = static_cast<double>(cfg.train.global_batch_size * cfg.train.seq_len) / ranks;
+            // AdamW moves param, m, v (read and written) and the gradient: 28 bytes per parameter,
+            // 30 where it also writes the BF16 compute copy (one rank, or the FSDP shards).
+            const double adamw_bytes = world.size() == 1 || cfg.parallel.mode == "fsdp" ? 30 : 28;
             split = moe::split_step(profiler.top(SIZE_MAX), timed, flops, tokens, flops.total_params / ranks,
-                                    ceilings);
+                                    adamw_bytes, ceilings);
             std::printf("%s", moe::format_step_split(split, ceilings).c_str());
           }
         }

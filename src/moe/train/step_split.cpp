@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,6 @@ namespace moe {
 
 namespace {
 
-constexpr double kAdamWBytesPerParam = 30;  // param, m, v read + written (24), grad read (4), BF16 copy (2)
 constexpr double kGradNormBytesPerParam = 4;
 
 bool contains(const std::string& haystack, std::string_view needle) {
@@ -47,6 +47,7 @@ Ceilings measure_ceilings() {
     c.why_not = "no room for the 2.4 GiB the measurement needs";
     return c;
   }
+  const std::unique_ptr<void, cudaError_t (*)(void*)> freed_on_exit(buf, cudaFree);  // also when a call throws
   char* base = static_cast<char*>(buf);
   CUDA_CHECK(cudaMemsetAsync(buf, 0, 3 * gemm_bytes + 2 * kCopyBytes, compute_stream()));
   const Tensor a(base, DType::BF16, {kEdge, kEdge}, Device::CUDA);
@@ -62,7 +63,6 @@ Ceilings measure_ceilings() {
                             CUDA_CHECK(cudaMemcpyAsync(dst, src, kCopyBytes, cudaMemcpyDeviceToDevice, compute_stream()));
                           }).median_ms;
   c.copy_tb_s = 2.0 * static_cast<double>(kCopyBytes) / (copy_ms * 1e-3) / 1e12;
-  CUDA_CHECK(cudaFree(buf));
 #else
   c.why_not = "this build has no CUDA backend";
 #endif
@@ -97,7 +97,8 @@ KernelGroup kernel_group(std::string_view name) {
 }
 
 std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entries, int steps, const FlopCount& flops,
-                                 double tokens_per_step, double params_updated, const Ceilings& ceilings) {
+                                 double tokens_per_step, double params_updated, double adamw_bytes_per_param,
+                                 const Ceilings& ceilings) {
   MOE_CHECK(steps >= 1, "split_step: steps = ", steps, ", expected at least 1");
   constexpr int kGroups = static_cast<int>(KernelGroup::Other) + 1;
   double ms[kGroups] = {};
@@ -120,7 +121,7 @@ std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entri
         work = 6 * (flops.matmul_params_per_token - flops.expert_params_per_token) * tokens_per_step;
         break;
       case KernelGroup::Attention: work = flops.attention_flops_per_token * tokens_per_step; break;
-      case KernelGroup::AdamW: work = kAdamWBytesPerParam * params_updated; break;
+      case KernelGroup::AdamW: work = adamw_bytes_per_param * params_updated; break;
       case KernelGroup::GradNorm: work = kGradNormBytesPerParam * params_updated; break;
       case KernelGroup::Other: break;
     }

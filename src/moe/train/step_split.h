@@ -7,7 +7,8 @@
 //                   (attention projections, router, shared expert, dense MLPs, LM head)
 //   attention       cuDNN SDPA; work: 12 x layers x seq x d_q per token, the MFU convention (the
 //                   full square: a causal kernel does about half of it)
-//   AdamW update    bytes: 30 per parameter (param, m, v read and written, grad read, BF16 copy written)
+//   AdamW update    bytes: 28 per parameter (param, m, v read and written, grad read), 30 where the
+//                   update also writes the BF16 compute copy (one rank, or FSDP)
 //   gradient norm   bytes: 4 per parameter read
 //   other           element-wise, norms, routing, copies: time only (their bytes are not counted)
 #pragma once
@@ -47,9 +48,11 @@ struct SplitRow {
 
 // Rows for every group with recorded time, in KernelGroup order. entries: all of the profiler's
 // entries; steps: the steps they cover; tokens_per_step: tokens this GPU trains per step;
-// params_updated: parameters this GPU's optimizer updates per step.
+// params_updated: parameters this GPU's optimizer updates per step; adamw_bytes_per_param: 28, or
+// 30 when the update writes the BF16 copy too.
 std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entries, int steps, const FlopCount& flops,
-                                 double tokens_per_step, double params_updated, const Ceilings& ceilings);
+                                 double tokens_per_step, double params_updated, double adamw_bytes_per_param,
+                                 const Ceilings& ceilings);
 std::string format_step_split(const std::vector<SplitRow>& rows, const Ceilings& ceilings);
 
 }  // namespace moe
