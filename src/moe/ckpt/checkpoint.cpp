@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "moe/ckpt/durable_file.h"
+#include "moe/core/device.h"
 #include "moe/core/error.h"
 
 namespace moe {
@@ -363,6 +364,15 @@ void CheckpointReader::read(const std::string& key, DType expected, int64_t begi
   MOE_CHECK(stored == expected, "checkpoint ", dir_, ": tensor '", key, "' is stored as ", dtype_name(stored),
             ", caller expects ", dtype_name(expected));
   read(key, begin, end, out);
+}
+
+void CheckpointReader::read_into(const std::string& key, int64_t begin, int64_t end, const Tensor& dst) const {
+  MOE_CHECK(dst.dtype == DType::F32 && dst.numel() == end - begin, "checkpoint ", dir_, ": read of '", key,
+            "' into a ", dtype_name(dst.dtype), " tensor of ", dst.numel(), " elements, expected F32 of ", end - begin);
+  if (dst.device == Device::CPU) return read(key, DType::F32, begin, end, dst.data);
+  std::vector<float> staging(static_cast<size_t>(end - begin));
+  read(key, DType::F32, begin, end, staging.data());
+  copy_to_tensor(dst, staging.data());
 }
 
 void CheckpointReader::read(const std::string& key, int64_t begin, int64_t end, void* out) const {

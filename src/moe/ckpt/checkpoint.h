@@ -28,6 +28,7 @@
 
 #include "moe/ckpt/safetensors.h"
 #include "moe/core/dtype.h"
+#include "moe/core/tensor.h"
 
 namespace moe {
 
@@ -98,6 +99,9 @@ class CheckpointReader {  // validates index.json and every referenced file at o
   void read(const std::string& key, int64_t begin, int64_t end, void* out) const;
   // Same, and first checks that the stored dtype is `expected`.
   void read(const std::string& key, DType expected, int64_t begin, int64_t end, void* out) const;
+  // Same for F32 elements into a 1-D F32 tensor of end - begin elements on any device (a device
+  // tensor is filled through a host buffer of that size).
+  void read_into(const std::string& key, int64_t begin, int64_t end, const Tensor& dst) const;
 
  private:
   struct StoredTensor {

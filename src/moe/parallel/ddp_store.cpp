@@ -100,13 +100,8 @@ std::vector<CheckpointSlice> DdpStore::checkpoint_slices() const {
 void DdpStore::load(const CheckpointReader& ckpt) {
   bind();
   const Tensor p = params();
-  const Device dev = p.device;
-  std::vector<float> staging;  // device buffers are read through host memory, one slice at a time
   auto read = [&](const std::string& key, int64_t begin, int64_t end, void* dst) {
-    if (dev == Device::CPU) return ckpt.read(key, DType::F32, begin, end, dst);
-    staging.resize(static_cast<size_t>(end - begin));
-    ckpt.read(key, DType::F32, begin, end, staging.data());
-    copy_to_tensor(Tensor(dst, DType::F32, {end - begin}, dev), staging.data());
+    ckpt.read_into(key, begin, end, Tensor(dst, DType::F32, {end - begin}, p.device));
   };
   for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {
     const ParamEntry& e = reg_.entry(i);

@@ -186,18 +186,11 @@ std::vector<CheckpointSlice> FsdpStore::checkpoint_slices() const {
 
 void FsdpStore::load(const CheckpointReader& ckpt) {
   const Tensor ws = arena_.get(w_shard_), m = arena_.get(m_), v = arena_.get(v_);
-  std::vector<float> staging;  // device buffers are read through host memory, one piece at a time
-  auto read = [&](const std::string& key, int64_t lo, int64_t hi, const Tensor& dst) {
-    if (dst.device == Device::CPU) return ckpt.read(key, DType::F32, lo, hi, dst.data);
-    staging.resize(static_cast<size_t>(hi - lo));
-    ckpt.read(key, DType::F32, lo, hi, staging.data());
-    copy_to_tensor(dst, staging.data());
-  };
   for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) {
     const std::string& name = reg_.entry(i).name;
-    read(name, lo, hi, ws.rows(at, at + (hi - lo)));
-    read(name + ".exp_avg", lo, hi, m.rows(at, at + (hi - lo)));
-    read(name + ".exp_avg_sq", lo, hi, v.rows(at, at + (hi - lo)));
+    ckpt.read_into(name, lo, hi, ws.rows(at, at + (hi - lo)));
+    ckpt.read_into(name + ".exp_avg", lo, hi, m.rows(at, at + (hi - lo)));
+    ckpt.read_into(name + ".exp_avg_sq", lo, hi, v.rows(at, at + (hi - lo)));
   });
   if (compute_ == DType::BF16) cast_copy(arena_.get(w_shard_bf16_), ws);
 }

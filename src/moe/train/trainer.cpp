@@ -377,18 +377,18 @@ void Trainer::queue_gradients(int64_t step) {
   StepScales scales;
   scales.lm_grad_scale = 1.0f / static_cast<float>(t.global_batch_size * t.seq_len);
   scales.aux_grad_scale = moe_layers > 0 ? 1.0f / static_cast<float>(accum * dp * moe_layers) : 0.0f;
-  // The GPU's first microbatch writes the expert gradients (gradients_zeroed below), so only the
-  // dense gradients need zeros.
-  store_->zero_grads(/*experts_written=*/dev_ == Device::CUDA);
+  // On the GPU the first microbatch writes the expert gradients instead of adding them (the CPU
+  // keeps its bit-exact accumulation order: 0 + (-0) is +0), so only the dense ones need zeros.
+  // One flag for both decisions: a store that skips the zeros relies on that write.
+  const bool first_microbatch_writes_experts = dev_ == Device::CUDA;
+  store_->zero_grads(first_microbatch_writes_experts);
   Tensor load = state_.get(expert_load_), stats = state_.get(step_stats_);
   fill_zero(load);
   fill_zero(stats);
   RoutingState rs{state_.get(router_bias_), load};
   const Tensor tokens = state_.get(tokens_), targets = state_.get(targets_);
   for (int64_t micro = 0; micro < accum; ++micro) {
-    // The GPU writes the first microbatch's expert gradients instead of adding them (zero_grads
-    // left them unzeroed); the CPU keeps its bit-exact accumulation order: 0 + (-0) is +0.
-    scales.gradients_zeroed = micro == 0 && dev_ == Device::CUDA;
+    scales.gradients_zeroed = micro == 0 && first_microbatch_writes_experts;
     model_->forward_backward(store_->weights(), store_->grads(), tokens.rows(micro * rows, (micro + 1) * rows),
                              targets.rows(micro * rows, (micro + 1) * rows), scales,
                              routing_seed(t.seed, step, micro * dp + rank), rs);
