@@ -29,6 +29,7 @@ std::unique_ptr<TokenDispatcher> make_gpu_dispatcher(const std::string& backend,
 #if defined(MOE_HAVE_CUDA)
     return std::make_unique<CudaRowwiseDispatcher>(ep_group, num_experts, capacity_factor, dropless);
 #else
+    (void)ep_group, (void)num_experts, (void)capacity_factor, (void)dropless;
     MOE_FAIL("dispatch backend 'rowwise' on the GPU (ep.backend): this binary was built without CUDA");
 #endif
   }
