@@ -1,4 +1,4 @@
-// moetrain: the command line. Subcommands: train, bench, eval, export-hf, import-hf, prepare.
+// moetrain: the command line. Subcommands: train, bench, eval, export-hf, import-hf, prepare, keys.
 // Every error is reported as one "error: ..." line and a non-zero exit.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
@@ -18,6 +18,7 @@
 #include "moe/core/arena.h"
 #include "moe/core/error.h"
 #include "moe/ckpt/checkpoint.h"
+#include "moe/ckpt/run_checkpoints.h"
 #include "moe/data/prepare.h"
 #include "moe/train/hf_interop.h"
 #include "moe/train/bench_report.h"
@@ -40,6 +41,9 @@ struct ConfigArgs {
   }
 };
 
+// Exit status of a command line that cannot be parsed (errors while running exit 1).
+constexpr int kUsageError = 2;
+
 // bench --check: fast vs reference kernels on one batch, both BF16 with FP32 accumulation in a
 // different order: the losses (~1 to 11 nats) agree to well under 1%.
 constexpr double kCheckRelTol = 5e-3;
@@ -52,7 +56,8 @@ void print_summary(const moe::TrainSummary& s, bool bench) {
   const moe::StepRecord& last = s.steps.back();
   std::printf("\n%s after step %ld: loss %.4f (lm %.4f)\n", bench ? "bench" : "done", static_cast<long>(last.step),
               last.loss, last.lm_loss);
-  if (s.eval_loss) std::printf("  held-out loss:   %.4f\n", *s.eval_loss);
+  if (s.eval_loss)
+    std::printf("  held-out loss:   %.4f%s\n", *s.eval_loss, std::isfinite(*s.eval_loss) ? "" : " (not finite)");
   if (s.attainable_loss)
     std::printf("  attainable loss: %.4f (entropy rate of the synthetic corpus)\n", *s.attainable_loss);
   std::printf("  throughput: %s tokens/s, MFU %.2f%% per device, %.3f s/step (mean over steps after the first)\n",
@@ -82,19 +87,24 @@ int main(int argc, char** argv) {
 
   ConfigArgs train_args;
   std::string resume;
-  int64_t save_every = -1, keep_last = -1, steps = -1;
+  int64_t save_every = 0, keep_last = 0, steps = 0;
+  bool overwrite = false;
   CLI::App* train = app.add_subcommand("train", "train a model (default: the built-in tiny config on synthetic data)");
   train_args.add_to(train);
   train->add_option("--resume", resume, "continue from a checkpoint dir, a run dir, or 'latest'");
-  train->add_option("--save-every", save_every, "checkpoint every N steps (train.save_every)");
-  train->add_option("--keep-last", keep_last, "keep only the newest K checkpoints (train.keep_last)");
-  train->add_option("--steps", steps, "total optimizer steps (train.steps)");
+  train->add_option("--save-every", save_every, "checkpoint every N steps (train.save_every)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_option("--keep-last", keep_last, "keep only the newest K checkpoints (train.keep_last)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_option("--steps", steps, "total optimizer steps (train.steps)")->check(CLI::NonNegativeNumber);
+  train->add_flag("--overwrite", overwrite,
+                  "run.dir holds another run: move its files into <run.dir>/replaced/ and start afresh");
 
   ConfigArgs bench_args;
   int64_t bench_steps = 10;
   CLI::App* bench = app.add_subcommand("bench", "time N training steps; prints tokens/s, MFU and the step-time split");
   bench_args.add_to(bench);
-  bench->add_option("--steps", bench_steps, "steps to run")->capture_default_str();
+  bench->add_option("--steps", bench_steps, "steps to run")->capture_default_str()->check(CLI::PositiveNumber);
   bool bench_check = false;
   std::string bench_json;
   bench->add_option("--json", bench_json,
@@ -114,7 +124,8 @@ int main(int argc, char** argv) {
   CLI::App* eval = app.add_subcommand("eval", "mean LM loss of a checkpoint over token data (.npy file or folder)");
   eval->add_option("--checkpoint", eval_ckpt, "checkpoint dir (or run dir: its newest checkpoint)")->required();
   eval->add_option("--data", eval_data, ".npy token file or folder of them")->required();
-  eval->add_option("--tokens", eval_tokens, "evaluate at most N predicted tokens (0 = all)");
+  eval->add_option("--tokens", eval_tokens, "evaluate at most N predicted tokens (0 = all)")
+      ->check(CLI::NonNegativeNumber);
   eval->add_option("--logits", eval_logits, "write the first microbatch's logits to this .npy (float32)");
   eval->add_option("--set", eval_overrides, "override a key of the checkpoint's config (e.g. train.seq_len)");
 
@@ -132,7 +143,21 @@ int main(int argc, char** argv) {
   import_hf->add_option("hf_dir", import_dir, "directory with config.json and safetensors")->required();
   import_hf->add_option("out", import_out, "run directory to create (step-000000/ and config.toml)")->required();
 
-  CLI11_PARSE(app, argc, argv);
+  CLI::App* keys = app.add_subcommand("keys", "list every config key: type, default, accepted values, meaning");
+
+  // Usage errors (an unknown flag, a bad value) exit 2 with one line; --help exits 0.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s (see moetrain --help)\n", e.what());
+    return kUsageError;
+  }
+  if (keys->parsed()) {
+    std::printf("%s", moe::config_keys_markdown().c_str());
+    return 0;
+  }
 
   // Under mpirun (or srun) every process is one rank; otherwise one process without MPI.
   std::unique_ptr<moe::MpiRuntime> mpi;
@@ -150,12 +175,13 @@ int main(int argc, char** argv) {
   try {
     if (train->parsed()) {
       std::vector<std::string> overrides = train_args.overrides;
-      if (save_every >= 0) overrides.push_back("train.save_every=" + std::to_string(save_every));
-      if (keep_last >= 0) overrides.push_back("train.keep_last=" + std::to_string(keep_last));
-      if (steps >= 0) overrides.push_back("train.steps=" + std::to_string(steps));
+      if (train->count("--save-every")) overrides.push_back("train.save_every=" + std::to_string(save_every));
+      if (train->count("--keep-last")) overrides.push_back("train.keep_last=" + std::to_string(keep_last));
+      if (train->count("--steps")) overrides.push_back("train.steps=" + std::to_string(steps));
       const moe::Config cfg = moe::load_config(train_args.config, overrides);
       moe::TrainOptions opts;
       opts.resume = resume;
+      opts.overwrite = overwrite;
       moe::Trainer trainer(cfg, opts, world);
       const moe::TrainSummary s = trainer.run();
       if (leader) print_summary(s, false);
@@ -222,13 +248,15 @@ int main(int argc, char** argv) {
     } else if (eval->parsed()) {
       const std::string dir = moe::resolve_checkpoint(eval_ckpt);
       const moe::CheckpointReader ckpt(dir);
-      MOE_CHECK(ckpt.train_state().contains("config"), dir, ": train_state.json has no config");
+      const nlohmann::json& stored = ckpt.train_state();
+      MOE_CHECK(stored.contains("config") && stored["config"].is_string(), dir,
+                "/train_state.json has no \"config\" string (the run's config)");
       // The checkpoint's own config, without its data source (the data is given here) and with a
       // global batch that fits this topology.
       std::vector<std::string> o = {"data.path=synthetic", "data.synthetic_tokens=65536",
                                     "data.synthetic_eval_tokens=8192", "parallel.mode=ddp"};
       o.insert(o.end(), eval_overrides.begin(), eval_overrides.end());
-      moe::Config cfg = moe::parse_config(ckpt.train_state()["config"].get<std::string>(), dir + "/train_state.json", o);
+      moe::Config cfg = moe::parse_config(stored["config"].get<std::string>(), dir + "/train_state.json", o);
       cfg.train.global_batch_size = cfg.train.micro_batch_size * world.size();
       if (cfg.parallel.ep > world.size() || world.size() % cfg.parallel.ep != 0) cfg.parallel.ep = 1;
       moe::TrainOptions opts;

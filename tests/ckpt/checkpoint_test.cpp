@@ -1,6 +1,7 @@
 // Checkpoints: slices saved by several ranks load back as any range of the logical tensor;
 // resolve/prune find the right step dirs; a crash mid-save leaves earlier checkpoints intact.
 #include "moe/ckpt/checkpoint.h"
+#include "moe/ckpt/run_checkpoints.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -74,8 +75,14 @@ class Equivalence : public ::testing::Test {
  protected:
   void SetUp() override {
     world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
-    char tmpl[] = "/tmp/moetrain-eq-XXXXXX";
-    dir_ = mkdtemp(tmpl);
+    // One directory for the job (every rank must run the same config, run.dir included).
+    char dir[256] = {0};
+    if (world_->rank() == 0) {
+      char tmpl[] = "/tmp/moetrain-eq-XXXXXX";
+      std::strncpy(dir, mkdtemp(tmpl), sizeof(dir) - 1);
+    }
+    MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD);
+    dir_ = dir;
   }
 
   // The single-process run with the same microbatch size (the load-balancing and z losses are
@@ -88,7 +95,10 @@ class Equivalence : public ::testing::Test {
     o.push_back(micro);
     return references_[micro] = run(local, o, true);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_->rank() == 0) std::filesystem::remove_all(dir_);
+  }
 
   void expect_matches(const std::vector<std::string>& topology) {
     const RunResult& reference_ = reference(topology.back());  // the micro_batch_size override comes last

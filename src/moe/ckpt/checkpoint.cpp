@@ -92,28 +92,6 @@ void check_and_sort_chunks(const std::string& where, const std::string& key, std
   }
 }
 
-// step-* directories of run_dir as (step, name), ascending; `complete` also requires index.json.
-std::vector<std::pair<int64_t, std::string>> list_steps(const std::string& run_dir, const std::string& prefix,
-                                                        bool complete) {
-  std::vector<std::pair<int64_t, std::string>> steps;
-  std::error_code ec;
-  fs::directory_iterator it(run_dir, ec);
-  MOE_CHECK(!ec, "cannot list run directory ", run_dir, ": ", ec.message());
-  for (const auto& entry : it) {
-    std::string name = entry.path().filename().string();
-    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    std::string digits = name.substr(prefix.size());
-    if (digits.size() > 18 ||
-        !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
-      continue;
-    if (!entry.is_directory(ec)) continue;
-    if (complete && !fs::exists(entry.path() / "index.json", ec)) continue;
-    steps.emplace_back(std::stoll(digits), name);
-  }
-  std::sort(steps.begin(), steps.end());
-  return steps;
-}
-
 void remove_tree(const std::string& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
@@ -398,40 +376,5 @@ void CheckpointReader::read(const std::string& key, int64_t begin, int64_t end, 
 
 // ---------------------------------------------------------------------------------------------
 // Finding and pruning
-
-std::string resolve_checkpoint(const std::string& run_dir_or_ckpt) {
-  std::string p = run_dir_or_ckpt;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  std::error_code ec;
-  if (fs::is_directory(p, ec) && fs::exists(p + "/index.json", ec)) return p;  // a checkpoint (or a link to one)
-  std::string run = p;
-  if (fs::path(p).filename() == "latest") run = parent_dir(p);
-  MOE_CHECK(fs::is_directory(run, ec), "cannot resolve checkpoint ", run_dir_or_ckpt,
-            ": neither a checkpoint directory nor a run directory");
-  auto steps = list_steps(run, "step-", /*complete=*/true);
-  MOE_CHECK(!steps.empty(), "no complete checkpoint (step-*/index.json) in ", run);
-  return run + "/" + steps.back().second;
-}
-
-void prune_checkpoints(const std::string& run_dir, int keep_last) {
-  MOE_CHECK(keep_last >= 0, "prune_checkpoints: keep_last must be >= 0, got ", keep_last);
-  if (keep_last == 0) return;
-  auto steps = list_steps(run_dir, "step-", /*complete=*/false);
-  if (steps.size() <= static_cast<size_t>(keep_last)) return;
-  const size_t drop = steps.size() - static_cast<size_t>(keep_last);
-  for (size_t i = 0; i < drop; ++i) {
-    // Rename first so a half-deleted directory never carries a step-* name.
-    std::string from = run_dir + "/" + steps[i].second;
-    std::string trash = run_dir + "/.trash-" + steps[i].second;
-    if (fs::exists(trash)) remove_tree(trash);
-    MOE_CHECK(std::rename(from.c_str(), trash.c_str()) == 0, "cannot remove checkpoint ", from, ": ", errno_text());
-    remove_tree(trash);
-  }
-  // Temp dirs of saves older than the oldest kept checkpoint can only be crash leftovers.
-  const int64_t oldest_kept = steps[drop].first;
-  for (const auto& [step, name] : list_steps(run_dir, ".tmp-step-", false))
-    if (step < oldest_kept) remove_tree(run_dir + "/" + name);
-  fsync_dir(run_dir);
-}
 
 }  // namespace moe

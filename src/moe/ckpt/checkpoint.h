@@ -119,9 +119,5 @@ class CheckpointReader {  // validates index.json and every referenced file at o
   std::map<std::string, StoredTensor> tensors_;
 };
 
-// A step-* dir as is; "<run>/latest" or a run dir -> its newest complete step-* dir.
-std::string resolve_checkpoint(const std::string& run_dir_or_ckpt);
-// Keeps the newest keep_last step-* dirs of run_dir (0 = keep all).
-void prune_checkpoints(const std::string& run_dir, int keep_last);
 
 }  // namespace moe

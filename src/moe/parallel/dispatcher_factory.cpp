@@ -39,6 +39,17 @@ std::unique_ptr<TokenDispatcher> make_gpu_dispatcher(const std::string& backend,
   MOE_FAIL("unknown dispatch backend '", backend, "' (ep.backend); on the GPU choose rowwise");
 }
 
+std::unique_ptr<TokenDispatcher> make_run_dispatcher(Device device, bool device_collectives, bool has_moe_layers,
+                                                     const std::string& backend, Communicator* ep_group,
+                                                     int64_t num_experts, double capacity_factor, bool dropless) {
+  if (ep_group == nullptr) return std::make_unique<LocalDispatcher>(num_experts, capacity_factor, dropless);
+  if (device == Device::CUDA && device_collectives && has_moe_layers && backend == "rowwise")
+    return make_gpu_dispatcher(backend, *ep_group, num_experts, capacity_factor, dropless);
+  if (ep_group->size() == 1) return std::make_unique<LocalDispatcher>(num_experts, capacity_factor, dropless);
+  if (device == Device::CUDA) return make_gpu_dispatcher(backend, *ep_group, num_experts, capacity_factor, dropless);
+  return make_dispatcher(backend, *ep_group, num_experts, capacity_factor, dropless);
+}
+
 int64_t dispatch_bytes_moved(const TokenDispatcher& dispatcher) {
   if (const auto* d = dynamic_cast<const RowwiseDispatcher*>(&dispatcher)) return d->bytes_moved();
   if (const auto* d = dynamic_cast<const AllToAllDispatcher*>(&dispatcher)) return d->bytes_moved();

@@ -23,6 +23,15 @@ std::unique_ptr<TokenDispatcher> make_dispatcher(const std::string& backend, Com
 std::unique_ptr<TokenDispatcher> make_gpu_dispatcher(const std::string& backend, Communicator& ep_group,
                                                      int64_t num_experts, double capacity_factor, bool dropless);
 
+// The dispatcher of a run, the one place that chooses: ep_group null (the FSDP baseline, every
+// expert on every rank) or a model without MoE layers -> local; on the GPU with device
+// collectives (NCCL) -> the GPU rowwise backend at every EP degree, EP = 1 included (counts
+// agreed on the device, capturable); otherwise EP = 1 -> local; EP > 1 -> `backend` on the CPU,
+// and on a GPU without NCCL the GPU backend, which then explains why it cannot run.
+std::unique_ptr<TokenDispatcher> make_run_dispatcher(Device device, bool device_collectives, bool has_moe_layers,
+                                                     const std::string& backend, Communicator* ep_group,
+                                                     int64_t num_experts, double capacity_factor, bool dropless);
+
 // Payload bytes moved by dispatch + combine so far (0 for local, which moves nothing between
 // ranks), for metrics; and the part that crossed ranks.
 int64_t dispatch_bytes_moved(const TokenDispatcher& dispatcher);

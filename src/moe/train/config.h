@@ -1,10 +1,13 @@
-// The run configuration: TOML sections [model], [data], [train], [parallel], [run], loaded from
-// a file (or the built-in tiny config) with `--set section.key=value` overrides. Every key in
-// the file must be known: an unknown key is an error that names it and lists the known ones.
+// The run configuration: TOML sections [model], [data], [train], [parallel], [ep], [run], loaded
+// from a file (or the built-in tiny config) with `--set section.key=value` overrides. Every key
+// in the file must be known: an unknown key is an error that names it and lists the known ones.
+// The keys themselves (type, default, accepted values, documentation) are listed once, in
+// config_keys.h.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moe/data/data_config.h"
@@ -30,7 +33,8 @@ struct TrainConfig {
   int64_t eval_batches = 4;        // microbatches of held-out data per eval
   int64_t log_every = 10;
   int64_t save_every = 0;          // 0 = only a final checkpoint when run.save_final
-  int64_t keep_last = 0;           // 0 = keep all checkpoints
+  int64_t keep_last = 0;           // 0 = keep all checkpoints of this run's line
+  int64_t max_skipped_steps = 10;  // consecutive non-finite (skipped) steps that end the run; 0 = never
   bool cuda_graph = false;         // GPU: capture the whole step once, replay it every step
 };
 
@@ -49,6 +53,7 @@ struct RunConfig {
   double peak_tflops = 0;       // MFU denominator; 0 = the device's default (Hopper GPUs: 989, the CPU: 0.2)
   bool save_final = true;       // write a checkpoint after the last step
   std::string device = "auto";  // auto (the GPU when this build has CUDA and one is present) | cpu | cuda
+  std::string resume = "no";    // auto: continue the run directory's newest checkpoint when one exists
 };
 
 struct Config {
@@ -72,8 +77,17 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
                     const std::vector<std::string>& overrides = {});
 // Reads the file; path "tiny" (or empty) selects the built-in tiny config.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
-// The model section as TOML text (used to refuse resuming with another model) and the whole config.
+// The model section and the whole resolved config as TOML text (written by the TOML library,
+// so any string value reads back unchanged).
 std::string model_config_toml(const ModelConfig& m);
 std::string config_to_toml(const Config& c);
+// ("section.key", canonical value text) for every key, in the order of config_keys.h.
+std::vector<std::pair<std::string, std::string>> config_values(const Config& c);
+// The keys (of `section` only, when not empty) whose values differ, as "\n  a_label: key = a"
+// and "\n  b_label: key = b" lines; empty when they agree.
+std::string config_differences(const Config& a, const Config& b, const std::string& section, const std::string& a_label,
+                               const std::string& b_label);
+// Every key as a markdown table (key, type, default, accepted values, meaning): `moetrain keys`.
+std::string config_keys_markdown();
 
 }  // namespace moe

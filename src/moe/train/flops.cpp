@@ -1,5 +1,8 @@
 #include "moe/train/flops.h"
 
+#include "moe/core/device.h"
+#include "moe/core/error.h"
+
 namespace moe {
 
 FlopCount count_flops(const ModelConfig& c, int64_t seq_len) {
@@ -43,6 +46,15 @@ FlopCount count_flops(const ModelConfig& c, int64_t seq_len) {
   f.total_params = total;
   f.active_params = active;
   return f;
+}
+
+MfuPeak mfu_peak(double configured_tflops, Device device) {
+  if (configured_tflops > 0) return {configured_tflops, "run.peak_tflops"};
+  if (device == Device::CPU) return {0.2, "the CPU default; set run.peak_tflops for your machine"};
+  const GpuInfo g = current_gpu();
+  MOE_CHECK(g.major == 9 && g.minor == 0, "no default MFU denominator for ", g.name, " (compute capability ", g.major,
+            ".", g.minor, "); set run.peak_tflops to its dense BF16 peak in TFLOP/s");
+  return {989.0, "dense BF16 peak of an SXM Hopper GPU (" + g.name + "); set run.peak_tflops for other parts"};
 }
 
 }  // namespace moe

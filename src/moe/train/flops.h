@@ -3,10 +3,14 @@
 //   expert + dense MLPs + LM head, counted as multiply-accumulate parameter counts)
 //                          + 12 x layers x seq_len x d_model   (attention scores, full square).
 // Recompute is not counted. Embedding lookups and norms are not matrix products and are left out.
+// MFU = flops_per_token x tokens/s / (devices x peak), the peak being run.peak_tflops or the
+// device's default (the dense BF16 peak of an SXM Hopper GPU; a nominal figure on the CPU).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
+#include "moe/core/tensor.h"
 #include "moe/model/config.h"
 
 namespace moe {
@@ -21,5 +25,19 @@ struct FlopCount {
 };
 
 FlopCount count_flops(const ModelConfig& cfg, int64_t seq_len);
+
+// The MFU denominator in TFLOP/s per device and where it comes from (for the start-up printout).
+struct MfuPeak {
+  double tflops = 0;
+  std::string source;
+};
+// configured_tflops > 0 (run.peak_tflops) wins; otherwise the device's default. Throws for a GPU
+// without a known default, asking for run.peak_tflops.
+MfuPeak mfu_peak(double configured_tflops, Device device);
+
+// Model FLOPs utilization of `devices` devices at `peak` TFLOP/s each.
+inline double mfu(const FlopCount& f, double tokens_per_s, const MfuPeak& peak, double devices) {
+  return f.flops_per_token * tokens_per_s / (peak.tflops * 1e12 * devices);
+}
 
 }  // namespace moe

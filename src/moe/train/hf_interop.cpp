@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "moe/ckpt/checkpoint.h"
+#include "moe/ckpt/run_checkpoints.h"
 #include "moe/ckpt/safetensors.h"
 #include "moe/core/arena.h"
 #include "moe/core/error.h"

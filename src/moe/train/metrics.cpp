@@ -1,26 +1,154 @@
 #include "moe/train/metrics.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
+#include "moe/ckpt/durable_file.h"
 #include "moe/core/error.h"
 
 namespace moe {
 
-MetricsLog::MetricsLog(const std::string& path) : path_(path) {
-  file_ = std::fopen(path.c_str(), "a");
-  MOE_CHECK(file_ != nullptr, "cannot open metrics file '", path, "': ", std::strerror(errno));
+namespace {
+
+nlohmann::json number(double v) {
+  if (std::isfinite(v)) return v;
+  return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
 }
 
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MOE_CHECK(in.good(), "cannot read metrics file '", path, "': ", errno_text());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The step of one metrics line, or -1 when it does not parse as a record.
+int64_t record_step(const std::string& line) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    return j.at("step").get<int64_t>();
+  } catch (const nlohmann::json::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+nlohmann::json step_record_json(const StepRecord& r, const RunTotals& t, std::optional<double> eval_loss) {
+  nlohmann::json per_layer = nlohmann::json::array();
+  for (double v : r.expert_load_per_layer) per_layer.push_back(number(v));
+  nlohmann::json j = {{"step", r.step},
+                      {"loss", number(r.loss)},
+                      {"lm_loss", number(r.lm_loss)},
+                      {"lb_loss", number(r.lb_loss)},
+                      {"z_loss", number(r.z_loss)},
+                      {"grad_norm", number(r.grad_norm)},
+                      {"lr", r.lr},
+                      {"tokens_per_s", r.tokens_per_s},
+                      {"mfu", r.mfu},
+                      {"step_time_s", r.step_time_s},
+                      {"ideal_time_s", t.ideal_time_s},
+                      {"comm_time_s", r.comm_time_s},
+                      {"optimizer_time_s", r.optimizer_time_s},
+                      {"world_size", t.world_size},
+                      {"dropped_fraction", r.dropped_fraction},
+                      {"receive_buffer_utilization", r.receive_utilization},
+                      {"dispatch_combine_bytes", r.dispatch_bytes},
+                      {"expert_load_max_over_mean", number(r.expert_load_max_over_mean)},
+                      {"expert_load_max_over_mean_per_layer", per_layer},
+                      {"skipped", r.skipped},
+                      {"skipped_steps", t.skipped_steps},
+                      {"tokens_seen", t.tokens_seen},
+                      {"arena_bytes", t.arena_bytes},
+                      {"peak_rss_bytes", t.peak_rss_bytes}};
+  if (eval_loss) j["eval_loss"] = number(*eval_loss);
+  return j;
+}
+
+MetricsLog::MetricsLog(std::string path) : path_(std::move(path)) {}
+
 MetricsLog::~MetricsLog() {
-  if (file_) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void MetricsLog::open() {
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  MOE_CHECK(fd_ >= 0, "cannot open metrics file '", path_, "': ", errno_text());
+  struct stat st {};
+  MOE_CHECK(::fstat(fd_, &st) == 0, "cannot stat metrics file '", path_, "': ", errno_text());
+  if (st.st_size == 0) return;
+  // A last line without its newline was cut off (a crash or a full disk in an older version):
+  // keep those bytes aside and continue after the last whole line.
+  const std::string text = read_all(path_);
+  if (text.back() == '\n') return;
+  const size_t keep = text.find_last_of('\n') == std::string::npos ? 0 : text.find_last_of('\n') + 1;
+  std::ofstream partial(path_ + ".partial", std::ios::binary | std::ios::app);
+  partial << text.substr(keep) << "\n";
+  partial.close();
+  MOE_CHECK(partial.good(), "cannot keep the cut-off last line of '", path_, "' in ", path_, ".partial");
+  MOE_CHECK(::ftruncate(fd_, static_cast<off_t>(keep)) == 0, "cannot cut the broken last line off '", path_,
+            "': ", errno_text());
+  std::fprintf(stderr, "warning: %s ended in a cut-off line; moved it to %s.partial\n", path_.c_str(), path_.c_str());
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
+  if (fd_ < 0) open();
   const std::string line = record.dump() + "\n";
-  MOE_CHECK(std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0,
-            "cannot write metrics file '", path_, "': ", std::strerror(errno));
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = n == 0 ? "no bytes written" : errno_text();
+      // Never leave half a line: a reader of the file would fail on it.
+      if (before >= 0) (void)::ftruncate(fd_, before);
+      MOE_FAIL("cannot write metrics file '", path_, "': ", why);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+bool metrics_after(const std::string& path, int64_t step) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return false;
+  std::istringstream in(read_all(path));
+  std::string line;
+  while (std::getline(in, line))
+    if (record_step(line) > step) return true;
+  return false;
+}
+
+int64_t move_metrics_after(const std::string& path, int64_t step, const std::string& dest_dir) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return 0;
+  std::istringstream in(read_all(path));
+  std::string line, kept, moved;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    if (record_step(line) > step) {
+      moved += line + "\n";
+      ++n;
+    } else {
+      kept += line + "\n";
+    }
+  }
+  if (n == 0) return 0;
+  // The copy first, then the shortened file: a crash in between leaves the records in both
+  // places (the move runs again and rewrites the same copy), never in neither.
+  write_file_atomic(dest_dir + "/metrics.jsonl", moved);
+  write_file_atomic(path, kept);
+  return n;
 }
 
 std::string format_duration(double seconds) {

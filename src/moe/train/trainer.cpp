@@ -5,22 +5,25 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <random>
 
 #include "moe/ckpt/checkpoint.h"
-#include "moe/comm/nccl_communicator.h"
+#include "moe/ckpt/distributed_checkpoint.h"
+#include "moe/ckpt/run_checkpoints.h"
 #include "moe/core/device.h"
-#include "moe/data/npy.h"
 #include "moe/core/rng.h"
+#include "moe/data/eval_windows.h"
+#include "moe/data/npy.h"
+#include "moe/model/router_bias.h"
 #include "moe/ops/embedding.h"
 #include "moe/optim/lr_schedule.h"
 #include "moe/parallel/ddp_store.h"
 #include "moe/parallel/dispatcher_factory.h"
 #include "moe/parallel/fsdp_store.h"
-#include "moe/parallel/local_dispatcher.h"
-#include "moe/train/metrics.h"
+#include "moe/train/config_agreement.h"
+#include "moe/train/run_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -33,18 +36,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Lines of `a` that differ from `b`, for the resume-refused message.
-std::string config_diff(const std::string& a, const std::string& b) {
-  std::istringstream sa(a), sb(b);
-  std::string la, lb, out;
-  while (true) {
-    const bool ga = static_cast<bool>(std::getline(sa, la)), gb = static_cast<bool>(std::getline(sb, lb));
-    if (!ga && !gb) break;
-    if (la != lb) out += "\n  checkpoint: " + (gb ? lb : "(none)") + "\n  this run:   " + (ga ? la : "(none)");
-  }
-  return out;
-}
-
 // The routing seed of one microbatch: random routing draws a fresh choice per (step, microbatch).
 uint64_t routing_seed(uint64_t seed, int64_t step, int64_t micro) {
   return hash_counters(seed, 0x726f757465ull, static_cast<uint64_t>(step), static_cast<uint64_t>(micro));
@@ -53,61 +44,37 @@ uint64_t routing_seed(uint64_t seed, int64_t step, int64_t micro) {
 // Device memory left out of the arenas' limit: cuBLASLt and cuDNN workspaces, the CUDA context.
 constexpr size_t kLibraryReserveBytes = size_t{2} << 30;
 
-// run.device: auto picks the GPU when this build has CUDA and one is usable (ddp or fsdp). Several
-// ranks need NCCL (collectives, and the rowwise dispatcher's symmetric heap for parallel.ep > 1).
-Device resolve_device(const Config& cfg, int world_size, std::string* note) {
-  std::string why, nccl_why;
-  const bool gpu = cuda_available(&why);
-  const bool nccl = gpu && nccl_available(&nccl_why);
-  const std::string& want = cfg.run.device;
-  if (want == "cpu") {
-    *note = "cpu (run.device)";
-    return Device::CPU;
-  }
-  if (want == "auto") {
-    std::string reason;
-    if (!gpu)
-      reason = why;
-    else if (world_size > 1 && !nccl)
-      reason = "several ranks on GPUs need NCCL: " + nccl_why;
-    else if (world_size > 1 && cfg.parallel.ep > 1 && cfg.ep.backend != "rowwise")
-      reason = "ep.backend = " + cfg.ep.backend + " runs on the CPU (the GPU has the rowwise backend)";
-    if (!reason.empty()) {
-      *note = "cpu (run.device = auto: " + reason + ")";
-      return Device::CPU;
-    }
-  } else {
-    MOE_CHECK(gpu, "run.device = \"cuda\", but ", why);
-    MOE_CHECK(world_size == 1 || nccl, "run.device = \"cuda\" with ", world_size, " ranks needs NCCL: ", nccl_why);
-  }
-  if (world_size > 1) select_local_gpu();
-  *note = std::string("cuda (") + (want == "auto" ? "run.device = auto" : "run.device") + "; collectives " +
-          (nccl ? "through NCCL" : "in-process (one rank; NCCL: " + nccl_why + ")") + ")";
-  return Device::CUDA;
+// Every rank must run the same config; checked before the first collective that depends on it.
+const Config& agreed(const Config& cfg, Communicator& host) {
+  check_config_agrees(cfg, host);
+  return cfg;
 }
 
-// The MFU denominator: run.peak_tflops, or the device's dense BF16 (GPU) / nominal (CPU) peak.
-double peak_tflops(const Config& cfg, Device dev, std::string* note) {
-  if (cfg.run.peak_tflops > 0) {
-    *note = "run.peak_tflops";
-    return cfg.run.peak_tflops;
+// A field of a checkpoint's train_state.json, or an error naming the file and the field.
+template <typename T>
+T state_field(const nlohmann::json& st, const char* key, const std::string& dir) {
+  try {
+    return st.at(key).get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    MOE_FAIL("checkpoint ", dir, ": train_state.json field '", key, "' is missing or malformed (", e.what(), ")");
   }
-  if (dev == Device::CPU) {
-    *note = "the CPU default; set run.peak_tflops for your machine";
-    return 0.2;
-  }
-  const GpuInfo g = current_gpu();
-  MOE_CHECK(g.major == 9 && g.minor == 0, "no default MFU denominator for ", g.name, " (compute capability ", g.major,
-            ".", g.minor, "); set run.peak_tflops to its dense BF16 peak in TFLOP/s");
-  *note = "dense BF16 peak of an SXM Hopper GPU (" + g.name + "); set run.peak_tflops for other parts";
-  return 989.0;
 }
 
-// The run's world on the GPU: NCCL over the job's ranks where available (one rank included, so a
-// single-GPU run goes through the same collectives as a multi-GPU one).
-std::unique_ptr<Communicator> make_gpu_world(Device dev, Communicator& world) {
-  if (dev != Device::CUDA || !nccl_available()) return nullptr;
-  return make_nccl_communicator(world);
+std::string new_run_id() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(std::time(nullptr));
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace
@@ -126,12 +93,13 @@ enum StepStat {
 };
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& world)
-    : cfg_(cfg),
+    : cfg_(agreed(cfg, world)),
       opts_(opts),
-      device_note_(),
-      dev_(resolve_device(cfg, world.size(), &device_note_)),
-      gpu_world_(make_gpu_world(dev_, world)),
-      world_(gpu_world_ ? *gpu_world_ : world, std::make_shared<double>(0.0)),
+      host_world_(world),
+      run_device_(choose_device(cfg, world)),
+      dev_(run_device_.device),
+      peak_(mfu_peak(cfg.run.peak_tflops, dev_)),
+      world_(run_device_.gpu_world ? *run_device_.gpu_world : world, std::make_shared<double>(0.0)),
       flops_(count_flops(cfg.model, cfg.train.seq_len)),
       data_(TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id)),
       state_("model state", dev_),
@@ -139,14 +107,12 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   const int dp = world_.size();
   cfg_.validate(dp);
   data_.check_window(cfg_.train.seq_len);  // before anything is written
-  peak_tflops_ = peak_tflops(cfg_, dev_, &peak_note_);
   const ModelConfig& mc = cfg_.model;
   const bool fsdp = cfg_.parallel.mode == "fsdp";
   const int64_t moe_experts = mc.first_k_dense_replace < mc.num_hidden_layers ? mc.num_experts : 0;
   if (fsdp) {
     reg_ = build_registry(mc, 0, mc.num_experts, ParamLayout::ByBlock);
     store_ = std::make_unique<FsdpStore>(mc, reg_, world_, state_);
-    dispatcher_ = std::make_unique<LocalDispatcher>(mc.num_experts, mc.capacity_factor, mc.dropless);
   } else {
     // A model without MoE layers has nothing to shard over experts: data parallelism only.
     MOE_CHECK(moe_experts > 0 || cfg_.parallel.ep == 1, "parallel.ep = ", cfg_.parallel.ep,
@@ -156,23 +122,12 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     const int64_t local = mc.num_experts / mesh_->ep;
     reg_ = build_registry(mc, mesh_->ep_index * local, local, ParamLayout::ByReplicaGroup);
     store_ = std::make_unique<DdpStore>(mc, reg_, *mesh_, state_);
-    // GPU runs with NCCL: rows through NCCL symmetric windows with counts agreed on the device,
-    // for any EP degree (EP = 1 goes through the same kernels as EP = 8). Without NCCL (one GPU,
-    // a mismatched libnccl) and on the CPU, EP = 1 is the local dispatcher.
-    if (dev_ == Device::CUDA && gpu_world_ && moe_experts > 0 && cfg_.ep.backend == "rowwise")
-      dispatcher_ = make_gpu_dispatcher(cfg_.ep.backend, *mesh_->ep_group, mc.num_experts, mc.capacity_factor,
-                                        mc.dropless);
-    else if (mesh_->ep == 1)
-      dispatcher_ = std::make_unique<LocalDispatcher>(mc.num_experts, mc.capacity_factor, mc.dropless);
-    else if (dev_ == Device::CUDA)
-      dispatcher_ = make_gpu_dispatcher(cfg_.ep.backend, *mesh_->ep_group, mc.num_experts, mc.capacity_factor,
-                                        mc.dropless);
-    else
-      dispatcher_ = make_dispatcher(cfg_.ep.backend, *mesh_->ep_group, mc.num_experts, mc.capacity_factor,
-                                    mc.dropless);
   }
+  dispatcher_ = make_run_dispatcher(dev_, run_device_.gpu_world != nullptr, moe_experts > 0, cfg_.ep.backend,
+                                    mesh_ ? mesh_->ep_group.get() : nullptr, mc.num_experts, mc.capacity_factor,
+                                    mc.dropless);
   MOE_CHECK(!cfg_.train.cuda_graph || dev_ == Device::CUDA, "train.cuda_graph = true needs the GPU, but this run uses ",
-            device_note_);
+            run_device_.note);
   MOE_CHECK(!cfg_.train.cuda_graph || !fsdp,
             "train.cuda_graph = true with parallel.mode = \"fsdp\": the FSDP baseline runs eagerly (its per-block "
             "gathers are counted on the host); use parallel.mode = \"ddp\" or cuda_graph = false");
@@ -204,7 +159,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   state_.commit(limit);
   acts_.commit(limit > state_.total_bytes() ? limit - state_.total_bytes() : 1);
   store_->init(cfg_.train.seed);
-  if (!opts_.resume.empty()) load_checkpoint(opts_.resume == "latest" ? cfg_.run_dir() : opts_.resume);
+  resumed_from_ = opts_.bench && opts_.resume.empty() ? "" : resume_source(opts_.resume, cfg_);
+  if (!resumed_from_.empty()) load_checkpoint(resumed_from_);
+  if (run_id_.empty()) run_id_ = new_run_id();
 }
 
 Trainer::~Trainer() = default;
@@ -229,7 +186,8 @@ void Trainer::print_plan() const {
   const size_t params = state_.bytes_with_prefix("parameters"), compute = state_.bytes_with_prefix("compute_weights");
   const size_t grads = state_.bytes_with_prefix("gradients"), optim = state_.bytes_with_prefix("optimizer.");
   const size_t other = state_.total_bytes() - params - compute - grads - optim;
-  std::printf("  device: %s; MFU against %.4g TFLOP/s (%s)\n", device_note_.c_str(), peak_tflops_, peak_note_.c_str());
+  std::printf("  device: %s; MFU against %.4g TFLOP/s (%s)\n", run_device_.note.c_str(), peak_.tflops,
+              peak_.source.c_str());
   std::printf("  memory plan (%s, %.0f tokens/step): parameters %s (FP32), compute weights %s (BF16), gradients %s, "
               "optimizer %s, other state %s; activations %s (expert buffers %s); total %s\n",
               std::string(device_name(dev_)).c_str(), tokens_per_step, b(params).c_str(), b(compute).c_str(), b(grads).c_str(),
@@ -242,26 +200,27 @@ void Trainer::print_plan() const {
   std::fflush(stdout);
 }
 
-void Trainer::load_checkpoint(const std::string& path) {
+void Trainer::load_checkpoint(const std::string& dir) {
   const auto t0 = Clock::now();
   const size_t rss_before = peak_rss_bytes();
-  const std::string dir = resolve_checkpoint(path);
   CheckpointReader ckpt(dir);
   const nlohmann::json& st = ckpt.train_state();
-  MOE_CHECK(st.contains("model_config") && st.contains("step"), "checkpoint ", dir,
-            ": train_state.json lacks model_config or step");
-  const std::string theirs = st["model_config"].get<std::string>(), ours = model_config_toml(cfg_.model);
-  MOE_CHECK(theirs == ours, "cannot resume from ", dir, ": the model config differs:", config_diff(ours, theirs));
+  // The model must be the same, compared key by key (values, not the text that stored them).
+  const Config stored = parse_config(state_field<std::string>(st, "model_config", dir), dir + "/train_state.json");
+  const std::string diff = config_differences(cfg_, stored, "model", "this run", "checkpoint");
+  MOE_CHECK(diff.empty(), "cannot resume from ", dir, ": the model config differs:", diff);
+  const int64_t step = state_field<int64_t>(st, "step", dir);
+  MOE_CHECK(step >= 0 && step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step,
+            step < 0 ? " (invalid)" : ", past train.steps = ", step < 0 ? "" : std::to_string(cfg_.train.steps));
   // Every rank reads the ranges it holds under the current topology, whatever wrote them.
   store_->load(ckpt);
   if (ckpt.has("router_bias")) {
     ckpt.read("router_bias", DType::F32, 0, static_cast<int64_t>(host_bias_.size()), host_bias_.data());
     copy_to_tensor(state_.get(router_bias_), host_bias_.data());
   }
-  start_step_ = st["step"].get<int64_t>();
-  skipped_steps_ = st.value("skipped_steps", int64_t{0});
-  MOE_CHECK(start_step_ <= cfg_.train.steps, "checkpoint ", dir, " is at step ", start_step_,
-            ", past train.steps = ", cfg_.train.steps);
+  start_step_ = step;
+  skipped_steps_ = st.contains("skipped_steps") ? state_field<int64_t>(st, "skipped_steps", dir) : 0;
+  if (st.contains("run_id")) run_id_ = state_field<std::string>(st, "run_id", dir);
   if (!opts_.quiet && leader())
     std::printf("resumed from %s at step %ld (read in %.2f s; rank 0 peak resident memory %s before, %s after)\n",
                 dir.c_str(), static_cast<long>(start_step_), seconds_since(t0),
@@ -270,16 +229,9 @@ void Trainer::load_checkpoint(const std::string& path) {
 }
 
 void Trainer::save_checkpoint_now(int64_t step) {
-  // DESIGN.md section 8: rank 0 opens a temporary directory, every rank writes the slices it
-  // owns into its own file, rank 0 gathers the chunk records (through small JSON files in the
-  // temporary directory: the checkpoint folder must be shared by the ranks anyway), writes the
-  // index and renames the directory, which is the commit point.
   const auto t0 = Clock::now();
   const size_t rss_before = peak_rss_bytes();
   const std::string run = cfg_.run_dir();
-  std::string tmp = run + "/.tmp-" + checkpoint_dir_name(step);
-  if (leader()) tmp = begin_checkpoint(run, step);
-  world_.barrier();
   std::vector<CheckpointSlice> slices = store_->checkpoint_slices();
   // GPU state is streamed through host memory one slice at a time: the writer asks for each
   // slice's bytes just before writing it.
@@ -289,70 +241,36 @@ void Trainer::save_checkpoint_now(int64_t step) {
   const int64_t L = cfg_.model.num_hidden_layers, N = cfg_.model.num_experts;
   if (leader()) slices.push_back({"router_bias", DType::F32, {L, N}, 0, L * N, host_bias_.data()});
   device_data.resize(slices.size(), nullptr);
-  const std::vector<CheckpointChunk> mine =
-      write_rank_file(tmp, world_.rank(), slices, [&](size_t i, void* dst) {
-        const CheckpointSlice& s = slices[i];
-        const int64_t n = s.end - s.begin;
-        copy_from_tensor(dst, Tensor(const_cast<void*>(device_data[i]), s.dtype, {n}, dev_));
-      });
-  if (!leader()) {  // rank 0 keeps its own records in memory
-    std::ofstream out(tmp + "/chunks-" + std::to_string(world_.rank()) + ".json");
-    out << chunks_to_json(mine).dump();
-    MOE_CHECK(out.good(), "cannot write chunk records into ", tmp);
-  }
-  world_.barrier();
-  std::string dir;
+  nlohmann::json st;
   if (leader()) {
-    std::vector<CheckpointChunk> all = mine;
-    for (int r = 1; r < world_.size(); ++r) {
-      const std::string f = tmp + "/chunks-" + std::to_string(r) + ".json";
-      std::ifstream in(f);
-      MOE_CHECK(in.good(), "missing chunk records of rank ", r, ": ", f);
-      const std::vector<CheckpointChunk> theirs = chunks_from_json(nlohmann::json::parse(in));
-      all.insert(all.end(), theirs.begin(), theirs.end());
-      in.close();
-      fs::remove(f);
-    }
-    nlohmann::json st;
     st["step"] = step;
     st["skipped_steps"] = skipped_steps_;
+    st["run_id"] = run_id_;
     st["data_position"] = {{"step", step},
                            {"note", "training windows are a pure function of (data.seed, step, sequence)"}};
     st["rng"] = {{"train.seed", cfg_.train.seed}, {"data.seed", cfg_.data.seed}};
     st["topology"] = {{"world_size", world_.size()}, {"mode", cfg_.parallel.mode}, {"ep", cfg_.parallel.ep}};
     st["model_config"] = model_config_toml(cfg_.model);
     st["config"] = config_to_toml(cfg_);
-    write_checkpoint_index(tmp, step, all, st);
-    dir = commit_checkpoint(run, step);
-    if (cfg_.train.keep_last > 0) prune_checkpoints(run, static_cast<int>(cfg_.train.keep_last));
-    if (!opts_.quiet) {
-      uintmax_t bytes = 0;
-      for (const auto& e : fs::directory_iterator(dir)) bytes += e.is_regular_file() ? e.file_size() : 0;
-      std::printf("saved checkpoint %s (%s in %.2f s; rank 0 peak resident memory %s before, %s after)\n",
-                  dir.c_str(), format_bytes(static_cast<double>(bytes)).c_str(), seconds_since(t0),
-                  format_bytes(static_cast<double>(rss_before)).c_str(),
-                  format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
-    }
   }
-  world_.barrier();
-}
-
-void Trainer::update_router_bias() {
-  const double rate = cfg_.model.bias_update_rate;
-  if (rate <= 0 || cfg_.model.routing != Routing::Learned) return;
-  const int64_t N = cfg_.model.num_experts;
-  for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l) {
-    if (!cfg_.model.is_moe_layer(l)) continue;
-    float* b = host_bias_.data() + l * N;
-    const float* c = host_load_.data() + l * N;
-    double mean = 0;
-    for (int64_t e = 0; e < N; ++e) mean += c[e];
-    mean /= static_cast<double>(N);
-    // Sign update: under-loaded experts become more attractive, over-loaded ones less.
-    for (int64_t e = 0; e < N; ++e)
-      b[e] += static_cast<float>(rate * (c[e] < mean ? 1.0 : c[e] > mean ? -1.0 : 0.0));
+  const std::string dir = save_checkpoint_collective(
+      host_world_, run, step, slices,
+      [&](size_t i, void* dst) {
+        const CheckpointSlice& s = slices[i];
+        copy_from_tensor(dst, Tensor(const_cast<void*>(device_data[i]), s.dtype, {s.end - s.begin}, dev_));
+      },
+      st);
+  if (!leader()) return;
+  // Keep the newest keep_last of this line; the checkpoint this process resumed from stays.
+  if (cfg_.train.keep_last > 0) prune_checkpoints(run, static_cast<int>(cfg_.train.keep_last), resumed_from_);
+  if (!opts_.quiet) {
+    uintmax_t bytes = 0;
+    for (const auto& e : fs::directory_iterator(dir)) bytes += e.is_regular_file() ? e.file_size() : 0;
+    std::printf("saved checkpoint %s (%s in %.2f s; rank 0 peak resident memory %s before, %s after)\n", dir.c_str(),
+                format_bytes(static_cast<double>(bytes)).c_str(), seconds_since(t0),
+                format_bytes(static_cast<double>(rss_before)).c_str(),
+                format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
   }
-  copy_to_tensor(state_.get(router_bias_), host_bias_.data());  // between steps, read by the next one
 }
 
 void Trainer::upload_batch(int64_t step) {
@@ -477,10 +395,12 @@ StepRecord Trainer::train_step(int64_t step) {
   copy_from_tensor(host_load_.data(), load);
   r.comm_time_s = world_.seconds() - comm_before;
   r.skipped = opt.skipped;
-  if (opt.skipped)
+  if (opt.skipped) {
     ++skipped_steps_;
-  else
-    update_router_bias();
+  } else if (cfg_.model.bias_update_rate > 0 && cfg_.model.routing == Routing::Learned) {
+    update_router_bias(host_bias_, host_load_, cfg_.model);
+    copy_to_tensor(state_.get(router_bias_), host_bias_.data());  // between steps, read by the next one
+  }
   r.step_time_s = seconds_since(t0);
   if (dev_ == Device::CUDA) {
     const DeviceMemory m = device_memory();
@@ -492,7 +412,7 @@ StepRecord Trainer::train_step(int64_t step) {
   r.loss = r.lm_loss + cfg_.model.router_aux_loss_coef * r.lb_loss + cfg_.model.router_z_loss_coef * r.z_loss;
   r.grad_norm = opt.grad_norm;
   r.tokens_per_s = static_cast<double>(t.global_batch_size * T) / r.step_time_s;
-  r.mfu = flops_.flops_per_token * r.tokens_per_s / (peak_tflops_ * 1e12 * static_cast<double>(dp));
+  r.mfu = mfu(flops_, r.tokens_per_s, peak_, static_cast<double>(dp));
   // Routes sent minus rows kept, summed over the world: the routes dropped by capacity.
   r.dropped_fraction = st[kRoutes] > 0 ? (st[kRoutes] - st[kReceived]) / st[kRoutes] : 0.0;
   r.receive_utilization = st[kCapacity] > 0 ? st[kReceived] / st[kCapacity] : 0.0;
@@ -511,11 +431,11 @@ StepRecord Trainer::train_step(int64_t step) {
   return r;
 }
 
-double Trainer::evaluate(int64_t batches) {
+std::optional<double> Trainer::evaluate(int64_t batches) {
   const int64_t dp = world_.size(), rank = world_.rank();
   const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len;
   const int64_t n = std::min(batches, data_.eval_num_sequences(T) / (B * dp));  // microbatches per rank
-  if (n <= 0) return std::nan("");
+  if (n <= 0) return std::nullopt;
   const Tensor tokens = state_.get(tokens_).rows(0, B * T), targets = state_.get(targets_).rows(0, B * T);
   RoutingState rs{state_.get(router_bias_), Tensor()};
   double local = 0;  // summed in double; one rounding to FP32 before the all-reduce
@@ -543,37 +463,11 @@ double Trainer::microbatch_loss(int64_t step) {
 }
 
 EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, const std::string& logits_npy) {
-  std::vector<std::string> paths;
-  if (fs::is_directory(path)) {
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.path().extension() == ".npy") paths.push_back(e.path().string());
-    std::sort(paths.begin(), paths.end());
-    MOE_CHECK(!paths.empty(), "eval: no .npy files in ", path);
-  } else {
-    MOE_CHECK(fs::exists(path), "eval: data '", path, "' does not exist");
-    paths.push_back(path);
-  }
+  MOE_CHECK(max_tokens >= 0, "eval: the number of tokens must be >= 0 (0 = all), got ", max_tokens);
   const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
-  std::vector<NpyTokens> files;
-  struct Window {
-    size_t file;
-    int64_t start;
-  };
-  std::vector<Window> windows;
-  int64_t predicted = 0;
-  for (const auto& p : paths) {
-    files.push_back(NpyTokens::open(p));
-    const NpyTokens& f = files.back();
-    for (int64_t i = 0; i < f.size(); ++i)
-      MOE_CHECK(f.at(i) < static_cast<uint32_t>(V), p, ": token ", f.at(i), " at index ", i, " is >= model.vocab_size = ", V);
-    for (int64_t start = 0; start + T + 1 <= f.size(); start += T) {
-      if (max_tokens > 0 && predicted >= max_tokens) break;
-      windows.push_back({files.size() - 1, start});
-      predicted += T;
-    }
-  }
+  const EvalWindows windows = EvalWindows::open(path, T, V, max_tokens);
   const int64_t dp = world_.size(), rank = world_.rank();
-  const int64_t per_rank = static_cast<int64_t>(windows.size()) / (B * dp);  // microbatches per rank
+  const int64_t per_rank = windows.size() / (B * dp);  // microbatches per rank
   MOE_CHECK(per_rank > 0, "eval: ", windows.size(), " windows of ", T + 1, " tokens in ", path, " do not fill one microbatch of ",
             B, " sequences per rank (", dp, " ranks)");
   const Tensor tokens = state_.get(tokens_).rows(0, B * T), targets = state_.get(targets_).rows(0, B * T);
@@ -581,14 +475,8 @@ EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, c
   double local = 0;  // summed in double; one rounding to FP32 before the all-reduce
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < per_rank; ++i) {
-    for (int64_t j = 0; j < B; ++j) {
-      const Window& w = windows[static_cast<size_t>((i * dp + rank) * B + j)];
-      const NpyTokens& f = files[w.file];
-      for (int64_t t = 0; t < T; ++t) {
-        host_tokens_[static_cast<size_t>(j * T + t)] = static_cast<int32_t>(f.at(w.start + t));
-        host_targets_[static_cast<size_t>(j * T + t)] = static_cast<int32_t>(f.at(w.start + t + 1));
-      }
-    }
+    for (int64_t j = 0; j < B; ++j)
+      windows.copy((i * dp + rank) * B + j, host_tokens_.data() + j * T, host_targets_.data() + j * T);
     copy_to_tensor(tokens, host_tokens_.data());
     copy_to_tensor(targets, host_targets_.data());
     const uint64_t seed = routing_seed(cfg_.train.seed, -1, i * dp + rank);
@@ -610,7 +498,7 @@ EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, c
   r.tokens = per_rank * dp * B * T;
   r.mean_loss = sum[0] / static_cast<double>(r.tokens);
   r.tokens_per_s = static_cast<double>(r.tokens) / seconds_since(t0);
-  r.windows_skipped = static_cast<int64_t>(windows.size()) - per_rank * dp * B;
+  r.windows_skipped = windows.size() - per_rank * dp * B;
   return r;
 }
 
@@ -619,23 +507,23 @@ TrainSummary Trainer::run() {
   TrainSummary summary;
   summary.first_step = start_step_;
   summary.attainable_loss = data_.attainable_loss();
-  std::unique_ptr<MetricsLog> metrics;
-  const bool talk = leader() && !opts_.quiet;
+  // Rank 0 claims the run directory only now: config, data and any checkpoint are validated.
+  std::unique_ptr<RunDirectory> run_dir;
   if (!opts_.bench && leader()) {
-    std::error_code ec;
-    fs::create_directories(cfg_.run_dir(), ec);
-    MOE_CHECK(!ec, "cannot create run directory '", cfg_.run_dir(), "' (run.dir): ", ec.message());
-    metrics = std::make_unique<MetricsLog>(cfg_.run_dir() + "/metrics.jsonl");
+    run_dir = std::make_unique<RunDirectory>(cfg_, RunStart{resumed_from_, start_step_, opts_.overwrite});
+    if (!run_dir->set_aside().empty() && !opts_.quiet)
+      std::printf("moved what came after step %ld in %s aside to %s\n", static_cast<long>(start_step_),
+                  run_dir->path().c_str(), run_dir->set_aside().c_str());
   }
+  const bool talk = leader() && !opts_.quiet;
   if (talk) print_plan();
   const double dp = static_cast<double>(world_.size());
-  const double ideal_step_s = flops_.flops_per_token * static_cast<double>(t.global_batch_size * t.seq_len) /
-                              (peak_tflops_ * 1e12 * dp);
-  double comm_s = 0, opt_s = 0;
   const double tokens_per_step = static_cast<double>(t.global_batch_size * t.seq_len);
+  const double ideal_step_s = flops_.flops_per_token * tokens_per_step / (peak_.tflops * 1e12 * dp);
+  double comm_s = 0, opt_s = 0;
   const auto run_start = Clock::now();
   double timed_s = 0;
-  int64_t timed_steps = 0;
+  int64_t timed_steps = 0, consecutive_skipped = 0, skipped_here = 0;
   int64_t last_saved = start_step_;
   const bool profile = dev_ == Device::CUDA && opts_.profiler != nullptr && opts_.profiler->available() &&
                        t.steps - start_step_ > 1;
@@ -647,12 +535,14 @@ TrainSummary Trainer::run() {
       timed_s += r.step_time_s, comm_s += r.comm_time_s, opt_s += r.optimizer_time_s;
       ++timed_steps;
     }
+    consecutive_skipped = r.skipped ? consecutive_skipped + 1 : 0;
+    skipped_here += r.skipped ? 1 : 0;
+    const bool give_up = t.max_skipped_steps > 0 && consecutive_skipped >= t.max_skipped_steps;
     const bool last = r.step == t.steps;
-    const bool log = r.step % t.log_every == 0 || last || step == start_step_;
+    const bool log = r.step % t.log_every == 0 || last || step == start_step_ || r.skipped || give_up;
     std::optional<double> eval;
-    if (!opts_.bench && t.eval_every > 0 && t.eval_batches > 0 && (r.step % t.eval_every == 0 || last)) {
-      const double e = evaluate(t.eval_batches);
-      if (std::isfinite(e)) eval = e;
+    if (!opts_.bench && !give_up && t.eval_every > 0 && t.eval_batches > 0 && (r.step % t.eval_every == 0 || last)) {
+      eval = evaluate(t.eval_batches);
       if (last) summary.eval_loss = eval;  // the final evaluation; not repeated below
     }
     if (log || eval) {
@@ -664,38 +554,27 @@ TrainSummary Trainer::run() {
                     r.grad_norm, r.lr, format_count(r.tokens_per_s).c_str(), 100 * r.mfu,
                     1000 * r.step_time_s, format_duration(eta).c_str(),
                     r.skipped ? " | SKIPPED (non-finite gradient)" : "");
-        if (eval) std::printf("  eval loss %.4f\n", *eval);
+        if (eval) std::printf("  eval loss %.4f%s\n", *eval, std::isfinite(*eval) ? "" : " (not finite)");
         std::fflush(stdout);
       }
-      if (metrics) {
-        nlohmann::json j = {{"step", r.step},
-                            {"loss", r.loss},
-                            {"lm_loss", r.lm_loss},
-                            {"lb_loss", r.lb_loss},
-                            {"z_loss", r.z_loss},
-                            {"grad_norm", r.grad_norm},
-                            {"lr", r.lr},
-                            {"tokens_per_s", r.tokens_per_s},
-                            {"mfu", r.mfu},
-                            {"step_time_s", r.step_time_s},
-                            {"ideal_time_s", ideal_step_s},
-                            {"comm_time_s", r.comm_time_s},
-                            {"optimizer_time_s", r.optimizer_time_s},
-                            {"world_size", world_.size()},
-                            {"dropped_fraction", r.dropped_fraction},
-                            {"receive_buffer_utilization", r.receive_utilization},
-                            {"dispatch_combine_bytes", r.dispatch_bytes},
-                            {"expert_load_max_over_mean", r.expert_load_max_over_mean},
-                            {"expert_load_max_over_mean_per_layer", r.expert_load_per_layer},
-                            {"skipped", r.skipped},
-                            {"skipped_steps", skipped_steps_},
-                            {"tokens_seen", static_cast<double>(r.step) * tokens_per_step},
-                            {"arena_bytes", state_.total_bytes() + acts_.total_bytes()},
-                            {"peak_rss_bytes", peak_rss_bytes()}};
-        if (eval) j["eval_loss"] = *eval;
-        metrics->write(j);
+      if (run_dir) {
+        RunTotals totals{ideal_step_s,
+                         world_.size(),
+                         skipped_steps_,
+                         static_cast<double>(r.step) * tokens_per_step,
+                         state_.total_bytes() + acts_.total_bytes(),
+                         peak_rss_bytes()};
+        nlohmann::json j = step_record_json(r, totals, eval);
+        j["time"] = utc_now();
+        j["run_id"] = run_id_;
+        run_dir->metrics().write(j);
       }
     }
+    // Skipped steps leave the weights as they were; a run that keeps skipping has diverged.
+    MOE_CHECK(!give_up, consecutive_skipped, " consecutive steps (up to step ", r.step,
+              ") were skipped because their gradients were not finite (train.max_skipped_steps = ",
+              t.max_skipped_steps, "); the model has diverged. Resume from an earlier checkpoint with a lower "
+              "train.lr or a tighter train.grad_clip");
     if (!opts_.bench && t.save_every > 0 && r.step % t.save_every == 0) {
       save_checkpoint_now(r.step);
       last_saved = r.step;
@@ -703,12 +582,13 @@ TrainSummary Trainer::run() {
   }
   summary.last_step = t.steps;
   if (profile && opts_.profiler->recording()) opts_.profiler->stop();
+  MOE_CHECK(skipped_here == 0 || skipped_here < t.steps - start_step_, "every step of this run (", skipped_here,
+            ") was skipped because its gradients were not finite: nothing was learned. Lower train.lr or tighten "
+            "train.grad_clip");
   if (!opts_.bench && cfg_.run.save_final && last_saved != t.steps && t.steps > start_step_)
     save_checkpoint_now(t.steps);
-  if (!opts_.bench && t.eval_batches > 0 && !summary.eval_loss && !(t.eval_every > 0 && t.steps > start_step_)) {
-    const double e = evaluate(t.eval_batches);
-    if (std::isfinite(e)) summary.eval_loss = e;
-  }
+  if (!opts_.bench && t.eval_batches > 0 && !summary.eval_loss && !(t.eval_every > 0 && t.steps > start_step_))
+    summary.eval_loss = evaluate(t.eval_batches);
   summary.skipped_steps = skipped_steps_;
   if (timed_steps > 0) {
     summary.mean_step_time_s = timed_s / static_cast<double>(timed_steps);

@@ -1,7 +1,11 @@
 // The training loop: plans all memory from the config, then runs optimizer steps of
 // gradient-accumulated microbatches on one or many ranks (DDP + expert parallelism, or the
 // FSDP baseline), with warmup + cosine LR, global-norm clipping, the non-finite skip, periodic
-// evaluation, checkpoints and resume under any topology, and per-step metrics.
+// evaluation, checkpoints and resume under any topology, and per-step metrics. The mechanisms
+// it drives live elsewhere: device choice (device_choice.h), FLOP and MFU accounting
+// (flops.h), the run directory (run_dir.h), metrics records (metrics.h), the checkpoint
+// protocol (ckpt/distributed_checkpoint.h), the dispatcher choice (parallel/dispatcher_factory.h),
+// router-bias balancing (model/router_bias.h) and eval windows (data/eval_windows.h).
 #pragma once
 
 #include <cstdint>
@@ -21,35 +25,25 @@
 #include "moe/model/transformer.h"
 #include "moe/parallel/param_store.h"
 #include "moe/train/config.h"
+#include "moe/train/device_choice.h"
 #include "moe/train/flops.h"
+#include "moe/train/metrics.h"
 
 namespace moe {
 
 struct TrainOptions {
   std::string resume;  // checkpoint dir, run dir, or "latest" (= this run's dir); empty = fresh start
+  bool overwrite = false;  // a fresh run may set aside the run that run.dir holds (run_dir.h)
   bool bench = false;  // benchmark: write nothing to disk, print the throughput summary
   bool quiet = false;  // no progress lines (tests)
   // GPU runs: records kernel times from the second step run to the last (bench; not owned).
   KernelProfiler* profiler = nullptr;
 };
 
-struct StepRecord {
-  int64_t step = 0;  // optimizer steps completed
-  double loss = 0, lm_loss = 0, lb_loss = 0, z_loss = 0;
-  double grad_norm = 0, lr = 0;
-  double step_time_s = 0, tokens_per_s = 0, mfu = 0;
-  double comm_time_s = 0, optimizer_time_s = 0;  // inside the step: in collectives, in the optimizer step
-  double dropped_fraction = 0, expert_load_max_over_mean = 0;  // the latter: worst MoE layer
-  std::vector<double> expert_load_per_layer;  // max/mean routes per expert, each MoE layer
-  double receive_utilization = 0;  // expert-buffer rows filled / rows available
-  double dispatch_bytes = 0;       // payload bytes moved by dispatch and combine, all ranks
-  bool skipped = false;
-};
-
 struct TrainSummary {
   int64_t first_step = 0, last_step = 0;  // steps run: (first_step, last_step]
   std::vector<StepRecord> steps;          // every step run, in order (identical on every rank)
-  std::optional<double> eval_loss;        // at the end, when the held-out split is used
+  std::optional<double> eval_loss;        // at the end, when the held-out split is used (may be NaN)
   std::optional<double> attainable_loss;  // synthetic corpus only
   int64_t skipped_steps = 0;
   double mean_tokens_per_s = 0, mean_mfu = 0, mean_step_time_s = 0;  // over steps after the first
@@ -88,8 +82,9 @@ class Trainer {
   // microbatch there ([B*T, V] float32) for comparisons with other implementations.
   EvalReport evaluate_data(const std::string& path, int64_t max_tokens, const std::string& logits_npy = "");
 
-  // Mean LM loss over up to `batches` microbatches of the held-out split per rank (collective).
-  double evaluate(int64_t batches);
+  // Mean LM loss over up to `batches` microbatches of the held-out split per rank (collective);
+  // nullopt when the held-out split has no full microbatch. A non-finite mean is returned as is.
+  std::optional<double> evaluate(int64_t batches);
 
   // Mean LM loss of the first microbatch of training step `step` under the current weights
   // (forward only; collective). `bench --check` compares it across kernel choices.
@@ -111,20 +106,16 @@ class Trainer {
   void queue_step(int64_t step, const AdamWConfig& oc, double* optimizer_s);
   // Sums v over the world through the step-statistics buffer (v.size() <= its length).
   void all_reduce_host(std::vector<float>& v);
-  void update_router_bias();
   void print_plan() const;
   bool leader() const { return world_.rank() == 0; }
 
   Config cfg_;
   TrainOptions opts_;
-  std::string device_note_;  // why this device, for the plan printout (set while dev_ is initialized)
+  Communicator& host_world_;  // the job's ranks on host buffers (checkpoint protocol)
+  RunDevice run_device_;      // the device, and on the GPU the NCCL world the run uses
   Device dev_;
-  // GPU runs: the NCCL communicator over the job's ranks (bootstrapped through `world`), which
-  // the run uses instead of it; empty when the run's world is the given one.
-  std::unique_ptr<Communicator> gpu_world_;
-  double peak_tflops_ = 0;  // the MFU denominator (run.peak_tflops or the device's default)
-  std::string peak_note_;
-  TimedCommunicator world_;  // every collective of the run goes through it (time in communication)
+  MfuPeak peak_;              // the MFU denominator
+  TimedCommunicator world_;   // every collective of the run goes through it (time in communication)
   std::unique_ptr<Mesh> mesh_;  // ddp only
   ParamRegistry reg_;
   FlopCount flops_;
@@ -142,7 +133,9 @@ class Trainer {
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<Transformer> model_;
   int64_t start_step_ = 0;
-  int64_t skipped_steps_ = 0;
+  int64_t skipped_steps_ = 0;      // in the whole run, resumes included
+  std::string resumed_from_;       // the checkpoint this process started from ("" = fresh)
+  std::string run_id_;             // stays the same across resumes (train_state.json)
 };
 
 }  // namespace moe

@@ -1,0 +1,181 @@
+#include "moe/ckpt/run_checkpoints.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "moe/ckpt/checkpoint.h"
+#include "moe/ckpt/durable_file.h"
+#include "moe/core/error.h"
+
+namespace moe {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kIntentFile = ".set-aside.json";
+
+struct Intent {
+  int64_t after_step = 0;
+  std::string dir;  // name inside <run>/abandoned/
+};
+
+// Directories of run_dir named <prefix><digits> as (step, name), ascending; `complete` also
+// requires index.json (a committed checkpoint).
+std::vector<std::pair<int64_t, std::string>> list_steps(const std::string& run_dir, const std::string& prefix,
+                                                        bool complete) {
+  std::vector<std::pair<int64_t, std::string>> steps;
+  std::error_code ec;
+  fs::directory_iterator it(run_dir, ec);
+  MOE_CHECK(!ec, "cannot list run directory ", run_dir, ": ", ec.message());
+  for (const auto& entry : it) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      continue;
+    if (!entry.is_directory(ec)) continue;
+    if (complete && !fs::exists(entry.path() / "index.json", ec)) continue;
+    steps.emplace_back(std::stoll(digits), name);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  MOE_CHECK(!ec, "cannot remove ", path, ": ", ec.message());
+}
+
+std::optional<Intent> read_intent(const std::string& run_dir) {
+  const std::string path = run_dir + "/" + kIntentFile;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  std::ifstream in(path);
+  MOE_CHECK(in.good(), "cannot read ", path, ": ", errno_text());
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    Intent intent{j.at("after_step").get<int64_t>(), j.at("dir").get<std::string>()};
+    MOE_CHECK(intent.dir.find('/') == std::string::npos && !intent.dir.empty() && intent.dir != "." &&
+                  intent.dir != "..",
+              path, ": \"dir\" must be a plain folder name, got '", intent.dir, "'");
+    return intent;
+  } catch (const nlohmann::json::exception& e) {
+    MOE_FAIL(path, " (an interrupted set-aside of abandoned checkpoints) is malformed: ", e.what(),
+             "; inspect it and the run directory, then remove it");
+  }
+}
+
+std::string utc_stamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
+
+// Moves the checkpoints after intent.after_step into abandoned/<dir>, runs also_move, clears the intent.
+std::string carry_out(const std::string& run_dir, const Intent& intent, const AlsoSetAside& also_move) {
+  const std::string abandoned = run_dir + "/abandoned";
+  const std::string dest = abandoned + "/" + intent.dir;
+  std::error_code ec;
+  fs::create_directories(dest, ec);
+  MOE_CHECK(!ec, "cannot create ", dest, ": ", ec.message());
+  for (const char* prefix : {"step-", ".tmp-step-"})
+    for (const auto& [step, name] : list_steps(run_dir, prefix, false)) {
+      if (step <= intent.after_step) continue;
+      const std::string from = run_dir + "/" + name, to = dest + "/" + name;
+      MOE_CHECK(!fs::exists(to, ec), "cannot set aside ", from, ": ", to, " already exists");
+      MOE_CHECK(std::rename(from.c_str(), to.c_str()) == 0, "cannot move ", from, " to ", to, ": ", errno_text());
+    }
+  if (also_move) also_move(dest, intent.after_step);
+  fsync_dir(dest);
+  fsync_dir(abandoned);
+  fsync_dir(run_dir);
+  MOE_CHECK(std::remove((run_dir + "/" + kIntentFile).c_str()) == 0, "cannot remove ", run_dir, "/", kIntentFile, ": ",
+            errno_text());
+  fsync_dir(run_dir);
+  return dest;
+}
+
+}  // namespace
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir) {
+  auto steps = list_steps(run_dir, "step-", /*complete=*/true);
+  if (const std::optional<Intent> intent = read_intent(run_dir))
+    steps.erase(std::remove_if(steps.begin(), steps.end(), [&](const auto& s) { return s.first > intent->after_step; }),
+                steps.end());
+  return steps;
+}
+
+std::string resolve_checkpoint(const std::string& run_dir_or_ckpt) {
+  std::string p = run_dir_or_ckpt;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  std::error_code ec;
+  if (fs::is_directory(p, ec) && fs::exists(p + "/index.json", ec)) return p;  // a checkpoint (or a link to one)
+  std::string run = p;
+  if (fs::path(p).filename() == "latest") run = parent_dir(p);
+  MOE_CHECK(fs::is_directory(run, ec), "cannot resolve checkpoint ", run_dir_or_ckpt,
+            ": neither a checkpoint directory nor a run directory");
+  const auto steps = list_checkpoints(run);
+  MOE_CHECK(!steps.empty(), "no complete checkpoint (step-*/index.json) in ", run);
+  return run + "/" + steps.back().second;
+}
+
+void prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& protect) {
+  MOE_CHECK(keep_last >= 0, "prune_checkpoints: keep_last must be >= 0, got ", keep_last);
+  if (keep_last == 0) return;
+  const auto steps = list_checkpoints(run_dir);
+  if (steps.size() <= static_cast<size_t>(keep_last)) return;
+  std::error_code ec;
+  const fs::path protected_path = protect.empty() ? fs::path() : fs::weakly_canonical(protect, ec);
+  const size_t drop = steps.size() - static_cast<size_t>(keep_last);
+  for (size_t i = 0; i < drop; ++i) {
+    const std::string from = run_dir + "/" + steps[i].second;
+    if (!protect.empty() && fs::weakly_canonical(from, ec) == protected_path) continue;
+    // Rename first so a half-deleted directory never carries a step-* name.
+    const std::string trash = run_dir + "/.trash-" + steps[i].second;
+    if (fs::exists(trash, ec)) remove_tree(trash);
+    MOE_CHECK(std::rename(from.c_str(), trash.c_str()) == 0, "cannot remove checkpoint ", from, ": ", errno_text());
+    remove_tree(trash);
+  }
+  // Temp dirs of saves older than the oldest kept checkpoint can only be crash leftovers.
+  const int64_t oldest_kept = steps[drop].first;
+  for (const auto& [step, name] : list_steps(run_dir, ".tmp-step-", false))
+    if (step < oldest_kept) remove_tree(run_dir + "/" + name);
+  fsync_dir(run_dir);
+}
+
+std::string complete_pending_set_aside(const std::string& run_dir, const AlsoSetAside& also_move) {
+  const std::optional<Intent> intent = read_intent(run_dir);
+  return intent ? carry_out(run_dir, *intent, also_move) : std::string();
+}
+
+std::string set_aside_after(const std::string& run_dir, int64_t step, bool records_after_step,
+                            const AlsoSetAside& also_move) {
+  complete_pending_set_aside(run_dir, also_move);
+  bool later = records_after_step;
+  for (const char* prefix : {"step-", ".tmp-step-"})
+    for (const auto& s : list_steps(run_dir, prefix, false)) later = later || s.first > step;
+  if (!later) return "";
+  char suffix[40];
+  std::snprintf(suffix, sizeof suffix, "-after-step-%06lld", static_cast<long long>(step));
+  Intent intent{step, utc_stamp() + suffix};
+  std::error_code ec;
+  for (int n = 2; fs::exists(run_dir + "/abandoned/" + intent.dir, ec); ++n)
+    intent.dir = utc_stamp() + suffix + "-" + std::to_string(n);
+  write_file_atomic(run_dir + "/" + kIntentFile,
+                    nlohmann::json{{"after_step", intent.after_step}, {"dir", intent.dir}}.dump() + "\n");
+  return carry_out(run_dir, intent, also_move);
+}
+
+}  // namespace moe

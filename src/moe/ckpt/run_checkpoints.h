@@ -1,0 +1,50 @@
+// The checkpoints of one run directory as a line of training: listing them, finding the newest,
+// keeping the newest K, and setting aside the ones a resume from an older step abandons.
+//
+// Resuming from step S while the run directory holds checkpoints after S starts a new line from
+// S: what came after S on the old line (checkpoints and metrics records) belongs to a future
+// that will not happen. It is never deleted and never mixed with the new line: before the first
+// step of the new line it is moved into <run>/abandoned/<time>-after-step-S/, so pruning and
+// `--resume latest` only ever see the current line. The move is made crash-safe by an intent
+// file (<run>/.set-aside.json) written before it and removed after it: while one exists, every
+// reader ignores the checkpoints it names, and the next run in the directory completes the move.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace moe {
+
+// Complete checkpoints (step-*/index.json) of run_dir as (step, directory name), ascending,
+// without those a pending set-aside intent is moving away.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir);
+
+// A step-* dir as is; "<run>/latest" or a run dir -> its newest complete step-* dir.
+std::string resolve_checkpoint(const std::string& run_dir_or_ckpt);
+
+// Keeps the newest keep_last checkpoints of run_dir (0 = keep all) and never removes `protect`
+// (a checkpoint path, e.g. the one this process resumed from; empty = none). Checkpoint
+// directories are renamed before they are removed, so a half-removed one never carries a
+// step-* name; temp dirs of saves older than the oldest kept checkpoint are crash leftovers
+// and are removed too.
+void prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& protect = "");
+
+// Called with the set-aside directory and the step S of a resume, before the intent is cleared,
+// so the caller can move its own records of the steps after S (metrics) into the same place. It
+// must be idempotent: after a crash it runs again when the move is completed.
+using AlsoSetAside = std::function<void(const std::string& dir, int64_t after_step)>;
+
+// Moves every checkpoint after `step` (complete, or the temp dir of a save in progress) into a
+// new <run_dir>/abandoned/<UTC time>-after-step-<step>/ and calls also_move there. Completes a
+// pending intent left by a crash first. Nothing is removed. Makes no directory and returns ""
+// when there is no checkpoint after `step` and records_after_step is false.
+std::string set_aside_after(const std::string& run_dir, int64_t step, bool records_after_step,
+                            const AlsoSetAside& also_move);
+
+// Completes a set-aside that a crash interrupted (no-op when there is none); returns its directory.
+std::string complete_pending_set_aside(const std::string& run_dir, const AlsoSetAside& also_move);
+
+}  // namespace moe

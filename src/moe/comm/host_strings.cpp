@@ -1,0 +1,55 @@
+#include "moe/comm/host_strings.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "moe/core/error.h"
+
+namespace moe {
+
+namespace {
+
+// Bytes packed into I32 words (the collectives' unit), zero-padded to `words` words.
+std::vector<int32_t> pack(const std::string& s, size_t words) {
+  std::vector<int32_t> w(words, 0);
+  std::memcpy(w.data(), s.data(), s.size());
+  return w;
+}
+
+size_t words_for(size_t bytes) { return (bytes + sizeof(int32_t) - 1) / sizeof(int32_t); }
+
+int32_t checked_length(const std::string& s) {
+  MOE_CHECK(s.size() < (size_t{1} << 30), "host collective: a message of ", s.size(), " bytes is too long");
+  return static_cast<int32_t>(s.size());
+}
+
+}  // namespace
+
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& mine) {
+  const int n = comm.size();
+  int32_t my_length = checked_length(mine);
+  std::vector<int32_t> lengths(static_cast<size_t>(n));
+  comm.all_gather(Tensor(lengths.data(), DType::I32, {n}), Tensor(&my_length, DType::I32, {1}));
+  const size_t words = words_for(static_cast<size_t>(*std::max_element(lengths.begin(), lengths.end())));
+  std::vector<std::string> out(static_cast<size_t>(n));
+  if (words == 0) return out;
+  std::vector<int32_t> packed = pack(mine, words), all(words * static_cast<size_t>(n));
+  comm.all_gather(Tensor(all.data(), DType::I32, {static_cast<int64_t>(all.size())}),
+                  Tensor(packed.data(), DType::I32, {static_cast<int64_t>(words)}));
+  for (int r = 0; r < n; ++r)
+    out[static_cast<size_t>(r)].assign(reinterpret_cast<const char*>(all.data() + static_cast<size_t>(r) * words),
+                                       static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+  return out;
+}
+
+std::string broadcast_string(Communicator& comm, const std::string& text, int root) {
+  int32_t length = comm.rank() == root ? checked_length(text) : 0;
+  comm.broadcast(Tensor(&length, DType::I32, {1}), root);
+  const size_t words = words_for(static_cast<size_t>(length));
+  if (words == 0) return "";
+  std::vector<int32_t> packed = comm.rank() == root ? pack(text, words) : std::vector<int32_t>(words, 0);
+  comm.broadcast(Tensor(packed.data(), DType::I32, {static_cast<int64_t>(words)}), root);
+  return std::string(reinterpret_cast<const char*>(packed.data()), static_cast<size_t>(length));
+}
+
+}  // namespace moe

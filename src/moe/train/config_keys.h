@@ -1,0 +1,156 @@
+// Every config key, once: its section and name, its field in Config, the values it accepts and
+// its documentation line. Reading a TOML file, writing the resolved config, the `moetrain keys`
+// listing (and the README table it produces), the resume comparison and the start-up check
+// that all ranks run the same config are visitors of this one list, so a key cannot be known to
+// one of them and missing from another.
+//
+// A visitor provides
+//   void key(const char* section, const char* name, T& field, Range<T> range, const char* doc)
+//       for T in {int64_t, uint64_t, double, bool, std::string};
+//   void choice(const char* section, const char* name, E& field, const Choices<E>& choices, const char* doc)
+//       for enumerations and fixed string sets.
+// Checks that involve several keys (divisibility, batch arithmetic, size products) are in
+// Config::validate.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "moe/train/config.h"
+
+namespace moe {
+
+// The accepted interval of a numeric key (both ends optional, each inclusive unless marked open).
+// Floating-point keys must also be finite.
+template <typename T>
+struct Range {
+  std::optional<T> lo, hi;
+  bool lo_open = false, hi_open = false;
+};
+template <typename T>
+Range<T> any_value() { return {}; }
+template <typename T>
+Range<T> at_least(T lo) { return {lo, std::nullopt, false, false}; }
+template <typename T>
+Range<T> above(T lo) { return {lo, std::nullopt, true, false}; }
+template <typename T>
+Range<T> between(T lo, T hi) { return {lo, hi, false, false}; }
+// [lo, hi): e.g. fractions and Adam's betas.
+template <typename T>
+Range<T> from_up_to(T lo, T hi) { return {lo, hi, false, true}; }
+
+// Counts and sizes: integers from `lo` up to 2^40, far above any real model, so that the size
+// products Config::validate forms from them cannot overflow 64 bits before they are checked.
+constexpr int64_t kMaxCount = int64_t{1} << 40;
+inline Range<int64_t> count_from(int64_t lo) { return between<int64_t>(lo, kMaxCount); }
+
+template <typename E>
+using Choices = std::vector<std::pair<std::string, E>>;
+
+// Keys in file order: the order of the listing and of resume and rank-agreement diffs.
+template <typename C, typename V>
+void visit_config_keys(C& c, V&& v) {
+  v.key("", "name", c.name, any_value<std::string>(), "run name; run.dir defaults to runs/<name>");
+
+  auto& m = c.model;
+  v.key("model", "vocab_size", m.vocab_size, count_from(2), "vocabulary size (OlmoeConfig.vocab_size)");
+  v.key("model", "hidden_size", m.hidden_size, count_from(1), "d_model");
+  v.key("model", "num_hidden_layers", m.num_hidden_layers, count_from(1), "transformer blocks");
+  v.key("model", "num_attention_heads", m.num_attention_heads, count_from(1), "query heads; divides hidden_size");
+  v.key("model", "num_key_value_heads", m.num_key_value_heads, count_from(1),
+        "key/value heads (grouped-query attention when fewer than the query heads); default: num_attention_heads");
+  v.key("model", "intermediate_size", m.intermediate_size, count_from(0), "expert hidden size H");
+  v.key("model", "num_experts", m.num_experts, count_from(0), "routed experts per MoE layer (N)");
+  v.key("model", "num_experts_per_tok", m.num_experts_per_tok, count_from(0), "experts per token (top-K)");
+  v.key("model", "norm_topk_prob", m.norm_topk_prob, any_value<bool>(),
+        "L1-normalize the selected routing weights (OLMoE: false)");
+  v.choice("model", "router_score", m.router_score, Choices<ScoreFn>{{"softmax", ScoreFn::Softmax}, {"sigmoid", ScoreFn::Sigmoid}},
+           "router score function");
+  v.choice("model", "qk_norm", m.qk_norm,
+           Choices<QkNorm>{{"none", QkNorm::None}, {"full", QkNorm::Full}, {"per_head", QkNorm::PerHead}},
+           "RMSNorm of queries and keys: over the whole projection (OLMoE), per head, or none");
+  v.key("model", "rope_theta", m.rope_theta, above(0.0), "rotary embedding base");
+  v.key("model", "rms_norm_eps", m.rms_norm_eps, above(0.0), "RMSNorm epsilon");
+  v.key("model", "shared_expert_intermediate_size", m.shared_expert_intermediate_size, count_from(0),
+        "hidden size of a shared expert every token uses; 0 = none");
+  v.key("model", "first_k_dense_replace", m.first_k_dense_replace, count_from(0),
+        "the first k layers use a dense SwiGLU MLP instead of experts");
+  v.key("model", "dense_intermediate_size", m.dense_intermediate_size, count_from(0),
+        "hidden size of those dense MLPs");
+  v.key("model", "router_aux_loss_coef", m.router_aux_loss_coef, at_least(0.0), "load-balancing loss coefficient");
+  v.key("model", "router_z_loss_coef", m.router_z_loss_coef, at_least(0.0), "router z-loss coefficient");
+  v.choice("model", "routing", m.routing,
+           Choices<Routing>{{"learned", Routing::Learned}, {"random", Routing::Random}, {"uniform", Routing::Uniform}},
+           "learned, or random / uniform expert choice (benchmarks)");
+  v.key("model", "bias_update_rate", m.bias_update_rate, at_least(0.0),
+        "> 0: auxiliary-loss-free balancing bias, sign update of this size per step");
+  v.key("model", "capacity_factor", m.capacity_factor, between(1e-6, 1e6),
+        "each rank's expert buffer holds ceil(capacity_factor x tokens x top-K) rows; routes past it are dropped");
+  v.key("model", "dropless", m.dropless, any_value<bool>(), "size the expert buffers for the worst case (no drops)");
+  v.key("model", "init_std", m.init_std, above(0.0), "standard deviation of the initial weights");
+  v.key("model", "eos_token_id", m.eos_token_id, count_from(0), "end-of-document token; default: vocab_size - 1");
+
+  auto& d = c.data;
+  v.key("data", "path", d.path, any_value<std::string>(), "a folder of .npy token files, or \"synthetic\"");
+  v.key("data", "seed", d.seed, at_least<uint64_t>(0), "sampling and synthetic-corpus seed");
+  v.key("data", "eval_fraction", d.eval_fraction, from_up_to(0.0, 1.0), "held-out tail of every file");
+  v.key("data", "synthetic_tokens", d.synthetic_tokens, count_from(2), "training tokens of the synthetic corpus");
+  v.key("data", "synthetic_eval_tokens", d.synthetic_eval_tokens, count_from(0),
+        "held-out tokens of the synthetic corpus");
+  v.key("data", "synthetic_domains", d.synthetic_domains, count_from(1), "domains of the synthetic corpus");
+  v.key("data", "synthetic_successors", d.synthetic_successors, count_from(1),
+        "likely next tokens per token inside a synthetic domain");
+  v.key("data", "synthetic_doc_end_prob", d.synthetic_doc_end_prob, from_up_to(0.001, 1.0),
+        "probability that a synthetic document ends after a token");
+
+  auto& t = c.train;
+  v.key("train", "steps", t.steps, count_from(0), "optimizer steps of the run");
+  v.key("train", "global_batch_size", t.global_batch_size, count_from(1),
+        "sequences per optimizer step (fixes the math on any topology)");
+  v.key("train", "micro_batch_size", t.micro_batch_size, count_from(1),
+        "sequences per forward on each rank; accumulation = global / (micro x data-parallel ranks)");
+  v.key("train", "seq_len", t.seq_len, count_from(1), "tokens per sequence");
+  v.key("train", "lr", t.lr, at_least(0.0), "peak learning rate");
+  v.key("train", "min_lr_ratio", t.min_lr_ratio, between(0.0, 1.0), "the cosine decays to lr x min_lr_ratio");
+  v.key("train", "warmup_steps", t.warmup_steps, count_from(0), "linear warmup steps");
+  v.key("train", "weight_decay", t.weight_decay, at_least(0.0), "AdamW weight decay (matrices only)");
+  v.key("train", "beta1", t.beta1, from_up_to(0.0, 1.0), "AdamW beta1");
+  v.key("train", "beta2", t.beta2, from_up_to(0.0, 1.0), "AdamW beta2");
+  v.key("train", "eps", t.eps, above(0.0), "AdamW epsilon");
+  v.key("train", "grad_clip", t.grad_clip, at_least(0.0), "global gradient-norm clip; 0 = off");
+  v.key("train", "seed", t.seed, at_least<uint64_t>(0), "initialization and random-routing seed");
+  v.key("train", "eval_every", t.eval_every, count_from(0), "held-out evaluation every N steps; 0 = only at the end");
+  v.key("train", "eval_batches", t.eval_batches, count_from(0), "microbatches of held-out data per evaluation");
+  v.key("train", "log_every", t.log_every, count_from(1), "progress line and metrics record every N steps");
+  v.key("train", "save_every", t.save_every, count_from(0), "checkpoint every N steps; 0 = only the final one");
+  v.key("train", "keep_last", t.keep_last, between<int64_t>(0, 1 << 30),
+        "keep the newest K checkpoints of this run's line; 0 = keep all");
+  v.key("train", "max_skipped_steps", t.max_skipped_steps, count_from(0),
+        "end the run with an error after this many consecutive steps skipped for non-finite gradients; 0 = never");
+  v.key("train", "cuda_graph", t.cuda_graph, any_value<bool>(), "GPU: capture the step once, replay it every step");
+
+  v.choice("parallel", "mode", c.parallel.mode, Choices<std::string>{{"ddp", "ddp"}, {"fsdp", "fsdp"}},
+           "ddp: resident weights + expert parallelism; fsdp: the full-reshard baseline");
+  v.key("parallel", "ep", c.parallel.ep, between<int64_t>(1, 1 << 20),
+        "expert-parallel degree; divides the world size and num_experts");
+  v.key("parallel", "lease_slots", c.parallel.lease_slots, between<int64_t>(1, 1 << 10),
+        "expert-buffer slots per MoE layer (microbatches alive at once)");
+  v.choice("ep", "backend", c.ep.backend, Choices<std::string>{{"rowwise", "rowwise"}, {"alltoall", "alltoall"}},
+           "token dispatch: rowwise (symmetric memory) or alltoall (the baseline)");
+
+  v.key("run", "dir", c.run.dir, any_value<std::string>(), "output folder; empty = runs/<name>");
+  v.key("run", "peak_tflops", c.run.peak_tflops, at_least(0.0),
+        "MFU denominator in TFLOP/s; 0 = the device's default (Hopper: 989, CPU: 0.2)");
+  v.key("run", "save_final", c.run.save_final, any_value<bool>(), "write a checkpoint after the last step");
+  v.choice("run", "device", c.run.device,
+           Choices<std::string>{{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}},
+           "auto: the GPU when this build has CUDA and one is usable");
+  v.choice("run", "resume", c.run.resume, Choices<std::string>{{"no", "no"}, {"auto", "auto"}},
+           "auto: continue from run.dir's newest checkpoint when there is one, else start (like --resume latest)");
+}
+
+}  // namespace moe

@@ -1,0 +1,193 @@
+#include "moe/train/run_dir.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "moe/ckpt/durable_file.h"
+#include "moe/ckpt/run_checkpoints.h"
+#include "moe/core/error.h"
+
+namespace moe {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+std::string utc_stamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
+
+// The run files a directory holds (checkpoints, a save in progress, metrics), for messages; ""
+// when it holds none.
+std::string run_contents(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "";
+  int64_t checkpoints = 0, newest = -1, partial = 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && e.is_directory(ec)) {
+      ++checkpoints;
+      newest = std::max<int64_t>(newest, std::atoll(name.c_str() + 5));
+    } else if (name.rfind(".tmp-step-", 0) == 0) {
+      ++partial;
+    }
+  }
+  const std::string metrics = dir + "/metrics.jsonl";
+  const bool has_metrics = fs::exists(metrics, ec) && fs::file_size(metrics, ec) > 0;
+  std::string what;
+  if (checkpoints > 0)
+    what += std::to_string(checkpoints) + " checkpoint" + (checkpoints == 1 ? "" : "s") + " (newest step " +
+            std::to_string(newest) + ")";
+  if (partial > 0) what += std::string(what.empty() ? "" : ", ") + "an unfinished save";
+  if (has_metrics) what += std::string(what.empty() ? "" : ", ") + "metrics.jsonl";
+  return what;
+}
+
+bool same_directory(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+}
+
+// Moves the previous run's files into <dir>/replaced/<time>/ (--overwrite: nothing is deleted).
+std::string move_previous_run(const std::string& dir) {
+  std::string dest = dir + "/replaced/" + utc_stamp();
+  std::error_code ec;
+  for (int n = 2; fs::exists(dest, ec); ++n) dest = dir + "/replaced/" + utc_stamp() + "-" + std::to_string(n);
+  fs::create_directories(dest, ec);
+  MOE_CHECK(!ec, "cannot create ", dest, ": ", ec.message());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const bool run_file = name.rfind("step-", 0) == 0 || name.rfind(".tmp-step-", 0) == 0 ||
+                          name == "metrics.jsonl" || name == "metrics.jsonl.partial" || name == "config.toml" ||
+                          name == ".set-aside.json" || name == "abandoned";
+    if (!run_file) continue;
+    const std::string to = dest + "/" + name;
+    MOE_CHECK(std::rename(e.path().c_str(), to.c_str()) == 0, "cannot move ", e.path().string(), " to ", to, ": ",
+              errno_text());
+  }
+  fsync_dir(dest);
+  fsync_dir(dir);
+  return dest;
+}
+
+}  // namespace
+
+std::string resume_source(const std::string& resume, const Config& cfg) {
+  if (resume == "latest") return resolve_checkpoint(cfg.run_dir());
+  if (!resume.empty()) return resolve_checkpoint(resume);
+  if (cfg.run.resume == "auto") {
+    std::error_code ec;
+    if (fs::is_directory(cfg.run_dir(), ec) && !list_checkpoints(cfg.run_dir()).empty())
+      return resolve_checkpoint(cfg.run_dir());
+  }
+  return "";
+}
+
+RunDirectory::RunDirectory(const Config& cfg, const RunStart& start)
+    : dir_(cfg.run_dir()), lock_path_(cfg.run_dir() + "/.lock") {
+  std::error_code ec;
+  MOE_CHECK(!fs::exists(dir_, ec) || fs::is_directory(dir_, ec), "run.dir '", dir_, "' exists and is not a directory");
+  // Refusals first: nothing is created or moved before the directory is known to be usable.
+  const std::string held = run_contents(dir_);
+  const bool continues_this_run = !start.resumed_from.empty() && same_directory(parent_dir(start.resumed_from), dir_);
+  if (!held.empty() && !continues_this_run && !start.overwrite) {
+    if (start.resumed_from.empty())
+      MOE_FAIL("run.dir '", dir_, "' already holds a run (", held,
+               "); continue it with --resume latest (or run.resume = \"auto\"), choose another run.dir, or pass "
+               "--overwrite to move its files into ", dir_, "/replaced/ and start afresh");
+    MOE_FAIL("run.dir '", dir_, "' already holds a run (", held, ") and the resume checkpoint ", start.resumed_from,
+             " belongs to another directory; choose another run.dir, or pass --overwrite to move the run's files into ",
+             dir_, "/replaced/ first");
+  }
+  fs::create_directories(dir_, ec);
+  MOE_CHECK(!ec, "cannot create run directory '", dir_, "' (run.dir): ", ec.message());
+
+  // The lock: created exclusively, so two jobs cannot both hold it.
+  const std::string me = nlohmann::json{{"pid", static_cast<int64_t>(::getpid())}, {"host", host_name()},
+                                        {"started", utc_stamp()}}.dump() + "\n";
+  for (int attempt = 0; attempt < 2 && !locked_; ++attempt) {
+    const int fd = ::open(lock_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      const bool ok = ::write(fd, me.data(), me.size()) == static_cast<ssize_t>(me.size()) && ::fsync(fd) == 0;
+      ::close(fd);
+      if (!ok) {
+        ::unlink(lock_path_.c_str());
+        MOE_FAIL("cannot write the lock file ", lock_path_, ": ", errno_text());
+      }
+      locked_ = true;
+      break;
+    }
+    MOE_CHECK(errno == EEXIST, "cannot create the lock file ", lock_path_, ": ", errno_text());
+    std::ifstream in(lock_path_);
+    std::stringstream text;
+    text << in.rdbuf();
+    int64_t pid = 0;
+    std::string host, started;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(text.str());
+      pid = j.at("pid").get<int64_t>();
+      host = j.at("host").get<std::string>();
+      started = j.at("started").get<std::string>();
+    } catch (const nlohmann::json::exception& e) {
+      MOE_FAIL("the lock file ", lock_path_, " is corrupt (", e.what(), "); if no job is using ", dir_,
+               ", remove it and start again");
+    }
+    const bool stale = host == host_name() && pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    MOE_CHECK(stale, "run.dir '", dir_, "' is in use by process ", pid, " on host ", host, " since ", started, " (",
+              lock_path_, "); wait for it to end, or choose another run.dir. If that process is gone, remove the lock");
+    std::fprintf(stderr, "warning: %s was left by process %lld on this host, which is no longer running; taking it over\n",
+                 lock_path_.c_str(), static_cast<long long>(pid));
+    MOE_CHECK(::unlink(lock_path_.c_str()) == 0 || errno == ENOENT, "cannot remove the stale lock ", lock_path_, ": ",
+              errno_text());
+  }
+  MOE_CHECK(locked_, "cannot take the lock ", lock_path_, " (another job took it at the same time)");
+
+  try {
+    claim(cfg, start, held);
+  } catch (...) {
+    ::unlink(lock_path_.c_str());  // the constructor failed: no destructor will release it
+    throw;
+  }
+}
+
+void RunDirectory::claim(const Config& cfg, const RunStart& start, const std::string& held) {
+  const std::string metrics_path = dir_ + "/metrics.jsonl";
+  if (start.overwrite && !held.empty()) {
+    set_aside_ = move_previous_run(dir_);
+  } else {
+    // Whatever the old line holds after the resume step (or, for a fresh start, after step 0)
+    // leaves the current line: pruning and --resume latest must never see it again.
+    const AlsoSetAside move_metrics = [&](const std::string& dest, int64_t after) {
+      move_metrics_after(metrics_path, after, dest);
+    };
+    set_aside_ = set_aside_after(dir_, start.step, metrics_after(metrics_path, start.step), move_metrics);
+  }
+  write_file_atomic(dir_ + "/config.toml", config_to_toml(cfg));
+  metrics_ = std::make_unique<MetricsLog>(metrics_path);
+}
+
+RunDirectory::~RunDirectory() {
+  if (locked_) ::unlink(lock_path_.c_str());
+}
+
+}  // namespace moe

@@ -1,0 +1,64 @@
+// The run directory of a training job (run.dir): who may use it, and what a run writes there.
+//
+//   <run>/.lock             held by the job's rank 0 while it runs (pid, host, start time)
+//   <run>/config.toml       the resolved config of the latest start (every key)
+//   <run>/metrics.jsonl     one record per logged step of the current line
+//   <run>/step-XXXXXX/      checkpoints of the current line (ckpt/run_checkpoints.h)
+//   <run>/abandoned/...     what a resume from an older step set aside (never deleted)
+//   <run>/replaced/...      a previous run's files moved aside by --overwrite (never deleted)
+//
+// Rules: a fresh run into a directory that holds a run is refused, unless told to continue it
+// (--resume latest, run.resume = "auto") or to set it aside (--overwrite); a resume from a
+// checkpoint of another directory into one holding a run is refused the same way; a second job
+// in a directory whose lock is held by a live process is refused; a lock whose process is gone
+// (same host) is reported and taken over.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "moe/train/config.h"
+#include "moe/train/metrics.h"
+
+namespace moe {
+
+// The checkpoint a run continues from: `resume` ("" = none, "latest" = the run directory's
+// newest, or a checkpoint / run directory) or, with run.resume = "auto", the run directory's
+// newest when one exists. Returns the checkpoint directory, or "" for a fresh start.
+std::string resume_source(const std::string& resume, const Config& cfg);
+
+struct RunStart {
+  std::string resumed_from;  // checkpoint directory, "" for a fresh start
+  int64_t step = 0;          // the step the run starts after
+  bool overwrite = false;    // set a previous run in the directory aside instead of refusing
+};
+
+class RunDirectory {
+ public:
+  // Rank 0 of a training job, after the config, data and checkpoint have been validated: checks
+  // the directory may be used, takes its lock, sets aside what a resume abandons (or, with
+  // overwrite, the previous run) and writes config.toml. Throws naming the directory otherwise,
+  // with nothing written.
+  RunDirectory(const Config& cfg, const RunStart& start);
+  ~RunDirectory();  // releases the lock
+  RunDirectory(const RunDirectory&) = delete;
+  RunDirectory& operator=(const RunDirectory&) = delete;
+
+  const std::string& path() const { return dir_; }
+  MetricsLog& metrics() { return *metrics_; }
+  // Where something was moved at start-up (for the log), or "".
+  const std::string& set_aside() const { return set_aside_; }
+
+ private:
+  // After the lock: sets aside what the start leaves behind, writes config.toml, opens the metrics.
+  void claim(const Config& cfg, const RunStart& start, const std::string& held);
+
+  std::string dir_;
+  std::string lock_path_;
+  bool locked_ = false;
+  std::string set_aside_;
+  std::unique_ptr<MetricsLog> metrics_;
+};
+
+}  // namespace moe
