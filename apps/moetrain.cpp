@@ -116,7 +116,11 @@ int main(int argc, char** argv) {
   std::string prepare_out;
   CLI::App* prepare = app.add_subcommand("prepare", "turn text files into byte-level .npy token files");
   prepare->add_option("files", prepare_inputs, "text files")->required();
-  prepare->add_option("--out", prepare_out, "output folder")->required();
+  prepare->add_option("--out", prepare_out, "output folder: new or empty, unless --append")->required();
+  bool prepare_append = false;
+  prepare->add_flag("--append", prepare_append,
+                    "add the files to the dataset already in --out (written by prepare); existing files are never "
+                    "overwritten");
 
   std::string eval_ckpt, eval_data, eval_logits;
   int64_t eval_tokens = 0;
@@ -286,12 +290,14 @@ int main(int argc, char** argv) {
                   static_cast<long>(r.tensors), r.fused_experts ? "fused" : "per-expert", r.checkpoint_dir.c_str(),
                   r.config_path.c_str(), r.config_path.c_str(), r.checkpoint_dir.c_str());
     } else if (prepare->parsed()) {
-      const moe::PrepareResult r = moe::prepare_byte_level(prepare_inputs, prepare_out);
+      const moe::PrepareResult r = moe::prepare_byte_level(prepare_inputs, prepare_out, prepare_append);
       for (const auto& f : r.files)
         std::printf("%s -> %s/%s: %ld tokens, %ld documents\n", f.source.c_str(), r.out_dir.c_str(), f.name.c_str(),
                     static_cast<long>(f.tokens), static_cast<long>(f.documents));
-      std::printf("wrote %ld tokens (vocab %ld, EOS %ld) and %s/dataset.json\n", static_cast<long>(r.total_tokens),
-                  static_cast<long>(moe::kByteVocabSize), static_cast<long>(moe::kByteEosTokenId), r.out_dir.c_str());
+      std::printf("wrote %ld tokens (vocab %ld, EOS %ld) and %s/dataset.json, which lists %ld file%s\n",
+                  static_cast<long>(r.total_tokens), static_cast<long>(moe::kByteVocabSize),
+                  static_cast<long>(moe::kByteEosTokenId), r.out_dir.c_str(), static_cast<long>(r.listed_files),
+                  r.listed_files == 1 ? "" : "s");
     }
   } catch (const std::exception& e) {
     return fail(e.what());

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,10 @@ class DatasetTest : public ::testing::Test {
     std::vector<uint32_t> v(n);
     for (int64_t i = 0; i < n; ++i) v[i] = file_index * kFileStride + static_cast<uint32_t>(i);
     write_npy((dir_ / ("f" + std::to_string(file_index) + ".npy")).string(), v);
+  }
+  void write_dataset_json(const nlohmann::json& files) const {
+    std::ofstream((dir_ / "dataset.json").string())
+        << nlohmann::json{{"tokenizer", "test"}, {"vocab_size", kBigVocab}, {"files", files}}.dump();
   }
   DataConfig config() const {
     DataConfig cfg;
@@ -207,6 +212,84 @@ TEST_F(DatasetTest, missing_or_empty_folder_and_bad_files_are_clear_errors) {
   cfg.eval_fraction = 1.0;
   msg = error_of([&] { TokenDataset::open(cfg, 100, 99); });
   EXPECT_NE(msg.find("data.eval_fraction"), std::string::npos) << msg;
+}
+
+TEST_F(DatasetTest, dataset_json_lists_the_files_read_and_they_are_taken_in_name_order) {
+  write_positional(0, 1000);
+  write_positional(1, 3000);
+  // Windows without dataset.json (every .npy in name order) ...
+  const TokenDataset plain = TokenDataset::open(config(), kBigVocab, 0);
+  const int64_t batch = 16, seq = 32;
+  std::vector<int32_t> in_plain(batch * seq), tg_plain(batch * seq), in(batch * seq), tg(batch * seq);
+  plain.train_batch(7, 0, batch, seq, in_plain.data(), tg_plain.data());
+  // ... are the windows of the same files listed in another order, so adding dataset.json to a
+  // folder (or listing files in prepare's input order) does not change a run.
+  write_dataset_json({{{"name", "f1.npy"}, {"tokens", 3000}}, {{"name", "f0.npy"}}});
+  const TokenDataset listed = TokenDataset::open(config(), kBigVocab, 0);
+  ASSERT_EQ(listed.sources().size(), 2u);
+  EXPECT_EQ(listed.sources()[0].name, (dir_ / "f0.npy").string());
+  EXPECT_EQ(listed.sources()[1].name, (dir_ / "f1.npy").string());
+  listed.train_batch(7, 0, batch, seq, in.data(), tg.data());
+  EXPECT_EQ(in, in_plain);
+  EXPECT_EQ(tg, tg_plain);
+}
+
+TEST_F(DatasetTest, npy_file_that_dataset_json_does_not_list_is_an_error_naming_it_and_the_fix) {
+  write_positional(0, 1000);
+  write_positional(1, 1000);
+  write_positional(2, 1000);
+  write_dataset_json({{{"name", "f0.npy"}}, {{"name", "f2.npy"}}});
+  const std::string msg = error_of([&] { TokenDataset::open(config(), kBigVocab, 0); });
+  EXPECT_NE(msg.find((dir_ / "f1.npy").string() + " is not listed in " + (dir_ / "dataset.json").string()),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("prepare --append"), std::string::npos) << msg;
+  // Other files (not .npy) are not token data and do not matter.
+  fs::remove(dir_ / "f1.npy");
+  std::ofstream((dir_ / "notes.txt").string()) << "about this data";
+  EXPECT_EQ(TokenDataset::open(config(), kBigVocab, 0).sources().size(), 2u);
+}
+
+TEST_F(DatasetTest, file_that_dataset_json_lists_but_is_missing_is_an_error_naming_both) {
+  write_positional(0, 1000);
+  write_dataset_json({{{"name", "f0.npy"}}, {{"name", "gone.npy"}}});
+  const std::string msg = error_of([&] { TokenDataset::open(config(), kBigVocab, 0); });
+  EXPECT_NE(msg.find((dir_ / "dataset.json").string() + " lists gone.npy"), std::string::npos) << msg;
+  EXPECT_NE(msg.find((dir_ / "gone.npy").string() + " does not exist"), std::string::npos) << msg;
+}
+
+TEST_F(DatasetTest, token_count_that_differs_from_dataset_json_is_an_error_naming_the_file) {
+  write_positional(0, 1000);
+  write_dataset_json({{{"name", "f0.npy"}, {"tokens", 999}}});
+  const std::string msg = error_of([&] { TokenDataset::open(config(), kBigVocab, 0); });
+  EXPECT_NE(msg.find((dir_ / "f0.npy").string() + " holds 1000 tokens"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lists it with 999"), std::string::npos) << msg;
+  write_dataset_json({{{"name", "f0.npy"}, {"tokens", 1000}}});
+  EXPECT_EQ(TokenDataset::open(config(), kBigVocab, 0).train_tokens(), 900);  // 0.1 held out
+}
+
+TEST_F(DatasetTest, malformed_dataset_json_is_an_error_naming_it_and_the_field) {
+  write_positional(0, 1000);
+  const std::string json_path = (dir_ / "dataset.json").string();
+  const std::pair<std::string, std::string> cases[] = {
+      {"{\"files\": [", "is not valid JSON"},
+      {"[1, 2]", "is not a JSON object"},
+      {"{\"vocab_size\": 5}", "has no \"files\""},
+      {"{\"files\": []}", "\"files\" must be a non-empty array"},
+      {"{\"files\": [\"f0.npy\"]}", "\"files[0]\" must be an object with a \"name\""},
+      {"{\"files\": [{\"name\": \"../f0.npy\"}]}", "\"files[0].name\" is \"../f0.npy\""},
+      {"{\"files\": [{\"name\": \"f0.txt\"}]}", "\"files[0].name\" is \"f0.txt\""},
+      {"{\"files\": [{\"name\": \"f0.npy\"}, {\"name\": \"f0.npy\"}]}", "\"files[1].name\" lists f0.npy a second"},
+      {"{\"files\": [{\"name\": \"f0.npy\", \"tokens\": -1}]}", "\"files[0].tokens\" must be an integer >= 0"},
+  };
+  for (const auto& [text, expected] : cases) {
+    std::ofstream(json_path) << text;
+    const std::string msg = error_of([&] { TokenDataset::open(config(), kBigVocab, 0); });
+    EXPECT_NE(msg.find(json_path), std::string::npos) << text << ": " << msg;
+    EXPECT_NE(msg.find(expected), std::string::npos) << text << ": " << msg;
+  }
+  std::ofstream(json_path) << "{\"files\": [{\"name\": \"f0.npy\", \"tokens\": 1000}]}";  // the control
+  EXPECT_EQ(TokenDataset::open(config(), kBigVocab, 0).sources().size(), 1u);
 }
 
 TEST(SyntheticDataset, streams_splits_and_attainable_loss) {

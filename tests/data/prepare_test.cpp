@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -47,8 +49,35 @@ class PrepareTest : public ::testing::Test {
     v.push_back(256);
     return v;
   }
+  // Every file under `dir` (relative name -> bytes), so a test can check that nothing changed.
+  static std::map<std::string, std::string> snapshot(const fs::path& dir) {
+    std::map<std::string, std::string> files;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      const std::string name = fs::relative(e.path(), dir).string();
+      if (!e.is_regular_file()) {
+        files[name] = "<not a file>";
+        continue;
+      }
+      std::ifstream in(e.path(), std::ios::binary);
+      files[name] = std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    return files;
+  }
+  static nlohmann::json read_json(const fs::path& path) {
+    std::ifstream in(path);
+    return nlohmann::json::parse(in);
+  }
   fs::path dir_;
 };
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 }  // namespace
 
@@ -121,7 +150,9 @@ TEST_F(PrepareTest, unwritable_output_is_an_error_and_leaves_no_partial_files) {
     fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
   }
   try {
-    prepare_byte_level({a}, ro.string());
+    // --append, because /proc/self is not empty: without it the folder would be refused before
+    // any write is tried.
+    prepare_byte_level({a}, ro.string(), /*append=*/true);
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(ro.string()), std::string::npos) << e.what();
@@ -143,20 +174,170 @@ TEST_F(PrepareTest, duplicate_stems_are_an_error_before_anything_is_created) {
   EXPECT_FALSE(fs::exists(dir_ / "out2"));
 }
 
-TEST_F(PrepareTest, failure_after_writing_temporaries_removes_them) {
+TEST_F(PrepareTest, failure_after_writing_temporaries_removes_them_and_leaves_the_dataset_as_it_was) {
   const std::string a = write_text("a.txt", "first");
   const std::string b = write_text("b.txt", "second");
+  const std::string c = write_text("c.txt", "third");
   const fs::path out = dir_ / "out3";
-  fs::create_directories(out / "b.npy");  // a folder where b.npy must go
-  try {
-    prepare_byte_level({a, b}, out.string());
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("b.npy"), std::string::npos) << e.what();
+  prepare_byte_level({a}, out.string());
+  // Something in the way of c's temporary name: b's temporary is written before c's fails.
+  const fs::path blocker = out / (".c.npy.tmp-" + std::to_string(::getpid()));
+  fs::create_directories(blocker);
+  const auto before = snapshot(out);
+  const std::string msg = error_of([&] { prepare_byte_level({b, c}, out.string(), /*append=*/true); });
+  EXPECT_NE(msg.find(blocker.string()), std::string::npos) << msg;
+  EXPECT_EQ(snapshot(out), before);  // b's temporary removed, the blocker kept, a.npy and dataset.json untouched
+}
+
+TEST_F(PrepareTest, prepare_into_a_folder_holding_output_is_refused_and_the_output_stays_byte_identical) {
+  const std::string a = write_text("a.txt", "the first corpus\n");
+  const fs::path out = dir_ / "out";
+  prepare_byte_level({a}, out.string());
+  const auto first = snapshot(out);
+  ASSERT_EQ(first.size(), 2u);
+
+  // The same input again (it would overwrite a.npy), and a different one (dataset.json would
+  // lose a.npy): both refused, naming the folder, what it holds and --append.
+  const std::string a_changed = write_text("a.txt", "a different text with the same stem\n");
+  const std::string b = write_text("b.txt", "another corpus\n");
+  for (const std::vector<std::string>& inputs : {std::vector<std::string>{a_changed}, std::vector<std::string>{b}}) {
+    const std::string msg = error_of([&] { prepare_byte_level(inputs, out.string()); });
+    EXPECT_NE(msg.find(out.string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("a.npy, dataset.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--append"), std::string::npos) << msg;
+    EXPECT_EQ(snapshot(out), first);
   }
-  std::vector<std::string> left;
-  for (const auto& e : fs::directory_iterator(out)) left.push_back(e.path().filename().string());
-  EXPECT_EQ(left, std::vector<std::string>{"b.npy"});  // only the folder that was there
+  // Any entry makes a folder non-empty, not only prepare output.
+  const fs::path other = dir_ / "other";
+  fs::create_directories(other / "notes");
+  const std::string msg = error_of([&] { prepare_byte_level({b}, other.string()); });
+  EXPECT_NE(msg.find("notes"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(other / "b.npy"));
+  // An existing empty folder is fine.
+  fs::create_directories(dir_ / "empty");
+  EXPECT_EQ(prepare_byte_level({b}, (dir_ / "empty").string()).files.size(), 1u);
+}
+
+TEST_F(PrepareTest, append_adds_files_and_dataset_json_lists_the_old_then_the_new_ones) {
+  const std::string a = write_text("a.txt", "alpha text\n");
+  const std::string b = write_text("b.txt", "beta\f\n");
+  const std::string c = write_text("c.md", "gamma\n\f\ndelta\n");
+  const fs::path out = dir_ / "out";
+  prepare_byte_level({a}, out.string());
+  const auto first = snapshot(out);
+
+  const PrepareResult r = prepare_byte_level({c, b}, out.string(), /*append=*/true);
+  ASSERT_EQ(r.files.size(), 2u);
+  EXPECT_EQ(r.listed_files, 3);
+  EXPECT_EQ(snapshot(out).at("a.npy"), first.at("a.npy"));  // the old file is untouched
+  EXPECT_EQ(read_tokens((out / "b.npy").string()), bytes_then_eos("beta\f\n"));
+  EXPECT_EQ(read_tokens((out / "c.npy").string()).size(), std::string("gamma\ndelta\n").size() + 2);
+
+  const nlohmann::json meta = read_json(out / "dataset.json");
+  const nlohmann::json first_meta = nlohmann::json::parse(first.at("dataset.json"));
+  EXPECT_EQ(meta["tokenizer"], "byte");
+  EXPECT_EQ(meta["vocab_size"], 257);
+  ASSERT_EQ(meta["files"].size(), 3u);
+  EXPECT_EQ(meta["files"][0], first_meta["files"][0]);  // the old entry, as it was
+  EXPECT_EQ(meta["files"][1]["name"], "c.npy");
+  EXPECT_EQ(meta["files"][1]["documents"], 2);
+  EXPECT_EQ(meta["files"][1]["source"], c);
+  EXPECT_EQ(meta["files"][2]["name"], "b.npy");
+  EXPECT_EQ(meta["files"][2]["tokens"], 7);
+
+  int entries = 0;  // no temporaries left
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(out)) ++entries;
+  EXPECT_EQ(entries, 4);
+  DataConfig cfg;
+  cfg.path = out.string();
+  cfg.eval_fraction = 0.0;
+  const TokenDataset ds = TokenDataset::open(cfg, 257, 256);
+  ASSERT_EQ(ds.sources().size(), 3u);
+  EXPECT_EQ(ds.train_tokens(), meta["files"][0]["tokens"].get<int64_t>() + r.total_tokens);
+}
+
+TEST_F(PrepareTest, append_with_a_colliding_stem_is_refused_naming_both_and_changes_nothing) {
+  const std::string a = write_text("a.txt", "first\n");
+  const std::string b = write_text("b.txt", "second\n");
+  fs::create_directories(dir_ / "sub");
+  const std::string a_again = write_text("sub/a.md", "same stem, other text\n");
+  const fs::path out = dir_ / "out";
+  prepare_byte_level({a}, out.string());
+  const auto before = snapshot(out);
+
+  // a.md becomes a.npy, which dataset.json lists.
+  std::string msg = error_of([&] { prepare_byte_level({b, a_again}, out.string(), /*append=*/true); });
+  EXPECT_NE(msg.find(a_again), std::string::npos) << msg;
+  EXPECT_NE(msg.find((out / "a.npy").string()), std::string::npos) << msg;
+  EXPECT_EQ(snapshot(out), before);
+
+  // b.npy is not listed but something of that name is on disk (a folder is not token data, so
+  // the folder still matches its dataset.json).
+  fs::create_directories(out / "b.npy");
+  const auto with_folder = snapshot(out);
+  msg = error_of([&] { prepare_byte_level({b}, out.string(), /*append=*/true); });
+  EXPECT_NE(msg.find(b), std::string::npos) << msg;
+  EXPECT_NE(msg.find((out / "b.npy").string() + ", which already exists"), std::string::npos) << msg;
+  EXPECT_EQ(snapshot(out), with_folder);
+}
+
+TEST_F(PrepareTest, append_to_a_folder_that_is_not_a_byte_level_prepare_dataset_is_refused_naming_the_key) {
+  const std::string b = write_text("b.txt", "new text\n");
+  const fs::path out = dir_ / "out";
+  fs::create_directories(out);
+  write_npy((out / "x.npy").string(), std::vector<uint16_t>(100, 7));
+  const auto json_with = [&](const std::string& key, const nlohmann::ordered_json& value) {
+    nlohmann::ordered_json meta = {{"tokenizer", "byte"},
+                                   {"vocab_size", 257},
+                                   {"eos_token_id", 256},
+                                   {"dtype", "uint16"},
+                                   {"files", {{{"name", "x.npy"}, {"tokens", 100}}}}};
+    if (value.is_null())
+      meta.erase(key);
+    else
+      meta[key] = value;
+    std::ofstream(out / "dataset.json") << meta.dump();
+  };
+  const std::pair<std::string, nlohmann::ordered_json> cases[] = {
+      {"tokenizer", "huggingface"}, {"vocab_size", 50280}, {"eos_token_id", 0},
+      {"dtype", "uint32"},          {"dtype", nullptr},    {"files", "x.npy"},
+  };
+  for (const auto& [key, value] : cases) {
+    json_with(key, value);
+    const auto before = snapshot(out);
+    const std::string msg = error_of([&] { prepare_byte_level({b}, out.string(), /*append=*/true); });
+    EXPECT_NE(msg.find((out / "dataset.json").string()), std::string::npos) << key << ": " << msg;
+    EXPECT_NE(msg.find("\"" + key + "\""), std::string::npos) << key << ": " << msg;
+    EXPECT_EQ(snapshot(out), before) << key;
+  }
+  // Not JSON at all.
+  std::ofstream(out / "dataset.json") << "{\"files\": [";
+  std::string msg = error_of([&] { prepare_byte_level({b}, out.string(), /*append=*/true); });
+  EXPECT_NE(msg.find("dataset.json is not valid JSON"), std::string::npos) << msg;
+  // .npy files without any dataset.json: what they hold is unknown.
+  fs::remove(out / "dataset.json");
+  msg = error_of([&] { prepare_byte_level({b}, out.string(), /*append=*/true); });
+  EXPECT_NE(msg.find("x.npy"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no dataset.json"), std::string::npos) << msg;
+  // The control: the same folder with a byte-level dataset.json takes the new file.
+  json_with("dtype", "uint16");
+  EXPECT_EQ(prepare_byte_level({b}, out.string(), /*append=*/true).listed_files, 2);
+}
+
+TEST_F(PrepareTest, append_to_a_folder_that_does_not_match_its_dataset_json_is_refused) {
+  const std::string a = write_text("a.txt", "first\n");
+  const std::string b = write_text("b.txt", "second\n");
+  const fs::path out = dir_ / "out";
+  prepare_byte_level({a}, out.string());
+  write_npy((out / "stray.npy").string(), std::vector<uint16_t>(10, 1));  // e.g. left by an older prepare
+  std::string msg = error_of([&] { prepare_byte_level({b}, out.string(), /*append=*/true); });
+  EXPECT_NE(msg.find((out / "stray.npy").string()), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(out / "b.npy"));
+  fs::remove(out / "stray.npy");
+  fs::remove(out / "a.npy");
+  msg = error_of([&] { prepare_byte_level({b}, out.string(), /*append=*/true); });
+  EXPECT_NE(msg.find("lists a.npy"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(out / "b.npy"));
 }
 
 TEST(ByteTokenize, form_feed_lines_split_documents_and_empty_documents_are_dropped) {

@@ -8,6 +8,7 @@
 #include "moe/core/error.h"
 #include "moe/core/rng.h"
 #include "moe/data/synthetic.h"
+#include "moe/data/token_folder.h"
 
 namespace moe {
 
@@ -62,13 +63,13 @@ TokenDataset TokenDataset::open(const DataConfig& cfg, int64_t vocab_size, int64
     std::error_code ec;
     MOE_CHECK(fs::is_directory(dir, ec), "data.path: '", cfg.path,
               "' is not a folder of .npy token files (nor \"synthetic\")");
-    std::vector<std::string> names;
-    for (const auto& entry : fs::directory_iterator(dir))
-      if (entry.path().extension() == ".npy" && entry.is_regular_file()) names.push_back(entry.path().string());
-    MOE_CHECK(!names.empty(), "data.path: folder '", cfg.path, "' contains no .npy token files");
-    std::sort(names.begin(), names.end());
-    for (const std::string& name : names) {
+    for (const TokenFile& token_file : list_token_files(cfg.path)) {
+      const std::string& name = token_file.path;
       NpyTokens file = NpyTokens::open(name);
+      MOE_CHECK(!token_file.listed_tokens || *token_file.listed_tokens == file.size(), name, " holds ", file.size(),
+                " tokens, but ", (dir / "dataset.json").string(), " lists it with ",
+                token_file.listed_tokens.value_or(0),
+                ": the file changed after dataset.json was written; prepare the dataset again into a new folder");
       const int64_t bad = first_out_of_vocab(file, vocab_size);
       MOE_CHECK(bad < 0, name, ": token ", (bad < 0 ? 0 : file.at(bad)), " at index ", bad,
                 " is outside the model vocabulary (vocab_size ", vocab_size, ")");

@@ -17,9 +17,10 @@ namespace moe {
 class TokenDataset {
  public:
   // Opens cfg.path: "synthetic" (generates the train stream, stream id 0, and the held-out
-  // stream, stream id 1, in memory) or a folder of *.npy token files (taken in file-name order,
+  // stream, stream id 1, in memory) or a folder of .npy token files: the files its dataset.json
+  // lists, or every .npy file when it has none (token_folder.h), taken in file-name order,
   // memory-mapped; every token is checked < vocab_size at open and the error names the file,
-  // index and value). Each file's last floor(eval_fraction * N) tokens are its held-out tail.
+  // index and value. Each file's last floor(eval_fraction * N) tokens are its held-out tail.
   static TokenDataset open(const DataConfig& cfg, int64_t vocab_size, int64_t eos_token_id);
 
   // Training windows: global sequence j (0 <= j < global batch) of optimizer step `step` is a

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +14,7 @@
 
 #include "moe/core/error.h"
 #include "moe/data/npy.h"
+#include "moe/data/token_folder.h"
 
 namespace moe {
 
@@ -71,9 +73,55 @@ struct Cleanup {
   }
 };
 
+// dataset.json of a byte-level dataset with no files yet.
+nlohmann::ordered_json byte_dataset_json() {
+  return {{"tokenizer", "byte"},
+          {"vocab_size", kByteVocabSize},
+          {"eos_token_id", kByteEosTokenId},
+          {"dtype", "uint16"},
+          {"files", nlohmann::ordered_json::array()}};
+}
+
+// The names in a folder, sorted.
+std::vector<std::string> folder_entries(const fs::path& dir) {
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    names.push_back(it->path().filename().string());
+  MOE_CHECK(!ec, "prepare: cannot list output folder ", dir.string(), ": ", ec.message());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// The dataset an --append adds to: the folder's dataset.json, checked to be byte-level and to
+// match the folder, or a fresh one when the folder holds no token data at all.
+nlohmann::ordered_json appendable_dataset_json(const fs::path& out, const std::vector<std::string>& entries) {
+  const fs::path meta_path = out / "dataset.json";
+  std::error_code ec;
+  if (!fs::exists(meta_path, ec)) {
+    std::vector<std::string> npy;
+    for (const std::string& name : entries)
+      if (fs::path(name).extension() == ".npy") npy.push_back(name);
+    MOE_CHECK(npy.empty(), "prepare --append: ", out.string(), " holds .npy files (", file_name_list(npy),
+              ") but no dataset.json, so it was not written by prepare and what they hold is unknown; "
+              "prepare into a new or empty folder");
+    return byte_dataset_json();
+  }
+  nlohmann::ordered_json meta = read_dataset_json(meta_path.string());
+  const nlohmann::ordered_json expected = byte_dataset_json();
+  for (const auto& [key, value] : expected.items()) {
+    if (key == "files") continue;
+    MOE_CHECK(meta.contains(key) && meta[key] == value, "prepare --append: ", meta_path.string(), " has \"", key,
+              "\": ", meta.contains(key) ? meta[key].dump() : "(missing)", ", but prepare writes ", value.dump(),
+              " (byte-level tokens), so the new files would not belong to that dataset; prepare into a new folder");
+  }
+  list_token_files(out.string());  // the folder must hold what its dataset.json lists before more is added
+  return meta;
+}
+
 }  // namespace
 
-PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const std::string& out_dir) {
+PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const std::string& out_dir, bool append) {
   MOE_CHECK(!inputs.empty(), "prepare: no input files given");
   MOE_CHECK(!out_dir.empty(), "prepare: no output folder given");
   // Check every input before creating anything.
@@ -89,10 +137,32 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
 
   Cleanup cleanup;
   const fs::path out(out_dir);
+  nlohmann::ordered_json meta = byte_dataset_json();
+  bool had_dataset_json = false;
   {
     std::error_code ec;
     if (fs::exists(out, ec)) {
       MOE_CHECK(fs::is_directory(out, ec), "prepare: output path ", out_dir, " exists and is not a folder");
+      const std::vector<std::string> entries = folder_entries(out);
+      if (!entries.empty()) {
+        MOE_CHECK(append, "prepare: output folder ", out_dir, " is not empty (it holds ", file_name_list(entries),
+                  "); prepare never overwrites: pass --append to add these inputs to the dataset there, or choose "
+                  "a new or empty folder");
+        meta = appendable_dataset_json(out, entries);
+        had_dataset_json = fs::exists(out / "dataset.json", ec);
+        std::set<std::string> listed;
+        for (const auto& f : meta["files"]) listed.insert(f["name"].get<std::string>());
+        for (const std::string& input : inputs) {
+          const fs::path target = out / (fs::path(input).stem().string() + ".npy");
+          MOE_CHECK(!listed.count(target.filename().string()), "prepare --append: input ", input,
+                    " would become ", target.string(), ", which ", (out / "dataset.json").string(),
+                    " already lists; nothing was written. Rename the input (its stem names the token file) or "
+                    "prepare it into another folder");
+          MOE_CHECK(!fs::exists(fs::symlink_status(target, ec)), "prepare --append: input ", input,
+                    " would become ", target.string(), ", which already exists; nothing was written. Rename the "
+                    "input (its stem names the token file) or prepare it into another folder");
+        }
+      }
     } else {
       // Remember which folders this call creates, so a failure can remove them again.
       std::vector<fs::path> missing;
@@ -110,9 +180,15 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
   }
 
   const std::string tmp_suffix = ".tmp-" + std::to_string(::getpid());
+  // A temporary name must be free: Cleanup removes what is there on failure.
+  auto claim_temp = [&](const fs::path& temp) {
+    std::error_code ec;
+    MOE_CHECK(!fs::exists(fs::symlink_status(temp, ec)), "prepare: ", temp.string(),
+              " is in the way of a temporary file (left by an interrupted prepare?); remove it and run again");
+    cleanup.temps.push_back(temp);
+  };
   PrepareResult result;
   result.out_dir = out_dir;
-  nlohmann::ordered_json files = nlohmann::ordered_json::array();
   std::vector<std::pair<fs::path, fs::path>> renames;  // temp -> final
   for (const std::string& input : inputs) {
     PreparedFile pf;
@@ -121,19 +197,17 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
     const std::vector<uint16_t> tokens = byte_tokenize(read_file(input), &pf.documents);
     pf.tokens = static_cast<int64_t>(tokens.size());
     const fs::path temp = out / ("." + pf.name + tmp_suffix);
-    cleanup.temps.push_back(temp);
+    claim_temp(temp);
     write_npy(temp.string(), tokens);
     renames.emplace_back(temp, out / pf.name);
-    files.push_back({{"name", pf.name}, {"tokens", pf.tokens}, {"documents", pf.documents}, {"source", input}});
+    meta["files"].push_back({{"name", pf.name}, {"tokens", pf.tokens}, {"documents", pf.documents}, {"source", input}});
     result.total_tokens += pf.tokens;
     result.files.push_back(std::move(pf));
   }
+  result.listed_files = static_cast<int64_t>(meta["files"].size());
 
-  nlohmann::ordered_json meta = {{"tokenizer", "byte"},   {"vocab_size", kByteVocabSize},
-                                 {"eos_token_id", kByteEosTokenId}, {"dtype", "uint16"},
-                                 {"files", files}};
   const fs::path meta_temp = out / (".dataset.json" + tmp_suffix);
-  cleanup.temps.push_back(meta_temp);
+  claim_temp(meta_temp);
   {
     std::ofstream os(meta_temp);
     MOE_CHECK(os.good(), "prepare: cannot write ", meta_temp.string(), ": ", std::strerror(errno));
@@ -141,13 +215,17 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
     os.close();
     MOE_CHECK(!os.fail(), "prepare: writing ", meta_temp.string(), " failed");
   }
-  renames.emplace_back(meta_temp, out / "dataset.json");  // last: its presence marks a complete folder
 
-  // Check every target before renaming any, so a folder in the way cannot leave half a dataset.
+  // dataset.json last: its presence (or its new list) marks the new files as part of the dataset.
+  renames.emplace_back(meta_temp, out / "dataset.json");
+  // Every target must still be free (dataset.json may be replaced only when it was read above)
+  // before any is renamed: this catches anything created in the folder since it was checked, so
+  // nothing is overwritten and no half dataset is left.
   for (const auto& [temp, final_path] : renames) {
     std::error_code ec;
-    MOE_CHECK(!fs::is_directory(final_path, ec), "prepare: ", final_path.string(),
-              " is a folder; cannot write the token file there");
+    const bool replaceable = final_path == out / "dataset.json" && had_dataset_json;
+    MOE_CHECK(replaceable || !fs::exists(fs::symlink_status(final_path, ec)), "prepare: ", final_path.string(),
+              " appeared while prepare ran; nothing was written, run again");
   }
   for (const auto& [temp, final_path] : renames) {
     std::error_code ec;

@@ -5,13 +5,19 @@
 // exactly a form feed ("\f\n", "\f\r\n", or "\f" at the end of the file) separates documents
 // and is dropped. Every non-empty document is written as its bytes followed by one EOS, so a
 // plain text file (no form-feed lines) becomes its bytes followed by a single EOS.
-// Output: <out>/<stem>.npy (uint16) per input, plus <out>/dataset.json
+// Output: <out>/<stem>.npy (uint16) per input, plus <out>/dataset.json (token_folder.h)
 //   {"tokenizer":"byte","vocab_size":257,"eos_token_id":256,"dtype":"uint16",
 //    "files":[{"name":"<stem>.npy","tokens":N,"documents":D,"source":"<input path>"}, ...]}
+// Nothing is ever overwritten. <out> must be new or empty, unless `append`: then the inputs are
+// added to the dataset already there, whose dataset.json must be byte-level (the four keys above)
+// and match the folder, and no input may become a file already listed or present; dataset.json
+// afterwards lists the old files, then the new ones. With `append`, a non-empty folder without
+// dataset.json is accepted only when it holds no .npy file.
 // Every file is written under a temporary name in <out> and renamed when all are complete
-// (dataset.json last). Inputs are all checked before anything is created: a missing input, two
-// inputs with the same stem, or an output folder that cannot be created or written is a
-// moe::Error, and leaves no partial files (nor an output folder this call created).
+// (dataset.json last). Everything is checked before anything is written: a missing input, two
+// inputs with the same stem, a folder that is not empty (or not appendable), a name collision,
+// or an output folder that cannot be created or written is a moe::Error, and leaves no partial
+// files (nor an output folder this call created).
 #pragma once
 
 #include <cstdint>
@@ -33,12 +39,14 @@ struct PreparedFile {
 struct PrepareResult {
   std::string out_dir;
   std::vector<PreparedFile> files;
-  int64_t total_tokens = 0;
+  int64_t total_tokens = 0;   // of the new files
+  int64_t listed_files = 0;   // files dataset.json lists afterwards (more than files.size() after an append)
 };
 
 // Byte-level tokenization of a file's bytes with the document rule above (exposed for tests).
 std::vector<uint16_t> byte_tokenize(const std::string& bytes, int64_t* documents = nullptr);
 
-PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const std::string& out_dir);
+PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const std::string& out_dir,
+                                 bool append = false);
 
 }  // namespace moe

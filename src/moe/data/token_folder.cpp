@@ -1,0 +1,98 @@
+#include "moe/data/token_folder.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "moe/core/error.h"
+
+namespace moe {
+
+namespace fs = std::filesystem;
+
+std::string file_name_list(const std::vector<std::string>& names, size_t shown) {
+  std::string text;
+  for (size_t i = 0; i < names.size() && i < shown; ++i) text += (i ? ", " : "") + names[i];
+  if (names.size() > shown) text += " and " + std::to_string(names.size() - shown) + " more";
+  return text;
+}
+
+nlohmann::ordered_json read_dataset_json(const std::string& path) {
+  std::ifstream in(path);
+  MOE_CHECK(in.good(), "cannot read ", path);
+  nlohmann::ordered_json meta;
+  try {
+    meta = nlohmann::ordered_json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    MOE_FAIL(path, " is not valid JSON (", e.what(),
+             "); it should list the folder's token files, as prepare writes it");
+  }
+  MOE_CHECK(meta.is_object(), path, " is not a JSON object; it should list the folder's token files under \"files\"");
+  MOE_CHECK(meta.contains("files"), path, " has no \"files\" (the list of the folder's token files)");
+  const nlohmann::ordered_json& files = meta["files"];
+  MOE_CHECK(files.is_array() && !files.empty(), path,
+            ": \"files\" must be a non-empty array of {\"name\": ...} objects, got ", files.dump());
+  std::set<std::string> seen;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const nlohmann::ordered_json& f = files[i];
+    const std::string field = "files[" + std::to_string(i) + "]";
+    MOE_CHECK(f.is_object() && f.contains("name") && f["name"].is_string(), path, ": \"", field,
+              "\" must be an object with a \"name\" string, got ", f.dump());
+    const std::string name = f["name"].get<std::string>();
+    MOE_CHECK(!name.empty() && fs::path(name).filename() == name && name != "." && name != ".." &&
+                  fs::path(name).extension() == ".npy",
+              path, ": \"", field, ".name\" is \"", name, "\", not a file name ending in .npy inside the folder");
+    MOE_CHECK(seen.insert(name).second, path, ": \"", field, ".name\" lists ", name, " a second time");
+    if (f.contains("tokens"))
+      MOE_CHECK(f["tokens"].is_number_integer() && f["tokens"].get<int64_t>() >= 0, path, ": \"", field,
+                ".tokens\" must be an integer >= 0, got ", f["tokens"].dump());
+  }
+  return meta;
+}
+
+std::vector<TokenFile> list_token_files(const std::string& folder) {
+  const fs::path dir(folder);
+  std::vector<std::string> npy_on_disk;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().extension() == ".npy" && entry.is_regular_file())
+      npy_on_disk.push_back(entry.path().filename().string());
+  std::sort(npy_on_disk.begin(), npy_on_disk.end());
+
+  std::vector<TokenFile> files;
+  const fs::path meta_path = dir / "dataset.json";
+  std::error_code ec;
+  if (!fs::exists(meta_path, ec)) {
+    MOE_CHECK(!npy_on_disk.empty(), "data.path: folder '", folder, "' contains no .npy token files");
+    for (const std::string& name : npy_on_disk) files.push_back({(dir / name).string(), std::nullopt});
+    return files;
+  }
+
+  const nlohmann::ordered_json meta = read_dataset_json(meta_path.string());
+  std::set<std::string> listed;
+  for (const auto& f : meta["files"]) {
+    const std::string name = f["name"].get<std::string>();
+    listed.insert(name);
+    const fs::path file = dir / name;
+    MOE_CHECK(fs::is_regular_file(file, ec), meta_path.string(), " lists ", name, ", but ", file.string(),
+              fs::exists(file, ec) ? " is not a regular file" : " does not exist",
+              "; restore it, or prepare the dataset again into a new folder");
+    files.push_back({file.string(), f.contains("tokens") ? std::optional<int64_t>(f["tokens"].get<int64_t>())
+                                                         : std::nullopt});
+  }
+  std::vector<std::string> unlisted;
+  for (const std::string& name : npy_on_disk)
+    if (!listed.count(name)) unlisted.push_back((dir / name).string());
+  if (!unlisted.empty()) {
+    const bool one = unlisted.size() == 1;
+    MOE_FAIL(one ? "token file " : "token files ", file_name_list(unlisted), one ? " is" : " are", " not listed in ",
+             meta_path.string(), ", which names the files of this dataset, and unlisted files are neither read nor ",
+             "skipped silently: move ", one ? "it" : "them", " out of the folder, or, if ",
+             one ? "it belongs" : "they belong", " to the dataset, delete ", one ? "it" : "them", " and add ",
+             one ? "its" : "their", " text again with `prepare --append`");
+  }
+  std::sort(files.begin(), files.end(), [](const TokenFile& a, const TokenFile& b) { return a.path < b.path; });
+  return files;
+}
+
+}  // namespace moe

@@ -1,0 +1,39 @@
+// Which token files a data folder holds. A folder written by `moetrain prepare` or
+// python/tokenize_hf.py has a dataset.json that lists its files:
+//   {"tokenizer": "...", "vocab_size": V, "eos_token_id": E, "dtype": "uint16" | "uint32",
+//    "files": [{"name": "<stem>.npy", "tokens": N, "documents": D, "source": "<input path>"}, ...]}
+// When it is present it is the authority: the folder's data is exactly the files it lists. A
+// listed file that is missing, and a .npy file it does not list (a leftover of an earlier
+// prepare, a file copied in by hand), are errors, so data is never silently mixed in or left
+// out. A folder without dataset.json (written by hand) holds every .npy file in it.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moe {
+
+struct TokenFile {
+  std::string path;                      // <folder>/<name>
+  std::optional<int64_t> listed_tokens;  // its "tokens" in dataset.json, when it has one
+};
+
+// Parses the dataset.json at `path` and checks what readers rely on: a JSON object whose
+// "files" is a non-empty array of objects with a "name" (a plain file name ending in .npy, each
+// name once) and optionally "tokens" (an integer >= 0). Other keys are returned unchecked.
+// Throws moe::Error naming the file and the field.
+nlohmann::ordered_json read_dataset_json(const std::string& path);
+
+// The token files of `folder` in file-name order (the order training draws windows in, with or
+// without dataset.json): the files <folder>/dataset.json lists, or, without one, every .npy
+// file. Throws moe::Error naming dataset.json and the file when a listed file is missing or a
+// .npy file is not listed, and naming the folder when it holds no token files.
+std::vector<TokenFile> list_token_files(const std::string& folder);
+
+// "a, b, c" for at most `shown` names, then "and N more": file names in an error message.
+std::string file_name_list(const std::vector<std::string>& names, size_t shown = 5);
+
+}  // namespace moe
