@@ -1,9 +1,9 @@
 #include "moe/data/eval_windows.h"
 
-#include <algorithm>
 #include <filesystem>
 
 #include "moe/core/error.h"
+#include "moe/data/token_folder.h"
 
 namespace moe {
 
@@ -14,10 +14,7 @@ EvalWindows EvalWindows::open(const std::string& path, int64_t seq_len, int64_t 
   std::vector<std::string> paths;
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.path().extension() == ".npy") paths.push_back(e.path().string());
-    std::sort(paths.begin(), paths.end());
-    MOE_CHECK(!paths.empty(), "eval: no .npy files in ", path);
+    for (const TokenFile& f : list_token_files(path)) paths.push_back(f.path);  // dataset.json rules
   } else {
     MOE_CHECK(fs::exists(path, ec), "eval: data '", path, "' does not exist");
     paths.push_back(path);

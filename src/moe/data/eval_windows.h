@@ -1,5 +1,5 @@
-// Evaluation windows over token files: `moetrain eval` reads a .npy file, or every .npy file of
-// a folder in name order, as consecutive windows of seq_len + 1 tokens with stride seq_len, so
+// Evaluation windows over token files: `moetrain eval` reads a .npy file, or the token files of
+// a folder in name order (those its dataset.json lists: data/token_folder.h), as consecutive windows of seq_len + 1 tokens with stride seq_len, so
 // each token after a window's first is predicted exactly once.
 #pragma once
 

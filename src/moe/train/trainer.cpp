@@ -171,7 +171,7 @@ void Trainer::print_plan() const {
   std::printf("moetrain: config '%s', %s parameters (%s active per token, capacity ratio %.2f)\n",
               cfg_.name.c_str(), format_count(flops_.total_params).c_str(),
               format_count(flops_.active_params).c_str(), flops_.total_params / flops_.active_params);
-  std::printf("  data: %s\n", data_.describe().c_str());
+  std::printf("  %s\n", data_.describe().c_str());
   if (cfg_.parallel.mode == "fsdp")
     std::printf("  parallel: fsdp over %d ranks (every parameter sharded; full weights gathered per block)\n",
                 world_.size());
