@@ -85,9 +85,13 @@ class CliTest : public ::testing::Test {
 
   // Runs the built binary with `args`, in the temp dir, stdout and stderr captured to files.
   CliRun moetrain(const std::vector<std::string>& args) {
-    const std::string out_path = path(".stdout"), err_path = path(".stderr");
     std::vector<std::string> argv_strings = {MOE_BINARY_DIR "/moetrain"};
     argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    return run(std::move(argv_strings));
+  }
+  // Runs the program argv_strings[0] (a path) the same way, e.g. a shell that sets a limit first.
+  CliRun run(std::vector<std::string> argv_strings) {
+    const std::string out_path = path(".stdout"), err_path = path(".stderr");
     std::vector<char*> argv;
     for (std::string& a : argv_strings) argv.push_back(a.data());
     argv.push_back(nullptr);

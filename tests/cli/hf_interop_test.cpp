@@ -12,7 +12,7 @@ class HfInterop : public CliTest {
   // A 2-step tiny run (checkpoint at step 2) and a byte-level token file to evaluate on.
   void SetUp() override {
     CliTest::SetUp();
-    ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
+    ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--set", "run.device=cpu"})).exit_code, 0);
     std::string text;
     for (int i = 0; i < 40; ++i) text += "the quick brown fox " + std::to_string(i) + " jumps over the lazy dog\n";
     write_file(path("doc.txt"), text);
@@ -21,7 +21,7 @@ class HfInterop : public CliTest {
   // Same windows for both checkpoints: an imported checkpoint carries the default train section.
   CliRun eval(const std::string& ckpt, const std::string& logits) {
     return moetrain({"eval", "--checkpoint", ckpt, "--data", path("data"), "--logits", logits, "--set",
-                     "train.seq_len=16", "--set", "train.micro_batch_size=2"});
+                     "train.seq_len=16", "--set", "train.micro_batch_size=2", "--set", "run.device=cpu"});
   }
   static double mean_loss(const CliRun& r) {
     const size_t at = r.out.find("mean loss ");
@@ -57,7 +57,8 @@ TEST_F(HfInterop, export_then_import_reproduces_logits_and_loss_exactly) {
   const CliRun cont = moetrain({"train", "--config", path("imported/config.toml"), "--resume",
                                 path("imported/step-000000"), "--steps", "1", "--set", "train.seq_len=16",
                                 "--set", "train.global_batch_size=2", "--set", "train.micro_batch_size=2",
-                                "--set", "data.synthetic_tokens=20000", "--set", "data.synthetic_eval_tokens=2000"});
+                                "--set", "data.synthetic_tokens=20000", "--set", "data.synthetic_eval_tokens=2000",
+                                "--set", "run.device=cpu"});
   EXPECT_EQ(cont.exit_code, 0) << cont.err;
 }
 
@@ -83,6 +84,7 @@ TEST_F(HfInterop, export_refuses_a_model_with_a_selection_bias) {
   std::vector<std::string> sets = tiny_sets();
   sets.push_back("model.bias_update_rate=0.01");
   sets.push_back("run.dir=" + path("biased"));
+  sets.push_back("run.device=cpu");
   ASSERT_EQ(moetrain(tiny_train({"--steps", "1"}, sets)).exit_code, 0);
   expect_error(moetrain({"export-hf", path("biased"), path("hf")}), {"bias_update_rate"});
   EXPECT_FALSE(fs::exists(path("hf")));
@@ -102,10 +104,12 @@ TEST_F(HfInterop, eval_refuses_tokens_outside_the_vocabulary) {
                                                    "model.eos_token_id=199", "model.intermediate_size=32",
                                                    "train.seq_len=16", "train.micro_batch_size=2",
                                                    "train.global_batch_size=2", "data.synthetic_tokens=20000",
-                                                   "data.synthetic_eval_tokens=2000", "run.dir=" + path("small")}))
+                                                   "data.synthetic_eval_tokens=2000", "run.dir=" + path("small"),
+                                                   "run.device=cpu"}))
                 .exit_code,
             0);
-  expect_error(moetrain({"eval", "--checkpoint", path("small"), "--data", path("bytes")}), {"big.npy", "vocab_size"});
+  expect_error(moetrain({"eval", "--checkpoint", path("small"), "--data", path("bytes"), "--set", "run.device=cpu"}),
+               {"big.npy", "vocab_size"});
 }
 
 }  // namespace

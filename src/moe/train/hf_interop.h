@@ -2,21 +2,17 @@
 // that transformers loads with OlmoeForCausalLM.from_pretrained, and import such a directory
 // (per-expert Hub layout or the fused transformers-5 layout) as a moetrain checkpoint.
 // Both stream one logical tensor (for experts: one expert) at a time through host memory.
+// hf_interop.cpp exports, hf_import.cpp imports, hf_config.h maps config.json.
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
-#include "moe/model/config.h"
+#include "moe/train/hf_config.h"
 
 namespace moe {
-
-// config.json for OlmoeForCausalLM. Throws naming the keys when the model is not expressible
-// as OLMoE (shared expert, dense layers, sigmoid router, QK-norm other than full).
-nlohmann::json olmoe_hf_config(const ModelConfig& cfg);
-// The inverse: reads OlmoeConfig keys (rope_theta or rope_parameters.rope_theta).
-ModelConfig model_config_from_hf(const nlohmann::json& hf_config);
 
 struct ExportResult {
   std::string out_dir;
@@ -38,7 +34,10 @@ struct ImportResult {
   bool fused_experts = false;  // the source stored experts fused ([N, 2H, D]) rather than per expert
 };
 // Reads <hf_dir>/config.json and its safetensors (model.safetensors or the sharded index) and
-// writes a moetrain checkpoint at step 0 with fresh (zero) AdamW moments.
+// writes a moetrain checkpoint at step 0 with fresh (zero) AdamW moments (hf_import.cpp).
+// Refuses, before writing anything, a config.json key it would drop, a file outside hf_dir,
+// and tensors that are not exactly those config.json implies; out_run_dir must not exist or be
+// an empty directory, and holds nothing new unless the import completes.
 ImportResult import_hf(const std::string& hf_dir, const std::string& out_run_dir);
 
 }  // namespace moe
