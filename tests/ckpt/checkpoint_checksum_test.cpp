@@ -46,8 +46,8 @@ TEST(CheckpointChecksum, IsXxh3Of64Bits) {
   EXPECT_EQ(checksum_hex(0x2a), "000000000000002a");
   EXPECT_EQ(checksum_from_hex("9555e8555c62dcfd"), 0x9555e8555c62dcfdu);
   EXPECT_EQ(checksum_from_hex("9555E8555C62DCFD"), 0x9555e8555c62dcfdu);
-  for (const char* bad : {"", "9555e8555c62dcf", "9555e8555c62dcfd0", "9555e8555c62dcfg", "+555e8555c62dcfd",
-                          " 555e8555c62dcfd"})
+  for (const char* bad :
+       {"", "9555e8555c62dcf", "9555e8555c62dcfd0", "9555e8555c62dcfg", "+555e8555c62dcfd", " 555e8555c62dcfd"})
     EXPECT_FALSE(checksum_from_hex(bad)) << "'" << bad << "'";
 }
 
@@ -180,8 +180,7 @@ TEST(CheckpointChecksum, VersionOneCheckpointWithoutChecksumsStillLoads) {
   index["tensors"]["embed.ids"]["chunks"][1].erase("checksum");
   write_bytes(v2 + "/index.json", index.dump());
   std::string msg = error_of([&] { CheckpointReader r2(v2); });
-  EXPECT_NE(msg.find(v2 + "/index.json: missing field /tensors/embed.ids/chunks/1/checksum"), std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find(v2 + "/index.json: missing field /tensors/embed.ids/chunks/1/checksum"), std::string::npos) << msg;
 }
 
 TEST(CheckpointChecksum, ChunkRecordsCarryTheChecksumToRankZero) {

@@ -23,10 +23,10 @@ using nlohmann::json;
 
 struct MalformedField {
   const char* name;
-  const char* file;                                    // "index.json" or "train_state.json"
-  std::function<void(json&)> damage;                   // applied to that file's JSON
-  std::function<void(const CheckpointReader&)> use;    // what the trainer would read; null: opening fails
-  const char* expected;                                // follows "<dir>/<file>: "
+  const char* file;                                  // "index.json" or "train_state.json"
+  std::function<void(json&)> damage;                 // applied to that file's JSON
+  std::function<void(const CheckpointReader&)> use;  // what the trainer would read; null: opening fails
+  const char* expected;                              // follows "<dir>/<file>: "
 };
 
 // index.json's chunks of experts.w1 are [0, 7) and [7, 12) in rank 0 and [12, 24) in rank 1.
@@ -41,8 +41,11 @@ const MalformedField kCases[] = {
     {"StepIsMissing", "index.json", [](json& j) { j.erase("step"); }, nullptr, "missing field /step"},
     {"FormatIsMissing", "index.json", [](json& j) { j.erase("format"); }, nullptr,
      "not a moetrain checkpoint index (missing \"format\": \"moetrain-checkpoint\")"},
-    {"TopLevelIsAnArray", "index.json", [](json& j) { j = json::array({1, 2}); }, nullptr,
-     "not a moetrain checkpoint index"},
+    {"TopLevelIsAnArray", "index.json",
+     [](json& j) {
+       j = json::array({1, 2});
+     },
+     nullptr, "not a moetrain checkpoint index"},
     {"VersionIsAString", "index.json", [](json& j) { j["version"] = "2"; }, nullptr,
      "field /version must be an integer >= 1, found \"2\""},
     {"VersionIsFromTheFuture", "index.json", [](json& j) { j["version"] = 3; }, nullptr,
@@ -57,12 +60,21 @@ const MalformedField kCases[] = {
      "field /tensors/experts.w1/dtype: unknown dtype 'F99'"},
     {"ShapeIsAString", "index.json", [](json& j) { w1(j)["shape"] = "4x6"; }, nullptr,
      "field /tensors/experts.w1/shape must be an array of integers >= 0, found \"4x6\""},
-    {"ShapeHasANegativeDim", "index.json", [](json& j) { w1(j)["shape"] = {4, -6}; }, nullptr,
-     "field /tensors/experts.w1/shape/1 must be an integer >= 0, found -6"},
-    {"ShapeHasAFloatDim", "index.json", [](json& j) { w1(j)["shape"] = {4, 6.5}; }, nullptr,
-     "field /tensors/experts.w1/shape/1 must be an integer >= 0, found 6.5"},
-    {"ShapeOverflows", "index.json", [](json& j) { w1(j)["shape"] = {int64_t{1} << 40, int64_t{1} << 40}; }, nullptr,
-     "field /tensors/experts.w1/shape must be a shape whose element count fits in 64 bits"},
+    {"ShapeHasANegativeDim", "index.json",
+     [](json& j) {
+       w1(j)["shape"] = {4, -6};
+     },
+     nullptr, "field /tensors/experts.w1/shape/1 must be an integer >= 0, found -6"},
+    {"ShapeHasAFloatDim", "index.json",
+     [](json& j) {
+       w1(j)["shape"] = {4, 6.5};
+     },
+     nullptr, "field /tensors/experts.w1/shape/1 must be an integer >= 0, found 6.5"},
+    {"ShapeOverflows", "index.json",
+     [](json& j) {
+       w1(j)["shape"] = {int64_t{1} << 40, int64_t{1} << 40};
+     },
+     nullptr, "field /tensors/experts.w1/shape must be a shape whose element count fits in 64 bits"},
     {"ChunksIsAnObject", "index.json", [](json& j) { w1(j)["chunks"] = json::object(); }, nullptr,
      "field /tensors/experts.w1/chunks must be an array, found {}"},
     {"ChunkIsANumber", "index.json", [](json& j) { chunk0(j) = 3; }, nullptr,
@@ -110,7 +122,8 @@ const MalformedField kCases[] = {
     {"TrainStateIsAnArray", "train_state.json", [](json& j) { j = json::array({1}); }, nullptr,
      "the top level must be an object, found [1]"},
     {"TrainStateStepIsAString", "train_state.json", [](json& j) { j["step"] = "abc"; },
-     [](const CheckpointReader& r) { r.train_state_int("step"); }, "field /step must be an integer >= 0, found \"abc\""},
+     [](const CheckpointReader& r) { r.train_state_int("step"); },
+     "field /step must be an integer >= 0, found \"abc\""},
     {"TrainStateStepIsMissing", "train_state.json", [](json& j) { j.erase("step"); },
      [](const CheckpointReader& r) { r.train_state_int("step"); }, "missing field /step"},
     {"TrainStateSkippedStepsIsNegative", "train_state.json", [](json& j) { j["skipped_steps"] = -2; },
@@ -121,7 +134,10 @@ const MalformedField kCases[] = {
      "field /skipped_steps must be an integer >= 0, found 1.5"},
     {"TrainStateConfigIsMissing", "train_state.json", [](json& j) { j.erase("config"); },
      [](const CheckpointReader& r) { r.train_state_string("config"); }, "missing field /config"},
-    {"TrainStateConfigIsAnObject", "train_state.json", [](json& j) { j["config"] = {{"a", 1}}; },
+    {"TrainStateConfigIsAnObject", "train_state.json",
+     [](json& j) {
+       j["config"] = {{"a", 1}};
+     },
      [](const CheckpointReader& r) { r.train_state_string("config"); },
      "field /config must be a string, found {\"a\":1}"},
 };

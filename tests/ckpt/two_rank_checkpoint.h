@@ -33,8 +33,12 @@ struct Model {
     for (int i = 0; i < 24; ++i) w1[i] = seed + 0.5f * i - 3.f;
     for (int i = 0; i < 10; ++i) ids[i] = (int64_t{1} << 40) + i * 7 + static_cast<int64_t>(seed);
   }
-  CheckpointSlice w1_slice(int64_t b, int64_t e) const { return {"experts.w1", DType::F32, {4, 6}, b, e, w1.data() + b}; }
-  CheckpointSlice ids_slice(int64_t b, int64_t e) const { return {"embed.ids", DType::I64, {10}, b, e, ids.data() + b}; }
+  CheckpointSlice w1_slice(int64_t b, int64_t e) const {
+    return {"experts.w1", DType::F32, {4, 6}, b, e, w1.data() + b};
+  }
+  CheckpointSlice ids_slice(int64_t b, int64_t e) const {
+    return {"embed.ids", DType::I64, {10}, b, e, ids.data() + b};
+  }
   std::vector<CheckpointSlice> all() const { return {w1_slice(0, 24), ids_slice(0, 10)}; }
 };
 

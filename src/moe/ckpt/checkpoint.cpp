@@ -215,8 +215,8 @@ std::vector<CheckpointChunk> write_rank_file(const std::string& tmp_dir, int ran
               s.end, ") of tensor '", s.key, "' lies outside its ", numel, " elements");
     MOE_CHECK(s.begin == s.end || s.data || produce, "checkpoint rank ", rank, ": slice [", s.begin, ", ", s.end,
               ") of tensor '", s.key, "' has no data");
-    CheckpointChunk c{s.key,  s.dtype, s.global_shape, s.begin, s.end, file, s.key + "@" + std::to_string(s.begin),
-                      /*checksum=*/std::nullopt};  // set as the bytes are written
+    // The checksum is filled in as the bytes are written.
+    CheckpointChunk c{s.key, s.dtype, s.global_shape, s.begin, s.end, file, s.key + "@" + std::to_string(s.begin), {}};
     for (const auto& other : chunks)
       MOE_CHECK(other.file_key != c.file_key, "checkpoint rank ", rank, ": two slices of tensor '", s.key,
                 "' begin at element ", s.begin);
@@ -332,8 +332,9 @@ void CheckpointReader::read_index(const std::string& index_path, std::string& re
   MOE_CHECK(index.is_object() && index.value("format", json()) == kFormat, index_path,
             ": not a moetrain checkpoint index (missing \"format\": \"", kFormat, "\")");
   version_ = root["version"].as_int(kOldestVersion);
-  MOE_CHECK(version_ <= kVersion, index_path, ": checkpoint format version ", version_, " is newer than this build reads (",
-            kOldestVersion, " to ", kVersion, "); load it with the moetrain that wrote it");
+  MOE_CHECK(version_ <= kVersion, index_path, ": checkpoint format version ", version_,
+            " is newer than this build reads (", kOldestVersion, " to ", kVersion,
+            "); load it with the moetrain that wrote it");
   step_ = root["step"].as_int(0);
   for (const auto& [key, t] : root["tensors"].members()) {
     StoredTensor st;
@@ -371,8 +372,8 @@ void CheckpointReader::read_index(const std::string& index_path, std::string& re
       const SafetensorsReader& f = it->second;
       MOE_CHECK(f.has(c.file_key), r["key"].name(), ": chunk tensor '", c.file_key, "' not found in ", f.path());
       const SafetensorsEntry& e = f.entry(c.file_key);
-      MOE_CHECK(e.dtype == st.dtype && e.shape == std::vector<int64_t>{c.end - c.begin}, index_path, ", tensor '",
-                key, "': chunk '", c.file_key, "' in ", f.path(), " is ", dtype_name(e.dtype), " ", shape_str(e.shape),
+      MOE_CHECK(e.dtype == st.dtype && e.shape == std::vector<int64_t>{c.end - c.begin}, index_path, ", tensor '", key,
+                "': chunk '", c.file_key, "' in ", f.path(), " is ", dtype_name(e.dtype), " ", shape_str(e.shape),
                 ", index says ", dtype_name(st.dtype), " [", c.end - c.begin, "]");
       st.chunks.push_back(std::move(c));
     }
@@ -418,8 +419,8 @@ void CheckpointReader::read(const std::string& key, DType expected, int64_t begi
 }
 
 void CheckpointReader::read_into(const std::string& key, int64_t begin, int64_t end, const Tensor& dst) const {
-  MOE_CHECK(dst.dtype == DType::F32 && dst.numel() == end - begin, "checkpoint ", dir_, ": read of '", key,
-            "' into a ", dtype_name(dst.dtype), " tensor of ", dst.numel(), " elements, expected F32 of ", end - begin);
+  MOE_CHECK(dst.dtype == DType::F32 && dst.numel() == end - begin, "checkpoint ", dir_, ": read of '", key, "' into a ",
+            dtype_name(dst.dtype), " tensor of ", dst.numel(), " elements, expected F32 of ", end - begin);
   if (dst.device == Device::CPU) return read(key, DType::F32, begin, end, dst.data);
   std::vector<float> staging(static_cast<size_t>(end - begin));
   read(key, DType::F32, begin, end, staging.data());
@@ -435,8 +436,9 @@ void CheckpointReader::verify_chunk(const StoredTensor& t, size_t i) const {
   const SafetensorsEntry& e = f.entry(c.file_key);
   const uint64_t found = checksum_bytes(f.data(c.file_key), e.end - e.begin);
   MOE_CHECK(found == *c.checksum, "checkpoint ", dir_, ": rank file ", c.file, ", tensor '", c.key, "' (in-file key '",
-            c.file_key, "', elements [", c.begin, ", ", c.end, ")): ", kChecksumAlgorithm, " checksum mismatch: index.json has ",
-            checksum_hex(*c.checksum), ", the stored bytes hash to ", checksum_hex(found),
+            c.file_key, "', elements [", c.begin, ", ", c.end, ")): ", kChecksumAlgorithm,
+            " checksum mismatch: index.json has ", checksum_hex(*c.checksum), ", the stored bytes hash to ",
+            checksum_hex(found),
             " (the file changed after it was written; restore it or resume from another checkpoint)");
   bytes_verified_->fetch_add(static_cast<int64_t>(e.end - e.begin), std::memory_order_relaxed);
   t.verified[i].store(true, std::memory_order_release);

@@ -134,7 +134,7 @@ class CheckpointReader {
     DType dtype = DType::F32;
     std::vector<int64_t> shape;
     int64_t numel = 0;
-    std::vector<CheckpointChunk> chunks;         // sorted by begin, disjoint
+    std::vector<CheckpointChunk> chunks;            // sorted by begin, disjoint
     std::unique_ptr<std::atomic<bool>[]> verified;  // per chunk: its checksum has matched
   };
   const StoredTensor& tensor(const std::string& key) const;

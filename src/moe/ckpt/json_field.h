@@ -22,9 +22,9 @@ class JsonField {
   // "<file>: field /a/b", or "<file>: the top level" for the document.
   std::string name() const;
 
-  bool has(const std::string& key) const;              // an object holding member `key`
-  JsonField operator[](const std::string& key) const;  // error unless an object holding `key`
-  std::vector<JsonField> elements() const;             // error unless an array
+  bool has(const std::string& key) const;                          // an object holding member `key`
+  JsonField operator[](const std::string& key) const;              // error unless an object holding `key`
+  std::vector<JsonField> elements() const;                         // error unless an array
   std::vector<std::pair<std::string, JsonField>> members() const;  // error unless an object
 
   void expect_object() const;
