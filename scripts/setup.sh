@@ -10,6 +10,7 @@ packages=(
   libopenblas-openmp-dev   # OpenBLAS on OpenMP: matrix products share our thread pool
   libtomlplusplus-dev      # configs
   nlohmann-json3-dev       # checkpoint indexes, metrics
+  libxxhash-dev            # checkpoint checksums (XXH3-64)
   libcli11-dev             # command line
   libgtest-dev             # tests
   libopenmpi-dev openmpi-bin   # multi-rank training on CPUs

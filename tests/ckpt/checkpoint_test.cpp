@@ -12,59 +12,21 @@
 #include <filesystem>
 #include <numeric>
 
+#include "moe/ckpt/checksum.h"
 #include "moe/core/error.h"
 #include "temp_dir.h"
+#include "two_rank_checkpoint.h"
 
 namespace moe {
 namespace {
 
 namespace fs = std::filesystem;
+using moe::testing::error_of;
+using moe::testing::Model;
+using moe::testing::save_two_ranks;
 using moe::testing::TempDir;
 using moe::testing::write_bytes;
 using nlohmann::json;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected moe::Error";
-  return "";
-}
-
-// Two logical tensors with known contents: "experts.w1" F32 [4, 6] and "embed.ids" I64 [10].
-struct Model {
-  std::vector<float> w1 = std::vector<float>(24);
-  std::vector<int64_t> ids = std::vector<int64_t>(10);
-  explicit Model(float seed = 0.f) {
-    for (int i = 0; i < 24; ++i) w1[i] = seed + 0.5f * i - 3.f;
-    for (int i = 0; i < 10; ++i) ids[i] = (int64_t{1} << 40) + i * 7 + static_cast<int64_t>(seed);
-  }
-  CheckpointSlice w1_slice(int64_t b, int64_t e) const {
-    return {"experts.w1", DType::F32, {4, 6}, b, e, w1.data() + b};
-  }
-  CheckpointSlice ids_slice(int64_t b, int64_t e) const {
-    return {"embed.ids", DType::I64, {10}, b, e, ids.data() + b};
-  }
-  std::vector<CheckpointSlice> all() const { return {w1_slice(0, 24), ids_slice(0, 10)}; }
-};
-
-// Saves `m` as two ranks would: rank 0 owns w1 [0,7) [7,12) and ids [0,3); rank 1 owns
-// w1 [12,24) (unless `leave_gap`) and ids [3,10). Chunk records travel to rank 0 as JSON.
-std::string save_two_ranks(const std::string& run, int64_t step, const Model& m, bool leave_gap = false) {
-  std::string tmp = begin_checkpoint(run, step);
-  std::vector<CheckpointSlice> rank0 = {m.w1_slice(0, 7), m.ids_slice(0, 3), m.w1_slice(7, 12)};
-  std::vector<CheckpointSlice> rank1 = {m.ids_slice(3, 10)};
-  if (!leave_gap) rank1.push_back(m.w1_slice(12, 24));
-  json from0 = chunks_to_json(write_rank_file(tmp, 0, rank0));
-  json from1 = chunks_to_json(write_rank_file(tmp, 1, rank1));
-  std::vector<CheckpointChunk> all = chunks_from_json(from0);
-  for (auto& c : chunks_from_json(json::parse(from1.dump()))) all.push_back(c);
-  write_checkpoint_index(tmp, step, all, {{"step", step}, {"data_position", 4096}});
-  return commit_checkpoint(run, step);
-}
 
 TEST(Checkpoint, DirNamesArePaddedSteps) {
   EXPECT_EQ(checkpoint_dir_name(100), "step-000100");
@@ -115,8 +77,14 @@ TEST(Checkpoint, TwoRankSaveReadsBackAnyRangeAcrossChunks) {
   EXPECT_EQ(w1["dtype"], "F32");
   EXPECT_EQ(w1["shape"], json({4, 6}));
   ASSERT_EQ(w1["chunks"].size(), 3u);
+  EXPECT_EQ(index["version"], 2);
   EXPECT_EQ(w1["chunks"][2],
-            json({{"file", "rank-00001.safetensors"}, {"key", "experts.w1@12"}, {"begin", 12}, {"end", 24}}));
+            json({{"file", "rank-00001.safetensors"},
+                  {"key", "experts.w1@12"},
+                  {"begin", 12},
+                  {"end", 24},
+                  {"checksum",
+                   {{"algorithm", "xxh3-64"}, {"value", checksum_hex(checksum_bytes(m.w1.data() + 12, 12 * 4))}}}}));
 }
 
 TEST(Checkpoint, ReadErrorsNameTheProblem) {
@@ -180,7 +148,7 @@ TEST(Checkpoint, ReaderRefusesIndexThatDisagreesWithFiles) {
   index["tensors"]["experts.w1"]["chunks"][0]["file"] = "../escape.safetensors";
   write_bytes(dir + "/index.json", index.dump());
   msg = error_of([&] { CheckpointReader r(dir); });
-  EXPECT_NE(msg.find("not a plain file name"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("field /tensors/experts.w1/chunks/0/file must be a plain file name"), std::string::npos) << msg;
 
   index = good;
   index["tensors"]["experts.w1"]["dtype"] = "I32";

@@ -13,7 +13,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "moe/ckpt/checksum.h"
 #include "moe/ckpt/durable_file.h"
+#include "moe/ckpt/json_field.h"
 #include "moe/core/device.h"
 #include "moe/core/error.h"
 
@@ -25,7 +27,9 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kFormat = "moetrain-checkpoint";
-constexpr int kVersion = 1;
+// Version 2 added a checksum to every chunk record; version 1 (none) still loads, unverified.
+constexpr int64_t kVersion = 2;
+constexpr int64_t kOldestVersion = 1;
 
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -105,34 +109,36 @@ void remove_tree(const std::string& path) {
 
 json chunks_to_json(const std::vector<CheckpointChunk>& chunks) {
   json j = json::array();
-  for (const auto& c : chunks)
-    j.push_back({{"key", c.key},
-                 {"dtype", std::string(dtype_name(c.dtype))},
-                 {"shape", c.global_shape},
-                 {"begin", c.begin},
-                 {"end", c.end},
-                 {"file", c.file},
-                 {"file_key", c.file_key}});
+  for (const auto& c : chunks) {
+    json r = {{"key", c.key},
+              {"dtype", std::string(dtype_name(c.dtype))},
+              {"shape", c.global_shape},
+              {"begin", c.begin},
+              {"end", c.end},
+              {"file", c.file},
+              {"file_key", c.file_key}};
+    if (c.checksum) r["checksum"] = checksum_hex(*c.checksum);
+    j.push_back(std::move(r));
+  }
   return j;
 }
 
-std::vector<CheckpointChunk> chunks_from_json(const json& j) {
+std::vector<CheckpointChunk> chunks_from_json(const json& j, const std::string& source) {
   std::vector<CheckpointChunk> chunks;
-  try {
-    MOE_CHECK(j.is_array(), "chunk records: expected a JSON array");
-    for (const auto& r : j) {
-      CheckpointChunk c;
-      c.key = r.at("key").get<std::string>();
-      c.dtype = dtype_from_safetensors(r.at("dtype").get<std::string>(), "chunk record of '" + c.key + "'");
-      c.global_shape = r.at("shape").get<std::vector<int64_t>>();
-      c.begin = r.at("begin").get<int64_t>();
-      c.end = r.at("end").get<int64_t>();
-      c.file = r.at("file").get<std::string>();
-      c.file_key = r.at("file_key").get<std::string>();
-      chunks.push_back(std::move(c));
+  for (const JsonField& r : JsonField(j, source).elements()) {
+    CheckpointChunk c;
+    c.key = r["key"].as_string();
+    c.dtype = dtype_from_safetensors(r["dtype"].as_string(), r["dtype"].name());
+    c.global_shape = r["shape"].as_int_array(0);
+    c.begin = r["begin"].as_int(0);
+    c.end = r["end"].as_int(c.begin);
+    c.file = r["file"].as_string();
+    c.file_key = r["file_key"].as_string();
+    if (r.has("checksum")) {
+      c.checksum = checksum_from_hex(r["checksum"].as_string());
+      if (!c.checksum) r["checksum"].fail("16 hexadecimal digits");
     }
-  } catch (const json::exception& e) {
-    MOE_FAIL("malformed chunk records: ", e.what());
+    chunks.push_back(std::move(c));
   }
   return chunks;
 }
@@ -187,7 +193,8 @@ std::vector<CheckpointChunk> write_rank_file(const std::string& tmp_dir, int ran
               s.end, ") of tensor '", s.key, "' lies outside its ", numel, " elements");
     MOE_CHECK(s.begin == s.end || s.data || produce, "checkpoint rank ", rank, ": slice [", s.begin, ", ", s.end,
               ") of tensor '", s.key, "' has no data");
-    CheckpointChunk c{s.key, s.dtype, s.global_shape, s.begin, s.end, file, s.key + "@" + std::to_string(s.begin)};
+    // The checksum is filled in as the bytes are written.
+    CheckpointChunk c{s.key, s.dtype, s.global_shape, s.begin, s.end, file, s.key + "@" + std::to_string(s.begin), {}};
     for (const auto& other : chunks)
       MOE_CHECK(other.file_key != c.file_key, "checkpoint rank ", rank, ": two slices of tensor '", s.key,
                 "' begin at element ", s.begin);
@@ -199,13 +206,15 @@ std::vector<CheckpointChunk> write_rank_file(const std::string& tmp_dir, int ran
   for (size_t i = 0; i < slices.size(); ++i) {
     const CheckpointSlice& s = slices[i];
     const size_t bytes = static_cast<size_t>(s.end - s.begin) * dtype_size(s.dtype);
-    if (s.data || bytes == 0) {
-      writer.write(s.data, bytes);
-    } else {
+    const void* src = s.data;
+    if (!s.data && bytes != 0) {
       staging.resize(bytes);
       produce(i, staging.data());
-      writer.write(staging.data(), bytes);
+      src = staging.data();
     }
+    // Hashed from the very bytes handed to the writer, so the checksum covers everything after.
+    chunks[i].checksum = checksum_bytes(src, bytes);
+    writer.write(src, bytes);
   }
   writer.finish();
   return chunks;
@@ -217,6 +226,8 @@ void write_checkpoint_index(const std::string& tmp_dir, int64_t step, const std:
   std::map<std::string, std::vector<CheckpointChunk>> by_key;
   for (const auto& c : chunks) {
     MOE_CHECK(plain_file_name(c.file), where, ": chunk file name '", c.file, "' is not a plain file name");
+    MOE_CHECK(c.checksum, where, ": chunk '", c.file_key, "' of ", c.file,
+              " has no checksum (chunk records come from write_rank_file)");
     by_key[c.key].push_back(c);
   }
   json tensors = json::object();
@@ -224,7 +235,11 @@ void write_checkpoint_index(const std::string& tmp_dir, int64_t step, const std:
     check_and_sort_chunks(where, key, list);
     json records = json::array();
     for (const auto& c : list)
-      records.push_back({{"file", c.file}, {"key", c.file_key}, {"begin", c.begin}, {"end", c.end}});
+      records.push_back({{"file", c.file},
+                         {"key", c.file_key},
+                         {"begin", c.begin},
+                         {"end", c.end},
+                         {"checksum", {{"algorithm", kChecksumAlgorithm}, {"value", checksum_hex(*c.checksum)}}}});
     tensors[key] = {{"dtype", std::string(dtype_name(list.front().dtype))},
                     {"shape", list.front().global_shape},
                     {"chunks", std::move(records)}};
@@ -273,52 +288,89 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const std:
 // Load
 
 CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
-  const std::string index_path = dir + "/index.json";
   std::error_code ec;
   MOE_CHECK(fs::is_directory(dir, ec), "checkpoint directory ", dir, " does not exist");
-  json index = parse_json_file(index_path);
+  const std::string index_path = dir + "/index.json", state_path = dir + "/train_state.json";
+  std::string reading = index_path;  // the file being read, for errors no check foresaw
   try {
-    MOE_CHECK(index.is_object() && index.value("format", "") == kFormat, index_path,
-              ": not a moetrain checkpoint index (missing \"format\": \"", kFormat, "\")");
-    MOE_CHECK(index.value("version", 0) == kVersion, index_path, ": unsupported version ", index.value("version", 0));
-    step_ = index.at("step").get<int64_t>();
-    const json& tensors = index.at("tensors");
-    MOE_CHECK(tensors.is_object(), index_path, ": \"tensors\" is not an object");
-    for (const auto& [key, t] : tensors.items()) {
-      const std::string what = index_path + ", tensor '" + key + "'";
-      StoredTensor st;
-      st.dtype = dtype_from_safetensors(t.at("dtype").get<std::string>(), what);
-      st.shape = t.at("shape").get<std::vector<int64_t>>();
-      st.numel = shape_numel(st.shape);
-      MOE_CHECK(st.numel >= 0, what, ": invalid shape ", shape_str(st.shape));
-      for (const auto& r : t.at("chunks")) {
-        CheckpointChunk c;
-        c.key = key;
-        c.dtype = st.dtype;
-        c.global_shape = st.shape;
-        c.file = r.at("file").get<std::string>();
-        c.file_key = r.at("key").get<std::string>();
-        c.begin = r.at("begin").get<int64_t>();
-        c.end = r.at("end").get<int64_t>();
-        MOE_CHECK(plain_file_name(c.file), what, ": chunk file '", c.file, "' is not a plain file name");
-        auto it = files_.find(c.file);
-        if (it == files_.end()) it = files_.emplace(c.file, SafetensorsReader(dir + "/" + c.file)).first;
-        const SafetensorsReader& f = it->second;
-        MOE_CHECK(f.has(c.file_key), what, ": chunk tensor '", c.file_key, "' not found in ", f.path());
-        const SafetensorsEntry& e = f.entry(c.file_key);
-        MOE_CHECK(c.begin >= 0 && c.begin <= c.end, what, ": chunk [", c.begin, ", ", c.end, ") is not a range");
-        MOE_CHECK(e.dtype == st.dtype && e.shape == std::vector<int64_t>{c.end - c.begin}, what, ": chunk '",
-                  c.file_key, "' in ", f.path(), " is ", dtype_name(e.dtype), " ", shape_str(e.shape), ", index says ",
-                  dtype_name(st.dtype), " [", c.end - c.begin, "]");
-        st.chunks.push_back(std::move(c));
-      }
-      if (!st.chunks.empty()) check_and_sort_chunks(index_path, key, st.chunks);
-      tensors_.emplace(key, std::move(st));
-    }
-  } catch (const json::exception& e) {
-    MOE_FAIL(index_path, ": malformed index: ", e.what());
+    read_index(index_path, reading);
+    reading = state_path;
+    train_state_ = parse_json_file(state_path);
+    JsonField(train_state_, state_path).expect_object();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc: still say which file was being read
+    MOE_FAIL("checkpoint ", dir, ": cannot read ", reading, ": ", e.what());
   }
-  train_state_ = parse_json_file(dir + "/train_state.json");
+}
+
+void CheckpointReader::read_index(const std::string& index_path, std::string& reading) {
+  const json index = parse_json_file(index_path);
+  const JsonField root(index, index_path);
+  MOE_CHECK(index.is_object() && index.value("format", json()) == kFormat, index_path,
+            ": not a moetrain checkpoint index (missing \"format\": \"", kFormat, "\")");
+  version_ = root["version"].as_int(kOldestVersion);
+  MOE_CHECK(version_ <= kVersion, index_path, ": checkpoint format version ", version_,
+            " is newer than this build reads (", kOldestVersion, " to ", kVersion,
+            "); load it with the moetrain that wrote it");
+  step_ = root["step"].as_int(0);
+  for (const auto& [key, t] : root["tensors"].members()) {
+    StoredTensor st;
+    st.dtype = dtype_from_safetensors(t["dtype"].as_string(), t["dtype"].name());
+    st.shape = t["shape"].as_int_array(0);
+    st.numel = shape_numel(st.shape);
+    if (st.numel < 0) t["shape"].fail("a shape whose element count fits in 64 bits");
+    for (const JsonField& r : t["chunks"].elements()) {
+      CheckpointChunk c;
+      c.key = key;
+      c.dtype = st.dtype;
+      c.global_shape = st.shape;
+      c.file = r["file"].as_string();
+      if (!plain_file_name(c.file)) r["file"].fail("a plain file name inside the checkpoint directory");
+      c.file_key = r["key"].as_string();
+      c.begin = r["begin"].as_int(0, st.numel);
+      c.end = r["end"].as_int(c.begin, st.numel);
+      // Version 1 predates checksums: its chunks are read unverified.
+      if (version_ >= 2) {
+        const JsonField sum = r["checksum"];
+        const std::string algorithm = sum["algorithm"].as_string();
+        MOE_CHECK(algorithm == kChecksumAlgorithm, sum["algorithm"].name(), ": unsupported checksum algorithm '",
+                  algorithm, "' (this build verifies ", kChecksumAlgorithm, ")");
+        c.checksum = checksum_from_hex(sum["value"].as_string());
+        if (!c.checksum) sum["value"].fail("16 hexadecimal digits");
+      }
+      auto it = files_.find(c.file);
+      if (it == files_.end()) {
+        reading = dir_ + "/" + c.file;
+        std::error_code ec;
+        MOE_CHECK(fs::exists(reading, ec), r["file"].name(), ": rank file ", reading, " does not exist");
+        it = files_.emplace(c.file, SafetensorsReader(reading)).first;
+        reading = index_path;
+      }
+      const SafetensorsReader& f = it->second;
+      MOE_CHECK(f.has(c.file_key), r["key"].name(), ": chunk tensor '", c.file_key, "' not found in ", f.path());
+      const SafetensorsEntry& e = f.entry(c.file_key);
+      MOE_CHECK(e.dtype == st.dtype && e.shape == std::vector<int64_t>{c.end - c.begin}, index_path, ", tensor '", key,
+                "': chunk '", c.file_key, "' in ", f.path(), " is ", dtype_name(e.dtype), " ", shape_str(e.shape),
+                ", index says ", dtype_name(st.dtype), " [", c.end - c.begin, "]");
+      st.chunks.push_back(std::move(c));
+    }
+    if (!st.chunks.empty()) check_and_sort_chunks(index_path, key, st.chunks);
+    st.verified = std::make_unique<std::atomic<bool>[]>(st.chunks.size());
+    tensors_.emplace(key, std::move(st));
+  }
+}
+
+int64_t CheckpointReader::train_state_int(const std::string& key) const {
+  return JsonField(train_state_, dir_ + "/train_state.json")[key].as_int(0);
+}
+
+int64_t CheckpointReader::train_state_int(const std::string& key, int64_t fallback) const {
+  return train_state_.contains(key) ? train_state_int(key) : fallback;
+}
+
+std::string CheckpointReader::train_state_string(const std::string& key) const {
+  return JsonField(train_state_, dir_ + "/train_state.json")[key].as_string();
 }
 
 std::vector<std::string> CheckpointReader::keys() const {
@@ -345,12 +397,29 @@ void CheckpointReader::read(const std::string& key, DType expected, int64_t begi
 }
 
 void CheckpointReader::read_into(const std::string& key, int64_t begin, int64_t end, const Tensor& dst) const {
-  MOE_CHECK(dst.dtype == DType::F32 && dst.numel() == end - begin, "checkpoint ", dir_, ": read of '", key,
-            "' into a ", dtype_name(dst.dtype), " tensor of ", dst.numel(), " elements, expected F32 of ", end - begin);
+  MOE_CHECK(dst.dtype == DType::F32 && dst.numel() == end - begin, "checkpoint ", dir_, ": read of '", key, "' into a ",
+            dtype_name(dst.dtype), " tensor of ", dst.numel(), " elements, expected F32 of ", end - begin);
   if (dst.device == Device::CPU) return read(key, DType::F32, begin, end, dst.data);
   std::vector<float> staging(static_cast<size_t>(end - begin));
   read(key, DType::F32, begin, end, staging.data());
   copy_to_tensor(dst, staging.data());
+}
+
+void CheckpointReader::verify_chunk(const StoredTensor& t, size_t i) const {
+  const CheckpointChunk& c = t.chunks[i];
+  // No checksum: a version-1 chunk, read unverified. Two threads may both hash a chunk the first
+  // time; that only repeats work.
+  if (!c.checksum || t.verified[i].load(std::memory_order_acquire)) return;
+  const SafetensorsReader& f = files_.at(c.file);
+  const SafetensorsEntry& e = f.entry(c.file_key);
+  const uint64_t found = checksum_bytes(f.data(c.file_key), e.end - e.begin);
+  MOE_CHECK(found == *c.checksum, "checkpoint ", dir_, ": rank file ", c.file, ", tensor '", c.key, "' (in-file key '",
+            c.file_key, "', elements [", c.begin, ", ", c.end, ")): ", kChecksumAlgorithm,
+            " checksum mismatch: index.json has ", checksum_hex(*c.checksum), ", the stored bytes hash to ",
+            checksum_hex(found),
+            " (the file changed after it was written; restore it or resume from another checkpoint)");
+  bytes_verified_->fetch_add(static_cast<int64_t>(e.end - e.begin), std::memory_order_relaxed);
+  t.verified[i].store(true, std::memory_order_release);
 }
 
 void CheckpointReader::read(const std::string& key, int64_t begin, int64_t end, void* out) const {
@@ -360,11 +429,13 @@ void CheckpointReader::read(const std::string& key, int64_t begin, int64_t end, 
   const size_t esize = dtype_size(t.dtype);
   auto* dst = static_cast<unsigned char*>(out);
   int64_t cursor = begin;  // everything before it has been copied
-  for (const auto& c : t.chunks) {
+  for (size_t i = 0; i < t.chunks.size(); ++i) {
+    const CheckpointChunk& c = t.chunks[i];
     if (cursor >= end) break;
     if (c.end <= cursor) continue;
     MOE_CHECK(c.begin <= cursor, "checkpoint ", dir_, ": elements [", cursor, ", ", std::min(c.begin, end),
               ") of tensor '", key, "' are not stored in any chunk");
+    verify_chunk(t, i);
     int64_t stop = std::min(end, c.end);
     const auto* src = static_cast<const unsigned char*>(files_.at(c.file).data(c.file_key));
     std::memcpy(dst + (cursor - begin) * esize, src + (cursor - c.begin) * esize, (stop - cursor) * esize);
