@@ -252,15 +252,13 @@ int main(int argc, char** argv) {
     } else if (eval->parsed()) {
       const std::string dir = moe::resolve_checkpoint(eval_ckpt);
       const moe::CheckpointReader ckpt(dir);
-      const nlohmann::json& stored = ckpt.train_state();
-      MOE_CHECK(stored.contains("config") && stored["config"].is_string(), dir,
-                "/train_state.json has no \"config\" string (the run's config)");
+
       // The checkpoint's own config, without its data source (the data is given here) and with a
       // global batch that fits this topology.
       std::vector<std::string> o = {"data.path=synthetic", "data.synthetic_tokens=65536",
                                     "data.synthetic_eval_tokens=8192", "parallel.mode=ddp"};
       o.insert(o.end(), eval_overrides.begin(), eval_overrides.end());
-      moe::Config cfg = moe::parse_config(stored["config"].get<std::string>(), dir + "/train_state.json", o);
+      moe::Config cfg = moe::parse_config(ckpt.train_state_string("config"), dir + "/train_state.json", o);
       cfg.train.global_batch_size = cfg.train.micro_batch_size * world.size();
       if (cfg.parallel.ep > world.size() || world.size() % cfg.parallel.ep != 0) cfg.parallel.ep = 1;
       moe::TrainOptions opts;

@@ -13,9 +13,13 @@ cmake -S . -B build-cpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=OFF -DMOE
 cmake --build build-cpu -j "$(nproc)"
 ctest --test-dir build-cpu --output-on-failure -j "$(nproc)"
 
-# The safetensors reader against random header bytes under AddressSanitizer and UBSan: a
-# corrupt file must be refused, never read out of bounds.
+# The checkpoint readers (safetensors headers, index.json, train_state.json, chunk checksums)
+# against random and hand-broken bytes under AddressSanitizer and UBSan: a corrupt file must be
+# refused, never read out of bounds.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOE_SANITIZE=ON -DMOE_CUDA=OFF > /dev/null
-cmake --build build-asan -j "$(nproc)" -t safetensors_fuzz_test safetensors_test
-ASAN_OPTIONS=detect_leaks=1 build-asan/safetensors_fuzz_test
-ASAN_OPTIONS=detect_leaks=1 build-asan/safetensors_test
+asan_tests=(safetensors_fuzz_test safetensors_test checkpoint_index_fuzz_test checkpoint_index_errors_test
+            checkpoint_checksum_test)
+cmake --build build-asan -j "$(nproc)" -t "${asan_tests[@]}"
+for t in "${asan_tests[@]}"; do
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 "./$t")
+done

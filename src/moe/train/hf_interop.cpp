@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -88,8 +90,7 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   for (const auto& t : tokenizer_files) MOE_CHECK(fs::is_regular_file(t), "export-hf: tokenizer file '", t, "' not found");
   const std::string dir = resolve_checkpoint(checkpoint);
   CheckpointReader ckpt(dir);
-  MOE_CHECK(ckpt.train_state().contains("config"), dir, ": train_state.json has no config");
-  const Config cfg = parse_config(ckpt.train_state()["config"].get<std::string>(), dir + "/train_state.json");
+  const Config cfg = parse_config(ckpt.train_state_string("config"), dir + "/train_state.json");
   const nlohmann::json hf_config = olmoe_hf_config(cfg.model);
   const std::vector<HfTensor> tensors = hf_tensors(cfg.model, ckpt);
 
@@ -102,11 +103,15 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
     shards.back().push_back(i);
     in_shard += bytes;
   }
-  const std::string tmp = out_dir + ".tmp-" + std::to_string(getpid());
-  fs::remove_all(tmp);
+  // A fresh directory beside the output (mkdtemp never reuses an existing one, so nothing of the
+  // user's can be under the temporary name); renamed into place when complete.
   std::error_code ec;
-  fs::create_directories(tmp, ec);
-  MOE_CHECK(!ec, "export-hf: cannot create ", tmp, ": ", ec.message());
+  fs::create_directories(fs::absolute(out_dir).parent_path(), ec);
+  MOE_CHECK(!ec, "export-hf: cannot create the parent folder of ", out_dir, ": ", ec.message());
+  std::string tmp_template = out_dir + ".tmp-XXXXXX";
+  MOE_CHECK(::mkdtemp(tmp_template.data()) != nullptr, "export-hf: cannot create a temporary folder beside ", out_dir,
+            ": ", std::strerror(errno));
+  const std::string tmp = tmp_template;
   // Nothing half-written stays behind: the temporary directory goes if anything below fails.
   struct RemoveOnFailure {
     std::string path;

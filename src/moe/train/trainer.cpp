@@ -50,16 +50,6 @@ const Config& agreed(const Config& cfg, Communicator& host) {
   return cfg;
 }
 
-// A field of a checkpoint's train_state.json, or an error naming the file and the field.
-template <typename T>
-T state_field(const nlohmann::json& st, const char* key, const std::string& dir) {
-  try {
-    return st.at(key).get<T>();
-  } catch (const nlohmann::json::exception& e) {
-    MOE_FAIL("checkpoint ", dir, ": train_state.json field '", key, "' is missing or malformed (", e.what(), ")");
-  }
-}
-
 std::string new_run_id() {
   std::random_device rd;
   const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(std::time(nullptr));
@@ -204,14 +194,13 @@ void Trainer::load_checkpoint(const std::string& dir) {
   const auto t0 = Clock::now();
   const size_t rss_before = peak_rss_bytes();
   CheckpointReader ckpt(dir);
-  const nlohmann::json& st = ckpt.train_state();
   // The model must be the same, compared key by key (values, not the text that stored them).
-  const Config stored = parse_config(state_field<std::string>(st, "model_config", dir), dir + "/train_state.json");
+  const Config stored = parse_config(ckpt.train_state_string("model_config"), dir + "/train_state.json");
   const std::string diff = config_differences(cfg_, stored, "model", "this run", "checkpoint");
   MOE_CHECK(diff.empty(), "cannot resume from ", dir, ": the model config differs:", diff);
-  const int64_t step = state_field<int64_t>(st, "step", dir);
-  MOE_CHECK(step >= 0 && step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step,
-            step < 0 ? " (invalid)" : ", past train.steps = ", step < 0 ? "" : std::to_string(cfg_.train.steps));
+  const int64_t step = ckpt.train_state_int("step");
+  MOE_CHECK(step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step, ", past train.steps = ",
+            cfg_.train.steps);
   // Every rank reads the ranges it holds under the current topology, whatever wrote them.
   store_->load(ckpt);
   if (ckpt.has("router_bias")) {
@@ -219,8 +208,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
     copy_to_tensor(state_.get(router_bias_), host_bias_.data());
   }
   start_step_ = step;
-  skipped_steps_ = st.contains("skipped_steps") ? state_field<int64_t>(st, "skipped_steps", dir) : 0;
-  if (st.contains("run_id")) run_id_ = state_field<std::string>(st, "run_id", dir);
+  skipped_steps_ = ckpt.train_state_int("skipped_steps", 0);
+  if (ckpt.train_state().contains("run_id")) run_id_ = ckpt.train_state_string("run_id");
   if (!opts_.quiet && leader())
     std::printf("resumed from %s at step %ld (read in %.2f s; rank 0 peak resident memory %s before, %s after)\n",
                 dir.c_str(), static_cast<long>(start_step_), seconds_since(t0),
