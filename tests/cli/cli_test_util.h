@@ -127,7 +127,7 @@ class CliTest : public ::testing::Test {
     return {"train.steps=1",          "model.hidden_size=16",        "model.intermediate_size=32",
             "train.seq_len=16",       "train.micro_batch_size=2",    "train.global_batch_size=2",
             "train.warmup_steps=1",   "data.synthetic_tokens=20000", "data.synthetic_eval_tokens=2000",
-            "train.eval_batches=2"};
+            "train.eval_batches=2",   "run.device=cpu"};  // pinned: these tests also run on GPU machines
   }
   // `moetrain train` with the tiny overrides, run.dir = <tmp>/run, and `extra` arguments after.
   std::vector<std::string> tiny_train(const std::vector<std::string>& extra = {},

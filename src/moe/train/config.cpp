@@ -24,7 +24,13 @@ std::string dotted(const char* section, const char* name) {
 template <typename T>
 std::string range_text(const Range<T>& r) {
   std::ostringstream os;
-  os.precision(17);
+  os.precision(6);
+  if constexpr (std::is_integral_v<T>)
+    if (r.lo && r.hi && *r.hi == static_cast<T>(kMaxCount)) {
+      // The cap on counts is a sanity bound against overflowing size products, not a real limit.
+      os << ">= " << *r.lo << " (at most 2^40)";
+      return os.str();
+    }
   if (r.lo && r.hi) {
     os << "in " << (r.lo_open ? "(" : "[") << *r.lo << ", " << *r.hi << (r.hi_open ? ")" : "]");
   } else if (r.lo) {

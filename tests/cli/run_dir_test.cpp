@@ -1,0 +1,260 @@
+// End-to-end tests of what a training run does to its run directory: resuming from an older
+// step sets the abandoned line aside (never deletes it, never lets --keep-last or --resume latest
+// see it again), a second run cannot clobber the first, a lock keeps two jobs apart, and the
+// metrics file stays one whole record per line with steps that never go backwards.
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include <csignal>
+
+#include "cli_test_util.h"
+
+namespace {
+
+std::vector<int64_t> metric_steps(const std::string& path) {
+  std::vector<int64_t> steps;
+  for (const auto& rec : read_metrics(path)) steps.push_back(rec["step"].get<int64_t>());
+  return steps;
+}
+
+// The one folder under <run>/<kind>/ (abandoned or replaced), or "" when there is not exactly one.
+std::string only_subdir(const std::string& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "";
+  for (const auto& e : fs::directory_iterator(dir)) found.push_back(e.path().string());
+  return found.size() == 1 ? found[0] : "";
+}
+
+std::vector<int64_t> iota_steps(int64_t from, int64_t to) {
+  std::vector<int64_t> v;
+  for (int64_t s = from; s <= to; ++s) v.push_back(s);
+  return v;
+}
+
+TEST_F(CliTest, keep_last_after_resume_from_an_older_step_sets_the_abandoned_line_aside_and_keeps_the_resumed_one) {
+  // The reported sequence: 20 steps with a checkpoint every 5, then a resume from step 5 that
+  // runs to 12 with --keep-last 1. Pruning used to keep the highest steps (15, 20: the abandoned
+  // future) and delete the checkpoint just written and the one resumed from.
+  const std::vector<std::string> logged = {"--set", "train.log_every=1"};
+  std::vector<std::string> first = {"--steps", "20", "--save-every", "5"};
+  first.insert(first.end(), logged.begin(), logged.end());
+  ASSERT_EQ(moetrain(tiny_train(first)).exit_code, 0);
+  ASSERT_EQ(step_dirs(run_dir()), (std::vector<std::string>{"step-000005", "step-000010", "step-000015", "step-000020"}));
+  const std::string step10_before = read_file(run_dir() + "/step-000010/index.json");
+
+  std::vector<std::string> second = {"--steps", "12", "--save-every", "5", "--keep-last", "1", "--resume",
+                                     run_dir() + "/step-000005"};
+  second.insert(second.end(), logged.begin(), logged.end());
+  const CliRun r = moetrain(tiny_train(second));
+  ASSERT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  // The new line: the resumed checkpoint (protected) and the newest one; 12 is the final save,
+  // which --keep-last 1 leaves as the only unprotected one.
+  EXPECT_EQ(step_dirs(run_dir()), (std::vector<std::string>{"step-000005", "step-000012"}));
+  // The abandoned line is kept whole, checkpoints and metrics, in one folder.
+  const std::string aside = only_subdir(run_dir() + "/abandoned");
+  ASSERT_NE(aside, "") << "expected one folder under " << run_dir() << "/abandoned";
+  EXPECT_NE(aside.find("after-step-000005"), std::string::npos) << aside;
+  EXPECT_EQ(step_dirs(aside), (std::vector<std::string>{"step-000010", "step-000015", "step-000020"}));
+  EXPECT_EQ(read_file(aside + "/step-000010/index.json"), step10_before);
+  EXPECT_EQ(metric_steps(aside + "/metrics.jsonl"), iota_steps(6, 20));
+  // metrics.jsonl never goes backwards: 1..5 of the first run, then 6..12 of the new line.
+  EXPECT_EQ(metric_steps(run_dir() + "/metrics.jsonl"), iota_steps(1, 12));
+
+  // --resume latest continues the new line, not the abandoned one.
+  const CliRun latest = moetrain(tiny_train({"--steps", "13", "--resume", "latest"}));
+  ASSERT_EQ(latest.exit_code, 0) << latest.err;
+  EXPECT_NE(latest.out.find("step-000012 at step 12"), std::string::npos) << latest.out;
+  EXPECT_EQ(metric_steps(run_dir() + "/metrics.jsonl"), iota_steps(1, 13));
+}
+
+TEST_F(CliTest, a_set_aside_interrupted_by_a_crash_is_ignored_by_readers_and_completed_by_the_next_run) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "6", "--save-every", "2", "--set", "train.log_every=1"})).exit_code, 0);
+  // As if a resume from step 2 had written its intent and moved step 6 before being killed.
+  const std::string aside = run_dir() + "/abandoned/crashed-after-step-000002";
+  fs::create_directories(aside);
+  fs::rename(run_dir() + "/step-000006", aside + "/step-000006");
+  write_file(run_dir() + "/.set-aside.json", R"({"after_step": 2, "dir": "crashed-after-step-000002"})");
+  // A reader of the run directory never sees step 4, which the intent is moving away.
+  fs::create_directory(path("data"));
+  write_file(path("data/a.npy"), npy_u16(valid_tokens(3000)));
+  const CliRun eval = moetrain({"eval", "--checkpoint", run_dir(), "--data", path("data")});
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  EXPECT_NE(eval.out.find("step-000002 on"), std::string::npos) << eval.out;
+  // The next run completes the move before its first step and continues the line of step 2.
+  const CliRun r = moetrain(tiny_train({"--steps", "3", "--resume", "latest"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("step-000002 at step 2"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(run_dir() + "/.set-aside.json"));
+  EXPECT_EQ(step_dirs(aside), (std::vector<std::string>{"step-000004", "step-000006"}));
+  EXPECT_EQ(metric_steps(aside + "/metrics.jsonl"), iota_steps(3, 6));
+  EXPECT_EQ(metric_steps(run_dir() + "/metrics.jsonl"), iota_steps(1, 3));
+}
+
+TEST_F(CliTest, a_fresh_run_into_a_directory_holding_a_run_is_refused_and_changes_nothing) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
+  const std::string metrics = read_file(run_dir() + "/metrics.jsonl");
+  const CliRun r = moetrain(tiny_train({"--steps", "2"}));
+  expect_error(r, {run_dir(), "already holds a run", "--resume latest", "--overwrite"});
+  EXPECT_EQ(read_file(run_dir() + "/metrics.jsonl"), metrics);
+  EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000002"});
+  EXPECT_FALSE(fs::exists(run_dir() + "/.lock"));
+}
+
+TEST_F(CliTest, overwrite_moves_the_previous_run_aside_and_starts_afresh) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
+  const std::string metrics = read_file(run_dir() + "/metrics.jsonl");
+  const CliRun r = moetrain(tiny_train({"--steps", "1", "--overwrite"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000001"});
+  EXPECT_EQ(metric_steps(run_dir() + "/metrics.jsonl"), std::vector<int64_t>{1});
+  const std::string old = only_subdir(run_dir() + "/replaced");
+  ASSERT_NE(old, "");
+  EXPECT_EQ(read_file(old + "/metrics.jsonl"), metrics);
+  EXPECT_EQ(step_dirs(old), std::vector<std::string>{"step-000002"});
+}
+
+TEST_F(CliTest, run_resume_auto_starts_when_there_is_nothing_and_continues_when_there_is) {
+  const CliRun first = moetrain(tiny_train({"--steps", "2", "--set", "run.resume=auto"}));
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(first.out.find("resumed from"), std::string::npos) << first.out;
+  const CliRun second = moetrain(tiny_train({"--steps", "3", "--set", "run.resume=auto"}));
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.out.find("step-000002 at step 2"), std::string::npos) << second.out;
+  EXPECT_EQ(metric_steps(run_dir() + "/metrics.jsonl"), iota_steps(1, 3));
+}
+
+TEST_F(CliTest, resume_from_another_directory_into_one_holding_a_run_is_refused) {
+  const std::string other = path("other");
+  std::vector<std::string> args = tiny_train({"--steps", "2"});
+  args.insert(args.end(), {"--set", "run.dir=" + other});  // the later --set wins
+  ASSERT_EQ(moetrain(args).exit_code, 0);
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
+  const CliRun r = moetrain(tiny_train({"--steps", "3", "--resume", other + "/step-000002"}));
+  expect_error(r, {run_dir(), "another directory", "--overwrite"});
+  EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000002"});
+}
+
+TEST_F(CliTest, a_lock_held_by_a_live_process_is_refused_a_stale_one_is_taken_over_a_corrupt_one_is_named) {
+  fs::create_directories(run_dir());
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  auto lock_of = [&](long pid) {
+    return "{\"pid\": " + std::to_string(pid) + ", \"host\": \"" + host + "\", \"started\": \"20260101-000000\"}\n";
+  };
+  // Held by this test process, which is alive.
+  write_file(run_dir() + "/.lock", lock_of(::getpid()));
+  CliRun r = moetrain(tiny_train());
+  expect_error(r, {"in use by process " + std::to_string(::getpid()), run_dir() + "/.lock"});
+  EXPECT_FALSE(fs::exists(run_dir() + "/metrics.jsonl"));
+  // Left by a process that has ended (a child that exited at once and was reaped).
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);
+  write_file(run_dir() + "/.lock", lock_of(child));
+  r = moetrain(tiny_train());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("no longer running"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(run_dir() + "/.lock"));  // released at the end
+  // Not JSON.
+  write_file(run_dir() + "/.lock", "garbage");
+  r = moetrain(tiny_train({"--resume", "latest", "--steps", "2"}));
+  expect_error(r, {"lock file", "corrupt", run_dir() + "/.lock"});
+  EXPECT_EQ(metric_steps(run_dir() + "/metrics.jsonl"), std::vector<int64_t>{1});
+}
+
+TEST_F(CliTest, config_toml_and_every_metrics_record_describe_the_run) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--set", "train.log_every=1"})).exit_code, 0);
+  const std::string config = read_file(run_dir() + "/config.toml");
+  EXPECT_NE(config.find("steps = 2"), std::string::npos) << config;
+  EXPECT_NE(config.find("hidden_size = 16"), std::string::npos) << config;
+  const auto first = read_metrics(run_dir() + "/metrics.jsonl");
+  ASSERT_EQ(first.size(), 2u);
+  const std::string id = first[0]["run_id"].get<std::string>();
+  EXPECT_EQ(id.size(), 16u);
+  EXPECT_EQ(first[1]["run_id"], id);
+  EXPECT_EQ(first[0]["time"].get<std::string>().size(), 20u);  // 2026-12-01T12:00:00Z
+  // The id stays across a resume.
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "3", "--resume", "latest"})).exit_code, 0);
+  EXPECT_EQ(read_metrics(run_dir() + "/metrics.jsonl").back()["run_id"], id);
+}
+
+TEST_F(CliTest, a_cut_off_last_metrics_line_is_moved_aside_and_every_line_parses) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--set", "train.log_every=1"})).exit_code, 0);
+  const std::string whole = read_file(run_dir() + "/metrics.jsonl");
+  write_file(run_dir() + "/metrics.jsonl", whole + R"({"step": 3, "loss": 1.2)");  // a crash mid-line
+  const CliRun r = moetrain(tiny_train({"--steps", "3", "--resume", "latest"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(metric_steps(run_dir() + "/metrics.jsonl"), iota_steps(1, 3));  // read_metrics parses every line
+  EXPECT_EQ(read_file(run_dir() + "/metrics.jsonl.partial"), std::string(R"({"step": 3, "loss": 1.2)") + "\n");
+}
+
+TEST_F(CliTest, a_quote_in_a_string_value_keeps_the_stored_config_readable_for_eval_and_export) {
+  const std::string odd = path("run \"quoted\" \\ dir");
+  std::vector<std::string> args = tiny_train({"--steps", "1"});
+  args.insert(args.end(), {"--set", "run.dir=\"" + std::string("run \\\"quoted\\\" \\\\ dir") + "\""});
+  const CliRun r = moetrain(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(step_dirs(odd), std::vector<std::string>{"step-000001"});
+  fs::create_directory(path("data"));
+  write_file(path("data/a.npy"), npy_u16(valid_tokens(3000)));
+  const CliRun eval = moetrain({"eval", "--checkpoint", odd, "--data", path("data")});
+  EXPECT_EQ(eval.exit_code, 0) << eval.err;
+  const CliRun exported = moetrain({"export-hf", odd, path("hf")});
+  EXPECT_EQ(exported.exit_code, 0) << exported.err;
+}
+
+TEST_F(CliTest, diverging_steps_are_recorded_and_end_the_run_with_an_error) {
+  // An absurd learning rate makes the weights blow up after the first update; every later
+  // gradient is non-finite and its step is skipped.
+  const CliRun r = moetrain(tiny_train({"--steps", "20", "--set", "train.lr=1e30", "--set", "train.warmup_steps=0",
+                                        "--set", "train.grad_clip=0", "--set", "train.max_skipped_steps=3",
+                                        "--set", "train.eval_every=1", "--set", "train.log_every=1"}));
+  expect_error(r, {"3 consecutive steps", "train.max_skipped_steps = 3"});
+  const auto records = read_metrics(run_dir() + "/metrics.jsonl");
+  ASSERT_GE(records.size(), 3u);
+  int skipped = 0, nan_eval = 0;
+  for (const auto& rec : records) {
+    skipped += rec["skipped"].get<bool>() ? 1 : 0;
+    nan_eval += rec.contains("eval_loss") && rec["eval_loss"].is_string() ? 1 : 0;
+  }
+  EXPECT_EQ(skipped, 3);
+  EXPECT_GE(nan_eval, 1) << "a non-finite held-out loss must be recorded, not dropped";
+  EXPECT_TRUE(records.back()["skipped"].get<bool>());
+  EXPECT_LT(records.back()["step"].get<int64_t>(), 20);
+}
+
+TEST_F(CliTest, a_run_whose_every_step_was_skipped_exits_with_an_error) {
+  const CliRun r = moetrain(tiny_train({"--steps", "3", "--set", "train.lr=1e30", "--set", "train.warmup_steps=0",
+                                        "--set", "train.grad_clip=0", "--set", "model.init_std=1e30"}));
+  expect_error(r, {"every step of this run", "nothing was learned"});
+}
+
+TEST_F(CliTest, a_metrics_write_that_hits_the_file_size_limit_leaves_whole_lines_and_an_error) {
+  // A full disk, by way of RLIMIT_FSIZE (inherited by the child): config.toml still fits, but the
+  // metrics file reaches the limit within a few records. SIGXFSZ is ignored so the write fails
+  // with EFBIG instead of killing the run.
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "1"})).exit_code, 0);
+  const size_t line = read_file(run_dir() + "/metrics.jsonl").size();
+  const size_t config = read_file(run_dir() + "/config.toml").size();
+  fs::remove_all(run_dir());
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  struct rlimit small = old;
+  small.rlim_cur = std::max(config, line) + line / 2;
+  auto* previous = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const CliRun r = moetrain(tiny_train({"--steps", "8", "--set", "train.log_every=1", "--set", "run.save_final=false"}));
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous);
+  expect_error(r, {"cannot write metrics file", "metrics.jsonl"});
+  const std::string text = read_file(run_dir() + "/metrics.jsonl");
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n') << "a cut-off line was left behind";
+  const std::vector<int64_t> steps = metric_steps(run_dir() + "/metrics.jsonl");  // every line parses
+  EXPECT_EQ(steps, iota_steps(1, static_cast<int64_t>(steps.size())));
+  EXPECT_LT(steps.size(), 8u);
+}
+
+}  // namespace
