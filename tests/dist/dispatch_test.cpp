@@ -19,6 +19,7 @@
 #include "moe/core/error.h"
 #include "moe/ops/route.h"
 #include "moe/parallel/dispatcher_factory.h"
+#include "moe/parallel/expert_buffers.h"
 #include "moe/parallel/placement.h"
 
 namespace moe {
@@ -82,7 +83,7 @@ Results run_layer(const std::string& backend, Communicator& comm, int64_t N, dou
   auto disp = make_dispatcher(backend, comm, N, cf, dropless);
   const int64_t E = disp->local_experts();
   Arena arena("dispatch_test." + backend);
-  disp->plan_buffers(DispatchShape{T, K, D, 1, 1}, arena);
+  disp->reserve_buffers(DispatchShape{T, K, D, 1, 1}, arena);
   arena.commit();
 
   Inputs io = in;  // the ops take non-const views
@@ -99,7 +100,7 @@ Results run_layer(const std::string& backend, Communicator& comm, int64_t N, dou
 
   Lease lease = disp->acquire(0);
   route_counts(i32_tensor(counts.data(), {N}), topk);
-  disp->plan(plan, topk, i32_tensor(counts.data(), {N}), {});
+  disp->place_routes(0, plan, topk, i32_tensor(counts.data(), {N}), {});
   disp->dispatch(lease.buffers.expert_in, x, plan, static_cast<int>(K), {});
   experts_forward(lease.buffers.expert_out, lease.buffers.expert_in, r.offsets, disp->first_expert());
   disp->combine(f32_tensor(r.out.data(), {T, D}), lease.buffers.expert_out, w, plan, static_cast<int>(K), {});
@@ -115,8 +116,8 @@ Results run_layer(const std::string& backend, Communicator& comm, int64_t N, dou
   r.expert_out = kept_rows(lease.buffers.expert_out, kept);
   r.d_expert_out = kept_rows(grad.expert_out, kept);
   disp->release(lease);
-  r.bytes = dispatch_bytes_moved(*disp);
-  r.remote_bytes = dispatch_remote_bytes_moved(*disp);
+  r.bytes = disp->bytes_moved();
+  r.remote_bytes = disp->remote_bytes_moved();
   return r;
 }
 
@@ -249,7 +250,7 @@ TEST(Dispatch, rowwise_matches_alltoall_bitwise_and_reference_dropless) {
   expect_close(rowwise.out, ref.out, ref.out_scale, 1e-6, "combine output");
   expect_close(rowwise.dweights, ref.dweights, ref.dweights_scale, 1e-6, "dweights");
   expect_close(rowwise.dx, ref.dx, ref.dx_scale, 1e-6, "dx");
-  expect_expert_rows(rowwise, all, comm.rank(), N, ep_rank_capacity(kTokens, kTopK, comm.size(), 1.25, true));
+  expect_expert_rows(rowwise, all, comm.rank(), N, rank_capacity(kTokens, kTopK, comm.size(), 1.25, true));
 }
 
 TEST(Dispatch, forced_overflow_drops_exactly_the_tail) {
@@ -257,7 +258,7 @@ TEST(Dispatch, forced_overflow_drops_exactly_the_tail) {
   const int P = comm.size();
   const int64_t N = num_experts_for(P);
   const double cf = 0.25;
-  const int64_t rows = ep_rank_capacity(kTokens, kTopK, P, cf, false);
+  const int64_t rows = rank_capacity(kTokens, kTopK, P, cf, false);
   const Inputs in = make_inputs(comm.rank(), N, 0.9, 23);  // most tokens route to expert 0
   const Results rowwise = run_layer("rowwise", comm, N, cf, false, in);
   const Results alltoall = run_layer("alltoall", comm, N, cf, false, in);
@@ -295,7 +296,7 @@ TEST(Dispatch, two_microbatches_in_flight_match_one_at_a_time) {
     auto disp = make_dispatcher(backend, comm, N, 1.0, false);
     const int64_t E = disp->local_experts();
     Arena arena("dispatch_test.in_flight");
-    disp->plan_buffers(DispatchShape{T, K, D, 1, 2}, arena);
+    disp->reserve_buffers(DispatchShape{T, K, D, 1, 2}, arena);
     arena.commit();
     Inputs io[2] = {in[0], in[1]};
     Results r[2];
@@ -312,7 +313,7 @@ TEST(Dispatch, two_microbatches_in_flight_match_one_at_a_time) {
       const Tensor topk = i32_tensor(io[m].topk.data(), {T, K});
       lease[m] = disp->acquire(0);
       route_counts(i32_tensor(counts.data(), {N}), topk);
-      disp->plan(plan[m], topk, i32_tensor(counts.data(), {N}), {});
+      disp->place_routes(0, plan[m], topk, i32_tensor(counts.data(), {N}), {});
       disp->dispatch(lease[m].buffers.expert_in, f32_tensor(io[m].x.data(), {T, D}), plan[m], K, {});
       experts_forward(lease[m].buffers.expert_out, lease[m].buffers.expert_in, r[m].offsets, disp->first_expert());
       disp->combine(f32_tensor(r[m].out.data(), {T, D}), lease[m].buffers.expert_out,
@@ -345,7 +346,7 @@ TEST(Dispatch, exhausted_lease_pool_is_an_error_and_release_reuses_buffers) {
     SCOPED_TRACE(backend);
     auto disp = make_dispatcher(backend, comm, N, 1.25, false);
     Arena arena("dispatch_test.leases");
-    disp->plan_buffers(DispatchShape{kTokens, kTopK, kHidden, 2, 1}, arena);
+    disp->reserve_buffers(DispatchShape{kTokens, kTopK, kHidden, 2, 1}, arena);
     arena.commit();
     const Lease first = disp->acquire(0);
     const Lease other_layer = disp->acquire(1);  // another layer's pool is independent

@@ -127,8 +127,8 @@ struct Rig {
     DispatchShape shape;
     shape.tokens = c.tokens, shape.top_k = c.top_k, shape.hidden = c.hidden, shape.num_layers = 2,
     shape.slots_per_layer = 1, shape.first_layer = 0, shape.dtype = DType::BF16;
-    rowwise.plan_buffers(shape, arena);
-    local.plan_buffers(shape, arena);
+    rowwise.reserve_buffers(shape, arena);
+    local.reserve_buffers(shape, arena);
     rows = rowwise.expert_rows(c.tokens, c.top_k);
     const int64_t T = c.tokens, K = c.top_k, D = c.hidden;
     topk = arena.reserve("topk", DType::I32, {T, K});
@@ -165,7 +165,7 @@ std::unique_ptr<Communicator> one_rank_nccl() {
   return make_nccl_communicator(bootstrap);
 }
 
-// The CPU placement's route index and offsets for one rank (ep_plan with P = 1).
+// The CPU placement's route index and offsets for one rank (agree_and_place_routes with P = 1).
 void cpu_plan(const Case& c, const Inputs& in, int64_t rows, std::vector<int32_t>& route,
               std::vector<int32_t>& offsets) {
   Placement placement;
@@ -187,8 +187,8 @@ void forward_backward_matches_local(const Case& c) {
     const Tensor topk = rig.arena.get(rig.topk), counts = rig.arena.get(rig.counts);
     const Tensor weights = rig.arena.get(rig.weights), x = rig.arena.get(rig.x), dout = rig.arena.get(rig.dout);
 
-    // plan: route index and offsets equal the local dispatcher's and the CPU placement's.
-    for (int i = 0; i < 2; ++i) rig.dispatcher(i).plan(rig.plan_of(i), topk, counts, {});
+    // place_routes: route index and offsets equal the local dispatcher's and the CPU placement's.
+    for (int i = 0; i < 2; ++i) rig.dispatcher(i).place_routes(0, rig.plan_of(i), topk, counts, {});
     const auto route_local = read<int32_t>(rig.plan_of(0).route_index);
     const auto route_rw = read<int32_t>(rig.plan_of(1).route_index);
     const auto offsets_local = read<int32_t>(rig.plan_of(0).expert_offsets);
@@ -298,7 +298,7 @@ TEST(GpuRowwiseDispatch, PlanDispatchCombineReplayInACudaGraph) {
   // Identity experts, queued on the compute stream so the graph records them.
   auto step = [&](int i) {
     TokenDispatcher& d = rig.dispatcher(i);
-    d.plan(rig.plan_of(i), topk, counts, {});
+    d.place_routes(0, rig.plan_of(i), topk, counts, {});
     d.dispatch(lease[i].buffers.expert_in, x, rig.plan_of(i), static_cast<int>(K), {});
     CUDA_CHECK(cudaMemcpyAsync(lease[i].buffers.expert_out.data, lease[i].buffers.expert_in.data,
                                lease[i].buffers.expert_in.nbytes(), cudaMemcpyDeviceToDevice, compute_stream()));

@@ -39,16 +39,4 @@ std::unique_ptr<TokenDispatcher> make_gpu_dispatcher(const std::string& backend,
   MOE_FAIL("unknown dispatch backend '", backend, "' (ep.backend); on the GPU choose rowwise");
 }
 
-int64_t dispatch_bytes_moved(const TokenDispatcher& dispatcher) {
-  if (const auto* d = dynamic_cast<const RowwiseDispatcher*>(&dispatcher)) return d->bytes_moved();
-  if (const auto* d = dynamic_cast<const AllToAllDispatcher*>(&dispatcher)) return d->bytes_moved();
-  return 0;
-}
-
-int64_t dispatch_remote_bytes_moved(const TokenDispatcher& dispatcher) {
-  if (const auto* d = dynamic_cast<const RowwiseDispatcher*>(&dispatcher)) return d->remote_bytes_moved();
-  if (const auto* d = dynamic_cast<const AllToAllDispatcher*>(&dispatcher)) return d->remote_bytes_moved();
-  return 0;
-}
-
 }  // namespace moe
