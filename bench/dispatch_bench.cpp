@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
     DispatchShape shape;
     shape.tokens = T, shape.top_k = K, shape.hidden = D, shape.num_layers = 1, shape.slots_per_layer = 1,
     shape.first_layer = 0, shape.dtype = DType::BF16;
-    rowwise.plan_buffers(shape, arena);
+    rowwise.reserve_buffers(shape, arena);
     const auto topk_s = arena.reserve("topk", DType::I32, {T, K}), counts_s = arena.reserve("counts", DType::I32, {N});
     const auto weights_s = arena.reserve("weights", DType::F32, {T, K});
     const auto route_s = arena.reserve("route_index", DType::I32, {routes});
@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
     fill_zero(arena.get(send_s));
 
     const RoutePlan plan{arena.get(route_s), arena.get(offsets_s)};
-    rowwise.plan(plan, arena.get(topk_s), arena.get(counts_s), {});
+    rowwise.place_routes(/*layer=*/0, plan, arena.get(topk_s), arena.get(counts_s), {});
+    rowwise.check_after_step();  // the device's count check of the routing above
     const Lease lease = rowwise.acquire(0);
     const Tensor x = arena.get(x_s), out = arena.get(out_s), weights = arena.get(weights_s);
     nccl->barrier();

@@ -1,24 +1,29 @@
 // ranks: 2 4
 // The expert-parallel dispatchers over the MPI world as the EP group: rowwise (symmetric heap)
 // and alltoall (all_to_all_v) agree bit for bit, match a single-rank reference, drop exactly the
-// routes the tail-drop rule says, and hand out leases as the pools allow.
+// routes the tail-drop rule says, and hand out leases as the pools allow. Every backend (local
+// too) sizes its buffers by the shared capacity rule, reports the bytes it moves through
+// TokenDispatcher::bytes_moved(), and refuses counts that are not its topk_idx's histogram.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "moe/comm/local_communicator.h"
 #include "moe/comm/mpi_communicator.h"
 #include "moe/core/arena.h"
 #include "moe/core/error.h"
 #include "moe/ops/route.h"
 #include "moe/parallel/dispatcher_factory.h"
+#include "moe/parallel/expert_buffers.h"
 #include "moe/parallel/placement.h"
 
 namespace moe {
@@ -82,7 +87,7 @@ Results run_layer(const std::string& backend, Communicator& comm, int64_t N, dou
   auto disp = make_dispatcher(backend, comm, N, cf, dropless);
   const int64_t E = disp->local_experts();
   Arena arena("dispatch_test." + backend);
-  disp->plan_buffers(DispatchShape{T, K, D, 1, 1}, arena);
+  disp->reserve_buffers(DispatchShape{T, K, D, 1, 1}, arena);
   arena.commit();
 
   Inputs io = in;  // the ops take non-const views
@@ -99,7 +104,7 @@ Results run_layer(const std::string& backend, Communicator& comm, int64_t N, dou
 
   Lease lease = disp->acquire(0);
   route_counts(i32_tensor(counts.data(), {N}), topk);
-  disp->plan(plan, topk, i32_tensor(counts.data(), {N}), {});
+  disp->place_routes(0, plan, topk, i32_tensor(counts.data(), {N}), {});
   disp->dispatch(lease.buffers.expert_in, x, plan, static_cast<int>(K), {});
   experts_forward(lease.buffers.expert_out, lease.buffers.expert_in, r.offsets, disp->first_expert());
   disp->combine(f32_tensor(r.out.data(), {T, D}), lease.buffers.expert_out, w, plan, static_cast<int>(K), {});
@@ -115,8 +120,8 @@ Results run_layer(const std::string& backend, Communicator& comm, int64_t N, dou
   r.expert_out = kept_rows(lease.buffers.expert_out, kept);
   r.d_expert_out = kept_rows(grad.expert_out, kept);
   disp->release(lease);
-  r.bytes = dispatch_bytes_moved(*disp);
-  r.remote_bytes = dispatch_remote_bytes_moved(*disp);
+  r.bytes = disp->bytes_moved();
+  r.remote_bytes = disp->remote_bytes_moved();
   return r;
 }
 
@@ -249,7 +254,7 @@ TEST(Dispatch, rowwise_matches_alltoall_bitwise_and_reference_dropless) {
   expect_close(rowwise.out, ref.out, ref.out_scale, 1e-6, "combine output");
   expect_close(rowwise.dweights, ref.dweights, ref.dweights_scale, 1e-6, "dweights");
   expect_close(rowwise.dx, ref.dx, ref.dx_scale, 1e-6, "dx");
-  expect_expert_rows(rowwise, all, comm.rank(), N, ep_rank_capacity(kTokens, kTopK, comm.size(), 1.25, true));
+  expect_expert_rows(rowwise, all, comm.rank(), N, rank_capacity(kTokens, kTopK, comm.size(), 1.25, true));
 }
 
 TEST(Dispatch, forced_overflow_drops_exactly_the_tail) {
@@ -257,7 +262,7 @@ TEST(Dispatch, forced_overflow_drops_exactly_the_tail) {
   const int P = comm.size();
   const int64_t N = num_experts_for(P);
   const double cf = 0.25;
-  const int64_t rows = ep_rank_capacity(kTokens, kTopK, P, cf, false);
+  const int64_t rows = rank_capacity(kTokens, kTopK, P, cf, false);
   const Inputs in = make_inputs(comm.rank(), N, 0.9, 23);  // most tokens route to expert 0
   const Results rowwise = run_layer("rowwise", comm, N, cf, false, in);
   const Results alltoall = run_layer("alltoall", comm, N, cf, false, in);
@@ -295,7 +300,7 @@ TEST(Dispatch, two_microbatches_in_flight_match_one_at_a_time) {
     auto disp = make_dispatcher(backend, comm, N, 1.0, false);
     const int64_t E = disp->local_experts();
     Arena arena("dispatch_test.in_flight");
-    disp->plan_buffers(DispatchShape{T, K, D, 1, 2}, arena);
+    disp->reserve_buffers(DispatchShape{T, K, D, 1, 2}, arena);
     arena.commit();
     Inputs io[2] = {in[0], in[1]};
     Results r[2];
@@ -312,7 +317,7 @@ TEST(Dispatch, two_microbatches_in_flight_match_one_at_a_time) {
       const Tensor topk = i32_tensor(io[m].topk.data(), {T, K});
       lease[m] = disp->acquire(0);
       route_counts(i32_tensor(counts.data(), {N}), topk);
-      disp->plan(plan[m], topk, i32_tensor(counts.data(), {N}), {});
+      disp->place_routes(0, plan[m], topk, i32_tensor(counts.data(), {N}), {});
       disp->dispatch(lease[m].buffers.expert_in, f32_tensor(io[m].x.data(), {T, D}), plan[m], K, {});
       experts_forward(lease[m].buffers.expert_out, lease[m].buffers.expert_in, r[m].offsets, disp->first_expert());
       disp->combine(f32_tensor(r[m].out.data(), {T, D}), lease[m].buffers.expert_out,
@@ -345,7 +350,7 @@ TEST(Dispatch, exhausted_lease_pool_is_an_error_and_release_reuses_buffers) {
     SCOPED_TRACE(backend);
     auto disp = make_dispatcher(backend, comm, N, 1.25, false);
     Arena arena("dispatch_test.leases");
-    disp->plan_buffers(DispatchShape{kTokens, kTopK, kHidden, 2, 1}, arena);
+    disp->reserve_buffers(DispatchShape{kTokens, kTopK, kHidden, 2, 1}, arena);
     arena.commit();
     const Lease first = disp->acquire(0);
     const Lease other_layer = disp->acquire(1);  // another layer's pool is independent
@@ -366,6 +371,133 @@ TEST(Dispatch, exhausted_lease_pool_is_an_error_and_release_reuses_buffers) {
     disp->release(again);
     EXPECT_THROW(disp->release(again), Error);  // not held any more
     disp->release(other_layer);
+  }
+}
+
+// The capacity rule has one home (rank_capacity); every backend's expert_rows and its buffers follow it.
+TEST(Dispatch, every_backend_sizes_its_buffers_by_the_shared_capacity_rule) {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  LocalCommunicator alone;
+  const int64_t N = num_experts_for(comm.size());
+  struct Case {
+    int64_t tokens, top_k;
+    double capacity_factor;
+    bool dropless;
+  };
+  const Case cases[] = {{kTokens, kTopK, 1.25, false}, {kTokens, kTopK, 0.25, false}, {kTokens, kTopK, 100.0, false},
+                        {kTokens, kTopK, 1.25, true}, {7, 2, 1.0, false}};
+  for (const std::string backend : {"local", "rowwise", "alltoall"}) {
+    Communicator& group = backend == "local" ? static_cast<Communicator&>(alone) : comm;
+    for (const Case& c : cases) {
+      SCOPED_TRACE(backend + " tokens " + std::to_string(c.tokens) + " capacity_factor " +
+                   std::to_string(c.capacity_factor) + (c.dropless ? " dropless" : ""));
+      auto disp = make_dispatcher(backend, group, N, c.capacity_factor, c.dropless);
+      const int64_t rows = rank_capacity(c.tokens, c.top_k, group.size(), c.capacity_factor, c.dropless);
+      EXPECT_EQ(disp->expert_rows(c.tokens, c.top_k), rows);
+      Arena arena("dispatch_test.capacity");
+      disp->reserve_buffers(DispatchShape{c.tokens, c.top_k, kHidden, 1, 1}, arena);
+      arena.commit();
+      const Lease lease = disp->acquire(0);
+      EXPECT_EQ(lease.buffers.expert_in.dim(0), rows);
+      EXPECT_EQ(lease.buffers.expert_out.dim(0), rows);
+      EXPECT_EQ(disp->grad_buffers().expert_in.dim(0), rows);
+      disp->release(lease);
+    }
+  }
+}
+
+// bytes_moved() through the TokenDispatcher interface: every kept route's row once in dispatch and
+// once in combine (what RowwiseDispatcher::bytes_moved and AllToAllDispatcher::bytes_moved counted),
+// the remote part those whose owner is another rank; 0 for local.
+TEST(Dispatch, bytes_moved_counts_each_kept_row_in_dispatch_and_combine) {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  const int P = comm.size(), me = comm.rank();
+  const int64_t N = num_experts_for(P);
+  const double cf = 0.5;  // drops: dropped routes move nothing
+  const int64_t rows = rank_capacity(kTokens, kTopK, P, cf, false);
+  const Inputs in = make_inputs(me, N, 0.7, 41);
+  const auto naive = naive_route_index(gather_inputs(comm, in), N, rows);
+  int64_t kept = 0, remote = 0;
+  for (int32_t v : naive[me]) {
+    kept += v >= 0;
+    remote += v >= 0 && v / rows != me;
+  }
+  ASSERT_LT(kept, kTokens * kTopK) << "the test routing should drop routes";
+  ASSERT_GT(remote, 0) << "the test routing should send rows to another rank";
+  const int64_t row_bytes = kHidden * static_cast<int64_t>(sizeof(float));
+  for (const std::string backend : {"rowwise", "alltoall"}) {
+    SCOPED_TRACE(backend);
+    const Results r = run_layer(backend, comm, N, cf, false, in);
+    EXPECT_EQ(r.bytes, 2 * kept * row_bytes);
+    EXPECT_EQ(r.remote_bytes, 2 * remote * row_bytes);
+  }
+  LocalCommunicator alone;
+  const Results local = run_layer("local", alone, N, cf, false, in);
+  EXPECT_EQ(local.bytes, 0);
+  EXPECT_EQ(local.remote_bytes, 0);
+}
+
+// place_routes of MoE layer `layer` with `counts` in place of this rank's histogram of its topk_idx.
+void place_with_counts(TokenDispatcher& disp, Inputs& in, std::vector<int32_t> counts, int layer) {
+  const int64_t T = kTokens, K = kTopK, E = disp.local_experts();
+  std::vector<int32_t> route_index(T * K), offsets(E + 1);
+  const RoutePlan plan{i32_tensor(route_index.data(), {T * K}), i32_tensor(offsets.data(), {E + 1})};
+  disp.place_routes(layer, plan, i32_tensor(in.topk.data(), {T, K}),
+                    i32_tensor(counts.data(), {static_cast<int64_t>(counts.size())}), {});
+}
+
+void expect_error_naming(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "wrong counts were accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  }
+}
+
+// Every rank moves one route of its counts from one expert to another (the total stays T*K): each
+// rank's check against its own topk_idx fails, naming the layer and the expert.
+TEST(Dispatch, counts_that_are_not_the_topk_histogram_fail_naming_the_layer) {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  LocalCommunicator alone;
+  const int64_t N = num_experts_for(comm.size());
+  for (const std::string backend : {"local", "rowwise", "alltoall"}) {
+    SCOPED_TRACE(backend);
+    Communicator& group = backend == "local" ? static_cast<Communicator&>(alone) : comm;
+    auto disp = make_dispatcher(backend, group, N, 1.25, false);
+    Arena arena("dispatch_test.counts");
+    disp->reserve_buffers(DispatchShape{kTokens, kTopK, kHidden, 4, 1, 3}, arena);  // MoE layer 3 only
+    arena.commit();
+    EXPECT_THROW(disp->acquire(2), Error) << "a dense layer has no expert buffers";
+    Inputs in = make_inputs(comm.rank(), N, 0.0, 53);
+    std::vector<int32_t> counts(N);
+    route_counts(i32_tensor(counts.data(), {N}), i32_tensor(in.topk.data(), {kTokens, kTopK}));
+    place_with_counts(*disp, in, counts, 3);  // the true counts pass
+    const auto from = std::max_element(counts.begin(), counts.end()) - counts.begin();
+    const int64_t to = (from + 1) % N;
+    --counts[from], ++counts[to];
+    expect_error_naming([&] { place_with_counts(*disp, in, counts, 3); }, {"MoE layer 3", "expert_counts["});
+  }
+}
+
+// Rank 0 reports one route too many: the agreed counts are inconsistent, and every rank (not only
+// rank 0) fails in the same call, naming the layer and the rank, so no rank is left waiting.
+TEST(Dispatch, inconsistent_agreed_counts_fail_on_every_rank) {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  const int64_t N = num_experts_for(comm.size());
+  for (const std::string backend : {"rowwise", "alltoall"}) {
+    SCOPED_TRACE(backend);
+    auto disp = make_dispatcher(backend, comm, N, 1.25, false);
+    Arena arena("dispatch_test.agreed_counts");
+    disp->reserve_buffers(DispatchShape{kTokens, kTopK, kHidden, 3, 1}, arena);
+    arena.commit();
+    Inputs in = make_inputs(comm.rank(), N, 0.0, 59);
+    std::vector<int32_t> counts(N);
+    route_counts(i32_tensor(counts.data(), {N}), i32_tensor(in.topk.data(), {kTokens, kTopK}));
+    if (comm.rank() == 0) ++counts[0];
+    expect_error_naming([&] { place_with_counts(*disp, in, counts, 2); },
+                        {"MoE layer 2", "rank 0's expert_counts add up to " + std::to_string(kTokens * kTopK + 1)});
   }
 }
 

@@ -5,6 +5,7 @@
 #include "moe/parallel/placement.h"
 
 #include "moe/core/error.h"
+#include "moe/parallel/expert_buffers.h"
 
 #include <gtest/gtest.h>
 
@@ -114,7 +115,7 @@ TEST(Placement, random_counts_match_naive_simulation) {
         routes.insert(routes.end(), experts.begin(), experts.begin() + K);
       }
     }
-    const int64_t rows = ep_rank_capacity(T, K, P, cf, dropless);
+    const int64_t rows = rank_capacity(T, K, P, cf, dropless);
     const std::vector<int32_t> counts = counts_of(topk, N);
     Placement pl;
     compute_placement(pl, counts.data(), P, N, rows);
@@ -146,7 +147,7 @@ TEST(Placement, dropless_never_drops) {
     for (auto& routes : topk)
       for (int64_t t = 0; t < T; ++t)
         for (int64_t k = 0; k < K; ++k) routes.push_back(static_cast<int32_t>(trial % 2 ? k % E : rng() % N));
-    const int64_t rows = ep_rank_capacity(T, K, P, 0.01, /*dropless=*/true);
+    const int64_t rows = rank_capacity(T, K, P, 0.01, /*dropless=*/true);
     EXPECT_EQ(rows, T * K * P);
     const std::vector<int32_t> counts = counts_of(topk, N);
     Placement pl;
@@ -158,11 +159,11 @@ TEST(Placement, dropless_never_drops) {
 }
 
 TEST(Placement, capacity_rule) {
-  EXPECT_EQ(ep_rank_capacity(10, 2, 4, 1.25, false), 25);
-  EXPECT_EQ(ep_rank_capacity(10, 2, 4, 0.25, false), 5);
-  EXPECT_EQ(ep_rank_capacity(10, 2, 4, 100.0, false), 80);  // never above the dropless worst case
-  EXPECT_EQ(ep_rank_capacity(10, 2, 4, 1.25, true), 80);
-  EXPECT_EQ(ep_rank_capacity(10, 2, 1, 1.25, false), 20);  // EP = 1: the local dispatcher's rule
+  EXPECT_EQ(rank_capacity(10, 2, 4, 1.25, false), 25);
+  EXPECT_EQ(rank_capacity(10, 2, 4, 0.25, false), 5);
+  EXPECT_EQ(rank_capacity(10, 2, 4, 100.0, false), 80);  // never above the dropless worst case
+  EXPECT_EQ(rank_capacity(10, 2, 4, 1.25, true), 80);
+  EXPECT_EQ(rank_capacity(10, 2, 1, 1.25, false), 20);  // EP = 1: the local dispatcher's rule
 }
 
 TEST(Placement, counts_that_disagree_with_topk_idx_are_an_error) {

@@ -4,7 +4,10 @@
 // expert offsets (equal to the CPU placement's too), every moved row and every result bit for bit, except dweights,
 // whose dot products sum in another order (stated bound below); with dropped routes (capacity_factor < 1), zero-count
 // experts, rows that take the 16-byte path and rows that do not; and plan + dispatch + combine captured in a CUDA graph
-// and replayed on new inputs. Skipped with the reason where no GPU or no NCCL is usable.
+// and replayed on new inputs. The device-side accounting: expert_rows follows the shared capacity rule, the bytes moved
+// counted on the device equal the CPU version's count, and counts that are not topk_idx's histogram (or do not add up
+// to T*K) are flagged during the step and reported by check_after_step() naming the layer. Skipped with the reason where
+// no GPU or no NCCL is usable.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -25,6 +28,7 @@
 #include "moe/core/step_graph.h"
 #include "moe/parallel/cuda_rowwise_dispatcher.h"
 #include "moe/parallel/dispatcher_factory.h"
+#include "moe/parallel/expert_buffers.h"
 #include "moe/parallel/local_dispatcher.h"
 #include "moe/parallel/placement.h"
 
@@ -127,8 +131,8 @@ struct Rig {
     DispatchShape shape;
     shape.tokens = c.tokens, shape.top_k = c.top_k, shape.hidden = c.hidden, shape.num_layers = 2,
     shape.slots_per_layer = 1, shape.first_layer = 0, shape.dtype = DType::BF16;
-    rowwise.plan_buffers(shape, arena);
-    local.plan_buffers(shape, arena);
+    rowwise.reserve_buffers(shape, arena);
+    local.reserve_buffers(shape, arena);
     rows = rowwise.expert_rows(c.tokens, c.top_k);
     const int64_t T = c.tokens, K = c.top_k, D = c.hidden;
     topk = arena.reserve("topk", DType::I32, {T, K});
@@ -165,7 +169,7 @@ std::unique_ptr<Communicator> one_rank_nccl() {
   return make_nccl_communicator(bootstrap);
 }
 
-// The CPU placement's route index and offsets for one rank (ep_plan with P = 1).
+// The CPU placement's route index and offsets for one rank (agree_and_place_routes with P = 1).
 void cpu_plan(const Case& c, const Inputs& in, int64_t rows, std::vector<int32_t>& route,
               std::vector<int32_t>& offsets) {
   Placement placement;
@@ -187,8 +191,8 @@ void forward_backward_matches_local(const Case& c) {
     const Tensor topk = rig.arena.get(rig.topk), counts = rig.arena.get(rig.counts);
     const Tensor weights = rig.arena.get(rig.weights), x = rig.arena.get(rig.x), dout = rig.arena.get(rig.dout);
 
-    // plan: route index and offsets equal the local dispatcher's and the CPU placement's.
-    for (int i = 0; i < 2; ++i) rig.dispatcher(i).plan(rig.plan_of(i), topk, counts, {});
+    // place_routes: route index and offsets equal the local dispatcher's and the CPU placement's.
+    for (int i = 0; i < 2; ++i) rig.dispatcher(i).place_routes(0, rig.plan_of(i), topk, counts, {});
     const auto route_local = read<int32_t>(rig.plan_of(0).route_index);
     const auto route_rw = read<int32_t>(rig.plan_of(1).route_index);
     const auto offsets_local = read<int32_t>(rig.plan_of(0).expert_offsets);
@@ -298,7 +302,7 @@ TEST(GpuRowwiseDispatch, PlanDispatchCombineReplayInACudaGraph) {
   // Identity experts, queued on the compute stream so the graph records them.
   auto step = [&](int i) {
     TokenDispatcher& d = rig.dispatcher(i);
-    d.plan(rig.plan_of(i), topk, counts, {});
+    d.place_routes(0, rig.plan_of(i), topk, counts, {});
     d.dispatch(lease[i].buffers.expert_in, x, rig.plan_of(i), static_cast<int>(K), {});
     CUDA_CHECK(cudaMemcpyAsync(lease[i].buffers.expert_out.data, lease[i].buffers.expert_in.data,
                                lease[i].buffers.expert_in.nbytes(), cudaMemcpyDeviceToDevice, compute_stream()));
@@ -319,6 +323,77 @@ TEST(GpuRowwiseDispatch, PlanDispatchCombineReplayInACudaGraph) {
                      "replayed combine out");
   }
   for (int i = 0; i < 2; ++i) rig.dispatcher(i).release(lease[i]);
+}
+
+// The bytes the device counts: every kept route's row once for the dispatch and once for the combine (what the CPU
+// rowwise dispatcher counts in those calls), none remote with one rank; a replayed placement counts again.
+TEST(GpuRowwiseDispatch, BytesMovedCountEveryKeptRowInDispatchAndCombine) {
+  MOE_SKIP_WITHOUT_NCCL();
+  const Case c{200, 4, 8, 64, 0.6, false, {1}};
+  Rig rig(c, one_rank_nccl());
+  EXPECT_EQ(rig.rows, rank_capacity(c.tokens, c.top_k, 1, c.capacity_factor, c.dropless));
+  const Inputs in = make_inputs(c, 3);
+  rig.load(in);
+  std::vector<int32_t> route_cpu, offsets_cpu;
+  cpu_plan(c, in, rig.rows, route_cpu, offsets_cpu);
+  const auto kept = static_cast<int64_t>(std::count_if(route_cpu.begin(), route_cpu.end(), [](int32_t v) { return v >= 0; }));
+  ASSERT_LT(kept, c.tokens * c.top_k) << "the case should drop routes";
+  const int64_t per_placement = 2 * kept * c.hidden * static_cast<int64_t>(sizeof(uint16_t));  // BF16 rows
+
+  rig.rowwise.check_after_step();
+  EXPECT_EQ(rig.rowwise.bytes_moved(), 0);
+  const Tensor topk = rig.arena.get(rig.topk), counts = rig.arena.get(rig.counts);
+  rig.rowwise.place_routes(1, rig.plan_of(1), topk, counts, {});
+  EXPECT_EQ(rig.rowwise.bytes_moved(), 0) << "bytes_moved() changes only when check_after_step() reads the device";
+  rig.rowwise.check_after_step();
+  EXPECT_EQ(rig.rowwise.bytes_moved(), per_placement);
+  EXPECT_EQ(rig.rowwise.remote_bytes_moved(), 0);
+
+  StepGraph graph;
+  graph.capture([&] { rig.rowwise.place_routes(1, rig.plan_of(1), topk, counts, {}); });
+  for (int replay = 1; replay <= 2; ++replay) {
+    graph.replay();
+    rig.rowwise.check_after_step();
+    EXPECT_EQ(rig.rowwise.bytes_moved(), (1 + replay) * per_placement) << "replay " << replay;
+  }
+}
+
+// Wrong counts are not caught at the call (that would need a host copy inside the step) but by the route-index
+// kernel, and check_after_step() turns the flag into an error naming the layer; the flag is cleared afterwards.
+TEST(GpuRowwiseDispatch, WrongCountsAreFlaggedOnTheDeviceAndReportedAfterTheStep) {
+  MOE_SKIP_WITHOUT_NCCL();
+  const Case c{64, 4, 8, 64, 1.0, false, {}};
+  Rig rig(c, one_rank_nccl());
+  const Inputs in = make_inputs(c, 5);
+  rig.load(in);
+  const Tensor topk = rig.arena.get(rig.topk), counts = rig.arena.get(rig.counts);
+  rig.rowwise.place_routes(1, rig.plan_of(1), topk, counts, {});
+  EXPECT_NO_THROW(rig.rowwise.check_after_step()) << "the true counts were flagged";
+
+  auto expect_flagged = [&](const std::vector<int32_t>& wrong, int layer, const std::vector<std::string>& parts) {
+    copy_to_tensor(counts, wrong.data());
+    rig.rowwise.place_routes(layer, rig.plan_of(1), topk, counts, {});  // queues the check, does not throw
+    try {
+      rig.rowwise.check_after_step();
+      ADD_FAILURE() << "wrong counts were not flagged";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      for (const std::string& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg;
+    }
+    EXPECT_NO_THROW(rig.rowwise.check_after_step()) << "the flag was not cleared";
+  };
+  // One route moved from one expert to another: the total stays T*K, only the histogram check sees it.
+  std::vector<int32_t> moved = in.counts;
+  --moved[2], ++moved[5];
+  expect_flagged(moved, 1, {"MoE layer 1", "but topk_idx routes"});
+  // One route too many: this rank's agreed counts do not add up to T*K (found before expert 0's histogram check).
+  std::vector<int32_t> extra = in.counts;
+  ++extra[0];
+  expect_flagged(extra, 0, {"MoE layer 0", "add up to " + std::to_string(c.tokens * c.top_k + 1)});
+  // The true counts pass again.
+  copy_to_tensor(counts, in.counts.data());
+  rig.rowwise.place_routes(1, rig.plan_of(1), topk, counts, {});
+  EXPECT_NO_THROW(rig.rowwise.check_after_step());
 }
 
 TEST(GpuRowwiseDispatch, RefusesOtherCommunicatorsAndTheAllToAllBackend) {

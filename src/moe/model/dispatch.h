@@ -9,11 +9,12 @@
 // input for the weight gradient, the expert output for the combine-weight gradient). Each MoE
 // layer owns a pool of `slots_per_layer` buffer pairs fixed at start-up; forward acquires a
 // lease, backward releases it after its last read. A lease that cannot be granted is an error
-// naming the pool and the setting to raise, never a silent allocation.
+// naming the pool and the setting to raise, never a silent allocation. The backends share this
+// bookkeeping and the capacity rule (parallel/expert_buffers.h).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "moe/core/arena.h"
 #include "moe/core/stream.h"
@@ -45,7 +46,7 @@ struct DispatchShape {
   int64_t top_k = 0;
   int64_t hidden = 0;    // d_model
   int num_layers = 0;    // layer ids run from 0 to num_layers - 1
-  int slots_per_layer = 1;  // microbatches whose activations are alive at once
+  int slots_per_layer = 1;  // lease slots per layer: microbatches whose forward ran and backward has not, at once
   int first_layer = 0;   // pools (and their buffers) exist for MoE layers first_layer..num_layers-1 only
   DType dtype = DType::F32;  // of the activation rows moved (BF16 on the GPU)
 };
@@ -60,9 +61,9 @@ class TokenDispatcher {
   virtual int64_t first_expert() const = 0;
   virtual int64_t local_experts() const = 0;
 
-  // Start-up, before `arena` is committed (collective for multi-rank backends): plans the
-  // lease pools and the backward scratch.
-  virtual void plan_buffers(const DispatchShape& shape, Arena& arena) = 0;
+  // Start-up, before `arena` is committed (collective for multi-rank backends): reserves the lease
+  // pools and the backward scratch.
+  virtual void reserve_buffers(const DispatchShape& shape, Arena& arena) = 0;
   // Bytes this rank holds outside `arena` for its buffers (a symmetric heap), for memory reports.
   virtual size_t heap_bytes() const { return 0; }
   virtual Lease acquire(int layer) = 0;
@@ -71,9 +72,10 @@ class TokenDispatcher {
   // target), expert_in holds d(expert input) (dispatch-backward source).
   virtual ExpertBuffers grad_buffers() = 0;
 
-  // Counts agreement, capacity and tail drop, route index (steps 2-4). expert_counts [N] i32 are
-  // this rank's routes per expert.
-  virtual void plan(const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) = 0;
+  // Counts agreement, capacity and tail drop, route index (steps 2-4) of MoE layer `layer` (named
+  // in errors). expert_counts [N] i32 are this rank's routes per expert: the histogram of topk_idx.
+  virtual void place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts,
+                            Stream stream) = 0;
   // expert_in[rows] <- x[token] for every kept route (step 5).
   virtual void dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) = 0;
   // out[t] += sum_k weights[t,k] * expert_out[route (t,k)] (step 7).
@@ -85,20 +87,18 @@ class TokenDispatcher {
   // Gradient of dispatch: dx[t] = sum over kept k of d_expert_in[route (t,k)] (overwrites dx).
   virtual void dispatch_backward(Tensor dx, Tensor d_expert_in, const RoutePlan& plan, int top_k,
                                  Stream stream) = 0;
-};
 
-// Lease bookkeeping shared by the backends: per-layer pools of slots, taken and returned.
-class LeasePools {
- public:
-  void init(int num_layers, int slots_per_layer);
-  // Returns a free slot of `layer`'s pool; throws naming the pool when none is free.
-  int take(int layer);
-  void give_back(int layer, int slot);
-  int slots_per_layer() const { return slots_; }
-
- private:
-  int slots_ = 0;
-  std::vector<std::vector<bool>> busy_;
+  // Payload bytes moved by dispatch and combine since construction (every kept route's row once
+  // each way; backward traffic not counted), and the part that crossed to another rank. 0 for
+  // local, which moves nothing between ranks. A GPU backend counts on the device and reports the
+  // totals as of its last check_after_step().
+  virtual int64_t bytes_moved() const { return 0; }
+  virtual int64_t remote_bytes_moved() const { return 0; }
+  // Once after every step, when the device is idle (the trainer calls it right after reading the
+  // step's statistics): a backend that checks or counts on the device during the step (the GPU
+  // rowwise one: expert_counts against topk_idx, bytes moved) reads the result here and throws
+  // naming the layer if a check failed. CPU backends check as they go; for them it does nothing.
+  virtual void check_after_step() {}
 };
 
 }  // namespace moe

@@ -128,7 +128,7 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
     reserve(s.dffn_gu, "grad.mlp_gate_up", X, {R, 2 * ffn_width});
   }
   if (cfg.first_k_dense_replace < L)
-    dispatcher.plan_buffers(
+    dispatcher.reserve_buffers(
         DispatchShape{R, K, D, static_cast<int>(L), lease_slots, static_cast<int>(cfg.first_k_dense_replace), X}, arena);
   // The CPU attention keeps its workspace here; cuDNN manages its own (docs/architecture.md).
   const int64_t attn_ws = dev_ == Device::CPU ? attention_workspace_elems(attn_shape_) : 0;
@@ -196,7 +196,7 @@ void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs&
   A.lease = dispatcher_.acquire(static_cast<int>(l));
   A.leased = true;
   const Tensor xe = A.lease.buffers.expert_in, ye = A.lease.buffers.expert_out;
-  dispatcher_.plan(plan, A.topk_idx, A.counts, {});
+  dispatcher_.place_routes(static_cast<int>(l), plan, A.topk_idx, A.counts, {});
   dispatcher_.dispatch(xe, A.m, plan, static_cast<int>(K), {});
   grouped_matmul(A.gu, xe, w.experts_gate_up, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
   swiglu_forward(A.act, A.gu);

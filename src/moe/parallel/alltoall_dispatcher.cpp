@@ -1,84 +1,44 @@
 #include "moe/parallel/alltoall_dispatcher.h"
 
 #include <cstring>
-#include <string>
 
 #include "moe/core/error.h"
-#include "moe/parallel/ep_plan.h"
+#include "moe/parallel/route_agreement.h"
 #include "moe/parallel/routed_rows.h"
 
 namespace moe {
 
 AllToAllDispatcher::AllToAllDispatcher(Communicator& ep_group, int64_t num_experts, double capacity_factor,
                                        bool dropless)
-    : ep_group_(ep_group),
-      num_experts_(num_experts),
-      local_experts_(0),
-      capacity_factor_(capacity_factor),
-      dropless_(dropless) {
-  const int P = ep_group.size();
-  MOE_CHECK(num_experts >= 1 && num_experts % P == 0, "alltoall dispatcher: ", num_experts,
-            " experts do not split evenly over an EP group of ", P, " ranks (parallel.ep)");
-  local_experts_ = num_experts / P;
-  send_elems_.resize(static_cast<size_t>(P));
-  recv_elems_.resize(static_cast<size_t>(P));
+    : PooledDispatcher("alltoall dispatcher", ep_group.size(), ep_group.rank(), num_experts, capacity_factor,
+                       dropless),
+      ep_group_(ep_group) {
+  send_elems_.resize(static_cast<size_t>(ranks_));
+  recv_elems_.resize(static_cast<size_t>(ranks_));
 }
 
-int64_t AllToAllDispatcher::expert_rows(int64_t tokens, int64_t top_k) const {
-  return ep_rank_capacity(tokens, top_k, ep_group_.size(), capacity_factor_, dropless_);
-}
-
-void AllToAllDispatcher::plan_buffers(const DispatchShape& shape, Arena& arena) {
-  MOE_CHECK(shape.dtype == DType::F32 && arena.device() == Device::CPU, "alltoall dispatcher: moves F32 rows in host "
-            "memory (MPI); GPU activations (BF16) need the NCCL backend, which this build does not have yet");
-  MOE_CHECK(arena_ == nullptr, "alltoall dispatcher: plan_buffers called twice");
+void AllToAllDispatcher::reserve_buffers(const DispatchShape& shape, Arena& arena) {
+  require_host_f32_rows(shape, arena);
   arena_ = &arena;
-  tokens_ = shape.tokens, top_k_ = shape.top_k, hidden_ = shape.hidden;
-  rows_ = expert_rows(tokens_, top_k_);
-  const int64_t D = hidden_, rows = rows_;
-  pools_.init(shape.num_layers, shape.slots_per_layer);
-  slots_.assign(static_cast<size_t>(shape.num_layers), {});
-  for (int l = shape.first_layer; l < shape.num_layers; ++l)
-    for (int s = 0; s < shape.slots_per_layer; ++s) {
-      const std::string p = "dispatch.layer." + std::to_string(l) + ".slot." + std::to_string(s) + ".";
-      slots_[static_cast<size_t>(l)].emplace_back(arena.reserve(p + "expert_in", DType::F32, {rows, D}),
-                                                  arena.reserve(p + "expert_out", DType::F32, {rows, D}));
-    }
-  grad_slots_ = {arena.reserve("dispatch.grad.expert_in", DType::F32, {rows, D}),
-                 arena.reserve("dispatch.grad.expert_out", DType::F32, {rows, D})};
-  gathered_counts_ = arena.reserve("dispatch.gathered_expert_counts", DType::I32, {ep_group_.size() * num_experts_});
-  route_buf_slot_ = arena.reserve("dispatch.alltoall.route_rows", DType::F32, {tokens_ * top_k_, D});
-  stage_slot_ = arena.reserve("dispatch.alltoall.expert_rows", DType::F32, {rows, D});
+  memory_.emplace(arena);
+  reserve_pools(*memory_, shape, DType::F32);
+  gathered_counts_ = arena.reserve("dispatch.gathered_expert_counts", DType::I32, {ranks_ * num_experts_});
+  route_buf_slot_ = arena.reserve("dispatch.alltoall.route_rows", DType::F32, {tokens_ * top_k_, hidden_});
+  stage_slot_ = arena.reserve("dispatch.alltoall.expert_rows", DType::F32, {rows_, hidden_});
 }
 
-Lease AllToAllDispatcher::acquire(int layer) {
-  MOE_CHECK(arena_ != nullptr, "alltoall dispatcher: acquire before plan_buffers");
-  Lease lease;
-  lease.layer = layer;
-  lease.slot = pools_.take(layer);
-  const auto& [in, out] = slots_[static_cast<size_t>(layer)][static_cast<size_t>(lease.slot)];
-  lease.buffers = {arena_->get(in), arena_->get(out)};
-  return lease;
-}
-
-void AllToAllDispatcher::release(const Lease& lease) { pools_.give_back(lease.layer, lease.slot); }
-
-ExpertBuffers AllToAllDispatcher::grad_buffers() {
-  MOE_CHECK(arena_ != nullptr, "alltoall dispatcher: grad_buffers before plan_buffers");
-  return {arena_->get(grad_slots_.first), arena_->get(grad_slots_.second)};
-}
-
-void AllToAllDispatcher::plan(const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream) {
-  MOE_CHECK(arena_ != nullptr, "alltoall dispatcher: plan before plan_buffers");
+void AllToAllDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts,
+                                      Stream) {
+  MOE_CHECK(arena_ != nullptr, "alltoall dispatcher: place_routes before reserve_buffers");
   MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == tokens_ && topk_idx.dim(1) == top_k_,
-            "alltoall dispatcher: topk_idx ", topk_idx.shape.str(), " does not match the planned [", tokens_, ", ",
+            "alltoall dispatcher: topk_idx ", topk_idx.shape.str(), " does not match the reserved [", tokens_, ", ",
             top_k_, "]");
-  ep_plan(ep_group_, placement_, arena_->get(gathered_counts_), plan, topk_idx, expert_counts, num_experts_, rows_,
-          "alltoall");
+  agree_and_place_routes(ep_group_, placement_, arena_->get(gathered_counts_), layer, plan, topk_idx, expert_counts,
+                         num_experts_, rows_, "alltoall");
   route_buf_ = arena_->get(route_buf_slot_);
   stage_ = arena_->get(stage_slot_);
 
-  const int P = ep_group_.size(), me = ep_group_.rank();
+  const int P = ranks_, me = rank_;
   const int64_t E = local_experts_, routes = tokens_ * top_k_;
   Layout& L = layouts_[plan.route_index.data];
   L.route_pos.resize(static_cast<size_t>(routes));
@@ -134,8 +94,8 @@ void AllToAllDispatcher::plan(const RoutePlan& plan, Tensor topk_idx, Tensor exp
 
 const AllToAllDispatcher::Layout& AllToAllDispatcher::layout_of(const RoutePlan& plan, const char* op) const {
   const auto it = layouts_.find(plan.route_index.data);
-  MOE_CHECK(it != layouts_.end(), "alltoall dispatcher ", op, " (rank ", ep_group_.rank(),
-            "): this route plan's route_index was not written by plan()");
+  MOE_CHECK(it != layouts_.end(), "alltoall dispatcher ", op, " (rank ", rank_,
+            "): this route plan's route_index was not written by place_routes()");
   return it->second;
 }
 
@@ -150,7 +110,7 @@ void AllToAllDispatcher::check_tokens(const Tensor& t, int64_t cols, const char*
 }
 
 void AllToAllDispatcher::to_experts(const Layout& L) {
-  const int P = ep_group_.size();
+  const int P = ranks_;
   for (int r = 0; r < P; ++r) {
     send_elems_[static_cast<size_t>(r)] = L.route_counts[static_cast<size_t>(r)] * hidden_;
     recv_elems_[static_cast<size_t>(r)] = L.expert_counts[static_cast<size_t>(r)] * hidden_;
@@ -159,7 +119,7 @@ void AllToAllDispatcher::to_experts(const Layout& L) {
 }
 
 void AllToAllDispatcher::to_routes(const Layout& L) {
-  const int P = ep_group_.size();
+  const int P = ranks_;
   for (int r = 0; r < P; ++r) {
     send_elems_[static_cast<size_t>(r)] = L.expert_counts[static_cast<size_t>(r)] * hidden_;
     recv_elems_[static_cast<size_t>(r)] = L.route_counts[static_cast<size_t>(r)] * hidden_;
@@ -169,9 +129,7 @@ void AllToAllDispatcher::to_routes(const Layout& L) {
 
 void AllToAllDispatcher::count_bytes(const Layout& L) {
   const auto row_bytes = static_cast<int64_t>(hidden_ * sizeof(float));
-  const int me = ep_group_.rank();
-  bytes_moved_ += L.route_total * row_bytes;
-  remote_bytes_moved_ += (L.route_total - L.route_counts[static_cast<size_t>(me)]) * row_bytes;
+  count_moved(L.route_total * row_bytes, (L.route_total - L.route_counts[static_cast<size_t>(rank_)]) * row_bytes);
 }
 
 void AllToAllDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream) {

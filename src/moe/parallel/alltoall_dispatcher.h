@@ -7,48 +7,35 @@
 // come from the arena (nothing symmetric).
 //
 // The exchange layout (split counts, where each route sits in the packed route-side buffer, which
-// expert row each received row belongs to) follows from the placement, which only plan() knows.
-// plan() therefore records it per route plan, keyed by the route_index buffer, and dispatch,
+// expert row each received row belongs to) follows from the placement, which only place_routes()
+// knows. place_routes() therefore records it per route plan, keyed by the route_index buffer, and dispatch,
 // combine and their backward of that plan look it up (backward makes no new agreement).
 #pragma once
 
 #include <map>
-#include <utility>
+#include <optional>
 #include <vector>
 
 #include "moe/comm/communicator.h"
-#include "moe/model/dispatch.h"
+#include "moe/parallel/expert_buffers.h"
 #include "moe/parallel/placement.h"
 
 namespace moe {
 
-class AllToAllDispatcher final : public TokenDispatcher {
+class AllToAllDispatcher final : public PooledDispatcher {
  public:
   AllToAllDispatcher(Communicator& ep_group, int64_t num_experts, double capacity_factor, bool dropless);
 
   const char* name() const override { return "alltoall"; }
-  int64_t expert_rows(int64_t tokens, int64_t top_k) const override;
-  int64_t first_expert() const override { return ep_group_.rank() * local_experts_; }
-  int64_t local_experts() const override { return local_experts_; }
+  void reserve_buffers(const DispatchShape& shape, Arena& arena) override;
 
-  void plan_buffers(const DispatchShape& shape, Arena& arena) override;
-  Lease acquire(int layer) override;
-  void release(const Lease& lease) override;
-  ExpertBuffers grad_buffers() override;
-
-  void plan(const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) override;
+  void place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) override;
   void dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) override;
   void combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
                Stream stream) override;
   void combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out, Tensor weights,
                         const RoutePlan& plan, int top_k, Stream stream) override;
   void dispatch_backward(Tensor dx, Tensor d_expert_in, const RoutePlan& plan, int top_k, Stream stream) override;
-
-  // Payload bytes moved by dispatch and combine (all rows, and those sent to another rank), as in
-  // RowwiseDispatcher.
-  int64_t bytes_moved() const { return bytes_moved_; }
-  int64_t remote_bytes_moved() const { return remote_bytes_moved_; }
-  void reset_bytes_moved() { bytes_moved_ = remote_bytes_moved_ = 0; }
 
  private:
   // How one route plan's rows are exchanged.
@@ -68,21 +55,14 @@ class AllToAllDispatcher final : public TokenDispatcher {
   void count_bytes(const Layout& L);
 
   Communicator& ep_group_;
-  int64_t num_experts_, local_experts_;
-  double capacity_factor_;
-  bool dropless_;
-  int64_t tokens_ = 0, top_k_ = 0, hidden_ = 0, rows_ = 0;
   Arena* arena_ = nullptr;
-  LeasePools pools_;
-  std::vector<std::vector<std::pair<Arena::Slot, Arena::Slot>>> slots_;  // [layer][slot] -> (in, out)
-  std::pair<Arena::Slot, Arena::Slot> grad_slots_;
+  std::optional<ArenaMemory> memory_;
   Arena::Slot gathered_counts_, route_buf_slot_, stage_slot_;
   Tensor route_buf_, stage_;  // [T*K, D] route side, [rows, D] expert side
   Placement placement_;
   std::map<const void*, Layout> layouts_;  // by route_index data
   std::vector<int64_t> send_elems_, recv_elems_;   // split counts of one exchange, in elements
-  std::vector<int64_t> displ_scratch_, prefix_scratch_;  // plan() scratch, reused
-  int64_t bytes_moved_ = 0, remote_bytes_moved_ = 0;
+  std::vector<int64_t> displ_scratch_, prefix_scratch_;  // place_routes() scratch, reused
 };
 
 }  // namespace moe

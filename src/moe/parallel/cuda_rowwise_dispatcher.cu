@@ -2,7 +2,8 @@
 //   exchange_counts: one thread per (peer, expert) stores this rank's count into the peer's area;
 //   ep_route_index: one block per expert n, as route_index_local in ops/cuda/route.cu but with the
 //     placement of placement.cpp: the block sums the gathered counts ahead of (n, me) at n's owner,
-//     then numbers the routes to n in (t, k) order with a block-wide scan per chunk of routes;
+//     then numbers the routes to n in (t, k) order with a block-wide scan per chunk of routes; it
+//     also checks the counts and adds the bytes its kept routes move to the status record;
 //   dispatch: one block per token reads its row once and stores it into the owners' expert_in rows
 //     of its K routes (PUT), route_rows.cuh's scatter kernel;
 //   combine, dispatch backward, combine backward: one block per token over its K routed rows, the
@@ -12,8 +13,8 @@
 //     combine backward stores w * dout into the owner's d_expert_out (PUT) and reduces
 //     dot(dout, expert_out) in a fixed order for dweights.
 // Rows move in chunks of 16 bytes (8 BF16) when the row size and every buffer allow it, else one element at a time; the
-// arithmetic per element is the same either way, and the same as the local dispatcher's. No atomics: results are
-// deterministic.
+// arithmetic per element is the same either way, and the same as the local dispatcher's. No atomics on rows: results are
+// deterministic (the byte counters add integers, in any order to the same total).
 #include "moe/parallel/cuda_rowwise_dispatcher.h"
 
 #include <cuda_bf16.h>
@@ -27,11 +28,11 @@
 #include <type_traits>
 
 #include "moe/core/cuda_check.h"
+#include "moe/core/device.h"
 #include "moe/core/error.h"
 #include "moe/ops/cuda/element.cuh"
 #include "moe/ops/cuda/route_rows.cuh"
 #include "moe/ops/cuda/route_scan.cuh"
-#include "moe/parallel/placement.h"
 
 #if defined(MOE_HAVE_NCCL)
 #include "moe/comm/nccl_communicator.h"
@@ -41,9 +42,6 @@
 namespace moe {
 
 namespace {
-
-constexpr size_t kHeapAlign = 256;
-size_t align_up(size_t n) { return (n + kHeapAlign - 1) / kHeapAlign * kHeapAlign; }
 
 constexpr int kMaxThreads = 256;
 constexpr int kRouteThreads = 256;
@@ -67,6 +65,28 @@ unsigned grid_for(int64_t items) { return static_cast<unsigned>(std::min(items, 
 using cuda::Pack;
 using cuda::with_vec_width;
 
+// The device status record in this rank's heap segment (cuda_rowwise_dispatcher.h): byte counters that only grow,
+// and the first wrong count found (error = 0: none). Read by check_after_step() after the step.
+enum CountError : unsigned long long {
+  kCountsNotTopkHistogram = 1,  // subject = expert: expert_counts[subject] = reported, topk_idx routes expected
+  kAgreedRowInconsistent = 2,   // subject = source rank: its counts add up to reported (or one is < 0), not expected
+  kOwnRowNotIntact = 3,         // subject = expert: the agreed area holds reported for this rank, it stored expected
+};
+struct DeviceStatus {
+  unsigned long long bytes, remote_bytes;
+  unsigned long long error;
+  long long layer, subject, reported, expected;
+};
+
+__device__ void report_count_error(DeviceStatus* status, CountError code, int layer, long long subject,
+                                   long long reported, long long expected) {
+  if (atomicCAS(&status->error, 0ull, static_cast<unsigned long long>(code)) != 0ull) return;  // keep the first
+  status->layer = layer;
+  status->subject = subject;
+  status->reported = reported;
+  status->expected = expected;
+}
+
 // area(r)[me * N + n] = counts[n] for every rank r: this rank's row of everyone's [P][N] counts.
 __global__ void exchange_counts_kernel(PeerBases peers, int ranks, size_t area_offset,
                                        const int32_t* __restrict__ counts, int me, int64_t N) {
@@ -86,9 +106,13 @@ __global__ void exchange_counts_kernel(PeerBases peers, int ranks, size_t area_o
 // the j-th route of this rank to n (in (t, k) order) gets d * rows + start + j if j < kept, else -1. When d == me the
 // block also writes expert_offsets[e + 1] = min(through, rows) (and block e == 0 offsets[0] = 0). Block 0 writes -1 for
 // routes whose expert is not in [0, N).
+// Checks (into `status`, with `layer`): block n, that expert_counts[n] is the number of routes to n in topk_idx and that
+// the agreed area holds it for this rank; block s < P, that source s's agreed counts are >= 0 and add up to `routes`
+// (every rank routes T*K). Block n adds 2 * kept * row_bytes (dispatch, then combine) to the byte counters.
 __global__ void ep_route_index_kernel(int32_t* __restrict__ route_index, int32_t* __restrict__ expert_offsets,
-                                      const int32_t* __restrict__ topk_idx, const int32_t* __restrict__ gathered,
-                                      int64_t routes, int N, int ranks, int E, int me, int64_t rows) {
+                                      const int32_t* __restrict__ topk_idx, const int32_t* __restrict__ expert_counts,
+                                      const int32_t* __restrict__ gathered, int64_t routes, int N, int ranks, int E,
+                                      int me, int64_t rows, long long row_bytes, int layer, DeviceStatus* status) {
   const int n = blockIdx.x, d = n / E, e = n % E;
   long long before_part = 0, through_part = 0;
   const int ahead = e * ranks + me,
@@ -112,6 +136,34 @@ __global__ void ep_route_index_kernel(int32_t* __restrict__ route_index, int32_t
   const long long first_row = static_cast<long long>(d) * rows + start;
   cuda::route_scan::assign_expert_rows<kRouteThreads, kItems>(route_index, topk_idx, routes, N, n, first_row, kept,
                                                         /*mark_invalid=*/n == 0);
+
+  long long routed_part = 0;  // this rank's routes to n: what expert_counts[n] must be
+  for (int64_t i = threadIdx.x; i < routes; i += blockDim.x) routed_part += topk_idx[i] == n;
+  const long long routed = cuda::route_scan::block_sum<kRouteThreads>(routed_part);
+  if (n < ranks) {  // source n's agreed row
+    long long sum_part = 0, negative_part = 0;
+    for (int j = threadIdx.x; j < N; j += blockDim.x) {
+      const long long c = __ldcg(gathered + static_cast<int64_t>(n) * N + j);
+      sum_part += c;
+      negative_part += c < 0;
+    }
+    const long long sum = cuda::route_scan::block_sum<kRouteThreads>(sum_part),
+                    negative = cuda::route_scan::block_sum<kRouteThreads>(negative_part);
+    if (threadIdx.x == 0 && (negative > 0 || sum != routes))
+      report_count_error(status, kAgreedRowInconsistent, layer, n, negative > 0 ? -1 : sum, routes);
+  }
+  if (threadIdx.x == 0) {
+    const long long stored = expert_counts[n];
+    if (stored != routed)
+      report_count_error(status, kCountsNotTopkHistogram, layer, n, stored, routed);
+    else if (mine != stored)
+      report_count_error(status, kOwnRowNotIntact, layer, n, mine, stored);
+    if (kept > 0) {
+      const auto bytes = static_cast<unsigned long long>(2 * kept * row_bytes);
+      atomicAdd(&status->bytes, bytes);
+      if (d != me) atomicAdd(&status->remote_bytes, bytes);
+    }
+  }
 }
 
 // A route's row in some rank's [rows, D] heap buffer at buffer_offset, or nullptr when dropped.
@@ -140,11 +192,9 @@ struct PeerRow {
 
 CudaRowwiseDispatcher::CudaRowwiseDispatcher(Communicator& ep_group, int64_t num_experts, double capacity_factor,
                                              bool dropless)
-    : ep_group_(ep_group),
-      num_experts_(num_experts),
-      local_experts_(0),
-      capacity_factor_(capacity_factor),
-      dropless_(dropless) {
+    : PooledDispatcher("rowwise dispatcher on the GPU", ep_group.size(), ep_group.rank(), num_experts,
+                       capacity_factor, dropless),
+      ep_group_(ep_group) {
 #if defined(MOE_HAVE_NCCL)
   MOE_CHECK(dynamic_cast<NcclCommunicator*>(&untimed(ep_group)) != nullptr,
             "rowwise dispatcher on the GPU: the EP group must "
@@ -157,92 +207,44 @@ CudaRowwiseDispatcher::CudaRowwiseDispatcher(Communicator& ep_group, int64_t num
       "rowwise dispatcher on the GPU: this binary was built without NCCL "
       "(ep.backend = rowwise needs it)");
 #endif
-  const int P = ep_group.size();
-  MOE_CHECK(P <= kMaxRanks, "rowwise dispatcher on the GPU: an EP group of ", P, " ranks exceeds the ", kMaxRanks,
-            " ranks of one NVLink domain that the kernels address (parallel.ep)");
-  MOE_CHECK(num_experts >= 1 && num_experts % P == 0 && num_experts <= std::numeric_limits<int32_t>::max(),
-            "rowwise dispatcher: ", num_experts, " experts do not split evenly over an EP group of ", P,
-            " ranks (parallel.ep)");
-  local_experts_ = num_experts / P;
+  MOE_CHECK(ranks_ <= kMaxRanks, "rowwise dispatcher on the GPU: an EP group of ", ranks_, " ranks exceeds the ",
+            kMaxRanks, " ranks of one NVLink domain that the kernels address (parallel.ep)");
+  MOE_CHECK(num_experts <= std::numeric_limits<int32_t>::max(), "rowwise dispatcher on the GPU: ", num_experts,
+            " experts do not fit I32 expert ids");
 }
 
-int64_t CudaRowwiseDispatcher::expert_rows(int64_t tokens, int64_t top_k) const {
-  return ep_rank_capacity(tokens, top_k, ep_group_.size(), capacity_factor_, dropless_);
-}
-
-void CudaRowwiseDispatcher::plan_buffers(const DispatchShape& shape, Arena& arena) {
-  MOE_CHECK(arena.device() == Device::CUDA, "rowwise dispatcher on the GPU: plan_buffers needs a CUDA arena, got a ",
+void CudaRowwiseDispatcher::reserve_buffers(const DispatchShape& shape, Arena& arena) {
+  MOE_CHECK(arena.device() == Device::CUDA, "rowwise dispatcher on the GPU: reserve_buffers needs a CUDA arena, got a ",
             device_name(arena.device()), " one");
   MOE_CHECK(shape.dtype == DType::BF16 || shape.dtype == DType::F32,
             "rowwise dispatcher on the GPU: moves BF16 or "
             "F32 rows, got ",
             dtype_name(shape.dtype));
-  MOE_CHECK(heap_ == nullptr, "rowwise dispatcher: plan_buffers called twice");
-  tokens_ = shape.tokens, top_k_ = shape.top_k, hidden_ = shape.hidden, dtype_ = shape.dtype;
-  rows_ = expert_rows(tokens_, top_k_);
-  const int P = ep_group_.size();
-  MOE_CHECK(static_cast<int64_t>(P) * rows_ <= std::numeric_limits<int32_t>::max(), "rowwise dispatcher: ", P,
-            " ranks x ", rows_,
-            " rows do not fit an I32 route index (lower ep.capacity_factor or "
-            "the tokens per "
-            "microbatch)");
-  pools_.init(shape.num_layers, shape.slots_per_layer);
-  buffer_bytes_ = align_up(static_cast<size_t>(rows_ * hidden_) * dtype_size(dtype_));
-  size_t at = 0;
-  auto next = [&](size_t bytes) {
-    const size_t offset = at;
-    at += bytes;
-    return offset;
-  };
-  const size_t counts_bytes = align_up(static_cast<size_t>(P * num_experts_) * sizeof(int32_t));
-  counts_offset_[0] = next(counts_bytes);
-  counts_offset_[1] = next(counts_bytes);
-  first_buffer_offset_ = at;
-  slots_.assign(static_cast<size_t>(shape.num_layers), {});
-  for (int l = shape.first_layer; l < shape.num_layers; ++l)  // dense layers get no buffers
-    for (int s = 0; s < shape.slots_per_layer; ++s) {
-      const size_t in = next(buffer_bytes_), out = next(buffer_bytes_);
-      slots_[static_cast<size_t>(l)].emplace_back(in, out);
-    }
-  const size_t d_in = next(buffer_bytes_), d_out = next(buffer_bytes_);
-  grad_slots_ = {d_in, d_out};
+  dtype_ = shape.dtype;
+  static_assert(sizeof(DeviceStatus) % sizeof(int64_t) == 0);
+  for (int& area : count_areas_) area = layout_.reserve("counts", DType::I32, {ranks_, num_experts_});
+  status_ = layout_.reserve("status", DType::I64, {static_cast<int64_t>(sizeof(DeviceStatus) / sizeof(int64_t))});
+  first_buffer_offset_ = layout_.bytes();
+  reserve_pools(layout_, shape, dtype_);  // dense layers get no buffers
+  MOE_CHECK(static_cast<int64_t>(ranks_) * rows_ <= std::numeric_limits<int32_t>::max(), "rowwise dispatcher: ",
+            ranks_, " ranks x ", rows_,
+            " rows do not fit an I32 route index (lower model.capacity_factor or the tokens per microbatch)");
   // NOTES: the heap is zero-filled and every rank has registered it before make_nccl_symmetric_heap returns (a group
   // barrier), so no peer's first store can land before the owner's zero-fill: the CPU version's opening sync is done
-  // inside the heap here.
-  heap_ = make_nccl_symmetric_heap(ep_group_, at);
-  peer_bases_.resize(static_cast<size_t>(P));
-  for (int r = 0; r < P; ++r) peer_bases_[static_cast<size_t>(r)] = static_cast<char*>(heap_->peer(heap_->local(), r));
-}
-
-Tensor CudaRowwiseDispatcher::heap_tensor(size_t offset) const {
-  return Tensor(static_cast<char*>(heap_->local()) + offset, dtype_, {rows_, hidden_}, Device::CUDA);
-}
-
-Lease CudaRowwiseDispatcher::acquire(int layer) {
-  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher: acquire before plan_buffers");
-  // NOTES: PUTs address a peer's buffer by our own (layer, slot), which is the same buffer on the peer because every
-  // rank runs the same schedule (LeasePools hands out the same slot everywhere).
-  Lease lease;
-  lease.layer = layer;
-  lease.slot = pools_.take(layer);
-  const auto& [in, out] = slots_[static_cast<size_t>(layer)][static_cast<size_t>(lease.slot)];
-  lease.buffers = {heap_tensor(in), heap_tensor(out)};
-  return lease;
-}
-
-void CudaRowwiseDispatcher::release(const Lease& lease) { pools_.give_back(lease.layer, lease.slot); }
-
-ExpertBuffers CudaRowwiseDispatcher::grad_buffers() {
-  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher: grad_buffers before plan_buffers");
-  return {heap_tensor(grad_slots_.first), heap_tensor(grad_slots_.second)};
+  // inside the heap here. The zero fill also starts the status record at no bytes and no error.
+  heap_ = make_nccl_symmetric_heap(ep_group_, layout_.bytes());
+  layout_.bind(heap_->local());
+  peer_bases_.resize(static_cast<size_t>(ranks_));
+  for (int r = 0; r < ranks_; ++r)
+    peer_bases_[static_cast<size_t>(r)] = static_cast<char*>(heap_->peer(heap_->local(), r));
 }
 
 size_t CudaRowwiseDispatcher::heap_offset(const Tensor& t, const char* op, const char* what) const {
-  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher ", op, ": called before plan_buffers");
+  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher ", op, ": called before reserve_buffers");
   const char* base = static_cast<const char*>(heap_->local());
   const char* p = static_cast<const char*>(t.data);
   MOE_CHECK(t.device == Device::CUDA && p >= base + first_buffer_offset_ &&
-                p + buffer_bytes_ <= base + heap_->bytes_per_rank(),
+                p + t.nbytes() <= base + heap_->bytes_per_rank(),
             "rowwise dispatcher ", op, " (rank ", ep_group_.rank(), "): ", what,
             " is not a buffer of the dispatcher's symmetric heap; pass a "
             "lease's buffers or grad_buffers()");
@@ -261,7 +263,7 @@ void CudaRowwiseDispatcher::check_tokens(const Tensor& t, int64_t cols, DType dt
 }
 
 void CudaRowwiseDispatcher::check_call(const RoutePlan& plan, int top_k, Stream stream, const char* op) const {
-  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher ", op, ": called before plan_buffers");
+  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher ", op, ": called before reserve_buffers");
   MOE_CHECK(top_k == top_k_, "rowwise dispatcher ", op, ": top_k ", top_k, " does not match the planned ", top_k_);
   MOE_CHECK(plan.route_index.device == Device::CUDA && plan.route_index.dtype == DType::I32 &&
                 plan.route_index.numel() == tokens_ * top_k_,
@@ -274,10 +276,11 @@ void CudaRowwiseDispatcher::check_call(const RoutePlan& plan, int top_k, Stream 
             "(the heap's syncs are queued there); pass a null Stream");
 }
 
-void CudaRowwiseDispatcher::plan(const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) {
-  constexpr const char* op = "plan";
-  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher: plan before plan_buffers");
-  const int P = ep_group_.size(), me = ep_group_.rank();
+void CudaRowwiseDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts,
+                                         Stream stream) {
+  constexpr const char* op = "place_routes";
+  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher: place_routes before reserve_buffers");
+  const int P = ranks_, me = rank_;
   const int64_t N = num_experts_, E = local_experts_;
   MOE_CHECK(topk_idx.device == Device::CUDA && topk_idx.dtype == DType::I32 && topk_idx.ndim() == 2 &&
                 topk_idx.dim(0) == tokens_ && topk_idx.dim(1) == top_k_,
@@ -294,11 +297,11 @@ void CudaRowwiseDispatcher::plan(const RoutePlan& plan, Tensor topk_idx, Tensor 
   const cudaStream_t s = compute_stream();
   const PeerBases peers = peer_table(peer_bases_);
   // NOTES: two count areas used in turn. A rank stores into area a while a peer may still be reading area a of an
-  // earlier plan; with alternation the last reads of area a came before the previous plan's sync, which we have passed,
-  // so they are finished. (In a captured step replayed back to back, a step with an odd number of plan calls meets the
-  // same area twice in a row across the replay boundary; any dispatch in between, whose sync follows the plan, keeps it
-  // safe, and every MoE layer dispatches after planning.)
-  const size_t area = counts_offset_[plans_++ % 2];
+  // earlier placement; with alternation the last reads of area a came before the previous placement's sync, which we
+  // have passed, so they are finished. (In a captured step replayed back to back, a step with an odd number of
+  // placements meets the same area twice in a row across the replay boundary; any dispatch in between, whose sync
+  // follows the placement, keeps it safe, and every MoE layer dispatches after placing its routes.)
+  const size_t area = layout_.offset(count_areas_[placements_++ % 2]);
   const int64_t pairs = static_cast<int64_t>(P) * N;
   exchange_counts_kernel<<<grid_for((pairs + kMaxThreads - 1) / kMaxThreads), kMaxThreads, 0, s>>>(
       peers, P, area, expert_counts.i32(), me, N);
@@ -306,10 +309,44 @@ void CudaRowwiseDispatcher::plan(const RoutePlan& plan, Tensor topk_idx, Tensor 
   // NOTES: every rank's count row must have landed in our area before we place routes from it.
   heap_->sync();
   const auto* gathered = reinterpret_cast<const int32_t*>(static_cast<const char*>(heap_->local()) + area);
+  auto* status = static_cast<DeviceStatus*>(layout_.get(status_).data);
   ep_route_index_kernel<<<static_cast<unsigned>(N), kRouteThreads, 0, s>>>(
-      plan.route_index.i32(), plan.expert_offsets.i32(), topk_idx.i32(), gathered, tokens_ * top_k_,
-      static_cast<int>(N), P, static_cast<int>(E), me, rows_);
+      plan.route_index.i32(), plan.expert_offsets.i32(), topk_idx.i32(), expert_counts.i32(), gathered,
+      tokens_ * top_k_, static_cast<int>(N), P, static_cast<int>(E), me, rows_,
+      static_cast<long long>(hidden_ * static_cast<int64_t>(dtype_size(dtype_))), layer, status);
   CUDA_CHECK_LAUNCH();
+}
+
+void CudaRowwiseDispatcher::check_after_step() {
+  if (heap_ == nullptr) return;  // nothing reserved, nothing ran
+  const Tensor record = layout_.get(status_);
+  DeviceStatus st{};
+  copy_from_tensor(&st, record);
+  set_moved(static_cast<int64_t>(st.bytes), static_cast<int64_t>(st.remote_bytes));
+  if (st.error == 0) return;
+  // Cleared first, so that a caller who handles the error sees later checks afresh.
+  DeviceStatus cleared{};
+  cleared.bytes = st.bytes, cleared.remote_bytes = st.remote_bytes;
+  copy_to_tensor(record, &cleared);
+  const char* fix = "; the counts handed to place_routes must be route_counts of the same topk_idx. Found on the "
+                    "device during the step, so that step's results are not valid";
+  switch (st.error) {
+    case kCountsNotTopkHistogram:
+      MOE_FAIL("rowwise dispatcher on the GPU (rank ", rank_, "), MoE layer ", st.layer, ": expert_counts[", st.subject,
+               "] = ", st.reported, " but topk_idx routes ", st.expected, " tokens to expert ", st.subject, fix);
+    case kAgreedRowInconsistent:
+      MOE_FAIL("rowwise dispatcher on the GPU (rank ", rank_, "), MoE layer ", st.layer, ": the agreed counts of rank ",
+               st.subject, st.reported < 0 ? " include a negative count" : " add up to ",
+               st.reported < 0 ? std::string() : std::to_string(st.reported), " routes where every rank routes T*K = ",
+               st.expected, fix);
+    case kOwnRowNotIntact:
+      MOE_FAIL("rowwise dispatcher on the GPU (rank ", rank_, "), MoE layer ", st.layer,
+               ": the agreed count area holds ", st.reported, " routes of this rank to expert ", st.subject,
+               " where it stored ", st.expected, " (the count exchange or its sync went wrong)");
+    default:
+      MOE_FAIL("rowwise dispatcher on the GPU (rank ", rank_, "): unknown device error code ", st.error,
+               " in the status record");
+  }
 }
 
 void CudaRowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) {

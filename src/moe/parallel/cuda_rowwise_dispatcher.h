@@ -3,14 +3,14 @@
 // row straight into the owner's expert_in through its LSA pointer (PUT) and load each expert result straight from the
 // owner's expert_out (GET).
 //
-// Counts are agreed on the device: plan() stores this rank's expert_counts [N] into slot [me] of every rank's count
-// area in the heap ([P][N] i32), syncs the heap, and one kernel computes the route index and the local expert offsets
-// from the gathered counts (the placement of placement.h: tail drop local-expert-major, then source rank, then (t, k)
-// order). Nothing is copied to the host and nothing waits on it, so every call can be captured in a CUDA graph. With
-// one GPU it runs with EP = 1 through the same kernels (the peer table has one entry).
+// Counts are agreed on the device: place_routes() stores this rank's expert_counts [N] into slot [me] of every rank's
+// count area in the heap ([P][N] i32), syncs the heap, and one kernel computes the route index and the local expert
+// offsets from the gathered counts (the placement of placement.h: tail drop local-expert-major, then source rank, then
+// (t, k) order). Nothing is copied to the host and nothing waits on it, so every call can be captured in a CUDA graph.
+// With one GPU it runs with EP = 1 through the same kernels (the peer table has one entry).
 //
 // Sync schedule per MoE layer (every rank makes the same calls in the same order):
-//   forward:  plan: PUT counts, SYNC, route index | dispatch: PUT expert_in, SYNC | experts (local) |
+//   forward:  place_routes: PUT counts, SYNC, route index | dispatch: PUT expert_in, SYNC | experts (local) |
 //             combine: SYNC, GET expert_out
 //   backward: combine_backward: PUT d_expert_out, GET expert_out, SYNC | experts (local) |
 //             dispatch_backward: SYNC, GET d_expert_in, SYNC
@@ -18,25 +18,31 @@
 //
 // Contract: tokens (x, out, dout, dx) and expert rows have the shape's dtype (BF16 on the GPU; F32 also works); weights
 // and dweights are F32; topk_idx, expert_counts and the plan are I32; all on the device. Every call runs on the process
-// compute stream (a null Stream), because the heap's sync() is queued there. The CPU version checks expert_counts
-// against topk_idx on the host; here that would need a host copy, so the caller must pass route_counts of this
-// topk_idx. Payload bytes are not counted: the CPU version counts them by reading route_index on the host, which a
-// captured step cannot do (dispatch_bytes_moved() reports 0 for this backend).
+// compute stream (a null Stream), because the heap's sync() is queued there.
+//
+// Checks and counters on the device. The CPU version checks expert_counts against topk_idx on the host and counts the
+// bytes it moves by reading route_index; here either would need a host copy inside the step. Instead the route-index
+// kernel (which reads every count involved, plus one more pass over topk_idx per expert for its histogram) writes them
+// into a small status record in this rank's heap segment: it adds the payload bytes of the rows each placement keeps (once for the dispatch, once for the combine, the same
+// figure the CPU version counts in those two calls), and it records the first count it finds wrong: expert_counts not
+// the histogram of topk_idx, or agreed counts that are inconsistent (a rank's counts not T*K routes in all or
+// negative, or this rank's own row not arriving intact), with the layer. check_after_step() reads the record once after
+// the step (one 56-byte copy, when the device is idle anyway), publishes the byte totals through bytes_moved() and
+// throws naming the layer. The kernel arguments (layer, record address) are fixed, so a captured step replays them.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "moe/comm/communicator.h"
 #include "moe/comm/symmetric_heap.h"
-#include "moe/model/dispatch.h"
+#include "moe/parallel/expert_buffers.h"
 
 namespace moe {
 
-class CudaRowwiseDispatcher final : public TokenDispatcher {
+class CudaRowwiseDispatcher final : public PooledDispatcher {
  public:
   // Largest EP group: the peer table is passed to every kernel by value (one NVL72 domain).
   static constexpr int kMaxRanks = 72;
@@ -46,28 +52,23 @@ class CudaRowwiseDispatcher final : public TokenDispatcher {
   CudaRowwiseDispatcher(Communicator& ep_group, int64_t num_experts, double capacity_factor, bool dropless);
 
   const char* name() const override { return "rowwise"; }
-  int64_t expert_rows(int64_t tokens, int64_t top_k) const override;
-  int64_t first_expert() const override { return ep_group_.rank() * local_experts_; }
-  int64_t local_experts() const override { return local_experts_; }
 
   // Collective over the EP group (allocates the heap). `arena` must be a CUDA arena; nothing is reserved in it (the
   // peer table travels as a kernel parameter).
-  void plan_buffers(const DispatchShape& shape, Arena& arena) override;
-  Lease acquire(int layer) override;
-  void release(const Lease& lease) override;
-  ExpertBuffers grad_buffers() override;
+  void reserve_buffers(const DispatchShape& shape, Arena& arena) override;
+  size_t heap_bytes() const override { return heap_ ? heap_->bytes_per_rank() : 0; }
 
-  void plan(const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) override;
+  void place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) override;
   void dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) override;
   void combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k, Stream stream) override;
   void combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out, Tensor weights,
                         const RoutePlan& plan, int top_k, Stream stream) override;
   void dispatch_backward(Tensor dx, Tensor d_expert_in, const RoutePlan& plan, int top_k, Stream stream) override;
 
- private:
-  Tensor heap_tensor(size_t offset) const;
- public:
-  size_t heap_bytes() const override { return heap_ ? heap_->bytes_per_rank() : 0; }
+  // Reads the device status record (the device must be idle, as after the trainer's read of the step statistics):
+  // bytes_moved() then reports the totals so far; a count the route-index kernel found wrong throws, naming the layer
+  // and the count, and is cleared.
+  void check_after_step() override;
 
  private:
   // Checks that `t` is a [rows, D] buffer of the heap (shape dtype) and returns its heap offset.
@@ -76,20 +77,14 @@ class CudaRowwiseDispatcher final : public TokenDispatcher {
   void check_call(const RoutePlan& plan, int top_k, Stream stream, const char* op) const;
 
   Communicator& ep_group_;
-  int64_t num_experts_, local_experts_;
-  double capacity_factor_;
-  bool dropless_;
-  int64_t tokens_ = 0, top_k_ = 0, hidden_ = 0, rows_ = 0;
   DType dtype_ = DType::BF16;
+  HeapLayout layout_{Device::CUDA};  // count areas, status record, then every expert buffer
   std::unique_ptr<SymmetricHeap> heap_;
-  std::vector<char*> peer_bases_;                              // [P]: the heap segment of each rank (device addresses)
-  size_t buffer_bytes_ = 0;                                    // one [rows, D] buffer, aligned
-  size_t counts_offset_[2] = {0, 0};                           // two [P][N] i32 count areas, used in turn (see plan())
-  size_t first_buffer_offset_ = 0;                             // expert buffers start here
-  int plans_ = 0;                                              // plan() calls so far: picks the count area
-  std::vector<std::vector<std::pair<size_t, size_t>>> slots_;  // [layer][slot] -> heap offsets (in, out)
-  std::pair<size_t, size_t> grad_slots_{};                     // heap offsets (d_expert_in, d_expert_out)
-  LeasePools pools_;
+  std::vector<char*> peer_bases_;  // [P]: the heap segment of each rank (device addresses)
+  int count_areas_[2] = {-1, -1};  // two [P][N] i32 count areas, used in turn (see place_routes())
+  int status_ = -1;                // the device status record (byte counters, first wrong count)
+  size_t first_buffer_offset_ = 0; // expert buffers start here
+  int placements_ = 0;             // place_routes() calls so far: picks the count area
 };
 
 }  // namespace moe

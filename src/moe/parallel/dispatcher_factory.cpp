@@ -50,16 +50,4 @@ std::unique_ptr<TokenDispatcher> make_run_dispatcher(Device device, bool device_
   return make_dispatcher(backend, *ep_group, num_experts, capacity_factor, dropless);
 }
 
-int64_t dispatch_bytes_moved(const TokenDispatcher& dispatcher) {
-  if (const auto* d = dynamic_cast<const RowwiseDispatcher*>(&dispatcher)) return d->bytes_moved();
-  if (const auto* d = dynamic_cast<const AllToAllDispatcher*>(&dispatcher)) return d->bytes_moved();
-  return 0;
-}
-
-int64_t dispatch_remote_bytes_moved(const TokenDispatcher& dispatcher) {
-  if (const auto* d = dynamic_cast<const RowwiseDispatcher*>(&dispatcher)) return d->remote_bytes_moved();
-  if (const auto* d = dynamic_cast<const AllToAllDispatcher*>(&dispatcher)) return d->remote_bytes_moved();
-  return 0;
-}
-
 }  // namespace moe

@@ -32,9 +32,4 @@ std::unique_ptr<TokenDispatcher> make_run_dispatcher(Device device, bool device_
                                                      const std::string& backend, Communicator* ep_group,
                                                      int64_t num_experts, double capacity_factor, bool dropless);
 
-// Payload bytes moved by dispatch + combine so far (0 for local, which moves nothing between
-// ranks), for metrics; and the part that crossed ranks.
-int64_t dispatch_bytes_moved(const TokenDispatcher& dispatcher);
-int64_t dispatch_remote_bytes_moved(const TokenDispatcher& dispatcher);
-
 }  // namespace moe

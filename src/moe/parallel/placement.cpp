@@ -1,22 +1,11 @@
 #include "moe/parallel/placement.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 
 #include "moe/core/error.h"
 
 namespace moe {
-
-int64_t ep_rank_capacity(int64_t tokens, int64_t top_k, int ranks, double capacity_factor, bool dropless) {
-  MOE_CHECK(tokens >= 0 && top_k >= 1 && ranks >= 1, "rank capacity: bad shape (tokens ", tokens, ", top_k ", top_k,
-            ", ranks ", ranks, ")");
-  const int64_t worst = tokens * top_k * ranks;
-  if (dropless) return worst;
-  MOE_CHECK(capacity_factor > 0.0, "ep.capacity_factor = ", capacity_factor, " must be positive (or use dropless)");
-  const double cap = std::ceil(capacity_factor * static_cast<double>(tokens * top_k));
-  return cap < static_cast<double>(worst) ? static_cast<int64_t>(cap) : worst;
-}
 
 int64_t Placement::kept_from(int d, int s) const {
   int64_t n = 0;

@@ -3,7 +3,7 @@
 // group, shared by the rowwise and alltoall dispatchers (and their tests).
 //
 // Rank r of P holds experts [r*E, (r+1)*E), E = N/P. Each destination buffer has `rows`
-// (rank_capacity) rows. Tail drop: at destination d, rows are ordered local-expert-major, then
+// (rank_capacity, expert_buffers.h) rows. Tail drop: at destination d, rows are ordered local-expert-major, then
 // source rank, then token order (t, then k); the cumulative count is clamped at `rows`. So the
 // rows kept from source s for local expert e of d are the contiguous range
 //   [start(d, e, s), start(d, e, s) + kept(d, e, s))
@@ -15,10 +15,6 @@
 #include <vector>
 
 namespace moe {
-
-// rank_capacity of one destination: dropless -> T*K*P (every route of every rank may come here);
-// otherwise ceil(capacity_factor * T * K), never more than the dropless worst case.
-int64_t ep_rank_capacity(int64_t tokens, int64_t top_k, int ranks, double capacity_factor, bool dropless);
 
 struct Placement {
   int ranks = 0;              // P

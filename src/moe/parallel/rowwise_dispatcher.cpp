@@ -1,104 +1,45 @@
 #include "moe/parallel/rowwise_dispatcher.h"
 
 #include <cstring>
-#include <string>
 
 #include "moe/core/error.h"
-#include "moe/parallel/ep_plan.h"
+#include "moe/parallel/route_agreement.h"
 #include "moe/parallel/routed_rows.h"
 
 namespace moe {
 
-namespace {
-constexpr size_t kHeapAlign = 256;
-size_t align_up(size_t n) { return (n + kHeapAlign - 1) / kHeapAlign * kHeapAlign; }
-}  // namespace
-
 RowwiseDispatcher::RowwiseDispatcher(Communicator& ep_group, int64_t num_experts, double capacity_factor,
                                      bool dropless)
-    : ep_group_(ep_group),
-      num_experts_(num_experts),
-      local_experts_(0),
-      capacity_factor_(capacity_factor),
-      dropless_(dropless) {
-  const int P = ep_group.size();
-  MOE_CHECK(num_experts >= 1 && num_experts % P == 0, "rowwise dispatcher: ", num_experts,
-            " experts do not split evenly over an EP group of ", P, " ranks (parallel.ep)");
-  local_experts_ = num_experts / P;
-  peer_rows_.resize(static_cast<size_t>(P));
-  peer_rows_2_.resize(static_cast<size_t>(P));
+    : PooledDispatcher("rowwise dispatcher", ep_group.size(), ep_group.rank(), num_experts, capacity_factor, dropless),
+      ep_group_(ep_group) {
+  peer_rows_.resize(static_cast<size_t>(ranks_));
+  peer_rows_2_.resize(static_cast<size_t>(ranks_));
 }
 
-int64_t RowwiseDispatcher::expert_rows(int64_t tokens, int64_t top_k) const {
-  return ep_rank_capacity(tokens, top_k, ep_group_.size(), capacity_factor_, dropless_);
-}
-
-void RowwiseDispatcher::plan_buffers(const DispatchShape& shape, Arena& arena) {
-  MOE_CHECK(shape.dtype == DType::F32 && arena.device() == Device::CPU, "rowwise dispatcher: moves F32 rows in host "
-            "memory (MPI); GPU activations (BF16) need the NCCL backend, which this build does not have yet");
-  MOE_CHECK(heap_ == nullptr, "rowwise dispatcher: plan_buffers called twice");
+void RowwiseDispatcher::reserve_buffers(const DispatchShape& shape, Arena& arena) {
+  require_host_f32_rows(shape, arena);
   arena_ = &arena;
-  tokens_ = shape.tokens, top_k_ = shape.top_k, hidden_ = shape.hidden;
-  rows_ = expert_rows(tokens_, top_k_);
-  const int P = ep_group_.size();
-  gathered_counts_ = arena.reserve("dispatch.gathered_expert_counts", DType::I32, {P * num_experts_});
-  pools_.init(shape.num_layers, shape.slots_per_layer);
-  buffer_bytes_ = align_up(static_cast<size_t>(rows_ * hidden_) * sizeof(float));
-  size_t at = 0;
-  auto next = [&] {
-    const size_t offset = at;
-    at += buffer_bytes_;
-    return offset;
-  };
-  slots_.assign(static_cast<size_t>(shape.num_layers), {});
-  for (int l = shape.first_layer; l < shape.num_layers; ++l)  // dense layers get no buffers
-    for (int s = 0; s < shape.slots_per_layer; ++s) {
-      const size_t in = next(), out = next();
-      slots_[static_cast<size_t>(l)].emplace_back(in, out);
-    }
-  const size_t d_in = next(), d_out = next();
-  grad_slots_ = {d_in, d_out};
-  heap_ = make_mpi_symmetric_heap(ep_group_, at > 0 ? at : kHeapAlign);
+  reserve_pools(layout_, shape, DType::F32);  // dense layers get no buffers
+  gathered_counts_ = arena.reserve("dispatch.gathered_expert_counts", DType::I32, {ranks_ * num_experts_});
+  heap_ = make_mpi_symmetric_heap(ep_group_, layout_.bytes());
   std::memset(heap_->local(), 0, heap_->bytes_per_rank());
+  layout_.bind(heap_->local());
   // NOTES: peers start storing into our segment in their first dispatch; this sync makes sure
   // nobody's first PUT can land before (and be wiped by) the owner's zero-fill above.
   heap_->sync();
 }
 
-Tensor RowwiseDispatcher::heap_tensor(size_t offset) const {
-  return Tensor(static_cast<char*>(heap_->local()) + offset, DType::F32, {rows_, hidden_});
-}
-
-Lease RowwiseDispatcher::acquire(int layer) {
-  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher: acquire before plan_buffers");
-  // NOTES: PUTs address a peer's buffer by our own (layer, slot); that is the same buffer on the
-  // peer because every rank runs the same schedule, so LeasePools hands out the same slot everywhere.
-  Lease lease;
-  lease.layer = layer;
-  lease.slot = pools_.take(layer);
-  const auto& [in, out] = slots_[static_cast<size_t>(layer)][static_cast<size_t>(lease.slot)];
-  lease.buffers = {heap_tensor(in), heap_tensor(out)};
-  return lease;
-}
-
-void RowwiseDispatcher::release(const Lease& lease) { pools_.give_back(lease.layer, lease.slot); }
-
-ExpertBuffers RowwiseDispatcher::grad_buffers() {
-  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher: grad_buffers before plan_buffers");
-  return {heap_tensor(grad_slots_.first), heap_tensor(grad_slots_.second)};
-}
-
 void RowwiseDispatcher::resolve_peers(std::vector<float*>& peers, const Tensor& t, const char* op,
                                       const char* what) {
-  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher ", op, ": called before plan_buffers");
-  const char* base = static_cast<const char*>(heap_->local());
-  const char* p = static_cast<const char*>(t.data);
-  MOE_CHECK(p >= base && p + buffer_bytes_ <= base + heap_->bytes_per_rank(), "rowwise dispatcher ", op, " (rank ",
-            ep_group_.rank(), "): ", what,
-            " is not a buffer of the dispatcher's symmetric heap; pass a lease's buffers or grad_buffers()");
+  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher ", op, ": called before reserve_buffers");
   MOE_CHECK(t.dtype == DType::F32 && t.ndim() == 2 && t.dim(0) == rows_ && t.dim(1) == hidden_,
             "rowwise dispatcher ", op, ": ", what, " must be [", rows_, ", ", hidden_, "] F32, got ", t.shape.str());
-  for (int r = 0; r < ep_group_.size(); ++r) peers[static_cast<size_t>(r)] = static_cast<float*>(heap_->peer(p, r));
+  const char* base = static_cast<const char*>(heap_->local());
+  const char* p = static_cast<const char*>(t.data);
+  MOE_CHECK(p >= base && p + t.nbytes() <= base + heap_->bytes_per_rank(), "rowwise dispatcher ", op, " (rank ",
+            rank_, "): ", what,
+            " is not a buffer of the dispatcher's symmetric heap; pass a lease's buffers or grad_buffers()");
+  for (int r = 0; r < ranks_; ++r) peers[static_cast<size_t>(r)] = static_cast<float*>(heap_->peer(p, r));
 }
 
 void RowwiseDispatcher::check_tokens(const Tensor& t, int64_t cols, const char* op, const char* what) const {
@@ -108,22 +49,23 @@ void RowwiseDispatcher::check_tokens(const Tensor& t, int64_t cols, const char* 
 
 void RowwiseDispatcher::count_bytes(const RoutePlan& plan) {
   const int32_t* index = plan.route_index.i32();
-  const int me = ep_group_.rank();
   const auto row_bytes = static_cast<int64_t>(hidden_ * sizeof(float));
+  int64_t rows = 0, remote_rows = 0;
   for (int64_t i = 0; i < plan.route_index.numel(); ++i) {
     if (index[i] < 0) continue;
-    bytes_moved_ += row_bytes;
-    if (index[i] / rows_ != me) remote_bytes_moved_ += row_bytes;
+    ++rows;
+    if (index[i] / rows_ != rank_) ++remote_rows;
   }
+  count_moved(rows * row_bytes, remote_rows * row_bytes);
 }
 
-void RowwiseDispatcher::plan(const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream) {
-  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher: plan before plan_buffers");
+void RowwiseDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream) {
+  MOE_CHECK(heap_ != nullptr, "rowwise dispatcher: place_routes before reserve_buffers");
   MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == tokens_ && topk_idx.dim(1) == top_k_,
-            "rowwise dispatcher: topk_idx ", topk_idx.shape.str(), " does not match the planned [", tokens_, ", ",
+            "rowwise dispatcher: topk_idx ", topk_idx.shape.str(), " does not match the reserved [", tokens_, ", ",
             top_k_, "]");
-  ep_plan(ep_group_, placement_, arena_->get(gathered_counts_), plan, topk_idx, expert_counts, num_experts_, rows_,
-          "rowwise");
+  agree_and_place_routes(ep_group_, placement_, arena_->get(gathered_counts_), layer, plan, topk_idx, expert_counts,
+                         num_experts_, rows_, "rowwise");
 }
 
 void RowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream) {

@@ -340,7 +340,7 @@ StepRecord Trainer::train_step(int64_t step) {
   const int64_t dp = world_.size(), T = t.seq_len, accum = cfg_.accumulation_steps(dp);
   const auto t0 = Clock::now();
   const double comm_before = world_.seconds();
-  const int64_t bytes_before = dispatch_bytes_moved(*dispatcher_);
+  const int64_t bytes_before = dispatcher_->bytes_moved();
   StepRecord r;
   r.step = step + 1;
   r.lr = lr_at(step, t.steps, t.lr, t.warmup_steps, t.min_lr_ratio);
@@ -373,10 +373,11 @@ StepRecord Trainer::train_step(int64_t step) {
   // After the step: one read of its statistics (this waits for the device), then the collectives.
   std::vector<float> st(kNumStepStats, 0.0f);
   copy_from_tensor(st.data(), state_.get(step_stats_).rows(0, kNumMicrobatchStats));
+  dispatcher_->check_after_step();  // the GPU dispatcher's count check and byte counters, read now the device is idle
   const int64_t moe_layers = cfg_.model.num_hidden_layers - cfg_.model.first_k_dense_replace;
   st[kRoutes] = static_cast<float>(accum * t.micro_batch_size * T * cfg_.model.num_experts_per_tok * moe_layers);
   st[kCapacity] = static_cast<float>(accum * model_->expert_rows() * moe_layers);
-  st[kBytesMoved] = static_cast<float>(dispatch_bytes_moved(*dispatcher_) - bytes_before);
+  st[kBytesMoved] = static_cast<float>(dispatcher_->bytes_moved() - bytes_before);
   const ParamStore::StepResult opt = store_->last_step();
   all_reduce_host(st);
   const Tensor load = state_.get(expert_load_);
@@ -437,6 +438,7 @@ std::optional<double> Trainer::evaluate(int64_t batches) {
   }
   std::vector<float> sum{static_cast<float>(local)};
   all_reduce_host(sum);
+  dispatcher_->check_after_step();  // eval's routes are checked and counted here, not in the next step
   return sum[0] / static_cast<double>(n * dp * B * T);
 }
 

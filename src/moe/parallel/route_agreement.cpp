@@ -1,4 +1,4 @@
-#include "moe/parallel/ep_plan.h"
+#include "moe/parallel/route_agreement.h"
 
 #include <algorithm>
 
@@ -6,8 +6,9 @@
 
 namespace moe {
 
-void ep_plan(Communicator& ep_group, Placement& placement, Tensor gathered_counts, const RoutePlan& plan,
-             Tensor topk_idx, Tensor expert_counts, int64_t num_experts, int64_t rows, const char* backend) {
+void agree_and_place_routes(Communicator& ep_group, Placement& placement, Tensor gathered_counts, int layer,
+                            const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, int64_t num_experts,
+                            int64_t rows, const char* backend) {
   const int P = ep_group.size(), me = ep_group.rank();
   const int64_t N = num_experts, E = N / P;
   MOE_CHECK(topk_idx.dtype == DType::I32 && topk_idx.ndim() == 2, backend, " dispatcher (rank ", me,
@@ -23,8 +24,26 @@ void ep_plan(Communicator& ep_group, Placement& placement, Tensor gathered_count
   MOE_CHECK(gathered_counts.numel() == P * N, backend, " dispatcher: count buffer is not [P*N]");
   // Agreement: every rank gets every rank's counts, so every rank computes the same placement.
   ep_group.all_gather(gathered_counts, expert_counts);
-  compute_placement(placement, gathered_counts.i32(), P, N, rows);
-  assign_routes(plan.route_index.i32(), topk_idx.i32(), T, K, placement, expert_counts.i32(), me);
+  // Every rank sees the same gathered counts, so every rank fails here together when one rank's
+  // counts are off (no rank is left waiting in a later sync).
+  const int32_t* counts = gathered_counts.i32();
+  for (int s = 0; s < P; ++s) {
+    int64_t routes = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      MOE_CHECK(counts[s * N + n] >= 0, backend, " dispatcher (rank ", me, "), MoE layer ", layer, ": rank ", s,
+                " reports ", counts[s * N + n], " routes to expert ", n, "; pass route_counts of its topk_idx");
+      routes += counts[s * N + n];
+    }
+    MOE_CHECK(routes == T * K, backend, " dispatcher (rank ", me, "), MoE layer ", layer, ": rank ", s,
+              "'s expert_counts add up to ", routes, " routes, but every rank routes T*K = ", T * K,
+              "; pass route_counts of its topk_idx");
+  }
+  compute_placement(placement, counts, P, N, rows);
+  try {
+    assign_routes(plan.route_index.i32(), topk_idx.i32(), T, K, placement, expert_counts.i32(), me);
+  } catch (const Error& e) {
+    MOE_FAIL(backend, " dispatcher, MoE layer ", layer, ": ", e.what());
+  }
   const int32_t* mine = placement.offsets_of(me);
   std::copy(mine, mine + E + 1, plan.expert_offsets.i32());
 }

@@ -1,0 +1,140 @@
+#include "moe/parallel/expert_buffers.h"
+
+#include <cmath>
+
+#include "moe/core/error.h"
+
+namespace moe {
+
+int64_t rank_capacity(int64_t tokens, int64_t top_k, int ranks, double capacity_factor, bool dropless) {
+  MOE_CHECK(tokens >= 0 && top_k >= 1 && ranks >= 1, "rank capacity: bad shape (tokens ", tokens, ", top_k ", top_k,
+            ", ranks ", ranks, ")");
+  const int64_t worst = tokens * top_k * ranks;
+  if (dropless) return worst;
+  MOE_CHECK(capacity_factor > 0.0, "model.capacity_factor = ", capacity_factor,
+            " must be positive (or set model.dropless = true)");
+  const double cap = std::ceil(capacity_factor * static_cast<double>(tokens * top_k));
+  return cap < static_cast<double>(worst) ? static_cast<int64_t>(cap) : worst;
+}
+
+int ArenaMemory::reserve(const std::string& name, DType dtype, Shape shape) {
+  slots_.push_back(arena_.reserve(name, dtype, shape));
+  return static_cast<int>(slots_.size()) - 1;
+}
+
+int HeapLayout::reserve(const std::string& /*name*/, DType dtype, Shape shape) {
+  MOE_CHECK(base_ == nullptr, "heap layout: reserve after the heap was bound");
+  entries_.push_back({end_, dtype, shape});
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  end_ += (bytes + kAlign - 1) / kAlign * kAlign;
+  return static_cast<int>(entries_.size()) - 1;
+}
+
+Tensor HeapLayout::get(int id) const {
+  MOE_CHECK(base_ != nullptr, "heap layout: buffer ", id, " used before the heap was allocated");
+  const Entry& e = entries_.at(static_cast<size_t>(id));
+  return Tensor(base_ + e.offset, e.dtype, e.shape, device_);
+}
+
+void ExpertBufferPools::reserve(BufferMemory& memory, const ExpertPoolSizes& sizes) {
+  MOE_CHECK(memory_ == nullptr, "expert buffer pools reserved twice");
+  MOE_CHECK(sizes.slots_per_layer >= 1, "lease pools need at least one slot per layer (parallel.lease_slots)");
+  MOE_CHECK(sizes.first_layer >= 0 && sizes.first_layer <= sizes.num_layers, "expert buffer pools: first MoE layer ",
+            sizes.first_layer, " is outside [0, ", sizes.num_layers, "]");
+  memory_ = &memory;
+  sizes_ = sizes;
+  const Shape shape{sizes.rows, sizes.hidden};
+  auto pair = [&](const std::string& prefix) {
+    Slot s;
+    s.in = memory.reserve(prefix + "expert_in", sizes.dtype, shape);
+    s.out = memory.reserve(prefix + "expert_out", sizes.dtype, shape);
+    return s;
+  };
+  pools_.assign(static_cast<size_t>(sizes.num_layers - sizes.first_layer), {});
+  for (int l = sizes.first_layer; l < sizes.num_layers; ++l)
+    for (int s = 0; s < sizes.slots_per_layer; ++s)
+      pools_[static_cast<size_t>(l - sizes.first_layer)].push_back(
+          pair("dispatch.layer." + std::to_string(l) + ".slot." + std::to_string(s) + "."));
+  grad_ = pair("dispatch.grad.");
+}
+
+std::vector<ExpertBufferPools::Slot>& ExpertBufferPools::pool_of(int layer, const char* op) {
+  MOE_CHECK(memory_ != nullptr, "expert buffers: ", op, " before the dispatcher reserved its buffers");
+  MOE_CHECK(layer >= sizes_.first_layer && layer < sizes_.num_layers, "no lease pool for layer ", layer,
+            ": expert buffers exist for the MoE layers ", sizes_.first_layer, "..", sizes_.num_layers - 1);
+  return pools_[static_cast<size_t>(layer - sizes_.first_layer)];
+}
+
+Lease ExpertBufferPools::acquire(int layer) {
+  std::vector<Slot>& pool = pool_of(layer, "acquire");
+  for (size_t s = 0; s < pool.size(); ++s)
+    if (!pool[s].busy) {
+      pool[s].busy = true;
+      Lease lease;
+      lease.layer = layer;
+      lease.slot = static_cast<int>(s);
+      lease.buffers = {memory_->get(pool[s].in), memory_->get(pool[s].out)};
+      return lease;
+    }
+  MOE_FAIL("lease pool 'layer ", layer, " expert buffers' is exhausted: all ", sizes_.slots_per_layer,
+           " slot(s) are held by microbatches whose backward has not run; raise parallel.lease_slots "
+           "(microbatches in flight at once)");
+}
+
+void ExpertBufferPools::release(const Lease& lease) {
+  std::vector<Slot>& pool = pool_of(lease.layer, "release");
+  MOE_CHECK(lease.slot >= 0 && lease.slot < static_cast<int>(pool.size()) && pool[static_cast<size_t>(lease.slot)].busy,
+            "release of a lease (layer ", lease.layer, ", slot ", lease.slot, ") that is not held");
+  pool[static_cast<size_t>(lease.slot)].busy = false;
+}
+
+ExpertBuffers ExpertBufferPools::grad_buffers() const {
+  MOE_CHECK(memory_ != nullptr, "expert buffers: grad_buffers before the dispatcher reserved its buffers");
+  return {memory_->get(grad_.in), memory_->get(grad_.out)};
+}
+
+namespace {
+int64_t experts_per_rank(const std::string& what, int64_t num_experts, int ranks) {
+  MOE_CHECK(ranks >= 1 && num_experts >= 1 && num_experts % ranks == 0, what, ": ", num_experts,
+            " experts do not split evenly over an EP group of ", ranks, " ranks (parallel.ep)");
+  return num_experts / ranks;
+}
+}  // namespace
+
+PooledDispatcher::PooledDispatcher(std::string what, int ranks, int rank, int64_t num_experts, double capacity_factor,
+                                   bool dropless)
+    : what_(std::move(what)),
+      ranks_(ranks),
+      rank_(rank),
+      num_experts_(num_experts),
+      local_experts_(experts_per_rank(what_, num_experts, ranks)),
+      capacity_factor_(capacity_factor),
+      dropless_(dropless) {}
+
+int64_t PooledDispatcher::expert_rows(int64_t tokens, int64_t top_k) const {
+  return rank_capacity(tokens, top_k, ranks_, capacity_factor_, dropless_);
+}
+
+void PooledDispatcher::reserve_pools(BufferMemory& memory, const DispatchShape& shape, DType dtype) {
+  MOE_CHECK(!pools_.reserved(), what_, ": reserve_buffers called twice");
+  tokens_ = shape.tokens, top_k_ = shape.top_k, hidden_ = shape.hidden;
+  rows_ = expert_rows(shape.tokens, shape.top_k);
+  pools_.reserve(memory, {shape.first_layer, shape.num_layers, shape.slots_per_layer, rows_, shape.hidden, dtype});
+}
+
+void PooledDispatcher::require_host_f32_rows(const DispatchShape& shape, const Arena& arena) const {
+  MOE_CHECK(shape.dtype == DType::F32 && arena.device() == Device::CPU, what_,
+            ": moves F32 rows in host memory (MPI); GPU runs use the rowwise dispatcher on NCCL (make_gpu_dispatcher)");
+}
+
+Lease PooledDispatcher::acquire(int layer) {
+  MOE_CHECK(pools_.reserved(), what_, ": acquire before reserve_buffers");
+  return pools_.acquire(layer);
+}
+
+ExpertBuffers PooledDispatcher::grad_buffers() {
+  MOE_CHECK(pools_.reserved(), what_, ": grad_buffers before reserve_buffers");
+  return pools_.grad_buffers();
+}
+
+}  // namespace moe
