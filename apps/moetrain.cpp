@@ -297,6 +297,11 @@ int main(int argc, char** argv) {
                   static_cast<long>(moe::kByteEosTokenId), r.out_dir.c_str(), static_cast<long>(r.listed_files),
                   r.listed_files == 1 ? "" : "s");
     }
+  } catch (const std::bad_alloc&) {
+    // Sizes are checked against memory where they are read; this is what slips through.
+    const std::string what = "out of memory in `moetrain " + app.get_subcommands().front()->get_name() +
+                             "`: a size in the config, the data or a checkpoint is too large for this machine";
+    return fail(what.c_str());
   } catch (const std::exception& e) {
     return fail(e.what());
   }

@@ -5,6 +5,8 @@
 //
 // Every case runs `moetrain` in a fresh temp dir with a model small enough (hidden 16, seq 16,
 // 2 sequences per step, a 20K-token synthetic corpus) that a run takes well under 2 s.
+#include <regex>
+
 #include "cli_test_util.h"
 
 namespace {
@@ -188,6 +190,59 @@ TEST_F(CliTest, resume_with_another_model_config_names_the_differing_key) {
   expect_error(r, {"num_experts = 4", "num_experts = 8", "step-000002"}, /*one_line=*/false);
   EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000002"});
   EXPECT_EQ(read_file(run_dir() + "/metrics.jsonl"), metrics_before);
+}
+
+// ---- command-line errors: one line, exit status 2, nothing written ---------------------------
+
+TEST_F(CliTest, negative_counts_on_the_command_line_are_usage_errors) {
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--steps", "-3"}, {"--save-every", "-5"}, {"--keep-last", "-2"}}) {
+    const CliRun r = moetrain(tiny_train(extra));
+    EXPECT_EQ(r.exit_code, 2) << extra[0] << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(extra[0]), std::string::npos) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_FALSE(fs::exists(run_dir()));
+  }
+  const CliRun eval = moetrain({"eval", "--checkpoint", path("x"), "--data", path("y"), "--tokens", "-5"});
+  EXPECT_EQ(eval.exit_code, 2) << eval.err;
+  EXPECT_NE(eval.err.find("--tokens"), std::string::npos) << eval.err;
+}
+
+TEST_F(CliTest, no_subcommand_and_unknown_flags_are_usage_errors_and_help_is_not) {
+  const CliRun bare = moetrain({});
+  EXPECT_EQ(bare.exit_code, 2) << bare.err;
+  EXPECT_EQ(bare.err.rfind("error: ", 0), 0u) << bare.err;
+  const CliRun unknown = moetrain({"train", "--stepz", "3"});
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.err;
+  EXPECT_NE(unknown.err.find("--stepz"), std::string::npos) << unknown.err;
+  const CliRun help = moetrain({"train", "--help"});
+  EXPECT_EQ(help.exit_code, 0) << help.err;
+  EXPECT_NE(help.out.find("--resume"), std::string::npos) << help.out;
+}
+
+TEST_F(CliTest, a_directory_as_config_file_is_named) {
+  fs::create_directory(path("configs"));
+  const CliRun r = moetrain(tiny_train({"--config", path("configs")}));
+  expect_error(r, {path("configs"), "not a regular file"});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, tokens_per_microbatch_that_overflow_are_named_without_wrapped_numbers) {
+  const CliRun r = moetrain(tiny_train({"--set", "train.micro_batch_size=144115188075855872", "--set",
+                                        "train.global_batch_size=144115188075855872"}));
+  expect_error(r, {"144115188075855872", "at most 2^40"});
+  EXPECT_FALSE(std::regex_search(r.err, std::regex("[^a-z]-[0-9]"))) << "a negative number in: " << r.err;
+  const CliRun product = moetrain(tiny_train({"--set", "train.micro_batch_size=1048576", "--set",
+                                              "train.global_batch_size=1048576", "--set", "train.seq_len=1048576"}));
+  expect_error(product, {"tokens per microbatch", "train.micro_batch_size (1048576) x train.seq_len (1048576)"});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, a_synthetic_corpus_larger_than_memory_is_named) {
+  const CliRun r = moetrain(tiny_train({"--set", "data.synthetic_tokens=1000000000000"}));
+  expect_error(r, {"data.synthetic_tokens"});
+  EXPECT_FALSE(fs::exists(run_dir()));
 }
 
 // ---- output and prepare errors -------------------------------------------------------------

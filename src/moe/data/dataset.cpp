@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "moe/core/arena.h"
 #include "moe/core/error.h"
 #include "moe/core/rng.h"
 #include "moe/data/synthetic.h"
@@ -42,6 +43,11 @@ TokenDataset TokenDataset::open(const DataConfig& cfg, int64_t vocab_size, int64
 
   if (cfg.path == "synthetic") {
     MOE_CHECK(cfg.synthetic_tokens >= 2, "data.synthetic_tokens must be >= 2, got ", cfg.synthetic_tokens);
+    // The corpus is generated in memory (4 bytes a token, twice while it is assembled).
+    const double bytes = 8.0 * (static_cast<double>(cfg.synthetic_tokens) + static_cast<double>(cfg.synthetic_eval_tokens));
+    MOE_CHECK(bytes < 0.5 * static_cast<double>(physical_memory_bytes()), "data.synthetic_tokens (",
+              cfg.synthetic_tokens, ") + data.synthetic_eval_tokens (", cfg.synthetic_eval_tokens, ") need ",
+              bytes / double(1 << 30), " GiB to generate, more than half of this machine's memory; lower them");
     MOE_CHECK(cfg.synthetic_eval_tokens >= 0, "data.synthetic_eval_tokens must be >= 0, got ",
               cfg.synthetic_eval_tokens);
     const SyntheticCorpus corpus(vocab_size, eos_token_id, cfg);
