@@ -27,6 +27,7 @@
 #include "moe/train/metrics.h"
 #include "moe/ops/kernel_choice.h"
 #include "moe/train/step_split.h"
+#include "moe/train/stop_request.h"
 #include "moe/train/trainer.h"
 
 namespace {
@@ -54,6 +55,11 @@ void print_summary(const moe::TrainSummary& s, bool bench) {
     return;
   }
   const moe::StepRecord& last = s.steps.back();
+  if (!s.stop_reason.empty())
+    std::printf("\nstopped after step %ld of the run's %ld (%s); a checkpoint of step %ld is saved: continue with "
+                "--resume latest\n",
+                static_cast<long>(last.step), static_cast<long>(s.planned_steps), s.stop_reason.c_str(),
+                static_cast<long>(last.step));
   std::printf("\n%s after step %ld: loss %.4f (lm %.4f)\n", bench ? "bench" : "done", static_cast<long>(last.step),
               last.loss, last.lm_loss);
   if (s.eval_loss)
@@ -186,6 +192,7 @@ int main(int argc, char** argv) {
       moe::TrainOptions opts;
       opts.resume = resume;
       opts.overwrite = overwrite;
+      moe::install_stop_handlers();  // SIGTERM / SIGUSR1 / Ctrl-C: checkpoint at the next step, then stop
       moe::Trainer trainer(cfg, opts, world);
       const moe::TrainSummary s = trainer.run();
       if (leader) print_summary(s, false);

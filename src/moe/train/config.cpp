@@ -360,8 +360,40 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(ss.str(), path, overrides);
 }
 
+double parse_duration(const std::string& text, const std::string& key) {
+  if (text.empty()) return 0;
+  double total = 0;
+  size_t i = 0;
+  bool any = false;
+  while (i < text.size()) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text.substr(i), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    MOE_CHECK(used > 0 && std::isfinite(v) && v >= 0, key, " = \"", text,
+              "\" is not a duration; write e.g. \"4h\", \"1h30m\", \"45m\" or \"90s\"");
+    i += used;
+    double unit = 1;
+    if (i < text.size()) {
+      const char u = text[i++];
+      unit = u == 's' ? 1 : u == 'm' ? 60 : u == 'h' ? 3600 : u == 'd' ? 86400 : -1;
+      MOE_CHECK(unit > 0, key, " = \"", text, "\": unknown unit '", u, "' (use s, m, h or d)");
+    } else {
+      MOE_CHECK(!any, key, " = \"", text, "\": a unit (s, m, h or d) must follow every number but the only one");
+    }
+    total += v * unit;
+    any = true;
+  }
+  MOE_CHECK(total > 0, key, " = \"", text, "\" must be longer than zero (\"\" means no limit)");
+  return total;
+}
+
 void Config::validate(int64_t dp) const {
   visit_config_keys(*this, RangeCheck{});
+  parse_duration(train.max_duration, "train.max_duration");
   model.validate();
   const TrainConfig& t = train;
   MOE_CHECK(dp >= 1, "data-parallel ranks must be >= 1, got ", dp);

@@ -36,6 +36,7 @@ struct TrainConfig {
   int64_t keep_last = 0;           // 0 = keep all checkpoints of this run's line
   int64_t max_skipped_steps = 10;  // consecutive non-finite (skipped) steps that end the run; 0 = never
   bool cuda_graph = false;         // GPU: capture the whole step once, replay it every step
+  std::string max_duration;        // wall-clock budget of this process ("90m", "4h", "1h30m"); "" = none
 };
 
 struct ParallelConfig {
@@ -75,6 +76,8 @@ struct Config {
 // (values parsed as TOML: 3, 1e-3, true, "text" or a bare word taken as a string).
 Config parse_config(const std::string& toml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
+// "1h30m", "45m", "90s", "2d", "3600" (seconds) -> seconds; "" -> 0 (no limit). Throws naming `key`.
+double parse_duration(const std::string& text, const std::string& key);
 // Reads the file; path "tiny" (or empty) selects the built-in tiny config.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // The model section and the whole resolved config as TOML text (written by the TOML library,

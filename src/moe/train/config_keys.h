@@ -132,6 +132,9 @@ void visit_config_keys(C& c, V&& v) {
   v.key("train", "max_skipped_steps", t.max_skipped_steps, count_from(0),
         "end the run with an error after this many consecutive steps skipped for non-finite gradients; 0 = never");
   v.key("train", "cuda_graph", t.cuda_graph, any_value<bool>(), "GPU: capture the step once, replay it every step");
+  v.key("train", "max_duration", t.max_duration, any_value<std::string>(),
+        "wall-clock budget of this process (\"4h\", \"1h30m\", \"90s\"): at the first step boundary past it, save a "
+        "checkpoint and stop; \"\" = none");
 
   v.choice("parallel", "mode", c.parallel.mode, Choices<std::string>{{"ddp", "ddp"}, {"fsdp", "fsdp"}},
            "ddp: resident weights + expert parallelism; fsdp: the full-reshard baseline");

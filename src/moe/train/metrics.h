@@ -21,6 +21,7 @@ struct StepRecord {
   double receive_utilization = 0;  // expert-buffer rows filled / rows available
   double dispatch_bytes = 0;       // payload bytes moved by dispatch and combine, all ranks
   bool skipped = false;
+  std::string stop_reason;  // not empty: every rank stops after this step (a signal, train.max_duration)
 };
 
 // What a metrics record carries besides the step's own numbers.

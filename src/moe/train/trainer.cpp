@@ -24,6 +24,7 @@
 #include "moe/parallel/fsdp_store.h"
 #include "moe/train/config_agreement.h"
 #include "moe/train/run_dir.h"
+#include "moe/train/stop_request.h"
 
 namespace fs = std::filesystem;
 
@@ -79,6 +80,8 @@ enum StepStat {
   kRoutes = kNumMicrobatchStats,
   kCapacity,
   kBytesMoved,
+  kStopSignals,   // ranks that received a stop signal (stop_request.h)
+  kStopDeadline,  // rank 0: train.max_duration is reached
   kNumStepStats
 };
 
@@ -378,6 +381,9 @@ StepRecord Trainer::train_step(int64_t step) {
   st[kRoutes] = static_cast<float>(accum * t.micro_batch_size * T * cfg_.model.num_experts_per_tok * moe_layers);
   st[kCapacity] = static_cast<float>(accum * model_->expert_rows() * moe_layers);
   st[kBytesMoved] = static_cast<float>(dispatcher_->bytes_moved() - bytes_before);
+  st[kStopSignals] = stop_signal() != 0 ? 1.0f : 0.0f;
+  // Rank 0's clock decides for everyone: stop when the next step would end past the budget.
+  st[kStopDeadline] = leader() && deadline_ && Clock::now() + (Clock::now() - t0) > *deadline_ ? 1.0f : 0.0f;
   const ParamStore::StepResult opt = store_->last_step();
   all_reduce_host(st);
   const Tensor load = state_.get(expert_load_);
@@ -407,6 +413,10 @@ StepRecord Trainer::train_step(int64_t step) {
   r.dropped_fraction = st[kRoutes] > 0 ? (st[kRoutes] - st[kReceived]) / st[kRoutes] : 0.0;
   r.receive_utilization = st[kCapacity] > 0 ? st[kReceived] / st[kCapacity] : 0.0;
   r.dispatch_bytes = st[kBytesMoved];
+  if (st[kStopSignals] > 0)
+    r.stop_reason = stop_signal() != 0 ? std::string(signal_name(stop_signal())) : "a stop signal on another rank";
+  else if (st[kStopDeadline] > 0)
+    r.stop_reason = "train.max_duration = \"" + t.max_duration + "\" reached";
   const int64_t N = cfg_.model.num_experts;
   for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l) {
     if (!cfg_.model.is_moe_layer(l)) continue;
@@ -497,6 +507,7 @@ TrainSummary Trainer::run() {
   const TrainConfig& t = cfg_.train;
   TrainSummary summary;
   summary.first_step = start_step_;
+  summary.planned_steps = t.steps;
   summary.attainable_loss = data_.attainable_loss();
   // Rank 0 claims the run directory only now: config, data and any checkpoint are validated.
   std::unique_ptr<RunDirectory> run_dir;
@@ -513,6 +524,8 @@ TrainSummary Trainer::run() {
   const double ideal_step_s = flops_.flops_per_token * tokens_per_step / (peak_.tflops * 1e12 * dp);
   double comm_s = 0, opt_s = 0;
   const auto run_start = Clock::now();
+  if (const double budget = parse_duration(t.max_duration, "train.max_duration"); budget > 0)
+    deadline_ = run_start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(budget));
   double timed_s = 0;
   int64_t timed_steps = 0, consecutive_skipped = 0, skipped_here = 0;
   int64_t last_saved = start_step_;
@@ -566,19 +579,25 @@ TrainSummary Trainer::run() {
               ") were skipped because their gradients were not finite (train.max_skipped_steps = ",
               t.max_skipped_steps, "); the model has diverged. Resume from an earlier checkpoint with a lower "
               "train.lr or a tighter train.grad_clip");
-    if (!opts_.bench && t.save_every > 0 && r.step % t.save_every == 0) {
+    if (!opts_.bench && ((t.save_every > 0 && r.step % t.save_every == 0) || (!r.stop_reason.empty() && !last))) {
       save_checkpoint_now(r.step);
       last_saved = r.step;
     }
+    if (!r.stop_reason.empty() && !last) {
+      summary.stop_reason = r.stop_reason;
+      break;
+    }
   }
-  summary.last_step = t.steps;
+  summary.last_step = summary.steps.empty() ? start_step_ : summary.steps.back().step;
   if (profile && opts_.profiler->recording()) opts_.profiler->stop();
   MOE_CHECK(skipped_here == 0 || skipped_here < t.steps - start_step_, "every step of this run (", skipped_here,
             ") was skipped because its gradients were not finite: nothing was learned. Lower train.lr or tighten "
             "train.grad_clip");
-  if (!opts_.bench && cfg_.run.save_final && last_saved != t.steps && t.steps > start_step_)
+  if (!opts_.bench && cfg_.run.save_final && last_saved != t.steps && summary.last_step == t.steps &&
+      t.steps > start_step_)
     save_checkpoint_now(t.steps);
-  if (!opts_.bench && t.eval_batches > 0 && !summary.eval_loss && !(t.eval_every > 0 && t.steps > start_step_))
+  if (!opts_.bench && summary.stop_reason.empty() && t.eval_batches > 0 && !summary.eval_loss &&
+      !(t.eval_every > 0 && t.steps > start_step_))
     summary.eval_loss = evaluate(t.eval_batches);
   summary.skipped_steps = skipped_steps_;
   if (timed_steps > 0) {

@@ -8,6 +8,7 @@
 // router-bias balancing (model/router_bias.h) and eval windows (data/eval_windows.h).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -42,6 +43,8 @@ struct TrainOptions {
 
 struct TrainSummary {
   int64_t first_step = 0, last_step = 0;  // steps run: (first_step, last_step]
+  int64_t planned_steps = 0;              // train.steps
+  std::string stop_reason;                // why the run stopped before train.steps (a checkpoint was saved)
   std::vector<StepRecord> steps;          // every step run, in order (identical on every rank)
   std::optional<double> eval_loss;        // at the end, when the held-out split is used (may be NaN)
   std::optional<double> attainable_loss;  // synthetic corpus only
@@ -136,6 +139,7 @@ class Trainer {
   int64_t skipped_steps_ = 0;      // in the whole run, resumes included
   std::string resumed_from_;       // the checkpoint this process started from ("" = fresh)
   std::string run_id_;             // stays the same across resumes (train_state.json)
+  std::optional<std::chrono::steady_clock::time_point> deadline_;  // train.max_duration, from run()
 };
 
 }  // namespace moe

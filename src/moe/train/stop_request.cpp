@@ -1,0 +1,39 @@
+#include "moe/train/stop_request.h"
+
+#include <csignal>
+#include <initializer_list>
+
+namespace moe {
+
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void record_stop(int signo) {
+  if (g_stop_signal == 0) g_stop_signal = signo;
+  // A second Ctrl-C is an emergency stop: back to the default action for the next one.
+  if (signo == SIGINT) std::signal(SIGINT, SIG_DFL);
+}
+
+}  // namespace
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = record_stop;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int signo : {SIGTERM, SIGUSR1, SIGINT}) sigaction(signo, &sa, nullptr);
+}
+
+int stop_signal() { return g_stop_signal; }
+
+const char* signal_name(int signo) {
+  switch (signo) {
+    case SIGTERM: return "SIGTERM";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGINT: return "SIGINT";
+    default: return "a signal";
+  }
+}
+
+}  // namespace moe

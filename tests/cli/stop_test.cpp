@@ -1,0 +1,80 @@
+// Preemption: SIGTERM or SIGUSR1 (what schedulers send before they stop a job), Ctrl-C, or
+// train.max_duration make the run save a checkpoint at the next step boundary and exit cleanly,
+// and --resume latest continues from it with the losses the uninterrupted run would have had.
+#include "cli_test_util.h"
+
+namespace {
+
+std::vector<double> losses_of(const std::string& metrics) {
+  std::vector<double> out;
+  for (const auto& r : read_metrics(metrics)) out.push_back(r["loss"].get<double>());
+  return out;
+}
+
+class StopTest : public CliTest {
+ protected:
+  // A run long enough to be stopped, logging every step.
+  std::vector<std::string> long_run(const std::string& dir, int steps) const {
+    std::vector<std::string> args = tiny_train({"--steps", std::to_string(steps), "--set", "train.log_every=1",
+                                                "--set", "train.eval_every=0", "--set", "train.eval_batches=0"});
+    args.insert(args.end(), {"--set", "run.dir=" + dir});
+    return args;
+  }
+  // Starts `moetrain args` in the background, waits for its first metrics record, sends `signal`.
+  CliRun signalled(const std::vector<std::string>& args, const std::string& metrics, const char* signal) {
+    std::string cmd = std::string("'") + MOE_BINARY_DIR + "/moetrain'";
+    for (const std::string& a : args) cmd += " '" + a + "'";
+    cmd += " & pid=$!; while [ ! -s '" + metrics + "' ]; do sleep 0.02; done; kill -" + signal +
+           " $pid; wait $pid";
+    return run({"/bin/bash", "-c", cmd});
+  }
+};
+
+TEST_F(StopTest, sigterm_saves_a_checkpoint_at_the_next_step_and_resume_continues_the_same_run) {
+  const int steps = 400;
+  ASSERT_EQ(moetrain(long_run(path("whole"), steps)).exit_code, 0);
+  const std::vector<double> whole = losses_of(path("whole/metrics.jsonl"));
+
+  const CliRun r = signalled(long_run(run_dir(), steps), run_dir() + "/metrics.jsonl", "TERM");
+  ASSERT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  EXPECT_NE(r.out.find("(SIGTERM); a checkpoint of step"), std::string::npos) << r.out;
+  const std::vector<std::string> saved = step_dirs(run_dir());
+  ASSERT_EQ(saved.size(), 1u);
+  const int64_t stopped = std::stoll(saved[0].substr(5));
+  EXPECT_LT(stopped, steps) << "the run was not stopped early";
+  EXPECT_EQ(read_metrics(run_dir() + "/metrics.jsonl").back()["step"].get<int64_t>(), stopped);
+  EXPECT_FALSE(fs::exists(run_dir() + "/.lock"));
+
+  const CliRun resumed = moetrain(long_run(run_dir(), steps));
+  ASSERT_NE(resumed.exit_code, 0) << "a fresh start into the stopped run's directory must be refused";
+  std::vector<std::string> cont = long_run(run_dir(), steps);
+  cont.insert(cont.end(), {"--resume", "latest"});
+  ASSERT_EQ(moetrain(cont).exit_code, 0);
+  EXPECT_EQ(losses_of(run_dir() + "/metrics.jsonl"), whole) << "stop + resume must reproduce the uninterrupted run";
+}
+
+TEST_F(StopTest, sigusr1_and_ctrl_c_stop_the_same_way) {
+  for (const char* signal : {"USR1", "INT"}) {
+    const std::string dir = path(std::string("run-") + signal);
+    const CliRun r = signalled(long_run(dir, 400), dir + "/metrics.jsonl", signal);
+    ASSERT_EQ(r.exit_code, 0) << signal << "\n" << r.out << r.err;
+    EXPECT_NE(r.out.find(std::string("(SIG") + signal + ")"), std::string::npos) << r.out;
+    EXPECT_EQ(step_dirs(dir).size(), 1u) << signal;
+  }
+}
+
+TEST_F(StopTest, max_duration_stops_with_a_checkpoint_before_the_budget_runs_out) {
+  std::vector<std::string> args = long_run(run_dir(), 100000);
+  args.insert(args.end(), {"--set", "train.max_duration=\"1s\""});
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliRun r = moetrain(args);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("train.max_duration = \"1s\" reached"), std::string::npos) << r.out;
+  EXPECT_EQ(step_dirs(run_dir()).size(), 1u);
+  EXPECT_LT(seconds, 20.0);
+  const CliRun bad = moetrain(tiny_train({"--set", "train.max_duration=\"ten minutes\""}));
+  expect_error(bad, {"train.max_duration", "is not a duration"});
+}
+
+}  // namespace
