@@ -14,7 +14,7 @@
 #include "moe/core/device.h"
 #include "moe/data/npy.h"
 #include "moe/core/rng.h"
-#include "moe/ops/embedding.h"
+#include "moe/ops/elementwise.h"
 #include "moe/optim/lr_schedule.h"
 #include "moe/parallel/ddp_store.h"
 #include "moe/parallel/dispatcher_factory.h"
