@@ -25,7 +25,7 @@
 #include "moe/core/cuda_check.h"
 #include "moe/core/device.h"
 #include "moe/core/gpu_timer.h"
-#include "moe/ops/embedding.h"
+#include "moe/ops/elementwise.h"
 #include "moe/parallel/cuda_rowwise_dispatcher.h"
 
 

@@ -17,7 +17,7 @@
 #include "moe/core/gpu_timer.h"
 #include "moe/core/kernel_profiler.h"
 #include "moe/ops/activation.h"
-#include "moe/ops/embedding.h"
+#include "moe/ops/elementwise.h"
 #include "moe/ops/gemm.h"
 #include "moe/ops/grouped_gemm.h"
 #include "moe/ops/permute.h"
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
       router_forward(t(scores_), t(idx_), t(w_), t(logits_), Tensor(), ScoreFn::Softmax, false);
       route_counts(t(counts_), t(idx_));
       route_index_local(t(route_), t(offs_), t(idx_), t(counts_), R);
-      gather_rows(t(xe_), t(x_), t(route_), static_cast<int>(K));
+      scatter_rows_to_routes(t(xe_), t(x_), t(route_), static_cast<int>(K));
       grouped_matmul(t(gu_), t(xe_), t(w13_), t(offs_), true, false);
       swiglu_forward(t(act_), t(gu_));
       grouped_matmul(t(ye_), t(act_), t(w2_), t(offs_), true, false);
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
       swiglu_backward(t(dgu_), t(dact_), t(gu_));
       grouped_matmul(t(dxe_), t(dgu_), t(w13_), t(offs_), false, false);
       grouped_matmul_wgrad(t(gw13_), t(dgu_), t(xe_), t(offs_), {}, /*accumulate=*/false);
-      gather_rows_backward(t(dx_), t(dxe_), t(route_), static_cast<int>(K), false);
+      scatter_rows_to_routes_backward(t(dx_), t(dxe_), t(route_), static_cast<int>(K), false);
       router_backward(t(dlogits_), t(dw_), t(idx_), t(w_), t(scores_), t(logits_), t(counts_), 0.0f, 0.0f,
                       ScoreFn::Softmax, false);
       cast_copy(t(dlogits_b_), t(dlogits_));

@@ -50,31 +50,32 @@ TEST(CudaOptim, SumSquaresMatchesCpuAndIsDeterministic) {
     const auto x = random_values(n, 1 + n);
     auto x_host = x;
     float want = 2.5f;
-    sum_squares_accumulate(f32_tensor(&want, {1}), f32_tensor(x_host.data(), {n}));
+    sum_squares_accumulate(f32_tensor(&want, {1}), f32_tensor(x_host.data(), {n}), Tensor());
 
     DeviceBuffer x_d(DType::F32, {1, n, 1}), out_d(DType::F32, {1});  // any shape is accepted
+    DeviceBuffer ws(DType::F32, {sum_squares_workspace_elems(Device::CUDA, n)});
     x_d.upload(x);
     out_d.upload({2.5f});
-    sum_squares_accumulate(out_d, x_d);
+    sum_squares_accumulate(out_d, x_d, ws);
     const float got = out_d.download()[0];
     EXPECT_NEAR(got, want, kTol * want);
     out_d.upload({2.5f});
-    sum_squares_accumulate(out_d, x_d);
+    sum_squares_accumulate(out_d, x_d, ws);
     const float again = out_d.download()[0];
     EXPECT_EQ(std::memcmp(&got, &again, 4), 0) << "not deterministic";
   }
   // Accumulating over two tensors equals one pass over their concatenation (within rounding).
   const auto x = random_values(5000, 9);
   DeviceBuffer a_d(DType::F32, {2000}), b_d(DType::F32, {3000}), all_d(DType::F32, {5000}), parts(DType::F32, {1}),
-      whole(DType::F32, {1});
+      whole(DType::F32, {1}), ws(DType::F32, {sum_squares_workspace_elems(Device::CUDA, 5000)});
   a_d.upload(std::vector<float>(x.begin(), x.begin() + 2000));
   b_d.upload(std::vector<float>(x.begin() + 2000, x.end()));
   all_d.upload(x);
   parts.upload({0.0f});
   whole.upload({0.0f});
-  sum_squares_accumulate(parts, a_d);
-  sum_squares_accumulate(parts, b_d);
-  sum_squares_accumulate(whole, all_d);
+  sum_squares_accumulate(parts, a_d, ws);
+  sum_squares_accumulate(parts, b_d, ws);
+  sum_squares_accumulate(whole, all_d, ws);
   const float p = parts.download()[0], w = whole.download()[0];
   EXPECT_NEAR(p, w, kTol * w);
 #endif
@@ -106,7 +107,7 @@ TEST(CudaOptim, AdamwMatchesCpuOverThreeSteps) {
     for (int step = 1; step <= 3; ++step) {
       auto grad = random_values(n, seed++, 0.01);
       float norm_sq = 0.0f;
-      sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad.data(), {n}));
+      sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad.data(), {n}), Tensor());
       // The same squared norm on both sides, so this checks the update alone.
       norm_d.upload({norm_sq});
       grad_d.upload(grad);
@@ -122,6 +123,41 @@ TEST(CudaOptim, AdamwMatchesCpuOverThreeSteps) {
 }
 
 // The norm computed on the device feeds the update on the device: no host round trip.
+// Two sum_squares_accumulate calls running at once on two streams, each with its own workspace,
+// give the bits of the same calls made one after the other (different n give different block
+// counts, so calls that shared partial sums would mix them).
+TEST(CudaOptim, SumSquaresOnTwoStreamsWithTheirOwnWorkspacesMatchesSerialCalls) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  const int64_t na = 1 << 20, nb = 70001;
+  DeviceBuffer xa(DType::F32, {na}), xb(DType::F32, {nb}), outa(DType::F32, {1}), outb(DType::F32, {1}),
+      wsa(DType::F32, {sum_squares_workspace_elems(Device::CUDA, na)}),
+      wsb(DType::F32, {sum_squares_workspace_elems(Device::CUDA, nb)});
+  xa.upload(random_values(na, 21));
+  xb.upload(random_values(nb, 22));
+  outa.upload({0.0f});
+  outb.upload({0.0f});
+  sum_squares_accumulate(outa, xa, wsa);
+  sum_squares_accumulate(outb, xb, wsb);
+  const std::vector<float> a_serial = outa.download(), b_serial = outb.download();
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  for (int rep = 0; rep < 50; ++rep) {
+    CUDA_CHECK(cudaMemsetAsync(outa.tensor().data, 0, sizeof(float), s1));
+    CUDA_CHECK(cudaMemsetAsync(outb.tensor().data, 0, sizeof(float), s2));
+    sum_squares_accumulate(outa, xa, wsa, Stream{s1});
+    sum_squares_accumulate(outb, xb, wsb, Stream{s2});
+  }
+  CUDA_CHECK(cudaStreamSynchronize(s1));
+  CUDA_CHECK(cudaStreamSynchronize(s2));
+  EXPECT_TRUE(same_bits(outa.download(), a_serial)) << "the call on stream 1 saw the other call's partial sums";
+  EXPECT_TRUE(same_bits(outb.download(), b_serial)) << "the call on stream 2 saw the other call's partial sums";
+  CUDA_CHECK(cudaStreamDestroy(s1));
+  CUDA_CHECK(cudaStreamDestroy(s2));
+#endif
+}
+
 TEST(CudaOptim, AdamwWithDeviceNormMatchesCpu) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
@@ -132,18 +168,18 @@ TEST(CudaOptim, AdamwWithDeviceNormMatchesCpu) {
   const auto grad = random_values(n, 4);
   std::vector<float> m(n, 0.0f), v(n, 0.0f);
   DeviceBuffer param_d(DType::F32, {n}), grad_d(DType::F32, {n}), m_d(DType::F32, {n}), v_d(DType::F32, {n}),
-      norm_d(DType::F32, {1});
+      norm_d(DType::F32, {1}), norm_ws(DType::F32, {sum_squares_workspace_elems(Device::CUDA, n)});
   param_d.upload(param);
   grad_d.upload(grad);
   m_d.upload(m);
   v_d.upload(v);
   norm_d.upload({0.0f});
-  sum_squares_accumulate(norm_d, grad_d);
+  sum_squares_accumulate(norm_d, grad_d, norm_ws);
   adamw_step(param_d, grad_d, m_d, v_d, norm_d, 1.0f, cfg, 1);
 
   auto grad_host = grad;
   float norm_sq = 0.0f;
-  sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad_host.data(), {n}));
+  sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad_host.data(), {n}), Tensor());
   adamw_step(f32_tensor(param.data(), {n}), f32_tensor(grad_host.data(), {n}), f32_tensor(m.data(), {n}),
              f32_tensor(v.data(), {n}), f32_tensor(&norm_sq, {1}), 1.0f, cfg, 1);
   EXPECT_LE(normalized_error(param_d.download(), param), kTol);
@@ -236,9 +272,9 @@ TEST(CudaOptim, RejectsNonF32AndMismatchedShapes) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
   DeviceBuffer p(DType::F32, {8}), p_bf16(DType::BF16, {8}), g7(DType::F32, {7}), norm(DType::F32, {1}),
-      out2(DType::F32, {2});
-  EXPECT_THROW(sum_squares_accumulate(norm, p_bf16), Error);
-  EXPECT_THROW(sum_squares_accumulate(out2, p), Error);
+      out2(DType::F32, {2}), ws(DType::F32, {sum_squares_workspace_elems(Device::CUDA, 8)});
+  EXPECT_THROW(sum_squares_accumulate(norm, p_bf16, ws), Error);
+  EXPECT_THROW(sum_squares_accumulate(out2, p, ws), Error);
   EXPECT_THROW(adamw_step(p, g7, p, p, norm, 1.0f, AdamWConfig{}, 1), Error);
   EXPECT_THROW(adamw_step(p_bf16, p_bf16, p_bf16, p_bf16, norm, 1.0f, AdamWConfig{}, 1), Error);
   EXPECT_THROW(adamw_step(p, p, p, p, norm, 1.0f, AdamWConfig{}, 0), Error);
@@ -283,7 +319,7 @@ TEST(CudaOptim, AdamwWithScheduleEqualsAdamwWithoutOverTwoThousandSteps) {
   for (float& x : v) x = x * x;
   auto grad_host = grad;
   float norm_sq = 0.0f;
-  sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad_host.data(), {n}));
+  sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad_host.data(), {n}), Tensor());
   AdamWConfig cfg;
   cfg.weight_decay = 0.1f;
   DeviceAdamW plain{n}, scheduled{n};
@@ -320,7 +356,7 @@ TEST(CudaOptim, AdamwWithScheduleEqualsAdamwWithoutOverThreeSteps) {
       cfg.lr = 1e-3f * static_cast<float>(step) / 3.0f;
       auto grad = random_values(n, 40 + step, 0.01);
       float norm_sq = 0.0f;
-      sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad.data(), {n}));
+      sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad.data(), {n}), Tensor());
       if (step == 1) {
         plain.load(param, grad, m, v, norm_sq);
         scheduled.load(param, grad, m, v, norm_sq);
@@ -356,7 +392,7 @@ TEST(CudaOptim, AdamwScheduleReplaysInACapturedGraph) {
   const std::vector<float> zeros(n, 0.0f);
   auto grad_host = grad;
   float norm_sq = 0.0f;
-  sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad_host.data(), {n}));
+  sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad_host.data(), {n}), Tensor());
   DeviceAdamW plain{n}, graphed{n};
   plain.load(param, grad, zeros, zeros, norm_sq);
   graphed.load(param, grad, zeros, zeros, norm_sq);

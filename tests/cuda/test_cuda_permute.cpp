@@ -1,14 +1,15 @@
 // CUDA row movement and weighted combine against the CPU, for row dtype F32 and BF16, on random
 // rows and route indices built by the CPU's route_index_local with and without drops: T in {1, 37,
 // 4096}, K in {1, 2, 8} (N = 64) and K = N = 8, row widths 6, 13, 256 (every copy width of
-// gather_rows: 2-, 4- and 16-byte words).
+// scatter_rows_to_routes: 2-, 4- and 16-byte words).
 //
 // BF16 inputs are rounded to BF16 first, so the CPU (FP32) sees exactly the GPU's inputs.
 // Tolerances:
-//   - gather_rows (pure movement) and combine_rows_backward's dy (one product, rounded once):
-//     exactly equal, including the rows nobody writes (which must keep the poison);
-//   - gather_rows_backward, combine_rows: normalized error <= 1e-6 for F32 (same operations in the
-//     same order as the CPU, so in practice exact), <= 1e-2 for BF16 (one rounding to BF16 on store);
+//   - scatter_rows_to_routes (pure movement) and combine_rows_backward's dy (one product, rounded
+//     once): exactly equal, including the rows nobody writes (which must keep the poison);
+//   - scatter_rows_to_routes_backward, combine_rows: normalized error <= 1e-6 for F32 (same
+//     operations in the same order as the CPU, so in practice exact), <= 1e-2 for BF16 (one
+//     rounding to BF16 on store);
 //   - combine_rows_backward's dweights (F32): normalized error <= 1e-5 (the dot products sum in
 //     another order).
 // Every op runs twice; the two results must be bit-identical.
@@ -108,30 +109,30 @@ void check_permute(const Case& c, uint64_t seed) {
   dout_d.upload(dout);
   weights_d.upload(weights);
 
-  // gather_rows: exact, and the rows no route uses keep the poison.
+  // scatter_rows_to_routes: exact, and the rows no route uses keep the poison.
   {
     std::vector<float> ref(row_elems, poison(c.dtype));
-    gather_rows(f32_tensor(ref.data(), {rows, D}), f32_tensor(src.data(), {T, D}), index_h, K);
+    scatter_rows_to_routes(f32_tensor(ref.data(), {rows, D}), f32_tensor(src.data(), {T, D}), index_h, K);
     std::vector<float> first;
     for (int run = 0; run < 2; ++run) {
       DeviceBuffer dst_d(c.dtype, {rows, D});
-      gather_rows(dst_d, src_d, index_d, K);
+      scatter_rows_to_routes(dst_d, src_d, index_d, K);
       const std::vector<float> got = dst_d.download();
       if (run == 0) {
-        EXPECT_TRUE(bits_equal(got, ref)) << "gather_rows differs from the CPU";
+        EXPECT_TRUE(bits_equal(got, ref)) << "scatter_rows_to_routes differs from the CPU";
       } else {
-        EXPECT_TRUE(bits_equal(got, first)) << "gather_rows differs between two runs";
+        EXPECT_TRUE(bits_equal(got, first)) << "scatter_rows_to_routes differs between two runs";
       }
       first = got;
     }
   }
 
-  // gather_rows_backward and combine_rows, overwriting (into poison) and accumulating.
+  // scatter_rows_to_routes_backward and combine_rows, overwriting (into poison) and accumulating.
   for (bool accumulate : {false, true}) {
     SCOPED_TRACE(::testing::Message() << "accumulate=" << accumulate);
     std::vector<float> gather_ref = init, combine_ref = init;
-    gather_rows_backward(f32_tensor(gather_ref.data(), {T, D}), f32_tensor(buf.data(), {rows, D}), index_h, K,
-                         accumulate);
+    scatter_rows_to_routes_backward(f32_tensor(gather_ref.data(), {T, D}), f32_tensor(buf.data(), {rows, D}), index_h,
+                                    K, accumulate);
     combine_rows(f32_tensor(combine_ref.data(), {T, D}), f32_tensor(buf.data(), {rows, D}),
                  f32_tensor(weights.data(), {T, K}), index_h, K, accumulate);
     std::vector<float> first_gather, first_combine;
@@ -141,14 +142,14 @@ void check_permute(const Case& c, uint64_t seed) {
         dsrc_d.upload(init);
         out_d.upload(init);
       }
-      gather_rows_backward(dsrc_d, buf_d, index_d, K, accumulate);
+      scatter_rows_to_routes_backward(dsrc_d, buf_d, index_d, K, accumulate);
       combine_rows(out_d, buf_d, weights_d, index_d, K, accumulate);
       const std::vector<float> dsrc = dsrc_d.download(), out = out_d.download();
       if (run == 0) {
-        EXPECT_LE(normalized_error(dsrc, gather_ref), sum_tolerance(c.dtype)) << "gather_rows_backward";
+        EXPECT_LE(normalized_error(dsrc, gather_ref), sum_tolerance(c.dtype)) << "scatter_rows_to_routes_backward";
         EXPECT_LE(normalized_error(out, combine_ref), sum_tolerance(c.dtype)) << "combine_rows";
       } else {
-        EXPECT_TRUE(bits_equal(dsrc, first_gather)) << "gather_rows_backward differs between two runs";
+        EXPECT_TRUE(bits_equal(dsrc, first_gather)) << "scatter_rows_to_routes_backward differs between two runs";
         EXPECT_TRUE(bits_equal(out, first_combine)) << "combine_rows differs between two runs";
       }
       first_gather = dsrc;

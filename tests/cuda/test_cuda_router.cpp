@@ -233,16 +233,17 @@ TEST(CudaRouter, LossesMatchCpuAndAreDeterministic) {
           float lb_ref = 0, z_ref = 0;
           std::vector<float> s = cpu.scores, l = logits;
           router_losses(f32_tensor(&lb_ref, {1}), f32_tensor(&z_ref, {1}), i32_tensor(counts.data(), {N}),
-                        f32_tensor(s.data(), {T, N}), f32_tensor(l.data(), {T, N}), K);
+                        f32_tensor(s.data(), {T, N}), f32_tensor(l.data(), {T, N}), K, Tensor());
 
           DeviceBuffer logits_d(DType::F32, {T, N}), scores_d(DType::F32, {T, N}), counts_d(DType::I32, {N});
           logits_d.upload(logits);
           scores_d.upload(cpu.scores);
           counts_d.upload_i32(counts);
+          DeviceBuffer ws_d(DType::F32, {router_losses_workspace_elems(Device::CUDA, T, N)});
           std::vector<float> first;
           for (int run = 0; run < 2; ++run) {
             DeviceBuffer lb_d(DType::F32, {1}), z_d(DType::F32, {1});
-            router_losses(lb_d, z_d, counts_d, scores_d, logits_d, K);
+            router_losses(lb_d, z_d, counts_d, scores_d, logits_d, K, ws_d);
             const std::vector<float> got = {lb_d.download()[0], z_d.download()[0]};
             if (run == 0) {
               EXPECT_NEAR(got[0], lb_ref, 1e-5 * std::fabs(lb_ref)) << "lb_loss";
@@ -254,6 +255,60 @@ TEST(CudaRouter, LossesMatchCpuAndAreDeterministic) {
           }
         }
       }
+#endif
+}
+
+#if defined(MOE_HAVE_CUDA)
+// One router_losses call's inputs, outputs and workspace on the device.
+struct LossCall {
+  LossCall(int64_t T, int64_t N, int top_k, uint64_t seed)
+      : K(top_k),
+        logits(DType::F32, {T, N}),
+        scores(DType::F32, {T, N}),
+        counts(DType::I32, {N}),
+        lb(DType::F32, {1}),
+        z(DType::F32, {1}),
+        workspace(DType::F32, {router_losses_workspace_elems(Device::CUDA, T, N)}) {
+    logits.upload(grid_values(static_cast<size_t>(T * N), seed, 1.0f / 16, 64));
+    std::vector<float> s = normal_values(static_cast<size_t>(T * N), seed + 1, 1.0);
+    for (float& x : s) x = std::fabs(x);  // the reduction only needs some values
+    scores.upload(s);
+    std::vector<int32_t> c(static_cast<size_t>(N));
+    for (int64_t e = 0; e < N; ++e) c[static_cast<size_t>(e)] = static_cast<int32_t>((e * 7 + seed) % 50);
+    counts.upload_i32(c);
+  }
+  void run(Stream stream) { router_losses(lb, z, counts, scores, logits, K, workspace, stream); }
+  std::vector<float> result() const { return {lb.download()[0], z.download()[0]}; }
+
+  int K;
+  DeviceBuffer logits, scores, counts, lb, z, workspace;
+};
+#endif
+
+// Two router_losses calls running at once on two streams, each with its own workspace, give the
+// bits of the same calls made one after the other: the partial sums live in the caller's
+// workspace, not in a buffer the calls share. Different T give different block splits, so calls
+// that shared partials would mix each other's sums.
+TEST(CudaRouter, LossesOnTwoStreamsWithTheirOwnWorkspacesMatchSerialCalls) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  LossCall a(4096, 64, 4, 1), b(3001, 64, 4, 2);
+  a.run({});
+  b.run({});
+  const std::vector<float> a_serial = a.result(), b_serial = b.result();
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  for (int rep = 0; rep < 50; ++rep) {
+    a.run(Stream{s1});
+    b.run(Stream{s2});
+  }
+  CUDA_CHECK(cudaStreamSynchronize(s1));
+  CUDA_CHECK(cudaStreamSynchronize(s2));
+  EXPECT_TRUE(bits_equal(a.result(), a_serial)) << "the call on stream 1 saw the other call's partial sums";
+  EXPECT_TRUE(bits_equal(b.result(), b_serial)) << "the call on stream 2 saw the other call's partial sums";
+  CUDA_CHECK(cudaStreamDestroy(s1));
+  CUDA_CHECK(cudaStreamDestroy(s2));
 #endif
 }
 

@@ -13,7 +13,7 @@
 #include "moe/core/arena.h"
 #include "moe/model/transformer.h"
 #include "moe/model/weights.h"
-#include "moe/ops/embedding.h"
+#include "moe/ops/elementwise.h"
 #include "moe/optim/adamw.h"
 #include "moe/parallel/local_dispatcher.h"
 #include "moe/train/config.h"

@@ -26,21 +26,21 @@ TEST(Optim, sum_squares_accumulates_into_out) {
   for (int64_t n : {0, 1, 1000, 100003, 300000}) {
     auto x = random_vec(static_cast<size_t>(n), 1 + n);
     float out = 2.5f;
-    sum_squares_accumulate(f32_tensor(&out, {1}), f32_tensor(x.data(), {n}));
+    sum_squares_accumulate(f32_tensor(&out, {1}), f32_tensor(x.data(), {n}), Tensor());
     double want = 2.5;
     for (float v : x) want += double(v) * v;
     EXPECT_NEAR(out, want, 1e-6 * want) << "n=" << n;
 
     float again = 2.5f;
-    sum_squares_accumulate(f32_tensor(&again, {1}), f32_tensor(x.data(), {1, n, 1}));
+    sum_squares_accumulate(f32_tensor(&again, {1}), f32_tensor(x.data(), {1, n, 1}), Tensor());
     EXPECT_EQ(std::memcmp(&out, &again, 4), 0) << "n=" << n;
   }
   // Accumulating over several tensors equals one pass over their concatenation (within rounding).
   auto x = random_vec(5000, 9);
   float parts = 0.0f, whole = 0.0f;
-  sum_squares_accumulate(f32_tensor(&parts, {1}), f32_tensor(x.data(), {2000}));
-  sum_squares_accumulate(f32_tensor(&parts, {1}), f32_tensor(x.data() + 2000, {3000}));
-  sum_squares_accumulate(f32_tensor(&whole, {1}), f32_tensor(x.data(), {5000}));
+  sum_squares_accumulate(f32_tensor(&parts, {1}), f32_tensor(x.data(), {2000}), Tensor());
+  sum_squares_accumulate(f32_tensor(&parts, {1}), f32_tensor(x.data() + 2000, {3000}), Tensor());
+  sum_squares_accumulate(f32_tensor(&whole, {1}), f32_tensor(x.data(), {5000}), Tensor());
   EXPECT_NEAR(parts, whole, 1e-6 * whole);
 }
 
@@ -89,7 +89,7 @@ TEST(Optim, adamw_matches_naive_double_over_three_steps) {
       auto grad = random_vec(n, ++seed, 0.5);
       const auto grad_before = grad;
       float norm_sq = 0.0f;
-      sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad.data(), {cs.n}));
+      sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad.data(), {cs.n}), Tensor());
       if (cs.max_norm == 1.0f) {
         ASSERT_GT(std::sqrt(norm_sq), 2.0f) << "this case is meant to clip";
       }
@@ -153,7 +153,7 @@ TEST(Optim, adamw_with_schedule_equals_adamw_without_bit_for_bit) {
     for (int step = 1; step <= 5; ++step) {
       auto grad = random_vec(n, 10 + step, 0.01);
       float norm_sq = 0.0f;
-      sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad.data(), {n}));
+      sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad.data(), {n}), Tensor());
       cfg.lr = 3e-4f * static_cast<float>(step) / 5.0f;  // a warmup
       adamw_step(f32_tensor(param.data(), {n}), f32_tensor(grad.data(), {n}), f32_tensor(m.data(), {n}),
                  f32_tensor(v.data(), {n}), f32_tensor(&norm_sq, {1}), 1.0f, cfg, step);

@@ -71,7 +71,7 @@ const Shape4 kShapes[] = {{1, 4, 1, 3, 1.0},      {13, 8, 2, 17, 1.0}, {13, 8, 2
                           {40, 16, 4, 300, 0.75}, {9, 5, 5, 8, 0.5},   {256, 32, 4, 64, 0.8}};
 
 // dst rows of kept routes equal their token's src row bit for bit; rows nobody routes to are untouched.
-TEST(Permute, gather_rows_is_exact_and_skips_drops) {
+TEST(Permute, scatter_rows_to_routes_is_exact_and_skips_drops) {
   uint64_t seed = 1;
   for (const auto& s : kShapes) {
     const int64_t cap = static_cast<int64_t>(s.capacity_factor * s.T * s.K);
@@ -79,7 +79,8 @@ TEST(Permute, gather_rows_is_exact_and_skips_drops) {
     SCOPED_TRACE(testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " dropped=" << r.dropped());
     auto src = random_vec(size_t(s.T) * s.D, ++seed);
     std::vector<float> dst(size_t(r.rows) * s.D, kSentinel);
-    gather_rows(f32_tensor(dst.data(), {r.rows, s.D}), f32_tensor(src.data(), {s.T, s.D}), r.index(), s.K);
+    scatter_rows_to_routes(f32_tensor(dst.data(), {r.rows, s.D}), f32_tensor(src.data(), {s.T, s.D}), r.index(),
+                           s.K);
     std::vector<float> expect(dst.size(), kSentinel);
     for (int t = 0; t < s.T; ++t)
       for (int k = 0; k < s.K; ++k) {
@@ -91,11 +92,12 @@ TEST(Permute, gather_rows_is_exact_and_skips_drops) {
 }
 
 // Pure movement is dtype-agnostic: BF16 rows (stored as uint16) are copied bit for bit too.
-TEST(Permute, gather_rows_moves_bf16_bits) {
+TEST(Permute, scatter_rows_to_routes_moves_bf16_bits) {
   Routing r(7, 4, 2, 5, 14, 3);
   std::vector<uint16_t> src(7 * 5), dst(14 * 5, 0xffff);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint16_t>(i * 977 + 1);
-  gather_rows(Tensor(dst.data(), DType::BF16, {14, 5}), Tensor(src.data(), DType::BF16, {7, 5}), r.index(), 2);
+  scatter_rows_to_routes(Tensor(dst.data(), DType::BF16, {14, 5}), Tensor(src.data(), DType::BF16, {7, 5}),
+                         r.index(), 2);
   for (int t = 0; t < 7; ++t)
     for (int k = 0; k < 2; ++k)
       for (int d = 0; d < 5; ++d) ASSERT_EQ(dst[r.route_index[t * 2 + k] * 5 + d], src[t * 5 + d]);
@@ -103,7 +105,7 @@ TEST(Permute, gather_rows_moves_bf16_bits) {
 
 // dsrc[t] = (dsrc[t] +) sum over kept k of ddst[row]: within 1e-6 relative (+1e-6 absolute) of
 // double; with K = 1 and no accumulate it is an exact move.
-TEST(Permute, gather_rows_backward_matches_naive) {
+TEST(Permute, scatter_rows_to_routes_backward_matches_naive) {
   uint64_t seed = 100;
   for (const auto& s : kShapes)
     for (bool accumulate : {false, true}) {
@@ -113,8 +115,8 @@ TEST(Permute, gather_rows_backward_matches_naive) {
       auto ddst = random_vec(size_t(r.rows) * s.D, ++seed);
       auto dsrc = random_vec(size_t(s.T) * s.D, ++seed);
       const auto before = dsrc;
-      gather_rows_backward(f32_tensor(dsrc.data(), {s.T, s.D}), f32_tensor(ddst.data(), {r.rows, s.D}), r.index(), s.K,
-                           accumulate);
+      scatter_rows_to_routes_backward(f32_tensor(dsrc.data(), {s.T, s.D}), f32_tensor(ddst.data(), {r.rows, s.D}),
+                                      r.index(), s.K, accumulate);
       for (int t = 0; t < s.T; ++t)
         for (int d = 0; d < s.D; ++d) {
           double want = accumulate ? before[t * s.D + d] : 0.0;
@@ -128,7 +130,8 @@ TEST(Permute, gather_rows_backward_matches_naive) {
   Routing r(11, 6, 1, 9, 11, 7);
   auto ddst = random_vec(11 * 9, 8);
   std::vector<float> dsrc(11 * 9, kSentinel);
-  gather_rows_backward(f32_tensor(dsrc.data(), {11, 9}), f32_tensor(ddst.data(), {11, 9}), r.index(), 1, false);
+  scatter_rows_to_routes_backward(f32_tensor(dsrc.data(), {11, 9}), f32_tensor(ddst.data(), {11, 9}), r.index(), 1,
+                                  false);
   for (int t = 0; t < 11; ++t)
     for (int d = 0; d < 9; ++d) ASSERT_TRUE(bit_equal(dsrc[t * 9 + d], ddst[r.route_index[t] * 9 + d]));
 }
@@ -166,15 +169,15 @@ TEST(Permute, combine_rows_matches_naive_with_drops) {
     }
 }
 
-// gather then combine with K = 1 and unit weights returns src bit for bit (a round trip through
+// scatter then combine with K = 1 and unit weights returns src bit for bit (a round trip through
 // the expert-major buffer); a token whose only route is dropped comes back as zero.
-TEST(Permute, gather_combine_round_trip_is_exact) {
+TEST(Permute, scatter_combine_round_trip_is_exact) {
   const int T = 50, N = 8, D = 33;
   for (int64_t cap : {int64_t(T), int64_t(30)}) {
     Routing r(T, N, 1, D, cap, 9);
     auto src = random_vec(size_t(T) * D, 10);
     std::vector<float> buf(size_t(cap) * D, kSentinel), out(size_t(T) * D, kSentinel), w(T, 1.0f);
-    gather_rows(f32_tensor(buf.data(), {cap, D}), f32_tensor(src.data(), {T, D}), r.index(), 1);
+    scatter_rows_to_routes(f32_tensor(buf.data(), {cap, D}), f32_tensor(src.data(), {T, D}), r.index(), 1);
     combine_rows(f32_tensor(out.data(), {T, D}), f32_tensor(buf.data(), {cap, D}), f32_tensor(w.data(), {T, 1}),
                  r.index(), 1, false);
     for (int t = 0; t < T; ++t)
@@ -225,7 +228,8 @@ TEST(Permute, rejects_bad_route_index) {
   std::vector<float> src(4 * 2), dst(4 * 2);
   std::vector<int32_t> ri = {0, 4, 1, 2};  // row 4 is past the 4-row buffer
   auto call = [&]() {
-    gather_rows(f32_tensor(dst.data(), {4, 2}), f32_tensor(src.data(), {2, 2}), i32_tensor(ri.data(), {4}), 2);
+    scatter_rows_to_routes(f32_tensor(dst.data(), {4, 2}), f32_tensor(src.data(), {2, 2}), i32_tensor(ri.data(), {4}),
+                           2);
   };
   EXPECT_THROW(call(), Error);
   ri = {0, 1, 1, 2};  // row 1 used twice

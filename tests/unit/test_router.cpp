@@ -302,7 +302,7 @@ TEST(Router, losses_match_naive_double) {
       float lb = -1, z = -1;
       auto counts_mut = counts;
       router_losses(f32_tensor(&lb, {1}), f32_tensor(&z, {1}), i32_tensor(counts_mut.data(), {p.N}),
-                    f32_tensor(out.scores.data(), {p.T, p.N}), f32_tensor(logits.data(), {p.T, p.N}), p.K);
+                    f32_tensor(out.scores.data(), {p.T, p.N}), f32_tensor(logits.data(), {p.T, p.N}), p.K, Tensor());
       const auto ld = to_double(logits);
       const double lb_ref = ref_lb(ref_scores(ld, p.T, p.N, fn), counts, p.T, p.N, p.K);
       const double z_ref = ref_z(ld, p.T, p.N);
@@ -319,7 +319,7 @@ TEST(Router, balanced_lb_loss_is_one) {
   std::vector<int32_t> counts(N, T * K / N);
   float lb = 0, z = 0;
   router_losses(f32_tensor(&lb, {1}), f32_tensor(&z, {1}), i32_tensor(counts.data(), {N}),
-                f32_tensor(out.scores.data(), {T, N}), f32_tensor(logits.data(), {T, N}), K);
+                f32_tensor(out.scores.data(), {T, N}), f32_tensor(logits.data(), {T, N}), K, Tensor());
   EXPECT_NEAR(lb, 1.0, 1e-6);
   EXPECT_NEAR(z, std::log(4.0) * std::log(4.0), 1e-6);
 }
@@ -410,7 +410,7 @@ TEST(Router, backward_matches_finite_differences_of_fp32_forward) {
         EXPECT_EQ(f.idx, base.idx) << "the step changed the top-K";
         float lb = 0, z = 0;
         router_losses(f32_tensor(&lb, {1}), f32_tensor(&z, {1}), i32_tensor(counts.data(), {N}),
-                      f32_tensor(f.scores.data(), {T, N}), f32_tensor(l.data(), {T, N}), K);
+                      f32_tensor(f.scores.data(), {T, N}), f32_tensor(l.data(), {T, N}), K, Tensor());
         double sum = 0;
         for (int i = 0; i < T * K; ++i) sum += double(dw[i]) * f.w[i];
         return sum + double(a) * lb + double(b) * z;

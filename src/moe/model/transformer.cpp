@@ -4,6 +4,7 @@
 
 #include "moe/core/device.h"
 #include "moe/ops/activation.h"
+#include "moe/ops/elementwise.h"
 #include "moe/ops/embedding.h"
 #include "moe/ops/gemm.h"
 #include "moe/ops/grouped_gemm.h"
@@ -122,6 +123,7 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
     reserve(s.dact, "grad.expert_act", X, {capacity_, H});
     reserve(s.dgu, "grad.expert_gate_up", X, {capacity_, 2 * H});
     if (X != F) reserve(s.dlogits_act, "grad.router_logits_" + std::string(dtype_name(X)), X, {R, N});
+    reserve(s.router_ws, "router_losses_workspace", F, {router_losses_workspace_elems(dev_, R, N)});
   }
   if (ffn_width > 0) {
     reserve(s.dffn_act, "grad.mlp_act", X, {R, ffn_width});
@@ -190,7 +192,7 @@ void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs&
   if (cfg_.routing != Routing::Learned)  // benchmark routings: the router still runs (same cost), its choice is replaced
     synthetic_routing(A.topk_idx, A.topk_w, cfg_.routing == Routing::Random, N, routing_seed, l);
   route_counts(A.counts, A.topk_idx);
-  router_losses(A.lb, A.z, A.counts, A.scores, A.logits, static_cast<int>(K));
+  router_losses(A.lb, A.z, A.counts, A.scores, A.logits, static_cast<int>(K), s_.router_ws);
   if (!rs.expert_load.empty()) accumulate_counts(rs.expert_load.rows(l, l + 1).view({N}), A.counts);
   const RoutePlan plan{A.route_index, A.offsets};
   A.lease = dispatcher_.acquire(static_cast<int>(l));

@@ -109,7 +109,7 @@ class Transformer {
     Tensor dres, dm, datt, dq, dk, dv, dq_raw, dk_raw, da;
     Tensor dlogits, dlogits_act, dw, dact, dgu;  // dlogits_act: d(router logits) in the activation dtype
     Tensor dffn_act, dffn_gu;  // dense MLP and shared expert
-    Tensor attn_ws, head_ws;
+    Tensor attn_ws, head_ws, router_ws;  // router_ws: router_losses' workspace (empty on the CPU)
     Tensor hn, rstd_f, loss_sum;
   };
 

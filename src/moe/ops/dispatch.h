@@ -1,5 +1,7 @@
-// Device dispatch for ops: every public op forwards to cpu::<op> or cuda::<op> according to
-// the device of its tensors. Binaries built without CUDA refuse CUDA tensors with a clear error.
+// Device dispatch for ops: every public op checks its arguments once (moe/ops/op_checks.h, with
+// the device's dtype contract) and forwards to cpu::<op> or cuda::<op> according to the device of
+// its tensors; the backends assume valid input. Binaries built without CUDA refuse CUDA tensors
+// with a clear error.
 #pragma once
 
 #include "moe/core/error.h"

@@ -16,8 +16,15 @@ struct AdamWConfig {
   float weight_decay = 0.0f;
 };
 
-// out[0] += sum_i x[i]^2 (x FP32, any shape; accumulated in double on the CPU).
-void sum_squares_accumulate(Tensor out, Tensor x, Stream stream = {});
+// F32 elements of the workspace sum_squares_accumulate needs on `device` for an x of n elements
+// (the GPU's per-block partial sums; 0 on the CPU). Reserved by the caller when it plans memory.
+int64_t sum_squares_workspace_elems(Device device, int64_t n);
+
+// out[0] += sum_i x[i]^2 (x FP32, any shape; accumulated in double on the CPU). workspace: F32 with
+// at least sum_squares_workspace_elems(x.device, x.numel()) elements on x's device (may be empty
+// when that is 0), owned by this call until it completes: calls on different streams run
+// concurrently when each has its own workspace.
+void sum_squares_accumulate(Tensor out, Tensor x, Tensor workspace, Stream stream = {});
 
 // One AdamW step on param/grad/m/v (same shapes, FP32), torch.optim.AdamW semantics:
 //   if grad_norm_sq[0] is not finite: nothing changes (the step is skipped);

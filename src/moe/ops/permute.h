@@ -7,11 +7,14 @@
 
 namespace moe {
 
-// dst[route_index[t*K+k]] = src[t] for every kept route. src [T, D], dst [rows, D], route_index [T*K].
-void gather_rows(Tensor dst, Tensor src, Tensor route_index, int top_k, Stream stream = {});
-// Gradient of gather_rows: dsrc[t] (= or +=, per accumulate) sum over kept k, in k order, of ddst[route_index[t*K+k]].
-void gather_rows_backward(Tensor dsrc, Tensor ddst, Tensor route_index, int top_k, bool accumulate,
-                          Stream stream = {});
+// Scatters each token's row to the rows of its routes in the expert-major buffer:
+// dst[route_index[t*K+k]] = src[t] for every kept route (dropped routes, -1, write nothing; rows no
+// route names are untouched). src [T, D], dst [rows, D], route_index [T*K] (injective on kept routes).
+void scatter_rows_to_routes(Tensor dst, Tensor src, Tensor route_index, int top_k, Stream stream = {});
+// Gradient of scatter_rows_to_routes (a gather): dsrc[t] (= or +=, per accumulate) sum over kept k, in
+// k order, of ddst[route_index[t*K+k]].
+void scatter_rows_to_routes_backward(Tensor dsrc, Tensor ddst, Tensor route_index, int top_k, bool accumulate,
+                                     Stream stream = {});
 
 // out[t] (= or +=, per accumulate) sum_k weights[t,k] * y[route_index[t*K+k]] over kept routes, FP32, k ascending.
 // y [rows, D], weights [T, K], out [T, D].

@@ -28,11 +28,18 @@ void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor l
 void synthetic_routing(Tensor topk_idx, Tensor topk_weight, bool random, int64_t num_experts, uint64_t seed,
                        int64_t layer, Stream stream = {});
 
+// F32 elements of the workspace router_losses needs on `device` for `tokens` x `experts` logits
+// (the GPU's per-block partial sums; 0 on the CPU). Reserved by the caller when it plans memory.
+int64_t router_losses_workspace_elems(Device device, int64_t tokens, int64_t experts);
+
 // expert_counts [N] i32 = number of (t, k) routes selecting each expert (before any drop).
 // lb_loss [1] = (N/K) * sum_e (count_e / T) * P_e with P_e = mean_t scores[t,e]  (1.0 when balanced);
 // z_loss [1] = mean_t logsumexp_e(logits[t,e])^2.
+// workspace: F32 with at least router_losses_workspace_elems(logits.device, T, N) elements on the
+// logits' device (may be empty when that is 0), owned by this call until it completes: calls on
+// different streams run concurrently when each has its own workspace.
 void router_losses(Tensor lb_loss, Tensor z_loss, Tensor expert_counts, Tensor scores, Tensor logits, int top_k,
-                   Stream stream = {});
+                   Tensor workspace, Stream stream = {});
 
 // dlogits [T, N] (overwritten) = gradient of
 //   sum_{t,k} dtopk_weight[t,k] * topk_weight[t,k] + lb_scale * lb_loss + z_scale * z_loss

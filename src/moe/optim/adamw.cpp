@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "moe/ops/embedding.h"
+#include "moe/ops/elementwise.h"
 
 namespace moe {
 
@@ -11,13 +11,15 @@ AdamW::AdamW(const ParamRegistry& reg, Arena& arena) : reg_(reg), arena_(arena) 
   m_ = arena.reserve("optimizer.exp_avg", DType::F32, {n});
   v_ = arena.reserve("optimizer.exp_avg_sq", DType::F32, {n});
   norm_sq_ = arena.reserve("optimizer.grad_norm_sq", DType::F32, {1});
+  norm_ws_ =
+      arena.reserve("optimizer.grad_norm_workspace", DType::F32, {sum_squares_workspace_elems(arena.device(), n)});
 }
 
 AdamW::Result AdamW::step(const Tensor& params, const Tensor& grads, const AdamWConfig& cfg, float max_norm,
                           int64_t step) {
   Tensor norm_sq = arena_.get(norm_sq_), m = arena_.get(m_), v = arena_.get(v_);
   fill_zero(norm_sq);
-  sum_squares_accumulate(norm_sq, grads);
+  sum_squares_accumulate(norm_sq, grads, arena_.get(norm_ws_));
   AdamWConfig no_decay = cfg;
   no_decay.weight_decay = 0.0f;
   for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {

@@ -14,7 +14,7 @@ namespace moe {
 
 class AdamW {
  public:
-  // Reserves the moments (exp_avg, exp_avg_sq) and the norm scalar in `arena`.
+  // Reserves the moments (exp_avg, exp_avg_sq), the norm scalar and its workspace in `arena`.
   AdamW(const ParamRegistry& reg, Arena& arena);
 
   struct Result {
@@ -30,7 +30,7 @@ class AdamW {
  private:
   const ParamRegistry& reg_;
   Arena& arena_;
-  Arena::Slot m_, v_, norm_sq_;
+  Arena::Slot m_, v_, norm_sq_, norm_ws_;  // norm_ws_: sum_squares_accumulate's workspace
 };
 
 }  // namespace moe

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "moe/core/device.h"
-#include "moe/ops/embedding.h"
+#include "moe/ops/elementwise.h"
 
 namespace moe {
 
@@ -55,6 +55,10 @@ DistributedAdamW::DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, A
   m_ = arena.reserve("optimizer.exp_avg_shard", DType::F32, {shard_total});
   v_ = arena.reserve("optimizer.exp_avg_sq_shard", DType::F32, {shard_total});
   norm_sq_ = arena.reserve("optimizer.grad_norm_sq", DType::F32, {1});
+  // The norm runs over the gradient shard (one rank: the whole gradient buffer).
+  const int64_t norm_elems = single_rank_ ? reg.total_numel() : shard_total;
+  norm_ws_ = arena.reserve("optimizer.grad_norm_workspace", DType::F32,
+                           {sum_squares_workspace_elems(arena.device(), norm_elems)});
   if (!single_rank_) {
     grad_shard_ = arena.reserve("optimizer.grad_shard", DType::F32, {shard_total});
     staging_ = arena.reserve("optimizer.bucket_staging", DType::F32, {staging});
@@ -165,7 +169,7 @@ bool DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConf
   // exactly AdamW's pass over the whole gradient buffer).
   const Tensor norm_sq = arena_.get(norm_sq_), grad_shard = single_rank_ ? grads : arena_.get(grad_shard_);
   fill_zero(norm_sq);
-  sum_squares_accumulate(norm_sq, grad_shard);
+  sum_squares_accumulate(norm_sq, grad_shard, arena_.get(norm_ws_));
   mesh_.world->all_reduce(norm_sq, ReduceOp::Sum);
 
   // 3. AdamW on the shard, one call per parameter piece so each gets its own weight decay.

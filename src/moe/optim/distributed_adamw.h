@@ -112,6 +112,7 @@ class DistributedAdamW {
   Shard dense_, expert_;
   std::vector<Piece> pieces_;
   Arena::Slot m_, v_, grad_shard_, norm_sq_, staging_, send_;
+  Arena::Slot norm_ws_;  // sum_squares_accumulate's workspace
 };
 
 }  // namespace moe

@@ -1,7 +1,7 @@
 #include "moe/parallel/ddp_store.h"
 
 #include "moe/core/device.h"
-#include "moe/ops/embedding.h"
+#include "moe/ops/elementwise.h"
 
 namespace moe {
 

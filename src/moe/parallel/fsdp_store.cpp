@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "moe/core/device.h"
-#include "moe/ops/embedding.h"
+#include "moe/ops/elementwise.h"
 
 namespace moe {
 
@@ -42,6 +42,8 @@ FsdpStore::FsdpStore(const ModelConfig& cfg, const ParamRegistry& reg, Communica
   grad_full_ = arena.reserve("fsdp.block_gradients", DType::F32, {P * max_shard});
   rs_tmp_ = arena.reserve("fsdp.reduce_scatter_out", DType::F32, {max_shard});
   norm_sq_ = arena.reserve("fsdp.grad_norm_sq", DType::F32, {1});
+  norm_ws_ = arena.reserve("fsdp.grad_norm_workspace", DType::F32,
+                           {sum_squares_workspace_elems(arena.device(), total_shard)});
 }
 
 void FsdpStore::bind() {
@@ -135,7 +137,8 @@ void FsdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t ste
   Tensor ws = arena_.get(w_shard_), gs = arena_.get(g_shard_), m = arena_.get(m_), v = arena_.get(v_);
   Tensor norm_sq = arena_.get(norm_sq_);
   fill_zero(norm_sq);
-  sum_squares_accumulate(norm_sq, gs);  // shards partition every parameter: each element counted once
+  // The shards partition every parameter: each element is counted once.
+  sum_squares_accumulate(norm_sq, gs, arena_.get(norm_ws_));
   world_.all_reduce(norm_sq, ReduceOp::Sum);
   AdamWConfig no_decay = cfg;
   no_decay.weight_decay = 0.0f;

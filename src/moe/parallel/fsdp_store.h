@@ -64,7 +64,7 @@ class FsdpStore final : public ParamStore, public BlockHooks {
   Communicator& world_;
   Arena& arena_;
   std::vector<Block> blocks_;
-  Arena::Slot w_shard_, g_shard_, m_, v_, gather_w_, grad_full_, rs_tmp_, norm_sq_;
+  Arena::Slot w_shard_, g_shard_, m_, v_, gather_w_, grad_full_, rs_tmp_, norm_sq_, norm_ws_;
   Arena::Slot w_shard_bf16_;  // GPU only
   DType compute_ = DType::F32;  // the gathered weights' dtype: BF16 on the GPU
   ModelWeights weights_, grads_;

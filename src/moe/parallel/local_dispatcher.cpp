@@ -24,7 +24,7 @@ void LocalDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor topk
 }
 
 void LocalDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) {
-  gather_rows(expert_in, x, plan.route_index, top_k, stream);
+  scatter_rows_to_routes(expert_in, x, plan.route_index, top_k, stream);
 }
 
 void LocalDispatcher::combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
@@ -39,7 +39,7 @@ void LocalDispatcher::combine_backward(Tensor d_expert_out, Tensor dweights, Ten
 
 void LocalDispatcher::dispatch_backward(Tensor dx, Tensor d_expert_in, const RoutePlan& plan, int top_k,
                                         Stream stream) {
-  gather_rows_backward(dx, d_expert_in, plan.route_index, top_k, /*accumulate=*/false, stream);
+  scatter_rows_to_routes_backward(dx, d_expert_in, plan.route_index, top_k, /*accumulate=*/false, stream);
 }
 
 }  // namespace moe

@@ -18,19 +18,11 @@ constexpr int64_t kReduceBlock = 1 << 15;  // elements per partial sum
 // costs more than the loop.
 constexpr int64_t kMinParallelWork = 1 << 15;
 
-void check_f32(const Tensor& t, const char* op, const char* name) {
-  MOE_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " has no data");
-  MOE_CHECK(t.device == Device::CPU, op, ": ", name, " is on ", device_name(t.device), ", expected cpu");
-  MOE_CHECK(t.dtype == DType::F32, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected F32");
-}
-
 }  // namespace
 
-void sum_squares_accumulate(Tensor out, Tensor x, Stream /*stream*/) {
-  constexpr const char* op = "sum_squares_accumulate";
-  check_f32(out, op, "out");
-  check_f32(x, op, "x");
-  MOE_CHECK(out.numel() == 1, op, ": out must hold one value, got shape ", out.shape.str());
+int64_t sum_squares_workspace_elems(int64_t /*n*/) { return 0; }
+
+void sum_squares_accumulate(Tensor out, Tensor x, Tensor /*workspace*/, Stream /*stream*/) {
   const int64_t n = x.numel();
   const float* xv = x.f32();
   const int64_t blocks = (n + kReduceBlock - 1) / kReduceBlock;
@@ -49,35 +41,12 @@ void sum_squares_accumulate(Tensor out, Tensor x, Stream /*stream*/) {
 
 void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
                 const AdamWConfig& cfg, int64_t step, Stream /*stream*/, Tensor schedule, Tensor param_bf16) {
-  constexpr const char* op = "adamw_step";
-  check_f32(param, op, "param");
-  check_f32(grad, op, "grad");
-  check_f32(m, op, "m");
-  check_f32(v, op, "v");
-  check_f32(grad_norm_sq, op, "grad_norm_sq");
-  MOE_CHECK(grad.shape == param.shape, op, ": grad ", grad.shape.str(), " does not match param ", param.shape.str());
-  MOE_CHECK(m.shape == param.shape, op, ": m ", m.shape.str(), " does not match param ", param.shape.str());
-  MOE_CHECK(v.shape == param.shape, op, ": v ", v.shape.str(), " does not match param ", param.shape.str());
-  MOE_CHECK(grad_norm_sq.numel() == 1, op, ": grad_norm_sq must hold one value, got shape ", grad_norm_sq.shape.str());
-  if (!param_bf16.empty()) {
-    MOE_CHECK(param_bf16.data != nullptr && param_bf16.device == Device::CPU && param_bf16.dtype == DType::BF16, op,
-              ": param_bf16 must be a BF16 CPU tensor, got ", dtype_name(param_bf16.dtype), " on ",
-              device_name(param_bf16.device));
-    MOE_CHECK(param_bf16.numel() == param.numel(), op, ": param_bf16 has ", param_bf16.numel(), " elements, param ",
-              param.numel());
-  }
   // lr and step from the schedule in memory when given (the update runs now, on this thread).
   float lr = cfg.lr;
   double step_count = static_cast<double>(step);
   if (!schedule.empty()) {
-    check_f32(schedule, op, "schedule");
-    MOE_CHECK(schedule.numel() == 2, op, ": schedule must be [2] (lr, step), got shape ", schedule.shape.str());
     lr = schedule.f32()[0];
     step_count = schedule.f32()[1];
-    MOE_CHECK(std::isfinite(step_count) && step_count >= 1 && step_count == std::floor(step_count), op,
-              ": schedule[1] = ", step_count, " is not a step counting from 1");
-  } else {
-    MOE_CHECK(step >= 1, op, ": step = ", step, " must count from 1");
   }
 
   const float norm_sq = grad_norm_sq.f32()[0];

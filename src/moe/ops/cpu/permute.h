@@ -1,12 +1,14 @@
-// CPU row movement and weighted combine: the reference meaning of ops/permute.h (same signatures).
+// CPU row movement and weighted combine: the reference meaning of ops/permute.h (same signatures;
+// ops/permute.cpp checks the arguments, route_index entries included).
 #pragma once
 
 #include "moe/ops/permute.h"
 
 namespace moe::cpu {
 
-void gather_rows(Tensor dst, Tensor src, Tensor route_index, int top_k, Stream stream = {});
-void gather_rows_backward(Tensor dsrc, Tensor ddst, Tensor route_index, int top_k, bool accumulate, Stream stream = {});
+void scatter_rows_to_routes(Tensor dst, Tensor src, Tensor route_index, int top_k, Stream stream = {});
+void scatter_rows_to_routes_backward(Tensor dsrc, Tensor ddst, Tensor route_index, int top_k, bool accumulate,
+                                     Stream stream = {});
 void combine_rows(Tensor out, Tensor y, Tensor weights, Tensor route_index, int top_k, bool accumulate,
                   Stream stream = {});
 void combine_rows_backward(Tensor dy, Tensor dweights, Tensor dout, Tensor y, Tensor weights, Tensor route_index,

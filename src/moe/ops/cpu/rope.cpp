@@ -12,18 +12,8 @@ namespace moe::cpu {
 namespace {
 
 // Rotates every (x_i, x_{i+hd/2}) pair of every head by +angle (forward) or -angle (backward).
-void rope_rotate(const char* op, Tensor x, int64_t seq_len, int64_t n_heads, float theta, bool inverse) {
-  MOE_CHECK(x.device == Device::CPU, op, ": tensor x is not on the CPU");
-  MOE_CHECK(x.dtype == DType::F32, op, ": tensor x must be F32, got ", dtype_name(x.dtype));
-  MOE_CHECK(x.ndim() == 2, op, ": x must be 2-D [B*T, H*hd], got ", x.shape.str());
-  MOE_CHECK(seq_len > 0, op, ": seq_len must be positive, got ", seq_len);
-  MOE_CHECK(n_heads > 0 && x.dim(1) % n_heads == 0, op, ": row width ", x.dim(1), " is not a multiple of n_heads ",
-            n_heads);
+void rope_rotate(Tensor x, int64_t seq_len, int64_t n_heads, float theta, bool inverse) {
   const int64_t hd = x.dim(1) / n_heads;
-  MOE_CHECK(hd % 2 == 0, op, ": head dim ", hd, " must be even");
-  MOE_CHECK(x.dim(0) % seq_len == 0, op, ": ", x.dim(0), " rows are not a whole number of sequences of ",
-            seq_len);
-  MOE_CHECK(theta > 0.0f, op, ": theta must be positive, got ", theta);
   const int64_t rows = x.dim(0), width = x.dim(1), half = hd / 2;
   const double sign = inverse ? -1.0 : 1.0;
   float* xp = x.f32();
@@ -50,11 +40,11 @@ void rope_rotate(const char* op, Tensor x, int64_t seq_len, int64_t n_heads, flo
 }  // namespace
 
 void rope_forward(Tensor x, int64_t seq_len, int64_t n_heads, float theta, Stream /*stream*/) {
-  rope_rotate("rope_forward", x, seq_len, n_heads, theta, /*inverse=*/false);
+  rope_rotate(x, seq_len, n_heads, theta, /*inverse=*/false);
 }
 
 void rope_backward(Tensor dx, int64_t seq_len, int64_t n_heads, float theta, Stream /*stream*/) {
-  rope_rotate("rope_backward", dx, seq_len, n_heads, theta, /*inverse=*/true);
+  rope_rotate(dx, seq_len, n_heads, theta, /*inverse=*/true);
 }
 
 }  // namespace moe::cpu

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "moe/core/rng.h"
@@ -18,16 +17,6 @@ namespace {
 // costs more than the loop.
 constexpr int64_t kMinParallelWork = 1 << 15;
 
-void check_tensor(const Tensor& t, DType dtype, const char* op, const char* name) {
-  MOE_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " has no data");
-  MOE_CHECK(t.device == Device::CPU, op, ": ", name, " is on ", device_name(t.device), ", expected cpu");
-  MOE_CHECK(t.dtype == dtype, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected ", dtype_name(dtype));
-}
-
-void check_shape(const Tensor& t, Shape s, const char* op, const char* name) {
-  MOE_CHECK(t.shape == s, op, ": ", name, " has shape ", t.shape.str(), ", expected ", s.str());
-}
-
 // Stable log(sum(exp(row))) in double.
 double logsumexp(const float* row, int64_t n) {
   float max_logit = row[0];
@@ -37,35 +26,17 @@ double logsumexp(const float* row, int64_t n) {
   return max_logit + std::log(sum);
 }
 
-// logits [T, N] F32 and topk_idx [T, K] I32 with 1 <= K <= N; returns {T, N, K}.
-std::array<int64_t, 3> check_logits_and_topk(const Tensor& logits, const Tensor& topk_idx, const char* op) {
-  check_tensor(logits, DType::F32, op, "logits");
-  MOE_CHECK(logits.ndim() == 2, op, ": logits must be [T, N], got ", logits.shape.str());
-  const int64_t T = logits.dim(0), N = logits.dim(1);
-  MOE_CHECK(N >= 1, op, ": logits has no experts (N = 0)");
-  check_tensor(topk_idx, DType::I32, op, "topk_idx");
-  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == T, op, ": topk_idx must be [", T, ", K], got ",
-            topk_idx.shape.str());
-  const int64_t K = topk_idx.dim(1);
-  MOE_CHECK(K >= 1 && K <= N, op, ": top_k = ", K, " must be in [1, N = ", N, "]");
-  return {T, N, K};
+// {T, N, K} of a call with logits [T, N] and topk_idx [T, K].
+std::array<int64_t, 3> dims(const Tensor& logits, const Tensor& topk_idx) {
+  return {logits.dim(0), logits.dim(1), topk_idx.dim(1)};
 }
 
 }  // namespace
 
 void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor logits, Tensor bias, ScoreFn fn,
                     bool normalize, Stream /*stream*/) {
-  constexpr const char* op = "router_forward";
-  const auto [T, N, K] = check_logits_and_topk(logits, topk_idx, op);
-  check_tensor(scores, DType::F32, op, "scores");
-  check_shape(scores, {T, N}, op, "scores");
-  check_tensor(topk_weight, DType::F32, op, "topk_weight");
-  check_shape(topk_weight, {T, K}, op, "topk_weight");
+  const auto [T, N, K] = dims(logits, topk_idx);
   const bool has_bias = !bias.empty();
-  if (has_bias) {
-    check_tensor(bias, DType::F32, op, "bias");
-    check_shape(bias, {N}, op, "bias");
-  }
 
   const float* L = logits.f32();
   const float* B = has_bias ? bias.f32() : nullptr;
@@ -128,17 +99,7 @@ void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor l
 // with the same result for any thread count.
 void synthetic_routing(Tensor topk_idx, Tensor topk_weight, bool random, int64_t num_experts, uint64_t seed,
                        int64_t layer, Stream /*stream*/) {
-  constexpr const char* op = "synthetic_routing";
-  check_tensor(topk_idx, DType::I32, op, "topk_idx");
-  MOE_CHECK(topk_idx.ndim() == 2, op, ": topk_idx must be [T, K], got ", topk_idx.shape.str());
   const int64_t T = topk_idx.dim(0), K = topk_idx.dim(1), N = num_experts;
-  check_tensor(topk_weight, DType::F32, op, "topk_weight");
-  check_shape(topk_weight, {T, K}, op, "topk_weight");
-  MOE_CHECK(N >= 1 && N <= std::numeric_limits<int32_t>::max(), op, ": num_experts = ", N,
-            " must be in [1, 2^31) (expert ids are I32)");
-  MOE_CHECK(K >= 1 && K <= N, op, ": top_k = ", K, " must be in [1, num_experts = ", N,
-            "]: each token takes K distinct experts");
-  MOE_CHECK(layer >= 0, op, ": layer = ", layer, " is negative");
 
   int32_t* idx = topk_idx.i32();
   float* wt = topk_weight.f32();
@@ -162,22 +123,11 @@ void synthetic_routing(Tensor topk_idx, Tensor topk_weight, bool random, int64_t
   }
 }
 
+int64_t router_losses_workspace_elems(int64_t /*tokens*/, int64_t /*experts*/) { return 0; }
+
 void router_losses(Tensor lb_loss, Tensor z_loss, Tensor expert_counts, Tensor scores, Tensor logits, int top_k,
-                   Stream /*stream*/) {
-  constexpr const char* op = "router_losses";
-  check_tensor(logits, DType::F32, op, "logits");
-  MOE_CHECK(logits.ndim() == 2, op, ": logits must be [T, N], got ", logits.shape.str());
+                   Tensor /*workspace*/, Stream /*stream*/) {
   const int64_t T = logits.dim(0), N = logits.dim(1);
-  MOE_CHECK(T >= 1 && N >= 1, op, ": logits ", logits.shape.str(), " must have at least one token and one expert");
-  MOE_CHECK(top_k >= 1 && top_k <= N, op, ": top_k = ", top_k, " must be in [1, N = ", N, "]");
-  check_tensor(scores, DType::F32, op, "scores");
-  check_shape(scores, {T, N}, op, "scores");
-  check_tensor(expert_counts, DType::I32, op, "expert_counts");
-  check_shape(expert_counts, {N}, op, "expert_counts");
-  check_tensor(lb_loss, DType::F32, op, "lb_loss");
-  MOE_CHECK(lb_loss.numel() == 1, op, ": lb_loss must hold one value, got ", lb_loss.shape.str());
-  check_tensor(z_loss, DType::F32, op, "z_loss");
-  MOE_CHECK(z_loss.numel() == 1, op, ": z_loss must hold one value, got ", z_loss.shape.str());
 
   const float* L = logits.f32();
   const float* S = scores.f32();
@@ -215,27 +165,14 @@ void router_losses(Tensor lb_loss, Tensor z_loss, Tensor expert_counts, Tensor s
 void router_backward(Tensor dlogits, Tensor dtopk_weight, Tensor topk_idx, Tensor topk_weight, Tensor scores,
                      Tensor logits, Tensor expert_counts, float lb_scale, float z_scale, ScoreFn fn, bool normalize,
                      Stream /*stream*/) {
-  constexpr const char* op = "router_backward";
-  const auto [T, N, K] = check_logits_and_topk(logits, topk_idx, op);
-  check_tensor(dlogits, DType::F32, op, "dlogits");
-  check_shape(dlogits, {T, N}, op, "dlogits");
-  check_tensor(scores, DType::F32, op, "scores");
-  check_shape(scores, {T, N}, op, "scores");
-  check_tensor(dtopk_weight, DType::F32, op, "dtopk_weight");
-  check_shape(dtopk_weight, {T, K}, op, "dtopk_weight");
-  check_tensor(topk_weight, DType::F32, op, "topk_weight");
-  check_shape(topk_weight, {T, K}, op, "topk_weight");
-  check_tensor(expert_counts, DType::I32, op, "expert_counts");
-  check_shape(expert_counts, {N}, op, "expert_counts");
-  const int32_t* I = topk_idx.i32();
-  for (int64_t i = 0; i < T * K; ++i)
-    MOE_CHECK(I[i] >= 0 && I[i] < N, op, ": topk_idx[", i / K, ", ", i % K, "] = ", I[i], " outside [0, ", N, ")");
+  const auto [T, N, K] = dims(logits, topk_idx);
   if (T == 0) return;
 
   const float* L = logits.f32();
   const float* S = scores.f32();
   const float* DW = dtopk_weight.f32();
   const float* W = topk_weight.f32();
+  const int32_t* I = topk_idx.i32();
   const int32_t* C = expert_counts.i32();
   float* DL = dlogits.f32();
 

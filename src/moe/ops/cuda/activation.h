@@ -1,4 +1,5 @@
-// CUDA SwiGLU. Semantics: moe/ops/activation.h (same signatures).
+// CUDA SwiGLU. Semantics: moe/ops/activation.h (same signatures); ops/activation.cpp checks the
+// arguments.
 //
 // Dtypes: out, gate_up (forward) and dgate_up, dout, gate_up (backward) share one dtype T, F32 or
 // BF16 (__nv_bfloat16); arithmetic in FP32. On the CUDA device, on `stream`, no allocation, no

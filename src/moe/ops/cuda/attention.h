@@ -1,5 +1,6 @@
 // CUDA causal attention through cuDNN's fused SDPA (flash attention), driven by the cuDNN
-// frontend graph API. Semantics: moe/ops/attention.h.
+// frontend graph API. Semantics: moe/ops/attention.h; ops/attention.cpp checks the arguments, the
+// 16-byte alignment cuDNN needs included.
 //
 // Dtypes on the GPU: q, k, v, out (and dout, dq, dk, dv) are BF16 (cuDNN's fused attention takes
 // half-precision inputs and outputs; the GPU model runs BF16), F32 tensors are refused; lse is F32

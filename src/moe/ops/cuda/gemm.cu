@@ -184,9 +184,7 @@ void scale_matrix(const MatrixView& c, float beta, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
-MatrixView as_view(const Tensor& t, const char* name) {
-  MOE_CHECK(t.device == Device::CUDA, "matmul: tensor ", name, " is on ", device_name(t.device), ", expected cuda");
-  MOE_CHECK(t.ndim() >= 2, "matmul: tensor ", name, " must have rank >= 2, got shape ", t.shape.str());
+MatrixView as_view(const Tensor& t) {
   MatrixView v;
   v.data = t.data;
   v.dtype = t.dtype;
@@ -242,7 +240,7 @@ void matmul_view(MatrixView c, MatrixView a, MatrixView b, bool trans_a, bool tr
 }
 
 void matmul(Tensor c, Tensor a, Tensor b, bool trans_a, bool trans_b, float alpha, float beta, Stream stream) {
-  matmul_view(as_view(c, "c"), as_view(a, "a"), as_view(b, "b"), trans_a, trans_b, alpha, beta, stream);
+  matmul_view(as_view(c), as_view(a), as_view(b), trans_a, trans_b, alpha, beta, stream);
 }
 
 }  // namespace moe::cuda

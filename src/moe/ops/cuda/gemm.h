@@ -1,4 +1,5 @@
-// CUDA dense matrix products through cuBLASLt. Semantics: moe/ops/gemm.h.
+// CUDA dense matrix products through cuBLASLt. Semantics: moe/ops/gemm.h; ops/gemm.cpp checks the
+// arguments of matmul. matmul_view, the entry for views inside larger buffers, checks its own.
 //
 // Dtypes on the GPU: a and b share T in {F32, BF16}; c is T or F32 (F32 with beta = 1 is how weight
 // gradients accumulate into FP32 buffers). Accumulation is FP32 (CUBLAS_COMPUTE_32F: for F32

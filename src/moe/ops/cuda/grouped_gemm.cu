@@ -175,30 +175,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void check_tensor(const Tensor& t, int ndim, const char* op, const char* name) {
-  MOE_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " has no data");
-  MOE_CHECK(t.device == Device::CUDA, op, ": ", name, " is on ", device_name(t.device), ", expected cuda");
-  MOE_CHECK(t.ndim() == ndim, op, ": ", name, " must be ", ndim, "-D, got ", t.shape.str());
-}
-
-// Inputs share T in {F32, BF16}; the output is T or F32.
-void check_dtypes(const Tensor& out, const Tensor& in0, const Tensor& in1, const char* op, const char* names) {
-  MOE_CHECK(in0.dtype == in1.dtype && (in0.dtype == DType::F32 || in0.dtype == DType::BF16), op, ": inputs ", names,
-            " must share one dtype, F32 or BF16; got ", dtype_name(in0.dtype), " and ", dtype_name(in1.dtype));
-  MOE_CHECK(out.dtype == in0.dtype || out.dtype == DType::F32, op, ": output has dtype ", dtype_name(out.dtype),
-            ", expected ", dtype_name(in0.dtype), " or F32");
-}
-
-void check_offsets(const Tensor& expert_offsets, int64_t E, const char* op) {
-  MOE_CHECK(expert_offsets.device == Device::CUDA, op, ": expert_offsets is on ", device_name(expert_offsets.device),
-            ", expected cuda");
-  MOE_CHECK(expert_offsets.dtype == DType::I32, op, ": expert_offsets has dtype ", dtype_name(expert_offsets.dtype),
-            ", expected I32");
-  MOE_CHECK(expert_offsets.ndim() == 1 && expert_offsets.dim(0) == E + 1, op, ": expert_offsets has shape ",
-            expert_offsets.shape.str(), ", expected [", E + 1, "] (experts + 1)");
-  MOE_CHECK(E <= 65535, op, ": ", E, " experts exceed the 65535 this kernel's grid allows");
-}
-
 template <typename T, typename TC>
 void launch_grouped_matmul(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& offsets, int64_t E,
                            int64_t rows, int64_t n_out, int64_t k_in, bool trans_b, bool accumulate,
@@ -222,45 +198,27 @@ void launch_grouped_matmul_wgrad(const Tensor& db, const Tensor& dc, const Tenso
   CUDA_CHECK_LAUNCH();
 }
 
-// The dimensions of one call, after the checks every path shares.
+// The dimensions of one call (ops/grouped_gemm.cpp checked the call), after the limits of the tiled
+// kernels: at most 65535 experts (grid z of the wgrad) and kMaxGridY output tiles.
 struct Dims {
   int64_t E, rows, n_out, k_in;
 };
 
-Dims check_grouped_matmul(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& expert_offsets,
-                          bool trans_b) {
-  constexpr const char* op = "grouped_matmul";
-  check_tensor(a, 2, op, "a");
-  check_tensor(b, 3, op, "b");
-  check_tensor(c, 2, op, "c");
-  check_dtypes(c, a, b, op, "a and b");
-  const int64_t E = b.dim(0);
-  const int64_t k_in = a.dim(1);
-  const int64_t n_out = trans_b ? b.dim(1) : b.dim(2);
-  const int64_t b_k = trans_b ? b.dim(2) : b.dim(1);
-  MOE_CHECK(b_k == k_in, op, ": b ", b.shape.str(), (trans_b ? " (trans_b)" : ""), " does not match a ", a.shape.str(),
-            " in the inner dimension");
-  MOE_CHECK(c.dim(1) == n_out, op, ": c has ", c.dim(1), " columns, expected ", n_out, " from b ", b.shape.str());
-  MOE_CHECK(k_in >= 1 && n_out >= 1, op, ": empty inner or output dimension (a ", a.shape.str(), ", b ", b.shape.str(),
-            ")");
-  check_offsets(expert_offsets, E, op);
-  MOE_CHECK((n_out + kTile - 1) / kTile <= kMaxGridY, op, ": ", n_out, " output columns exceed the kernel's grid");
-  return {E, a.dim(0) < c.dim(0) ? a.dim(0) : c.dim(0), n_out, k_in};
+Dims check_tiled_limits(const char* op, int64_t E, int64_t rows, int64_t n_out, int64_t k_in) {
+  MOE_CHECK(E <= 65535, op, ": ", E, " experts exceed the 65535 this kernel's grid allows");
+  MOE_CHECK((n_out + kTile - 1) / kTile <= kMaxGridY, op, ": n_out = ", n_out, " needs more than ", kMaxGridY,
+            " tiles of ", kTile, " (the kernel's grid)");
+  return {E, rows, n_out, k_in};
 }
 
-Dims check_grouped_matmul_wgrad(const Tensor& db, const Tensor& dc, const Tensor& a, const Tensor& expert_offsets) {
-  constexpr const char* op = "grouped_matmul_wgrad";
-  check_tensor(db, 3, op, "db");
-  check_tensor(dc, 2, op, "dc");
-  check_tensor(a, 2, op, "a");
-  check_dtypes(db, dc, a, op, "dc and a");
-  const int64_t E = db.dim(0), n_out = db.dim(1), k_in = db.dim(2);
-  MOE_CHECK(dc.dim(1) == n_out, op, ": dc has ", dc.dim(1), " columns, expected ", n_out, " from db ", db.shape.str());
-  MOE_CHECK(a.dim(1) == k_in, op, ": a has ", a.dim(1), " columns, expected ", k_in, " from db ", db.shape.str());
-  MOE_CHECK(k_in >= 1 && n_out >= 1, op, ": db ", db.shape.str(), " has an empty dimension");
-  check_offsets(expert_offsets, E, op);
-  MOE_CHECK((n_out + kTile - 1) / kTile <= kMaxGridY, op, ": ", n_out, " output rows of db exceed the kernel's grid");
-  return {E, a.dim(0) < dc.dim(0) ? a.dim(0) : dc.dim(0), n_out, k_in};
+Dims grouped_matmul_dims(const Tensor& c, const Tensor& a, const Tensor& b, bool trans_b) {
+  return check_tiled_limits("grouped_matmul", b.dim(0), a.dim(0) < c.dim(0) ? a.dim(0) : c.dim(0),
+                            trans_b ? b.dim(1) : b.dim(2), a.dim(1));
+}
+
+Dims grouped_matmul_wgrad_dims(const Tensor& db, const Tensor& dc, const Tensor& a) {
+  return check_tiled_limits("grouped_matmul_wgrad", db.dim(0), a.dim(0) < dc.dim(0) ? a.dim(0) : dc.dim(0), db.dim(1),
+                            db.dim(2));
 }
 
 #if defined(MOE_HAVE_CUTLASS)
@@ -349,7 +307,7 @@ bool cutlass_fits(const void* x, const void* y, const void* out, int64_t E, int6
 
 void grouped_matmul_tiled(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool trans_b, bool accumulate,
                           Stream stream) {
-  const Dims d = check_grouped_matmul(c, a, b, expert_offsets, trans_b);
+  const Dims d = grouped_matmul_dims(c, a, b, trans_b);
   if (d.rows == 0 || d.E == 0) return;
   const cudaStream_t s = cuda_stream(stream);
   if (a.dtype == DType::F32) {
@@ -365,7 +323,7 @@ void grouped_matmul_tiled(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, b
 
 void grouped_matmul_wgrad_tiled(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream,
                                 bool accumulate) {
-  const Dims d = check_grouped_matmul_wgrad(db, dc, a, expert_offsets);
+  const Dims d = grouped_matmul_wgrad_dims(db, dc, a);
   const cudaStream_t s = cuda_stream(stream);
   // Not accumulating: the reference kernels accumulate into zeros.
   if (!accumulate && db.nbytes() > 0) CUDA_CHECK(cudaMemsetAsync(db.data, 0, db.nbytes(), s));
@@ -391,7 +349,7 @@ bool grouped_gemm_uses_cutlass() {
 void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool trans_b, bool accumulate,
                     Stream stream) {
 #if defined(MOE_HAVE_CUTLASS)
-  const Dims d = check_grouped_matmul(c, a, b, expert_offsets, trans_b);
+  const Dims d = grouped_matmul_dims(c, a, b, trans_b);
   if (d.rows == 0 || d.E == 0) return;
   if (kernel_choice() == KernelChoice::Fast && a.dtype == DType::BF16 && c.dtype == DType::BF16 &&
       cutlass_fits(a.data, b.data, c.data, d.E, d.rows, d.n_out, d.k_in)) {
@@ -409,7 +367,7 @@ void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool tr
 
 void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets, Stream stream, bool accumulate) {
 #if defined(MOE_HAVE_CUTLASS)
-  const Dims d = check_grouped_matmul_wgrad(db, dc, a, expert_offsets);
+  const Dims d = grouped_matmul_wgrad_dims(db, dc, a);
   if (d.rows == 0 || d.E == 0) return grouped_matmul_wgrad_tiled(db, dc, a, expert_offsets, stream, accumulate);
   if (kernel_choice() == KernelChoice::Fast && a.dtype == DType::BF16 && db.dtype == DType::F32 &&
       cutlass_fits(dc.data, a.data, db.data, d.E, d.rows, d.n_out, d.k_in)) {

@@ -1,4 +1,6 @@
-// CUDA grouped (per-expert) matrix products. Semantics: moe/ops/grouped_gemm.h.
+// CUDA grouped (per-expert) matrix products. Semantics: moe/ops/grouped_gemm.h; ops/grouped_gemm.cpp
+// checks the arguments (the *_tiled entries below assume the same), the kernels only their own grid
+// limits.
 //
 // Dtypes on the GPU: a and b (grouped_matmul), dc and a (grouped_matmul_wgrad) share T in
 // {F32, BF16}; the output (c, db) is T or F32. Accumulation is FP32 in registers; with

@@ -1,5 +1,5 @@
 // CUDA LM head fused with cross-entropy, chunked over rows exactly like the CPU op (chunk =
-// workspace.dim(0)). Semantics: moe/ops/loss.h.
+// workspace.dim(0)). Semantics: moe/ops/loss.h; ops/loss.cpp checks the arguments.
 //
 // Dtypes on the GPU: h and weight share T in {F32, BF16}; targets I32; loss_sum [1] F32; workspace
 // [chunk, V] F32 (the same shape as on the CPU); dh and dweight are T or F32 (dweight F32 with its

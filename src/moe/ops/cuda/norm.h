@@ -1,4 +1,4 @@
-// CUDA RMSNorm. Semantics: moe/ops/norm.h (same signatures).
+// CUDA RMSNorm. Semantics: moe/ops/norm.h (same signatures); ops/norm.cpp checks the arguments.
 //
 // Dtypes: x, weight, out (forward) and dx, dout, x, weight (backward) share one dtype T, F32 or
 // BF16 (__nv_bfloat16); arithmetic and row reductions run in FP32. rstd is F32. dweight is F32 and

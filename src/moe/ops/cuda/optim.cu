@@ -4,7 +4,7 @@
 //   sum_squares_partial_kernel  G blocks of 256 threads, G = min(1024, ceil(n / 256)) (a function
 //                               of n only); each thread sums x^2 over a grid-stride in FP32, the
 //                               block reduces with a fixed shared-memory tree and writes
-//                               partials[block].
+//                               partials[block] into the caller's workspace.
 //   sum_squares_final_kernel    one block of 256 threads: adds the G partials in a fixed order (in
 //                               double) and does out[0] += total.
 //   Deterministic: the partition and the reduction order depend only on n.
@@ -36,11 +36,13 @@ constexpr int kThreads = 256;
 constexpr int kMaxPartials = 1024;
 constexpr int64_t kMaxBlocks = 1 << 16;
 
-// Per-block partial sums of sum_squares_accumulate. NOTES: one fixed array for the process (the
-// ops may not allocate); calls on different streams must not overlap in time.
-__device__ float g_sum_squares_partials[kMaxPartials];
+// Blocks of sum_squares_accumulate for n elements (a function of n only: the partition, and so the
+// result, does not depend on the GPU).
+int sum_squares_blocks(int64_t n) {
+  return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxPartials));
+}
 
-__global__ void __launch_bounds__(kThreads) sum_squares_partial_kernel(const float* x, int64_t n) {
+__global__ void __launch_bounds__(kThreads) sum_squares_partial_kernel(float* partials, const float* x, int64_t n) {
   __shared__ float block_sum[kThreads];
   float acc = 0.0f;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
@@ -54,13 +56,14 @@ __global__ void __launch_bounds__(kThreads) sum_squares_partial_kernel(const flo
     if (static_cast<int>(threadIdx.x) < stride) block_sum[threadIdx.x] += block_sum[threadIdx.x + stride];
     __syncthreads();
   }
-  if (threadIdx.x == 0) g_sum_squares_partials[blockIdx.x] = block_sum[0];
+  if (threadIdx.x == 0) partials[blockIdx.x] = block_sum[0];
 }
 
-__global__ void __launch_bounds__(kThreads) sum_squares_final_kernel(float* out, int num_partials) {
+__global__ void __launch_bounds__(kThreads)
+    sum_squares_final_kernel(float* out, const float* partials, int num_partials) {
   __shared__ double block_sum[kThreads];
   double acc = 0.0;
-  for (int i = threadIdx.x; i < num_partials; i += kThreads) acc += g_sum_squares_partials[i];
+  for (int i = threadIdx.x; i < num_partials; i += kThreads) acc += partials[i];
   block_sum[threadIdx.x] = acc;
   __syncthreads();
   for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
@@ -159,55 +162,24 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void check_f32(const Tensor& t, const char* op, const char* name) {
-  MOE_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " has no data");
-  MOE_CHECK(t.device == Device::CUDA, op, ": ", name, " is on ", device_name(t.device), ", expected cuda");
-  MOE_CHECK(t.dtype == DType::F32, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected F32");
-}
-
 }  // namespace
 
-void sum_squares_accumulate(Tensor out, Tensor x, Stream stream) {
-  constexpr const char* op = "sum_squares_accumulate";
-  check_f32(out, op, "out");
-  check_f32(x, op, "x");
-  MOE_CHECK(out.numel() == 1, op, ": out must hold one value, got shape ", out.shape.str());
+int64_t sum_squares_workspace_elems(int64_t n) { return sum_squares_blocks(n); }
+
+void sum_squares_accumulate(Tensor out, Tensor x, Tensor workspace, Stream stream) {
   const int64_t n = x.numel();
   if (n == 0) return;
-  const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxPartials));
+  const int blocks = sum_squares_blocks(n);
   const cudaStream_t s = cuda_stream(stream);
-  sum_squares_partial_kernel<<<blocks, kThreads, 0, s>>>(x.ptr<const float>(), n);
+  sum_squares_partial_kernel<<<blocks, kThreads, 0, s>>>(workspace.f32(), x.ptr<const float>(), n);
   CUDA_CHECK_LAUNCH();
-  sum_squares_final_kernel<<<1, kThreads, 0, s>>>(out.ptr<float>(), blocks);
+  sum_squares_final_kernel<<<1, kThreads, 0, s>>>(out.ptr<float>(), workspace.ptr<const float>(), blocks);
   CUDA_CHECK_LAUNCH();
 }
 
 void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
                 const AdamWConfig& cfg, int64_t step, Stream stream, Tensor schedule, Tensor param_bf16) {
-  constexpr const char* op = "adamw_step";
-  check_f32(param, op, "param");
-  check_f32(grad, op, "grad");
-  check_f32(m, op, "m");
-  check_f32(v, op, "v");
-  check_f32(grad_norm_sq, op, "grad_norm_sq");
-  MOE_CHECK(grad.shape == param.shape, op, ": grad ", grad.shape.str(), " does not match param ", param.shape.str());
-  MOE_CHECK(m.shape == param.shape, op, ": m ", m.shape.str(), " does not match param ", param.shape.str());
-  MOE_CHECK(v.shape == param.shape, op, ": v ", v.shape.str(), " does not match param ", param.shape.str());
-  MOE_CHECK(grad_norm_sq.numel() == 1, op, ": grad_norm_sq must hold one value, got shape ", grad_norm_sq.shape.str());
-  if (!param_bf16.empty()) {
-    MOE_CHECK(param_bf16.data != nullptr && param_bf16.device == Device::CUDA && param_bf16.dtype == DType::BF16, op,
-              ": param_bf16 must be a BF16 CUDA tensor, got ", dtype_name(param_bf16.dtype), " on ",
-              device_name(param_bf16.device));
-    MOE_CHECK(param_bf16.numel() == param.numel(), op, ": param_bf16 has ", param_bf16.numel(), " elements, param ",
-              param.numel());
-  }
   const bool has_schedule = !schedule.empty();
-  if (has_schedule) {
-    check_f32(schedule, op, "schedule");
-    MOE_CHECK(schedule.numel() == 2, op, ": schedule must be [2] (lr, step), got shape ", schedule.shape.str());
-  } else {
-    MOE_CHECK(step >= 1, op, ": step = ", step, " must count from 1");
-  }
   const int64_t n = param.numel();
   if (n == 0) return;
   // Scalars in double on the host (as torch computes them in Python and the CPU op does); with a

@@ -1,4 +1,5 @@
-// CUDA rotary position embedding. Semantics: moe/ops/rope.h (same signatures).
+// CUDA rotary position embedding. Semantics: moe/ops/rope.h (same signatures); ops/rope.cpp checks
+// the arguments.
 //
 // Dtypes: x (dx) is F32 or BF16 (__nv_bfloat16), rotated in place; the rotation runs in FP32 with
 // cos/sin computed in double and rounded to FP32 once, as the CPU op does. On the CUDA device,

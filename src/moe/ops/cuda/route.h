@@ -1,8 +1,8 @@
 // CUDA routing metadata: the GPU implementation of moe/ops/route.h (same signatures, same meaning
 // as moe::cpu).
 //
-// Dtype contract (as on the CPU): topk_idx [T, K], expert_counts [N], route_index [T*K] and
-// expert_offsets [N+1] are I32 on the CUDA device. Counts, the exclusive prefix over experts, the
+// Dtype contract (as on the CPU, checked by ops/route.cpp): topk_idx [T, K], expert_counts [N],
+// route_index [T*K] and expert_offsets [N+1] are I32 on the CUDA device. Counts, the exclusive prefix over experts, the
 // tail-drop clamp at rank_capacity and each route's row are all computed in kernels: no
 // allocation, no host copy, no synchronization (DESIGN.md section 1, rule 2).
 // Checks that need device data are not made on the host:

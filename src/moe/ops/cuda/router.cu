@@ -33,7 +33,7 @@ constexpr int kWarpsPerBlock = kThreads / kWarp;
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // router_losses: tokens are split over at most this many blocks, each writing its partial sums to
-// the static scratch below; a second one-block kernel adds the partials in block order.
+// the caller's workspace; a second one-block kernel adds the partials in block order.
 constexpr int kLossBlocks = 128;
 
 // synthetic_routing: one thread per token, grid-stride over at most this many blocks.
@@ -41,22 +41,22 @@ constexpr int64_t kMaxTokenBlocks = 1 << 16;
 // The increment of Rng::next_u64 (moe/core/rng.h): the kernel replays Rng's draws.
 constexpr uint64_t kRngIncrement = 0x9e3779b97f4a7c15ull;
 
-// NOTES: fixed scratch for router_losses (128 x 256 doubles + 128 doubles, about 257 KiB of device
-// memory per process and device). One buffer for all calls: router_losses calls on one stream are
-// ordered, but two calls running concurrently on different streams would overwrite each other.
-__device__ double g_loss_score_partials[kLossBlocks * kMaxExperts];  // [block][expert] sum_t scores
-__device__ double g_loss_z_partials[kLossBlocks];                     // [block] sum_t lse_t^2
+// The split of router_losses' tokens: a fixed function of T, so the sum order (and the result)
+// depends on T only. Each block writes N score partials and one z partial (FP64) to the workspace.
+struct LossSplit {
+  int64_t chunk = 0;  // tokens per block
+  int blocks = 0;
+};
 
-void check_tensor(const Tensor& t, DType dtype, const char* op, const char* name) {
-  MOE_CHECK(t.data != nullptr || t.numel() == 0, op, ": ", name, " has no data");
-  MOE_CHECK(t.device == Device::CUDA, op, ": ", name, " is on ", device_name(t.device), ", expected cuda");
-  MOE_CHECK(t.dtype == dtype, op, ": ", name, " has dtype ", dtype_name(t.dtype), ", expected ", dtype_name(dtype));
+LossSplit loss_split(int64_t T) {
+  LossSplit split;
+  if (T == 0) return split;
+  split.chunk = (T + kLossBlocks - 1) / kLossBlocks;
+  split.blocks = static_cast<int>((T + split.chunk - 1) / split.chunk);
+  return split;
 }
 
-void check_shape(const Tensor& t, Shape s, const char* op, const char* name) {
-  MOE_CHECK(t.shape == s, op, ": ", name, " has shape ", t.shape.str(), ", expected ", s.str());
-}
-
+// The one limit of these kernels (ops/router.cpp checks the rest of the call).
 void check_experts(int64_t N, const char* op) {
   MOE_CHECK(N >= 1 && N <= kMaxExperts, op, ": N = ", N, " experts; the CUDA router supports 1 to ", kMaxExperts);
 }
@@ -200,15 +200,17 @@ __global__ void router_forward_kernel(float* __restrict__ scores, int32_t* __res
 }
 
 // Block b sums tokens [b * chunk, min(T, (b + 1) * chunk)): per-expert score sums (one thread per
-// expert column, tokens in order) and lse^2 (one warp per token, warps' sums added in order).
-__global__ void router_losses_partials_kernel(const float* __restrict__ scores, const float* __restrict__ logits,
+// expert column, tokens in order) into score_partials[b][e] and lse^2 (one warp per token, warps'
+// sums added in order) into z_partials[b].
+__global__ void router_losses_partials_kernel(double* __restrict__ score_partials, double* __restrict__ z_partials,
+                                              const float* __restrict__ scores, const float* __restrict__ logits,
                                               int64_t T, int N, int64_t chunk) {
   const int64_t begin = blockIdx.x * chunk;
   const int64_t end = begin + chunk < T ? begin + chunk : T;
   for (int e = threadIdx.x; e < N; e += kThreads) {
     double sum = 0.0;
     for (int64_t t = begin; t < end; ++t) sum += scores[t * N + e];
-    g_loss_score_partials[blockIdx.x * kMaxExperts + e] = sum;
+    score_partials[static_cast<int64_t>(blockIdx.x) * N + e] = sum;
   }
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   double z = 0.0;  // same value in every lane of the warp
@@ -228,24 +230,26 @@ __global__ void router_losses_partials_kernel(const float* __restrict__ scores, 
   if (threadIdx.x == 0) {
     double total = 0.0;
     for (int w = 0; w < kWarpsPerBlock; ++w) total += warp_z[w];
-    g_loss_z_partials[blockIdx.x] = total;
+    z_partials[blockIdx.x] = total;
   }
 }
 
 // One block: adds the partials of `blocks` blocks in block order and writes both losses.
 __global__ void router_losses_final_kernel(float* __restrict__ lb_loss, float* __restrict__ z_loss,
+                                           const double* __restrict__ score_partials,
+                                           const double* __restrict__ z_partials,
                                            const int32_t* __restrict__ expert_counts, int64_t T, int N, int top_k,
                                            int blocks) {
   double lb = 0.0;
   for (int e = threadIdx.x; e < N; e += kThreads) {
     double score_sum = 0.0;
-    for (int b = 0; b < blocks; ++b) score_sum += g_loss_score_partials[b * kMaxExperts + e];
+    for (int b = 0; b < blocks; ++b) score_sum += score_partials[static_cast<int64_t>(b) * N + e];
     lb += (static_cast<double>(expert_counts[e]) / T) * (score_sum / T);
   }
   lb = block_sum(lb);
   if (threadIdx.x == 0) {
     double z = 0.0;
-    for (int b = 0; b < blocks; ++b) z += g_loss_z_partials[b];
+    for (int b = 0; b < blocks; ++b) z += z_partials[b];
     lb_loss[0] = static_cast<float>(lb * (static_cast<double>(N) / top_k));
     z_loss[0] = static_cast<float>(z / T);
   }
@@ -362,25 +366,9 @@ int token_blocks(int64_t T) { return static_cast<int>((T + kWarpsPerBlock - 1) /
 
 void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor logits, Tensor bias, ScoreFn fn,
                     bool normalize, Stream stream) {
-  constexpr const char* op = "router_forward";
-  check_tensor(logits, DType::F32, op, "logits");
-  MOE_CHECK(logits.ndim() == 2, op, ": logits must be [T, N], got ", logits.shape.str());
-  const int64_t T = logits.dim(0), N = logits.dim(1);
-  check_experts(N, op);
-  check_tensor(topk_idx, DType::I32, op, "topk_idx");
-  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == T, op, ": topk_idx must be [", T, ", K], got ",
-            topk_idx.shape.str());
-  const int64_t K = topk_idx.dim(1);
-  MOE_CHECK(K >= 1 && K <= N, op, ": top_k = ", K, " must be in [1, N = ", N, "]");
-  check_tensor(scores, DType::F32, op, "scores");
-  check_shape(scores, {T, N}, op, "scores");
-  check_tensor(topk_weight, DType::F32, op, "topk_weight");
-  check_shape(topk_weight, {T, K}, op, "topk_weight");
+  const int64_t T = logits.dim(0), N = logits.dim(1), K = topk_idx.dim(1);
+  check_experts(N, "router_forward");
   const bool has_bias = !bias.empty();
-  if (has_bias) {
-    check_tensor(bias, DType::F32, op, "bias");
-    check_shape(bias, {N}, op, "bias");
-  }
   if (T == 0) return;
   router_forward_kernel<<<token_blocks(T), kThreads, 0, cuda_stream(stream)>>>(
       scores.f32(), topk_idx.i32(), topk_weight.f32(), logits.f32(), has_bias ? bias.f32() : nullptr, T,
@@ -390,17 +378,7 @@ void router_forward(Tensor scores, Tensor topk_idx, Tensor topk_weight, Tensor l
 
 void synthetic_routing(Tensor topk_idx, Tensor topk_weight, bool random, int64_t num_experts, uint64_t seed,
                        int64_t layer, Stream stream) {
-  constexpr const char* op = "synthetic_routing";
-  check_tensor(topk_idx, DType::I32, op, "topk_idx");
-  MOE_CHECK(topk_idx.ndim() == 2, op, ": topk_idx must be [T, K], got ", topk_idx.shape.str());
   const int64_t T = topk_idx.dim(0), K = topk_idx.dim(1), N = num_experts;
-  check_tensor(topk_weight, DType::F32, op, "topk_weight");
-  check_shape(topk_weight, {T, K}, op, "topk_weight");
-  MOE_CHECK(N >= 1 && N <= std::numeric_limits<int32_t>::max(), op, ": num_experts = ", N,
-            " must be in [1, 2^31) (expert ids are I32)");
-  MOE_CHECK(K >= 1 && K <= N, op, ": top_k = ", K, " must be in [1, num_experts = ", N,
-            "]: each token takes K distinct experts");
-  MOE_CHECK(layer >= 0, op, ": layer = ", layer, " is negative");
   if (T == 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((T + kThreads - 1) / kThreads, kMaxTokenBlocks));
   synthetic_routing_kernel<<<blocks, kThreads, 0, cuda_stream(stream)>>>(
@@ -408,61 +386,35 @@ void synthetic_routing(Tensor topk_idx, Tensor topk_weight, bool random, int64_t
   CUDA_CHECK_LAUNCH();
 }
 
-void router_losses(Tensor lb_loss, Tensor z_loss, Tensor expert_counts, Tensor scores, Tensor logits, int top_k,
-                   Stream stream) {
-  constexpr const char* op = "router_losses";
-  check_tensor(logits, DType::F32, op, "logits");
-  MOE_CHECK(logits.ndim() == 2, op, ": logits must be [T, N], got ", logits.shape.str());
-  const int64_t T = logits.dim(0), N = logits.dim(1);
-  MOE_CHECK(T >= 1, op, ": logits ", logits.shape.str(), " must have at least one token");
-  check_experts(N, op);
-  MOE_CHECK(top_k >= 1 && top_k <= N, op, ": top_k = ", top_k, " must be in [1, N = ", N, "]");
-  check_tensor(scores, DType::F32, op, "scores");
-  check_shape(scores, {T, N}, op, "scores");
-  check_tensor(expert_counts, DType::I32, op, "expert_counts");
-  check_shape(expert_counts, {N}, op, "expert_counts");
-  check_tensor(lb_loss, DType::F32, op, "lb_loss");
-  MOE_CHECK(lb_loss.numel() == 1, op, ": lb_loss must hold one value, got ", lb_loss.shape.str());
-  check_tensor(z_loss, DType::F32, op, "z_loss");
-  MOE_CHECK(z_loss.numel() == 1, op, ": z_loss must hold one value, got ", z_loss.shape.str());
+int64_t router_losses_workspace_elems(int64_t tokens, int64_t experts) {
+  // FP64 partials: blocks x (N score sums + 1 z sum), two F32 elements each.
+  return 2 * loss_split(tokens).blocks * (experts + 1);
+}
 
-  // A fixed split of the tokens for a given T, so the sum order (and the result) depends on T only.
-  const int64_t chunk = (T + kLossBlocks - 1) / kLossBlocks;
-  const int blocks = static_cast<int>((T + chunk - 1) / chunk);
+void router_losses(Tensor lb_loss, Tensor z_loss, Tensor expert_counts, Tensor scores, Tensor logits, int top_k,
+                   Tensor workspace, Stream stream) {
+  constexpr const char* op = "router_losses";
+  const int64_t T = logits.dim(0), N = logits.dim(1);
+  check_experts(N, op);
+  MOE_CHECK(reinterpret_cast<uintptr_t>(workspace.data) % alignof(double) == 0, op,
+            ": workspace must be 8-byte aligned (it holds FP64 partial sums)");
+  const LossSplit split = loss_split(T);
+  double* score_partials = workspace.ptr<double>();                // [blocks][N]
+  double* z_partials = score_partials + static_cast<int64_t>(split.blocks) * N;  // [blocks]
   const cudaStream_t s = cuda_stream(stream);
-  router_losses_partials_kernel<<<blocks, kThreads, 0, s>>>(scores.f32(), logits.f32(), T, static_cast<int>(N),
-                                                           chunk);
+  router_losses_partials_kernel<<<split.blocks, kThreads, 0, s>>>(score_partials, z_partials, scores.f32(),
+                                                                 logits.f32(), T, static_cast<int>(N), split.chunk);
   CUDA_CHECK_LAUNCH();
-  router_losses_final_kernel<<<1, kThreads, 0, s>>>(lb_loss.f32(), z_loss.f32(), expert_counts.i32(), T,
-                                                    static_cast<int>(N), top_k, blocks);
+  router_losses_final_kernel<<<1, kThreads, 0, s>>>(lb_loss.f32(), z_loss.f32(), score_partials, z_partials,
+                                                    expert_counts.i32(), T, static_cast<int>(N), top_k, split.blocks);
   CUDA_CHECK_LAUNCH();
 }
 
 void router_backward(Tensor dlogits, Tensor dtopk_weight, Tensor topk_idx, Tensor topk_weight, Tensor scores,
                      Tensor logits, Tensor expert_counts, float lb_scale, float z_scale, ScoreFn fn, bool normalize,
                      Stream stream) {
-  constexpr const char* op = "router_backward";
-  check_tensor(logits, DType::F32, op, "logits");
-  MOE_CHECK(logits.ndim() == 2, op, ": logits must be [T, N], got ", logits.shape.str());
-  const int64_t T = logits.dim(0), N = logits.dim(1);
-  check_experts(N, op);
-  check_tensor(topk_idx, DType::I32, op, "topk_idx");
-  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == T, op, ": topk_idx must be [", T, ", K], got ",
-            topk_idx.shape.str());
-  const int64_t K = topk_idx.dim(1);
-  MOE_CHECK(K >= 1 && K <= N, op, ": top_k = ", K, " must be in [1, N = ", N, "]");
-  check_tensor(dlogits, DType::F32, op, "dlogits");
-  check_shape(dlogits, {T, N}, op, "dlogits");
-  check_tensor(scores, DType::F32, op, "scores");
-  check_shape(scores, {T, N}, op, "scores");
-  check_tensor(dtopk_weight, DType::F32, op, "dtopk_weight");
-  check_shape(dtopk_weight, {T, K}, op, "dtopk_weight");
-  check_tensor(topk_weight, DType::F32, op, "topk_weight");
-  check_shape(topk_weight, {T, K}, op, "topk_weight");
-  check_tensor(expert_counts, DType::I32, op, "expert_counts");
-  check_shape(expert_counts, {N}, op, "expert_counts");
-  // NOTES: the CPU checks every topk_idx entry lies in [0, N); that needs the data on the host, so
-  // the GPU skips entries outside the range instead (router_forward never writes such entries).
+  const int64_t T = logits.dim(0), N = logits.dim(1), K = topk_idx.dim(1);
+  check_experts(N, "router_backward");
   if (T == 0) return;
 
   const double lb_coef = static_cast<double>(lb_scale) * static_cast<double>(N) / K / (static_cast<double>(T) * T);
