@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/comm/launcher.h"
 #include "moe/comm/local_communicator.h"
 #include "moe/comm/mpi_communicator.h"
 #include "moe/core/arena.h"
@@ -64,6 +65,7 @@ void print_summary(const moe::TrainSummary& s, bool bench) {
               last.loss, last.lm_loss);
   if (s.eval_loss)
     std::printf("  held-out loss:   %.4f%s\n", *s.eval_loss, std::isfinite(*s.eval_loss) ? "" : " (not finite)");
+  for (const auto& [name, loss] : s.eval_sets) std::printf("  eval loss on %s: %.4f\n", name.c_str(), loss);
   if (s.attainable_loss)
     std::printf("  attainable loss: %.4f (entropy rate of the synthetic corpus)\n", *s.attainable_loss);
   std::printf("  throughput: %s tokens/s, MFU %.2f%% per device, %.3f s/step (mean over steps after the first)\n",
@@ -133,7 +135,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> eval_overrides;
   CLI::App* eval = app.add_subcommand("eval", "mean LM loss of a checkpoint over token data (.npy file or folder)");
   eval->add_option("--checkpoint", eval_ckpt, "checkpoint dir (or run dir: its newest checkpoint)")->required();
-  eval->add_option("--data", eval_data, ".npy token file or folder of them")->required();
+  eval->add_option("--data", eval_data, "token file, folder or glob (in the checkpoint's data.format), or 'synthetic'")
+      ->required();
   eval->add_option("--tokens", eval_tokens, "evaluate at most N predicted tokens (0 = all)")
       ->check(CLI::NonNegativeNumber);
   eval->add_option("--logits", eval_logits, "write the first microbatch's logits to this .npy (float32)");
@@ -172,7 +175,12 @@ int main(int argc, char** argv) {
   // Under mpirun (or srun) every process is one rank; otherwise one process without MPI.
   std::unique_ptr<moe::MpiRuntime> mpi;
   moe::LocalCommunicator local;
-  if (moe::launched_under_mpi()) mpi = std::make_unique<moe::MpiRuntime>(&argc, &argv);
+  const moe::LaunchInfo launch = moe::detect_launcher();
+  if (launch.kind == moe::Launcher::Refused) {
+    std::fprintf(stderr, "error: %s\n", launch.why.c_str());
+    return 1;
+  }
+  if (launch.kind == moe::Launcher::Mpi) mpi = std::make_unique<moe::MpiRuntime>(&argc, &argv);
   moe::Communicator& world = mpi ? mpi->world() : static_cast<moe::Communicator&>(local);
   const bool leader = world.rank() == 0;
   auto fail = [&](const char* what) {
@@ -262,8 +270,10 @@ int main(int argc, char** argv) {
 
       // The checkpoint's own config, without its data source (the data is given here) and with a
       // global batch that fits this topology.
-      std::vector<std::string> o = {"data.path=synthetic", "data.synthetic_tokens=65536",
-                                    "data.synthetic_eval_tokens=8192", "parallel.mode=ddp"};
+      // The training data is not read (--data names what is evaluated): a small synthetic corpus
+      // stands in, or, for --data synthetic, the checkpoint's own synthetic corpus.
+      std::vector<std::string> o = {"data.path=synthetic", "data.sources=[]", "eval.sets=[]", "parallel.mode=ddp"};
+      if (eval_data != "synthetic") o.insert(o.end(), {"data.synthetic_tokens=65536", "data.synthetic_eval_tokens=8192"});
       o.insert(o.end(), eval_overrides.begin(), eval_overrides.end());
       moe::Config cfg = moe::parse_config(ckpt.train_state_string("config"), dir + "/train_state.json", o);
       cfg.train.global_batch_size = cfg.train.micro_batch_size * world.size();

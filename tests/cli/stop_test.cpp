@@ -78,3 +78,15 @@ TEST_F(StopTest, max_duration_stops_with_a_checkpoint_before_the_budget_runs_out
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(CliTest, a_torchrun_launch_is_refused_before_anything_is_written) {
+  const CliRun r = run({"/usr/bin/env", "RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "MASTER_ADDR=localhost",
+                        "MASTER_PORT=29500", MOE_BINARY_DIR "/moetrain", "train", "--set", "run.dir=" + run_dir(),
+                        "--set", "run.device=cpu"});
+  expect_error(r, {"torchrun", "mpirun -np N"});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+}  // namespace

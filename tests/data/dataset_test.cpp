@@ -98,12 +98,12 @@ TEST_F(DatasetTest, train_windows_lie_inside_one_file_training_split_and_targets
   const std::vector<int64_t> lengths = {1000, 3000, 517};
   for (int f = 0; f < 3; ++f) write_positional(f, lengths[f]);
   const TokenDataset ds = TokenDataset::open(config(), kBigVocab, 0);
-  ASSERT_EQ(ds.sources().size(), 3u);
+  ASSERT_EQ(ds.files().size(), 3u);
   for (int f = 0; f < 3; ++f) {
     const int64_t held = static_cast<int64_t>(0.1 * lengths[f]);
-    EXPECT_EQ(ds.sources()[f].train_length, lengths[f] - held);
-    EXPECT_EQ(ds.sources()[f].eval_begin, lengths[f] - held);
-    EXPECT_EQ(ds.sources()[f].eval_length, held);
+    EXPECT_EQ(ds.files()[f].train_length, lengths[f] - held);
+    EXPECT_EQ(ds.files()[f].eval_begin, lengths[f] - held);
+    EXPECT_EQ(ds.files()[f].eval_length, held);
   }
   EXPECT_EQ(ds.train_tokens() + ds.eval_tokens(), 4517);
   const int64_t batch = 64, seq = 50;
@@ -122,8 +122,8 @@ TEST_F(DatasetTest, train_windows_lie_inside_one_file_training_split_and_targets
         ASSERT_EQ(x[t], x[0] + t) << "window crosses a file or is not consecutive";
         ASSERT_EQ(y[t], x[t] + 1) << "targets are not the inputs shifted by one";
       }
-      ASSERT_LE(start + seq, ds.sources()[f].train_length - 1) << "window enters the held-out tail";
-      saw_last_train_token = saw_last_train_token || start + seq == ds.sources()[f].train_length - 1;
+      ASSERT_LE(start + seq, ds.files()[f].train_length - 1) << "window enters the held-out tail";
+      saw_last_train_token = saw_last_train_token || start + seq == ds.files()[f].train_length - 1;
     }
   }
   EXPECT_TRUE(saw_last_train_token);
@@ -146,7 +146,7 @@ TEST_F(DatasetTest, eval_windows_are_consecutive_non_overlapping_inside_the_held
   for (int64_t r = 0; r < 18; ++r) {
     const int f = r < 4 ? 0 : 1;
     const int64_t k = r < 4 ? r : r - 4;
-    const int64_t expected_start = ds.sources()[f].eval_begin + k * (seq + 1);
+    const int64_t expected_start = ds.files()[f].eval_begin + k * (seq + 1);
     for (int64_t t = 0; t < seq; ++t) {
       ASSERT_EQ(in[r * seq + t], static_cast<int32_t>(f * kFileStride + expected_start + t)) << r;
       ASSERT_EQ(tg[r * seq + t], in[r * seq + t] + 1);
@@ -167,7 +167,7 @@ TEST_F(DatasetTest, mixed_uint16_and_uint32_files) {
   write_npy((dir_ / "b.npy").string(), b);
   std::ofstream((dir_ / "notes.txt").string()) << "ignored";
   const TokenDataset ds = TokenDataset::open(config(), 500, 499);
-  EXPECT_EQ(ds.sources().size(), 2u);
+  EXPECT_EQ(ds.files().size(), 2u);
   EXPECT_FALSE(ds.attainable_loss().has_value());
   EXPECT_NE(ds.describe().find("2 .npy files"), std::string::npos) << ds.describe();
   std::vector<int32_t> in(32 * 16), tg(32 * 16);
@@ -186,16 +186,24 @@ TEST_F(DatasetTest, token_outside_vocab_is_rejected_naming_file_index_and_value)
   EXPECT_NE(msg.find("vocab_size 257"), std::string::npos) << msg;
 }
 
-TEST_F(DatasetTest, short_training_split_names_the_file_and_needed_length) {
+TEST_F(DatasetTest, a_file_shorter_than_one_window_is_skipped_with_a_warning_naming_it) {
   write_positional(0, 1000);
   write_positional(1, 40);  // training split 36 tokens
   const TokenDataset ds = TokenDataset::open(config(), kBigVocab, 0);
-  std::vector<int32_t> in(64), tg(64);
-  EXPECT_NO_THROW(ds.train_batch(0, 0, 2, 32, in.data(), tg.data()));  // needs 33 <= 36
-  const std::string msg = error_of([&] { ds.train_batch(0, 0, 1, 64, in.data(), tg.data()); });
-  EXPECT_NE(msg.find("f1.npy"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("36 tokens"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("65"), std::string::npos) << msg;
+  EXPECT_TRUE(ds.check_window(32).empty());  // needs 33 <= 36
+  const std::vector<std::string> warnings = ds.check_window(64);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("f1.npy"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("36 tokens"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("65"), std::string::npos) << warnings[0];
+  // Windows of 65 tokens come from the other file only.
+  std::vector<int32_t> in(64 * 16), tg(64 * 16);
+  ds.train_batch(0, 0, 16, 64, in.data(), tg.data());
+  for (int32_t t : in) EXPECT_EQ(static_cast<uint32_t>(t) / kFileStride, 0u);
+  // When no file of a source holds a window, the source is named.
+  const std::string msg = error_of([&] { ds.check_window(2000); });
+  EXPECT_NE(msg.find("data.path"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no file holds a training window"), std::string::npos) << msg;
 }
 
 TEST_F(DatasetTest, missing_or_empty_folder_and_bad_files_are_clear_errors) {
@@ -226,9 +234,9 @@ TEST_F(DatasetTest, dataset_json_lists_the_files_read_and_they_are_taken_in_name
   // folder (or listing files in prepare's input order) does not change a run.
   write_dataset_json({{{"name", "f1.npy"}, {"tokens", 3000}}, {{"name", "f0.npy"}}});
   const TokenDataset listed = TokenDataset::open(config(), kBigVocab, 0);
-  ASSERT_EQ(listed.sources().size(), 2u);
-  EXPECT_EQ(listed.sources()[0].name, (dir_ / "f0.npy").string());
-  EXPECT_EQ(listed.sources()[1].name, (dir_ / "f1.npy").string());
+  ASSERT_EQ(listed.files().size(), 2u);
+  EXPECT_EQ(listed.files()[0].name, (dir_ / "f0.npy").string());
+  EXPECT_EQ(listed.files()[1].name, (dir_ / "f1.npy").string());
   listed.train_batch(7, 0, batch, seq, in.data(), tg.data());
   EXPECT_EQ(in, in_plain);
   EXPECT_EQ(tg, tg_plain);
@@ -247,7 +255,7 @@ TEST_F(DatasetTest, npy_file_that_dataset_json_does_not_list_is_an_error_naming_
   // Other files (not .npy) are not token data and do not matter.
   fs::remove(dir_ / "f1.npy");
   std::ofstream((dir_ / "notes.txt").string()) << "about this data";
-  EXPECT_EQ(TokenDataset::open(config(), kBigVocab, 0).sources().size(), 2u);
+  EXPECT_EQ(TokenDataset::open(config(), kBigVocab, 0).files().size(), 2u);
 }
 
 TEST_F(DatasetTest, file_that_dataset_json_lists_but_is_missing_is_an_error_naming_both) {
@@ -289,7 +297,7 @@ TEST_F(DatasetTest, malformed_dataset_json_is_an_error_naming_it_and_the_field) 
     EXPECT_NE(msg.find(expected), std::string::npos) << text << ": " << msg;
   }
   std::ofstream(json_path) << "{\"files\": [{\"name\": \"f0.npy\", \"tokens\": 1000}]}";  // the control
-  EXPECT_EQ(TokenDataset::open(config(), kBigVocab, 0).sources().size(), 1u);
+  EXPECT_EQ(TokenDataset::open(config(), kBigVocab, 0).files().size(), 1u);
 }
 
 TEST(SyntheticDataset, streams_splits_and_attainable_loss) {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "moe/core/error.h"
-#include "moe/data/npy.h"
+#include "moe/data/token_array.h"
 
 using namespace moe;
 namespace fs = std::filesystem;
@@ -50,7 +50,7 @@ class NpyTest : public ::testing::Test {
   // Expects reading `path` to fail with a message that names the file and contains `what`.
   void expect_error(const std::string& path, const std::string& what) {
     try {
-      NpyTokens::open(path);
+      TokenArray::open_npy(path);
       FAIL() << "expected an error for " << path;
     } catch (const Error& e) {
       const std::string msg = e.what();
@@ -67,7 +67,7 @@ class NpyTest : public ::testing::Test {
 TEST_F(NpyTest, uint16_round_trip) {
   std::vector<uint16_t> values = {0, 1, 2, 255, 256, 65535, 12345};
   write_npy(file("a.npy"), values);
-  const NpyTokens t = NpyTokens::open(file("a.npy"));
+  const TokenArray t = TokenArray::open_npy(file("a.npy"));
   EXPECT_EQ(t.dtype(), TokenDType::U16);
   ASSERT_EQ(t.size(), 7);
   for (int64_t i = 0; i < t.size(); ++i) EXPECT_EQ(t.at(i), values[i]);
@@ -79,8 +79,8 @@ TEST_F(NpyTest, uint32_round_trip_and_move) {
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint32_t>(i * 2654435761u);
   values.back() = 0xffffffffu;
   write_npy(file("b.npy"), values);
-  NpyTokens opened = NpyTokens::open(file("b.npy"));
-  const NpyTokens t = std::move(opened);
+  TokenArray opened = TokenArray::open_npy(file("b.npy"));
+  const TokenArray t = std::move(opened);
   EXPECT_EQ(t.dtype(), TokenDType::U32);
   ASSERT_EQ(t.size(), static_cast<int64_t>(values.size()));
   for (int64_t i = 0; i < t.size(); ++i) ASSERT_EQ(t.at(i), values[i]) << i;
@@ -88,16 +88,16 @@ TEST_F(NpyTest, uint32_round_trip_and_move) {
 
 TEST_F(NpyTest, empty_array_round_trip) {
   write_npy(file("e.npy"), std::vector<uint16_t>{});
-  EXPECT_EQ(NpyTokens::open(file("e.npy")).size(), 0);
+  EXPECT_EQ(TokenArray::open_npy(file("e.npy")).size(), 0);
 }
 
 TEST_F(NpyTest, reads_version_2_headers_and_numpy_spacing) {
   const std::string p = write_raw("v2.npy", "{'descr': '<u4', 'fortran_order': False, 'shape': (3,), }", 12, 2);
-  const NpyTokens t = NpyTokens::open(p);
+  const TokenArray t = TokenArray::open_npy(p);
   EXPECT_EQ(t.size(), 3);
   EXPECT_EQ(t.dtype(), TokenDType::U32);
   const std::string q = write_raw("sp.npy", "{\"shape\":(5,),\"fortran_order\":False,\"descr\":\"<u2\"}", 10);
-  EXPECT_EQ(NpyTokens::open(q).size(), 5);
+  EXPECT_EQ(TokenArray::open_npy(q).size(), 5);
 }
 
 TEST_F(NpyTest, truncated_file_names_expected_and_actual_size) {

@@ -13,7 +13,7 @@
 
 #include "moe/core/error.h"
 #include "moe/data/dataset.h"
-#include "moe/data/npy.h"
+#include "moe/data/token_array.h"
 #include "moe/data/prepare.h"
 
 using namespace moe;
@@ -37,7 +37,7 @@ class PrepareTest : public ::testing::Test {
     return p;
   }
   static std::vector<uint32_t> read_tokens(const std::string& path) {
-    const NpyTokens t = NpyTokens::open(path);
+    const TokenArray t = TokenArray::open_npy(path);
     EXPECT_EQ(t.dtype(), TokenDType::U16);
     std::vector<uint32_t> v;
     for (int64_t i = 0; i < t.size(); ++i) v.push_back(t.at(i));
@@ -252,7 +252,7 @@ TEST_F(PrepareTest, append_adds_files_and_dataset_json_lists_the_old_then_the_ne
   cfg.path = out.string();
   cfg.eval_fraction = 0.0;
   const TokenDataset ds = TokenDataset::open(cfg, 257, 256);
-  ASSERT_EQ(ds.sources().size(), 3u);
+  ASSERT_EQ(ds.files().size(), 3u);
   EXPECT_EQ(ds.train_tokens(), meta["files"][0]["tokens"].get<int64_t>() + r.total_tokens);
 }
 

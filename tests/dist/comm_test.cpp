@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "moe/comm/local_communicator.h"
+#include "moe/comm/launcher.h"
 #include "moe/comm/mpi_communicator.h"
 
 namespace moe {
@@ -49,7 +50,7 @@ TEST(MpiCommunicator, rank_and_size_match_mpi) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   EXPECT_EQ(world().rank(), rank);
   EXPECT_EQ(world().size(), size);
-  EXPECT_TRUE(launched_under_mpi());
+  EXPECT_EQ(detect_launcher().kind, Launcher::Mpi);
   world().barrier();
 }
 

@@ -1,5 +1,5 @@
 // LocalCommunicator: a Communicator of one rank that needs no MPI. The trainer uses it when the
-// process was not started by mpirun (launched_under_mpi() is false), so a single-process run
+// process was not started by an MPI launcher (detect_launcher() in launcher.h), so a single-process run
 // never initializes MPI. Collectives over one rank are identities: all_reduce, broadcast and
 // barrier do nothing; reduce_scatter, all_gather and all_to_all_v copy in to out. Arguments are
 // checked exactly as MpiCommunicator checks them, so a wrong call fails here too.

@@ -137,9 +137,5 @@ void MpiRuntime::abort_job(const char* msg, int code) {
   std::_Exit(code);  // MPI_Abort should not return; without MPI there is nothing to abort
 }
 
-bool launched_under_mpi() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr ||
-         std::getenv("PMIX_RANK") != nullptr;
-}
 
 }  // namespace moe

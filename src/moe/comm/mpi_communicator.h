@@ -50,9 +50,6 @@ class MpiRuntime {
   bool initialized_here_ = false;
 };
 
-// Added: true when this process was started by mpirun/srun (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
-// PMIX_RANK is set). The trainer uses a LocalCommunicator, and never touches MPI, otherwise.
-bool launched_under_mpi();
 
 }  // namespace moe
 

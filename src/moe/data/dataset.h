@@ -1,7 +1,10 @@
-// TokenDataset: the token source of a run, either the built-in synthetic corpus or a folder of
-// .npy token files (memory-mapped). Training windows are a pure function of (seed, step,
-// sequence index), so any data-parallel split of a global batch reads the same tokens, and a
-// resumed run reads what the uninterrupted run would have read.
+// TokenDataset: the token files of a run and their splits: the built-in synthetic corpus, or
+// one or several sources (data.path, or [[data.sources]] with mixture weights), each a token
+// file, a folder or a glob of .npy or raw files (memory-mapped). The last eval_fraction of every
+// file is held out. Which training windows a step reads is decided by InstanceSampler (epoch
+// order, data/instance_sampler.h) or, with data.sampling = "random", by train_batch below; both
+// are pure functions of (seed, step, sequence index), so any data-parallel split of a global
+// batch reads the same tokens and a resumed run reads what the uninterrupted run would have.
 #pragma once
 
 #include <cstdint>
@@ -10,63 +13,72 @@
 #include <vector>
 
 #include "moe/data/data_config.h"
-#include "moe/data/npy.h"
+#include "moe/data/token_array.h"
 
 namespace moe {
 
 class TokenDataset {
  public:
-  // Opens cfg.path: "synthetic" (generates the train stream, stream id 0, and the held-out
-  // stream, stream id 1, in memory) or a folder of .npy token files: the files its dataset.json
-  // lists, or every .npy file when it has none (token_folder.h), taken in file-name order,
-  // memory-mapped; every token is checked < vocab_size at open and the error names the file,
-  // index and value. Each file's last floor(eval_fraction * N) tokens are its held-out tail.
+  // Opens the configured sources ("synthetic" generates the train stream, stream id 0, and the
+  // held-out stream, stream id 1, in memory). Every token is checked < vocab_size at open and the
+  // error names the file, index and value; a source that names no file is an error naming its key.
   static TokenDataset open(const DataConfig& cfg, int64_t vocab_size, int64_t eos_token_id);
 
-  // Training windows: global sequence j (0 <= j < global batch) of optimizer step `step` is a
-  // window of seq_len+1 consecutive tokens chosen from (seed, step, j) alone: a file with
-  // probability proportional to its training-split length, then a uniform start inside that
-  // file's training split (windows never cross files or enter the held-out tail). Writes
+  // The files too short for one training window of seq_len + 1 tokens: they are left out of
+  // sampling, and the returned lines say so (for a warning). Throws naming the source when none
+  // of a source's files holds a window.
+  std::vector<std::string> check_window(int64_t seq_len) const;
+
+  // data.sampling = "random": global sequence j of optimizer step `step` is a window of
+  // seq_len + 1 consecutive tokens chosen from (seed, step, j) alone: a source by its weight, a
+  // file of it with probability proportional to its training-split length, then a uniform
+  // start inside that split (windows never cross files or enter the held-out tail). Writes
   // inputs = w[0..seq_len) and targets = w[1..seq_len] of sequences first_seq ..
-  // first_seq+n_seqs-1 into row-major [n_seqs, seq_len] arrays. Throws, naming the file and the
-  // needed length, if any file's training split is shorter than seq_len+1 tokens.
+  // first_seq + n_seqs - 1 into row-major [n_seqs, seq_len] arrays.
   void train_batch(int64_t step, int64_t first_seq, int64_t n_seqs, int64_t seq_len, int32_t* inputs,
                    int32_t* targets) const;
 
   // Held-out split: non-overlapping windows of seq_len+1 tokens laid consecutively over each
   // file's held-out tail (files in order; a tail's remainder shorter than a window is unused).
-  // Throws naming the file when a training split is too short for a window of seq_len + 1 tokens.
-  void check_window(int64_t seq_len) const;
   int64_t eval_num_sequences(int64_t seq_len) const;
   void eval_batch(int64_t first_seq, int64_t n_seqs, int64_t seq_len, int32_t* inputs, int32_t* targets) const;
 
   std::optional<double> attainable_loss() const { return attainable_loss_; }  // synthetic only
-  std::string describe() const;  // one line for the log: source, files, tokens, splits
+  std::string describe() const;  // one line for the log: sources, files, tokens, splits
   int64_t train_tokens() const;
   int64_t eval_tokens() const;
 
-  // One token source: a mapped file or the in-memory synthetic stream.
-  struct Source {
+  // One token file (or the synthetic stream) and its splits.
+  struct File {
     std::string name;
+    size_t source = 0;                         // index into mixture()
     int64_t train_begin = 0, train_length = 0;  // token range of the training split
     int64_t eval_begin = 0, eval_length = 0;    // token range of the held-out split
   };
-  const std::vector<Source>& sources() const { return sources_; }
+  // One training source of the mixture: its files and weight.
+  struct Source {
+    std::string key;  // the config key it came from ("data.path", "data.sources[1]")
+    std::string path;
+    double weight = 1;
+    std::vector<size_t> files;  // indices into files()
+  };
+  const std::vector<File>& files() const { return files_; }
+  const std::vector<Source>& mixture() const { return sources_; }
   int64_t vocab_size() const { return vocab_size_; }
+  // inputs = tokens [start, start + seq_len) of file `file`, targets the same shifted by one.
+  void copy_window(size_t file, int64_t start, int64_t seq_len, int32_t* inputs, int32_t* targets) const;
 
  private:
-  uint32_t token(size_t source, int64_t i) const {
-    return source < files_.size() ? files_[source].at(i) : synthetic_tokens_[static_cast<size_t>(i)];
+  uint32_t token(size_t file, int64_t i) const {
+    return file < arrays_.size() ? arrays_[file].at(i) : synthetic_tokens_[static_cast<size_t>(i)];
   }
-  void copy_window(size_t source, int64_t start, int64_t seq_len, int32_t* inputs, int32_t* targets) const;
 
   DataConfig cfg_;
   int64_t vocab_size_ = 0;
-  std::string path_;
-  std::vector<Source> sources_;          // files_ first, then at most one synthetic source
-  std::vector<NpyTokens> files_;
+  std::vector<File> files_;                 // arrays_ first, then at most one synthetic stream
+  std::vector<Source> sources_;
+  std::vector<TokenArray> arrays_;
   std::vector<uint32_t> synthetic_tokens_;  // train stream followed by held-out stream
-  std::vector<int64_t> train_cumulative_;   // prefix sums of train_length, size sources+1
   std::optional<double> attainable_loss_;
   std::string synthetic_summary_;
 };

@@ -1,21 +1,24 @@
-// Evaluation windows over token files: `moetrain eval` reads a .npy file, or the token files of
-// a folder in name order (those its dataset.json lists: data/token_folder.h), as consecutive windows of seq_len + 1 tokens with stride seq_len, so
-// each token after a window's first is predicted exactly once.
+// Evaluation windows over token files: `moetrain eval` and the named validation sets
+// ([[eval.sets]]) read a file, a folder or a glob (token_sources.h) in name order as consecutive
+// windows of seq_len + 1 tokens with stride seq_len, so each token after a window's first is
+// predicted exactly once.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "moe/data/npy.h"
+#include "moe/data/token_array.h"
 
 namespace moe {
 
 class EvalWindows {
  public:
-  // Checks every token is < vocab_size (the error names the file, index and value). Stops after
-  // max_tokens predicted tokens (0 = all).
-  static EvalWindows open(const std::string& path, int64_t seq_len, int64_t vocab_size, int64_t max_tokens);
+  // Files in `format` ("npy" or "raw" of `dtype`). Checks every token is < vocab_size (the error
+  // names the file, index and value). Stops after max_tokens predicted tokens (0 = all). `key`
+  // names the path's origin in messages ("--data", "eval.sets[0].path").
+  static EvalWindows open(const std::string& path, const std::string& format, TokenDType dtype, int64_t seq_len,
+                          int64_t vocab_size, int64_t max_tokens, const std::string& key);
 
   int64_t size() const { return static_cast<int64_t>(windows_.size()); }
   int64_t seq_len() const { return seq_len_; }
@@ -28,7 +31,7 @@ class EvalWindows {
     int64_t start;
   };
   int64_t seq_len_ = 0;
-  std::vector<NpyTokens> files_;
+  std::vector<TokenArray> files_;
   std::vector<Window> windows_;
 };
 

@@ -224,36 +224,6 @@ NpyHeader read_npy_header(const std::string& path) {
   return h;
 }
 
-NpyTokens NpyTokens::open(const std::string& path) {
-  NpyTokens t;
-  t.path_ = path;
-  t.header_ = read_npy_header(path);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MOE_CHECK(fd >= 0, "cannot open token file ", path, ": ", std::strerror(errno));
-  const size_t bytes =
-      static_cast<size_t>(t.header_.data_offset) + static_cast<size_t>(t.header_.length) * token_dtype_size(t.header_.dtype);
-  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int saved_errno = errno;
-  ::close(fd);  // the mapping keeps the file alive
-  MOE_CHECK(p != MAP_FAILED, "cannot mmap token file ", path, ": ", std::strerror(saved_errno));
-  t.map_ = static_cast<const unsigned char*>(p);
-  t.map_bytes_ = bytes;
-  return t;
-}
-
-void NpyTokens::release() {
-  if (map_ != nullptr) ::munmap(const_cast<unsigned char*>(map_), map_bytes_);
-  map_ = nullptr;
-  map_bytes_ = 0;
-}
-
-void NpyTokens::swap(NpyTokens& o) noexcept {
-  std::swap(path_, o.path_);
-  std::swap(header_, o.header_);
-  std::swap(map_, o.map_);
-  std::swap(map_bytes_, o.map_bytes_);
-}
-
 void write_npy(const std::string& path, std::span<const uint16_t> values) {
   write_npy_impl<uint16_t>(path, "<u2", values);
 }

@@ -64,6 +64,61 @@ const std::string& choice_name(const Choices<E>& choices, const E& value) {
   MOE_FAIL("config: a value has no name among the choices ", choice_names(choices));
 }
 
+std::string describe(const toml::node& n) {
+  std::ostringstream os;
+  n.visit([&](auto&& value) { os << value; });
+  return os.str();
+}
+
+// One TOML value into a typed field, checking its type and range; `where` names the key.
+template <typename T>
+void read_value(const toml::node& node, T& out, const Range<T>& range, const std::string& where) {
+  if constexpr (std::is_same_v<T, bool>) {
+    const auto v = node.value<bool>();
+    MOE_CHECK(v.has_value() && node.is_boolean(), where, " must be true or false, got ", describe(node));
+    out = *v;
+  } else if constexpr (std::is_integral_v<T>) {
+    MOE_CHECK(node.is_integer(), where, " must be an integer, got ", describe(node));
+    const int64_t v = *node.value<int64_t>();
+    MOE_CHECK(!std::is_unsigned_v<T> || v >= 0, where, " must be >= 0, got ", v);
+    MOE_CHECK(in_range(range, static_cast<T>(v)), where, " must be ", range_text(range), ", got ", v);
+    out = static_cast<T>(v);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    MOE_CHECK(node.is_floating_point() || node.is_integer(), where, " must be a number, got ", describe(node));
+    const double v = *node.value<double>();
+    MOE_CHECK(in_range(range, v), where, " must be a finite number ", range_text(range), ", got ", v);
+    out = v;
+  } else {
+    MOE_CHECK(node.is_string(), where, " must be a string, got ", describe(node));
+    out = *node.value<std::string>();
+  }
+}
+
+// The fields of one table of an array of tables ([[data.sources]]): known names, typed values.
+class ItemReader {
+ public:
+  ItemReader(const toml::table& table, std::string where) : table_(table), where_(std::move(where)) {}
+  template <typename T>
+  void key(const char* name, T& out, const Range<T>& range, const char*) {
+    known_.insert(name);
+    if (const toml::node* node = table_.get(name)) read_value(*node, out, range, where_ + "." + name);
+  }
+  void reject_unknown() const {
+    for (auto&& [k, v] : table_) {
+      (void)v;
+      std::string names;
+      for (const auto& n : known_) names += (names.empty() ? "" : ", ") + n;
+      MOE_CHECK(known_.count(std::string(k.str())), "unknown key '", std::string(k.str()), "' in ", where_,
+                "; known keys: ", names);
+    }
+  }
+
+ private:
+  const toml::table& table_;
+  std::string where_;
+  std::set<std::string> known_;
+};
+
 // Reads every key of the table out of the parsed TOML (absent keys keep their defaults), checks
 // each value's type and range, and remembers which keys exist, so anything left over in the file
 // is reported as unknown (a typo never silently falls back to a default).
@@ -77,27 +132,7 @@ class TomlReader {
     const toml::node* node = find(section, name);
     if (!node) return;
     present_.insert(dotted(section, name));
-    if constexpr (std::is_same_v<T, bool>) {
-      const auto v = node->value<bool>();
-      MOE_CHECK(v.has_value(), where(section, name), " must be true or false");
-      out = *v;
-    } else if constexpr (std::is_integral_v<T>) {
-      MOE_CHECK(node->is_integer(), where(section, name), " must be an integer, got ", describe(*node));
-      const int64_t v = *node->value<int64_t>();
-      MOE_CHECK(!std::is_unsigned_v<T> || v >= 0, where(section, name), " must be >= 0, got ", v);
-      MOE_CHECK(in_range(range, static_cast<T>(v)), where(section, name), " must be ", range_text(range), ", got ", v);
-      out = static_cast<T>(v);
-    } else if constexpr (std::is_floating_point_v<T>) {
-      MOE_CHECK(node->is_floating_point() || node->is_integer(), where(section, name), " must be a number, got ",
-                describe(*node));
-      const double v = *node->value<double>();
-      MOE_CHECK(in_range(range, v), where(section, name), " must be a finite number ", range_text(range), ", got ", v);
-      out = v;
-    } else {
-      const auto v = node->value<std::string>();
-      MOE_CHECK(v.has_value() && node->is_string(), where(section, name), " must be a string, got ", describe(*node));
-      out = *v;
-    }
+    read_value(*node, out, range, where(section, name));
   }
 
   template <typename E>
@@ -116,6 +151,26 @@ class TomlReader {
       }
     MOE_FAIL(dotted(section, name), " = \"", text, "\" is not one of: ", choice_names(choices), " (config key in ", source_,
              ")");
+  }
+
+  template <typename E, typename Fields>
+  void table_array(const char* section, const char* name, std::vector<E>& items, const char*, Fields fields) {
+    known_[section].insert(name);
+    const toml::node* node = find(section, name);
+    if (!node) return;
+    present_.insert(dotted(section, name));
+    const toml::array* array = node->as_array();
+    MOE_CHECK(array && (array->empty() || array->is_array_of_tables()), where(section, name),
+              " must be an array of tables ([[", dotted(section, name), "]] entries), got ", describe(*node));
+    items.clear();
+    for (size_t i = 0; i < array->size(); ++i) {
+      ItemReader reader(*array->get(i)->as_table(),
+                        "config key '" + dotted(section, name) + "[" + std::to_string(i) + "]' in " + source_);
+      E item{};
+      fields(item, reader);
+      reader.reject_unknown();
+      items.push_back(std::move(item));
+    }
   }
 
   bool present(const std::string& dotted_key) const { return present_.count(dotted_key) != 0; }
@@ -155,16 +210,22 @@ class TomlReader {
   std::string where(const char* section, const char* name) const {
     return "config key '" + dotted(section, name) + "' in " + source_;
   }
-  static std::string describe(const toml::node& n) {
-    std::ostringstream os;
-    n.visit([&](auto&& value) { os << value; });
-    return os.str();
-  }
-
   const toml::table& root_;
   std::string source_;
   std::map<std::string, std::set<std::string>> known_;
   std::set<std::string> present_;
+};
+
+// One item of an array of tables as a TOML table.
+struct ItemWriter {
+  toml::table table;
+  template <typename T>
+  void key(const char* field, const T& value, const Range<T>&, const char*) {
+    if constexpr (std::is_same_v<T, uint64_t>)
+      table.insert_or_assign(field, static_cast<int64_t>(value));
+    else
+      table.insert_or_assign(field, value);
+  }
 };
 
 // Builds the resolved config as a TOML table (toml++ quotes and escapes every string).
@@ -184,6 +245,17 @@ class TomlWriter {
   void choice(const char* section, const char* name, const E& value, const Choices<E>& choices, const char*) {
     if (wanted(section)) put(section, name, choice_name(choices, value));
   }
+  template <typename E, typename Fields>
+  void table_array(const char* section, const char* name, const std::vector<E>& items, const char*, Fields fields) {
+    if (!wanted(section) || items.empty()) return;
+    toml::array array;
+    for (const E& item : items) {
+      ItemWriter w;
+      fields(item, w);
+      array.push_back(std::move(w.table));
+    }
+    put(section, name, std::move(array));
+  }
   std::string text() const {
     std::ostringstream os;
     os << root_ << "\n";
@@ -193,17 +265,29 @@ class TomlWriter {
  private:
   bool wanted(const char* section) const { return only_ == "*" || only_ == section; }
   template <typename T>
-  void put(const char* section, const char* name, const T& value) {
+  void put(const char* section, const char* name, T&& value) {
     if (!*section) {
-      root_.insert_or_assign(name, value);
+      root_.insert_or_assign(name, std::forward<T>(value));
       return;
     }
     if (!root_.get(section)) root_.insert_or_assign(section, toml::table{});
-    root_.get_as<toml::table>(section)->insert_or_assign(name, value);
+    root_.get_as<toml::table>(section)->insert_or_assign(name, std::forward<T>(value));
   }
 
   std::string only_;
   toml::table root_;
+};
+
+// The fields of one item of an array of tables, handed to a visitor's key() as keys of the
+// "section" <name>[i] (so they are named data.sources[0].path in listings and messages).
+template <typename V>
+struct ItemAsSection {
+  V& visitor;
+  std::string section;
+  template <typename T>
+  void key(const char* name, const T& field, const Range<T>& range, const char* doc) {
+    visitor.key(section.c_str(), name, field, range, doc);
+  }
 };
 
 // (dotted key, canonical value text) in table order: what the resume and rank-agreement
@@ -225,6 +309,14 @@ class ValueLister {
   template <typename E>
   void choice(const char* section, const char* name, const E& value, const Choices<E>& choices, const char*) {
     values.emplace_back(dotted(section, name), "\"" + choice_name(choices, value) + "\"");
+  }
+  template <typename E, typename Fields>
+  void table_array(const char* section, const char* name, const std::vector<E>& items, const char*, Fields fields) {
+    values.emplace_back(dotted(section, name), std::to_string(items.size()) + " entries");
+    for (size_t i = 0; i < items.size(); ++i) {
+      ItemAsSection<ValueLister> item{*this, dotted(section, name) + "[" + std::to_string(i) + "]"};
+      fields(items[i], item);
+    }
   }
   std::vector<std::pair<std::string, std::string>> values;
 };
@@ -252,6 +344,13 @@ class KeyDocumenter {
   void choice(const char* section, const char* name, const E& value, const Choices<E>& choices, const char* doc) {
     row(section, name, "string", "\"" + choice_name(choices, value) + "\"", "one of: " + choice_names(choices), doc);
   }
+  template <typename E, typename Fields>
+  void table_array(const char* section, const char* name, const std::vector<E>&, const char* doc, Fields fields) {
+    row(section, name, "array of tables", "[]", "[[" + dotted(section, name) + "]] entries with the keys below", doc);
+    const E defaults{};
+    ItemAsSection<KeyDocumenter> item{*this, dotted(section, name) + "[]"};
+    fields(defaults, item);
+  }
   std::string text = "| key | type | default | accepted | meaning |\n|---|---|---|---|---|\n";
 
  private:
@@ -274,6 +373,13 @@ struct RangeCheck {
     bool found = false;
     for (const auto& c : choices) found = found || c.second == v;
     MOE_CHECK(found, dotted(section, name), " is not one of: ", choice_names(choices));
+  }
+  template <typename E, typename Fields>
+  void table_array(const char* section, const char* name, const std::vector<E>& items, const char*, Fields fields) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      ItemAsSection<RangeCheck> item{*this, dotted(section, name) + "[" + std::to_string(i) + "]"};
+      fields(items[i], item);
+    }
   }
 };
 
@@ -451,13 +557,19 @@ std::vector<std::pair<std::string, std::string>> config_values(const Config& c) 
 std::string config_differences(const Config& a, const Config& b, const std::string& section, const std::string& a_label,
                                const std::string& b_label) {
   const auto va = config_values(a), vb = config_values(b);
+  const std::map<std::string, std::string> in_b(vb.begin(), vb.end()), in_a(va.begin(), va.end());
+  auto wanted = [&](const std::string& key) { return section.empty() || key.rfind(section + ".", 0) == 0; };
   std::string out;
-  for (size_t i = 0; i < va.size(); ++i) {
-    if (!section.empty() && va[i].first.rfind(section + ".", 0) != 0) continue;
-    if (va[i].second != vb[i].second)
-      out += "\n  " + a_label + ": " + va[i].first + " = " + va[i].second + "\n  " + b_label + ": " + vb[i].first + " = " +
-             vb[i].second;
+  auto line = [&](const std::string& key, const std::string& x, const std::string& y) {
+    out += "\n  " + a_label + ": " + key + " = " + x + "\n  " + b_label + ": " + key + " = " + y;
+  };
+  for (const auto& [key, value] : va) {
+    if (!wanted(key)) continue;
+    const auto it = in_b.find(key);
+    if (it == in_b.end() || it->second != value) line(key, value, it == in_b.end() ? "(none)" : it->second);
   }
+  for (const auto& [key, value] : vb)
+    if (wanted(key) && !in_a.count(key)) line(key, "(none)", value);
   return out;
 }
 

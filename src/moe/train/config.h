@@ -57,10 +57,15 @@ struct RunConfig {
   std::string resume = "no";    // auto: continue the run directory's newest checkpoint when one exists
 };
 
+struct EvalConfig {
+  std::vector<EvalSetConfig> sets;  // named validation sets, besides the held-out tail of the training data
+};
+
 struct Config {
   std::string name = "tiny";
   ModelConfig model;
   DataConfig data;
+  EvalConfig eval;
   TrainConfig train;
   ParallelConfig parallel;
   EpConfig ep;

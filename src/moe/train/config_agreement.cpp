@@ -1,29 +1,21 @@
 #include "moe/train/config_agreement.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "moe/comm/host_strings.h"
 #include "moe/core/error.h"
+#include "moe/core/rng.h"
 
 namespace moe {
 
-namespace {
-
-// FNV-1a: a stable hash of the config text, the same in every process and build.
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-}  // namespace
 
 void check_config_agrees(const Config& cfg, Communicator& host) {
   if (host.size() == 1) return;
   const std::string text = config_to_toml(cfg);
-  const uint64_t h = fnv1a(text);
+  const uint64_t h = hash_string(text);  // stable across processes and builds
   // Four 16-bit parts and their complements: one Max reduction gives each part's max and min.
   int32_t parts[8];
   for (int i = 0; i < 4; ++i) {
@@ -40,10 +32,14 @@ void check_config_agrees(const Config& cfg, Communicator& host) {
     const Config theirs = parse_config(all[r], "the config of rank " + std::to_string(r));
     const Config leader = parse_config(all[0], "the config of rank 0");
     const auto a = config_values(leader), b = config_values(theirs);
-    for (size_t k = 0; k < a.size(); ++k)
-      MOE_CHECK(a[k].second == b[k].second, "the ranks of this job were given different configs: ", a[k].first, " = ",
-                a[k].second, " on rank 0 but ", b[k].second, " on rank ", r,
+    const std::map<std::string, std::string> in_b(b.begin(), b.end());
+    for (const auto& [key, value] : a) {
+      const auto it = in_b.find(key);
+      const std::string other = it == in_b.end() ? "(none)" : it->second;
+      MOE_CHECK(value == other, "the ranks of this job were given different configs: ", key, " = ", value,
+                " on rank 0 but ", other, " on rank ", r,
                 " (every rank must get the same --config file, --set overrides and flags)");
+    }
   }
   MOE_FAIL("the ranks of this job were given different configs (every rank must get the same --config file, --set "
            "overrides and flags)");

@@ -8,7 +8,10 @@
 //   void key(const char* section, const char* name, T& field, Range<T> range, const char* doc)
 //       for T in {int64_t, uint64_t, double, bool, std::string};
 //   void choice(const char* section, const char* name, E& field, const Choices<E>& choices, const char* doc)
-//       for enumerations and fixed string sets.
+//       for enumerations and fixed string sets;
+//   void table_array(const char* section, const char* name, std::vector<E>& items, const char* doc, Fields fields)
+//       for arrays of tables ([[data.sources]]): fields(item, f) calls f.key(name, field, range, doc)
+//       for each field of one item (f is the visitor's per-item adapter).
 // Checks that involve several keys (divisibility, batch arithmetic, size products) are in
 // Config::validate.
 #pragma once
@@ -95,7 +98,21 @@ void visit_config_keys(C& c, V&& v) {
   v.key("model", "eos_token_id", m.eos_token_id, count_from(0), "end-of-document token; default: vocab_size - 1");
 
   auto& d = c.data;
-  v.key("data", "path", d.path, any_value<std::string>(), "a folder of .npy token files, or \"synthetic\"");
+  v.key("data", "path", d.path, any_value<std::string>(),
+        "one source: a token file, a folder or a glob, or \"synthetic\" (the built-in corpus)");
+  v.table_array("data", "sources", d.sources, "several training sources mixed by weight, instead of data.path",
+                [](auto& source, auto& f) {
+                  f.key("path", source.path, any_value<std::string>(), "a token file, a folder or a glob");
+                  f.key("weight", source.weight, between(1e-12, 1e12),
+                        "relative share of the training instances of each epoch");
+                });
+  v.choice("data", "format", d.format, Choices<std::string>{{"npy", "npy"}, {"raw", "raw"}},
+           "npy: .npy files; raw: headerless token arrays (OLMo-core / Dolma tokenized files) of data.dtype");
+  v.choice("data", "dtype", d.dtype, Choices<std::string>{{"uint16", "uint16"}, {"uint32", "uint32"}},
+           "token type of raw files");
+  v.choice("data", "sampling", d.sampling, Choices<std::string>{{"epoch", "epoch"}, {"random", "random"}},
+           "epoch: fixed instances of seq_len + 1 tokens, shuffled per epoch, each seen once per pass of its "
+           "source; random: windows drawn with replacement");
   v.key("data", "seed", d.seed, at_least<uint64_t>(0), "sampling and synthetic-corpus seed");
   v.key("data", "eval_fraction", d.eval_fraction, from_up_to(0.0, 1.0), "held-out tail of every file");
   v.key("data", "synthetic_tokens", d.synthetic_tokens, count_from(2), "training tokens of the synthetic corpus");
@@ -135,6 +152,12 @@ void visit_config_keys(C& c, V&& v) {
   v.key("train", "max_duration", t.max_duration, any_value<std::string>(),
         "wall-clock budget of this process (\"4h\", \"1h30m\", \"90s\"): at the first step boundary past it, save a "
         "checkpoint and stop; \"\" = none");
+
+  v.table_array("eval", "sets", c.eval.sets, "named validation sets, each reported under its name",
+                [](auto& set, auto& f) {
+                  f.key("name", set.name, any_value<std::string>(), "the name in the log and in metrics");
+                  f.key("path", set.path, any_value<std::string>(), "a token file, a folder or a glob (data.format)");
+                });
 
   v.choice("parallel", "mode", c.parallel.mode, Choices<std::string>{{"ddp", "ddp"}, {"fsdp", "fsdp"}},
            "ddp: resident weights + expert parallelism; fsdp: the full-reshard baseline");

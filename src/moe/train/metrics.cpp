@@ -43,7 +43,8 @@ int64_t record_step(const std::string& line) {
 
 }  // namespace
 
-nlohmann::json step_record_json(const StepRecord& r, const RunTotals& t, std::optional<double> eval_loss) {
+nlohmann::json step_record_json(const StepRecord& r, const RunTotals& t, std::optional<double> eval_loss,
+                                const std::vector<std::pair<std::string, double>>& eval_sets) {
   nlohmann::json per_layer = nlohmann::json::array();
   for (double v : r.expert_load_per_layer) per_layer.push_back(number(v));
   nlohmann::json j = {{"step", r.step},
@@ -71,6 +72,11 @@ nlohmann::json step_record_json(const StepRecord& r, const RunTotals& t, std::op
                       {"arena_bytes", t.arena_bytes},
                       {"peak_rss_bytes", t.peak_rss_bytes}};
   if (eval_loss) j["eval_loss"] = number(*eval_loss);
+  if (!eval_sets.empty()) {
+    nlohmann::json sets = nlohmann::json::object();
+    for (const auto& [name, loss] : eval_sets) sets[name] = number(loss);
+    j["eval_sets"] = sets;
+  }
   return j;
 }
 

@@ -36,7 +36,9 @@ struct RunTotals {
 // The metrics.jsonl object of one logged step. A non-finite number (a diverged loss, an eval
 // on NaN weights) is written as the string "nan", "inf" or "-inf": JSON has no such numbers, and
 // dropping the key would hide the fact.
-nlohmann::json step_record_json(const StepRecord& r, const RunTotals& totals, std::optional<double> eval_loss);
+// eval_sets: (name, loss) of the named validation sets, written as "eval_sets": {name: loss}.
+nlohmann::json step_record_json(const StepRecord& r, const RunTotals& totals, std::optional<double> eval_loss,
+                                const std::vector<std::pair<std::string, double>>& eval_sets = {});
 
 // Appends one line per record. The file is created at the first write (a run that fails before
 // its first logged step leaves none). A line is written whole or not at all: a failed or short

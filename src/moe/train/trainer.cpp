@@ -15,6 +15,7 @@
 #include "moe/core/device.h"
 #include "moe/core/rng.h"
 #include "moe/data/eval_windows.h"
+#include "moe/data/instance_sampler.h"
 #include "moe/model/router_bias.h"
 #include "moe/ops/elementwise.h"
 #include "moe/optim/lr_schedule.h"
@@ -34,11 +35,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// The routing seed of one microbatch: random routing draws a fresh choice per (step, microbatch).
-uint64_t routing_seed(uint64_t seed, int64_t step, int64_t micro) {
-  return hash_counters(seed, 0x726f757465ull, static_cast<uint64_t>(step), static_cast<uint64_t>(micro));
 }
 
 // Device memory left out of the arenas' limit: cuBLASLt and cuDNN workspaces, the CUDA context.
@@ -98,7 +94,17 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       acts_("activations", dev_) {
   const int dp = world_.size();
   cfg_.validate(dp);
-  data_.check_window(cfg_.train.seq_len);  // before anything is written
+  // Before anything is written: files too short for one window are left out (with a warning),
+  // every named validation set is opened and checked.
+  for (const std::string& w : data_.check_window(cfg_.train.seq_len))
+    if (world.rank() == 0 && !opts_.quiet) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  if (cfg_.data.sampling == "epoch")
+    sampler_ = std::make_unique<InstanceSampler>(data_, cfg_.train.seq_len, cfg_.train.global_batch_size,
+                                                 cfg_.data.seed);
+  for (size_t k = 0; k < cfg_.eval.sets.size(); ++k)
+    eval_sets_.push_back(std::make_unique<EvalWindows>(EvalWindows::open(
+        cfg_.eval.sets[k].path, cfg_.data.format, token_dtype_from_name(cfg_.data.dtype), cfg_.train.seq_len,
+        cfg_.model.vocab_size, 0, "eval.sets[" + std::to_string(k) + "].path")));
   const ModelConfig& mc = cfg_.model;
   const bool fsdp = cfg_.parallel.mode == "fsdp";
   const int64_t moe_experts = mc.first_k_dense_replace < mc.num_hidden_layers ? mc.num_experts : 0;
@@ -158,12 +164,21 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
 
 Trainer::~Trainer() = default;
 
+uint64_t Trainer::routing_seed(uint64_t seed, int64_t step, int64_t micro) {
+  return hash_counters(seed, 0x726f757465ull, static_cast<uint64_t>(step), static_cast<uint64_t>(micro));
+}
+
 void Trainer::print_plan() const {
   const double tokens_per_step = static_cast<double>(cfg_.train.global_batch_size * cfg_.train.seq_len);
   std::printf("moetrain: config '%s', %s parameters (%s active per token, capacity ratio %.2f)\n",
               cfg_.name.c_str(), format_count(flops_.total_params).c_str(),
               format_count(flops_.active_params).c_str(), flops_.total_params / flops_.active_params);
   std::printf("  %s\n", data_.describe().c_str());
+  if (sampler_) std::printf("  %s\n", sampler_->describe().c_str());
+  for (size_t k = 0; k < eval_sets_.size(); ++k)
+    std::printf("  eval set '%s': %s (%ld windows of %ld tokens)\n", cfg_.eval.sets[k].name.c_str(),
+                cfg_.eval.sets[k].path.c_str(), static_cast<long>(eval_sets_[k]->size()),
+                static_cast<long>(cfg_.train.seq_len + 1));
   if (cfg_.parallel.mode == "fsdp")
     std::printf("  parallel: fsdp over %d ranks (every parameter sharded; full weights gathered per block)\n",
                 world_.size());
@@ -270,8 +285,12 @@ void Trainer::upload_batch(int64_t step) {
   const int64_t B = t.micro_batch_size, T = t.seq_len, accum = cfg_.accumulation_steps(dp);
   for (int64_t micro = 0; micro < accum; ++micro) {
     // Global sequences of this microbatch: the same global batch in the same order on any topology.
-    data_.train_batch(step, (micro * dp + rank) * B, B, T, host_tokens_.data() + micro * B * T,
-                      host_targets_.data() + micro * B * T);
+    int32_t* in = host_tokens_.data() + micro * B * T;
+    int32_t* tg = host_targets_.data() + micro * B * T;
+    if (sampler_)
+      sampler_->batch(step, (micro * dp + rank) * B, B, in, tg);
+    else
+      data_.train_batch(step, (micro * dp + rank) * B, B, T, in, tg);
   }
   copy_to_tensor(state_.get(tokens_), host_tokens_.data());
   copy_to_tensor(state_.get(targets_), host_targets_.data());
@@ -430,78 +449,6 @@ StepRecord Trainer::train_step(int64_t step) {
   return r;
 }
 
-std::optional<double> Trainer::evaluate(int64_t batches) {
-  const int64_t dp = world_.size(), rank = world_.rank();
-  const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len;
-  const int64_t n = std::min(batches, data_.eval_num_sequences(T) / (B * dp));  // microbatches per rank
-  if (n <= 0) return std::nullopt;
-  const Tensor tokens = state_.get(tokens_).rows(0, B * T), targets = state_.get(targets_).rows(0, B * T);
-  RoutingState rs{state_.get(router_bias_), Tensor()};
-  double local = 0;  // summed in double; one rounding to FP32 before the all-reduce
-  for (int64_t i = 0; i < n; ++i) {
-    data_.eval_batch((i * dp + rank) * B, B, T, host_tokens_.data(), host_targets_.data());
-    copy_to_tensor(tokens, host_tokens_.data());
-    copy_to_tensor(targets, host_targets_.data());
-    model_->forward_loss(store_->weights(), tokens, targets, routing_seed(cfg_.train.seed, -1, i * dp + rank), rs);
-    local += model_->losses().lm_loss_sum;
-  }
-  std::vector<float> sum{static_cast<float>(local)};
-  all_reduce_host(sum);
-  dispatcher_->check_after_step();  // eval's routes are checked and counted here, not in the next step
-  return sum[0] / static_cast<double>(n * dp * B * T);
-}
-
-double Trainer::microbatch_loss(int64_t step) {
-  const int64_t rows = cfg_.train.micro_batch_size * cfg_.train.seq_len;
-  upload_batch(step);
-  const RoutingState rs{state_.get(router_bias_), Tensor()};
-  model_->forward_loss(store_->weights(), state_.get(tokens_).rows(0, rows), state_.get(targets_).rows(0, rows),
-                       routing_seed(cfg_.train.seed, step, world_.rank()), rs);
-  std::vector<float> sum{static_cast<float>(model_->losses().lm_loss_sum)};
-  all_reduce_host(sum);
-  return sum[0] / static_cast<double>(rows * world_.size());
-}
-
-EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, const std::string& logits_npy) {
-  MOE_CHECK(max_tokens >= 0, "eval: the number of tokens must be >= 0 (0 = all), got ", max_tokens);
-  const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
-  const EvalWindows windows = EvalWindows::open(path, T, V, max_tokens);
-  const int64_t dp = world_.size(), rank = world_.rank();
-  const int64_t per_rank = windows.size() / (B * dp);  // microbatches per rank
-  MOE_CHECK(per_rank > 0, "eval: ", windows.size(), " windows of ", T + 1, " tokens in ", path, " do not fill one microbatch of ",
-            B, " sequences per rank (", dp, " ranks)");
-  const Tensor tokens = state_.get(tokens_).rows(0, B * T), targets = state_.get(targets_).rows(0, B * T);
-  RoutingState rs{state_.get(router_bias_), Tensor()};
-  double local = 0;  // summed in double; one rounding to FP32 before the all-reduce
-  const auto t0 = Clock::now();
-  for (int64_t i = 0; i < per_rank; ++i) {
-    for (int64_t j = 0; j < B; ++j)
-      windows.copy((i * dp + rank) * B + j, host_tokens_.data() + j * T, host_targets_.data() + j * T);
-    copy_to_tensor(tokens, host_tokens_.data());
-    copy_to_tensor(targets, host_targets_.data());
-    const uint64_t seed = routing_seed(cfg_.train.seed, -1, i * dp + rank);
-    model_->forward_loss(store_->weights(), tokens, targets, seed, rs);
-    local += model_->losses().lm_loss_sum;
-    if (i == 0 && !logits_npy.empty()) {
-      // Every rank runs the forward (expert parallelism makes it collective); rank 0 writes.
-      std::vector<float> logits(static_cast<size_t>(B * T * V));
-      const DeviceAllocation buf(logits.size() * sizeof(float), dev_);
-      const Tensor out(buf.data(), DType::F32, {B * T, V}, dev_);
-      model_->forward_logits(store_->weights(), tokens, out, seed, rs);
-      copy_from_tensor(logits.data(), out);
-      if (leader()) write_npy_f32(logits_npy, logits, {B * T, V});
-    }
-  }
-  std::vector<float> sum{static_cast<float>(local)};
-  all_reduce_host(sum);
-  EvalReport r;
-  r.tokens = per_rank * dp * B * T;
-  r.mean_loss = sum[0] / static_cast<double>(r.tokens);
-  r.tokens_per_s = static_cast<double>(r.tokens) / seconds_since(t0);
-  r.windows_skipped = windows.size() - per_rank * dp * B;
-  return r;
-}
-
 TrainSummary Trainer::run() {
   const TrainConfig& t = cfg_.train;
   TrainSummary summary;
@@ -544,11 +491,13 @@ TrainSummary Trainer::run() {
     const bool last = r.step == t.steps;
     const bool log = r.step % t.log_every == 0 || last || step == start_step_ || r.skipped || give_up;
     std::optional<double> eval;
+    std::vector<std::pair<std::string, double>> eval_sets;
     if (!opts_.bench && !give_up && t.eval_every > 0 && t.eval_batches > 0 && (r.step % t.eval_every == 0 || last)) {
       eval = evaluate(t.eval_batches);
-      if (last) summary.eval_loss = eval;  // the final evaluation; not repeated below
+      eval_sets = evaluate_sets(t.eval_batches);
+      if (last) summary.eval_loss = eval, summary.eval_sets = eval_sets;  // the final evaluation; not repeated below
     }
-    if (log || eval) {
+    if (log || eval || !eval_sets.empty()) {
       const double elapsed = seconds_since(run_start);
       const double eta = elapsed / static_cast<double>(step - start_step_ + 1) * static_cast<double>(t.steps - r.step);
       if (talk) {
@@ -558,6 +507,8 @@ TrainSummary Trainer::run() {
                     1000 * r.step_time_s, format_duration(eta).c_str(),
                     r.skipped ? " | SKIPPED (non-finite gradient)" : "");
         if (eval) std::printf("  eval loss %.4f%s\n", *eval, std::isfinite(*eval) ? "" : " (not finite)");
+        for (const auto& [name, loss] : eval_sets)
+          std::printf("  eval loss on %s %.4f%s\n", name.c_str(), loss, std::isfinite(loss) ? "" : " (not finite)");
         std::fflush(stdout);
       }
       if (run_dir) {
@@ -567,7 +518,7 @@ TrainSummary Trainer::run() {
                          static_cast<double>(r.step) * tokens_per_step,
                          state_.total_bytes() + acts_.total_bytes(),
                          peak_rss_bytes()};
-        nlohmann::json j = step_record_json(r, totals, eval);
+        nlohmann::json j = step_record_json(r, totals, eval, eval_sets);
         j["time"] = utc_now();
         j["run_id"] = run_id_;
         run_dir->metrics().write(j);
@@ -596,8 +547,10 @@ TrainSummary Trainer::run() {
       t.steps > start_step_)
     save_checkpoint_now(t.steps);
   if (!opts_.bench && summary.stop_reason.empty() && t.eval_batches > 0 && !summary.eval_loss &&
-      !(t.eval_every > 0 && t.steps > start_step_))
+      !(t.eval_every > 0 && t.steps > start_step_)) {
     summary.eval_loss = evaluate(t.eval_batches);
+    summary.eval_sets = evaluate_sets(t.eval_batches);
+  }
   summary.skipped_steps = skipped_steps_;
   if (timed_steps > 0) {
     summary.mean_step_time_s = timed_s / static_cast<double>(timed_steps);

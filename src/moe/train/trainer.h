@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,8 @@
 #include "moe/core/kernel_profiler.h"
 #include "moe/core/step_graph.h"
 #include "moe/data/dataset.h"
+#include "moe/data/eval_windows.h"
+#include "moe/data/instance_sampler.h"
 #include "moe/model/dispatch.h"
 #include "moe/model/transformer.h"
 #include "moe/parallel/param_store.h"
@@ -47,6 +50,7 @@ struct TrainSummary {
   std::string stop_reason;                // why the run stopped before train.steps (a checkpoint was saved)
   std::vector<StepRecord> steps;          // every step run, in order (identical on every rank)
   std::optional<double> eval_loss;        // at the end, when the held-out split is used (may be NaN)
+  std::vector<std::pair<std::string, double>> eval_sets;  // at the end: (name, loss) of each [[eval.sets]]
   std::optional<double> attainable_loss;  // synthetic corpus only
   int64_t skipped_steps = 0;
   double mean_tokens_per_s = 0, mean_mfu = 0, mean_step_time_s = 0;  // over steps after the first
@@ -88,6 +92,8 @@ class Trainer {
   // Mean LM loss over up to `batches` microbatches of the held-out split per rank (collective);
   // nullopt when the held-out split has no full microbatch. A non-finite mean is returned as is.
   std::optional<double> evaluate(int64_t batches);
+  // The same over each named validation set ([[eval.sets]]), as (name, mean loss).
+  std::vector<std::pair<std::string, double>> evaluate_sets(int64_t batches);
 
   // Mean LM loss of the first microbatch of training step `step` under the current weights
   // (forward only; collective). `bench --check` compares it across kernel choices.
@@ -110,6 +116,13 @@ class Trainer {
   // Sums v over the world through the step-statistics buffer (v.size() <= its length).
   void all_reduce_host(std::vector<float>& v);
   void print_plan() const;
+  // Mean LM loss over `count` windows, window(i, inputs, targets) filling window i; windows are
+  // dealt to ranks round robin in whole microbatches, at most max_microbatches per rank (0 = all).
+  using WindowFn = std::function<void(int64_t i, int32_t* inputs, int32_t* targets)>;
+  EvalReport evaluate_windows(int64_t count, const WindowFn& window, int64_t max_microbatches,
+                              const std::string& logits_npy);
+  // The routing seed of one microbatch: random routing draws a fresh choice per (step, microbatch).
+  static uint64_t routing_seed(uint64_t seed, int64_t step, int64_t micro);
   bool leader() const { return world_.rank() == 0; }
 
   Config cfg_;
@@ -123,6 +136,8 @@ class Trainer {
   ParamRegistry reg_;
   FlopCount flops_;
   TokenDataset data_;
+  std::unique_ptr<InstanceSampler> sampler_;             // data.sampling = "epoch"
+  std::vector<std::unique_ptr<EvalWindows>> eval_sets_;  // [[eval.sets]], in config order
   Arena state_;
   Arena acts_;
   // tokens_, targets_: [accumulation steps x tokens per microbatch], uploaded before each step;

@@ -1,0 +1,108 @@
+// Trainer's evaluations: the held-out tail of the training data, the named validation sets,
+// `moetrain eval` over token files or the synthetic corpus, and `bench --check`'s one-batch loss.
+// All of them run forward passes only, on every rank (expert parallelism makes them collective).
+#include <chrono>
+
+#include "moe/core/device.h"
+#include "moe/data/eval_windows.h"
+#include "moe/data/npy.h"
+#include "moe/train/trainer.h"
+
+namespace moe {
+
+EvalReport Trainer::evaluate_windows(int64_t count, const WindowFn& window, int64_t max_microbatches,
+                                     const std::string& logits_npy) {
+  const int64_t dp = world_.size(), rank = world_.rank();
+  const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
+  int64_t per_rank = count / (B * dp);  // whole microbatches on every rank
+  if (max_microbatches > 0) per_rank = std::min(per_rank, max_microbatches);
+  EvalReport r;
+  r.windows_skipped = count - per_rank * dp * B;
+  if (per_rank <= 0) return r;
+  const Tensor tokens = state_.get(tokens_).rows(0, B * T), targets = state_.get(targets_).rows(0, B * T);
+  const RoutingState rs{state_.get(router_bias_), Tensor()};
+  double local = 0;  // summed in double; one rounding to FP32 before the all-reduce
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < per_rank; ++i) {
+    for (int64_t j = 0; j < B; ++j)
+      window((i * dp + rank) * B + j, host_tokens_.data() + j * T, host_targets_.data() + j * T);
+    copy_to_tensor(tokens, host_tokens_.data());
+    copy_to_tensor(targets, host_targets_.data());
+    const uint64_t seed = routing_seed(cfg_.train.seed, -1, i * dp + rank);
+    model_->forward_loss(store_->weights(), tokens, targets, seed, rs);
+    local += model_->losses().lm_loss_sum;
+    if (i == 0 && !logits_npy.empty()) {
+      std::vector<float> logits(static_cast<size_t>(B * T * V));
+      const DeviceAllocation buf(logits.size() * sizeof(float), dev_);
+      const Tensor out(buf.data(), DType::F32, {B * T, V}, dev_);
+      model_->forward_logits(store_->weights(), tokens, out, seed, rs);
+      copy_from_tensor(logits.data(), out);
+      if (leader()) write_npy_f32(logits_npy, logits, {B * T, V});
+    }
+  }
+  std::vector<float> sum{static_cast<float>(local)};
+  all_reduce_host(sum);
+  dispatcher_->check_after_step();  // eval's routes are checked and counted here, not in the next step
+  r.tokens = per_rank * dp * B * T;
+  r.mean_loss = sum[0] / static_cast<double>(r.tokens);
+  r.tokens_per_s = static_cast<double>(r.tokens) /
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+std::optional<double> Trainer::evaluate(int64_t batches) {
+  const int64_t T = cfg_.train.seq_len;
+  const EvalReport r = evaluate_windows(
+      data_.eval_num_sequences(T), [&](int64_t i, int32_t* in, int32_t* tg) { data_.eval_batch(i, 1, T, in, tg); },
+      batches, "");
+  if (r.tokens == 0) return std::nullopt;
+  return r.mean_loss;
+}
+
+std::vector<std::pair<std::string, double>> Trainer::evaluate_sets(int64_t batches) {
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t k = 0; k < eval_sets_.size(); ++k) {
+    const EvalWindows& w = *eval_sets_[k];
+    const EvalReport r = evaluate_windows(
+        w.size(), [&](int64_t i, int32_t* in, int32_t* tg) { w.copy(i, in, tg); }, batches, "");
+    out.emplace_back(cfg_.eval.sets[k].name, r.mean_loss);
+  }
+  return out;
+}
+
+EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, const std::string& logits_npy) {
+  MOE_CHECK(max_tokens >= 0, "eval: the number of tokens must be >= 0 (0 = all), got ", max_tokens);
+  const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
+  const int64_t dp = world_.size();
+  EvalReport r;
+  int64_t windows = 0;
+  if (path == "synthetic") {
+    // The built-in corpus of the checkpoint's config: its held-out stream, in windows of seq_len + 1.
+    MOE_CHECK(data_.attainable_loss().has_value(), "eval --data synthetic: this run's data is not the synthetic corpus");
+    windows = data_.eval_num_sequences(T);
+    if (max_tokens > 0) windows = std::min(windows, (max_tokens + T - 1) / T);
+    r = evaluate_windows(windows, [&](int64_t i, int32_t* in, int32_t* tg) { data_.eval_batch(i, 1, T, in, tg); }, 0,
+                         logits_npy);
+  } else {
+    const EvalWindows w = EvalWindows::open(path, cfg_.data.format, token_dtype_from_name(cfg_.data.dtype), T, V,
+                                            max_tokens, "--data");
+    windows = w.size();
+    r = evaluate_windows(windows, [&](int64_t i, int32_t* in, int32_t* tg) { w.copy(i, in, tg); }, 0, logits_npy);
+  }
+  MOE_CHECK(r.tokens > 0, "eval: ", windows, " windows of ", T + 1, " tokens in ", path,
+            " do not fill one microbatch of ", B, " sequences per rank (", dp, " ranks)");
+  return r;
+}
+
+double Trainer::microbatch_loss(int64_t step) {
+  const int64_t rows = cfg_.train.micro_batch_size * cfg_.train.seq_len;
+  upload_batch(step);
+  const RoutingState rs{state_.get(router_bias_), Tensor()};
+  model_->forward_loss(store_->weights(), state_.get(tokens_).rows(0, rows), state_.get(targets_).rows(0, rows),
+                       routing_seed(cfg_.train.seed, step, world_.rank()), rs);
+  std::vector<float> sum{static_cast<float>(model_->losses().lm_loss_sum)};
+  all_reduce_host(sum);
+  return sum[0] / static_cast<double>(rows * world_.size());
+}
+
+}  // namespace moe
