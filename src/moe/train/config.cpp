@@ -97,25 +97,28 @@ void read_value(const toml::node& node, T& out, const Range<T>& range, const std
 // The fields of one table of an array of tables ([[data.sources]]): known names, typed values.
 class ItemReader {
  public:
-  ItemReader(const toml::table& table, std::string where) : table_(table), where_(std::move(where)) {}
+  // item: "data.sources[0]"; source: the file the config came from.
+  ItemReader(const toml::table& table, std::string item, std::string source)
+      : table_(table), item_(std::move(item)), source_(std::move(source)) {}
   template <typename T>
   void key(const char* name, T& out, const Range<T>& range, const char*) {
     known_.insert(name);
-    if (const toml::node* node = table_.get(name)) read_value(*node, out, range, where_ + "." + name);
+    if (const toml::node* node = table_.get(name))
+      read_value(*node, out, range, "config key '" + item_ + "." + name + "' in " + source_);
   }
   void reject_unknown() const {
     for (auto&& [k, v] : table_) {
       (void)v;
       std::string names;
       for (const auto& n : known_) names += (names.empty() ? "" : ", ") + n;
-      MOE_CHECK(known_.count(std::string(k.str())), "unknown key '", std::string(k.str()), "' in ", where_,
-                "; known keys: ", names);
+      MOE_CHECK(known_.count(std::string(k.str())), "unknown key '", std::string(k.str()), "' in ", item_, " (",
+                source_, "); known keys: ", names);
     }
   }
 
  private:
   const toml::table& table_;
-  std::string where_;
+  std::string item_, source_;
   std::set<std::string> known_;
 };
 
@@ -164,8 +167,7 @@ class TomlReader {
               " must be an array of tables ([[", dotted(section, name), "]] entries), got ", describe(*node));
     items.clear();
     for (size_t i = 0; i < array->size(); ++i) {
-      ItemReader reader(*array->get(i)->as_table(),
-                        "config key '" + dotted(section, name) + "[" + std::to_string(i) + "]' in " + source_);
+      ItemReader reader(*array->get(i)->as_table(), dotted(section, name) + "[" + std::to_string(i) + "]", source_);
       E item{};
       fields(item, reader);
       reader.reject_unknown();
@@ -448,6 +450,9 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
   // Keys whose default follows another key (as in OlmoeConfig).
   if (!reader.present("model.num_key_value_heads")) c.model.num_key_value_heads = c.model.num_attention_heads;
   if (!reader.present("model.eos_token_id")) c.model.eos_token_id = c.model.vocab_size - 1;
+  MOE_CHECK(!(reader.present("data.path") && !c.data.sources.empty()), "config ", source,
+            " gives both data.path and [[data.sources]]: use data.path for one source or [[data.sources]] for several, "
+            "not both");
   reader.reject_unknown();
   c.validate();
   return c;
@@ -500,6 +505,18 @@ double parse_duration(const std::string& text, const std::string& key) {
 void Config::validate(int64_t dp) const {
   visit_config_keys(*this, RangeCheck{});
   parse_duration(train.max_duration, "train.max_duration");
+  MOE_CHECK(data.sources.empty() || data.path == "synthetic" || data.path.empty(),
+            "data.path and [[data.sources]] are both given: use one of them, not both");
+  MOE_CHECK(!data.path.empty() || !data.sources.empty(), "data.path is empty: give token files, a folder, a glob or "
+            "\"synthetic\"");
+  for (size_t i = 0; i < data.sources.size(); ++i)
+    MOE_CHECK(!data.sources[i].path.empty(), "data.sources[", i, "].path is missing or empty");
+  for (size_t i = 0; i < eval.sets.size(); ++i) {
+    MOE_CHECK(!eval.sets[i].name.empty() && !eval.sets[i].path.empty(), "eval.sets[", i,
+              "] needs a name and a path");
+    for (size_t j = 0; j < i; ++j)
+      MOE_CHECK(eval.sets[j].name != eval.sets[i].name, "eval.sets: the name '", eval.sets[i].name, "' is used twice");
+  }
   model.validate();
   const TrainConfig& t = train;
   MOE_CHECK(dp >= 1, "data-parallel ranks must be >= 1, got ", dp);
