@@ -300,8 +300,8 @@ std::vector<EventRecord> read_event_records(const std::string& path, std::string
     MOE_CHECK(get_little_endian(bytes, at + 12 + length, 4) == masked_crc32c(data), "TensorBoard event file '", path,
               "' is corrupt: the record at byte ", at, " fails its CRC");
     EventRecord e;
-    MOE_CHECK(parse_event(data, e.step, e.summary), "TensorBoard event file '", path, "' is corrupt: the record at byte ",
-              at, " is not an Event");
+    MOE_CHECK(parse_event(data, e.step, e.summary), "TensorBoard event file '", path,
+              "' is corrupt: the record at byte ", at, " is not an Event");
     e.offset = at;
     e.size = 12 + length + 4;
     events.push_back(e);
