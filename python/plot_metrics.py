@@ -1,65 +1,144 @@
 #!/usr/bin/env python3
-"""Plot moetrain runs: loss and throughput against step, one line per run.
+"""Plot moetrain runs against step, one colour per run.
 
-Reads <run>/metrics.jsonl (one JSON object per logged step, written by the trainer) and draws
-two panels: lm_loss (solid) and eval_loss where present (dashed, markers) vs step, and
-tokens_per_s vs step. Lines are labelled with the run folder's name.
+Reads <run>/metrics.jsonl (one JSON object per logged step, written by the trainer) and draws six
+panels: loss (lm_loss solid, eval_loss dashed with markers), throughput (tokens_per_s), expert
+load max/mean per MoE layer (one line per layer: 1 is perfectly balanced), dropped fraction
+(routes past the expert-buffer capacity), load-balancing loss (lb_loss) and router z-loss
+(z_loss). Lines are labelled with the run folder's name.
 
-  python/plot_metrics.py runs/tiny runs/tiny-sigmoid --out loss.png
+Resumed runs: a resume from an older step moves the records after it into
+<run>/abandoned/<when>-after-step-<k>/metrics.jsonl; those lines are left out unless
+--abandoned is given (then drawn dotted, thinner). A step written twice (files of older
+versions) counts once, with its last record. Non-finite values, which moetrain writes as the
+strings "nan" and "inf", leave a gap in their line and are listed on stdout.
+
+  python3 python/plot_metrics.py runs/tiny runs/tiny-sigmoid --out curves.png
 """
 import argparse
-import json
+import math
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import moe_metrics  # noqa: E402  (next to this script)
 
-def read_metrics(run_dir):
+# (panel title, y label, metric tags drawn in it); "expert_load/layer_*" stands for every layer.
+PANELS = [
+    ("loss", "nats/token", ["lm_loss", "eval_loss"]),
+    ("throughput", "tokens/s", ["tokens_per_s"]),
+    ("expert load (max / mean), per MoE layer", "max / mean routes per expert", ["expert_load/layer_*"]),
+    ("dropped fraction", "routes dropped / routes", ["dropped_fraction"]),
+    ("load-balancing loss", "lb_loss", ["lb_loss"]),
+    ("router z-loss", "z_loss", ["z_loss"]),
+]
+
+
+def series(records, tag):
+    """(steps, values) of the records carrying `tag`; non-finite values become NaN (a gap)."""
+    steps, values = [], []
+    for r in records:
+        s = moe_metrics.scalars(r)
+        if tag in s:
+            steps.append(r["step"])
+            values.append(s[tag] if math.isfinite(s[tag]) else math.nan)
+    return steps, values
+
+
+def layer_tags(records):
+    tags = set()
+    for r in records:
+        tags.update(t for t in moe_metrics.scalars(r) if t.startswith("expert_load/layer_"))
+    return sorted(tags, key=lambda t: int(t.rsplit("_", 1)[1]))
+
+
+def non_finite(records):
+    """{tag: [steps]} of the values that are not finite."""
+    found = {}
+    for r in records:
+        for tag, v in moe_metrics.scalars(r).items():
+            if not math.isfinite(v):
+                found.setdefault(tag, []).append(r["step"])
+    return found
+
+
+def load_run(run_dir, with_abandoned):
+    """(current line, [(label, abandoned line)]) of a run folder; exits with the reason when unreadable."""
     path = os.path.join(run_dir, "metrics.jsonl")
     try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except OSError as e:
-        sys.exit(f"error: cannot read {path}: {e.strerror}")
-    except json.JSONDecodeError as e:
-        sys.exit(f"error: {path}: malformed JSON line: {e}")
+        current = moe_metrics.last_per_step(moe_metrics.read_records(path))
+        abandoned = moe_metrics.abandoned_lines(run_dir) if with_abandoned else []
+    except moe_metrics.MetricsError as e:
+        sys.exit(f"error: {e}")
+    return current, [(os.path.basename(d), recs) for d, recs in abandoned]
 
 
-def column(records, key):
-    """(steps, values) of the records that carry `key`."""
-    rows = [(r["step"], r[key]) for r in records if key in r and "step" in r]
-    return [s for s, _ in rows], [v for _, v in rows]
+def draw(ax, records, tags, color, label, style):
+    """Draws `tags` of one line; returns whether anything was drawn."""
+    drawn = False
+    for tag in tags:
+        if tag == "expert_load/layer_*":
+            layers = layer_tags(records)
+            for i, layer_tag in enumerate(layers):
+                steps, values = series(records, layer_tag)
+                ax.plot(steps, values, color=color, linestyle=style["linestyle"], linewidth=style["linewidth"],
+                        alpha=1.0 - 0.6 * i / max(1, len(layers) - 1),
+                        label=f"{label} layer {layer_tag.rsplit('_', 1)[1]}")
+                drawn = True
+            continue
+        steps, values = series(records, tag)
+        if not steps:
+            continue
+        if tag == "eval_loss":
+            ax.plot(steps, values, marker="o", linestyle="--" if style["linestyle"] == "-" else style["linestyle"],
+                    color=color, linewidth=style["linewidth"], label=f"{label} eval_loss")
+        else:
+            ax.plot(steps, values, color=color, linestyle=style["linestyle"], linewidth=style["linewidth"],
+                    label=f"{label} {tag}" if len(tags) > 1 else label)
+        drawn = True
+    return drawn
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders holding metrics.jsonl")
     ap.add_argument("--out", required=True, help="image file to write (.png, .pdf, .svg)")
+    ap.add_argument("--abandoned", action="store_true",
+                    help="also draw the lines a resume set aside under <run>/abandoned/ (dotted)")
     args = ap.parse_args(argv)
+    runs = [(run, *load_run(run, args.abandoned)) for run in args.runs]
     try:
         import matplotlib
 
         matplotlib.use("Agg")  # no display needed
         import matplotlib.pyplot as plt
     except ImportError:
-        sys.exit("error: plot_metrics.py needs matplotlib: pip install matplotlib")
+        sys.exit("error: plot_metrics.py needs matplotlib: pip install matplotlib "
+                 "(scripts/setup.sh installs it into .deps/python: PYTHONPATH=.deps/python)")
 
-    fig, (ax_loss, ax_speed) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for i, run in enumerate(args.runs):
-        records = read_metrics(run)
-        name = os.path.basename(os.path.normpath(run))
-        color = f"C{i % 10}"
-        ax_loss.plot(*column(records, "lm_loss"), color=color, label=f"{name} lm_loss")
-        eval_steps, eval_loss = column(records, "eval_loss")
-        if eval_steps:
-            ax_loss.plot(eval_steps, eval_loss, "o--", color=color, label=f"{name} eval_loss")
-        ax_speed.plot(*column(records, "tokens_per_s"), color=color, label=name)
-    ax_loss.set(xlabel="step", ylabel="loss (nats/token)", title="loss")
-    ax_speed.set(xlabel="step", ylabel="tokens/s", title="throughput")
-    for ax in (ax_loss, ax_speed):
+    fig, axes = plt.subplots(2, 3, figsize=(17, 9))
+    current_style = {"linestyle": "-", "linewidth": 1.5}
+    abandoned_style = {"linestyle": ":", "linewidth": 1.0}
+    for ax, (title, ylabel, tags) in zip(axes.flat, PANELS):
+        drawn = False
+        for i, (run, current, abandoned) in enumerate(runs):
+            color = f"C{i % 10}"
+            name = os.path.basename(os.path.normpath(run))
+            drawn |= draw(ax, current, tags, color, name, current_style)
+            for label, records in abandoned:
+                drawn |= draw(ax, records, tags, color, f"{name} ({label})", abandoned_style)
+        ax.set(xlabel="step", ylabel=ylabel, title=title)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        if drawn:
+            ax.legend(fontsize="x-small")
+        else:
+            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="gray")
     fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
+    fig.savefig(args.out, dpi=110)
+    plt.close(fig)
+    for run, current, _ in runs:
+        for tag, steps in sorted(non_finite(current).items()):
+            print(f"{run}: {tag} not finite at step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}")
     print(f"wrote {args.out}")
 
 

@@ -11,6 +11,7 @@ packages=(
   libtomlplusplus-dev      # configs
   nlohmann-json3-dev       # checkpoint indexes, metrics
   libxxhash-dev            # checkpoint checksums (XXH3-64)
+  libisal-dev              # CRC-32C of TensorBoard event files (ISA-L; Debian 12 has no libcrc32c-dev)
   libcli11-dev             # command line
   libgtest-dev             # tests
   libopenmpi-dev openmpi-bin   # multi-rank training on CPUs
@@ -61,6 +62,30 @@ if [ ! -f .deps/cutlass/cutlass_library/source/include/cutlass/cutlass.h ] ||
       echo "setup: installing nvidia-cutlass failed; the expert GEMMs stay on the plain CUDA kernels"
   else
     echo "setup: python3 -m pip not available; skipping CUTLASS (the expert GEMMs stay on the plain CUDA kernels)"
+  fi
+fi
+
+# The experiment-tracking tools' Python packages (tensorboard, wandb, matplotlib and their
+# dependencies, every one pinned in python/requirements-tracking.txt) into the ignored .deps/python:
+# the `tracking` tests read moetrain's TensorBoard events with TensorBoard's own reader, run the
+# W&B sidecar offline and render plots with them (PYTHONPATH=.deps/python). Skipped when that set is
+# installed already. Without pip those tests skip, saying why; in CI (CI=true) a failed install
+# fails the setup, so the tests cannot be skipped unnoticed.
+tracking_requirements=python/requirements-tracking.txt
+if ! cmp -s "$tracking_requirements" .deps/python/.requirements-tracking.txt; then
+  if python3 -m pip --version > /dev/null 2>&1; then
+    echo "setup: installing the tracking tools' Python packages ($tracking_requirements) into .deps/python"
+    rm -rf .deps/python
+    if python3 -m pip install --quiet --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore \
+         --target .deps/python -r "$tracking_requirements"; then
+      cp "$tracking_requirements" .deps/python/.requirements-tracking.txt
+    else
+      echo "setup: installing the tracking tools' Python packages failed; the tracking tests will skip"
+      if [ "${CI:-}" = true ]; then exit 1; fi
+    fi
+  else
+    echo "setup: python3 -m pip not available; the tracking tests will skip (no tensorboard, wandb, matplotlib)"
+    if [ "${CI:-}" = true ]; then exit 1; fi
   fi
 fi
 

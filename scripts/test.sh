@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds with warnings as errors and runs the whole test suite (CTest: unit, data, ckpt, model,
-# train, cli, dist, reference; cuda and gpu where nvcc is present, skipped without a GPU), then the
-# same suite in a build without CUDA (MOE_CUDA=OFF), then the safetensors fuzz test under sanitizers.
+# train, cli, tracking, dist, reference; cuda and gpu where nvcc is present, skipped without a GPU),
+# then the same suite in a build without CUDA (MOE_CUDA=OFF), then the safetensors fuzz test under
+# sanitizers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh -DMOE_WERROR=ON

@@ -55,6 +55,7 @@ struct RunConfig {
   bool save_final = true;       // write a checkpoint after the last step
   std::string device = "auto";  // auto (the GPU when this build has CUDA and one is present) | cpu | cuda
   std::string resume = "no";    // auto: continue the run directory's newest checkpoint when one exists
+  bool tensorboard = false;     // rank 0 also writes the metrics as TensorBoard events (<dir>/tensorboard/)
 };
 
 struct EvalConfig {

@@ -79,7 +79,7 @@ std::string move_previous_run(const std::string& dir) {
     const std::string name = e.path().filename().string();
     const bool run_file = name.rfind("step-", 0) == 0 || name.rfind(".tmp-step-", 0) == 0 ||
                           name == "metrics.jsonl" || name == "metrics.jsonl.partial" || name == "config.toml" ||
-                          name == ".set-aside.json" || name == "abandoned";
+                          name == ".set-aside.json" || name == "abandoned" || name == "tensorboard";
     if (!run_file) continue;
     const std::string to = dest + "/" + name;
     MOE_CHECK(std::rename(e.path().c_str(), to.c_str()) == 0, "cannot move ", e.path().string(), " to ", to, ": ",
@@ -172,18 +172,29 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start)
 
 void RunDirectory::claim(const Config& cfg, const RunStart& start, const std::string& held) {
   const std::string metrics_path = dir_ + "/metrics.jsonl";
+  const std::string tensorboard_dir = dir_ + "/tensorboard";
   if (start.overwrite && !held.empty()) {
     set_aside_ = move_previous_run(dir_);
   } else {
     // Whatever the old line holds after the resume step (or, for a fresh start, after step 0)
     // leaves the current line: pruning and --resume latest must never see it again.
-    const AlsoSetAside move_metrics = [&](const std::string& dest, int64_t after) {
+    // The TensorBoard events of that line go with it, whether or not this run writes any.
+    const AlsoSetAside move_records = [&](const std::string& dest, int64_t after) {
       move_metrics_after(metrics_path, after, dest);
+      move_tensorboard_events_after(tensorboard_dir, after, dest);
     };
-    set_aside_ = set_aside_after(dir_, start.step, metrics_after(metrics_path, start.step), move_metrics);
+    const bool records_after =
+        metrics_after(metrics_path, start.step) || tensorboard_events_after(tensorboard_dir, start.step);
+    set_aside_ = set_aside_after(dir_, start.step, records_after, move_records);
   }
   write_file_atomic(dir_ + "/config.toml", config_to_toml(cfg));
   metrics_ = std::make_unique<MetricsLog>(metrics_path);
+  if (cfg.run.tensorboard) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);
+}
+
+void RunDirectory::write_record(const nlohmann::json& record) {
+  metrics_->write(record);
+  if (tensorboard_) tensorboard_->write(record);
 }
 
 RunDirectory::~RunDirectory() {

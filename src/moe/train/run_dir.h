@@ -3,6 +3,7 @@
 //   <run>/.lock             held by the job's rank 0 while it runs (pid, host, start time)
 //   <run>/config.toml       the resolved config of the latest start (every key)
 //   <run>/metrics.jsonl     one record per logged step of the current line
+//   <run>/tensorboard/      the same records as TensorBoard events, with run.tensorboard (train/tensorboard_writer.h)
 //   <run>/step-XXXXXX/      checkpoints of the current line (ckpt/run_checkpoints.h)
 //   <run>/abandoned/...     what a resume from an older step set aside (never deleted)
 //   <run>/replaced/...      a previous run's files moved aside by --overwrite (never deleted)
@@ -20,6 +21,7 @@
 
 #include "moe/train/config.h"
 #include "moe/train/metrics.h"
+#include "moe/train/tensorboard_writer.h"
 
 namespace moe {
 
@@ -46,7 +48,9 @@ class RunDirectory {
   RunDirectory& operator=(const RunDirectory&) = delete;
 
   const std::string& path() const { return dir_; }
-  MetricsLog& metrics() { return *metrics_; }
+  // Appends one metrics record to metrics.jsonl and, with run.tensorboard, to the run's
+  // TensorBoard event file; throws naming the file that cannot be written.
+  void write_record(const nlohmann::json& record);
   // Where something was moved at start-up (for the log), or "".
   const std::string& set_aside() const { return set_aside_; }
 
@@ -59,6 +63,7 @@ class RunDirectory {
   bool locked_ = false;
   std::string set_aside_;
   std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // null unless run.tensorboard
 };
 
 }  // namespace moe

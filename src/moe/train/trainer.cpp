@@ -521,7 +521,7 @@ TrainSummary Trainer::run() {
         nlohmann::json j = step_record_json(r, totals, eval, eval_sets);
         j["time"] = utc_now();
         j["run_id"] = run_id_;
-        run_dir->metrics().write(j);
+        run_dir->write_record(j);  // metrics.jsonl and, with run.tensorboard, the TensorBoard events
       }
     }
     // Skipped steps leave the weights as they were; a run that keeps skipping has diverged.

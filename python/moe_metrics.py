@@ -1,0 +1,97 @@
+"""Reading moetrain's <run>/metrics.jsonl (shared by plot_metrics.py and wandb_sidecar.py).
+
+One JSON object per logged step, written by rank 0 (src/moe/train/metrics.h). What a reader must
+know about the file:
+  - a non-finite number (a diverged loss, an eval on NaN weights) is the string "nan", "inf" or
+    "-inf", since JSON has none;
+  - while a run is writing, the last line may not have its newline yet: only whole lines count;
+  - a resume from an older step moves the records after that step into
+    <run>/abandoned/<when>-after-step-<k>/metrics.jsonl, so the steps of metrics.jsonl never go
+    backwards; files written by older versions may still repeat a step, and then the last record
+    of that step is the one that counts.
+"""
+import glob
+import json
+import math
+import os
+
+NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+# Keys of a record that are not measurements.
+NOT_SCALARS = {"step", "time", "run_id"}
+
+
+class MetricsError(Exception):
+    """A metrics file that cannot be read; the message names the file."""
+
+
+def number(value):
+    """The float a record's value stands for (numbers, the non-finite strings, booleans as 0/1), or None."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        return NON_FINITE.get(value)
+    return None
+
+
+def scalars(record):
+    """{tag: float} of one record, with the tags of moetrain's TensorBoard events: every number,
+    a list as one scalar per element (expert_load_max_over_mean_per_layer as expert_load/layer_<i>)."""
+    out = {}
+    for key, value in record.items():
+        if key in NOT_SCALARS:
+            continue
+        if isinstance(value, list):
+            prefix = "expert_load/layer_" if key == "expert_load_max_over_mean_per_layer" else key + "/"
+            for i, v in enumerate(value):
+                x = number(v)
+                if x is not None:
+                    out[f"{prefix}{i}"] = x
+            continue
+        x = number(value)
+        if x is not None:
+            out[key] = x
+    return out
+
+
+def parse_lines(text, path, first_line=1):
+    """The records of the whole lines of `text` (a last line without its newline is left out)."""
+    records = []
+    lines = text.split("\n")
+    for n, line in enumerate(lines[:-1], start=first_line):  # lines[-1] has no newline after it
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise MetricsError(f"{path}:{n}: not a JSON record: {e}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise MetricsError(f"{path}:{n}: a record without an integer 'step'")
+        records.append(record)
+    return records
+
+
+def read_records(path):
+    """Every whole record of a metrics file, in file order."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return parse_lines(f.read(), path)
+    except OSError as e:
+        raise MetricsError(f"cannot read {path}: {e.strerror}") from None
+
+
+def last_per_step(records):
+    """The records ordered by step, keeping the last record written for a repeated step."""
+    by_step = {}
+    for r in records:
+        by_step[r["step"]] = r
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def abandoned_lines(run_dir):
+    """(folder, records) of each line a resume set aside under <run>/abandoned/, oldest first."""
+    lines = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "abandoned", "*", "metrics.jsonl"))):
+        lines.append((os.path.dirname(path), last_per_step(read_records(path))))
+    return lines

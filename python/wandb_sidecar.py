@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Stream a moetrain run's metrics into Weights & Biases, beside the training (moetrain itself
+has no W&B client).
+
+  python3 python/wandb_sidecar.py RUN_DIR [--project P] [--entity E] [--name N] [--follow] [--poll S]
+
+Logs every record of RUN_DIR/metrics.jsonl at its step, with the tags of moetrain's TensorBoard
+events (loss, lm_loss, lb_loss, z_loss, grad_norm, lr, tokens_per_s, mfu, step_time_s,
+dropped_fraction, expert_load_max_over_mean, expert_load/layer_<i>, eval_loss, ...; "nan"/"inf"
+strings become non-finite floats), and RUN_DIR/config.toml as the W&B run's config.
+
+--follow keeps reading as the training appends records and ends after the last one, once the
+job holding RUN_DIR (its .lock) has ended; started before the job, it waits for it. Ctrl-C or
+SIGTERM ends it cleanly at any time.
+
+Restarts log no step twice: RUN_DIR/wandb_sidecar.json keeps the W&B run id, the last step
+logged and a digest of that step's record, and a restarted sidecar continues the same W&B run
+after that step. When metrics.jsonl no longer holds that record (a resume from an older step set
+the rest of the line aside under RUN_DIR/abandoned/, or --overwrite started the run afresh), W&B
+cannot take back the steps it has: the current line goes into a new W&B run named <name>-line<k>,
+and the earlier W&B run keeps the abandoned line as it was.
+
+Without network: WANDB_MODE=offline (the run is written under WANDB_DIR, default ./wandb), then
+`wandb sync` that folder.
+"""
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+import tomllib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import moe_metrics  # noqa: E402  (next to this script)
+
+STATE_FILE = "wandb_sidecar.json"
+LOCK_FILE = ".wandb_sidecar.lock"
+
+
+def record_digest(record):
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class MetricsFollower:
+    """The whole records appended to a metrics file since the last poll. A file replaced since
+    (a set-aside rewrites metrics.jsonl under a new inode) is read again from its start."""
+
+    def __init__(self, path):
+        self.path = path
+        self.inode = None
+        self.offset = 0
+        self.lines_read = 0
+
+    def poll(self):
+        """(replaced, records): replaced is True when these records start a new read of the file."""
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            return False, []
+        with f:
+            st = os.fstat(f.fileno())
+            replaced = self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset)
+            if replaced or self.inode is None:
+                self.offset, self.lines_read = 0, 0
+            self.inode = st.st_ino
+            f.seek(self.offset)
+            data = f.read()
+        whole = data[: data.rfind(b"\n") + 1]  # a last line still being written waits for its newline
+        self.offset += len(whole)
+        text = whole.decode("utf-8")
+        records = moe_metrics.parse_lines(text, self.path, first_line=self.lines_read + 1)
+        self.lines_read += text.count("\n")
+        return replaced, records
+
+
+class Sidecar:
+    def __init__(self, run_dir, args, wandb):
+        self.run_dir = run_dir
+        self.args = args
+        self.wandb = wandb
+        self.state_path = os.path.join(run_dir, STATE_FILE)
+        self.state = self._load_state()
+        self.follower = MetricsFollower(os.path.join(run_dir, "metrics.jsonl"))
+        self.run = None
+        self.checked = False  # whether the file's records were matched against the state yet
+        self.skip_through = -1  # steps up to here are in the W&B run already
+
+    def _load_state(self):
+        try:
+            with open(self.state_path) as f:
+                state = json.load(f)
+        except FileNotFoundError:
+            return {"line": 1}
+        except (OSError, json.JSONDecodeError) as e:
+            sys.exit(f"error: cannot read {self.state_path} ({e}); move it away to start a new W&B run")
+        if not isinstance(state, dict) or not isinstance(state.get("line"), int):
+            sys.exit(f"error: {self.state_path} is not a wandb_sidecar.py state; move it away to start a new W&B run")
+        return state
+
+    def _save_state(self):
+        tmp = f"{self.state_path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(self.state, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, self.state_path)
+
+    def _config(self):
+        path = os.path.join(self.run_dir, "config.toml")
+        try:
+            with open(path, "rb") as f:
+                config = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError):
+            config = {}
+        config["run_dir"] = os.path.abspath(self.run_dir)
+        return config
+
+    def _match_state(self, records):
+        """Where the file's records continue what the W&B run holds, or start a new line."""
+        last = self.state.get("last_step")
+        if last is None:
+            return
+        at_last = [r for r in records if r["step"] == last]
+        if at_last and record_digest(at_last[-1]) == self.state.get("last_digest"):
+            self.skip_through = last
+            return
+        print(f"wandb_sidecar: {self.follower.path} no longer holds the step-{last} record logged to W&B run "
+              f"{self.state.get('wandb_run_id')} (the run was resumed from an older step or started afresh); "
+              f"logging the current line into a new W&B run", file=sys.stderr)
+        self._finish_run()
+        self.state = {"line": self.state["line"] + 1}
+        self.skip_through = -1
+        self._save_state()
+
+    def _open_run(self):
+        name = self.args.name or os.path.basename(os.path.abspath(self.run_dir))
+        if self.state["line"] > 1:
+            name += f"-line{self.state['line']}"
+        self.run = self.wandb.init(project=self.args.project, entity=self.args.entity, name=name,
+                                   id=self.state.get("wandb_run_id"), resume="allow")
+        self.run.config.update(self._config(), allow_val_change=True)
+        self.state["wandb_run_id"] = self.run.id
+        # A resumed online run knows its last step even if this process died before saving it.
+        self.skip_through = max(self.skip_through, getattr(self.run, "starting_step", 0) - 1)
+        self._save_state()
+
+    def _finish_run(self):
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+    def poll(self):
+        """Logs what metrics.jsonl gained since the last poll; returns the number of steps logged."""
+        replaced, records = self.follower.poll()
+        if replaced:
+            self.checked = False
+        if not records:
+            return 0
+        if not self.checked:
+            self._match_state(records)
+            self.checked = True
+        logged = 0
+        for record in records:
+            step = record["step"]
+            if step <= self.skip_through:
+                continue
+            if self.run is None:
+                self._open_run()
+            self.run.log(moe_metrics.scalars(record), step=step)
+            self.skip_through = step
+            self.state["last_step"] = step
+            self.state["last_digest"] = record_digest(record)
+            logged += 1
+        if logged:
+            self._save_state()
+        return logged
+
+    def close(self):
+        self._finish_run()
+
+
+def take_lock(run_dir):
+    """One sidecar per run directory: two would log the same steps twice."""
+    path = os.path.join(run_dir, LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.exit(f"error: another wandb_sidecar.py is streaming {run_dir} ({path} is locked)")
+    return fd
+
+
+def main(argv=None, wandb=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", metavar="RUN_DIR", help="moetrain run folder (run.dir) holding metrics.jsonl")
+    ap.add_argument("--project", default="moetrain", help="W&B project (default: moetrain)")
+    ap.add_argument("--entity", default=None, help="W&B entity (default: yours)")
+    ap.add_argument("--name", default=None, help="W&B run name (default: the run folder's name)")
+    ap.add_argument("--follow", action="store_true", help="keep logging while the training runs")
+    ap.add_argument("--poll", type=float, default=5.0, help="seconds between reads with --follow (default 5)")
+    args = ap.parse_args(argv)
+    if not os.path.isdir(args.run_dir):
+        sys.exit(f"error: {args.run_dir} is not a folder (a moetrain run.dir)")
+    metrics = os.path.join(args.run_dir, "metrics.jsonl")
+    if not args.follow and not os.path.exists(metrics):
+        sys.exit(f"error: {metrics} does not exist (no step logged yet?); use --follow to wait for it")
+    if wandb is None:
+        try:
+            import wandb
+        except ImportError:
+            sys.exit("error: wandb_sidecar.py needs the wandb package: pip install wandb")
+
+    lock_fd = take_lock(args.run_dir)
+    stop = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.append(True))
+    sidecar = Sidecar(args.run_dir, args, wandb)
+    job_lock = os.path.join(args.run_dir, ".lock")
+    seen_job = False
+    if args.follow:
+        held = "" if os.path.exists(job_lock) else " (no job holds it yet: waiting for one)"
+        print(f"wandb_sidecar: following {metrics} until the training job in {args.run_dir} ends{held}; "
+              f"Ctrl-C stops", flush=True)
+    total = 0
+    try:
+        while True:
+            total += sidecar.poll()
+            if not args.follow or stop:
+                break
+            if os.path.exists(job_lock):
+                seen_job = True
+            elif seen_job:  # the job ended after its last record: take what it wrote, then stop
+                total += sidecar.poll()
+                break
+            time.sleep(args.poll)
+    except moe_metrics.MetricsError as e:
+        sys.exit(f"error: {e}")
+    finally:
+        sidecar.close()
+        os.close(lock_fd)
+    state = sidecar.state
+    if total:
+        print(f"wandb_sidecar: logged {total} steps (up to step {state['last_step']}) to W&B run "
+              f"{state['wandb_run_id']}")
+    else:
+        print(f"wandb_sidecar: nothing new to log (W&B run {state.get('wandb_run_id')} has up to step "
+              f"{state.get('last_step')})")
+
+
+if __name__ == "__main__":
+    main()

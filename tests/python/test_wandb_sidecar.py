@@ -1,0 +1,202 @@
+"""python/wandb_sidecar.py's logic against a stand-in `wandb` module that records every call
+(test_wandb_offline.py runs the real package): each record logged once at its step, restarts
+that continue the same W&B run, a resumed training line going into a new W&B run, --follow
+during a training, and the refusals."""
+import fcntl
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from tracking_util import PYTHON_TOOLS, metrics, moe_metrics, train, train_command
+
+SIDECAR = os.path.join(PYTHON_TOOLS, "wandb_sidecar.py")
+
+FAKE_WANDB = '''
+import json, os, uuid
+
+def _write(entry):
+    with open(os.environ["FAKE_WANDB_LOG"], "a") as f:
+        f.write(json.dumps(entry) + "\\n")
+
+class _Config(dict):
+    def update(self, values, allow_val_change=False):
+        dict.update(self, values)
+        _write({"call": "config", "run": self.run_id, "keys": sorted(values)})
+
+class _Run:
+    def __init__(self, run_id, name):
+        self.id, self.name, self.starting_step = run_id, name, 0
+        self.config = _Config()
+        self.config.run_id = run_id
+    def log(self, data, step=None):
+        _write({"call": "log", "run": self.id, "step": step, "data": data})
+    def finish(self):
+        _write({"call": "finish", "run": self.id})
+
+def init(project=None, entity=None, name=None, id=None, resume=None, **kwargs):
+    run = _Run(id or uuid.uuid4().hex[:8], name)
+    _write({"call": "init", "run": run.id, "requested_id": id, "name": name, "project": project, "resume": resume})
+    return run
+'''
+
+
+def record(step, **values):
+    r = {"step": step, "loss": 3.0 - 0.1 * step, "lm_loss": 2.9 - 0.1 * step, "lb_loss": 0.01, "z_loss": 0.002,
+         "expert_load_max_over_mean_per_layer": [1.5, 1.25], "time": f"t{step}", "run_id": "r"}
+    r.update(values)
+    return r
+
+
+def write_lines(path, records, mode="w", tail=""):
+    with open(path, mode) as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+        f.write(tail)
+
+
+class WandbSidecar(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="moe-wandb-test-")
+        self.run_dir = os.path.join(self.tmp.name, "run")
+        os.makedirs(self.run_dir)
+        fake_dir = os.path.join(self.tmp.name, "fake")
+        os.makedirs(os.path.join(fake_dir, "wandb"))
+        with open(os.path.join(fake_dir, "wandb", "__init__.py"), "w") as f:
+            f.write(FAKE_WANDB)
+        self.calls_path = os.path.join(self.tmp.name, "calls.jsonl")
+        self.env = dict(os.environ, PYTHONPATH=fake_dir, FAKE_WANDB_LOG=self.calls_path)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def sidecar(self, *args, check=True):
+        p = subprocess.run([sys.executable, SIDECAR, self.run_dir, *args], env=self.env, capture_output=True,
+                           text=True, timeout=60)
+        if check:
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        return p
+
+    def calls(self, kind=None):
+        if not os.path.exists(self.calls_path):
+            return []
+        with open(self.calls_path) as f:
+            calls = [json.loads(line) for line in f]
+        return [c for c in calls if kind is None or c["call"] == kind]
+
+    def logged_steps(self, run=None):
+        return [c["step"] for c in self.calls("log") if run is None or c["run"] == run]
+
+    def assert_logged(self, records, run):
+        """Every record logged to `run`, at its step, with exactly its scalars."""
+        logs = [c for c in self.calls("log") if c["run"] == run]
+        self.assertEqual([c["step"] for c in logs], [r["step"] for r in records])
+        for c, r in zip(logs, records):
+            want = moe_metrics.scalars(r)
+            self.assertEqual(sorted(c["data"]), sorted(want), f"step {r['step']}")
+            for tag, v in want.items():
+                if math.isnan(v):
+                    self.assertTrue(math.isnan(c["data"][tag]), f"{tag} at step {r['step']}")
+                else:
+                    self.assertEqual(c["data"][tag], v, f"{tag} at step {r['step']}")
+
+    def test_each_record_is_logged_once_at_its_step_with_non_finite_strings_as_floats(self):
+        records = [record(1), record(2, grad_norm="inf"), record(3, eval_loss="nan", skipped=True)]
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), records)
+        out = self.sidecar("--project", "p", "--name", "tiny").stdout
+        [init] = self.calls("init")
+        self.assertEqual((init["project"], init["name"], init["requested_id"]), ("p", "tiny", None))
+        self.assert_logged(records, init["run"])
+        self.assertEqual(self.calls("log")[1]["data"]["grad_norm"], math.inf)
+        self.assertEqual(self.calls("log")[2]["data"]["expert_load/layer_1"], 1.25)
+        self.assertEqual(len(self.calls("finish")), 1)
+        self.assertIn(f"logged 3 steps (up to step 3) to W&B run {init['run']}", out)
+
+    def test_a_restarted_sidecar_continues_the_same_wandb_run_after_its_last_step(self):
+        path = os.path.join(self.run_dir, "metrics.jsonl")
+        write_lines(path, [record(1), record(2), record(3)])
+        self.sidecar()
+        first = self.calls("init")[0]["run"]
+        # Two more records and one still being written (no newline yet).
+        being_written = json.dumps(record(6))
+        write_lines(path, [record(4), record(5)], mode="a", tail=being_written[:20])
+        self.sidecar()
+        second = self.calls("init")[1]
+        self.assertEqual((second["requested_id"], second["resume"]), (first, "allow"))
+        self.assertEqual(self.logged_steps(), [1, 2, 3, 4, 5])
+
+        out = self.sidecar().stdout  # nothing new: no W&B run is even opened
+        self.assertEqual(len(self.calls("init")), 2)
+        self.assertIn("nothing new to log", out)
+
+        with open(path, "a") as f:  # the line is finished
+            f.write(being_written[20:] + "\n")
+        self.sidecar()
+        self.assertEqual(self.logged_steps(), [1, 2, 3, 4, 5, 6])
+        self.assertEqual({c["run"] for c in self.calls("log")}, {first})
+
+    def test_a_training_resumed_from_an_older_step_goes_into_a_new_wandb_run(self):
+        train(self.run_dir, sets=["train.steps=6", "train.save_every=2", "train.eval_every=3"])
+        self.sidecar()
+        old_run = self.calls("init")[0]["run"]
+        self.assert_logged(metrics(self.run_dir), old_run)
+
+        train(self.run_dir, sets=["train.steps=4", "train.eval_every=0", "train.lr=0.001"],
+              extra=["--resume", os.path.join(self.run_dir, "step-000002")])
+        err = self.sidecar().stderr
+        self.assertIn("no longer holds the step-6 record", err)
+        new = self.calls("init")[1]
+        self.assertIsNone(new["requested_id"])
+        self.assertEqual(new["name"], "run-line2")
+        self.assertNotEqual(new["run"], old_run)
+        self.assert_logged(metrics(self.run_dir), new["run"])  # the whole current line: steps 1-4
+        self.assertEqual(self.logged_steps(old_run), [1, 2, 3, 4, 5, 6])  # the old W&B run is left as it was
+
+        self.sidecar()  # and the new line's W&B run continues from there on the next restart
+        self.assertEqual(len(self.calls("log")), 10)
+
+    def test_follow_logs_while_the_training_writes_and_ends_when_the_job_ends(self):
+        sidecar = subprocess.Popen([sys.executable, SIDECAR, self.run_dir, "--follow", "--poll", "0.02"],
+                                   env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            # Started before the job (a job that ends before the sidecar looks is never seen).
+            self.assertIn("waiting for one", sidecar.stdout.readline())
+            training = subprocess.run(train_command(self.run_dir, ["train.steps=40", "train.eval_every=0"]),
+                                      capture_output=True, text=True, timeout=120)
+            self.assertEqual(training.returncode, 0, training.stderr)
+            out, err = sidecar.communicate(timeout=60)
+        finally:
+            sidecar.kill()
+        self.assertEqual(sidecar.returncode, 0, out + err)
+        [init] = self.calls("init")
+        self.assert_logged(metrics(self.run_dir), init["run"])
+        self.assertEqual(self.logged_steps(), list(range(1, 41)))
+
+    def test_a_second_sidecar_on_the_same_run_is_refused(self):
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
+        with open(os.path.join(self.run_dir, ".wandb_sidecar.lock"), "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            p = self.sidecar(check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("another wandb_sidecar.py is streaming", p.stderr)
+        self.assertEqual(self.calls(), [])
+
+    def test_a_run_without_metrics_is_an_error_naming_the_file(self):
+        p = self.sidecar(check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(os.path.join(self.run_dir, "metrics.jsonl"), p.stderr)
+        self.assertIn("--follow", p.stderr)
+
+    def test_a_malformed_line_is_an_error_naming_the_file_and_line(self):
+        path = os.path.join(self.run_dir, "metrics.jsonl")
+        write_lines(path, [record(1)], tail="{not json\n")
+        p = self.sidecar(check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(f"{path}:2", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
