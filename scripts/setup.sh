@@ -64,5 +64,26 @@ if [ ! -f .deps/cutlass/cutlass_library/source/include/cutlass/cutlass.h ] ||
   fi
 fi
 
+# --- Python packages of the tools in python/ (tokenize_hf.py, moetrain_checkpoint.py) and of their
+# tests (tests/python/), pinned, into the ignored .deps/python; CTest puts it on PYTHONPATH. numpy
+# stays on 1.x because the BF16 export test also runs Debian's python3-torch 1.13 (/usr/bin/python3,
+# built against numpy 1.x) with this folder on its path. --no-deps: exactly these packages
+# (tokenizers' optional huggingface_hub is only for downloading tokenizers, which the tools never do).
+python_packages=(numpy==1.26.4 tokenizers==0.22.2 xxhash==3.5.0 safetensors==0.7.0 packaging==24.2)
+python_missing=0
+for spec in "${python_packages[@]}"; do
+  [ -d ".deps/python/${spec%%==*}-${spec##*==}.dist-info" ] || python_missing=1
+done
+if [ "$python_missing" = 1 ]; then
+  echo "setup: installing ${python_packages[*]} into .deps/python"
+  rm -rf .deps/python
+  python3 -m pip install --quiet --no-deps --disable-pip-version-check --target .deps/python "${python_packages[@]}" || {
+    echo "setup: installing the Python tools' packages failed; python/tokenize_hf.py, python/moetrain_checkpoint.py" \
+         "and the tests in tests/python need them (python3 -m pip must work)" >&2
+    exit 1
+  }
+fi
+# --- end of the Python tools' packages
+
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
 cmake --build build -j "$(nproc)"
