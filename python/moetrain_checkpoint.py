@@ -12,8 +12,8 @@ unverified.
 
 The tensors are the FP32 main weights under their Hugging Face names (experts fused, as moetrain
 stores them: `model.layers.L.mlp.experts.gate_up_proj` [N, 2H, D], gate rows first, and
-`...experts.down_proj` [N, D, H]) and the AdamW moments under `<name>.exp_avg` and
-`<name>.exp_avg_sq`. Arrays come back in their stored dtype (F32 -> float32, I32 -> int32,
+`...experts.down_proj` [N, D, H]), the AdamW moments under `<name>.exp_avg` and
+`<name>.exp_avg_sq`, and `router_bias` [layers, experts] (the auxiliary-loss-free selection bias). Arrays come back in their stored dtype (F32 -> float32, I32 -> int32,
 I64 -> int64, U8 -> uint8), except BF16, which comes back as float32 (every BF16 value is exactly a
 float32, so nothing is lost and no extra package is needed). F8 dtypes are refused.
 
@@ -374,8 +374,8 @@ class Checkpoint:
 def load(path):
     """Everything in a checkpoint: {"dir", "step", "version", "train_state", "tensors": {name: array}}.
 
-    `tensors` holds the weights under their Hugging Face names and the AdamW moments under
-    `<name>.exp_avg` and `<name>.exp_avg_sq`, each whole and in its logical shape. For a checkpoint
+    `tensors` holds the weights under their Hugging Face names, the AdamW moments under
+    `<name>.exp_avg` and `<name>.exp_avg_sq` and `router_bias`, each whole and in its logical shape. For a checkpoint
     too large for memory, read tensors one at a time with Checkpoint(path).tensor(name).
     """
     ckpt = Checkpoint(path)
