@@ -76,8 +76,9 @@ for spec in "${python_packages[@]}"; do
 done
 if [ "$python_missing" = 1 ]; then
   echo "setup: installing ${python_packages[*]} into .deps/python"
-  rm -rf .deps/python
-  python3 -m pip install --quiet --no-deps --disable-pip-version-check --target .deps/python "${python_packages[@]}" || {
+  # --upgrade replaces just these packages, leaving any others in the folder alone.
+  python3 -m pip install --quiet --upgrade --no-deps --disable-pip-version-check --target .deps/python \
+    "${python_packages[@]}" || {
     echo "setup: installing the Python tools' packages failed; python/tokenize_hf.py, python/moetrain_checkpoint.py" \
          "and the tests in tests/python need them (python3 -m pip must work)" >&2
     exit 1
