@@ -108,19 +108,22 @@ def pieces(path, chunk_bytes, cut_inside_documents):
     jsonl = is_jsonl(path)
     lines, size, first, number = [], 0, 1, 0
     pending = None  # the previous piece, yielded once it is known not to be the last
-    with open_input(path) as f:
-        for line in f:
-            number += 1
-            if size >= chunk_bytes and (jsonl or (cut_inside_documents and cut_is_safe(lines[-1], line))):
-                if pending:
-                    yield pending
-                pending, lines, size, first = (first, b"".join(lines), False), [], 0, number
-            lines.append(line)
-            size += len(line)
-            if size >= chunk_bytes and not jsonl and is_separator(line):
-                if pending:
-                    yield pending
-                pending, lines, size, first = (first, b"".join(lines), False), [], 0, number + 1
+    try:
+        with open_input(path) as f:
+            for line in f:
+                number += 1
+                if size >= chunk_bytes and (jsonl or (cut_inside_documents and cut_is_safe(lines[-1], line))):
+                    if pending:
+                        yield pending
+                    pending, lines, size, first = (first, b"".join(lines), False), [], 0, number
+                lines.append(line)
+                size += len(line)
+                if size >= chunk_bytes and not jsonl and is_separator(line):
+                    if pending:
+                        yield pending
+                    pending, lines, size, first = (first, b"".join(lines), False), [], 0, number + 1
+    except (OSError, EOFError) as e:  # also a corrupt or truncated .gz
+        raise InputError(f"cannot read {path} (after line {number}): {e}")
     if pending:
         yield pending
     yield first, b"".join(lines), True
@@ -353,6 +356,7 @@ def main(argv=None):
               "eos_token_id": eos, "dtype": dtype_name}
     names = [s + ".npy" for s in stems]
     meta = existing_dataset(args.out, args.append, header, args.inputs, names) or dict(header, files=[])
+
     def ids(text):
         return tok.encode(text, add_special_tokens=False).ids
     cut_inside = all(ids(a + b) == ids(a) + ids(b) for a, b in CUT_PROBES)

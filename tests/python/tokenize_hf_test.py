@@ -198,6 +198,15 @@ class TokenizeHfTest(TempDirTest):
         eos = Tokenizer.from_file(self.bpe).token_to_id("<|endoftext|>")
         self.assertEqual(self.npy("body", "bad.npy").tolist(), expected_ids(self.bpe, ["the text"], eos))
 
+    def test_a_corrupt_gzip_input_is_refused_naming_it_and_nothing_is_written(self):
+        with gzip.open(self.path("cut.txt.gz"), "wb") as f:
+            f.write(b"".join(sentence(i).encode() + b"\n" for i in range(2000)))
+        with open(self.path("cut.txt.gz"), "r+b") as f:
+            f.truncate(os.path.getsize(self.path("cut.txt.gz")) // 2)
+        r = self.tokenize("out", "--tokenizer", self.bpe, inputs=[self.text, self.path("cut.txt.gz")], check=False)
+        self.assert_one_line_error(r, "cannot read", "cut.txt.gz")
+        self.assertFalse(os.path.exists(self.path("out")))
+
     def test_nothing_is_overwritten_and_append_adds_files(self):
         self.tokenize("data", "--tokenizer", self.bpe, inputs=[self.text])
         with open(self.path("data", "corpus.npy"), "rb") as f:
