@@ -150,6 +150,10 @@ int main(int argc, char** argv) {
   export_hf->add_option("out", export_out, "output directory (must not exist)")->required();
   export_hf->add_option("--max-shard-gb", export_shard_gb, "largest safetensors shard, GB")->capture_default_str();
   export_hf->add_option("--tokenizer", export_tokenizer, "tokenizer files to copy in (tokenizer.json, ...)");
+  std::string export_dtype = "f32";
+  export_hf->add_option("--dtype", export_dtype, "dtype of the exported weights: f32, or bf16 (rounded to nearest even)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
 
   std::string import_dir, import_out;
   CLI::App* import_hf = app.add_subcommand("import-hf", "turn a Hugging Face OLMoE directory into a moetrain checkpoint");
@@ -293,11 +297,13 @@ int main(int argc, char** argv) {
         if (!eval_logits.empty()) std::printf("  logits of the first microbatch: %s\n", eval_logits.c_str());
       }
     } else if (export_hf->parsed()) {
-      const moe::ExportResult r =
-          moe::export_hf(export_ckpt, export_out, static_cast<int64_t>(export_shard_gb * 1e9), export_tokenizer);
-      std::printf("exported %ld tensors (%s, float32) in %d shard(s) to %s; peak resident memory %s\n",
-                  static_cast<long>(r.tensors), moe::format_bytes(static_cast<double>(r.bytes)).c_str(), r.shards,
-                  r.out_dir.c_str(), moe::format_bytes(static_cast<double>(r.peak_rss_bytes)).c_str());
+      const bool bf16 = export_dtype == "bf16";
+      const moe::ExportResult r = moe::export_hf(export_ckpt, export_out, static_cast<int64_t>(export_shard_gb * 1e9),
+                                                 export_tokenizer, bf16 ? moe::DType::BF16 : moe::DType::F32);
+      std::printf("exported %ld tensors (%s, %s) in %d shard(s) to %s; peak resident memory %s\n",
+                  static_cast<long>(r.tensors), moe::format_bytes(static_cast<double>(r.bytes)).c_str(),
+                  bf16 ? "bfloat16" : "float32", r.shards, r.out_dir.c_str(),
+                  moe::format_bytes(static_cast<double>(r.peak_rss_bytes)).c_str());
     } else if (import_hf->parsed()) {
       const moe::ImportResult r = moe::import_hf(import_dir, import_out);
       std::printf("imported %ld tensors (%s expert layout) into %s\n  config: %s\n  AdamW moments start at zero.\n"

@@ -114,7 +114,7 @@ def main(argv=None):
         import matplotlib.pyplot as plt
     except ImportError:
         sys.exit("error: plot_metrics.py needs matplotlib: pip install matplotlib "
-                 "(scripts/setup.sh installs it into .deps/python: PYTHONPATH=.deps/python)")
+                 "(scripts/setup.sh installs it into .deps/python-tracking: PYTHONPATH=.deps/python-tracking)")
 
     fig, axes = plt.subplots(2, 3, figsize=(17, 9))
     current_style = {"linestyle": "-", "linewidth": 1.5}

@@ -1,36 +1,247 @@
 #!/usr/bin/env python3
-"""Tokenize text files with a Hugging Face tokenizer.json into moetrain's token format.
+"""Tokenize text or JSONL files with a Hugging Face tokenizer.json into moetrain's token format.
 
 Same layout as `moetrain prepare` (src/moe/data/prepare.h): each input becomes <out>/<stem>.npy
 (uint16 when the vocabulary has at most 65535 entries, else uint32) and <out>/dataset.json lists
-them; training reads exactly the files dataset.json lists (src/moe/data/token_folder.h).
-Documents: a line consisting of exactly a form feed ("\\f") separates documents within a file;
-every non-empty document is its tokens followed by one EOS. Nothing is overwritten: <out> must be
-new or empty, unless --append adds the inputs to the dataset already there (same tokenizer,
-vocabulary, EOS and dtype; no input may become a file already listed or present). Files are
-written under temporary names and renamed at the end (dataset.json last); on failure nothing is
-left behind.
+them; training reads exactly the files dataset.json lists (src/moe/data/token_folder.h). Every
+non-empty document is its tokens followed by one EOS.
 
-  python/tokenize_hf.py --tokenizer tokenizer.json --out data/mine a.txt b.txt [--eos-id N] [--append]
+Inputs (optionally gzip-compressed, *.gz):
+  text    a line consisting of exactly a form feed ("\\f") separates documents within a file.
+  JSONL   *.jsonl or *.ndjson: one JSON object per line, whose --jsonl-field (default "text") string
+          is one document; blank lines are skipped, an empty string is an empty document (no EOS).
+The stem drops .gz and the extension: corpus.jsonl.gz -> corpus.npy.
+
+Streaming: inputs are read in pieces of about --chunk-bytes that end at line ends and the tokens
+are appended to the .npy as they come, so memory stays bounded by the pieces in flight, not the
+file. A document longer than a piece is cut only between a line that ends in a non-space character
+and a line that starts with one, where the tokenizers that split words at whitespace (byte-level
+BPE as in GPT-2, Llama 3, OLMoE; WordLevel and WordPiece with whitespace pre-tokenizers) give the
+ids they give for the whole document. This is checked on sample text first: a tokenizer that
+encodes the start of its input differently (SentencePiece's word-start marker, add_prefix_space)
+gets every document whole instead, and a note says so. --workers N encodes pieces in N processes;
+pieces and their order do not depend on N, so the output is identical for every N.
+
+Nothing is overwritten: <out> must be new or empty, unless --append adds the inputs to the dataset
+already there (same tokenizer, vocabulary, EOS and dtype; no input may become a file already listed
+or present). Files are written under temporary names and renamed at the end (dataset.json last);
+on failure nothing is left behind.
+
+  python3 python/tokenize_hf.py --tokenizer tokenizer.json --out data/mine a.txt b.jsonl.gz
+                                [--workers N] [--jsonl-field text] [--eos-id N] [--append]
 """
 import argparse
+import collections
+import gzip
 import json
+import multiprocessing
 import os
+import struct
 import sys
 
+try:
+    import numpy as np
+    from tokenizers import Tokenizer
+except ImportError as e:  # said in one line by main()
+    np, Tokenizer, IMPORT_ERROR = None, None, e
+
 EOS_CANDIDATES = ["<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[SEP]"]
+DEFAULT_CHUNK_BYTES = 1 << 20
+# Within a piece, documents are encoded in parts of about this size, cut where pieces may be cut: the
+# tokenizer's batch encoding runs the parts on its threads, and short inputs encode faster.
+ENCODE_PART_BYTES = 1 << 14
+NPY_HEADER_BYTES = 128  # fixed, so the length can be patched in after the tokens are written
+# Where a document may be cut: "<non-space>\n" | "<non-space>". A tokenizer must give the same ids
+# for each pair joined as for its two halves apart.
+CUT_PROBES = [("Hello world.\n", "Next line, here."), ("x = f(1);\n", "return x"), ("naïve café\n", "über 42"),
+              ("1234\n", "5678"), ("end\n", "The start")]
 
 
-def split_documents(data: bytes):
-    docs, current = [], []
-    for line in data.splitlines(keepends=True):
-        if line.rstrip(b"\r\n") == b"\f":
-            docs.append(b"".join(current))
-            current = []
-        else:
-            current.append(line)
-    docs.append(b"".join(current))
-    return [d.decode("utf-8", errors="replace") for d in docs if d]
+class InputError(Exception):
+    """A problem with an input file, named in the message."""
+
+
+def die(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading inputs in pieces
+
+def is_jsonl(path):
+    name = path[:-3] if path.endswith(".gz") else path
+    return name.endswith((".jsonl", ".ndjson"))
+
+
+def stem_of(path):
+    name = os.path.basename(path)
+    return os.path.splitext(name[:-3] if name.endswith(".gz") else name)[0]
+
+
+def open_input(path):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def is_separator(line):
+    """A line that is exactly a form feed (with "\\n", "\\r\\n" or nothing after it) ends a document."""
+    content = line[:-1] if line.endswith(b"\n") else line
+    return (content[:-1] if content.endswith(b"\r") else content) == b"\f"
+
+
+def cut_is_safe(prev_line, line):
+    """A document may be cut between prev_line and line: prev_line ends in a non-space character and
+    a newline, line starts with a non-space character (Unicode spaces included)."""
+    if not prev_line.endswith(b"\n"):
+        return False
+    last = prev_line[-5:-1].decode("utf-8", "replace")[-1:]  # a character takes at most 4 bytes
+    first = line[:4].decode("utf-8", "replace")[:1]
+    return last != "" and first != "" and not last.isspace() and not first.isspace()
+
+
+def pieces(path, chunk_bytes, cut_inside_documents):
+    """(first line number, bytes, ends_document) pieces of an input, in order, each ending at a line end.
+
+    JSONL pieces end after any line. Text pieces end after a separator line or, where allowed, at a
+    safe cut inside a document; the last piece ends the file's last document (ends_document).
+    """
+    jsonl = is_jsonl(path)
+    lines, size, first, number = [], 0, 1, 0
+    pending = None  # the previous piece, yielded once it is known not to be the last
+    try:
+        with open_input(path) as f:
+            for line in f:
+                number += 1
+                if size >= chunk_bytes and (jsonl or (cut_inside_documents and cut_is_safe(lines[-1], line))):
+                    if pending:
+                        yield pending
+                    pending, lines, size, first = (first, b"".join(lines), False), [], 0, number
+                lines.append(line)
+                size += len(line)
+                if size >= chunk_bytes and not jsonl and is_separator(line):
+                    if pending:
+                        yield pending
+                    pending, lines, size, first = (first, b"".join(lines), False), [], 0, number + 1
+    except (OSError, EOFError) as e:  # also a corrupt or truncated .gz
+        raise InputError(f"cannot read {path} (after line {number}): {e}")
+    if pending:
+        yield pending
+    yield first, b"".join(lines), True
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding a piece (in this process or in a worker)
+
+_worker = {}
+
+
+def init_worker(tokenizer_path, eos, dtype_name, jsonl_field, cut_inside_documents, own_threads):
+    if not own_threads:  # several worker processes: one thread each instead of a thread pool each
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _worker.update(tokenizer=Tokenizer.from_file(tokenizer_path), eos=eos, dtype=np.dtype(dtype_name),
+                   field=jsonl_field, cut_inside=cut_inside_documents)
+
+
+def documents_of(path, first_line, data, ends_document):
+    """[(text, ends_document)] of one piece: its documents, long ones in parts where they may be cut."""
+    if is_jsonl(path):
+        docs, field = [], _worker["field"]
+        for number, line in enumerate(data.split(b"\n"), first_line):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise InputError(f"{where} is not valid JSON: {e}")
+            if not isinstance(record, dict):
+                raise InputError(f"{where} is not a JSON object")
+            if field not in record:
+                raise InputError(f'{where} has no field "{field}" (--jsonl-field names the field that holds the text)')
+            text = record[field]
+            if not isinstance(text, str):
+                raise InputError(f'{where}: field "{field}" is {json.dumps(text)[:40]}, not a string')
+            docs.append((text, True))
+        return docs
+    segments, current, size = [], [], 0
+    lines = data.split(b"\n")
+    for k, content in enumerate(lines):
+        line = content + b"\n" if k < len(lines) - 1 else content
+        if is_separator(line):
+            segments.append((b"".join(current), True))
+            current, size = [], 0
+            continue
+        if size >= ENCODE_PART_BYTES and _worker["cut_inside"] and cut_is_safe(current[-1], line):
+            segments.append((b"".join(current), False))
+            current, size = [], 0
+        current.append(line)
+        size += len(line)
+    segments.append((b"".join(current), ends_document))
+    return [(s.decode("utf-8", errors="replace"), ends) for s, ends in segments]
+
+
+def encode_piece(task):
+    """(token bytes, tokens, documents ended) of one piece."""
+    path, first_line, data, ends_document = task
+    docs = [(text, ends) for text, ends in documents_of(path, first_line, data, ends_document) if text]
+    encodings = _worker["tokenizer"].encode_batch([text for text, _ in docs], add_special_tokens=False)
+    ids, ended = [], 0
+    for (_, ends), enc in zip(docs, encodings):
+        ids.extend(enc.ids)
+        if ends:
+            ids.append(_worker["eos"])
+            ended += 1
+    return np.asarray(ids, dtype=_worker["dtype"]).tobytes(), len(ids), ended
+
+
+def encoded_pieces(tasks, workers, init_args):
+    """encode_piece of each (input index, task), in order, with at most 2 x workers pieces in flight."""
+    if workers == 1:
+        init_worker(*init_args, own_threads=True)
+        for i, task in tasks:
+            yield i, encode_piece(task)
+        return
+    ctx = multiprocessing.get_context("spawn")  # fresh processes: nothing inherited from this one
+    with ctx.Pool(workers, initializer=init_worker, initargs=(*init_args, False)) as pool:
+        in_flight = collections.deque()
+        for i, task in tasks:
+            in_flight.append((i, pool.apply_async(encode_piece, (task,))))
+            if len(in_flight) >= 2 * workers:
+                j, result = in_flight.popleft()
+                yield j, result.get()
+        while in_flight:
+            j, result = in_flight.popleft()
+            yield j, result.get()
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+def npy_header(descr, length):
+    d = "{'descr': '%s', 'fortran_order': False, 'shape': (%d,), }" % (descr, length)
+    d = d.ljust(NPY_HEADER_BYTES - 11) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(d)) + d.encode("latin1")
+
+
+class NpyAppender:
+    """A 1-D .npy file written as tokens arrive; the header, written first with room for any length,
+    gets the real length at close."""
+
+    def __init__(self, path, descr):
+        self.path, self.descr, self.tokens = path, descr, 0
+        self.file = open(path, "wb")
+        self.file.write(npy_header(descr, 0))
+
+    def append(self, token_bytes, tokens):
+        self.file.write(token_bytes)
+        self.tokens += tokens
+
+    def close(self):
+        self.file.seek(0)
+        self.file.write(npy_header(self.descr, self.tokens))
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
 
 
 def names_text(names, shown=5):
@@ -48,127 +259,158 @@ def existing_dataset(out, append, header, inputs, names):
     if not os.path.exists(out):
         return None
     if not os.path.isdir(out):
-        sys.exit(f"tokenize_hf.py: output path {out} exists and is not a folder")
+        die(f"tokenize_hf.py: output path {out} exists and is not a folder")
     entries = sorted(os.listdir(out))
     if not entries:
         return None
     if not append:
-        sys.exit(f"tokenize_hf.py: output folder {out} is not empty (it holds {names_text(entries)}); nothing is "
-                 f"overwritten: pass --append to add these inputs to the dataset there, or choose a new or empty "
-                 f"folder")
+        die(f"tokenize_hf.py: output folder {out} is not empty (it holds {names_text(entries)}); nothing is "
+            f"overwritten: pass --append to add these inputs to the dataset there, or choose a new or empty folder")
     npy_on_disk = [e for e in entries if e.endswith(".npy") and os.path.isfile(os.path.join(out, e))]
     meta_path = os.path.join(out, "dataset.json")
     if not os.path.exists(meta_path):
         if npy_on_disk:
-            sys.exit(f"tokenize_hf.py --append: {out} holds .npy files ({names_text(npy_on_disk)}) but no "
-                     f"dataset.json, so what they hold is unknown; write into a new or empty folder")
+            die(f"tokenize_hf.py --append: {out} holds .npy files ({names_text(npy_on_disk)}) but no "
+                f"dataset.json, so what they hold is unknown; write into a new or empty folder")
         meta = dict(header, files=[])
     else:
         try:
             with open(meta_path) as f:
                 meta = json.load(f)
         except (OSError, ValueError) as e:
-            sys.exit(f"tokenize_hf.py --append: {meta_path} is not valid JSON ({e})")
+            die(f"tokenize_hf.py --append: {meta_path} is not valid JSON ({e})")
         files = meta.get("files") if isinstance(meta, dict) else None
         if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("name"), str)
                                                   for f in files):
-            sys.exit(f'tokenize_hf.py --append: {meta_path}: "files" must be an array of {{"name": ...}} objects')
+            die(f'tokenize_hf.py --append: {meta_path}: "files" must be an array of {{"name": ...}} objects')
         for key in ("tokenizer", "vocab_size", "eos_token_id", "dtype"):
             if meta.get(key) != header[key]:
-                sys.exit(f'tokenize_hf.py --append: {meta_path} has "{key}": {json.dumps(meta.get(key))}, but this '
-                         f"tokenizer gives {json.dumps(header[key])}, so the new files would not belong to that "
-                         f"dataset")
+                die(f'tokenize_hf.py --append: {meta_path} has "{key}": {json.dumps(meta.get(key))}, but this '
+                    f"tokenizer gives {json.dumps(header[key])}, so the new files would not belong to that dataset")
         listed = [f["name"] for f in files]
         for name in listed:
             if not os.path.isfile(os.path.join(out, name)):
-                sys.exit(f"tokenize_hf.py --append: {meta_path} lists {name}, but {os.path.join(out, name)} "
-                         f"does not exist")
+                die(f"tokenize_hf.py --append: {meta_path} lists {name}, but {os.path.join(out, name)} does not exist")
         unlisted = [e for e in npy_on_disk if e not in listed]
         if unlisted:
-            sys.exit(f"tokenize_hf.py --append: {meta_path} does not list {names_text(unlisted)} found in {out}, so "
-                     f"training would refuse the folder; move such files out of it first")
+            die(f"tokenize_hf.py --append: {meta_path} does not list {names_text(unlisted)} found in {out}, so "
+                f"training would refuse the folder; move such files out of it first")
     for path, name in zip(inputs, names):
         target = os.path.join(out, name)
         if name in (f["name"] for f in meta["files"]) or os.path.lexists(target):
-            sys.exit(f"tokenize_hf.py --append: input {path} would become {target}, which already exists or is "
-                     f"listed in dataset.json; nothing was written. Rename the input (its stem names the token file)")
+            die(f"tokenize_hf.py --append: input {path} would become {target}, which already exists or is listed in "
+                f"dataset.json; nothing was written. Rename the input (its stem names the token file)")
     return meta
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("inputs", nargs="+", help="text files; each becomes <stem>.npy")
+    ap.add_argument("inputs", nargs="+", help="text or JSONL files (.gz too); each becomes <stem>.npy")
     ap.add_argument("--tokenizer", required=True, help="path to a Hugging Face tokenizer.json")
     ap.add_argument("--out", required=True, help="output folder: new or empty, unless --append")
     ap.add_argument("--append", action="store_true",
                     help="add the inputs to the dataset already in --out (never overwrites a file)")
     ap.add_argument("--eos-id", type=int, help="EOS token id (default: looked up in the tokenizer)")
+    ap.add_argument("--workers", type=positive_int, default=1,
+                    help="encoding processes (default 1: this process, with the tokenizer's own threads)")
+    ap.add_argument("--jsonl-field", default="text", help='the field of each JSONL record that holds its text '
+                    '(default "text")')
+    ap.add_argument("--chunk-bytes", type=positive_int, default=DEFAULT_CHUNK_BYTES,
+                    help=f"size of the pieces inputs are read and encoded in (default {DEFAULT_CHUNK_BYTES})")
     args = ap.parse_args(argv)
-    try:
-        import numpy as np
-        from tokenizers import Tokenizer
-    except ImportError as e:
-        sys.exit(f"tokenize_hf.py needs numpy and the Hugging Face 'tokenizers' package "
-                 f"(pip install numpy tokenizers): {e}")
+    if Tokenizer is None:
+        die(f"tokenize_hf.py needs numpy and the Hugging Face 'tokenizers' package (scripts/setup.sh installs them "
+            f"into .deps/python; or pip install numpy tokenizers): {IMPORT_ERROR}")
 
     for path in args.inputs:  # check everything before creating anything
         if not os.path.isfile(path):
-            sys.exit(f"tokenize_hf.py: input file {path} does not exist")
-    stems = [os.path.splitext(os.path.basename(p))[0] for p in args.inputs]
+            die(f"tokenize_hf.py: input file {path} does not exist")
+    stems = [stem_of(p) for p in args.inputs]
     if len(set(stems)) != len(stems):
-        sys.exit("tokenize_hf.py: inputs must have distinct file stems (each becomes <stem>.npy)")
-    tok = Tokenizer.from_file(args.tokenizer)
+        die("tokenize_hf.py: inputs must have distinct file stems (each becomes <stem>.npy; a.txt and a.jsonl.gz "
+            "are both a.npy)")
+    try:
+        tok = Tokenizer.from_file(args.tokenizer)
+    except Exception as e:  # the tokenizers package raises plain Exceptions
+        die(f"tokenize_hf.py: cannot load tokenizer {args.tokenizer}: {e}")
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
     eos = args.eos_id
     if eos is None:
         eos = next((tok.token_to_id(t) for t in EOS_CANDIDATES if tok.token_to_id(t) is not None), None)
         if eos is None:
-            sys.exit(f"tokenize_hf.py: no EOS token among {EOS_CANDIDATES} in {args.tokenizer}; pass --eos-id")
+            die(f"tokenize_hf.py: no EOS token among {EOS_CANDIDATES} in {args.tokenizer}; pass --eos-id")
     if not 0 <= eos < vocab_size:
-        sys.exit(f"tokenize_hf.py: EOS id {eos} outside the vocabulary of size {vocab_size}")
-    dtype, dtype_name = (np.uint16, "uint16") if vocab_size <= 65535 else (np.uint32, "uint32")
+        die(f"tokenize_hf.py: EOS id {eos} outside the vocabulary of size {vocab_size}")
+    dtype_name, descr = ("uint16", "<u2") if vocab_size <= 65535 else ("uint32", "<u4")
     header = {"tokenizer": "huggingface", "tokenizer_file": args.tokenizer, "vocab_size": vocab_size,
               "eos_token_id": eos, "dtype": dtype_name}
-    meta = existing_dataset(args.out, args.append, header, args.inputs, [s + ".npy" for s in stems])
-    if meta is None:
-        meta = dict(header, files=[])
+    names = [s + ".npy" for s in stems]
+    meta = existing_dataset(args.out, args.append, header, args.inputs, names) or dict(header, files=[])
+
+    def ids(text):
+        return tok.encode(text, add_special_tokens=False).ids
+    cut_inside = all(ids(a + b) == ids(a) + ids(b) for a, b in CUT_PROBES)
+    if not cut_inside:
+        print(f"note: {args.tokenizer} encodes the start of an input differently from the same text inside a "
+              f"document, so every document is encoded whole (memory grows with the longest document)",
+              file=sys.stderr)
 
     created = not os.path.isdir(args.out)
     os.makedirs(args.out, exist_ok=True)
     suffix = f".tmp-{os.getpid()}"
-    temps, files = [], []
+    temps, files, writer = [], [], None
     try:
-        for path, stem in zip(args.inputs, stems):
-            with open(path, "rb") as f:
-                docs = split_documents(f.read())
-            ids = []
-            for enc in tok.encode_batch(docs, add_special_tokens=False):
-                ids.extend(enc.ids)
-                ids.append(eos)
-            arr = np.asarray(ids, dtype=dtype)
-            name = stem + ".npy"
-            temp = os.path.join(args.out, "." + name + suffix)
-            temps.append((temp, os.path.join(args.out, name)))
-            with open(temp, "wb") as f:
-                np.save(f, arr)
-            files.append({"name": name, "tokens": int(arr.size), "documents": len(docs), "source": path})
+        tasks = ((i, (path, *piece)) for i, path in enumerate(args.inputs)
+                 for piece in pieces(path, args.chunk_bytes, cut_inside))
+        init_args = (args.tokenizer, eos, dtype_name, args.jsonl_field, cut_inside)
+        current = -1
+        documents = 0
+        for i, (token_bytes, tokens, ended) in encoded_pieces(tasks, args.workers, init_args):
+            while current < i:  # the next input's pieces begin (an input always yields a piece)
+                if writer:
+                    writer.close()
+                    files.append({"name": names[current], "tokens": writer.tokens, "documents": documents,
+                                  "source": args.inputs[current]})
+                current, documents = current + 1, 0
+                temp = os.path.join(args.out, "." + names[current] + suffix)
+                temps.append((temp, os.path.join(args.out, names[current])))
+                writer = NpyAppender(temp, descr)
+            writer.append(token_bytes, tokens)
+            documents += ended
+        writer.close()
+        files.append({"name": names[current], "tokens": writer.tokens, "documents": documents,
+                      "source": args.inputs[current]})
         meta["files"] = meta["files"] + files
         temp = os.path.join(args.out, ".dataset.json" + suffix)
+        temps.append((temp, os.path.join(args.out, "dataset.json")))
         with open(temp, "w") as f:
-            temps.append((temp, os.path.join(args.out, "dataset.json")))
             json.dump(meta, f, indent=2)
             f.write("\n")
         for _, final in temps[:-1]:  # anything created in the folder since it was checked is not overwritten
             if os.path.lexists(final):
-                sys.exit(f"tokenize_hf.py: {final} appeared while tokenizing; nothing was written, run again")
+                die(f"tokenize_hf.py: {final} appeared while tokenizing; nothing was written, run again")
         for temp, final in temps:  # dataset.json last: its new list marks the new files as the dataset's
             os.replace(temp, final)
-    except BaseException:
+    except BaseException as e:
+        if writer and not writer.file.closed:
+            writer.file.close()
         for temp, _ in temps:
             if os.path.exists(temp):
                 os.remove(temp)
         if created and not os.listdir(args.out):
             os.rmdir(args.out)
+        if isinstance(e, InputError):
+            die(str(e))
         raise
     total = sum(f["tokens"] for f in files)
     print(f"wrote {len(files)} files, {total} tokens ({dtype_name}, vocab {vocab_size}, eos {eos}) to {args.out}; "

@@ -65,20 +65,43 @@ if [ ! -f .deps/cutlass/cutlass_library/source/include/cutlass/cutlass.h ] ||
   fi
 fi
 
+# --- Python packages of the tools in python/ (tokenize_hf.py, moetrain_checkpoint.py) and of their
+# tests (tests/python/), pinned, into the ignored .deps/python; CTest puts it on PYTHONPATH. numpy
+# stays on 1.x because the BF16 export test also runs Debian's python3-torch 1.13 (/usr/bin/python3,
+# built against numpy 1.x) with this folder on its path. --no-deps: exactly these packages
+# (tokenizers' optional huggingface_hub is only for downloading tokenizers, which the tools never do).
+python_packages=(numpy==1.26.4 tokenizers==0.22.2 xxhash==3.5.0 safetensors==0.7.0 packaging==24.2)
+python_missing=0
+for spec in "${python_packages[@]}"; do
+  [ -d ".deps/python/${spec%%==*}-${spec##*==}.dist-info" ] || python_missing=1
+done
+if [ "$python_missing" = 1 ]; then
+  echo "setup: installing ${python_packages[*]} into .deps/python"
+  # --upgrade replaces just these packages, leaving any others in the folder alone.
+  python3 -m pip install --quiet --upgrade --no-deps --disable-pip-version-check --target .deps/python \
+    "${python_packages[@]}" || {
+    echo "setup: installing the Python tools' packages failed; python/tokenize_hf.py, python/moetrain_checkpoint.py" \
+         "and the tests in tests/python need them (python3 -m pip must work)" >&2
+    exit 1
+  }
+fi
+# --- end of the Python tools' packages
+
 # The experiment-tracking tools' Python packages (tensorboard, wandb, matplotlib and their
-# dependencies, every one pinned in python/requirements-tracking.txt) into the ignored .deps/python:
+# dependencies, every one pinned in python/requirements-tracking.txt) into the ignored
+# .deps/python-tracking (a folder of their own: they need numpy 2, the tools below numpy 1):
 # the `tracking` tests read moetrain's TensorBoard events with TensorBoard's own reader, run the
-# W&B sidecar offline and render plots with them (PYTHONPATH=.deps/python). Skipped when that set is
+# W&B sidecar offline and render plots with them (PYTHONPATH=.deps/python-tracking). Skipped when that set is
 # installed already. Without pip those tests skip, saying why; in CI (CI=true) a failed install
 # fails the setup, so the tests cannot be skipped unnoticed.
 tracking_requirements=python/requirements-tracking.txt
-if ! cmp -s "$tracking_requirements" .deps/python/.requirements-tracking.txt; then
+if ! cmp -s "$tracking_requirements" .deps/python-tracking/.requirements-tracking.txt; then
   if python3 -m pip --version > /dev/null 2>&1; then
-    echo "setup: installing the tracking tools' Python packages ($tracking_requirements) into .deps/python"
-    rm -rf .deps/python
+    echo "setup: installing the tracking tools' Python packages ($tracking_requirements) into .deps/python-tracking"
+    rm -rf .deps/python-tracking
     if python3 -m pip install --quiet --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore \
-         --target .deps/python -r "$tracking_requirements"; then
-      cp "$tracking_requirements" .deps/python/.requirements-tracking.txt
+         --target .deps/python-tracking -r "$tracking_requirements"; then
+      cp "$tracking_requirements" .deps/python-tracking/.requirements-tracking.txt
     else
       echo "setup: installing the tracking tools' Python packages failed; the tracking tests will skip"
       if [ "${CI:-}" = true ]; then exit 1; fi

@@ -3,7 +3,9 @@
 // same loss as the original; bad inputs are refused with the file or tensor named.
 // (The comparison against stock transformers is python/hf_check.py; its output is in bench/RESULTS.md.)
 #include "cli_test_util.h"
+#include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/safetensors.h"
+#include "moe/core/dtype.h"
 
 namespace {
 
@@ -22,6 +24,14 @@ class HfInterop : public CliTest {
   CliRun eval(const std::string& ckpt, const std::string& logits) {
     return moetrain({"eval", "--checkpoint", ckpt, "--data", path("data"), "--logits", logits, "--set",
                      "train.seq_len=16", "--set", "train.micro_batch_size=2", "--set", "run.device=cpu"});
+  }
+  // The F32 values of a tensor in a safetensors file.
+  static std::vector<float> f32_values(const moe::SafetensorsReader& f, const std::string& name) {
+    const moe::SafetensorsEntry& e = f.entry(name);
+    EXPECT_EQ(e.dtype, moe::DType::F32) << name;
+    std::vector<float> v((e.end - e.begin) / 4);
+    std::memcpy(v.data(), f.data(name), v.size() * 4);
+    return v;
   }
   static double mean_loss(const CliRun& r) {
     const size_t at = r.out.find("mean loss ");
@@ -60,6 +70,62 @@ TEST_F(HfInterop, export_then_import_reproduces_logits_and_loss_exactly) {
                                 "--set", "data.synthetic_tokens=20000", "--set", "data.synthetic_eval_tokens=2000",
                                 "--set", "run.device=cpu"});
   EXPECT_EQ(cont.exit_code, 0) << cont.err;
+}
+
+TEST_F(HfInterop, bf16_export_holds_the_rounded_weights_and_imports_as_them) {
+  ASSERT_EQ(moetrain({"export-hf", run_dir(), path("hf32")}).exit_code, 0);
+  const CliRun ex = moetrain({"export-hf", run_dir(), path("hf16"), "--dtype", "bf16"});
+  ASSERT_EQ(ex.exit_code, 0) << ex.err;
+  EXPECT_NE(ex.out.find("bfloat16"), std::string::npos) << ex.out;
+  EXPECT_EQ(nlohmann::json::parse(read_file(path("hf16/config.json")))["torch_dtype"], "bfloat16");
+  EXPECT_EQ(nlohmann::json::parse(read_file(path("hf32/config.json")))["torch_dtype"], "float32");
+  const moe::SafetensorsReader f32(path("hf32/model-00001-of-00001.safetensors"));
+  const moe::SafetensorsReader bf16(path("hf16/model-00001-of-00001.safetensors"));
+  ASSERT_EQ(f32.entries().size(), bf16.entries().size());
+  EXPECT_EQ(bf16.file_size() - bf16.data_offset(), (f32.file_size() - f32.data_offset()) / 2);
+  int64_t changed = 0;  // values that rounding moved: the export did round
+  for (const moe::SafetensorsEntry& e : f32.entries()) {
+    ASSERT_TRUE(bf16.has(e.name)) << e.name;
+    const moe::SafetensorsEntry& h = bf16.entry(e.name);
+    EXPECT_EQ(h.dtype, moe::DType::BF16) << e.name;
+    EXPECT_EQ(h.shape, e.shape) << e.name;
+    const std::vector<float> values = f32_values(f32, e.name);
+    std::vector<uint16_t> stored(values.size());
+    std::memcpy(stored.data(), bf16.data(e.name), stored.size() * 2);
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSERT_EQ(stored[i], moe::f32_to_bf16(values[i])) << e.name << "[" << i << "]";
+      changed += moe::bf16_to_f32(stored[i]) != values[i];
+    }
+  }
+  EXPECT_GT(changed, 1000);
+  // import-hf reads the BF16 export back as exactly the rounded FP32 main weights.
+  ASSERT_EQ(moetrain({"import-hf", path("hf16"), path("imported")}).exit_code, 0);
+  const moe::CheckpointReader original(run_dir() + "/step-000002");
+  const moe::CheckpointReader imported(path("imported/step-000000"));
+  int64_t weights = 0;
+  for (const std::string& key : original.keys()) {
+    // The weights: Hugging Face names, not their AdamW moments or router_bias (training state).
+    const bool hf_name = key.rfind("model.", 0) == 0 || key.rfind("lm_head.", 0) == 0;
+    if (!hf_name || key.find(".exp_avg") != std::string::npos) continue;
+    ASSERT_TRUE(imported.has(key)) << key;
+    const std::vector<int64_t> shape = original.global_shape(key);
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+    original.read(key, moe::DType::F32, 0, n, a.data());
+    imported.read(key, moe::DType::F32, 0, n, b.data());
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(moe::bf16_to_f32(moe::f32_to_bf16(a[i])), b[i]) << key << "[" << i << "]";
+    ++weights;
+  }
+  EXPECT_EQ(weights, 2 + 2 * 11 + 1);  // embedding, LM head; 11 per layer (attention, norms, router, experts); norm
+}
+
+TEST_F(HfInterop, export_refuses_an_unknown_dtype_before_writing) {
+  const CliRun r = moetrain({"export-hf", run_dir(), path("hf"), "--dtype", "fp16"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--dtype"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("hf")));
 }
 
 TEST_F(HfInterop, export_refuses_an_existing_output_and_leaves_it_alone) {

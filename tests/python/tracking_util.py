@@ -1,6 +1,6 @@
 """Shared by the tracking tests: the built moetrain (MOETRAIN, set by CTest), tiny CPU runs, the
 python/ tools, and skipping (exit 77, what CTest's SKIP_RETURN_CODE expects) when a package that
-scripts/setup.sh installs into .deps/python cannot be imported."""
+scripts/setup.sh installs into .deps/python-tracking cannot be imported."""
 import importlib
 import os
 import subprocess
@@ -20,7 +20,7 @@ def require(module, needed_for):
         return importlib.import_module(module)
     except ImportError as e:
         print(f"SKIPPED: {needed_for} needs the Python package '{module.split('.')[0]}' ({e}); "
-              f"scripts/setup.sh installs it into .deps/python (python/requirements-tracking.txt)")
+              f"scripts/setup.sh installs it into .deps/python-tracking (python/requirements-tracking.txt)")
         sys.exit(SKIP)
 
 

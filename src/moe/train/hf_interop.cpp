@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -84,21 +85,25 @@ void write_text(const std::string& path, const std::string& text) {
 }  // namespace
 
 ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, int64_t max_shard_bytes,
-                       const std::vector<std::string>& tokenizer_files) {
+                       const std::vector<std::string>& tokenizer_files, DType dtype) {
   MOE_CHECK(max_shard_bytes > 0, "export-hf: the shard size must be > 0");
+  MOE_CHECK(dtype == DType::F32 || dtype == DType::BF16, "export-hf: the dtype must be F32 or BF16, got ",
+            dtype_name(dtype));
+  const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
   MOE_CHECK(!fs::exists(out_dir), "export-hf: output '", out_dir, "' exists; choose a new directory");
   for (const auto& t : tokenizer_files) MOE_CHECK(fs::is_regular_file(t), "export-hf: tokenizer file '", t, "' not found");
   const std::string dir = resolve_checkpoint(checkpoint);
   CheckpointReader ckpt(dir);
   const Config cfg = parse_config(ckpt.train_state_string("config"), dir + "/train_state.json");
-  const nlohmann::json hf_config = olmoe_hf_config(cfg.model);
+  nlohmann::json hf_config = olmoe_hf_config(cfg.model);
+  if (dtype == DType::BF16) hf_config["torch_dtype"] = "bfloat16";  // from_pretrained(dtype="auto") keeps BF16
   const std::vector<HfTensor> tensors = hf_tensors(cfg.model, ckpt);
 
   // Shards: consecutive tensors up to max_shard_bytes each (a larger tensor gets a shard alone).
   std::vector<std::vector<size_t>> shards(1);
   int64_t in_shard = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const int64_t bytes = tensors[i].numel() * 4;
+    const int64_t bytes = tensors[i].numel() * esize;
     if (!shards.back().empty() && in_shard + bytes > max_shard_bytes) shards.emplace_back(), in_shard = 0;
     shards.back().push_back(i);
     in_shard += bytes;
@@ -125,20 +130,27 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   r.out_dir = out_dir;
   r.shards = static_cast<int>(shards.size());
   nlohmann::json weight_map = nlohmann::json::object();
-  std::vector<float> buffer;  // one tensor at a time
+  std::vector<float> buffer;     // one tensor at a time
+  std::vector<uint16_t> rounded;  // its BF16 values, for a BF16 export
   char name_buf[64];
   for (size_t s = 0; s < shards.size(); ++s) {
     std::snprintf(name_buf, sizeof(name_buf), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
     SafetensorsWriter w;
     w.set_metadata("format", "pt");
-    for (size_t i : shards[s]) w.add(tensors[i].name, DType::F32, tensors[i].shape);
+    for (size_t i : shards[s]) w.add(tensors[i].name, dtype, tensors[i].shape);
     w.open(tmp + "/" + name_buf);
     for (size_t i : shards[s]) {
       buffer.resize(static_cast<size_t>(tensors[i].numel()));
       tensors[i].fill(buffer.data());
-      w.write(buffer.data(), buffer.size() * 4);
+      if (dtype == DType::BF16) {
+        rounded.resize(buffer.size());
+        std::transform(buffer.begin(), buffer.end(), rounded.begin(), f32_to_bf16);
+        w.write(rounded.data(), rounded.size() * 2);
+      } else {
+        w.write(buffer.data(), buffer.size() * 4);
+      }
       weight_map[tensors[i].name] = name_buf;
-      r.bytes += tensors[i].numel() * 4;
+      r.bytes += tensors[i].numel() * esize;
       ++r.tensors;
     }
     w.finish();

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/core/dtype.h"
 #include "moe/train/hf_config.h"
 
 namespace moe {
@@ -21,11 +22,12 @@ struct ExportResult {
   int64_t bytes = 0;
   size_t peak_rss_bytes = 0;
 };
-// Writes config.json, model-0000i-of-0000n.safetensors (F32, per-expert tensors) and
-// model.safetensors.index.json into out_dir (via a temporary directory renamed at the end);
+// Writes config.json, model-0000i-of-0000n.safetensors (per-expert tensors, in `dtype`: F32, or
+// BF16 rounded to nearest even from the FP32 main weights, with config.json's torch_dtype to match)
+// and model.safetensors.index.json into out_dir (via a temporary directory renamed at the end);
 // optional tokenizer files are copied in. max_shard_bytes bounds each shard.
 ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, int64_t max_shard_bytes,
-                       const std::vector<std::string>& tokenizer_files = {});
+                       const std::vector<std::string>& tokenizer_files = {}, DType dtype = DType::F32);
 
 struct ImportResult {
   std::string checkpoint_dir;  // <out>/step-000000

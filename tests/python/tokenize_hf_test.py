@@ -1,0 +1,238 @@
+"""python/tokenize_hf.py: the ids are tokenizer.encode's for each document followed by EOS, the same
+for any number of workers and any piece size, inputs stream in bounded pieces, JSONL errors name the
+file and line and leave nothing behind, and moetrain trains on the output.
+
+The tokenizers are built here with the `tokenizers` package: a byte-level BPE (as GPT-2, Llama 3
+and OLMoE use), a WordLevel with a whitespace pre-tokenizer, and a SentencePiece-style Metaspace
+one, which marks the start of every input and so must get its documents whole.
+"""
+import gzip
+import json
+import os
+import shutil
+import tempfile
+import unittest
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+import tokenize_hf
+from moe_test_util import TempDirTest, moetrain_train, python_tool
+
+WORDS = ("the quick brown fox jumps over the lazy dog while naïve café owners say über 42 times: "
+         "x = f(1); return x").split()
+
+
+def sentence(i):
+    return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(5 + i % 9))
+
+
+def training_text():
+    return [sentence(i) + "\n" for i in range(300)]
+
+
+def make_bpe(path):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(training_text(), trainer)
+    tok.save(path)
+
+
+def make_wordlevel(path):
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(training_text(), trainers.WordLevelTrainer(special_tokens=["[UNK]", "</s>"]))
+    tok.save(path)
+
+
+def make_metaspace(path):
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always")
+    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "</s>"])
+    tok.train_from_iterator(training_text(), trainer)
+    tok.save(path)
+
+
+# Documents of the text corpus: separated by form-feed lines ("\f\n", "\f\r\n"; the newline before one
+# belongs to the document before it), one empty (no EOS), one with CRLF lines, long ones spanning
+# many pieces at small piece sizes.
+TEXT_DOCS = ["".join(sentence(i) + "\n" for i in range(120)),
+             "short one\n",
+             "",
+             "crlf line one\r\ncrlf line two\r\n",
+             "".join(sentence(i) + ("\n\n" if i % 4 == 0 else "\n") + ("  indented\n" if i % 5 == 0 else "")
+                     for i in range(200, 330))]
+JSONL_DOCS = [sentence(i) + "\nsecond line " + str(i) for i in range(60)] + ["", "tail: ünïcode ✓"]
+
+
+def write_text_corpus(path, opener=open):
+    with opener(path, "wb") as f:
+        for k, doc in enumerate(TEXT_DOCS):
+            f.write(doc.encode())
+            if k + 1 < len(TEXT_DOCS):
+                f.write(b"\f\r\n" if k == 2 else b"\f\n")
+
+
+def write_jsonl_corpus(path, opener=open):
+    with opener(path, "wb") as f:
+        for k, doc in enumerate(JSONL_DOCS):
+            f.write((json.dumps({"id": k, "text": doc}) + "\n").encode())
+            if k == 10:
+                f.write(b"\n")  # blank lines are skipped
+
+
+def expected_ids(tokenizer_path, docs, eos):
+    tok = Tokenizer.from_file(tokenizer_path)
+    ids = []
+    for doc in docs:
+        if doc:
+            ids += tok.encode(doc, add_special_tokens=False).ids + [eos]
+    return ids
+
+
+class TokenizeHfTest(TempDirTest):
+    @classmethod
+    def setUpClass(cls):
+        cls.tokenizers = tempfile.mkdtemp(prefix="moe-py-tokenizers-")
+        cls.bpe, cls.wordlevel, cls.metaspace = (os.path.join(cls.tokenizers, n) for n in ("bpe.json", "wl.json",
+                                                                                             "ms.json"))
+        make_bpe(cls.bpe)
+        make_wordlevel(cls.wordlevel)
+        make_metaspace(cls.metaspace)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tokenizers, ignore_errors=True)
+
+    def setUp(self):
+        super().setUp()
+        self.text, self.jsonl = self.path("corpus.txt"), self.path("records.jsonl")
+        write_text_corpus(self.text)
+        write_jsonl_corpus(self.jsonl)
+
+    def tokenize(self, out, *args, inputs=None, check=True):
+        return python_tool("tokenize_hf.py", "--out", self.path(out), *args, *(inputs or [self.text, self.jsonl]),
+                           check=check)
+
+    def npy(self, out, name):
+        return np.load(self.path(out, name))
+
+    def test_ids_are_tokenizer_encode_of_each_document_followed_by_eos(self):
+        for tokenizer, eos_name in ((self.bpe, "<|endoftext|>"), (self.wordlevel, "</s>")):
+            out = os.path.basename(tokenizer) + "-out"
+            self.tokenize(out, "--tokenizer", tokenizer)
+            eos = Tokenizer.from_file(tokenizer).token_to_id(eos_name)
+            text_ids, jsonl_ids = self.npy(out, "corpus.npy"), self.npy(out, "records.npy")
+            self.assertEqual(text_ids.dtype, np.uint16)
+            self.assertEqual(text_ids.tolist(), expected_ids(tokenizer, TEXT_DOCS, eos))
+            self.assertEqual(jsonl_ids.tolist(), expected_ids(tokenizer, JSONL_DOCS, eos))
+            with open(self.path(out, "dataset.json")) as f:
+                meta = json.load(f)
+            self.assertEqual(meta["eos_token_id"], eos)
+            self.assertEqual([(f["name"], f["tokens"], f["documents"]) for f in meta["files"]],
+                             [("corpus.npy", text_ids.size, 4), ("records.npy", jsonl_ids.size, len(JSONL_DOCS) - 1)])
+
+    def test_output_is_identical_for_1_and_3_workers_and_any_piece_size(self):
+        self.tokenize("one", "--tokenizer", self.bpe)
+        for out, args in (("three", ["--workers", "3"]), ("three-small", ["--workers", "3", "--chunk-bytes", "64"]),
+                          ("one-tiny", ["--chunk-bytes", "1"])):
+            self.tokenize(out, "--tokenizer", self.bpe, *args)
+            for name in ("corpus.npy", "records.npy", "dataset.json"):
+                with open(self.path("one", name), "rb") as a, open(self.path(out, name), "rb") as b:
+                    self.assertEqual(a.read(), b.read(), f"{out}/{name}")
+
+    def test_a_tokenizer_that_marks_input_starts_gets_whole_documents(self):
+        r = self.tokenize("ms", "--tokenizer", self.metaspace, "--workers", "3", "--chunk-bytes", "64",
+                          inputs=[self.text])
+        self.assertIn("every document is encoded whole", r.stderr)
+        eos = Tokenizer.from_file(self.metaspace).token_to_id("</s>")
+        self.assertEqual(self.npy("ms", "corpus.npy").tolist(), expected_ids(self.metaspace, TEXT_DOCS, eos))
+        # Cutting inside a document would have changed the ids: the check is not vacuous.
+        tok = Tokenizer.from_file(self.metaspace)
+        self.assertNotEqual(tok.encode("end\nThe start").ids, tok.encode("end\n").ids + tok.encode("The start").ids)
+
+    def test_compressed_inputs_give_the_same_tokens(self):
+        write_text_corpus(self.path("z.txt.gz"), gzip.open)
+        write_jsonl_corpus(self.path("zr.jsonl.gz"), gzip.open)
+        self.tokenize("plain", "--tokenizer", self.bpe)
+        self.tokenize("gz", "--tokenizer", self.bpe, "--chunk-bytes", "100",
+                      inputs=[self.path("z.txt.gz"), self.path("zr.jsonl.gz")])
+        np.testing.assert_array_equal(self.npy("gz", "z.npy"), self.npy("plain", "corpus.npy"))
+        np.testing.assert_array_equal(self.npy("gz", "zr.npy"), self.npy("plain", "records.npy"))
+
+    def test_inputs_are_read_in_bounded_pieces_that_cover_the_file(self):
+        big = self.path("big.txt")
+        with open(big, "w") as f:
+            for i in range(4000):
+                f.write(sentence(i) + "\n" + ("\f\n" if i % 500 == 499 else ""))
+        for path in (big, self.jsonl):
+            with open(path, "rb") as f:
+                data = f.read()
+            longest_line = max(len(line) for line in data.split(b"\n")) + 1
+            parts = list(tokenize_hf.pieces(path, 1000, True))
+            self.assertEqual(b"".join(p[1] for p in parts), data)
+            self.assertGreater(len(parts), len(data) // 2000, path)
+            self.assertLessEqual(max(len(p[1]) for p in parts), 1000 + longest_line, path)
+            self.assertEqual([p[2] for p in parts], [False] * (len(parts) - 1) + [True])
+
+    def test_bad_jsonl_is_refused_naming_the_file_and_line_and_nothing_is_written(self):
+        bad = self.path("bad.jsonl")
+        cases = [(b'{"text": "fine"}\n{"txt": "no"}\n', 'bad.jsonl:2 has no field "text"'),
+                 (b'{"text": "fine"}\n\n{"text": 5}\n', 'bad.jsonl:3: field "text" is 5, not a string'),
+                 (b'{"text": "fine"}\n{"text": "cut\n', "bad.jsonl:2 is not valid JSON"),
+                 (b'["text"]\n', "bad.jsonl:1 is not a JSON object")]
+        for k, (content, needle) in enumerate(cases):
+            with open(bad, "wb") as f:
+                f.write(content)
+            workers = "3" if k == 0 else "1"  # an error in a worker process reaches the main one as well
+            r = self.tokenize("out", "--tokenizer", self.bpe, "--workers", workers, inputs=[self.text, bad],
+                              check=False)
+            self.assert_one_line_error(r, needle)
+            self.assertFalse(os.path.exists(self.path("out")), needle)
+        with open(bad, "wb") as f:
+            f.write(b'{"body": "the text"}\n')
+        self.tokenize("body", "--tokenizer", self.bpe, "--jsonl-field", "body", inputs=[bad])
+        eos = Tokenizer.from_file(self.bpe).token_to_id("<|endoftext|>")
+        self.assertEqual(self.npy("body", "bad.npy").tolist(), expected_ids(self.bpe, ["the text"], eos))
+
+    def test_a_corrupt_gzip_input_is_refused_naming_it_and_nothing_is_written(self):
+        with gzip.open(self.path("cut.txt.gz"), "wb") as f:
+            f.write(b"".join(sentence(i).encode() + b"\n" for i in range(2000)))
+        with open(self.path("cut.txt.gz"), "r+b") as f:
+            f.truncate(os.path.getsize(self.path("cut.txt.gz")) // 2)
+        r = self.tokenize("out", "--tokenizer", self.bpe, inputs=[self.text, self.path("cut.txt.gz")], check=False)
+        self.assert_one_line_error(r, "cannot read", "cut.txt.gz")
+        self.assertFalse(os.path.exists(self.path("out")))
+
+    def test_nothing_is_overwritten_and_append_adds_files(self):
+        self.tokenize("data", "--tokenizer", self.bpe, inputs=[self.text])
+        with open(self.path("data", "corpus.npy"), "rb") as f:
+            before = f.read()
+        self.assert_one_line_error(self.tokenize("data", "--tokenizer", self.bpe, inputs=[self.jsonl], check=False),
+                                   "not empty", "--append")
+        self.assert_one_line_error(self.tokenize("data", "--tokenizer", self.bpe, "--append", inputs=[self.text],
+                                                 check=False), "corpus.npy", "already exists")
+        self.tokenize("data", "--tokenizer", self.bpe, "--append", "--workers", "3", inputs=[self.jsonl])
+        with open(self.path("data", "dataset.json")) as f:
+            self.assertEqual([x["name"] for x in json.load(f)["files"]], ["corpus.npy", "records.npy"])
+        with open(self.path("data", "corpus.npy"), "rb") as f:
+            self.assertEqual(f.read(), before)
+        self.assertEqual(sorted(os.listdir(self.path("data"))), ["corpus.npy", "dataset.json", "records.npy"])
+
+    def test_moetrain_trains_on_the_output(self):
+        self.tokenize("data", "--tokenizer", self.bpe, "--workers", "3")
+        vocab = Tokenizer.from_file(self.bpe).get_vocab_size()
+        eos = Tokenizer.from_file(self.bpe).token_to_id("<|endoftext|>")
+        r = moetrain_train(self.path("run"), ["train.steps=3", f"data.path={self.path('data')}",
+                                              f"model.vocab_size={vocab}", f"model.eos_token_id={eos}"])
+        self.assertIn("done after step 3", r.stdout)
+        with open(self.path("run", "metrics.jsonl")) as f:
+            losses = [json.loads(line)["loss"] for line in f if line.strip()]
+        self.assertTrue(losses and all(np.isfinite(losses)), losses)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
