@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "moe/comm/launcher.h"
 #include "moe/comm/local_communicator.h"
 #include "moe/comm/mpi_communicator.h"
 #include "moe/comm/nccl_communicator.h"
@@ -44,7 +45,7 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<MpiRuntime> mpi;
   LocalCommunicator local;
-  if (launched_under_mpi()) mpi = std::make_unique<MpiRuntime>(&argc, &argv);
+  if (detect_launcher().kind == Launcher::Mpi) mpi = std::make_unique<MpiRuntime>(&argc, &argv);
   Communicator& world = mpi ? mpi->world() : static_cast<Communicator&>(local);
   try {
     std::string why;
