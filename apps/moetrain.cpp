@@ -9,10 +9,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "moe/comm/host_strings.h"
 #include "moe/comm/launcher.h"
 #include "moe/comm/local_communicator.h"
 #include "moe/comm/mpi_communicator.h"
@@ -28,7 +30,6 @@
 #include "moe/train/metrics.h"
 #include "moe/ops/kernel_choice.h"
 #include "moe/train/step_split.h"
-#include "moe/train/stop_request.h"
 #include "moe/train/trainer.h"
 
 namespace {
@@ -148,7 +149,9 @@ int main(int argc, char** argv) {
   CLI::App* export_hf = app.add_subcommand("export-hf", "write a checkpoint as a Hugging Face OlmoeForCausalLM directory");
   export_hf->add_option("checkpoint", export_ckpt, "checkpoint dir (or run dir)")->required();
   export_hf->add_option("out", export_out, "output directory (must not exist)")->required();
-  export_hf->add_option("--max-shard-gb", export_shard_gb, "largest safetensors shard, GB")->capture_default_str();
+  export_hf->add_option("--max-shard-gb", export_shard_gb, "largest safetensors shard, GB")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 1e6));
   export_hf->add_option("--tokenizer", export_tokenizer, "tokenizer files to copy in (tokenizer.json, ...)");
   std::string export_dtype = "f32";
   export_hf->add_option("--dtype", export_dtype, "dtype of the exported weights: f32, or bf16 (rounded to nearest even)")
@@ -171,10 +174,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s (see moetrain --help)\n", e.what());
     return kUsageError;
   }
-  if (keys->parsed()) {
-    std::printf("%s", moe::config_keys_markdown().c_str());
-    return 0;
-  }
 
   // Under mpirun (or srun) every process is one rank; otherwise one process without MPI.
   std::unique_ptr<moe::MpiRuntime> mpi;
@@ -195,6 +194,14 @@ int main(int argc, char** argv) {
   };
 
   try {
+    // These write one output or print one listing: several ranks would race each other.
+    for (CLI::App* single : {export_hf, import_hf, prepare, keys})
+      MOE_CHECK(!single->parsed() || world.size() == 1, "`moetrain ", single->get_name(), "` runs in one process; run "
+                "it without mpirun or srun (this job has ", world.size(), " ranks)");
+    if (keys->parsed()) {
+      std::printf("%s", moe::config_keys_markdown().c_str());
+      return 0;
+    }
     if (train->parsed()) {
       std::vector<std::string> overrides = train_args.overrides;
       if (train->count("--save-every")) overrides.push_back("train.save_every=" + std::to_string(save_every));
@@ -204,11 +211,13 @@ int main(int argc, char** argv) {
       moe::TrainOptions opts;
       opts.resume = resume;
       opts.overwrite = overwrite;
-      moe::install_stop_handlers();  // SIGTERM / SIGUSR1 / Ctrl-C: checkpoint at the next step, then stop
+      opts.stop_on_signals = true;  // SIGTERM / SIGUSR1 / SIGHUP / Ctrl-C: checkpoint at the next step, then stop
       moe::Trainer trainer(cfg, opts, world);
       const moe::TrainSummary s = trainer.run();
       if (leader) print_summary(s, false);
     } else if (bench->parsed()) {
+      MOE_CHECK(bench_json.empty() || !std::filesystem::exists(bench_json), "bench --json ", bench_json,
+                " exists; choose a new file name (nothing is overwritten)");
       std::vector<std::string> overrides = bench_args.overrides;
       overrides.push_back("train.steps=" + std::to_string(bench_steps));
       const moe::Config cfg = moe::load_config(bench_args.config, overrides);
@@ -269,8 +278,17 @@ int main(int argc, char** argv) {
         }
       }
     } else if (eval->parsed()) {
-      const std::string dir = moe::resolve_checkpoint(eval_ckpt);
-      const moe::CheckpointReader ckpt(dir);
+      // Every rank must evaluate the same thing, or the collective forward passes fall out of step.
+      const moe::StringAgreement args = moe::agree_on_string(
+          world, "--checkpoint " + eval_ckpt + " --data " + eval_data + " --tokens " + std::to_string(eval_tokens) +
+                     " --logits " + eval_logits);
+      MOE_CHECK(args.differing_rank < 0, "the ranks of this job were given different eval arguments: '", args.leader,
+                "' on rank 0 but '", args.differing, "' on rank ", args.differing_rank);
+      MOE_CHECK(eval_logits.empty() || !std::filesystem::exists(eval_logits), "eval --logits ", eval_logits,
+                " exists; choose a new file name (nothing is overwritten)");
+      // Opened once: its files stay readable even if a running job prunes the checkpoint meanwhile.
+      const auto ckpt = std::make_shared<const moe::CheckpointReader>(moe::resolve_checkpoint(eval_ckpt));
+      const std::string& dir = ckpt->dir();
 
       // The checkpoint's own config, without its data source (the data is given here) and with a
       // global batch that fits this topology.
@@ -279,11 +297,13 @@ int main(int argc, char** argv) {
       std::vector<std::string> o = {"data.path=synthetic", "data.sources=[]", "eval.sets=[]", "parallel.mode=ddp"};
       if (eval_data != "synthetic") o.insert(o.end(), {"data.synthetic_tokens=65536", "data.synthetic_eval_tokens=8192"});
       o.insert(o.end(), eval_overrides.begin(), eval_overrides.end());
-      moe::Config cfg = moe::parse_config(ckpt.train_state_string("config"), dir + "/train_state.json", o);
+      moe::Config cfg =
+          moe::parse_config(ckpt->train_state_string("config"), dir + "/train_state.json", o, /*validate=*/false);
       cfg.train.global_batch_size = cfg.train.micro_batch_size * world.size();
       if (cfg.parallel.ep > world.size() || world.size() % cfg.parallel.ep != 0) cfg.parallel.ep = 1;
+      cfg.validate();
       moe::TrainOptions opts;
-      opts.resume = dir;
+      opts.checkpoint = ckpt;
       opts.bench = true;
       opts.quiet = true;
       moe::Trainer trainer(cfg, opts, world);
@@ -304,6 +324,7 @@ int main(int argc, char** argv) {
                   static_cast<long>(r.tensors), moe::format_bytes(static_cast<double>(r.bytes)).c_str(),
                   bf16 ? "bfloat16" : "float32", r.shards, r.out_dir.c_str(),
                   moe::format_bytes(static_cast<double>(r.peak_rss_bytes)).c_str());
+      if (!r.note.empty()) std::printf("  note: %s\n", r.note.c_str());
     } else if (import_hf->parsed()) {
       const moe::ImportResult r = moe::import_hf(import_dir, import_out);
       std::printf("imported %ld tensors (%s expert layout) into %s\n  config: %s\n  AdamW moments start at zero.\n"

@@ -32,6 +32,7 @@ on failure nothing is left behind.
 """
 import argparse
 import collections
+import fcntl
 import gzip
 import json
 import multiprocessing
@@ -249,6 +250,19 @@ def names_text(names, shown=5):
     return ", ".join(names[:shown]) + more
 
 
+_held_locks = []
+
+
+def lock_folder(out):
+    """Exclusive flock of out's nearest existing ancestor (out itself when it exists); waits."""
+    path = os.path.abspath(out)
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _held_locks.append(fd)
+
+
 def existing_dataset(out, append, header, inputs, names):
     """The dataset.json that the new files are added to (None for a new or empty folder).
 
@@ -355,6 +369,9 @@ def main(argv=None):
     header = {"tokenizer": "huggingface", "tokenizer_file": args.tokenizer, "vocab_size": vocab_size,
               "eos_token_id": eos, "dtype": dtype_name}
     names = [s + ".npy" for s in stems]
+    # One writer at a time per output (as moetrain prepare): two --append runs into one folder would
+    # each rewrite dataset.json from what they read. The lock is held until the process exits.
+    lock_folder(args.out)
     meta = existing_dataset(args.out, args.append, header, args.inputs, names) or dict(header, files=[])
 
     def ids(text):

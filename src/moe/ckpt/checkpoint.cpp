@@ -330,7 +330,10 @@ void CheckpointReader::read_index(const std::string& index_path, std::string& re
       c.file_key = r["key"].as_string();
       c.begin = r["begin"].as_int(0, st.numel);
       c.end = r["end"].as_int(c.begin, st.numel);
-      // Version 1 predates checksums: its chunks are read unverified.
+      // Version 1 predates checksums: its chunks are read unverified. A chunk that carries one
+      // under version 1 is an edited index (turning verification off), not an old checkpoint.
+      if (version_ < 2 && r.has("checksum"))
+        r["checksum"].fail("absent in a version-1 index (this index carries checksums: its version was changed)");
       if (version_ >= 2) {
         const JsonField sum = r["checksum"];
         const std::string algorithm = sum["algorithm"].as_string();

@@ -64,6 +64,8 @@ std::optional<Intent> read_intent(const std::string& run_dir) {
   try {
     const nlohmann::json j = nlohmann::json::parse(in);
     Intent intent{j.at("after_step").get<int64_t>(), j.at("dir").get<std::string>()};
+    MOE_CHECK(intent.after_step >= 0, path, ": \"after_step\" must be a step >= 0, got ", intent.after_step,
+              "; inspect the run directory, then remove this interrupted set-aside record");
     MOE_CHECK(intent.dir.find('/') == std::string::npos && !intent.dir.empty() && intent.dir != "." &&
                   intent.dir != "..",
               path, ": \"dir\" must be a plain folder name, got '", intent.dir, "'");
@@ -90,13 +92,12 @@ std::string carry_out(const std::string& run_dir, const Intent& intent, const Al
   std::error_code ec;
   fs::create_directories(dest, ec);
   MOE_CHECK(!ec, "cannot create ", dest, ": ", ec.message());
-  for (const char* prefix : {"step-", ".tmp-step-"})
-    for (const auto& [step, name] : list_steps(run_dir, prefix, false)) {
-      if (step <= intent.after_step) continue;
-      const std::string from = run_dir + "/" + name, to = dest + "/" + name;
-      MOE_CHECK(!fs::exists(to, ec), "cannot set aside ", from, ": ", to, " already exists");
-      MOE_CHECK(std::rename(from.c_str(), to.c_str()) == 0, "cannot move ", from, " to ", to, ": ", errno_text());
-    }
+  for (const auto& [step, name] : list_steps(run_dir, "step-", false)) {
+    if (step <= intent.after_step) continue;
+    const std::string from = run_dir + "/" + name, to = dest + "/" + name;
+    MOE_CHECK(!fs::exists(to, ec), "cannot set aside ", from, ": ", to, " already exists");
+    MOE_CHECK(std::rename(from.c_str(), to.c_str()) == 0, "cannot move ", from, " to ", to, ": ", errno_text());
+  }
   if (also_move) also_move(dest, intent.after_step);
   fsync_dir(dest);
   fsync_dir(abandoned);
@@ -127,7 +128,11 @@ std::string resolve_checkpoint(const std::string& run_dir_or_ckpt) {
   MOE_CHECK(fs::is_directory(run, ec), "cannot resolve checkpoint ", run_dir_or_ckpt,
             ": neither a checkpoint directory nor a run directory");
   const auto steps = list_checkpoints(run);
-  MOE_CHECK(!steps.empty(), "no complete checkpoint (step-*/index.json) in ", run);
+  MOE_CHECK(!steps.empty(), "no complete checkpoint (step-*/index.json) in ", run,
+            read_intent(run) ? " (an interrupted set-aside, " + run + "/" + kIntentFile +
+                                   ", hides the checkpoints after step " + std::to_string(read_intent(run)->after_step) +
+                                   "; the next training run in this directory completes it)"
+                             : std::string());
   return run + "/" + steps.back().second;
 }
 
@@ -155,6 +160,11 @@ void prune_checkpoints(const std::string& run_dir, int keep_last, const std::str
   fsync_dir(run_dir);
 }
 
+void remove_unfinished_saves(const std::string& run_dir) {
+  for (const char* prefix : {".tmp-step-", ".trash-step-"})
+    for (const auto& [step, name] : list_steps(run_dir, prefix, false)) remove_tree(run_dir + "/" + name);
+}
+
 std::string complete_pending_set_aside(const std::string& run_dir, const AlsoSetAside& also_move) {
   const std::optional<Intent> intent = read_intent(run_dir);
   return intent ? carry_out(run_dir, *intent, also_move) : std::string();
@@ -164,8 +174,7 @@ std::string set_aside_after(const std::string& run_dir, int64_t step, bool recor
                             const AlsoSetAside& also_move) {
   complete_pending_set_aside(run_dir, also_move);
   bool later = records_after_step;
-  for (const char* prefix : {"step-", ".tmp-step-"})
-    for (const auto& s : list_steps(run_dir, prefix, false)) later = later || s.first > step;
+  for (const auto& s : list_steps(run_dir, "step-", false)) later = later || s.first > step;
   if (!later) return "";
   char suffix[40];
   std::snprintf(suffix, sizeof suffix, "-after-step-%06lld", static_cast<long long>(step));

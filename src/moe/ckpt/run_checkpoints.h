@@ -32,12 +32,16 @@ std::string resolve_checkpoint(const std::string& run_dir_or_ckpt);
 // and are removed too.
 void prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& protect = "");
 
+// Removes the directories of saves that never finished: .tmp-step-* (a crash before the commit)
+// and .trash-step-* (a crash while pruning). Only for a job that holds the run's lock.
+void remove_unfinished_saves(const std::string& run_dir);
+
 // Called with the set-aside directory and the step S of a resume, before the intent is cleared,
 // so the caller can move its own records of the steps after S (metrics) into the same place. It
 // must be idempotent: after a crash it runs again when the move is completed.
 using AlsoSetAside = std::function<void(const std::string& dir, int64_t after_step)>;
 
-// Moves every checkpoint after `step` (complete, or the temp dir of a save in progress) into a
+// Moves every checkpoint after `step` into a
 // new <run_dir>/abandoned/<UTC time>-after-step-<step>/ and calls also_move there. Completes a
 // pending intent left by a crash first. Nothing is removed. Makes no directory and returns ""
 // when there is no checkpoint after `step` and records_after_step is false.

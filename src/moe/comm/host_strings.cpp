@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "moe/core/error.h"
+#include "moe/core/rng.h"
 
 namespace moe {
 
@@ -50,6 +51,31 @@ std::string broadcast_string(Communicator& comm, const std::string& text, int ro
   std::vector<int32_t> packed = comm.rank() == root ? pack(text, words) : std::vector<int32_t>(words, 0);
   comm.broadcast(Tensor(packed.data(), DType::I32, {static_cast<int64_t>(words)}), root);
   return std::string(reinterpret_cast<const char*>(packed.data()), static_cast<size_t>(length));
+}
+
+StringAgreement agree_on_string(Communicator& comm, const std::string& text) {
+  StringAgreement a;
+  if (comm.size() == 1) return a;
+  const uint64_t h = hash_string(text);
+  // Four 16-bit parts and their complements: one Max reduction gives each part's max and min.
+  int32_t parts[8];
+  for (int i = 0; i < 4; ++i) {
+    parts[i] = static_cast<int32_t>((h >> (16 * i)) & 0xffff);
+    parts[4 + i] = 0xffff - parts[i];
+  }
+  comm.all_reduce(Tensor(parts, DType::I32, {8}), ReduceOp::Max);
+  bool same = true;
+  for (int i = 0; i < 4; ++i) same = same && parts[i] == 0xffff - parts[4 + i];
+  if (same) return a;
+  const std::vector<std::string> all = all_gather_strings(comm, text);
+  for (size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0]) {
+      a.differing_rank = static_cast<int>(r);
+      a.leader = all[0];
+      a.differing = all[r];
+      break;
+    }
+  return a;
 }
 
 }  // namespace moe

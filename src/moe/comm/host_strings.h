@@ -15,4 +15,13 @@ std::vector<std::string> all_gather_strings(Communicator& comm, const std::strin
 // Rank root's string on every rank (collective; `text` is read on root only).
 std::string broadcast_string(Communicator& comm, const std::string& text, int root);
 
+// Whether every rank holds the same string: one small reduction of a hash when they do; when
+// they do not, the strings are gathered and the result names the first rank that differs from
+// rank 0 (the same on every rank). Collective.
+struct StringAgreement {
+  int differing_rank = -1;        // -1: every rank agrees
+  std::string leader, differing;  // rank 0's string and that rank's
+};
+StringAgreement agree_on_string(Communicator& comm, const std::string& text);
+
 }  // namespace moe

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "moe/core/arena.h"
@@ -77,6 +78,21 @@ TokenDataset TokenDataset::open(const DataConfig& cfg, int64_t vocab_size, int64
               sources[s].weight);
     Source src{cfg.sources.empty() ? "data.path" : "data.sources[" + std::to_string(s) + "]", sources[s].path,
                sources[s].weight, {}};
+    // A prepared folder says which tokenizer wrote it: its ids must fit this model.
+    const std::string meta = sources[s].path + "/dataset.json";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(meta, ec)) {
+      const nlohmann::ordered_json j = read_dataset_json(meta);
+      if (j.contains("vocab_size") && j["vocab_size"].is_number_integer())
+        MOE_CHECK(j["vocab_size"].get<int64_t>() <= vocab_size, meta, ": the tokenizer's vocab_size ",
+                  j["vocab_size"].get<int64_t>(), " is larger than model.vocab_size = ", vocab_size,
+                  ": this data was tokenized for another model");
+      if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer() &&
+          j["eos_token_id"].get<int64_t>() != eos_token_id)
+        ds.warnings_.push_back(meta + ": the tokenizer's eos_token_id " +
+                               std::to_string(j["eos_token_id"].get<int64_t>()) + " is not model.eos_token_id = " +
+                               std::to_string(eos_token_id) + " (exported Hugging Face configs will name the model's)");
+    }
     for (const TokenFile& listed : source_files(sources[s].path, cfg.format, key)) {
       const std::string& name = listed.path;
       TokenArray file = TokenArray::open(name, cfg.format, raw_dtype);

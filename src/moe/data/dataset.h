@@ -44,6 +44,8 @@ class TokenDataset {
   void eval_batch(int64_t first_seq, int64_t n_seqs, int64_t seq_len, int32_t* inputs, int32_t* targets) const;
 
   std::optional<double> attainable_loss() const { return attainable_loss_; }  // synthetic only
+  // What open() found odd but not wrong (for warnings on the log).
+  const std::vector<std::string>& warnings() const { return warnings_; }
   std::string describe() const;  // one line for the log: sources, files, tokens, splits
   int64_t train_tokens() const;
   int64_t eval_tokens() const;
@@ -81,6 +83,7 @@ class TokenDataset {
   std::vector<uint32_t> synthetic_tokens_;  // train stream followed by held-out stream
   std::optional<double> attainable_loss_;
   std::string synthetic_summary_;
+  std::vector<std::string> warnings_;
 };
 
 }  // namespace moe

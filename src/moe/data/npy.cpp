@@ -148,8 +148,10 @@ void write_npy_impl(const std::string& path, const char* descr, std::span<const 
   const uint16_t header_len = static_cast<uint16_t>(dict.size());
   MOE_CHECK(dict.size() < 65536, path, ": .npy header too long");
 
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  MOE_CHECK(f != nullptr, "cannot open ", path, " for writing: ", std::strerror(errno));
+  // Written under a temporary name and renamed when complete: a reader never sees half a file.
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wbx");
+  MOE_CHECK(f != nullptr, "cannot create ", tmp, " (to write ", path, "): ", std::strerror(errno));
   const unsigned char version[2] = {1, 0};
   const unsigned char len_le[2] = {static_cast<unsigned char>(header_len & 0xff),
                                    static_cast<unsigned char>(header_len >> 8)};
@@ -160,7 +162,10 @@ void write_npy_impl(const std::string& path, const char* descr, std::span<const 
   ok = ok && (values.empty() || std::fwrite(values.data(), sizeof(T), values.size(), f) == values.size());
   const int saved_errno = errno;
   ok = (std::fclose(f) == 0) && ok;
-  MOE_CHECK(ok, "writing ", path, " failed: ", std::strerror(saved_errno ? saved_errno : errno));
+  const int write_errno = saved_errno ? saved_errno : errno;
+  ok = ok && std::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok) std::remove(tmp.c_str());
+  MOE_CHECK(ok, "writing ", path, " failed: ", std::strerror(write_errno ? write_errno : errno));
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "moe/data/prepare.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -119,6 +121,26 @@ nlohmann::ordered_json appendable_dataset_json(const fs::path& out, const std::v
   return meta;
 }
 
+// An exclusive flock on a folder (waits for the holder); released when destroyed.
+class FolderLock {
+ public:
+  explicit FolderLock(const std::string& target) {
+    std::error_code ec;
+    fs::path p = fs::absolute(target, ec).lexically_normal();
+    while (!p.empty() && !fs::is_directory(p, ec) && p != p.parent_path()) p = p.parent_path();
+    fd_ = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    MOE_CHECK(fd_ >= 0, "prepare: cannot open ", p.string(), " to lock it: ", std::strerror(errno));
+    while (::flock(fd_, LOCK_EX) != 0) MOE_CHECK(errno == EINTR, "prepare: cannot lock ", p.string(), ": ",
+                                                 std::strerror(errno));
+  }
+  ~FolderLock() { ::close(fd_); }
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace
 
 PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const std::string& out_dir, bool append) {
@@ -135,6 +157,10 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
               "); each input becomes <stem>.npy, so stems must be unique");
   }
 
+  // One prepare at a time per output: two --append runs into one folder would each rewrite
+  // dataset.json from what they read, and one's files would end up unlisted. The lock is the
+  // flock of the output folder's nearest existing ancestor (the folder itself when it exists).
+  const FolderLock lock(out_dir);
   Cleanup cleanup;
   const fs::path out(out_dir);
   nlohmann::ordered_json meta = byte_dataset_json();
@@ -196,6 +222,7 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
     pf.source = input;
     const std::vector<uint16_t> tokens = byte_tokenize(read_file(input), &pf.documents);
     pf.tokens = static_cast<int64_t>(tokens.size());
+    MOE_CHECK(pf.tokens > 0, "prepare: input ", input, " holds no text (no document to tokenize); nothing was written");
     const fs::path temp = out / ("." + pf.name + tmp_suffix);
     claim_temp(temp);
     write_npy(temp.string(), tokens);

@@ -54,14 +54,14 @@ nlohmann::ordered_json read_dataset_json(const std::string& path) {
 std::vector<TokenFile> list_token_files(const std::string& folder) {
   const fs::path dir(folder);
   std::vector<std::string> npy_on_disk;
+  std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir))
-    if (entry.path().extension() == ".npy" && entry.is_regular_file())
+    if (entry.path().extension() == ".npy" && entry.is_regular_file(ec))
       npy_on_disk.push_back(entry.path().filename().string());
   std::sort(npy_on_disk.begin(), npy_on_disk.end());
 
   std::vector<TokenFile> files;
   const fs::path meta_path = dir / "dataset.json";
-  std::error_code ec;
   if (!fs::exists(meta_path, ec)) {
     MOE_CHECK(!npy_on_disk.empty(), "data.path: folder '", folder, "' contains no .npy token files");
     for (const std::string& name : npy_on_disk) files.push_back({(dir / name).string(), std::nullopt});

@@ -24,6 +24,13 @@ std::vector<TokenFile> source_files(const std::string& path, const std::string& 
     MOE_CHECK(rc == 0 || rc == GLOB_NOMATCH, key, " = \"", path, "\": the glob could not be read");
     MOE_CHECK(!files.empty(), key, " = \"", path, "\" matches no token file");
   } else if (fs::is_directory(path, ec)) {
+    // A token-file name that is not a readable file (a broken link, a folder) is never skipped quietly.
+    for (const auto& e : fs::directory_iterator(path)) {
+      const std::string ext = e.path().extension().string();
+      MOE_CHECK(!(ext == ".npy" || (format == "raw" && ext == ".bin")) || e.is_regular_file(ec), key, " = \"", path,
+                "\": ", e.path().string(), " is not a readable token file (a folder, a broken link or a special "
+                "file); move it away");
+    }
     if (format == "npy") {
       files = list_token_files(path);
     } else {

@@ -440,7 +440,7 @@ int64_t checked_product(const std::vector<std::pair<std::string, int64_t>>& fact
 }  // namespace
 
 Config parse_config(const std::string& toml_text, const std::string& source_name,
-                    const std::vector<std::string>& overrides) {
+                    const std::vector<std::string>& overrides, bool validate) {
   toml::table root = parse_toml(toml_text, source_name);
   for (const auto& o : overrides) apply_override(root, o);
   const std::string source = overrides.empty() ? source_name : source_name + " (with --set overrides)";
@@ -454,12 +454,13 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
             " gives both data.path and [[data.sources]]: use data.path for one source or [[data.sources]] for several, "
             "not both");
   reader.reject_unknown();
-  c.validate();
+  if (validate) c.validate();
   return c;
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  if (path.empty() || path == "tiny") return parse_config(builtin::kTinyToml, "built-in config 'tiny'", overrides);
+  MOE_CHECK(!path.empty(), "--config is empty: give a .toml file, or 'tiny' for the built-in config");
+  if (path == "tiny") return parse_config(builtin::kTinyToml, "built-in config 'tiny'", overrides);
   std::error_code ec;
   MOE_CHECK(fs::exists(path, ec), "config file '", path, "' does not exist (--config)");
   MOE_CHECK(fs::is_regular_file(path, ec), "config file '", path, "' is not a regular file (--config takes a .toml file)");
@@ -505,6 +506,14 @@ double parse_duration(const std::string& text, const std::string& key) {
 void Config::validate(int64_t dp) const {
   visit_config_keys(*this, RangeCheck{});
   parse_duration(train.max_duration, "train.max_duration");
+  // The name becomes a folder (runs/<name>) when run.dir is empty.
+  MOE_CHECK(!name.empty() && name != "." && name != ".." &&
+                name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") ==
+                    std::string::npos,
+            "name = \"", name, "\" must be a plain folder name (letters, digits, '.', '_', '-'): run.dir defaults to "
+            "runs/<name>");
+  MOE_CHECK(run.dir.empty() || run.dir[0] != '~', "run.dir = \"", run.dir,
+            "\" starts with '~', which is not expanded (no shell reads the config); write the full path");
   MOE_CHECK(data.sources.empty() || data.path == "synthetic" || data.path.empty(),
             "data.path and [[data.sources]] are both given: use one of them, not both");
   MOE_CHECK(!data.path.empty() || !data.sources.empty(), "data.path is empty: give token files, a folder, a glob or "

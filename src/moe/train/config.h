@@ -80,8 +80,9 @@ struct Config {
 
 // Parses TOML text (source_name is used in messages) and applies overrides "section.key=value"
 // (values parsed as TOML: 3, 1e-3, true, "text" or a bare word taken as a string).
+// validate = false leaves Config::validate to the caller (which adjusts a key first).
 Config parse_config(const std::string& toml_text, const std::string& source_name,
-                    const std::vector<std::string>& overrides = {});
+                    const std::vector<std::string>& overrides = {}, bool validate = true);
 // "1h30m", "45m", "90s", "2d", "3600" (seconds) -> seconds; "" -> 0 (no limit). Throws naming `key`.
 double parse_duration(const std::string& text, const std::string& key);
 // Reads the file; path "tiny" (or empty) selects the built-in tiny config.

@@ -48,6 +48,9 @@ Range<T> from_up_to(T lo, T hi) { return {lo, hi, false, true}; }
 
 // Counts and sizes: integers from `lo` up to 2^40, far above any real model, so that the size
 // products Config::validate forms from them cannot overflow 64 bits before they are checked.
+// Keys that multiply a per-layer or per-expert cost (layers, heads, experts) have tighter bounds,
+// and floating-point keys bounds that FP32 (where they are used) represents, so an absurd value
+// is refused here instead of after minutes of planning or as an infinite learning rate.
 constexpr int64_t kMaxCount = int64_t{1} << 40;
 inline Range<int64_t> count_from(int64_t lo) { return between<int64_t>(lo, kMaxCount); }
 
@@ -60,15 +63,15 @@ void visit_config_keys(C& c, V&& v) {
   v.key("", "name", c.name, any_value<std::string>(), "run name; run.dir defaults to runs/<name>");
 
   auto& m = c.model;
-  v.key("model", "vocab_size", m.vocab_size, count_from(2), "vocabulary size (OlmoeConfig.vocab_size)");
+  v.key("model", "vocab_size", m.vocab_size, between<int64_t>(2, int64_t{1} << 31), "vocabulary size (OlmoeConfig.vocab_size)");
   v.key("model", "hidden_size", m.hidden_size, count_from(1), "d_model");
-  v.key("model", "num_hidden_layers", m.num_hidden_layers, count_from(1), "transformer blocks");
-  v.key("model", "num_attention_heads", m.num_attention_heads, count_from(1), "query heads; divides hidden_size");
-  v.key("model", "num_key_value_heads", m.num_key_value_heads, count_from(1),
+  v.key("model", "num_hidden_layers", m.num_hidden_layers, between<int64_t>(1, 1 << 16), "transformer blocks");
+  v.key("model", "num_attention_heads", m.num_attention_heads, between<int64_t>(1, 1 << 16), "query heads; divides hidden_size");
+  v.key("model", "num_key_value_heads", m.num_key_value_heads, between<int64_t>(1, 1 << 16),
         "key/value heads (grouped-query attention when fewer than the query heads); default: num_attention_heads");
   v.key("model", "intermediate_size", m.intermediate_size, count_from(0), "expert hidden size H");
-  v.key("model", "num_experts", m.num_experts, count_from(0), "routed experts per MoE layer (N)");
-  v.key("model", "num_experts_per_tok", m.num_experts_per_tok, count_from(0), "experts per token (top-K)");
+  v.key("model", "num_experts", m.num_experts, between<int64_t>(0, 1 << 20), "routed experts per MoE layer (N)");
+  v.key("model", "num_experts_per_tok", m.num_experts_per_tok, between<int64_t>(0, 1 << 20), "experts per token (top-K)");
   v.key("model", "norm_topk_prob", m.norm_topk_prob, any_value<bool>(),
         "L1-normalize the selected routing weights (OLMoE: false)");
   v.choice("model", "router_score", m.router_score, Choices<ScoreFn>{{"softmax", ScoreFn::Softmax}, {"sigmoid", ScoreFn::Sigmoid}},
@@ -76,26 +79,26 @@ void visit_config_keys(C& c, V&& v) {
   v.choice("model", "qk_norm", m.qk_norm,
            Choices<QkNorm>{{"none", QkNorm::None}, {"full", QkNorm::Full}, {"per_head", QkNorm::PerHead}},
            "RMSNorm of queries and keys: over the whole projection (OLMoE), per head, or none");
-  v.key("model", "rope_theta", m.rope_theta, above(0.0), "rotary embedding base");
-  v.key("model", "rms_norm_eps", m.rms_norm_eps, above(0.0), "RMSNorm epsilon");
+  v.key("model", "rope_theta", m.rope_theta, between(1.0, 1e12), "rotary embedding base");
+  v.key("model", "rms_norm_eps", m.rms_norm_eps, between(1e-30, 1.0), "RMSNorm epsilon");
   v.key("model", "shared_expert_intermediate_size", m.shared_expert_intermediate_size, count_from(0),
         "hidden size of a shared expert every token uses; 0 = none");
   v.key("model", "first_k_dense_replace", m.first_k_dense_replace, count_from(0),
         "the first k layers use a dense SwiGLU MLP instead of experts");
   v.key("model", "dense_intermediate_size", m.dense_intermediate_size, count_from(0),
         "hidden size of those dense MLPs");
-  v.key("model", "router_aux_loss_coef", m.router_aux_loss_coef, at_least(0.0), "load-balancing loss coefficient");
-  v.key("model", "router_z_loss_coef", m.router_z_loss_coef, at_least(0.0), "router z-loss coefficient");
+  v.key("model", "router_aux_loss_coef", m.router_aux_loss_coef, between(0.0, 1e3), "load-balancing loss coefficient");
+  v.key("model", "router_z_loss_coef", m.router_z_loss_coef, between(0.0, 1e3), "router z-loss coefficient");
   v.choice("model", "routing", m.routing,
            Choices<Routing>{{"learned", Routing::Learned}, {"random", Routing::Random}, {"uniform", Routing::Uniform}},
            "learned, or random / uniform expert choice (benchmarks)");
-  v.key("model", "bias_update_rate", m.bias_update_rate, at_least(0.0),
+  v.key("model", "bias_update_rate", m.bias_update_rate, between(0.0, 1.0),
         "> 0: auxiliary-loss-free balancing bias, sign update of this size per step");
-  v.key("model", "capacity_factor", m.capacity_factor, between(1e-6, 1e6),
+  v.key("model", "capacity_factor", m.capacity_factor, between(1e-3, 1e3),
         "each rank's expert buffer holds ceil(capacity_factor x tokens x top-K) rows; routes past it are dropped");
   v.key("model", "dropless", m.dropless, any_value<bool>(), "size the expert buffers for the worst case (no drops)");
-  v.key("model", "init_std", m.init_std, above(0.0), "standard deviation of the initial weights");
-  v.key("model", "eos_token_id", m.eos_token_id, count_from(0), "end-of-document token; default: vocab_size - 1");
+  v.key("model", "init_std", m.init_std, between(1e-8, 10.0), "standard deviation of the initial weights");
+  v.key("model", "eos_token_id", m.eos_token_id, between<int64_t>(0, int64_t{1} << 31), "end-of-document token; default: vocab_size - 1");
 
   auto& d = c.data;
   v.key("data", "path", d.path, any_value<std::string>(),
@@ -131,14 +134,14 @@ void visit_config_keys(C& c, V&& v) {
   v.key("train", "micro_batch_size", t.micro_batch_size, count_from(1),
         "sequences per forward on each rank; accumulation = global / (micro x data-parallel ranks)");
   v.key("train", "seq_len", t.seq_len, count_from(1), "tokens per sequence");
-  v.key("train", "lr", t.lr, at_least(0.0), "peak learning rate");
+  v.key("train", "lr", t.lr, between(0.0, 10.0), "peak learning rate");
   v.key("train", "min_lr_ratio", t.min_lr_ratio, between(0.0, 1.0), "the cosine decays to lr x min_lr_ratio");
   v.key("train", "warmup_steps", t.warmup_steps, count_from(0), "linear warmup steps");
-  v.key("train", "weight_decay", t.weight_decay, at_least(0.0), "AdamW weight decay (matrices only)");
+  v.key("train", "weight_decay", t.weight_decay, between(0.0, 10.0), "AdamW weight decay (matrices only)");
   v.key("train", "beta1", t.beta1, from_up_to(0.0, 1.0), "AdamW beta1");
   v.key("train", "beta2", t.beta2, from_up_to(0.0, 1.0), "AdamW beta2");
-  v.key("train", "eps", t.eps, above(0.0), "AdamW epsilon");
-  v.key("train", "grad_clip", t.grad_clip, at_least(0.0), "global gradient-norm clip; 0 = off");
+  v.key("train", "eps", t.eps, between(1e-30, 1.0), "AdamW epsilon");
+  v.key("train", "grad_clip", t.grad_clip, between(0.0, 1e6), "global gradient-norm clip; 0 = off");
   v.key("train", "seed", t.seed, at_least<uint64_t>(0), "initialization and random-routing seed");
   v.key("train", "eval_every", t.eval_every, count_from(0), "held-out evaluation every N steps; 0 = only at the end");
   v.key("train", "eval_batches", t.eval_batches, count_from(0), "microbatches of held-out data per evaluation");
@@ -169,7 +172,7 @@ void visit_config_keys(C& c, V&& v) {
            "token dispatch: rowwise (symmetric memory) or alltoall (the baseline)");
 
   v.key("run", "dir", c.run.dir, any_value<std::string>(), "output folder; empty = runs/<name>");
-  v.key("run", "peak_tflops", c.run.peak_tflops, at_least(0.0),
+  v.key("run", "peak_tflops", c.run.peak_tflops, between(0.0, 1e9),
         "MFU denominator in TFLOP/s; 0 = the device's default (Hopper: 989, CPU: 0.2)");
   v.key("run", "save_final", c.run.save_final, any_value<bool>(), "write a checkpoint after the last step");
   v.choice("run", "device", c.run.device,

@@ -142,6 +142,9 @@ json olmoe_hf_config(const ModelConfig& c) {
             "export-hf: OLMoE has no dense layers (model.first_k_dense_replace = ", c.first_k_dense_replace, ")");
   MOE_CHECK(c.bias_update_rate == 0, "export-hf: the model routes with an auxiliary-loss-free selection bias ",
             "(model.bias_update_rate = ", c.bias_update_rate, "), which OlmoeForCausalLM cannot express");
+  MOE_CHECK(c.routing == Routing::Learned, "export-hf: the model was trained with model.routing = \"",
+            to_string(c.routing), "\" (its router never chose the experts), which OlmoeForCausalLM's learned router "
+            "would not reproduce");
   return {{"architectures", {"OlmoeForCausalLM"}},
           {"model_type", "olmoe"},
           {"vocab_size", c.vocab_size},

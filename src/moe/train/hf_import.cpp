@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -391,6 +392,9 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
     const SafetensorsReader& f = *w.holder.at(name);
     doing = "reading tensor '" + name + "' of " + f.path();
     to_f32(f, name, n, dst);
+    for (int64_t i = 0; i < n; ++i)
+      MOE_CHECK(std::isfinite(dst[i]), "import-hf: tensor '", name, "' of ", f.path(), " holds a non-finite value (",
+                dst[i], ") at element ", i, "; a model with NaN or infinite weights cannot be trained from");
   };
   auto produce = [&](size_t s, void* dst_bytes) {
     float* dst = static_cast<float*>(dst_bytes);
@@ -423,7 +427,8 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
   Config cfg;
   cfg.name = out.filename().string();
   cfg.model = mc;
-  cfg.run.dir = out.string();
+  // Absolute, so the printed "continue with" command works from any directory.
+  cfg.run.dir = fs::absolute(out).lexically_normal().string();
   const std::string config_text = config_to_toml(cfg);
   json st;
   st["step"] = 0;

@@ -1,5 +1,6 @@
 #include "moe/train/hf_interop.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/run_checkpoints.h"
@@ -86,16 +88,29 @@ void write_text(const std::string& path, const std::string& text) {
 
 ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, int64_t max_shard_bytes,
                        const std::vector<std::string>& tokenizer_files, DType dtype) {
-  MOE_CHECK(max_shard_bytes > 0, "export-hf: the shard size must be > 0");
+  MOE_CHECK(max_shard_bytes > 0, "export-hf: the shard size (--max-shard-gb) must be > 0");
   MOE_CHECK(dtype == DType::F32 || dtype == DType::BF16, "export-hf: the dtype must be F32 or BF16, got ",
             dtype_name(dtype));
   const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
   MOE_CHECK(!fs::exists(out_dir), "export-hf: output '", out_dir, "' exists; choose a new directory");
-  for (const auto& t : tokenizer_files) MOE_CHECK(fs::is_regular_file(t), "export-hf: tokenizer file '", t, "' not found");
+  std::set<std::string> names = {"config.json", "model.safetensors.index.json"};
+  for (const auto& t : tokenizer_files) {
+    MOE_CHECK(fs::exists(t), "export-hf: tokenizer file '", t, "' not found");
+    MOE_CHECK(fs::is_regular_file(t), "export-hf: --tokenizer '", t, "' is not a file (give each file: tokenizer.json, ",
+              "tokenizer_config.json, ...)");
+    const std::string name = fs::path(t).filename().string();
+    MOE_CHECK(name.rfind("model-", 0) != 0 && names.insert(name).second, "export-hf: --tokenizer '", t,
+              "' would be written as ", name, ", a name the export already uses");
+  }
   const std::string dir = resolve_checkpoint(checkpoint);
   CheckpointReader ckpt(dir);
   const Config cfg = parse_config(ckpt.train_state_string("config"), dir + "/train_state.json");
   nlohmann::json hf_config = olmoe_hf_config(cfg.model);
+  std::string note;
+  if (!cfg.model.dropless)
+    note = "trained with model.capacity_factor = " + std::to_string(cfg.model.capacity_factor) +
+           " (routes past an expert's capacity were dropped); OlmoeForCausalLM drops none, so its outputs differ "
+           "where training dropped routes";
   if (dtype == DType::BF16) hf_config["torch_dtype"] = "bfloat16";  // from_pretrained(dtype="auto") keeps BF16
   const std::vector<HfTensor> tensors = hf_tensors(cfg.model, ckpt);
 
@@ -117,6 +132,9 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   MOE_CHECK(::mkdtemp(tmp_template.data()) != nullptr, "export-hf: cannot create a temporary folder beside ", out_dir,
             ": ", std::strerror(errno));
   const std::string tmp = tmp_template;
+  const mode_t mask = ::umask(0);  // mkdtemp makes the folder 0700; the export gets the usual mode
+  ::umask(mask);
+  ::chmod(tmp.c_str(), 0777 & ~mask);
   // Nothing half-written stays behind: the temporary directory goes if anything below fails.
   struct RemoveOnFailure {
     std::string path;
@@ -129,6 +147,7 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   ExportResult r;
   r.out_dir = out_dir;
   r.shards = static_cast<int>(shards.size());
+  r.note = note;
   nlohmann::json weight_map = nlohmann::json::object();
   std::vector<float> buffer;     // one tensor at a time
   std::vector<uint16_t> rounded;  // its BF16 values, for a BF16 export

@@ -1,7 +1,5 @@
 #include "moe/train/run_dir.h"
 
-#include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,18 +13,13 @@
 #include "moe/ckpt/durable_file.h"
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/core/error.h"
+#include "moe/train/run_lock.h"
 
 namespace moe {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
-  return buf;
-}
 
 std::string utc_stamp() {
   const std::time_t now = std::time(nullptr);
@@ -103,14 +96,22 @@ std::string resume_source(const std::string& resume, const Config& cfg) {
   return "";
 }
 
-RunDirectory::RunDirectory(const Config& cfg, const RunStart& start)
-    : dir_(cfg.run_dir()), lock_path_(cfg.run_dir() + "/.lock") {
+RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.run_dir()) {
   std::error_code ec;
   MOE_CHECK(!fs::exists(dir_, ec) || fs::is_directory(dir_, ec), "run.dir '", dir_, "' exists and is not a directory");
+  for (const char* name : {"metrics.jsonl", "config.toml", ".lock"})
+    MOE_CHECK(!fs::exists(dir_ + "/" + name, ec) || fs::is_regular_file(dir_ + "/" + name, ec), "run.dir '", dir_,
+              "' holds '", name, "', which is not a file: moetrain writes that name; move it away or choose another "
+              "run.dir");
+  MOE_CHECK(!(start.overwrite && !start.resumed_from.empty()), "--overwrite starts afresh, --resume continues: give "
+            "one of them");
   // Refusals first: nothing is created or moved before the directory is known to be usable.
   const std::string held = run_contents(dir_);
   const bool continues_this_run = !start.resumed_from.empty() && same_directory(parent_dir(start.resumed_from), dir_);
-  if (!held.empty() && !continues_this_run && !start.overwrite) {
+  // run.resume = "auto" found no checkpoint: an earlier attempt that never saved one left only
+  // records, which a fresh start sets aside.
+  const bool auto_fresh = start.resumed_from.empty() && start.auto_resume && (!fs::is_directory(dir_, ec) || list_checkpoints(dir_).empty());
+  if (!held.empty() && !continues_this_run && !start.overwrite && !auto_fresh) {
     if (start.resumed_from.empty())
       MOE_FAIL("run.dir '", dir_, "' already holds a run (", held,
                "); continue it with --resume latest (or run.resume = \"auto\"), choose another run.dir, or pass "
@@ -121,58 +122,16 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start)
   }
   fs::create_directories(dir_, ec);
   MOE_CHECK(!ec, "cannot create run directory '", dir_, "' (run.dir): ", ec.message());
-
-  // The lock: created exclusively, so two jobs cannot both hold it.
-  const std::string me = nlohmann::json{{"pid", static_cast<int64_t>(::getpid())}, {"host", host_name()},
-                                        {"started", utc_stamp()}}.dump() + "\n";
-  for (int attempt = 0; attempt < 2 && !locked_; ++attempt) {
-    const int fd = ::open(lock_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      const bool ok = ::write(fd, me.data(), me.size()) == static_cast<ssize_t>(me.size()) && ::fsync(fd) == 0;
-      ::close(fd);
-      if (!ok) {
-        ::unlink(lock_path_.c_str());
-        MOE_FAIL("cannot write the lock file ", lock_path_, ": ", errno_text());
-      }
-      locked_ = true;
-      break;
-    }
-    MOE_CHECK(errno == EEXIST, "cannot create the lock file ", lock_path_, ": ", errno_text());
-    std::ifstream in(lock_path_);
-    std::stringstream text;
-    text << in.rdbuf();
-    int64_t pid = 0;
-    std::string host, started;
-    try {
-      const nlohmann::json j = nlohmann::json::parse(text.str());
-      pid = j.at("pid").get<int64_t>();
-      host = j.at("host").get<std::string>();
-      started = j.at("started").get<std::string>();
-    } catch (const nlohmann::json::exception& e) {
-      MOE_FAIL("the lock file ", lock_path_, " is corrupt (", e.what(), "); if no job is using ", dir_,
-               ", remove it and start again");
-    }
-    const bool stale = host == host_name() && pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
-    MOE_CHECK(stale, "run.dir '", dir_, "' is in use by process ", pid, " on host ", host, " since ", started, " (",
-              lock_path_, "); wait for it to end, or choose another run.dir. If that process is gone, remove the lock");
-    std::fprintf(stderr, "warning: %s was left by process %lld on this host, which is no longer running; taking it over\n",
-                 lock_path_.c_str(), static_cast<long long>(pid));
-    MOE_CHECK(::unlink(lock_path_.c_str()) == 0 || errno == ENOENT, "cannot remove the stale lock ", lock_path_, ": ",
-              errno_text());
-  }
-  MOE_CHECK(locked_, "cannot take the lock ", lock_path_, " (another job took it at the same time)");
-
-  try {
-    claim(cfg, start, held);
-  } catch (...) {
-    ::unlink(lock_path_.c_str());  // the constructor failed: no destructor will release it
-    throw;
-  }
+  lock_ = std::make_unique<RunLock>(dir_ + "/.lock");
+  claim(cfg, start, held);
 }
 
 void RunDirectory::claim(const Config& cfg, const RunStart& start, const std::string& held) {
   const std::string metrics_path = dir_ + "/metrics.jsonl";
   const std::string tensorboard_dir = dir_ + "/tensorboard";
+  // Saves that never finished (a crash mid-save or mid-prune) are garbage, whatever their step:
+  // this job holds the lock, so no other job is writing them.
+  remove_unfinished_saves(dir_);
   if (start.overwrite && !held.empty()) {
     set_aside_ = move_previous_run(dir_);
   } else {
@@ -183,11 +142,23 @@ void RunDirectory::claim(const Config& cfg, const RunStart& start, const std::st
       move_metrics_after(metrics_path, after, dest);
       move_tensorboard_events_after(tensorboard_dir, after, dest);
     };
+    complete_pending_set_aside(dir_, move_records);  // first: what it moves is not "after" any more
     const bool records_after =
         metrics_after(metrics_path, start.step) || tensorboard_events_after(tensorboard_dir, start.step);
     set_aside_ = set_aside_after(dir_, start.step, records_after, move_records);
   }
-  write_file_atomic(dir_ + "/config.toml", config_to_toml(cfg));
+  // config.toml: the resolved config of this start, unless the user keeps a config.toml of their
+  // own there (moetrain's carries its header line), which is never overwritten.
+  config_path_ = dir_ + "/config.toml";
+  const std::string header = std::string(kConfigHeader) + "\n";
+  std::error_code ec;
+  if (fs::exists(config_path_, ec)) {
+    std::ifstream in(config_path_);
+    std::string first;
+    std::getline(in, first);
+    if (first + "\n" != header) config_path_ = dir_ + "/config.resolved.toml";
+  }
+  write_file_atomic(config_path_, header + config_to_toml(cfg));
   metrics_ = std::make_unique<MetricsLog>(metrics_path);
   if (cfg.run.tensorboard) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);
 }
@@ -197,8 +168,6 @@ void RunDirectory::write_record(const nlohmann::json& record) {
   if (tensorboard_) tensorboard_->write(record);
 }
 
-RunDirectory::~RunDirectory() {
-  if (locked_) ::unlink(lock_path_.c_str());
-}
+RunDirectory::~RunDirectory() = default;
 
 }  // namespace moe

@@ -1,7 +1,8 @@
 // The run directory of a training job (run.dir): who may use it, and what a run writes there.
 //
 //   <run>/.lock             held by the job's rank 0 while it runs (pid, host, start time)
-//   <run>/config.toml       the resolved config of the latest start (every key)
+//   <run>/config.toml       the resolved config of the latest start (every key); config.resolved.toml
+//                           when the user keeps a config.toml of their own there
 //   <run>/metrics.jsonl     one record per logged step of the current line
 //   <run>/tensorboard/      the same records as TensorBoard events, with run.tensorboard (train/tensorboard_writer.h)
 //   <run>/step-XXXXXX/      checkpoints of the current line (ckpt/run_checkpoints.h)
@@ -21,6 +22,7 @@
 
 #include "moe/train/config.h"
 #include "moe/train/metrics.h"
+#include "moe/train/run_lock.h"
 #include "moe/train/tensorboard_writer.h"
 
 namespace moe {
@@ -34,7 +36,11 @@ struct RunStart {
   std::string resumed_from;  // checkpoint directory, "" for a fresh start
   int64_t step = 0;          // the step the run starts after
   bool overwrite = false;    // set a previous run in the directory aside instead of refusing
+  bool auto_resume = false;  // run.resume = "auto": with no checkpoint to continue, start afresh
 };
+
+// The first line of the config.toml moetrain writes (a user's own config.toml lacks it).
+constexpr const char* kConfigHeader = "# moetrain: the resolved config of this run's latest start (every key)";
 
 class RunDirectory {
  public:
@@ -48,6 +54,8 @@ class RunDirectory {
   RunDirectory& operator=(const RunDirectory&) = delete;
 
   const std::string& path() const { return dir_; }
+  // Where the resolved config went: config.toml, or config.resolved.toml beside a user's own.
+  const std::string& config_path() const { return config_path_; }
   // Appends one metrics record to metrics.jsonl and, with run.tensorboard, to the run's
   // TensorBoard event file; throws naming the file that cannot be written.
   void write_record(const nlohmann::json& record);
@@ -59,8 +67,8 @@ class RunDirectory {
   void claim(const Config& cfg, const RunStart& start, const std::string& held);
 
   std::string dir_;
-  std::string lock_path_;
-  bool locked_ = false;
+  std::unique_ptr<RunLock> lock_;
+  std::string config_path_;
   std::string set_aside_;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // null unless run.tensorboard

@@ -22,7 +22,7 @@ void install_stop_handlers() {
   sa.sa_handler = record_stop;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  for (int signo : {SIGTERM, SIGUSR1, SIGINT}) sigaction(signo, &sa, nullptr);
+  for (int signo : {SIGTERM, SIGUSR1, SIGHUP, SIGINT}) sigaction(signo, &sa, nullptr);
 }
 
 int stop_signal() { return g_stop_signal; }
@@ -32,6 +32,7 @@ const char* signal_name(int signo) {
     case SIGTERM: return "SIGTERM";
     case SIGUSR1: return "SIGUSR1";
     case SIGINT: return "SIGINT";
+    case SIGHUP: return "SIGHUP";
     default: return "a signal";
   }
 }

@@ -1,12 +1,14 @@
 // Clean stops: schedulers send SIGTERM (or SIGUSR1, with Slurm's --signal) shortly before they
-// preempt a job, and a user presses Ctrl-C. The handlers only record the signal; the trainer
+// preempt a job, a closed terminal sends SIGHUP, and a user presses Ctrl-C. The trainer installs
+// the handlers when its first step starts (before it there is nothing to save, and the default
+// action ends the process at once). The handlers only record the signal; the trainer
 // looks at it at the next step boundary, agrees on it with every rank (the step's statistics
 // reduction carries it), saves a checkpoint and returns. A second Ctrl-C ends the process at once.
 #pragma once
 
 namespace moe {
 
-// Installs the handlers for SIGTERM, SIGUSR1 and SIGINT (idempotent).
+// Installs the handlers for SIGTERM, SIGUSR1, SIGHUP and SIGINT (idempotent).
 void install_stop_handlers();
 // The first stop signal received (0 = none), e.g. SIGTERM.
 int stop_signal();

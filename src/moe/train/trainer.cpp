@@ -7,11 +7,14 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <random>
 
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/distributed_checkpoint.h"
 #include "moe/ckpt/run_checkpoints.h"
+#include "moe/comm/host_strings.h"
 #include "moe/core/device.h"
 #include "moe/core/rng.h"
 #include "moe/data/eval_windows.h"
@@ -96,7 +99,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   cfg_.validate(dp);
   // Before anything is written: files too short for one window are left out (with a warning),
   // every named validation set is opened and checked.
-  for (const std::string& w : data_.check_window(cfg_.train.seq_len))
+  std::vector<std::string> warnings = data_.warnings();
+  for (const std::string& w : data_.check_window(cfg_.train.seq_len)) warnings.push_back(w);
+  for (const std::string& w : warnings)
     if (world.rank() == 0 && !opts_.quiet) std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (cfg_.data.sampling == "epoch")
     sampler_ = std::make_unique<InstanceSampler>(data_, cfg_.train.seq_len, cfg_.train.global_batch_size,
@@ -157,8 +162,13 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   state_.commit(limit);
   acts_.commit(limit > state_.total_bytes() ? limit - state_.total_bytes() : 1);
   store_->init(cfg_.train.seed);
-  resumed_from_ = opts_.bench && opts_.resume.empty() ? "" : resume_source(opts_.resume, cfg_);
-  if (!resumed_from_.empty()) load_checkpoint(resumed_from_);
+  if (opts_.checkpoint) {
+    resumed_from_ = opts_.checkpoint->dir();
+    load_checkpoint(*opts_.checkpoint);
+  } else {
+    resumed_from_ = opts_.bench && opts_.resume.empty() ? "" : resume_source(opts_.resume, cfg_);
+    if (!resumed_from_.empty()) load_checkpoint(CheckpointReader(resumed_from_));
+  }
   if (run_id_.empty()) run_id_ = new_run_id();
 }
 
@@ -166,6 +176,25 @@ Trainer::~Trainer() = default;
 
 uint64_t Trainer::routing_seed(uint64_t seed, int64_t step, int64_t micro) {
   return hash_counters(seed, 0x726f757465ull, static_cast<uint64_t>(step), static_cast<uint64_t>(micro));
+}
+
+void Trainer::check_run_dir_is_shared() {
+  if (host_world_.size() == 1) return;
+  // Every rank writes its checkpoint file into run.dir: a rank that does not see rank 0's lock
+  // file there would find out only at the first save, after all the training before it.
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  const std::string lock = cfg_.run_dir() + "/.lock";
+  const std::string expected = broadcast_string(host_world_, leader() ? read(lock) : "", 0);
+  int32_t blind = !expected.empty() && read(lock) == expected ? 0 : host_world_.rank() + 1;
+  host_world_.all_reduce(Tensor(&blind, DType::I32, {1}), ReduceOp::Max);
+  MOE_CHECK(blind == 0, "rank ", blind - 1, " does not see run.dir '", cfg_.run_dir(), "' as rank 0 does (its ",
+            lock, " is missing or another file): every rank writes its checkpoint there, so it must be one folder "
+            "on a filesystem all ranks share");
 }
 
 void Trainer::print_plan() const {
@@ -207,16 +236,23 @@ void Trainer::print_plan() const {
   std::fflush(stdout);
 }
 
-void Trainer::load_checkpoint(const std::string& dir) {
+void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
   const auto t0 = Clock::now();
   const size_t rss_before = peak_rss_bytes();
-  CheckpointReader ckpt(dir);
+  const std::string& dir = ckpt.dir();
   // The model must be the same, compared key by key (values, not the text that stored them).
   const Config stored = parse_config(ckpt.train_state_string("model_config"), dir + "/train_state.json");
   const std::string diff = config_differences(cfg_, stored, "model", "this run", "checkpoint");
   MOE_CHECK(diff.empty(), "cannot resume from ", dir, ": the model config differs:", diff);
+  // The checkpoint's three records of its step must agree: files copied between checkpoints
+  // would otherwise resume one step's weights as another's.
   const int64_t step = ckpt.train_state_int("step");
-  MOE_CHECK(step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step, ", past train.steps = ",
+  MOE_CHECK(ckpt.step() == step, "checkpoint ", dir, ": index.json is of step ", ckpt.step(), " but train_state.json of ",
+            "step ", step, "; its files do not belong together");
+  const std::string base = fs::path(dir).filename().string();
+  if (base.rfind("step-", 0) == 0)
+    MOE_CHECK(base == checkpoint_dir_name(step), "checkpoint ", dir, " holds step ", step, ", not the step its name says");
+  MOE_CHECK(opts_.bench || step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step, ", past train.steps = ",
             cfg_.train.steps);
   // Every rank reads the ranges it holds under the current topology, whatever wrote them.
   store_->load(ckpt);
@@ -304,6 +340,10 @@ void Trainer::queue_gradients(int64_t step) {
   // Every rank scales by the global batch, so the reduced gradient is that of the global mean loss.
   StepScales scales;
   scales.lm_grad_scale = 1.0f / static_cast<float>(t.global_batch_size * t.seq_len);
+  // Test hook: from step MOE_TEST_NONFINITE_FROM_STEP on, every gradient is NaN (a diverged model,
+  // on demand: the skip and give-up paths are tested without searching for a divergent config).
+  if (const char* from = std::getenv("MOE_TEST_NONFINITE_FROM_STEP"); from && step + 1 >= std::atoll(from))
+    scales.lm_grad_scale = std::nanf("");
   scales.aux_grad_scale = moe_layers > 0 ? 1.0f / static_cast<float>(accum * dp * moe_layers) : 0.0f;
   // On the GPU the first microbatch writes the expert gradients instead of adding them (the CPU
   // keeps its bit-exact accumulation order: 0 + (-0) is +0), so only the dense ones need zeros.
@@ -458,11 +498,13 @@ TrainSummary Trainer::run() {
   // Rank 0 claims the run directory only now: config, data and any checkpoint are validated.
   std::unique_ptr<RunDirectory> run_dir;
   if (!opts_.bench && leader()) {
-    run_dir = std::make_unique<RunDirectory>(cfg_, RunStart{resumed_from_, start_step_, opts_.overwrite});
+    run_dir = std::make_unique<RunDirectory>(
+        cfg_, RunStart{resumed_from_, start_step_, opts_.overwrite, cfg_.run.resume == "auto"});
     if (!run_dir->set_aside().empty() && !opts_.quiet)
       std::printf("moved what came after step %ld in %s aside to %s\n", static_cast<long>(start_step_),
                   run_dir->path().c_str(), run_dir->set_aside().c_str());
   }
+  if (!opts_.bench) check_run_dir_is_shared();
   const bool talk = leader() && !opts_.quiet;
   if (talk) print_plan();
   const double dp = static_cast<double>(world_.size());
@@ -477,6 +519,7 @@ TrainSummary Trainer::run() {
   int64_t last_saved = start_step_;
   const bool profile = dev_ == Device::CUDA && opts_.profiler != nullptr && opts_.profiler->available() &&
                        t.steps - start_step_ > 1;
+  if (opts_.stop_on_signals) install_stop_handlers();
   for (int64_t step = start_step_; step < t.steps; ++step) {
     if (profile && step == start_step_ + 1) opts_.profiler->start();  // the first step builds plans: not timed
     StepRecord r = train_step(step);

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/ckpt/checkpoint.h"
 #include "moe/comm/communicator.h"
 #include "moe/comm/mesh.h"
 #include "moe/comm/timed_communicator.h"
@@ -38,6 +39,10 @@ namespace moe {
 struct TrainOptions {
   std::string resume;  // checkpoint dir, run dir, or "latest" (= this run's dir); empty = fresh start
   bool overwrite = false;  // a fresh run may set aside the run that run.dir holds (run_dir.h)
+  bool stop_on_signals = false;  // from the first step on, stop signals save a checkpoint and end run()
+  // An opened checkpoint to start from instead of `resume` (its files stay readable while open,
+  // even if a running job prunes them: `moetrain eval` opens it once).
+  std::shared_ptr<const CheckpointReader> checkpoint;
   bool bench = false;  // benchmark: write nothing to disk, print the throughput summary
   bool quiet = false;  // no progress lines (tests)
   // GPU runs: records kernel times from the second step run to the last (bench; not owned).
@@ -106,7 +111,7 @@ class Trainer {
   int rank() const { return world_.rank(); }
 
  private:
-  void load_checkpoint(const std::string& path);
+  void load_checkpoint(const CheckpointReader& ckpt);
   void save_checkpoint_now(int64_t step);
   void fail_for_test(int64_t step) const;
   void upload_batch(int64_t step);           // host data -> the step's token buffers (before the step)
@@ -116,6 +121,8 @@ class Trainer {
   // Sums v over the world through the step-statistics buffer (v.size() <= its length).
   void all_reduce_host(std::vector<float>& v);
   void print_plan() const;
+  // Collective: every rank sees the run directory rank 0 claimed (throws on every rank if not).
+  void check_run_dir_is_shared();
   // Mean LM loss over `count` windows, window(i, inputs, targets) filling window i; windows are
   // dealt to ranks round robin in whole microbatches, at most max_microbatches per rank (0 = all).
   using WindowFn = std::function<void(int64_t i, int32_t* inputs, int32_t* targets)>;

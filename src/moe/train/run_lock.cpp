@@ -1,0 +1,104 @@
+#include "moe/train/run_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "moe/ckpt/durable_file.h"
+#include "moe/core/error.h"
+
+namespace moe {
+
+namespace {
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+std::string read_fd(int fd) {
+  std::string text;
+  char buf[512];
+  ssize_t n;
+  ::lseek(fd, 0, SEEK_SET);
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  return text;
+}
+
+// "process 123 on host h since 20261201-120000", or "" when the content is not a moetrain lock.
+std::string holder(const std::string& text) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    return "process " + std::to_string(j.at("pid").get<int64_t>()) + " on host " + j.at("host").get<std::string>() +
+           " since " + j.at("started").get<std::string>();
+  } catch (const nlohmann::json::exception&) {
+    return "";
+  }
+}
+
+}  // namespace
+
+RunLock::RunLock(std::string path) : path_(std::move(path)) {
+  for (int attempt = 0; attempt < 8 && fd_ < 0; ++attempt) {
+    const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    MOE_CHECK(fd >= 0, "cannot open the lock file ", path_, ": ", errno_text());
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      const std::string who = holder(read_fd(fd));
+      ::close(fd);
+      MOE_CHECK(err == EWOULDBLOCK, "cannot lock ", path_, ": ", std::strerror(err));
+      MOE_FAIL("the run directory is in use by ", who.empty() ? "another job" : who, " (", path_,
+               "); wait for it to end, or choose another run.dir");
+    }
+    // The previous holder removes the file before it releases the lock: if this file is no longer
+    // the one at the path, another job may lock a new one there, so start again with that.
+    struct stat mine {}, at_path {};
+    if (::fstat(fd, &mine) != 0 || ::stat(path_.c_str(), &at_path) != 0 || mine.st_ino != at_path.st_ino ||
+        mine.st_dev != at_path.st_dev) {
+      ::close(fd);
+      continue;
+    }
+    const std::string text = read_fd(fd);
+    if (!text.empty()) {
+      const std::string who = holder(text);
+      if (who.empty()) {
+        ::close(fd);
+        MOE_FAIL("the lock file ", path_, " is corrupt (not the pid, host and start time moetrain writes); if no job "
+                 "is using this run directory, remove it and start again");
+      }
+      std::fprintf(stderr, "warning: %s was left by %s, which no longer holds it; taking it over\n", path_.c_str(),
+                   who.c_str());
+    }
+    char started[32];
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    std::strftime(started, sizeof started, "%Y%m%d-%H%M%S", &tm);
+    const std::string me = nlohmann::json{{"pid", static_cast<int64_t>(::getpid())}, {"host", host_name()},
+                                          {"started", started}}.dump() + "\n";
+    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size()) ||
+        ::fsync(fd) != 0) {
+      const std::string why = errno_text();
+      ::close(fd);
+      MOE_FAIL("cannot write the lock file ", path_, ": ", why);
+    }
+    fd_ = fd;
+  }
+  MOE_CHECK(fd_ >= 0, "cannot take the lock ", path_, ": other jobs keep replacing it");
+}
+
+RunLock::~RunLock() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());
+  ::close(fd_);
+}
+
+}  // namespace moe

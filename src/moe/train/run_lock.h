@@ -1,0 +1,25 @@
+// The lock of a run directory (<run>/.lock): held by the job's rank 0 for the whole run, so two
+// jobs never write one directory. The kernel's flock on the open file is the lock (it ends with
+// the process, however it ends); the file's content (pid, host, start time) only tells the next
+// job who held it. A lock whose holder has gone is reported and taken over; a held lock, and a
+// lock file whose content is not what moetrain writes, are errors naming the file.
+#pragma once
+
+#include <string>
+
+namespace moe {
+
+class RunLock {
+ public:
+  // Takes the lock or throws naming the holder.
+  explicit RunLock(std::string path);
+  ~RunLock();  // removes the file, then releases the lock
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace moe
