@@ -63,15 +63,7 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
   const bool keep_block = recompute != Recompute::Block;
   const bool keep_attention = recompute == Recompute::None || recompute == Recompute::Experts;
   const bool keep_experts = recompute == Recompute::None || recompute == Recompute::Attention;
-  std::map<std::string, std::pair<Arena::Slot, Shape>> shared;
-  auto reserve_layer = [&](Tensor& t, int64_t l, const std::string& name, DType dtype, Shape shape, bool keep) {
-    if (keep) return reserve(t, "layer." + std::to_string(l) + "." + name, dtype, shape);
-    auto it = shared.find(name);
-    if (it == shared.end())
-      it = shared.emplace(name, std::make_pair(arena.reserve("activations.recompute." + name, dtype, shape), shape)).first;
-    MOE_CHECK(it->second.second == shape, "recompute buffer '", name, "' has another shape in layer ", l);
-    pending_.emplace_back(&t, it->second.first);
-  };
+  std::map<std::string, std::pair<Arena::Slot, Shape>> shared;  // recompute.<name>: slot, shape
 
   h_.resize(L + 1);
   layers_.resize(L);
@@ -80,7 +72,13 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
   for (int64_t l = 0; l < L; ++l) {
     LayerActs& A = layers_[l];
     auto layer_buffer = [&](Tensor& t, const std::string& name, DType dtype, Shape shape, bool keep) {
-      reserve_layer(t, l, name, dtype, shape, keep);
+      if (keep) return reserve(t, "layer." + std::to_string(l) + "." + name, dtype, shape);
+      auto it = shared.find(name);
+      if (it == shared.end())
+        it = shared.emplace(name, std::make_pair(arena.reserve("activations.recompute." + name, dtype, shape), shape))
+                 .first;
+      MOE_CHECK(it->second.second == shape, "recompute buffer '", name, "' has another shape in layer ", l);
+      pending_.emplace_back(&t, it->second.first);
     };
     layer_buffer(A.h_mid, "h_mid", X, {R, D}, keep_block);
     layer_buffer(A.a, "attn_norm_out", X, {R, D}, keep_attention);
