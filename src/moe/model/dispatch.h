@@ -11,6 +11,12 @@
 // lease, backward releases it after its last read. A lease that cannot be granted is an error
 // naming the pool and the setting to raise, never a silent allocation. The backends share this
 // bookkeeping and the capacity rule (parallel/expert_buffers.h).
+//
+// Recompute (train.recompute = block, model/recompute.h): MoE layers keep no expert buffers from
+// forward to backward. The dispatcher then reserves no lease pools but one pair shared by every
+// layer (recompute_buffers()); a layer dispatches into it in forward and dispatches again, with
+// the route plan it saved, in backward, where it recomputes the expert outputs before
+// combine_backward reads them.
 #pragma once
 
 #include <cstddef>
@@ -49,6 +55,8 @@ struct DispatchShape {
   int slots_per_layer = 1;  // lease slots per layer: microbatches whose forward ran and backward has not, at once
   int first_layer = 0;   // pools (and their buffers) exist for MoE layers first_layer..num_layers-1 only
   DType dtype = DType::F32;  // of the activation rows moved (BF16 on the GPU)
+  // Every MoE layer recomputes its expert rows in backward: no lease pools, one recompute_buffers() pair instead.
+  bool recompute = false;
 };
 
 class TokenDispatcher {
@@ -62,7 +70,7 @@ class TokenDispatcher {
   virtual int64_t local_experts() const = 0;
 
   // Start-up, before `arena` is committed (collective for multi-rank backends): reserves the lease
-  // pools and the backward scratch.
+  // pools (or, with shape.recompute, the recompute pair) and the backward scratch.
   virtual void reserve_buffers(const DispatchShape& shape, Arena& arena) = 0;
   // Bytes this rank holds outside `arena` for its buffers (a symmetric heap), for memory reports.
   virtual size_t heap_bytes() const { return 0; }
@@ -71,6 +79,10 @@ class TokenDispatcher {
   // Backward scratch shared by all layers: expert_out holds d(expert output) (combine-backward
   // target), expert_in holds d(expert input) (dispatch-backward source).
   virtual ExpertBuffers grad_buffers() = 0;
+  // The (expert_in, expert_out) pair every MoE layer uses instead of a lease when the shape was
+  // reserved with `recompute`: written in forward, and written again in backward by the
+  // re-dispatch and the recomputed experts. Throws when reserved without `recompute`.
+  virtual ExpertBuffers recompute_buffers() = 0;
 
   // Counts agreement, capacity and tail drop, route index (steps 2-4) of MoE layer `layer` (named
   // in errors). expert_counts [N] i32 are this rank's routes per expert: the histogram of topk_idx.
@@ -81,7 +93,9 @@ class TokenDispatcher {
   // out[t] += sum_k weights[t,k] * expert_out[route (t,k)] (step 7).
   virtual void combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
                        Stream stream) = 0;
-  // Gradients of combine: d_expert_out rows and dweights [T, K].
+  // Gradients of combine: d_expert_out rows and dweights [T, K]. When expert_out is the recompute
+  // pair's, its rows were rewritten in this backward (the recomputed experts): a backend that reads
+  // peers' buffers first waits until every owner has written them.
   virtual void combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out, Tensor weights,
                                 const RoutePlan& plan, int top_k, Stream stream) = 0;
   // Gradient of dispatch: dx[t] = sum over kept k of d_expert_in[route (t,k)] (overwrites dx).
@@ -89,7 +103,9 @@ class TokenDispatcher {
                                  Stream stream) = 0;
 
   // Payload bytes moved by dispatch and combine since construction (every kept route's row once
-  // each way; backward traffic not counted), and the part that crossed to another rank. 0 for
+  // each way; backward traffic not counted), and the part that crossed to another rank. Counted
+  // when place_routes() places the rows, so a dispatch repeated in backward (recompute) is not
+  // counted again. 0 for
   // local, which moves nothing between ranks. A GPU backend counts on the device and reports the
   // totals as of its last check_after_step().
   virtual int64_t bytes_moved() const { return 0; }

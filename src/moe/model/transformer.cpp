@@ -1,6 +1,7 @@
 #include "moe/model/transformer.h"
 
 #include <algorithm>
+#include <map>
 
 #include "moe/core/device.h"
 #include "moe/ops/activation.h"
@@ -36,13 +37,14 @@ constexpr int64_t kHeadWorkspaceFloatsGpu = int64_t{256} << 20;
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena,
-                         TokenDispatcher& dispatcher, int lease_slots)
+                         TokenDispatcher& dispatcher, int lease_slots, Recompute recompute)
     : cfg_(cfg),
       batch_(batch),
       seq_len_(seq_len),
       rows_(batch * seq_len),
       dev_(arena.device()),
       act_(arena.device() == Device::CUDA ? DType::BF16 : DType::F32),
+      recompute_(recompute),
       arena_(arena),
       dispatcher_(dispatcher) {
   cfg_.validate();
@@ -56,6 +58,12 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
   // Activations and their gradients in act_ (BF16 on the GPU); statistics, router logits and
   // scores, top-K weights and losses stay F32 on every device.
   const auto X = act_, F = DType::F32, I = DType::I32;
+  // What every layer keeps for its backward (model/recompute.h). A buffer a layer keeps is its own
+  // ("layer.<l>.<name>"); one it recomputes is the single "recompute.<name>" all layers share.
+  const bool keep_block = recompute != Recompute::Block;
+  const bool keep_attention = recompute == Recompute::None || recompute == Recompute::Experts;
+  const bool keep_experts = recompute == Recompute::None || recompute == Recompute::Attention;
+  std::map<std::string, std::pair<Arena::Slot, Shape>> shared;  // recompute.<name>: slot, shape
 
   h_.resize(L + 1);
   layers_.resize(L);
@@ -63,45 +71,54 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
   int64_t ffn_width = 0;  // widest dense MLP / shared expert, for the shared backward scratch
   for (int64_t l = 0; l < L; ++l) {
     LayerActs& A = layers_[l];
-    const std::string p = "layer." + std::to_string(l) + ".";
-    reserve(A.h_mid, p + "h_mid", X, {R, D});
-    reserve(A.a, p + "attn_norm_out", X, {R, D});
-    reserve(A.rstd1, p + "attn_norm_rstd", F, {R});
-    reserve(A.q_raw, p + "q_proj_out", X, {R, Qo});
-    reserve(A.k_raw, p + "k_proj_out", X, {R, KVo});
+    auto layer_buffer = [&](Tensor& t, const std::string& name, DType dtype, Shape shape, bool keep) {
+      if (keep) return reserve(t, "layer." + std::to_string(l) + "." + name, dtype, shape);
+      auto it = shared.find(name);
+      if (it == shared.end())
+        it = shared.emplace(name, std::make_pair(arena.reserve("activations.recompute." + name, dtype, shape), shape))
+                 .first;
+      MOE_CHECK(it->second.second == shape, "recompute buffer '", name, "' has another shape in layer ", l);
+      pending_.emplace_back(&t, it->second.first);
+    };
+    layer_buffer(A.h_mid, "h_mid", X, {R, D}, keep_block);
+    layer_buffer(A.a, "attn_norm_out", X, {R, D}, keep_attention);
+    layer_buffer(A.rstd1, "attn_norm_rstd", F, {R}, keep_attention);
+    layer_buffer(A.q_raw, "q_proj_out", X, {R, Qo}, keep_attention);
+    layer_buffer(A.k_raw, "k_proj_out", X, {R, KVo}, keep_attention);
     if (cfg.qk_norm != QkNorm::None) {
-      reserve(A.q, p + "q", X, {R, Qo});
-      reserve(A.k, p + "k", X, {R, KVo});
+      layer_buffer(A.q, "q", X, {R, Qo}, keep_attention);
+      layer_buffer(A.k, "k", X, {R, KVo}, keep_attention);
       const bool per_head = cfg.qk_norm == QkNorm::PerHead;
-      reserve(A.q_rstd, p + "q_norm_rstd", F, {per_head ? R * Hq : R});
-      reserve(A.k_rstd, p + "k_norm_rstd", F, {per_head ? R * Hkv : R});
+      layer_buffer(A.q_rstd, "q_norm_rstd", F, {per_head ? R * Hq : R}, keep_attention);
+      layer_buffer(A.k_rstd, "k_norm_rstd", F, {per_head ? R * Hkv : R}, keep_attention);
     }
-    reserve(A.v, p + "v", X, {R, KVo});
-    reserve(A.att, p + "attn_out", X, {R, Qo});
-    reserve(A.lse, p + "attn_lse", F, {batch, Hq, seq_len});
-    reserve(A.m, p + "ffn_norm_out", X, {R, D});
-    reserve(A.rstd2, p + "ffn_norm_rstd", F, {R});
+    layer_buffer(A.v, "v", X, {R, KVo}, keep_attention);
+    layer_buffer(A.att, "attn_out", X, {R, Qo}, keep_attention);
+    layer_buffer(A.lse, "attn_lse", F, {batch, Hq, seq_len}, keep_attention);
+    layer_buffer(A.m, "ffn_norm_out", X, {R, D}, keep_block);
+    layer_buffer(A.rstd2, "ffn_norm_rstd", F, {R}, keep_block);
     if (cfg.is_moe_layer(l)) {
-      reserve(A.logits, p + "router_logits", F, {R, N});
-      reserve(A.scores, p + "router_scores", F, {R, N});
-      reserve(A.topk_idx, p + "topk_idx", I, {R, K});
-      reserve(A.topk_w, p + "topk_weight", F, {R, K});
-      reserve(A.counts, p + "expert_counts", I, {N});
-      reserve(A.route_index, p + "route_index", I, {R * K});
-      reserve(A.offsets, p + "expert_offsets", I, {E + 1});
-      reserve(A.gu, p + "expert_gate_up", X, {capacity_, 2 * H});
-      reserve(A.act, p + "expert_act", X, {capacity_, H});
-      reserve(A.lb, p + "lb_loss", F, {1});
-      reserve(A.z, p + "z_loss", F, {1});
+      layer_buffer(A.logits, "router_logits", F, {R, N}, keep_block);
+      layer_buffer(A.scores, "router_scores", F, {R, N}, keep_block);
+      // The routing decision and the losses are kept in every mode: backward replays the decision.
+      layer_buffer(A.topk_idx, "topk_idx", I, {R, K}, true);
+      layer_buffer(A.topk_w, "topk_weight", F, {R, K}, true);
+      layer_buffer(A.counts, "expert_counts", I, {N}, true);
+      layer_buffer(A.route_index, "route_index", I, {R * K}, true);
+      layer_buffer(A.offsets, "expert_offsets", I, {E + 1}, true);
+      layer_buffer(A.gu, "expert_gate_up", X, {capacity_, 2 * H}, keep_experts);
+      layer_buffer(A.act, "expert_act", X, {capacity_, H}, keep_experts);
+      layer_buffer(A.lb, "lb_loss", F, {1}, true);
+      layer_buffer(A.z, "z_loss", F, {1}, true);
       if (const int64_t S = cfg.shared_expert_intermediate_size; S > 0) {
-        reserve(A.shared_gu, p + "shared_gate_up", X, {R, 2 * S});
-        reserve(A.shared_act, p + "shared_act", X, {R, S});
+        layer_buffer(A.shared_gu, "shared_gate_up", X, {R, 2 * S}, keep_experts);
+        layer_buffer(A.shared_act, "shared_act", X, {R, S}, keep_experts);
         ffn_width = std::max(ffn_width, S);
       }
     } else {
       const int64_t Hd = cfg.dense_intermediate_size;
-      reserve(A.mlp_gu, p + "mlp_gate_up", X, {R, 2 * Hd});
-      reserve(A.mlp_act, p + "mlp_act", X, {R, Hd});
+      layer_buffer(A.mlp_gu, "mlp_gate_up", X, {R, 2 * Hd}, keep_block);
+      layer_buffer(A.mlp_act, "mlp_act", X, {R, Hd}, keep_block);
       ffn_width = std::max(ffn_width, Hd);
     }
   }
@@ -129,9 +146,15 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
     reserve(s.dffn_act, "grad.mlp_act", X, {R, ffn_width});
     reserve(s.dffn_gu, "grad.mlp_gate_up", X, {R, 2 * ffn_width});
   }
-  if (cfg.first_k_dense_replace < L)
-    dispatcher.reserve_buffers(
-        DispatchShape{R, K, D, static_cast<int>(L), lease_slots, static_cast<int>(cfg.first_k_dense_replace), X}, arena);
+  if (cfg.first_k_dense_replace < L) {
+    if (!keep_block) {
+      reserve(s.recompute_topk_idx, "recompute.router_topk_idx", I, {R, K});
+      reserve(s.recompute_topk_w, "recompute.router_topk_weight", F, {R, K});
+    }
+    dispatcher.reserve_buffers(DispatchShape{R, K, D, static_cast<int>(L), lease_slots,
+                                             static_cast<int>(cfg.first_k_dense_replace), X, !keep_block},
+                               arena);
+  }
   // The CPU attention keeps its workspace here; cuDNN manages its own (docs/architecture.md).
   const int64_t attn_ws = dev_ == Device::CPU ? attention_workspace_elems(attn_shape_) : 0;
   reserve(s.attn_ws, "attention_workspace", F, {std::max<int64_t>(1, attn_ws)});
@@ -158,7 +181,9 @@ void Transformer::bind() {
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-void Transformer::attention_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_in) {
+// The attention block up to its output projection: input norm, q/k/v, qk-norm, RoPE, attention.
+// Everything it writes is what recompute = attention drops (and rewrites here in backward).
+void Transformer::attention_internals(const LayerWeights& w, LayerActs& A, Tensor h_in) {
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim();
   rmsnorm_forward(A.a, A.rstd1, h_in, w.input_norm, eps);
@@ -179,8 +204,31 @@ void Transformer::attention_forward_layer(const LayerWeights& w, LayerActs& A, T
   rope_forward(q, seq_len_, Hq, theta);
   rope_forward(k, seq_len_, Hkv, theta);
   attention_forward(A.att, A.lse, q, k, A.v, attn_shape_, s_.attn_ws);
+}
+
+void Transformer::attention_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_in) {
+  attention_internals(w, A, h_in);
   copy(A.h_mid, h_in);
   linear(A.h_mid, A.att, w.o_proj, /*accumulate=*/true);
+}
+
+// The routed experts on the dispatched rows (A.experts.expert_in): gate/up, SwiGLU and, when asked,
+// the down projection into A.experts.expert_out. gu and act are what recompute = experts drops.
+void Transformer::expert_internals(const LayerWeights& w, LayerActs& A, bool down_projection) {
+  grouped_matmul(A.gu, A.experts.expert_in, w.experts_gate_up, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
+  swiglu_forward(A.act, A.gu);
+  if (down_projection)
+    grouped_matmul(A.experts.expert_out, A.act, w.experts_down, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
+}
+
+void Transformer::shared_expert_internals(const LayerWeights& w, LayerActs& A) {
+  linear(A.shared_gu, A.m, w.shared_gate_up);
+  swiglu_forward(A.shared_act, A.shared_gu);
+}
+
+void Transformer::mlp_internals(const LayerWeights& w, LayerActs& A) {
+  linear(A.mlp_gu, A.m, w.mlp_gate_up);
+  swiglu_forward(A.mlp_act, A.mlp_gu);
 }
 
 void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs& A, Tensor h_out,
@@ -195,28 +243,51 @@ void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs&
   router_losses(A.lb, A.z, A.counts, A.scores, A.logits, static_cast<int>(K), s_.router_ws);
   if (!rs.expert_load.empty()) accumulate_counts(rs.expert_load.rows(l, l + 1).view({N}), A.counts);
   const RoutePlan plan{A.route_index, A.offsets};
-  A.lease = dispatcher_.acquire(static_cast<int>(l));
-  A.leased = true;
-  const Tensor xe = A.lease.buffers.expert_in, ye = A.lease.buffers.expert_out;
+  if (recompute_ == Recompute::Block) {
+    A.experts = dispatcher_.recompute_buffers();  // backward dispatches again: nothing to hold until then
+  } else {
+    A.lease = dispatcher_.acquire(static_cast<int>(l));
+    A.leased = true;
+    A.experts = A.lease.buffers;
+  }
   dispatcher_.place_routes(static_cast<int>(l), plan, A.topk_idx, A.counts, {});
-  dispatcher_.dispatch(xe, A.m, plan, static_cast<int>(K), {});
-  grouped_matmul(A.gu, xe, w.experts_gate_up, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
-  swiglu_forward(A.act, A.gu);
-  grouped_matmul(ye, A.act, w.experts_down, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
+  dispatcher_.dispatch(A.experts.expert_in, A.m, plan, static_cast<int>(K), {});
+  expert_internals(w, A, /*down_projection=*/true);
   copy(h_out, A.h_mid);
-  dispatcher_.combine(h_out, ye, A.topk_w, plan, static_cast<int>(K), {});
+  dispatcher_.combine(h_out, A.experts.expert_out, A.topk_w, plan, static_cast<int>(K), {});
   if (!w.shared_gate_up.empty()) {
-    linear(A.shared_gu, A.m, w.shared_gate_up);
-    swiglu_forward(A.shared_act, A.shared_gu);
+    shared_expert_internals(w, A);
     linear(h_out, A.shared_act, w.shared_down, /*accumulate=*/true);
   }
 }
 
 void Transformer::mlp_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_out) {
-  linear(A.mlp_gu, A.m, w.mlp_gate_up);
-  swiglu_forward(A.mlp_act, A.mlp_gu);
+  mlp_internals(w, A);
   copy(h_out, A.h_mid);
   linear(h_out, A.mlp_act, w.mlp_down, /*accumulate=*/true);
+}
+
+// recompute = block: everything layer l's backward reads, computed again from its input h_[l] and
+// its saved routing decision. The layer's output h_[l+1] is not written again (the next layer's
+// backward has already read it). The router runs again only for the logits and scores its
+// backward reads; its choice lands in scratch and is not used, because the saved one (which may
+// have come from the balancing bias or a benchmark routing) is what forward dispatched. The rows
+// are dispatched again with the saved route index, which makes the same collective calls on every
+// rank of the EP group in the same order.
+void Transformer::recompute_layer(int64_t l, const LayerWeights& w, LayerActs& A) {
+  attention_forward_layer(w, A, h_[l]);
+  rmsnorm_forward(A.m, A.rstd2, A.h_mid, w.post_norm, static_cast<float>(cfg_.rms_norm_eps));
+  if (!cfg_.is_moe_layer(l)) {
+    mlp_internals(w, A);
+    return;
+  }
+  linear(A.logits, A.m, w.router);
+  router_forward(A.scores, s_.recompute_topk_idx, s_.recompute_topk_w, A.logits, Tensor(), cfg_.router_score,
+                 cfg_.norm_topk_prob);
+  const RoutePlan plan{A.route_index, A.offsets};
+  dispatcher_.dispatch(A.experts.expert_in, A.m, plan, static_cast<int>(cfg_.num_experts_per_tok), {});
+  expert_internals(w, A, /*down_projection=*/true);  // combine_backward reads the expert outputs
+  if (!w.shared_gate_up.empty()) shared_expert_internals(w, A);
 }
 
 void Transformer::forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs,
@@ -319,6 +390,7 @@ void Transformer::attention_backward_layer(const LayerWeights& w, const LayerWei
   // s_.dres holds d(h_mid); it flows unchanged into d(h_in) plus the attention branch.
   const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim();
   Scratch& s = s_;
+  if (recompute_ == Recompute::Attention) attention_internals(w, A, h_in);
   linear_backward(s.datt, g.o_proj, s.dres, A.att, w.o_proj, false);
   const bool normed = cfg_.qk_norm != QkNorm::None;
   Tensor q = normed ? A.q : A.q_raw, k = normed ? A.k : A.k_raw;
@@ -348,18 +420,24 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const LayerWeights& 
                                      const StepScales& scales) {
   const int K = static_cast<int>(cfg_.num_experts_per_tok);
   Scratch& s = s_;
+  if (recompute_ == Recompute::Experts) {  // from the kept expert input (the lease's) and FFN norm output
+    expert_internals(w, A, /*down_projection=*/false);
+    if (!w.shared_gate_up.empty()) shared_expert_internals(w, A);
+  }
   const RoutePlan plan{A.route_index, A.offsets};
   const ExpertBuffers d = dispatcher_.grad_buffers();  // d.expert_out = dye, d.expert_in = dxe
-  dispatcher_.combine_backward(d.expert_out, s.dw, s.dres, A.lease.buffers.expert_out, A.topk_w, plan, K, {});
+  dispatcher_.combine_backward(d.expert_out, s.dw, s.dres, A.experts.expert_out, A.topk_w, plan, K, {});
   grouped_matmul(s.dact, d.expert_out, w.experts_down, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
   const bool accumulate = !scales.gradients_zeroed;  // equal results: 0 + x == x
   grouped_matmul_wgrad(g.experts_down, d.expert_out, A.act, A.offsets, {}, accumulate);
   swiglu_backward(s.dgu, s.dact, A.gu);
   grouped_matmul(d.expert_in, s.dgu, w.experts_gate_up, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
-  grouped_matmul_wgrad(g.experts_gate_up, s.dgu, A.lease.buffers.expert_in, A.offsets, {}, accumulate);
+  grouped_matmul_wgrad(g.experts_gate_up, s.dgu, A.experts.expert_in, A.offsets, {}, accumulate);
   dispatcher_.dispatch_backward(s.dm, d.expert_in, plan, K, {});
-  dispatcher_.release(A.lease);  // last read of this layer's expert buffers
-  A.leased = false;
+  if (A.leased) {
+    dispatcher_.release(A.lease);  // last read of this layer's expert buffers
+    A.leased = false;
+  }
   if (!w.shared_gate_up.empty()) {
     const int64_t S = cfg_.shared_expert_intermediate_size;
     Tensor dact = Tensor(s.dffn_act.data, act_, {rows_, S}, dev_);
@@ -403,6 +481,7 @@ void Transformer::backward(const ModelWeights& w, const ModelWeights& g, Tensor 
     if (hooks_) hooks_->before_backward(static_cast<int>(l) + 1);
     LayerActs& A = layers_[l];
     const LayerWeights &lw = w.layers[l], &lg = g.layers[l];
+    if (recompute_ == Recompute::Block) recompute_layer(l, lw, A);
     // s.dres = d(h_{l+1}); the feed-forward branch adds into d(h_mid) through its norm.
     if (cfg_.is_moe_layer(l))
       moe_backward_layer(lw, lg, A, scales);

@@ -1,7 +1,9 @@
 // The OLMoE-family decoder: explicit forward and backward per layer, no autograd tape.
 // Activations saved for backward and all scratch live in buffers reserved in the caller's
 // arena at construction (sized from the config and the microbatch shape). Backward adds (+=)
-// into the gradient buffers, so gradient accumulation over microbatches is free.
+// into the gradient buffers, so gradient accumulation over microbatches is free. With selective
+// recompute (model/recompute.h) the activations a layer does not keep live in one shared set
+// instead of one per layer, and backward computes them again before it reads them.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include "moe/core/arena.h"
 #include "moe/model/config.h"
 #include "moe/model/dispatch.h"
+#include "moe/model/recompute.h"
 #include "moe/model/weights.h"
 #include "moe/ops/attention.h"
 
@@ -68,7 +71,7 @@ class BlockHooks {
 class Transformer {
  public:
   Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena, TokenDispatcher& dispatcher,
-              int lease_slots = 1);
+              int lease_slots = 1, Recompute recompute = Recompute::None);
 
   // Forward and backward of one microbatch: tokens, targets [B*T] i32 on the model's device.
   // Gradients are added into g. Only queues work: nothing is read back to the host.
@@ -89,6 +92,7 @@ class Transformer {
   void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
   int64_t rows() const { return rows_; }
   int64_t expert_rows() const { return capacity_; }
+  Recompute recompute() const { return recompute_; }
 
  private:
   struct LayerActs {
@@ -99,7 +103,8 @@ class Transformer {
     Tensor m, rstd2;
     // MoE
     Tensor logits, scores, topk_idx, topk_w, counts, route_index, offsets, gu, act, lb, z;
-    Lease lease;  // expert_in (xe) and expert_out (ye), held from forward to backward
+    ExpertBuffers experts;  // expert_in (xe) and expert_out (ye): the lease's, or the dispatcher's recompute pair
+    Lease lease;            // held from forward to backward unless the block is recomputed
     bool leased = false;
     Tensor shared_gu, shared_act;
     // dense MLP
@@ -111,15 +116,21 @@ class Transformer {
     Tensor dffn_act, dffn_gu;  // dense MLP and shared expert
     Tensor attn_ws, head_ws, router_ws;  // router_ws: router_losses' workspace (empty on the CPU)
     Tensor hn, rstd_f, loss_sum;
+    Tensor recompute_topk_idx, recompute_topk_w;  // recompute = block: the re-run router's choice (not used)
   };
 
   void reserve(Tensor& t, const std::string& name, DType dtype, Shape shape);
   void bind();
   void forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs, bool backward_follows);
+  void attention_internals(const LayerWeights& w, LayerActs& A, Tensor h_in);
   void attention_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_in);
+  void expert_internals(const LayerWeights& w, LayerActs& A, bool down_projection);
+  void shared_expert_internals(const LayerWeights& w, LayerActs& A);
+  void mlp_internals(const LayerWeights& w, LayerActs& A);
   void moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs& A, Tensor h_out, uint64_t routing_seed,
                          const RoutingState& rs);
   void mlp_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_out);
+  void recompute_layer(int64_t l, const LayerWeights& w, LayerActs& A);
   void backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens, const StepScales& scales);
   void attention_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A, Tensor h_in);
   void moe_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A, const StepScales& scales);
@@ -131,6 +142,7 @@ class Transformer {
   int64_t batch_, seq_len_, rows_, capacity_;
   Device dev_;
   DType act_;  // activations: F32 on the CPU, BF16 on the GPU
+  Recompute recompute_;
   AttentionShape attn_shape_;
   Arena& arena_;
   TokenDispatcher& dispatcher_;

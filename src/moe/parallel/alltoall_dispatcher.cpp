@@ -90,6 +90,8 @@ void AllToAllDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor t
     L.expert_counts[static_cast<size_t>(s)] = placement_.kept_from(me, s);
   }
   L.expert_total = n;
+  // Counted here, not in dispatch and combine, so a dispatch repeated in backward (recompute) is not counted twice.
+  count_bytes(L);
 }
 
 const AllToAllDispatcher::Layout& AllToAllDispatcher::layout_of(const RoutePlan& plan, const char* op) const {
@@ -129,7 +131,8 @@ void AllToAllDispatcher::to_routes(const Layout& L) {
 
 void AllToAllDispatcher::count_bytes(const Layout& L) {
   const auto row_bytes = static_cast<int64_t>(hidden_ * sizeof(float));
-  count_moved(L.route_total * row_bytes, (L.route_total - L.route_counts[static_cast<size_t>(rank_)]) * row_bytes);
+  const int64_t remote = L.route_total - L.route_counts[static_cast<size_t>(rank_)];
+  count_moved(2 * L.route_total * row_bytes, 2 * remote * row_bytes);  // once in dispatch, once in combine
 }
 
 void AllToAllDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream) {
@@ -151,7 +154,6 @@ void AllToAllDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& p
   float* in = expert_in.f32();
   const int32_t* rows = L.expert_rows.data();
   for (int64_t i = 0; i < L.expert_total; ++i) std::memcpy(in + rows[i] * D, recv + i * D, row_bytes);
-  count_bytes(L);
 }
 
 void AllToAllDispatcher::combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
@@ -172,7 +174,6 @@ void AllToAllDispatcher::combine(Tensor out, Tensor expert_out, Tensor weights, 
   const int32_t* pos = L.route_pos.data();
   routed::sum_routes(out.f32(), weights.f32(), tokens_, top_k, D, /*accumulate=*/true,
                      [&](int64_t i) -> const float* { return pos[i] < 0 ? nullptr : recv + pos[i] * D; });
-  count_bytes(L);
 }
 
 void AllToAllDispatcher::combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out,

@@ -52,7 +52,7 @@ class AllToAllDispatcher final : public PooledDispatcher {
   // Route side -> expert side: route_buf rows (packed) to stage rows (receive order). And back.
   void to_experts(const Layout& L);
   void to_routes(const Layout& L);
-  void count_bytes(const Layout& L);
+  void count_bytes(const Layout& L);  // dispatch's and combine's payload of one placement
 
   Communicator& ep_group_;
   Arena* arena_ = nullptr;

@@ -355,9 +355,9 @@ void CudaRowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan
   const size_t in_offset = heap_offset(expert_in, op, "expert_in");
   check_tokens(x, hidden_, dtype_, op, "x");
   // NOTES: no sync before the PUTs. The rows we overwrite in a peer's expert_in were last read by that peer's expert
-  // GEMMs (forward, or the weight gradient in backward) of the lease's previous holder; the peer finished those reads
-  // (stream order) before its barrier kernel of a later sync (the opening sync of combine or of dispatch_backward) that
-  // we have passed too.
+  // GEMMs (forward, the weight gradient or a recompute in backward) of the lease's previous holder (of the recompute
+  // pair: the layer that used it last); the peer finished those reads (stream order) before its barrier kernel of a
+  // later sync (the opening sync of combine or of dispatch_backward) that we have passed too.
   const int64_t routes = tokens_ * top_k_, P = ep_group_.size();
   if (routes > 0 && hidden_ > 0) {
     const PeerBases peers = peer_table(peer_bases_);
@@ -410,10 +410,12 @@ void CudaRowwiseDispatcher::combine_backward(Tensor d_expert_out, Tensor dweight
   check_tokens(dout, hidden_, dtype_, op, "dout");
   check_tokens(weights, top_k_, DType::F32, op, "weights");
   check_tokens(dweights, top_k_, DType::F32, op, "dweights");
-  // NOTES: no opening sync. (1) The d_expert_out rows we store into were last read by the owner's expert GEMMs of the
-  // previous MoE backward, which precede that backward's dispatch_backward syncs, which we have passed. (2) expert_out
-  // (GET, for dweights) was completed before the combine sync of this lease's forward; the lease keeps it from being
-  // overwritten.
+  // NOTES: no opening sync for a lease. (1) The d_expert_out rows we store into were last read by the owner's expert
+  // GEMMs of the previous MoE backward, which precede that backward's dispatch_backward syncs, which we have passed.
+  // (2) expert_out (GET, for dweights) was completed before the combine sync of this lease's forward; the lease keeps
+  // it from being overwritten. The recompute pair's expert_out is different: the owner has just rewritten it (the
+  // recomputed down projection, after the re-dispatch sync), so every owner must finish that before we load.
+  if (is_recompute_buffer(expert_out)) heap_->sync();
   if (tokens_ > 0) {
     const int64_t P = ep_group_.size();
     const PeerBases peers = peer_table(peer_bases_);

@@ -14,6 +14,8 @@
 //             combine: SYNC, GET expert_out
 //   backward: combine_backward: PUT d_expert_out, GET expert_out, SYNC | experts (local) |
 //             dispatch_backward: SYNC, GET d_expert_in, SYNC
+// With recompute (train.recompute = block) the backward opens with dispatch again (PUT into the shared recompute
+// expert_in, SYNC) and the recomputed experts, and combine_backward of the recompute pair's expert_out opens with a SYNC.
 // The hazard each sync removes is written next to it in cuda_rowwise_dispatcher.cu (NOTES:).
 //
 // Contract: tokens (x, out, dout, dx) and expert rows have the shape's dtype (BF16 on the GPU; F32 also works); weights

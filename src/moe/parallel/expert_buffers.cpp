@@ -50,16 +50,23 @@ void ExpertBufferPools::reserve(BufferMemory& memory, const ExpertPoolSizes& siz
     s.out = memory.reserve(prefix + "expert_out", sizes.dtype, shape);
     return s;
   };
-  pools_.assign(static_cast<size_t>(sizes.num_layers - sizes.first_layer), {});
-  for (int l = sizes.first_layer; l < sizes.num_layers; ++l)
-    for (int s = 0; s < sizes.slots_per_layer; ++s)
-      pools_[static_cast<size_t>(l - sizes.first_layer)].push_back(
-          pair("dispatch.layer." + std::to_string(l) + ".slot." + std::to_string(s) + "."));
+  if (sizes.recompute) {
+    recompute_ = pair("dispatch.recompute.");
+  } else {
+    pools_.assign(static_cast<size_t>(sizes.num_layers - sizes.first_layer), {});
+    for (int l = sizes.first_layer; l < sizes.num_layers; ++l)
+      for (int s = 0; s < sizes.slots_per_layer; ++s)
+        pools_[static_cast<size_t>(l - sizes.first_layer)].push_back(
+            pair("dispatch.layer." + std::to_string(l) + ".slot." + std::to_string(s) + "."));
+  }
   grad_ = pair("dispatch.grad.");
 }
 
 std::vector<ExpertBufferPools::Slot>& ExpertBufferPools::pool_of(int layer, const char* op) {
   MOE_CHECK(memory_ != nullptr, "expert buffers: ", op, " before the dispatcher reserved its buffers");
+  MOE_CHECK(!sizes_.recompute, "no lease pool for layer ", layer,
+            ": every MoE layer recomputes its expert rows in backward (train.recompute = \"block\") and uses the "
+            "shared recompute buffers");
   MOE_CHECK(layer >= sizes_.first_layer && layer < sizes_.num_layers, "no lease pool for layer ", layer,
             ": expert buffers exist for the MoE layers ", sizes_.first_layer, "..", sizes_.num_layers - 1);
   return pools_[static_cast<size_t>(layer - sizes_.first_layer)];
@@ -93,6 +100,24 @@ ExpertBuffers ExpertBufferPools::grad_buffers() const {
   return {memory_->get(grad_.in), memory_->get(grad_.out)};
 }
 
+ExpertBuffers ExpertBufferPools::recompute_buffers() const {
+  MOE_CHECK(memory_ != nullptr, "expert buffers: recompute_buffers before the dispatcher reserved its buffers");
+  MOE_CHECK(sizes_.recompute, "expert buffers: recompute_buffers of a dispatcher reserved with lease pools "
+            "(the MoE layers keep their expert rows; reserve with DispatchShape::recompute)");
+  return {memory_->get(recompute_.in), memory_->get(recompute_.out)};
+}
+
+bool ExpertBufferPools::is_recompute_buffer(const Tensor& t) const {
+  if (!sizes_.recompute || t.data == nullptr) return false;
+  const char* p = static_cast<const char*>(t.data);
+  for (const int id : {recompute_.in, recompute_.out}) {
+    const Tensor b = memory_->get(id);
+    const char* base = static_cast<const char*>(b.data);
+    if (p >= base && p < base + b.nbytes()) return true;
+  }
+  return false;
+}
+
 namespace {
 int64_t experts_per_rank(const std::string& what, int64_t num_experts, int ranks) {
   MOE_CHECK(ranks >= 1 && num_experts >= 1 && num_experts % ranks == 0, what, ": ", num_experts,
@@ -119,7 +144,8 @@ void PooledDispatcher::reserve_pools(BufferMemory& memory, const DispatchShape& 
   MOE_CHECK(!pools_.reserved(), what_, ": reserve_buffers called twice");
   tokens_ = shape.tokens, top_k_ = shape.top_k, hidden_ = shape.hidden;
   rows_ = expert_rows(shape.tokens, shape.top_k);
-  pools_.reserve(memory, {shape.first_layer, shape.num_layers, shape.slots_per_layer, rows_, shape.hidden, dtype});
+  pools_.reserve(memory,
+                 {shape.first_layer, shape.num_layers, shape.slots_per_layer, rows_, shape.hidden, dtype, shape.recompute});
 }
 
 void PooledDispatcher::require_host_f32_rows(const DispatchShape& shape, const Arena& arena) const {
@@ -135,6 +161,11 @@ Lease PooledDispatcher::acquire(int layer) {
 ExpertBuffers PooledDispatcher::grad_buffers() {
   MOE_CHECK(pools_.reserved(), what_, ": grad_buffers before reserve_buffers");
   return pools_.grad_buffers();
+}
+
+ExpertBuffers PooledDispatcher::recompute_buffers() {
+  MOE_CHECK(pools_.reserved(), what_, ": recompute_buffers before reserve_buffers");
+  return pools_.recompute_buffers();
 }
 
 }  // namespace moe

@@ -6,7 +6,9 @@
 // - rank_capacity: the rows of one rank's expert buffer, fixed at start-up.
 // - BufferMemory: where buffers come from; ArenaMemory and HeapLayout are the two strategies.
 // - ExpertBufferPools: per MoE layer a pool of `slots_per_layer` (expert_in, expert_out) pairs
-//   and one pair of backward scratch; forward acquires a lease, backward releases it.
+//   and one pair of backward scratch; forward acquires a lease, backward releases it. When every
+//   MoE layer recomputes its expert rows in backward (train.recompute = block), one pair shared by
+//   all layers replaces the pools.
 // - PooledDispatcher: the TokenDispatcher base that answers capacity, expert ownership, leases
 //   and byte counts from the above, so backends do not repeat them.
 #pragma once
@@ -87,13 +89,16 @@ struct ExpertPoolSizes {
   int64_t rows = 0;  // rank_capacity
   int64_t hidden = 0;
   DType dtype = DType::F32;
+  // Every MoE layer recomputes its expert rows in backward: no per-layer pools, one shared pair.
+  bool recompute = false;
 };
 
 class ExpertBufferPools {
  public:
   // Reserves in `memory` (which must outlive the pools), for each MoE layer, slots_per_layer pairs
-  // (expert_in, expert_out) of [rows, hidden], then the backward pair. Arena buffer names:
-  // dispatch.layer.<l>.slot.<s>.expert_in|expert_out and dispatch.grad.expert_in|expert_out.
+  // (expert_in, expert_out) of [rows, hidden] (with sizes.recompute: one pair for all layers
+  // instead), then the backward pair. Arena buffer names: dispatch.layer.<l>.slot.<s>.expert_in|
+  // expert_out (dispatch.recompute.expert_in|expert_out) and dispatch.grad.expert_in|expert_out.
   void reserve(BufferMemory& memory, const ExpertPoolSizes& sizes);
   bool reserved() const { return memory_ != nullptr; }
   const ExpertPoolSizes& sizes() const { return sizes_; }
@@ -105,6 +110,10 @@ class ExpertBufferPools {
   void release(const Lease& lease);
   // Backward scratch shared by all layers: expert_out holds d(expert output), expert_in d(expert input).
   ExpertBuffers grad_buffers() const;
+  // The pair every layer uses when reserved with sizes.recompute; throws otherwise.
+  ExpertBuffers recompute_buffers() const;
+  // Whether `t` is (a view of) one of the recompute pair's buffers.
+  bool is_recompute_buffer(const Tensor& t) const;
 
  private:
   struct Slot {
@@ -115,8 +124,9 @@ class ExpertBufferPools {
 
   BufferMemory* memory_ = nullptr;
   ExpertPoolSizes sizes_;
-  std::vector<std::vector<Slot>> pools_;  // [layer - first_layer][slot]
+  std::vector<std::vector<Slot>> pools_;  // [layer - first_layer][slot]; empty with sizes_.recompute
   Slot grad_;
+  Slot recompute_;  // with sizes_.recompute only
 };
 
 // The TokenDispatcher base of every backend: capacity (rank_capacity), which experts this rank
@@ -131,6 +141,7 @@ class PooledDispatcher : public TokenDispatcher {
   Lease acquire(int layer) final;
   void release(const Lease& lease) final { pools_.release(lease); }
   ExpertBuffers grad_buffers() final;
+  ExpertBuffers recompute_buffers() final;
   int64_t bytes_moved() const final { return bytes_moved_; }
   int64_t remote_bytes_moved() const final { return remote_bytes_moved_; }
 
@@ -150,6 +161,8 @@ class PooledDispatcher : public TokenDispatcher {
     remote_bytes_moved_ += remote_bytes;
   }
   void set_moved(int64_t bytes, int64_t remote_bytes) { bytes_moved_ = bytes, remote_bytes_moved_ = remote_bytes; }
+  // Whether `t` lies in the recompute pair (whose expert_out is rewritten in backward; see combine_backward).
+  bool is_recompute_buffer(const Tensor& t) const { return pools_.reserved() && pools_.is_recompute_buffer(t); }
 
   const std::string what_;
   const int ranks_, rank_;

@@ -56,7 +56,7 @@ void RowwiseDispatcher::count_bytes(const RoutePlan& plan) {
     ++rows;
     if (index[i] / rows_ != rank_) ++remote_rows;
   }
-  count_moved(rows * row_bytes, remote_rows * row_bytes);
+  count_moved(2 * rows * row_bytes, 2 * remote_rows * row_bytes);  // once in dispatch, once in combine
 }
 
 void RowwiseDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream) {
@@ -66,6 +66,8 @@ void RowwiseDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor to
             top_k_, "]");
   agree_and_place_routes(ep_group_, placement_, arena_->get(gathered_counts_), layer, plan, topk_idx, expert_counts,
                          num_experts_, rows_, "rowwise");
+  // Counted here, not in dispatch and combine, so a dispatch repeated in backward (recompute) is not counted twice.
+  count_bytes(plan);
 }
 
 void RowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream) {
@@ -74,10 +76,10 @@ void RowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& pl
   MOE_CHECK(top_k == top_k_ && plan.route_index.numel() == tokens_ * top_k_, "rowwise dispatch: route_index ",
             plan.route_index.shape.str(), " / top_k ", top_k, " do not match the plan");
   // NOTES: no sync before the PUTs. The rows we overwrite in a peer's expert_in were last read by
-  // that peer's expert GEMMs (forward, or the weight gradient in backward) of the lease's previous
-  // holder; the peer finished those reads before entering a later sync (the opening sync of
-  // combine or of dispatch_backward) that we have passed too, since syncs are collective and
-  // matched in order.
+  // that peer's expert GEMMs (forward, the weight gradient or a recompute in backward) of the
+  // lease's previous holder (of the recompute pair: the layer that used it last); the peer
+  // finished those reads before entering a later sync (the opening sync of combine or of
+  // dispatch_backward) that we have passed too, since syncs are collective and matched in order.
   const int32_t* index = plan.route_index.i32();
   const float* xs = x.f32();
   const int64_t D = hidden_, rows = rows_;
@@ -90,7 +92,6 @@ void RowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& pl
       if (v < 0) continue;
       std::memcpy(peers[v / rows] + (v % rows) * D, xs + t * D, row_bytes);
     }
-  count_bytes(plan);
   // NOTES: the owners' expert GEMMs read expert_in next; this sync completes every rank's PUTs
   // (each kept row has exactly one writer) before any owner reads.
   heap_->sync();
@@ -114,7 +115,6 @@ void RowwiseDispatcher::combine(Tensor out, Tensor expert_out, Tensor weights, c
                        const int32_t v = index[i];
                        return v < 0 ? nullptr : peers[v / rows] + (v % rows) * D;
                      });
-  count_bytes(plan);
 }
 
 void RowwiseDispatcher::combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out,
@@ -125,10 +125,13 @@ void RowwiseDispatcher::combine_backward(Tensor d_expert_out, Tensor dweights, T
   check_tokens(weights, top_k_, "combine_backward", "weights");
   check_tokens(dweights, top_k_, "combine_backward", "dweights");
   MOE_CHECK(top_k == top_k_, "rowwise combine_backward: top_k ", top_k, " does not match the plan's ", top_k_);
-  // NOTES: no opening sync. (1) The d_expert_out rows we store into were last read by the owner's
-  // expert GEMMs of the previous MoE backward, which precede that backward's dispatch_backward
-  // syncs, which we have passed. (2) expert_out (GET, for dweights) was completed before the
-  // combine sync of this lease's forward; the lease keeps it from being overwritten.
+  // NOTES: no opening sync for a lease. (1) The d_expert_out rows we store into were last read by
+  // the owner's expert GEMMs of the previous MoE backward, which precede that backward's
+  // dispatch_backward syncs, which we have passed. (2) expert_out (GET, for dweights) was completed
+  // before the combine sync of this lease's forward; the lease keeps it from being overwritten.
+  // The recompute pair's expert_out is different: the owner has just rewritten it (the recomputed
+  // down projection, after the re-dispatch sync), so every owner must finish that before we load.
+  if (is_recompute_buffer(expert_out)) heap_->sync();
   const int32_t* index = plan.route_index.i32();
   const float* g = dout.f32();
   const float* w = weights.f32();

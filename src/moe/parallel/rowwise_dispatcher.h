@@ -8,6 +8,9 @@
 //   forward:  place_routes (all-gather) | dispatch: PUT expert_in, SYNC | experts (local) | combine: SYNC, GET expert_out
 //   backward: combine_backward: PUT d_expert_out, GET expert_out, SYNC | experts (local) |
 //             dispatch_backward: SYNC, GET d_expert_in, SYNC
+// With recompute (train.recompute = block) the backward opens with dispatch again (PUT into the
+// shared recompute expert_in, SYNC) and the recomputed experts, and combine_backward of the
+// recompute pair's expert_out opens with a SYNC.
 // The hazard each sync removes is written next to it in rowwise_dispatcher.cpp (NOTES:).
 #pragma once
 
@@ -42,7 +45,7 @@ class RowwiseDispatcher final : public PooledDispatcher {
   // of the same buffer on rank r.
   void resolve_peers(std::vector<float*>& peers, const Tensor& t, const char* op, const char* what);
   void check_tokens(const Tensor& t, int64_t cols, const char* op, const char* what) const;
-  // Payload of dispatch or combine: every kept route's row, and those of other ranks.
+  // Payload of dispatch and combine: every kept route's row twice, and those of other ranks.
   void count_bytes(const RoutePlan& plan);
 
   Communicator& ep_group_;

@@ -12,6 +12,7 @@
 
 #include "moe/data/data_config.h"
 #include "moe/model/config.h"
+#include "moe/model/recompute.h"
 
 namespace moe {
 
@@ -36,6 +37,7 @@ struct TrainConfig {
   int64_t keep_last = 0;           // 0 = keep all checkpoints of this run's line
   int64_t max_skipped_steps = 10;  // consecutive non-finite (skipped) steps that end the run; 0 = never
   bool cuda_graph = false;         // GPU: capture the whole step once, replay it every step
+  Recompute recompute = Recompute::None;  // activations dropped in forward and recomputed in backward
   std::string max_duration;        // wall-clock budget of this process ("90m", "4h", "1h30m"); "" = none
 };
 

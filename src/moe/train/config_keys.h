@@ -152,6 +152,13 @@ void visit_config_keys(C& c, V&& v) {
   v.key("train", "max_skipped_steps", t.max_skipped_steps, count_from(0),
         "end the run with an error after this many consecutive steps skipped for non-finite gradients; 0 = never");
   v.key("train", "cuda_graph", t.cuda_graph, any_value<bool>(), "GPU: capture the step once, replay it every step");
+  v.choice("train", "recompute", t.recompute,
+           Choices<Recompute>{{"none", Recompute::None},
+                              {"experts", Recompute::Experts},
+                              {"attention", Recompute::Attention},
+                              {"block", Recompute::Block}},
+           "activations recomputed in backward instead of kept: none, experts (expert gate/up and SwiGLU outputs), "
+           "attention (the attention block's internals) or block (everything but each block's input and routing)");
   v.key("train", "max_duration", t.max_duration, any_value<std::string>(),
         "wall-clock budget of this process (\"4h\", \"1h30m\", \"90s\"): at the first step boundary past it, save a "
         "checkpoint and stop; \"\" = none");

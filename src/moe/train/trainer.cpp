@@ -151,7 +151,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   host_bias_.assign(static_cast<size_t>(L * N), 0.0f);
   host_load_.assign(static_cast<size_t>(L * N), 0.0f);
   model_ = std::make_unique<Transformer>(mc, cfg_.train.micro_batch_size, cfg_.train.seq_len, acts_, *dispatcher_,
-                                         static_cast<int>(cfg_.parallel.lease_slots));
+                                         static_cast<int>(cfg_.parallel.lease_slots), cfg_.train.recompute);
   model_->set_block_hooks(store_->hooks());
   // Fail before any work when the plan cannot fit in this machine's (or this GPU's) memory.
   size_t limit = physical_memory_bytes();
@@ -225,11 +225,11 @@ void Trainer::print_plan() const {
   std::printf("  device: %s; MFU against %.4g TFLOP/s (%s)\n", run_device_.note.c_str(), peak_.tflops,
               peak_.source.c_str());
   std::printf("  memory plan (%s, %.0f tokens/step): parameters %s (FP32), compute weights %s (BF16), gradients %s, "
-              "optimizer %s, other state %s; activations %s (expert buffers %s); total %s\n",
+              "optimizer %s, other state %s; activations %s (expert buffers %s; recompute %s); total %s\n",
               std::string(device_name(dev_)).c_str(), tokens_per_step, b(params).c_str(), b(compute).c_str(), b(grads).c_str(),
               b(optim).c_str(), b(other).c_str(), b(acts_.total_bytes()).c_str(),
               b(acts_.bytes_with_prefix("dispatch.") + dispatcher_->heap_bytes()).c_str(),
-              b(state_.total_bytes() + acts_.total_bytes() + dispatcher_->heap_bytes()).c_str());
+              to_string(cfg_.train.recompute), b(state_.total_bytes() + acts_.total_bytes() + dispatcher_->heap_bytes()).c_str());
   if (dispatcher_->heap_bytes() > 0)
     std::printf("  (expert buffers in the %s dispatcher's symmetric heap: %s per rank, outside the arenas)\n",
                 dispatcher_->name(), b(dispatcher_->heap_bytes()).c_str());

@@ -1,0 +1,36 @@
+// Selective activation recompute (`train.recompute`): which activations a layer keeps from its
+// forward to its backward, and which it drops and computes again in backward. A dropped activation
+// is not reserved per layer: every layer writes it into one shared buffer, which backward
+// rewrites (from what the layer kept) right before it reads it. Recompute never changes results:
+// the recomputed values are the forward's, by the same ops on the same inputs.
+//
+//   none:      every layer keeps everything its backward reads.
+//   experts:   MoE layers drop the routed experts' gate/up products and SwiGLU outputs (and the
+//              shared expert's), recomputed from the kept expert input (and the FFN norm output).
+//   attention: every layer drops the attention block's internals (input-norm output and rstd, the
+//              q/k/v projections before and after qk-norm and RoPE, the qk-norm rstds, the
+//              attention output and its softmax statistics), recomputed from the layer input.
+//   block:     every layer keeps only its input (and, for MoE layers, the routing decision: top-K
+//              ids and weights, expert counts, route index, expert offsets, and its two auxiliary
+//              losses) and recomputes the whole block in backward. The MoE block then replays the
+//              saved routing: the router runs again only for the scores its backward needs, the
+//              rows are dispatched again with the saved route index into the dispatcher's shared
+//              recompute buffers (no lease), and every rank re-dispatches the same layers in the
+//              same order, so under EP > 1 the collective calls line up.
+#pragma once
+
+namespace moe {
+
+enum class Recompute { None, Experts, Attention, Block };
+
+inline const char* to_string(Recompute r) {
+  switch (r) {
+    case Recompute::None: return "none";
+    case Recompute::Experts: return "experts";
+    case Recompute::Attention: return "attention";
+    case Recompute::Block: return "block";
+  }
+  return "?";
+}
+
+}  // namespace moe
