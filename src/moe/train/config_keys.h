@@ -136,6 +136,10 @@ void visit_config_keys(C& c, V&& v) {
         "wall-clock budget of this process (\"4h\", \"1h30m\", \"90s\"): at the first step boundary past it, save a "
         "checkpoint and stop; \"\" = none");
 
+  v.choice("optim", "moment_dtype", c.optim.moment_dtype, Choices<DType>{{"fp32", DType::F32}, {"bf16", DType::BF16}},
+           "dtype of the AdamW moments: fp32 (8 bytes per parameter) or bf16 (4; computed in FP32, stored rounded "
+           "to nearest even); checkpoints resume under either");
+
   v.choice("parallel", "mode", c.parallel.mode, Choices<std::string>{{"ddp", "ddp"}, {"fsdp", "fsdp"}},
            "ddp: resident weights + expert parallelism; fsdp: the full-reshard baseline");
   v.key("parallel", "ep", c.parallel.ep, between<int64_t>(1, 1 << 20),
