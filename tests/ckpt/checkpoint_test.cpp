@@ -107,6 +107,61 @@ TEST(Checkpoint, ReadErrorsNameTheProblem) {
   EXPECT_NE(msg.find("stored as I64, caller expects F32"), std::string::npos) << msg;
 }
 
+// read_into converts between F32 and BF16 on the host (state whose storage dtype is a run setting,
+// like the AdamW moments): F32 chunks read into BF16 round to nearest even, BF16 chunks read into
+// F32 exactly, any range across chunk boundaries; equal dtypes copy; other dtypes and a wrong
+// element count are refused naming the tensor.
+TEST(Checkpoint, ReadIntoConvertsBetweenF32AndBf16) {
+  TempDir tmp;
+  Model m;
+  // 1 + i 2^-8: BF16 values (even i) and midpoints between two (odd i), nudged up when i % 3 == 0.
+  for (int i = 0; i < 24; ++i) m.w1[i] = 1.0f + static_cast<float>(i) * 0x1p-8f + (i % 3 == 0 ? 0x1p-12f : 0.0f);
+  std::vector<uint16_t> h(24);
+  for (int i = 0; i < 24; ++i) h[i] = f32_to_bf16(-3.0f * m.w1[i]);
+  const std::string dir = save_two_ranks(tmp / "run", 1, m);
+  // A second checkpoint with a BF16 tensor in two chunks.
+  const std::string t = begin_checkpoint(tmp / "bf16run", 1);
+  auto chunks = write_rank_file(t, 0, {{"m.exp_avg", DType::BF16, {4, 6}, 0, 10, h.data()}});
+  for (const auto& c : write_rank_file(t, 1, {{"m.exp_avg", DType::BF16, {4, 6}, 10, 24, h.data() + 10}}))
+    chunks.push_back(c);
+  write_checkpoint_index(t, 1, chunks, json::object());
+  const CheckpointReader f32_ckpt(dir), bf16_ckpt(commit_checkpoint(tmp / "bf16run", 1));
+
+  for (const auto& [b, e] : {std::pair<int64_t, int64_t>{0, 24}, {5, 14}, {11, 12}, {3, 3}}) {
+    SCOPED_TRACE(::testing::Message() << "[" << b << ", " << e << ")");
+    std::vector<uint16_t> as_bf16(static_cast<size_t>(e - b + 1), 0xabcd);
+    f32_ckpt.read_into("experts.w1", b, e, Tensor(as_bf16.data(), DType::BF16, {e - b}));
+    std::vector<float> as_f32(static_cast<size_t>(e - b + 1), -99.f);
+    bf16_ckpt.read_into("m.exp_avg", b, e, Tensor(as_f32.data(), DType::F32, {e - b}));
+    std::vector<uint16_t> same(static_cast<size_t>(e - b));
+    bf16_ckpt.read_into("m.exp_avg", b, e, Tensor(same.data(), DType::BF16, {e - b}));
+    for (int64_t i = b; i < e; ++i) {
+      ASSERT_EQ(as_bf16[i - b], f32_to_bf16(m.w1[i])) << i;
+      ASSERT_EQ(as_f32[i - b], bf16_to_f32(h[i])) << i;
+      ASSERT_EQ(same[i - b], h[i]) << i;
+    }
+    EXPECT_EQ(as_bf16[e - b], 0xabcd) << "wrote past the range";
+    EXPECT_EQ(as_f32[e - b], -99.f) << "wrote past the range";
+  }
+  // Round to nearest, ties to even (BF16 1.0 is 0x3f80, one step is 2^-7): a tie at 1 + 2^-8 goes
+  // down to the even 0x3f80, one at 1 + 5 2^-8 up to the even 0x3f82, and 1 + 3 2^-8 + 2^-12 (past
+  // a midpoint) up to 0x3f82, where truncation would give 0x3f81.
+  std::vector<uint16_t> rounded(5);
+  f32_ckpt.read_into("experts.w1", 1, 6, Tensor(rounded.data(), DType::BF16, {5}));
+  EXPECT_EQ(rounded[0], 0x3f80);
+  EXPECT_EQ(rounded[2], 0x3f82);
+  EXPECT_EQ(rounded[4], 0x3f82);
+
+  std::vector<int64_t> ids(10);
+  std::string msg = error_of([&] { f32_ckpt.read_into("embed.ids", 0, 10, Tensor(ids.data(), DType::F32, {10})); });
+  EXPECT_NE(msg.find("'embed.ids' (stored as I64) into a F32 tensor"), std::string::npos) << msg;
+  std::vector<float> out(24);
+  msg = error_of([&] { f32_ckpt.read_into("experts.w1", 0, 5, Tensor(out.data(), DType::F32, {4})); });
+  EXPECT_NE(msg.find("read of 'experts.w1' (stored as F32) into a F32 tensor of 4 elements, expected 5"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(Checkpoint, OverlappingOrInconsistentSlicesAreRefused) {
   TempDir tmp;
   Model m;

@@ -5,7 +5,8 @@
 // bit-identical (the skip is decided on the device). With a schedule (lr, step in device memory)
 // adamw_step must give the bits of the same lr and step passed from the host, also when replayed
 // from a captured CUDA graph. The float4 and one-by-one update paths give the same bits, and the
-// BF16 copy written with param_bf16 is exactly the rounding of the new param.
+// BF16 copy written with param_bf16 is exactly the rounding of the new param. With BF16 moments the
+// device gives the CPU op's bits on both paths.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -268,6 +269,81 @@ TEST(CudaOptim, AdamwVectorAndScalarPathsAndTheBf16CopyAgree) {
 #endif
 }
 
+// BF16 moments (optim.moment_dtype = "bf16"): the device gives the CPU op's bits for param, m, v
+// and the BF16 param copy, on the vector path (8-byte loads and stores of 4 BF16 moments; views 0-3
+// elements past an aligned base, so heads and tails of 0-3 elements) and on the one-by-one path
+// (moments at another misalignment than param), over four steps: weight decay, clipping active,
+// the lr and step from the host or from a schedule in device memory, and a step skipped for a NaN
+// norm (nothing changes), at sizes from 1 element to several grid-strides.
+TEST(CudaOptim, AdamwWithBf16MomentsGivesTheCpuOpsBitsOnBothPaths) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  const std::pair<int64_t, int64_t> offsets[] = {{0, 0}, {1, 1}, {3, 3}, {0, 1}, {2, 3}};
+  for (int64_t n : {int64_t{1}, int64_t{777}, int64_t{100003}, int64_t{(1 << 24) + 5}}) {
+    for (const auto& [param_off, m_off] : offsets) {
+      if (n > 100003 && param_off != m_off) continue;  // the one-by-one path once per size is enough
+      SCOPED_TRACE(::testing::Message() << "n " << n << ", param offset " << param_off << ", m offset " << m_off);
+      AdamWConfig cfg;
+      cfg.weight_decay = 0.1f;
+      auto param = random_values(n, 61);
+      std::vector<uint16_t> m(static_cast<size_t>(n), 0), v(static_cast<size_t>(n), 0), copy(static_cast<size_t>(n));
+      const int64_t len = n + 4;
+      DeviceBuffer p_d(DType::F32, {len}), g_d(DType::F32, {len}), m_d(DType::BF16, {len}), v_d(DType::BF16, {len}),
+          c_d(DType::BF16, {len}), norm_d(DType::F32, {1}), schedule_d(DType::F32, {2});
+      auto at = [&](const DeviceBuffer& b, int64_t off) {
+        return Tensor(static_cast<char*>(b.tensor().data) + off * static_cast<int64_t>(dtype_size(b.tensor().dtype)),
+                      b.tensor().dtype, {n}, Device::CUDA);
+      };
+      auto padded = [&](const std::vector<float>& x, int64_t off) {
+        std::vector<float> out(static_cast<size_t>(len), 0.0f);
+        std::copy(x.begin(), x.end(), out.begin() + off);
+        return out;
+      };
+      auto window = [&](const std::vector<float>& all, int64_t off) {
+        return std::vector<float>(all.begin() + off, all.begin() + off + n);
+      };
+      p_d.upload(padded(param, param_off));
+      m_d.upload(std::vector<float>(static_cast<size_t>(len), 0.0f));
+      v_d.upload(std::vector<float>(static_cast<size_t>(len), 0.0f));
+      for (int64_t step = 1; step <= 4; ++step) {
+        cfg.lr = 1e-3f * static_cast<float>(step);
+        auto grad = random_values(n, 70 + step, 0.5);
+        float norm_sq = 0.0f;
+        sum_squares_accumulate(f32_tensor(&norm_sq, {1}), f32_tensor(grad.data(), {n}), Tensor());
+        if (step == 2) norm_sq = std::numeric_limits<float>::quiet_NaN();  // skipped on both
+        g_d.upload(padded(grad, param_off));
+        norm_d.upload({norm_sq});
+        const bool use_schedule = step >= 3;
+        AdamWConfig device_cfg = cfg;
+        if (use_schedule) {
+          schedule_d.upload({cfg.lr, static_cast<float>(step)});
+          device_cfg.lr = 123.0f;  // ignored
+        }
+        adamw_step(f32_tensor(param.data(), {n}), f32_tensor(grad.data(), {n}),
+                   Tensor(m.data(), DType::BF16, {n}), Tensor(v.data(), DType::BF16, {n}), f32_tensor(&norm_sq, {1}),
+                   1.0f, cfg, step, {}, {}, Tensor(copy.data(), DType::BF16, {n}));
+        adamw_step(at(p_d, param_off), at(g_d, param_off), at(m_d, m_off), at(v_d, m_off), norm_d, 1.0f, device_cfg,
+                   use_schedule ? -1 : step, {}, use_schedule ? schedule_d.tensor() : Tensor(), at(c_d, param_off));
+        std::vector<float> m_f(static_cast<size_t>(n)), v_f(static_cast<size_t>(n)), c_f(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          m_f[static_cast<size_t>(i)] = bf16_to_f32(m[static_cast<size_t>(i)]);
+          v_f[static_cast<size_t>(i)] = bf16_to_f32(v[static_cast<size_t>(i)]);
+          c_f[static_cast<size_t>(i)] = bf16_to_f32(copy[static_cast<size_t>(i)]);
+        }
+        EXPECT_TRUE(same_bits(window(p_d.download(), param_off), param)) << "param, step " << step;
+        EXPECT_TRUE(same_bits(window(m_d.download(), m_off), m_f)) << "exp_avg, step " << step;
+        EXPECT_TRUE(same_bits(window(v_d.download(), m_off), v_f)) << "exp_avg_sq, step " << step;
+        EXPECT_TRUE(same_bits(window(c_d.download(), param_off), c_f)) << "param_bf16, step " << step;
+      }
+      // The moments around the views are untouched (zeros as uploaded).
+      const auto m_all = m_d.download();
+      for (int64_t i = 0; i < m_off; ++i) EXPECT_EQ(m_all[static_cast<size_t>(i)], 0.0f) << i;
+      for (int64_t i = m_off + n; i < len; ++i) EXPECT_EQ(m_all[static_cast<size_t>(i)], 0.0f) << i;
+    }
+  }
+#endif
+}
+
 TEST(CudaOptim, RejectsNonF32AndMismatchedShapes) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
@@ -277,6 +353,8 @@ TEST(CudaOptim, RejectsNonF32AndMismatchedShapes) {
   EXPECT_THROW(sum_squares_accumulate(out2, p, ws), Error);
   EXPECT_THROW(adamw_step(p, g7, p, p, norm, 1.0f, AdamWConfig{}, 1), Error);
   EXPECT_THROW(adamw_step(p_bf16, p_bf16, p_bf16, p_bf16, norm, 1.0f, AdamWConfig{}, 1), Error);
+  EXPECT_THROW(adamw_step(p, p, p_bf16, p, norm, 1.0f, AdamWConfig{}, 1), Error);  // moments of two dtypes
+  EXPECT_NO_THROW(adamw_step(p, p, p_bf16, p_bf16, norm, 1.0f, AdamWConfig{}, 1));
   EXPECT_THROW(adamw_step(p, p, p, p, norm, 1.0f, AdamWConfig{}, 0), Error);
 #endif
 }

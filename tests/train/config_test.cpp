@@ -29,7 +29,8 @@ TEST(Config, WrittenConfigReadsBackToTheSameValueForEveryKey) {
   const Config c = load_config("tiny", {"name=\"plain-name_1.0\"", "run.dir=\"dir \\\"quoted\\\" \\\\with\\nnewline = [x]\"",
                                         "train.lr=0.1", "model.rope_theta=3.0000000000000004", "data.seed=0",
                                         "train.seed=9223372036854775807", "run.resume=\"auto\"",
-                                        "model.qk_norm=\"per_head\"", "parallel.mode=\"ddp\""});
+                                        "model.qk_norm=\"per_head\"", "parallel.mode=\"ddp\"",
+                                        "optim.moment_dtype=\"bf16\""});
   EXPECT_EQ(c.name, "plain-name_1.0");
   EXPECT_EQ(c.run.dir, "dir \"quoted\" \\with\nnewline = [x]");
   const std::string text = config_to_toml(c);
@@ -38,6 +39,8 @@ TEST(Config, WrittenConfigReadsBackToTheSameValueForEveryKey) {
   EXPECT_EQ(back.run.dir, c.run.dir);
   EXPECT_EQ(back.model.rope_theta, 3.0000000000000004);
   EXPECT_EQ(back.train.seed, 9223372036854775807ull);
+  EXPECT_EQ(back.optim.moment_dtype, DType::BF16);
+  EXPECT_EQ(load_config("tiny").optim.moment_dtype, DType::F32) << "moments default to FP32";
   EXPECT_EQ(config_differences(back, c, "", "a", "b"), "");
 }
 
@@ -79,6 +82,7 @@ TEST(Config, ValuesOutsideAKeysRangeAreRefusedNamingTheKeyAndTheRange) {
       {"parallel.ep=0", "parallel.ep"},
       {"train.max_skipped_steps=-1", "train.max_skipped_steps"},
       {"run.resume=\"always\"", "run.resume = \"always\" is not one of: no, auto"},
+      {"optim.moment_dtype=\"fp16\"", "optim.moment_dtype = \"fp16\" is not one of: fp32, bf16"},
       {"model.hidden_size=2.5", "must be an integer"},
       {"train.lr=\"fast\"", "must be a number"},
   };

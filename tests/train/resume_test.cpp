@@ -1,6 +1,9 @@
 // A run stopped at step k and resumed continues with exactly the losses of the uninterrupted run.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+
 #include "moe/ckpt/checkpoint.h"
 #include "moe/train/trainer.h"
 #include "train_test_util.h"
@@ -45,6 +48,41 @@ TEST(Resume, RandomRoutingAndRouterBiasResumeBitExactly) {
   // Random routing draws from (seed, step, microbatch); the aux-free bias is checkpointed state.
   expect_resume_matches({"model.routing=\"random\""});
   expect_resume_matches({"model.bias_update_rate=0.01"});
+}
+
+TEST(Resume, Bf16MomentsResumeBitExactly) { expect_resume_matches({"optim.moment_dtype=\"bf16\""}); }
+
+// A checkpoint resumes under the other optim.moment_dtype (moments are converted on load; the
+// conversion itself is checked in optimizer_moments_test): the first resumed step's loss, which
+// depends only on the weights, is the uninterrupted run's bit for bit, and the run goes on.
+TEST(Resume, ACheckpointResumesUnderTheOtherMomentDtype) {
+  for (const auto& [saved, resumed] : {std::pair{"fp32", "bf16"}, std::pair{"bf16", "fp32"}}) {
+    SCOPED_TRACE(std::string("saved with ") + saved + " moments, resumed with " + resumed);
+    testing::TempDir full_dir, split_dir;
+    TrainOptions quiet;
+    quiet.quiet = true;
+    const std::string saved_set = std::string("optim.moment_dtype=\"") + saved + "\"";
+    Trainer full(testing::small_config(full_dir.path, {"train.steps=6", saved_set}), quiet, testing::local_world());
+    const std::vector<double> uninterrupted = losses(full.run());
+    {
+      Trainer t(testing::small_config(split_dir.path, {"train.steps=6", "train.save_every=3", saved_set}), quiet,
+                testing::local_world());
+      t.run();
+    }
+    EXPECT_EQ(CheckpointReader(split_dir.path + "/step-000003").dtype("lm_head.weight.exp_avg"),
+              std::string(saved) == "bf16" ? DType::BF16 : DType::F32);
+    TrainOptions resume = quiet;
+    resume.resume = split_dir.path + "/step-000003";
+    Trainer t(testing::small_config(split_dir.path, {"train.steps=6", "train.save_every=3",
+                                                     std::string("optim.moment_dtype=\"") + resumed + "\""}),
+              resume, testing::local_world());
+    const TrainSummary s = t.run();
+    ASSERT_EQ(s.first_step, 3);
+    const std::vector<double> tail = losses(s);
+    ASSERT_EQ(tail.size(), 3u);
+    EXPECT_EQ(tail[0], uninterrupted[3]) << "step 4 differs after resume";
+    EXPECT_EQ(s.skipped_steps, 0);
+  }
 }
 
 TEST(Resume, ModelConfigMismatchIsRefusedNamingTheKey) {

@@ -96,6 +96,9 @@ void check_and_sort_chunks(const std::string& where, const std::string& key, std
   }
 }
 
+// The dtypes read_into converts between.
+bool is_f32_or_bf16(DType t) { return t == DType::F32 || t == DType::BF16; }
+
 void remove_tree(const std::string& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
@@ -400,12 +403,44 @@ void CheckpointReader::read(const std::string& key, DType expected, int64_t begi
 }
 
 void CheckpointReader::read_into(const std::string& key, int64_t begin, int64_t end, const Tensor& dst) const {
-  MOE_CHECK(dst.dtype == DType::F32 && dst.numel() == end - begin, "checkpoint ", dir_, ": read of '", key, "' into a ",
-            dtype_name(dst.dtype), " tensor of ", dst.numel(), " elements, expected F32 of ", end - begin);
-  if (dst.device == Device::CPU) return read(key, DType::F32, begin, end, dst.data);
-  std::vector<float> staging(static_cast<size_t>(end - begin));
-  read(key, DType::F32, begin, end, staging.data());
-  copy_to_tensor(dst, staging.data());
+  const DType stored = dtype(key);
+  const bool converts = stored != dst.dtype && is_f32_or_bf16(stored) && is_f32_or_bf16(dst.dtype);
+  MOE_CHECK((stored == dst.dtype || converts) && dst.numel() == end - begin, "checkpoint ", dir_, ": read of '", key,
+            "' (stored as ", dtype_name(stored), ") into a ", dtype_name(dst.dtype), " tensor of ", dst.numel(),
+            " elements, expected ", end - begin, " elements of ", dtype_name(stored),
+            is_f32_or_bf16(stored) ? " (or of F32/BF16, converted)" : "");
+  if (!converts && dst.device == Device::CPU) return read(key, begin, end, dst.data);
+  // Host bytes in dst's dtype: dst itself on the CPU, else a staging buffer copied over at the end.
+  std::vector<unsigned char> staging(dst.device == Device::CPU ? 0 : dst.nbytes());
+  auto* host = dst.device == Device::CPU ? static_cast<unsigned char*>(dst.data) : staging.data();
+  if (!converts) {
+    read(key, begin, end, host);
+  } else {
+    // Converted a bounded run of elements at a time, so the stored dtype needs no second full buffer.
+    constexpr int64_t kRun = int64_t{1} << 20;
+    std::vector<unsigned char> raw(static_cast<size_t>(std::min(kRun, end - begin)) * dtype_size(stored));
+    for (int64_t at = begin; at < end; at += kRun) {
+      const int64_t n = std::min(kRun, end - at);
+      read(key, at, at + n, raw.data());
+      const size_t offset = static_cast<size_t>(at - begin);
+      if (stored == DType::F32) {
+        auto* out = reinterpret_cast<uint16_t*>(host) + offset;
+        for (int64_t i = 0; i < n; ++i) {
+          float f;
+          std::memcpy(&f, raw.data() + i * 4, 4);
+          out[i] = f32_to_bf16(f);
+        }
+      } else {
+        auto* out = reinterpret_cast<float*>(host) + offset;
+        for (int64_t i = 0; i < n; ++i) {
+          uint16_t h;
+          std::memcpy(&h, raw.data() + i * 2, 2);
+          out[i] = bf16_to_f32(h);
+        }
+      }
+    }
+  }
+  if (dst.device != Device::CPU) copy_to_tensor(dst, staging.data());
 }
 
 void CheckpointReader::verify_chunk(const StoredTensor& t, size_t i) const {

@@ -125,8 +125,11 @@ class CheckpointReader {
   void read(const std::string& key, int64_t begin, int64_t end, void* out) const;
   // Same, and first checks that the stored dtype is `expected`.
   void read(const std::string& key, DType expected, int64_t begin, int64_t end, void* out) const;
-  // Same for F32 elements into a 1-D F32 tensor of end - begin elements on any device (a device
-  // tensor is filled through a host buffer of that size).
+  // Same into a tensor of end - begin elements on any device (a device tensor is filled through a
+  // host buffer of that size). The stored dtype must be dst's, except that F32 and BF16 convert
+  // into each other on the host (F32 -> BF16 rounds to nearest even, BF16 -> F32 is exact): state
+  // whose storage dtype is a run setting (the AdamW moments, optim.moment_dtype) is saved as it is
+  // stored and resumes under either setting.
   void read_into(const std::string& key, int64_t begin, int64_t end, const Tensor& dst) const;
 
  private:

@@ -6,7 +6,8 @@
 //   - compute tensors (activations, weights, their gradients): F32 on the CPU; on CUDA one dtype T
 //     per call, F32 or BF16 (arithmetic in FP32);
 //   - outputs that may accumulate in FP32 (products, weight gradients): T or F32;
-//   - statistics, router tensors and optimizer state: F32; integer metadata: I32 (both devices).
+//   - statistics, router tensors and optimizer state: F32 (the AdamW moments F32 or BF16, a storage
+//     choice: the update computes in FP32); integer metadata: I32 (both devices).
 // Values inside tensors (index ranges, offsets) are checked only where the host can read them (CPU
 // tensors); the CUDA kernels' behaviour on such values is documented in ops/cuda/<family>.h.
 // Every message starts with the op's name, names the tensor and says what was expected.

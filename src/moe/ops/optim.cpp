@@ -38,8 +38,9 @@ void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_
   const char* op = check.op();
   check.tensor("param", param, DType::F32);
   check.tensor("grad", grad, DType::F32);
-  check.tensor("m", m, DType::F32);
-  check.tensor("v", v, DType::F32);
+  // Moments: F32, or BF16 storage (optim.moment_dtype); one dtype for both.
+  check.tensor("m", m, m.dtype == DType::BF16 ? DType::BF16 : DType::F32, "moments are F32 or BF16");
+  check.same_dtype("v", v, "m", m);
   check.tensor("grad_norm_sq", grad_norm_sq, DType::F32);
   check.same_shape("grad", grad, "param", param);
   check.same_shape("m", m, "param", param);

@@ -1,6 +1,6 @@
-// Optimizer ops over flat FP32 buffers: gradient norm and AdamW. Clipping and the non-finite
-// skip are decided inside the update from the squared norm in memory, so the GPU path needs no
-// host round trip.
+// Optimizer ops over flat FP32 buffers (the AdamW moments FP32 or BF16): gradient norm and AdamW.
+// Clipping and the non-finite skip are decided inside the update from the squared norm in memory,
+// so the GPU path needs no host round trip.
 #pragma once
 
 #include "moe/core/stream.h"
@@ -26,12 +26,16 @@ int64_t sum_squares_workspace_elems(Device device, int64_t n);
 // concurrently when each has its own workspace.
 void sum_squares_accumulate(Tensor out, Tensor x, Tensor workspace, Stream stream = {});
 
-// One AdamW step on param/grad/m/v (same shapes, FP32), torch.optim.AdamW semantics:
+// One AdamW step on param/grad/m/v (same shapes; param and grad FP32, the moments m and v both
+// FP32 or both BF16), torch.optim.AdamW semantics:
 //   if grad_norm_sq[0] is not finite: nothing changes (the step is skipped);
 //   clip = max_norm > 0 ? min(1, max_norm / (sqrt(grad_norm_sq[0]) + 1e-6)) : 1;  g = clip * grad;
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   param = param * (1 - lr * wd) - lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps).
-// step counts from 1.
+// step counts from 1. Everything is computed in FP32. BF16 moments are read widened (exact) and the
+// new m and v are stored rounded to nearest even in the same pass; the param update uses the FP32
+// values before that rounding (the moments' storage dtype changes what the next step reads, not
+// this step's update).
 // schedule: empty, or F32 [2] on the params' device: schedule[0] = lr, schedule[1] = step (counting
 // from 1, a whole number). When given, lr and step are read from it in memory when the update runs,
 // and cfg.lr and `step` are ignored: a captured CUDA graph replays with a new learning rate and step

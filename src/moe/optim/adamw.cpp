@@ -6,10 +6,12 @@
 
 namespace moe {
 
-AdamW::AdamW(const ParamRegistry& reg, Arena& arena) : reg_(reg), arena_(arena) {
+AdamW::AdamW(const ParamRegistry& reg, Arena& arena, DType moment_dtype) : reg_(reg), arena_(arena) {
+  MOE_CHECK(moment_dtype == DType::F32 || moment_dtype == DType::BF16, "AdamW: moments are F32 or BF16, not ",
+            dtype_name(moment_dtype));
   const int64_t n = reg.total_numel();
-  m_ = arena.reserve("optimizer.exp_avg", DType::F32, {n});
-  v_ = arena.reserve("optimizer.exp_avg_sq", DType::F32, {n});
+  m_ = arena.reserve("optimizer.exp_avg", moment_dtype, {n});
+  v_ = arena.reserve("optimizer.exp_avg_sq", moment_dtype, {n});
   norm_sq_ = arena.reserve("optimizer.grad_norm_sq", DType::F32, {1});
   norm_ws_ =
       arena.reserve("optimizer.grad_norm_workspace", DType::F32, {sum_squares_workspace_elems(arena.device(), n)});

@@ -14,8 +14,9 @@ namespace moe {
 
 class AdamW {
  public:
-  // Reserves the moments (exp_avg, exp_avg_sq), the norm scalar and its workspace in `arena`.
-  AdamW(const ParamRegistry& reg, Arena& arena);
+  // Reserves the moments (exp_avg, exp_avg_sq, in moment_dtype: F32 or BF16), the norm scalar and
+  // its workspace in `arena`.
+  AdamW(const ParamRegistry& reg, Arena& arena, DType moment_dtype = DType::F32);
 
   struct Result {
     double grad_norm = 0;  // global L2 norm before clipping

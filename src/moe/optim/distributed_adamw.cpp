@@ -10,7 +10,7 @@ namespace moe {
 
 namespace {
 
-// Elements [begin, begin + n) of a flat buffer (FP32 state, or the BF16 compute copy), as a 1-D tensor.
+// Elements [begin, begin + n) of a flat buffer (FP32 state, BF16 moments or the BF16 compute copy), as a 1-D tensor.
 Tensor flat_range(const Tensor& t, int64_t begin, int64_t n) {
   MOE_CHECK(begin >= 0 && n >= 0 && begin + n <= t.numel(), "range [", begin, ", ", begin + n,
             ") outside a buffer of ", t.numel(), " elements");
@@ -20,9 +20,12 @@ Tensor flat_range(const Tensor& t, int64_t begin, int64_t n) {
 
 }  // namespace
 
-DistributedAdamW::DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, Arena& arena, size_t bucket_bytes)
-    : reg_(reg), mesh_(mesh), arena_(arena) {
+DistributedAdamW::DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, Arena& arena, DType moment_dtype,
+                                   size_t bucket_bytes)
+    : reg_(reg), mesh_(mesh), arena_(arena), moment_dtype_(moment_dtype) {
   MOE_CHECK(mesh.world != nullptr, "DistributedAdamW: the mesh has no world communicator");
+  MOE_CHECK(moment_dtype == DType::F32 || moment_dtype == DType::BF16,
+            "DistributedAdamW: moments are F32 or BF16, not ", dtype_name(moment_dtype));
   MOE_CHECK(bucket_bytes >= sizeof(float), "DistributedAdamW: bucket_bytes = ", bucket_bytes,
             " holds no FP32 element");
   bucket_elems_ = static_cast<int64_t>(bucket_bytes / sizeof(float));
@@ -52,8 +55,8 @@ DistributedAdamW::DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, A
     staging = std::max(staging, chunk * s->group_size);
     send = std::max(send, chunk);
   }
-  m_ = arena.reserve("optimizer.exp_avg_shard", DType::F32, {shard_total});
-  v_ = arena.reserve("optimizer.exp_avg_sq_shard", DType::F32, {shard_total});
+  m_ = arena.reserve("optimizer.exp_avg_shard", moment_dtype, {shard_total});
+  v_ = arena.reserve("optimizer.exp_avg_sq_shard", moment_dtype, {shard_total});
   norm_sq_ = arena.reserve("optimizer.grad_norm_sq", DType::F32, {1});
   // The norm runs over the gradient shard (one rank: the whole gradient buffer).
   const int64_t norm_elems = single_rank_ ? reg.total_numel() : shard_total;
@@ -214,8 +217,8 @@ std::vector<DistributedAdamW::MomentSlice> DistributedAdamW::moment_slices() con
     s.entry = &e;
     s.begin = e.global_begin() + (pc.flat_begin - e.offset);
     s.end = s.begin + pc.n;
-    s.exp_avg = m.ptr<float>() + pc.buffer_offset;
-    s.exp_avg_sq = v.ptr<float>() + pc.buffer_offset;
+    s.exp_avg = flat_range(m, pc.buffer_offset, pc.n);
+    s.exp_avg_sq = flat_range(v, pc.buffer_offset, pc.n);
     out.push_back(s);
   }
   return out;

@@ -11,10 +11,10 @@
 //      the non-finite skip decided from the norm in memory (the same on every rank);
 //   4. all-gather of the updated shards back into the full params buffer, per group.
 //
-// The main weights of a shard are that slice of the trainer's FP32 params buffer: only moments,
-// the gradient shard, the norm scalar and staging are reserved here. With one rank the result
-// equals AdamW bit for bit, and nothing is reduced or gathered: AdamW reads the gradient buffer
-// in place (no shard copy, no staging).
+// The main weights of a shard are that slice of the trainer's FP32 params buffer: only moments (F32
+// or BF16, optim.moment_dtype), the gradient shard, the norm scalar and staging are reserved here.
+// With one rank the result equals AdamW bit for bit, and nothing is reduced or gathered: AdamW
+// reads the gradient buffer in place (no shard copy, no staging).
 #pragma once
 
 #include <cstddef>
@@ -34,9 +34,9 @@ class DistributedAdamW {
  public:
   static constexpr size_t kDefaultBucketBytes = size_t{16} << 20;
 
-  // Reserves the shard moments, gradient shard, norm scalar and staging in `arena` (which the
-  // caller commits). `reg` and `mesh` must outlive the optimizer.
-  DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, Arena& arena,
+  // Reserves the shard moments (in moment_dtype: F32 or BF16), gradient shard, norm scalar and
+  // staging in `arena` (which the caller commits). `reg` and `mesh` must outlive the optimizer.
+  DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, Arena& arena, DType moment_dtype = DType::F32,
                    size_t bucket_bytes = kDefaultBucketBytes);
 
   struct Result {
@@ -68,7 +68,9 @@ class DistributedAdamW {
   };
   const Shard& shard(ReplicaGroup group) const { return group == ReplicaGroup::Dense ? dense_ : expert_; }
 
-  // Shard buffers laid out [dense shard | expert shard] (each shard_numel long, padding zero).
+  // Shard buffers laid out [dense shard | expert shard] (each shard_numel long, padding zero), in
+  // moment_dtype().
+  DType moment_dtype() const { return moment_dtype_; }
   Tensor exp_avg() const { return arena_.get(m_); }
   Tensor exp_avg_sq() const { return arena_.get(v_); }
   // Empty for a world of one rank (the gradient buffer is the shard).
@@ -82,15 +84,15 @@ class DistributedAdamW {
     int param = 0;
     const ParamEntry* entry = nullptr;
     int64_t begin = 0, end = 0;
-    float* exp_avg = nullptr;     // end - begin elements
-    float* exp_avg_sq = nullptr;  // end - begin elements
+    Tensor exp_avg, exp_avg_sq;  // 1-D views of end - begin elements of the shard buffers (moment_dtype())
   };
   // Valid once the arena is committed.
   std::vector<MomentSlice> moment_slices() const;
 
-  // read_fn(key, logical_begin, logical_end, dst) fills dst with elements [begin, end) of the
-  // logical tensor `key`; called for every moment slice of this rank (keys as above).
-  using ReadFn = std::function<void(const std::string& key, int64_t begin, int64_t end, float* dst)>;
+  // read_fn(key, logical_begin, logical_end, dst) fills dst (a view in moment_dtype() on the arena's
+  // device) with elements [begin, end) of the logical tensor `key`; called for every moment slice
+  // of this rank (keys as above).
+  using ReadFn = std::function<void(const std::string& key, int64_t begin, int64_t end, const Tensor& dst)>;
   void load_moments(const ReadFn& read_fn) const;
 
  private:
@@ -107,6 +109,7 @@ class DistributedAdamW {
   const ParamRegistry& reg_;
   const Mesh& mesh_;
   Arena& arena_;
+  DType moment_dtype_ = DType::F32;
   int64_t bucket_elems_ = 0;  // elements per bucket over the whole group
   bool single_rank_ = false;  // a world of one: every group has one rank
   Shard dense_, expert_;

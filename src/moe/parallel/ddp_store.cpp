@@ -5,7 +5,8 @@
 
 namespace moe {
 
-DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh& mesh, Arena& arena)
+DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh& mesh, Arena& arena,
+                   DType moment_dtype)
     : cfg_(cfg), reg_(reg), mesh_(mesh), arena_(arena) {
   params_ = arena.reserve("parameters", DType::F32, {reg.total_numel()});
   grads_slot_ = arena.reserve("gradients", DType::F32, {reg.total_numel()});
@@ -13,7 +14,7 @@ DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh&
   // every change to them (DESIGN.md: BF16 compute, FP32 main weights, gradients and moments).
   has_compute_copy_ = arena.device() == Device::CUDA;
   if (has_compute_copy_) compute_ = arena.reserve("compute_weights", DType::BF16, {reg.total_numel()});
-  optimizer_ = std::make_unique<DistributedAdamW>(reg, mesh, arena);
+  optimizer_ = std::make_unique<DistributedAdamW>(reg, mesh, arena, moment_dtype);
 }
 
 void DdpStore::bind() {
@@ -87,12 +88,13 @@ std::vector<CheckpointSlice> DdpStore::checkpoint_slices() const {
     std::vector<int64_t> shape(e.global_shape.dims.begin(), e.global_shape.dims.begin() + e.global_shape.ndim);
     out.push_back({e.name, DType::F32, shape, e.global_begin(), e.global_begin() + e.numel(), reg_.view(p, i).data});
   }
-  // Moments: sharded, so every rank writes its own pieces.
+  // Moments: sharded, so every rank writes its own pieces, in the dtype they are stored in (load()
+  // converts, so a checkpoint resumes under either optim.moment_dtype).
   for (const auto& s : optimizer_->moment_slices()) {
     const ParamEntry& e = *s.entry;
     std::vector<int64_t> shape(e.global_shape.dims.begin(), e.global_shape.dims.begin() + e.global_shape.ndim);
-    out.push_back({e.name + ".exp_avg", DType::F32, shape, s.begin, s.end, s.exp_avg});
-    out.push_back({e.name + ".exp_avg_sq", DType::F32, shape, s.begin, s.end, s.exp_avg_sq});
+    out.push_back({e.name + ".exp_avg", s.exp_avg.dtype, shape, s.begin, s.end, s.exp_avg.data});
+    out.push_back({e.name + ".exp_avg_sq", s.exp_avg_sq.dtype, shape, s.begin, s.end, s.exp_avg_sq.data});
   }
   return out;
 }
@@ -100,15 +102,14 @@ std::vector<CheckpointSlice> DdpStore::checkpoint_slices() const {
 void DdpStore::load(const CheckpointReader& ckpt) {
   bind();
   const Tensor p = params();
-  auto read = [&](const std::string& key, int64_t begin, int64_t end, void* dst) {
-    ckpt.read_into(key, begin, end, Tensor(dst, DType::F32, {end - begin}, p.device));
-  };
   for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {
     const ParamEntry& e = reg_.entry(i);
-    read(e.name, e.global_begin(), e.global_begin() + e.numel(), reg_.view(p, i).data);
+    ckpt.read_into(e.name, e.global_begin(), e.global_begin() + e.numel(), reg_.view(p, i).view({e.numel()}));
   }
-  optimizer_->load_moments(
-      [&](const std::string& key, int64_t begin, int64_t end, float* dst) { read(key, begin, end, dst); });
+  // Moments saved in either dtype are converted to this run's (read_into).
+  optimizer_->load_moments([&](const std::string& key, int64_t begin, int64_t end, const Tensor& dst) {
+    ckpt.read_into(key, begin, end, dst);
+  });
   refresh_compute_weights();
 }
 

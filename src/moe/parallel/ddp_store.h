@@ -15,8 +15,9 @@ namespace moe {
 
 class DdpStore final : public ParamStore {
  public:
-  // reg must use ParamLayout::ByReplicaGroup with this rank's expert slice. Reserves in `arena`.
-  DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh& mesh, Arena& arena);
+  // reg must use ParamLayout::ByReplicaGroup with this rank's expert slice. Reserves in `arena`,
+  // the AdamW moments in moment_dtype (F32 or BF16: optim.moment_dtype).
+  DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh& mesh, Arena& arena, DType moment_dtype);
 
   const ModelWeights& weights() const override { return weights_; }
   const ModelWeights& grads() const override { return grads_; }

@@ -3,14 +3,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "moe/core/device.h"
 #include "moe/ops/elementwise.h"
 
 namespace moe {
 
-FsdpStore::FsdpStore(const ModelConfig& cfg, const ParamRegistry& reg, Communicator& world, Arena& arena)
+FsdpStore::FsdpStore(const ModelConfig& cfg, const ParamRegistry& reg, Communicator& world, Arena& arena,
+                     DType moment_dtype)
     : cfg_(cfg), reg_(reg), world_(world), arena_(arena) {
+  MOE_CHECK(moment_dtype == DType::F32 || moment_dtype == DType::BF16, "fsdp: moments are F32 or BF16, not ",
+            dtype_name(moment_dtype));
   const int nblocks = static_cast<int>(cfg.num_hidden_layers) + 2;
   blocks_.resize(static_cast<size_t>(nblocks));
   for (auto& b : blocks_) b.begin = -1;
@@ -36,8 +40,8 @@ FsdpStore::FsdpStore(const ModelConfig& cfg, const ParamRegistry& reg, Communica
   w_shard_ = arena.reserve("fsdp.weight_shards", DType::F32, {total_shard});
   if (compute_ == DType::BF16) w_shard_bf16_ = arena.reserve("fsdp.weight_shards_bf16", DType::BF16, {total_shard});
   g_shard_ = arena.reserve("fsdp.grad_shards", DType::F32, {total_shard});
-  m_ = arena.reserve("fsdp.exp_avg_shards", DType::F32, {total_shard});
-  v_ = arena.reserve("fsdp.exp_avg_sq_shards", DType::F32, {total_shard});
+  m_ = arena.reserve("fsdp.exp_avg_shards", moment_dtype, {total_shard});
+  v_ = arena.reserve("fsdp.exp_avg_sq_shards", moment_dtype, {total_shard});
   gather_w_ = arena.reserve("fsdp.gathered_block_weights", compute_, {P * max_shard});
   grad_full_ = arena.reserve("fsdp.block_gradients", DType::F32, {P * max_shard});
   rs_tmp_ = arena.reserve("fsdp.reduce_scatter_out", DType::F32, {max_shard});
@@ -174,15 +178,13 @@ void FsdpStore::reduced_gradients(const GradientFn& fn) {
 
 std::vector<CheckpointSlice> FsdpStore::checkpoint_slices() const {
   std::vector<CheckpointSlice> out;
-  const float* ws = arena_.get(w_shard_).f32();
-  const float* m = arena_.get(m_).f32();
-  const float* v = arena_.get(v_).f32();
+  const Tensor ws = arena_.get(w_shard_), m = arena_.get(m_), v = arena_.get(v_);
+  // Moments in the dtype they are stored in (load() converts, so either optim.moment_dtype resumes).
   for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) {
     const ParamEntry& e = reg_.entry(i);
     std::vector<int64_t> shape(e.global_shape.dims.begin(), e.global_shape.dims.begin() + e.global_shape.ndim);
-    out.push_back({e.name, DType::F32, shape, lo, hi, ws + at});
-    out.push_back({e.name + ".exp_avg", DType::F32, shape, lo, hi, m + at});
-    out.push_back({e.name + ".exp_avg_sq", DType::F32, shape, lo, hi, v + at});
+    for (const auto& [suffix, t] : {std::pair<const char*, Tensor>{"", ws}, {".exp_avg", m}, {".exp_avg_sq", v}})
+      out.push_back({e.name + suffix, t.dtype, shape, lo, hi, t.rows(at, at + (hi - lo)).data});
   });
   return out;
 }

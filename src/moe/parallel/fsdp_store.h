@@ -9,7 +9,8 @@
 // On the GPU (an arena on the CUDA device) the shards keep a BF16 copy, written by AdamW in its
 // own pass, and the blocks are all-gathered from it in BF16 (the mixed-precision FSDP of
 // PyTorch: half the bytes of an FP32 gather), into a BF16 gather buffer the model reads as its
-// compute weights. Gradients stay FP32 (reduce-scattered in FP32), as are the shards and moments.
+// compute weights. Gradients stay FP32 (reduce-scattered in FP32), as do the shards; the moments
+// are FP32 or BF16 (optim.moment_dtype).
 #pragma once
 
 #include <vector>
@@ -22,8 +23,9 @@ namespace moe {
 
 class FsdpStore final : public ParamStore, public BlockHooks {
  public:
-  // reg must use ParamLayout::ByBlock with all experts on this rank. Reserves in `arena`.
-  FsdpStore(const ModelConfig& cfg, const ParamRegistry& reg, Communicator& world, Arena& arena);
+  // reg must use ParamLayout::ByBlock with all experts on this rank. Reserves in `arena`, the AdamW
+  // moments in moment_dtype (F32 or BF16).
+  FsdpStore(const ModelConfig& cfg, const ParamRegistry& reg, Communicator& world, Arena& arena, DType moment_dtype);
 
   const ModelWeights& weights() const override { return weights_; }
   const ModelWeights& grads() const override { return grads_; }

@@ -1,4 +1,4 @@
-// The run configuration: TOML sections [model], [data], [train], [parallel], [ep], [run], loaded
+// The run configuration: TOML sections [model], [data], [train], [optim], [parallel], [ep], [run], loaded
 // from a file (or the built-in tiny config) with `--set section.key=value` overrides. Every key
 // in the file must be known: an unknown key is an error that names it and lists the known ones.
 // The keys themselves (type, default, accepted values, documentation) are listed once, in
@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "moe/core/dtype.h"
 #include "moe/data/data_config.h"
 #include "moe/model/config.h"
 #include "moe/model/recompute.h"
@@ -41,6 +42,13 @@ struct TrainConfig {
   std::string max_duration;        // wall-clock budget of this process ("90m", "4h", "1h30m"); "" = none
 };
 
+// How the optimizer stores its state (AdamW's learning rate, betas, epsilon and weight decay are train.* keys).
+struct OptimConfig {
+  // AdamW moments (exp_avg, exp_avg_sq): F32, or BF16 as DeepSeek-V3 stores them (half the bytes;
+  // the update computes in FP32 and rounds the new moments to nearest even). Main weights stay FP32.
+  DType moment_dtype = DType::F32;
+};
+
 struct ParallelConfig {
   std::string mode = "ddp";  // ddp: resident weights + expert parallelism; fsdp: the full-reshard baseline
   int64_t ep = 1;            // expert-parallel degree (ranks per EP group); divides the world size and N
@@ -70,6 +78,7 @@ struct Config {
   DataConfig data;
   EvalConfig eval;
   TrainConfig train;
+  OptimConfig optim;
   ParallelConfig parallel;
   EpConfig ep;
   RunConfig run;

@@ -169,6 +169,10 @@ void visit_config_keys(C& c, V&& v) {
                   f.key("path", set.path, any_value<std::string>(), "a token file, a folder or a glob (data.format)");
                 });
 
+  v.choice("optim", "moment_dtype", c.optim.moment_dtype, Choices<DType>{{"fp32", DType::F32}, {"bf16", DType::BF16}},
+           "dtype of the AdamW moments: fp32 (8 bytes per parameter) or bf16 (4; computed in FP32, stored rounded "
+           "to nearest even); checkpoints resume under either");
+
   v.choice("parallel", "mode", c.parallel.mode, Choices<std::string>{{"ddp", "ddp"}, {"fsdp", "fsdp"}},
            "ddp: resident weights + expert parallelism; fsdp: the full-reshard baseline");
   v.key("parallel", "ep", c.parallel.ep, between<int64_t>(1, 1 << 20),

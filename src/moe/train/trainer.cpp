@@ -115,7 +115,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   const int64_t moe_experts = mc.first_k_dense_replace < mc.num_hidden_layers ? mc.num_experts : 0;
   if (fsdp) {
     reg_ = build_registry(mc, 0, mc.num_experts, ParamLayout::ByBlock);
-    store_ = std::make_unique<FsdpStore>(mc, reg_, world_, state_);
+    store_ = std::make_unique<FsdpStore>(mc, reg_, world_, state_, cfg_.optim.moment_dtype);
   } else {
     // A model without MoE layers has nothing to shard over experts: data parallelism only.
     MOE_CHECK(moe_experts > 0 || cfg_.parallel.ep == 1, "parallel.ep = ", cfg_.parallel.ep,
@@ -124,7 +124,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
         make_mesh(world_, static_cast<int>(cfg_.parallel.ep), moe_experts > 0 ? moe_experts : 1));
     const int64_t local = mc.num_experts / mesh_->ep;
     reg_ = build_registry(mc, mesh_->ep_index * local, local, ParamLayout::ByReplicaGroup);
-    store_ = std::make_unique<DdpStore>(mc, reg_, *mesh_, state_);
+    store_ = std::make_unique<DdpStore>(mc, reg_, *mesh_, state_, cfg_.optim.moment_dtype);
   }
   dispatcher_ = make_run_dispatcher(dev_, run_device_.gpu_world != nullptr, moe_experts > 0, cfg_.ep.backend,
                                     mesh_ ? mesh_->ep_group.get() : nullptr, mc.num_experts, mc.capacity_factor,
@@ -230,6 +230,13 @@ void Trainer::print_plan() const {
               b(optim).c_str(), b(other).c_str(), b(acts_.total_bytes()).c_str(),
               b(acts_.bytes_with_prefix("dispatch.") + dispatcher_->heap_bytes()).c_str(),
               to_string(cfg_.train.recompute), b(state_.total_bytes() + acts_.total_bytes() + dispatcher_->heap_bytes()).c_str());
+  // Moments per parameter: 8 bytes (FP32) or 4 (BF16) unsharded; the shards leave this rank its part.
+  const size_t moments = state_.bytes_with_prefix("optimizer.exp_avg") + state_.bytes_with_prefix("fsdp.exp_avg");
+  std::printf("  optimizer: AdamW moments in %s (optim.moment_dtype), %zu bytes per parameter; this rank stores "
+              "%.2f bytes per parameter it holds (%s)\n",
+              std::string(dtype_name(cfg_.optim.moment_dtype)).c_str(), 2 * dtype_size(cfg_.optim.moment_dtype),
+              static_cast<double>(moments) / static_cast<double>(std::max<int64_t>(1, reg_.total_numel())),
+              cfg_.parallel.mode == "fsdp" ? "FSDP shards" : "ZeRO-1 shards over each replica group");
   if (dispatcher_->heap_bytes() > 0)
     std::printf("  (expert buffers in the %s dispatcher's symmetric heap: %s per rank, outside the arenas)\n",
                 dispatcher_->name(), b(dispatcher_->heap_bytes()).c_str());

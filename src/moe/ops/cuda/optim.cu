@@ -8,14 +8,17 @@
 //   sum_squares_final_kernel    one block of 256 threads: adds the G partials in a fixed order (in
 //                               double) and does out[0] += total.
 //   Deterministic: the partition and the reduction order depend only on n.
-// adamw_step: one thread per element, grid-stride, or per 4 elements (float4 loads and stores)
-// when the buffers' alignments allow, which moves the memory-bound update closer to the HBM rate.
-// With param_bf16 the BF16 copy of the new param is written in the same pass. Each thread reads
-// grad_norm_sq[0] first; a non-finite value makes every thread return before touching param/m/v
-// (the skipped step). With a schedule, thread 0 of each block computes the step's scalars from schedule (lr, step) into shared
-// memory, in double as the host does without one: pow and sqrt, then __dmul_rn/__dadd_rn so nothing
-// is fused into a multiply-add that the host would round twice. The update loop is the same code
-// either way, so the same lr and step give the same bits.
+// adamw_step: one thread per element, grid-stride, or per 4 elements (float4 loads and stores;
+// 8-byte loads and stores of 4 values for BF16 moments) when the buffers' alignments allow, which
+// moves the memory-bound update closer to the HBM rate. The moments' dtype is a template parameter:
+// BF16 moments are widened on load and rounded to nearest even on store in the same pass (the
+// update itself is the FP32 one). With param_bf16 the BF16 copy of the new param is written in the
+// same pass. Each thread reads grad_norm_sq[0] first; a non-finite value makes every thread return
+// before touching param/m/v (the skipped step). With a schedule, thread 0 of each block computes
+// the step's scalars from schedule (lr, step) into shared memory, in double as the host does
+// without one: pow and sqrt, then __dmul_rn/__dadd_rn so nothing is fused into a multiply-add that
+// the host would round twice. The update loop is the same code either way, so the same lr and step
+// give the same bits.
 // NOTES: CUDA's double pow and the host's std::pow may differ in the last bit of a double in rare
 // cases; the scalars are then rounded to FP32, where such a difference almost never shows
 // (tests/cuda/test_cuda_optim.cpp checks steps 1 to 2000 bit for bit).
@@ -90,14 +93,42 @@ __device__ __forceinline__ float adamw_update(float p, float grad, float& m, flo
   return __fsub_rn(__fmul_rn(p, s.decay), __fmul_rn(s.step_size, __fdiv_rn(m, denom)));
 }
 
+// Moments stored as FP32 or BF16 (optim.moment_dtype): loads widen exactly, stores round to
+// nearest even (__float2bfloat16_rn, the CPU's f32_to_bf16 for every non-NaN value). load4/store4
+// move elements [4j, 4j + 4) as one 16-byte float4 (FP32) or one 8-byte uint2 of two bfloat162
+// (BF16: the moments, and the param's BF16 copy).
+__device__ __forceinline__ float load_moment(const float* m, int64_t i) { return m[i]; }
+__device__ __forceinline__ float load_moment(const __nv_bfloat16* m, int64_t i) { return __bfloat162float(m[i]); }
+__device__ __forceinline__ void store_moment(float* m, int64_t i, float x) { m[i] = x; }
+__device__ __forceinline__ void store_moment(__nv_bfloat16* m, int64_t i, float x) { m[i] = __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float4 load4(const float* m, int64_t j) {
+  return reinterpret_cast<const float4*>(m)[j];
+}
+__device__ __forceinline__ float4 load4(const __nv_bfloat16* m, int64_t j) {
+  const uint2 packed = reinterpret_cast<const uint2*>(m)[j];
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ __forceinline__ void store4(float* m, int64_t j, float4 x) { reinterpret_cast<float4*>(m)[j] = x; }
+__device__ __forceinline__ void store4(__nv_bfloat16* m, int64_t j, float4 x) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+  reinterpret_cast<uint2*>(m)[j] = packed;
+}
+
 // schedule == nullptr: step_size, bias2_sqrt and decay are the host's. Otherwise they are computed
 // here from lr = schedule[0], step = schedule[1] and the weight decay wd, exactly as on the host.
-// kVec: elements [head, head + 4 * vecs) move as float4 (param, grad, m, v 16-byte aligned there,
-// copy 8-byte aligned; the host checked), the head and the tail (< 4 elements each) one by one;
-// otherwise every element one by one. copy (BF16) is written when not null.
-template <bool kVec>
+// kVec: elements [head, head + 4 * vecs) move four at a time (param, grad and FP32 moments 16-byte
+// aligned there, BF16 moments and copy 8-byte aligned; the host checked), the head and the tail
+// (< 4 elements each) one by one; otherwise every element one by one. copy (BF16) is written when
+// not null. Moment: float or __nv_bfloat16 (m and v alike).
+template <bool kVec, typename Moment>
 __global__ void __launch_bounds__(kThreads)
-    adamw_kernel(float* param, const float* grad, float* m, float* v, __nv_bfloat16* copy,
+    adamw_kernel(float* param, const float* grad, Moment* m, Moment* v, __nv_bfloat16* copy,
                  const float* grad_norm_sq, float max_norm, float b1, float b2, float eps, float step_size,
                  float bias2_sqrt, float decay, const float* schedule, float wd, int64_t n, int64_t head) {
   if (schedule != nullptr) {
@@ -124,10 +155,10 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   auto one = [&](int64_t i) {
-    float mi = m[i], vi = v[i];
+    float mi = load_moment(m, i), vi = load_moment(v, i);
     const float p = adamw_update(param[i], grad[i], mi, vi, s);
-    m[i] = mi;
-    v[i] = vi;
+    store_moment(m, i, mi);
+    store_moment(v, i, vi);
     param[i] = p;
     if (copy != nullptr) copy[i] = __float2bfloat16_rn(p);
   };
@@ -139,27 +170,48 @@ __global__ void __launch_bounds__(kThreads)
     if (tail + tid < n) one(tail + tid);
     float4* p4 = reinterpret_cast<float4*>(param + head);
     const float4* g4 = reinterpret_cast<const float4*>(grad + head);
-    float4* m4 = reinterpret_cast<float4*>(m + head);
-    float4* v4 = reinterpret_cast<float4*>(v + head);
+    Moment* mh = m + head;
+    Moment* vh = v + head;
     for (int64_t j = tid; j < vecs; j += stride) {
-      float4 p = p4[j], mm = m4[j], vv = v4[j];
+      float4 p = p4[j], mm = load4(mh, j), vv = load4(vh, j);
       const float4 g = g4[j];
       p.x = adamw_update(p.x, g.x, mm.x, vv.x, s);
       p.y = adamw_update(p.y, g.y, mm.y, vv.y, s);
       p.z = adamw_update(p.z, g.z, mm.z, vv.z, s);
       p.w = adamw_update(p.w, g.w, mm.w, vv.w, s);
       p4[j] = p;
-      m4[j] = mm;
-      v4[j] = vv;
-      if (copy != nullptr) {
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
-        uint2 packed;
-        packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-        packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-        reinterpret_cast<uint2*>(copy + head)[j] = packed;
-      }
+      store4(mh, j, mm);
+      store4(vh, j, vv);
+      if (copy != nullptr) store4(copy + head, j, p);
     }
   }
+}
+
+template <typename Moment>
+void launch_adamw(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
+                  const AdamWConfig& cfg, float step_size, float bias2_sqrt, float decay, Stream stream,
+                  Tensor schedule, Tensor param_bf16) {
+  const int64_t n = param.numel();
+  // The vector body when every buffer has the same misalignment (in elements) as param; the elements
+  // before the first 16-byte boundary of param are the head. FP32 buffers then start the body on a
+  // 16-byte boundary, BF16 ones (moments, copy) on an 8-byte boundary.
+  auto misalign = [](const void* p, size_t unit) { return reinterpret_cast<uintptr_t>(p) % unit; };
+  constexpr size_t kMomentVecBytes = 4 * sizeof(Moment);
+  const int64_t head = static_cast<int64_t>((16 - misalign(param.data, 16)) % 16 / 4);
+  const bool vec = n >= 8 && misalign(param.data, 4) == 0 && misalign(param.ptr<float>() + head, 16) == 0 &&
+                   misalign(grad.ptr<float>() + head, 16) == 0 &&
+                   misalign(m.ptr<Moment>() + head, kMomentVecBytes) == 0 &&
+                   misalign(v.ptr<Moment>() + head, kMomentVecBytes) == 0 &&
+                   (param_bf16.empty() || misalign(param_bf16.ptr<__nv_bfloat16>() + head, 8) == 0);
+  const int64_t items = vec ? (n + 3) / 4 : n;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + kThreads - 1) / kThreads, kMaxBlocks));
+  const auto kernel = vec ? adamw_kernel<true, Moment> : adamw_kernel<false, Moment>;
+  kernel<<<blocks, kThreads, 0, cuda_stream(stream)>>>(
+      param.ptr<float>(), grad.ptr<const float>(), m.ptr<Moment>(), v.ptr<Moment>(),
+      param_bf16.empty() ? nullptr : param_bf16.ptr<__nv_bfloat16>(), grad_norm_sq.ptr<const float>(), max_norm,
+      cfg.beta1, cfg.beta2, cfg.eps, step_size, bias2_sqrt, decay,
+      schedule.empty() ? nullptr : schedule.ptr<const float>(), cfg.weight_decay, n, vec ? head : 0);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -179,36 +231,23 @@ void sum_squares_accumulate(Tensor out, Tensor x, Tensor workspace, Stream strea
 
 void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
                 const AdamWConfig& cfg, int64_t step, Stream stream, Tensor schedule, Tensor param_bf16) {
-  const bool has_schedule = !schedule.empty();
-  const int64_t n = param.numel();
-  if (n == 0) return;
+  if (param.numel() == 0) return;
   // Scalars in double on the host (as torch computes them in Python and the CPU op does); with a
   // schedule the kernel computes them instead, and these are unused.
   float step_size = 0.0f, bias2_sqrt = 0.0f, decay = 0.0f;
-  if (!has_schedule) {
+  if (schedule.empty()) {
     const double bias1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(step));
     const double bias2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(step));
     step_size = static_cast<float>(cfg.lr / bias1);
     bias2_sqrt = static_cast<float>(std::sqrt(bias2));
     decay = static_cast<float>(1.0 - static_cast<double>(cfg.lr) * cfg.weight_decay);
   }
-  // float4 body when every buffer has the same misalignment (in elements) as param; the elements
-  // before the first 16-byte boundary of param are the head.
-  auto misalign = [](const void* p, size_t unit) { return reinterpret_cast<uintptr_t>(p) % unit; };
-  const int64_t head = static_cast<int64_t>((16 - misalign(param.data, 16)) % 16 / 4);
-  const bool vec = n >= 8 && misalign(param.data, 4) == 0 && misalign(param.ptr<float>() + head, 16) == 0 &&
-                   misalign(grad.ptr<float>() + head, 16) == 0 && misalign(m.ptr<float>() + head, 16) == 0 &&
-                   misalign(v.ptr<float>() + head, 16) == 0 &&
-                   (param_bf16.empty() || misalign(param_bf16.ptr<__nv_bfloat16>() + head, 8) == 0);
-  const int64_t items = vec ? (n + 3) / 4 : n;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + kThreads - 1) / kThreads, kMaxBlocks));
-  const auto kernel = vec ? adamw_kernel<true> : adamw_kernel<false>;
-  kernel<<<blocks, kThreads, 0, cuda_stream(stream)>>>(
-      param.ptr<float>(), grad.ptr<const float>(), m.ptr<float>(), v.ptr<float>(),
-      param_bf16.empty() ? nullptr : param_bf16.ptr<__nv_bfloat16>(), grad_norm_sq.ptr<const float>(), max_norm,
-      cfg.beta1, cfg.beta2, cfg.eps, step_size, bias2_sqrt, decay,
-      has_schedule ? schedule.ptr<const float>() : nullptr, cfg.weight_decay, n, vec ? head : 0);
-  CUDA_CHECK_LAUNCH();
+  if (m.dtype == DType::BF16)
+    launch_adamw<__nv_bfloat16>(param, grad, m, v, grad_norm_sq, max_norm, cfg, step_size, bias2_sqrt, decay, stream,
+                                schedule, param_bf16);
+  else
+    launch_adamw<float>(param, grad, m, v, grad_norm_sq, max_norm, cfg, step_size, bias2_sqrt, decay, stream,
+                        schedule, param_bf16);
 }
 
 }  // namespace moe::cuda

@@ -1,7 +1,8 @@
 // CUDA optimizer ops. Semantics: moe/ops/optim.h (same signatures).
 //
-// Dtypes: every tensor is F32 (FP32 master weights, gradients and moments); ops/optim.cpp checks
-// the call. On the CUDA device,
+// Dtypes: every tensor is F32 (FP32 master weights and gradients) except the AdamW moments, F32
+// or BF16 (the same bits as the CPU op: BF16 stores round to nearest even), and param_bf16;
+// ops/optim.cpp checks the call. On the CUDA device,
 // on `stream`, no allocation, no synchronization: adamw_step reads grad_norm_sq from device
 // memory inside its kernel, so the clip factor and the non-finite skip are decided on the device;
 // with a schedule it also reads lr and step there (the step is not checked: it must be >= 1).
