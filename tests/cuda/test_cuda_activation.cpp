@@ -60,6 +60,11 @@ void check_swiglu(DType dtype) {
     swiglu_backward(dgu_d, dout_d, gu_d);
     EXPECT_TRUE(same_bits(out_d.download(), out)) << "forward is not deterministic";
     EXPECT_TRUE(same_bits(dgu_d.download(), dgu)) << "backward is not deterministic";
+    // The fused pass of recompute = experts: the forward's output bits and the same gradient.
+    DeviceBuffer out2_d(dtype, {R, H}), dgu2_d(dtype, {R, 2 * H});
+    swiglu_backward_with_output(dgu2_d, out2_d, dout_d, gu_d);
+    EXPECT_TRUE(same_bits(out2_d.download(), out)) << "fused output differs from swiglu_forward";
+    EXPECT_TRUE(same_bits(dgu2_d.download(), dgu)) << "fused gradient differs from swiglu_backward";
   }
 }
 #endif

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "moe/core/rng.h"
@@ -53,6 +54,24 @@ TEST(Activation, SwigluBackwardMatchesNaiveDoubleAndOverwrites) {
         ASSERT_NEAR(dgu[r * 2 * H + j], want_dg, 1e-5 * (1.0 + std::fabs(want_dg)));
         ASSERT_NEAR(dgu[r * 2 * H + H + j], want_du, 1e-5 * (1.0 + std::fabs(want_du)));
       }
+  }
+}
+
+// recompute = experts takes the SwiGLU output from the backward pass: it must be the forward's
+// bits (the recomputed step is bit-equal to the kept one) and the gradient swiglu_backward's.
+TEST(Activation, SwigluBackwardWithOutputWritesTheForwardBitsAndTheSameGradient) {
+  uint64_t seed = 40;
+  for (const auto& s : kShapes) {
+    const int64_t R = s[0], H = s[1];
+    auto gu = random_values(R * 2 * H, seed++, 3.0), dy = random_values(R * H, seed++);
+    std::vector<float> out_fwd(R * H), dgu(R * 2 * H), out(R * H, 7.0f), dgu_with(R * 2 * H, 7.0f);
+    moe::swiglu_forward(f32_tensor(out_fwd.data(), {R, H}), f32_tensor(gu.data(), {R, 2 * H}));
+    moe::swiglu_backward(f32_tensor(dgu.data(), {R, 2 * H}), f32_tensor(dy.data(), {R, H}),
+                         f32_tensor(gu.data(), {R, 2 * H}));
+    moe::swiglu_backward_with_output(f32_tensor(dgu_with.data(), {R, 2 * H}), f32_tensor(out.data(), {R, H}),
+                                     f32_tensor(dy.data(), {R, H}), f32_tensor(gu.data(), {R, 2 * H}));
+    EXPECT_EQ(0, std::memcmp(out.data(), out_fwd.data(), out.size() * sizeof(float))) << "R=" << R << " H=" << H;
+    EXPECT_EQ(0, std::memcmp(dgu_with.data(), dgu.data(), dgu.size() * sizeof(float))) << "R=" << R << " H=" << H;
   }
 }
 

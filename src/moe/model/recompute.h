@@ -6,7 +6,9 @@
 //
 //   none:      every layer keeps everything its backward reads.
 //   experts:   MoE layers drop the routed experts' gate/up products and SwiGLU outputs (and the
-//              shared expert's), recomputed from the kept expert input (and the FFN norm output).
+//              shared expert's), recomputed from the kept expert input (and the FFN norm output):
+//              one more gate/up grouped GEMM, and the SwiGLU output written by the SwiGLU backward
+//              in the same pass (no second SwiGLU).
 //   attention: every layer drops the attention block's internals (input-norm output and rstd, the
 //              q/k/v projections before and after qk-norm and RoPE, the qk-norm rstds, the
 //              attention output and its softmax statistics), recomputed from the layer input.

@@ -212,13 +212,12 @@ void Transformer::attention_forward_layer(const LayerWeights& w, LayerActs& A, T
   linear(A.h_mid, A.att, w.o_proj, /*accumulate=*/true);
 }
 
-// The routed experts on the dispatched rows (A.experts.expert_in): gate/up, SwiGLU and, when asked,
-// the down projection into A.experts.expert_out. gu and act are what recompute = experts drops.
-void Transformer::expert_internals(const LayerWeights& w, LayerActs& A, bool down_projection) {
+// The routed experts on the dispatched rows (A.experts.expert_in): gate/up, SwiGLU and the down
+// projection into A.experts.expert_out. gu and act are what recompute = experts drops.
+void Transformer::expert_internals(const LayerWeights& w, LayerActs& A) {
   grouped_matmul(A.gu, A.experts.expert_in, w.experts_gate_up, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
   swiglu_forward(A.act, A.gu);
-  if (down_projection)
-    grouped_matmul(A.experts.expert_out, A.act, w.experts_down, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
+  grouped_matmul(A.experts.expert_out, A.act, w.experts_down, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
 }
 
 void Transformer::shared_expert_internals(const LayerWeights& w, LayerActs& A) {
@@ -252,7 +251,7 @@ void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs&
   }
   dispatcher_.place_routes(static_cast<int>(l), plan, A.topk_idx, A.counts, {});
   dispatcher_.dispatch(A.experts.expert_in, A.m, plan, static_cast<int>(K), {});
-  expert_internals(w, A, /*down_projection=*/true);
+  expert_internals(w, A);
   copy(h_out, A.h_mid);
   dispatcher_.combine(h_out, A.experts.expert_out, A.topk_w, plan, static_cast<int>(K), {});
   if (!w.shared_gate_up.empty()) {
@@ -286,7 +285,7 @@ void Transformer::recompute_layer(int64_t l, const LayerWeights& w, LayerActs& A
                  cfg_.norm_topk_prob);
   const RoutePlan plan{A.route_index, A.offsets};
   dispatcher_.dispatch(A.experts.expert_in, A.m, plan, static_cast<int>(cfg_.num_experts_per_tok), {});
-  expert_internals(w, A, /*down_projection=*/true);  // combine_backward reads the expert outputs
+  expert_internals(w, A);  // combine_backward reads the expert outputs
   if (!w.shared_gate_up.empty()) shared_expert_internals(w, A);
 }
 
@@ -420,17 +419,23 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const LayerWeights& 
                                      const StepScales& scales) {
   const int K = static_cast<int>(cfg_.num_experts_per_tok);
   Scratch& s = s_;
-  if (recompute_ == Recompute::Experts) {  // from the kept expert input (the lease's) and FFN norm output
-    expert_internals(w, A, /*down_projection=*/false);
-    if (!w.shared_gate_up.empty()) shared_expert_internals(w, A);
+  // recompute = experts: gate/up again from the kept expert input (the lease's); the SwiGLU output
+  // comes out of the SwiGLU backward below, in the same pass, with the forward's bits.
+  const bool recompute_experts = recompute_ == Recompute::Experts;
+  if (recompute_experts) {
+    grouped_matmul(A.gu, A.experts.expert_in, w.experts_gate_up, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
+    if (!w.shared_gate_up.empty()) shared_expert_internals(w, A);  // from the kept FFN norm output
   }
   const RoutePlan plan{A.route_index, A.offsets};
   const ExpertBuffers d = dispatcher_.grad_buffers();  // d.expert_out = dye, d.expert_in = dxe
   dispatcher_.combine_backward(d.expert_out, s.dw, s.dres, A.experts.expert_out, A.topk_w, plan, K, {});
   grouped_matmul(s.dact, d.expert_out, w.experts_down, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
   const bool accumulate = !scales.gradients_zeroed;  // equal results: 0 + x == x
+  if (recompute_experts)
+    swiglu_backward_with_output(s.dgu, A.act, s.dact, A.gu);
+  else
+    swiglu_backward(s.dgu, s.dact, A.gu);
   grouped_matmul_wgrad(g.experts_down, d.expert_out, A.act, A.offsets, {}, accumulate);
-  swiglu_backward(s.dgu, s.dact, A.gu);
   grouped_matmul(d.expert_in, s.dgu, w.experts_gate_up, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
   grouped_matmul_wgrad(g.experts_gate_up, s.dgu, A.experts.expert_in, A.offsets, {}, accumulate);
   dispatcher_.dispatch_backward(s.dm, d.expert_in, plan, K, {});

@@ -124,7 +124,7 @@ class Transformer {
   void forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs, bool backward_follows);
   void attention_internals(const LayerWeights& w, LayerActs& A, Tensor h_in);
   void attention_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_in);
-  void expert_internals(const LayerWeights& w, LayerActs& A, bool down_projection);
+  void expert_internals(const LayerWeights& w, LayerActs& A);
   void shared_expert_internals(const LayerWeights& w, LayerActs& A);
   void mlp_internals(const LayerWeights& w, LayerActs& A);
   void moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs& A, Tensor h_out, uint64_t routing_seed,

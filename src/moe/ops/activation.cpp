@@ -42,4 +42,13 @@ void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, Stream stream
   MOE_OP_DISPATCH(gate_up.device, swiglu_backward, dgate_up, dout, gate_up, stream);
 }
 
+void swiglu_backward_with_output(Tensor dgate_up, Tensor out, Tensor dout, Tensor gate_up, Stream stream) {
+  const OpCheck check("swiglu_backward_with_output", gate_up.device);
+  check_swiglu(check, "dout", dout, gate_up);
+  check_swiglu(check, "out", out, gate_up);
+  check.same_dtype("dgate_up", dgate_up, "gate_up", gate_up);
+  check.same_shape("dgate_up", dgate_up, "gate_up", gate_up);
+  MOE_OP_DISPATCH(gate_up.device, swiglu_backward_with_output, dgate_up, out, dout, gate_up, stream);
+}
+
 }  // namespace moe

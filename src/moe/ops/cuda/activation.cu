@@ -44,10 +44,11 @@ __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(T* out, const 
   }
 }
 
-// d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g).
-template <typename T, int V>
+// d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g). kWithOutput: also writes the forward output,
+// computed as swiglu_forward_kernel computes it, (g s) u, so its bits are the forward's.
+template <typename T, int V, bool kWithOutput>
 __global__ void __launch_bounds__(kThreads)
-    swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate_up, int64_t R, int64_t H) {
+    swiglu_backward_kernel(T* dgate_up, T* out, const T* dout, const T* gate_up, int64_t R, int64_t H) {
   using P = Pack<T, V>;
   const int64_t words = H / V, n = R * words;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
@@ -57,14 +58,16 @@ __global__ void __launch_bounds__(kThreads)
     const P g = reinterpret_cast<const P*>(gate_up + r * 2 * H)[c];
     const P u = reinterpret_cast<const P*>(gate_up + r * 2 * H + H)[c];
     const P dy = reinterpret_cast<const P*>(dout + r * H)[c];
-    P dg, du;
+    P dg, du, o;
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const float gf = to_f32(g.e[e]), uf = to_f32(u.e[e]), d = to_f32(dy.e[e]);
       const float s = sigmoid(gf);
+      if constexpr (kWithOutput) o.e[e] = from_f32<T>(gf * s * uf);
       du.e[e] = from_f32<T>(d * gf * s);
       dg.e[e] = from_f32<T>(d * uf * s * (1.0f + gf * (1.0f - s)));
     }
+    if constexpr (kWithOutput) reinterpret_cast<P*>(out + r * H)[c] = o;
     reinterpret_cast<P*>(dgate_up + r * 2 * H + H)[c] = du;
     reinterpret_cast<P*>(dgate_up + r * 2 * H)[c] = dg;
   }
@@ -87,17 +90,32 @@ void swiglu_forward(Tensor out, Tensor gate_up, Stream stream) {
   CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, Stream stream) {
+namespace {
+
+template <bool kWithOutput>
+void launch_swiglu_backward(Tensor dgate_up, Tensor out, Tensor dout, Tensor gate_up, Stream stream) {
   const int64_t R = dout.dim(0), H = dout.dim(1);
   if (R * H == 0) return;
   const cudaStream_t s = cuda_stream(stream);
-  with_vec_width(gate_up.dtype, H, {dgate_up.data, dout.data, gate_up.data}, [&](auto vec_type) {
+  // out.data is null without kWithOutput (aligned: it does not narrow the width).
+  with_vec_width(gate_up.dtype, H, {dgate_up.data, out.data, dout.data, gate_up.data}, [&](auto vec_type) {
     using T = typename decltype(vec_type)::elem;
     constexpr int V = decltype(vec_type)::width;
-    swiglu_backward_kernel<T, V><<<grid_for(R * H / V), kThreads, 0, s>>>(
-        static_cast<T*>(dgate_up.data), static_cast<const T*>(dout.data), static_cast<const T*>(gate_up.data), R, H);
+    swiglu_backward_kernel<T, V, kWithOutput><<<grid_for(R * H / V), kThreads, 0, s>>>(
+        static_cast<T*>(dgate_up.data), static_cast<T*>(out.data), static_cast<const T*>(dout.data),
+        static_cast<const T*>(gate_up.data), R, H);
   });
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up, Stream stream) {
+  launch_swiglu_backward<false>(dgate_up, Tensor(), dout, gate_up, stream);
+}
+
+void swiglu_backward_with_output(Tensor dgate_up, Tensor out, Tensor dout, Tensor gate_up, Stream stream) {
+  launch_swiglu_backward<true>(dgate_up, out, dout, gate_up, stream);
 }
 
 }  // namespace moe::cuda
