@@ -1,4 +1,4 @@
-// moetrain: the command line. Subcommands: train, bench, eval, export-hf, import-hf, prepare, keys.
+// moetrain: the command line. Subcommands: train, bench, eval, plan, export-hf, import-hf, prepare, keys.
 // Every error is reported as one "error: ..." line and a non-zero exit.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
@@ -27,6 +27,7 @@
 #include "moe/train/bench_report.h"
 #include "moe/train/config.h"
 #include "moe/train/flops.h"
+#include "moe/train/memory_plan.h"
 #include "moe/train/metrics.h"
 #include "moe/ops/kernel_choice.h"
 #include "moe/train/step_split.h"
@@ -163,6 +164,25 @@ int main(int argc, char** argv) {
   import_hf->add_option("hf_dir", import_dir, "directory with config.json and safetensors")->required();
   import_hf->add_option("out", import_out, "run directory to create (step-000000/ and config.toml)")->required();
 
+  ConfigArgs plan_args;
+  int plan_gpus = 1;
+  double plan_memory_gib = 0;
+  std::string plan_device = "cuda";
+  CLI::App* plan = app.add_subcommand(
+      "plan", "each rank's memory plan by role for a config and topology, without a GPU and without allocating; "
+              "whether it fits, and which of recompute, moment_dtype, a larger EP or a smaller microbatch would");
+  plan_args.add_to(plan);
+  plan->add_option("--gpus", plan_gpus, "ranks to plan for (GPUs; CPU processes with --device cpu)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  plan->add_option("--gpu-memory", plan_memory_gib,
+                   "memory free on each GPU when the run starts, GiB (default 139: an H200); with --device cpu, "
+                   "memory per rank (default: this machine's physical memory)")
+      ->check(CLI::Range(1e-6, 1e6));
+  plan->add_option("--device", plan_device, "the device the run will use")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cuda", "cpu"}));
+
   CLI::App* keys = app.add_subcommand("keys", "list every config key: type, default, accepted values, meaning");
 
   // Usage errors (an unknown flag, a bad value) exit 2 with one line; --help exits 0.
@@ -195,11 +215,28 @@ int main(int argc, char** argv) {
 
   try {
     // These write one output or print one listing: several ranks would race each other.
-    for (CLI::App* single : {export_hf, import_hf, prepare, keys})
+    for (CLI::App* single : {export_hf, import_hf, prepare, keys, plan})
       MOE_CHECK(!single->parsed() || world.size() == 1, "`moetrain ", single->get_name(), "` runs in one process; run "
                 "it without mpirun or srun (this job has ", world.size(), " ranks)");
     if (keys->parsed()) {
       std::printf("%s", moe::config_keys_markdown().c_str());
+      return 0;
+    }
+    if (plan->parsed()) {
+      const bool gpu = plan_device == "cuda";
+#if !defined(MOE_HAVE_CUDA)
+      MOE_CHECK(!gpu, "moetrain plan --device cuda: this binary was built without CUDA (MOE_CUDA=OFF), so it cannot "
+                "plan the GPU's buffers (BF16 activations, the GPU dispatcher's heap); build with nvcc, or plan a CPU "
+                "run with --device cpu");
+#endif
+      // The run's own planning code on stand-in ranks (memory_plan.h): nothing is allocated.
+      const moe::Config cfg = moe::load_config(plan_args.config, plan_args.overrides);
+      const double gib = plan_memory_gib > 0 ? plan_memory_gib
+                         : gpu              ? 139.0
+                                            : static_cast<double>(moe::physical_memory_bytes()) / (1u << 30);
+      std::printf("%s", moe::plan_report(cfg, plan_gpus, gpu ? moe::Device::CUDA : moe::Device::CPU,
+                                         static_cast<size_t>(gib * (1u << 30)))
+                            .c_str());
       return 0;
     }
     if (train->parsed()) {

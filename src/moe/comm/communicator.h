@@ -36,6 +36,9 @@ class Communicator {
   virtual void barrier() = 0;
   // Ranks with the same color form a new group, ordered by key (then by rank).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // True for a stand-in that only plans memory (plan_communicator.h): the objects built on it
+  // reserve their buffers but allocate no shared memory and make no collective.
+  virtual bool plans_only() const { return false; }
 };
 
 }  // namespace moe

@@ -4,6 +4,8 @@
 
 #include <sstream>
 
+#include "moe/comm/plan_communicator.h"
+
 namespace moe {
 
 namespace {
@@ -20,10 +22,8 @@ std::string valid_ep_sizes(int world_size, int64_t num_experts) {
   return os.str();
 }
 
-}  // namespace
-
-Mesh make_mesh(Communicator& world, int ep, int64_t num_experts) {
-  const int world_size = world.size();
+// The layout of rank `rank` of `world_size`, checked; the group communicators are left to the caller.
+Mesh mesh_layout(int world_size, int rank, int ep, int64_t num_experts) {
   MOE_CHECK(num_experts >= 1, "model.num_experts = ", num_experts, " must be at least 1");
   const std::string use = "; use one of " + valid_ep_sizes(world_size, num_experts);
   MOE_CHECK(ep >= 1, "parallel.ep = ", ep, " must be at least 1", use);
@@ -36,15 +36,30 @@ Mesh make_mesh(Communicator& world, int ep, int64_t num_experts) {
 
   Mesh mesh;
   mesh.world_size = world_size;
-  mesh.rank = world.rank();
+  mesh.rank = rank;
   mesh.ep = ep;
   mesh.ep_dp = world_size / ep;
   mesh.ep_index = mesh.rank % ep;
   mesh.ep_dp_index = mesh.rank / ep;
+  return mesh;
+}
+
+}  // namespace
+
+Mesh make_mesh(Communicator& world, int ep, int64_t num_experts) {
+  Mesh mesh = mesh_layout(world.size(), world.rank(), ep, num_experts);
   mesh.world = &world;
   // Both splits are collective over the world, in this order on every rank.
   mesh.ep_group = world.split(/*color=*/mesh.ep_dp_index, /*key=*/mesh.rank);
   mesh.expert_replicas = world.split(/*color=*/mesh.ep_index, /*key=*/mesh.rank);
+  return mesh;
+}
+
+Mesh plan_mesh(Communicator& world, int ep, int64_t num_experts) {
+  Mesh mesh = mesh_layout(world.size(), world.rank(), ep, num_experts);
+  mesh.world = &world;
+  mesh.ep_group = std::make_unique<PlanCommunicator>(mesh.ep_index, mesh.ep);
+  mesh.expert_replicas = std::make_unique<PlanCommunicator>(mesh.ep_dp_index, mesh.ep_dp);
   return mesh;
 }
 

@@ -30,5 +30,8 @@ struct Mesh {
 // Builds the mesh; throws naming what would work when ep does not divide the world size or the
 // expert count (e.g. "parallel.ep = 3 does not divide 4 ranks; use 1, 2 or 4").
 Mesh make_mesh(Communicator& world, int ep, int64_t num_experts);
+// The same layout for memory planning: `world` is a PlanCommunicator (no collective is made) and
+// so are the groups, with the ranks and sizes make_mesh's splits would give.
+Mesh plan_mesh(Communicator& world, int ep, int64_t num_experts);
 
 }  // namespace moe

@@ -196,7 +196,7 @@ CudaRowwiseDispatcher::CudaRowwiseDispatcher(Communicator& ep_group, int64_t num
                        capacity_factor, dropless),
       ep_group_(ep_group) {
 #if defined(MOE_HAVE_NCCL)
-  MOE_CHECK(dynamic_cast<NcclCommunicator*>(&untimed(ep_group)) != nullptr,
+  MOE_CHECK(ep_group.plans_only() || dynamic_cast<NcclCommunicator*>(&untimed(ep_group)) != nullptr,
             "rowwise dispatcher on the GPU: the EP group must "
             "be an NCCL communicator (its symmetric heap is made of NCCL "
             "registered windows); got another "
@@ -232,6 +232,10 @@ void CudaRowwiseDispatcher::reserve_buffers(const DispatchShape& shape, Arena& a
   // NOTES: the heap is zero-filled and every rank has registered it before make_nccl_symmetric_heap returns (a group
   // barrier), so no peer's first store can land before the owner's zero-fill: the CPU version's opening sync is done
   // inside the heap here. The zero fill also starts the status record at no bytes and no error.
+  if (ep_group_.plans_only()) {  // memory planning: the heap's size, nothing allocated
+    planned_heap_bytes_ = layout_.bytes();
+    return;
+  }
   heap_ = make_nccl_symmetric_heap(ep_group_, layout_.bytes());
   layout_.bind(heap_->local());
   peer_bases_.resize(static_cast<size_t>(ranks_));

@@ -55,10 +55,10 @@ class CudaRowwiseDispatcher final : public PooledDispatcher {
 
   const char* name() const override { return "rowwise"; }
 
-  // Collective over the EP group (allocates the heap). `arena` must be a CUDA arena; nothing is reserved in it (the
-  // peer table travels as a kernel parameter).
+  // Collective over the EP group (allocates the heap; on a plans_only() group, only sizes it). `arena` must be a
+  // CUDA arena; nothing is reserved in it (the peer table travels as a kernel parameter).
   void reserve_buffers(const DispatchShape& shape, Arena& arena) override;
-  size_t heap_bytes() const override { return heap_ ? heap_->bytes_per_rank() : 0; }
+  size_t heap_bytes() const override { return heap_ ? heap_->bytes_per_rank() : planned_heap_bytes_; }
 
   void place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) override;
   void dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) override;
@@ -82,6 +82,7 @@ class CudaRowwiseDispatcher final : public PooledDispatcher {
   DType dtype_ = DType::BF16;
   HeapLayout layout_{Device::CUDA};  // count areas, status record, then every expert buffer
   std::unique_ptr<SymmetricHeap> heap_;
+  size_t planned_heap_bytes_ = 0;  // plans_only(): the heap a run would allocate
   std::vector<char*> peer_bases_;  // [P]: the heap segment of each rank (device addresses)
   int count_areas_[2] = {-1, -1};  // two [P][N] i32 count areas, used in turn (see place_routes())
   int status_ = -1;                // the device status record (byte counters, first wrong count)

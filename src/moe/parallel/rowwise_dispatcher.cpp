@@ -21,6 +21,10 @@ void RowwiseDispatcher::reserve_buffers(const DispatchShape& shape, Arena& arena
   arena_ = &arena;
   reserve_pools(layout_, shape, DType::F32);  // dense layers get no buffers
   gathered_counts_ = arena.reserve("dispatch.gathered_expert_counts", DType::I32, {ranks_ * num_experts_});
+  if (ep_group_.plans_only()) {  // memory planning: the heap's size, nothing allocated
+    planned_heap_bytes_ = layout_.bytes();
+    return;
+  }
   heap_ = make_mpi_symmetric_heap(ep_group_, layout_.bytes());
   std::memset(heap_->local(), 0, heap_->bytes_per_rank());
   layout_.bind(heap_->local());

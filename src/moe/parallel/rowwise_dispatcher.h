@@ -30,7 +30,9 @@ class RowwiseDispatcher final : public PooledDispatcher {
   RowwiseDispatcher(Communicator& ep_group, int64_t num_experts, double capacity_factor, bool dropless);
 
   const char* name() const override { return "rowwise"; }
+  // Collective over the EP group (allocates the heap; on a plans_only() group, only sizes it).
   void reserve_buffers(const DispatchShape& shape, Arena& arena) override;
+  size_t heap_bytes() const override { return heap_ ? heap_->bytes_per_rank() : planned_heap_bytes_; }
 
   void place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) override;
   void dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) override;
@@ -51,6 +53,7 @@ class RowwiseDispatcher final : public PooledDispatcher {
   Communicator& ep_group_;
   HeapLayout layout_{Device::CPU};  // every expert buffer, at the same offsets on every rank
   std::unique_ptr<SymmetricHeap> heap_;
+  size_t planned_heap_bytes_ = 0;  // plans_only(): the heap a run would allocate
   Arena* arena_ = nullptr;
   Arena::Slot gathered_counts_;
   Placement placement_;

@@ -70,7 +70,11 @@ nlohmann::json step_record_json(const StepRecord& r, const RunTotals& t, std::op
                       {"skipped_steps", t.skipped_steps},
                       {"tokens_seen", t.tokens_seen},
                       {"arena_bytes", t.arena_bytes},
-                      {"peak_rss_bytes", t.peak_rss_bytes}};
+                      {"peak_rss_bytes", t.peak_rss_bytes},
+                      {"state_bytes", t.state_bytes},
+                      {"activation_bytes", t.activation_bytes},
+                      {"expert_heap_bytes", t.expert_heap_bytes}};
+  if (t.device_high_water_bytes > 0) j["device_high_water_bytes"] = t.device_high_water_bytes;
   if (eval_loss) j["eval_loss"] = number(*eval_loss);
   if (!eval_sets.empty()) {
     nlohmann::json sets = nlohmann::json::object();

@@ -31,6 +31,9 @@ struct RunTotals {
   int64_t skipped_steps = 0;  // so far, in the whole run (resumes included)
   double tokens_seen = 0;
   size_t arena_bytes = 0, peak_rss_bytes = 0;
+  // This rank's plan (memory_plan.h): the state arena (parameters, gradients, optimizer, step
+  // buffers), the activation arena, the dispatcher's heap; GPU runs: the device high-water so far.
+  size_t state_bytes = 0, activation_bytes = 0, expert_heap_bytes = 0, device_high_water_bytes = 0;
 };
 
 // The metrics.jsonl object of one logged step. A non-finite number (a diverged loss, an eval

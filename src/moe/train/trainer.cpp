@@ -22,9 +22,6 @@
 #include "moe/model/router_bias.h"
 #include "moe/ops/elementwise.h"
 #include "moe/optim/lr_schedule.h"
-#include "moe/parallel/ddp_store.h"
-#include "moe/parallel/dispatcher_factory.h"
-#include "moe/parallel/fsdp_store.h"
 #include "moe/train/config_agreement.h"
 #include "moe/train/run_dir.h"
 #include "moe/train/stop_request.h"
@@ -39,9 +36,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
-
-// Device memory left out of the arenas' limit: cuBLASLt and cuDNN workspaces, the CUDA context.
-constexpr size_t kLibraryReserveBytes = size_t{2} << 30;
 
 // Every rank must run the same config; checked before the first collective that depends on it.
 const Config& agreed(const Config& cfg, Communicator& host) {
@@ -67,21 +61,6 @@ std::string utc_now() {
 }
 
 }  // namespace
-
-// Per-step statistics all-reduced over the world (one small collective per step). The first
-// kNumMicrobatchStats are summed on the device by the model; the rest are known on the host.
-enum StepStat {
-  kLmSum = kStatLmSum,
-  kLb = kStatLb,
-  kZ = kStatZ,
-  kReceived = kStatReceivedRows,
-  kRoutes = kNumMicrobatchStats,
-  kCapacity,
-  kBytesMoved,
-  kStopSignals,   // ranks that received a stop signal (stop_request.h)
-  kStopDeadline,  // rank 0: train.max_duration is reached
-  kNumStepStats
-};
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& world)
     : cfg_(agreed(cfg, world)),
@@ -110,58 +89,35 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     eval_sets_.push_back(std::make_unique<EvalWindows>(EvalWindows::open(
         cfg_.eval.sets[k].path, cfg_.data.format, token_dtype_from_name(cfg_.data.dtype), cfg_.train.seq_len,
         cfg_.model.vocab_size, 0, "eval.sets[" + std::to_string(k) + "].path")));
-  const ModelConfig& mc = cfg_.model;
-  const bool fsdp = cfg_.parallel.mode == "fsdp";
-  const int64_t moe_experts = mc.first_k_dense_replace < mc.num_hidden_layers ? mc.num_experts : 0;
-  if (fsdp) {
-    reg_ = build_registry(mc, 0, mc.num_experts, ParamLayout::ByBlock);
-    store_ = std::make_unique<FsdpStore>(mc, reg_, world_, state_, cfg_.optim.moment_dtype);
-  } else {
-    // A model without MoE layers has nothing to shard over experts: data parallelism only.
-    MOE_CHECK(moe_experts > 0 || cfg_.parallel.ep == 1, "parallel.ep = ", cfg_.parallel.ep,
-              " needs MoE layers, but model.first_k_dense_replace makes every layer dense; use parallel.ep = 1");
-    mesh_ = std::make_unique<Mesh>(
-        make_mesh(world_, static_cast<int>(cfg_.parallel.ep), moe_experts > 0 ? moe_experts : 1));
-    const int64_t local = mc.num_experts / mesh_->ep;
-    reg_ = build_registry(mc, mesh_->ep_index * local, local, ParamLayout::ByReplicaGroup);
-    store_ = std::make_unique<DdpStore>(mc, reg_, *mesh_, state_, cfg_.optim.moment_dtype);
-  }
-  dispatcher_ = make_run_dispatcher(dev_, run_device_.gpu_world != nullptr, moe_experts > 0, cfg_.ep.backend,
-                                    mesh_ ? mesh_->ep_group.get() : nullptr, mc.num_experts, mc.capacity_factor,
-                                    mc.dropless);
   MOE_CHECK(!cfg_.train.cuda_graph || dev_ == Device::CUDA, "train.cuda_graph = true needs the GPU, but this run uses ",
             run_device_.note);
-  MOE_CHECK(!cfg_.train.cuda_graph || !fsdp,
+  MOE_CHECK(!cfg_.train.cuda_graph || cfg_.parallel.mode != "fsdp",
             "train.cuda_graph = true with parallel.mode = \"fsdp\": the FSDP baseline runs eagerly (its per-block "
             "gathers are counted on the host); use parallel.mode = \"ddp\" or cuda_graph = false");
-  MOE_CHECK(!cfg_.train.cuda_graph || mc.routing != Routing::Random,
+  MOE_CHECK(!cfg_.train.cuda_graph || cfg_.model.routing != Routing::Random,
             "train.cuda_graph = true with model.routing = \"random\": the routing draw is seeded per step by a launch "
             "argument, which a replayed graph would repeat; use learned or uniform routing, or cuda_graph = false");
-  const int64_t rows = cfg_.train.micro_batch_size * cfg_.train.seq_len;
-  const int64_t accum = cfg_.accumulation_steps(dp);
-  const int64_t L = mc.num_hidden_layers, N = mc.num_experts;
-  router_bias_ = state_.reserve("router_bias", DType::F32, {L, N});
-  expert_load_ = state_.reserve("expert_load", DType::F32, {L, N});
-  step_stats_ = state_.reserve("step_stats", DType::F32, {kNumStepStats});
-  tokens_ = state_.reserve("batch.tokens", DType::I32, {accum * rows});
-  targets_ = state_.reserve("batch.targets", DType::I32, {accum * rows});
-  schedule_ = state_.reserve("optimizer.schedule", DType::F32, {2});
-  host_tokens_.resize(static_cast<size_t>(accum * rows));
-  host_targets_.resize(static_cast<size_t>(accum * rows));
-  host_bias_.assign(static_cast<size_t>(L * N), 0.0f);
-  host_load_.assign(static_cast<size_t>(L * N), 0.0f);
-  model_ = std::make_unique<Transformer>(mc, cfg_.train.micro_batch_size, cfg_.train.seq_len, acts_, *dispatcher_,
-                                         static_cast<int>(cfg_.parallel.lease_slots), cfg_.train.recompute);
-  model_->set_block_hooks(store_->hooks());
-  // Fail before any work when the plan cannot fit in this machine's (or this GPU's) memory.
+  run_ = build_run_model(cfg_, world_, dev_, run_device_.gpu_world != nullptr, state_, acts_);
+  const int64_t tokens = cfg_.accumulation_steps(dp) * cfg_.train.micro_batch_size * cfg_.train.seq_len;
+  const int64_t LN = cfg_.model.num_hidden_layers * cfg_.model.num_experts;
+  host_tokens_.resize(static_cast<size_t>(tokens));
+  host_targets_.resize(static_cast<size_t>(tokens));
+  host_bias_.assign(static_cast<size_t>(LN), 0.0f);
+  host_load_.assign(static_cast<size_t>(LN), 0.0f);
+  // Fail before any work when the plan cannot fit in this machine's (or this GPU's) memory, saying
+  // what would (memory_plan.h). On the GPU the dispatcher's heap is allocated by now: the free
+  // memory no longer counts it.
   size_t limit = physical_memory_bytes();
   if (dev_ == Device::CUDA) {
     const DeviceMemory m = device_memory();
     limit = m.free_bytes > kLibraryReserveBytes ? m.free_bytes - kLibraryReserveBytes : 1;
   }
+  const MemoryRoles plan = memory_roles(state_, acts_, *run_->dispatcher);
+  const size_t usable = limit + (dev_ == Device::CUDA ? plan.heap : 0);
+  if (plan.total() > usable) MOE_FAIL(does_not_fit_message(cfg_, plan, world_.size(), dev_, usable));
   state_.commit(limit);
   acts_.commit(limit > state_.total_bytes() ? limit - state_.total_bytes() : 1);
-  store_->init(cfg_.train.seed);
+  run_->store->init(cfg_.train.seed);
   if (opts_.checkpoint) {
     resumed_from_ = opts_.checkpoint->dir();
     load_checkpoint(*opts_.checkpoint);
@@ -197,6 +153,8 @@ void Trainer::check_run_dir_is_shared() {
             "on a filesystem all ranks share");
 }
 
+MemoryRoles Trainer::memory_plan() const { return memory_roles(state_, acts_, *run_->dispatcher); }
+
 void Trainer::print_plan() const {
   const double tokens_per_step = static_cast<double>(cfg_.train.global_batch_size * cfg_.train.seq_len);
   std::printf("moetrain: config '%s', %s parameters (%s active per token, capacity ratio %.2f)\n",
@@ -213,33 +171,31 @@ void Trainer::print_plan() const {
                 world_.size());
   else
     std::printf("  parallel: %d ranks, ep %d (%s dispatch), expert replicas %d\n", world_.size(),
-                mesh_->ep, dispatcher_->name(), mesh_->ep_dp);
+                run_->mesh->ep, run_->dispatcher->name(), run_->mesh->ep_dp);
   std::printf("  batch: %ld sequences x %ld tokens per step, %ld microbatches of %ld per rank; %s FLOPs per token\n",
               static_cast<long>(cfg_.train.global_batch_size), static_cast<long>(cfg_.train.seq_len),
               static_cast<long>(cfg_.accumulation_steps(world_.size())), static_cast<long>(cfg_.train.micro_batch_size),
               format_count(flops_.flops_per_token).c_str());
   auto b = [](size_t n) { return format_bytes(static_cast<double>(n)); };
-  const size_t params = state_.bytes_with_prefix("parameters"), compute = state_.bytes_with_prefix("compute_weights");
-  const size_t grads = state_.bytes_with_prefix("gradients"), optim = state_.bytes_with_prefix("optimizer.");
-  const size_t other = state_.total_bytes() - params - compute - grads - optim;
+  const MemoryRoles m = memory_plan();
   std::printf("  device: %s; MFU against %.4g TFLOP/s (%s)\n", run_device_.note.c_str(), peak_.tflops,
               peak_.source.c_str());
   std::printf("  memory plan (%s, %.0f tokens/step): parameters %s (FP32), compute weights %s (BF16), gradients %s, "
               "optimizer %s, other state %s; activations %s (expert buffers %s; recompute %s); total %s\n",
-              std::string(device_name(dev_)).c_str(), tokens_per_step, b(params).c_str(), b(compute).c_str(), b(grads).c_str(),
-              b(optim).c_str(), b(other).c_str(), b(acts_.total_bytes()).c_str(),
-              b(acts_.bytes_with_prefix("dispatch.") + dispatcher_->heap_bytes()).c_str(),
-              to_string(cfg_.train.recompute), b(state_.total_bytes() + acts_.total_bytes() + dispatcher_->heap_bytes()).c_str());
+              std::string(device_name(dev_)).c_str(), tokens_per_step, b(m.parameters).c_str(),
+              b(m.compute_weights).c_str(), b(m.gradients).c_str(), b(m.optimizer).c_str(), b(m.other_state).c_str(),
+              b(m.activations).c_str(), b(m.expert_buffers).c_str(), to_string(cfg_.train.recompute),
+              b(m.total()).c_str());
   // Moments per parameter: 8 bytes (FP32) or 4 (BF16) unsharded; the shards leave this rank its part.
   const size_t moments = state_.bytes_with_prefix("optimizer.exp_avg") + state_.bytes_with_prefix("fsdp.exp_avg");
   std::printf("  optimizer: AdamW moments in %s (optim.moment_dtype), %zu bytes per parameter; this rank stores "
               "%.2f bytes per parameter it holds (%s)\n",
               std::string(dtype_name(cfg_.optim.moment_dtype)).c_str(), 2 * dtype_size(cfg_.optim.moment_dtype),
-              static_cast<double>(moments) / static_cast<double>(std::max<int64_t>(1, reg_.total_numel())),
+              static_cast<double>(moments) / static_cast<double>(std::max<int64_t>(1, run_->reg.total_numel())),
               cfg_.parallel.mode == "fsdp" ? "FSDP shards" : "ZeRO-1 shards over each replica group");
-  if (dispatcher_->heap_bytes() > 0)
+  if (run_->dispatcher->heap_bytes() > 0)
     std::printf("  (expert buffers in the %s dispatcher's symmetric heap: %s per rank, outside the arenas)\n",
-                dispatcher_->name(), b(dispatcher_->heap_bytes()).c_str());
+                run_->dispatcher->name(), b(run_->dispatcher->heap_bytes()).c_str());
   std::fflush(stdout);
 }
 
@@ -262,10 +218,10 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
   MOE_CHECK(opts_.bench || step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step, ", past train.steps = ",
             cfg_.train.steps);
   // Every rank reads the ranges it holds under the current topology, whatever wrote them.
-  store_->load(ckpt);
+  run_->store->load(ckpt);
   if (ckpt.has("router_bias")) {
     ckpt.read("router_bias", DType::F32, 0, static_cast<int64_t>(host_bias_.size()), host_bias_.data());
-    copy_to_tensor(state_.get(router_bias_), host_bias_.data());
+    copy_to_tensor(state_.get(run_->buffers.router_bias), host_bias_.data());
   }
   start_step_ = step;
   skipped_steps_ = ckpt.train_state_int("skipped_steps", 0);
@@ -281,7 +237,7 @@ void Trainer::save_checkpoint_now(int64_t step) {
   const auto t0 = Clock::now();
   const size_t rss_before = peak_rss_bytes();
   const std::string run = cfg_.run_dir();
-  std::vector<CheckpointSlice> slices = store_->checkpoint_slices();
+  std::vector<CheckpointSlice> slices = run_->store->checkpoint_slices();
   // GPU state is streamed through host memory one slice at a time: the writer asks for each
   // slice's bytes just before writing it.
   std::vector<const void*> device_data(slices.size(), nullptr);
@@ -335,8 +291,8 @@ void Trainer::upload_batch(int64_t step) {
     else
       data_.train_batch(step, (micro * dp + rank) * B, B, T, in, tg);
   }
-  copy_to_tensor(state_.get(tokens_), host_tokens_.data());
-  copy_to_tensor(state_.get(targets_), host_targets_.data());
+  copy_to_tensor(state_.get(run_->buffers.tokens), host_tokens_.data());
+  copy_to_tensor(state_.get(run_->buffers.targets), host_targets_.data());
 }
 
 void Trainer::queue_gradients(int64_t step) {
@@ -356,18 +312,18 @@ void Trainer::queue_gradients(int64_t step) {
   // keeps its bit-exact accumulation order: 0 + (-0) is +0), so only the dense ones need zeros.
   // One flag for both decisions: a store that skips the zeros relies on that write.
   const bool first_microbatch_writes_experts = dev_ == Device::CUDA;
-  store_->zero_grads(first_microbatch_writes_experts);
-  Tensor load = state_.get(expert_load_), stats = state_.get(step_stats_);
+  run_->store->zero_grads(first_microbatch_writes_experts);
+  Tensor load = state_.get(run_->buffers.expert_load), stats = state_.get(run_->buffers.step_stats);
   fill_zero(load);
   fill_zero(stats);
-  RoutingState rs{state_.get(router_bias_), load};
-  const Tensor tokens = state_.get(tokens_), targets = state_.get(targets_);
+  RoutingState rs{state_.get(run_->buffers.router_bias), load};
+  const Tensor tokens = state_.get(run_->buffers.tokens), targets = state_.get(run_->buffers.targets);
   for (int64_t micro = 0; micro < accum; ++micro) {
     scales.gradients_zeroed = micro == 0 && first_microbatch_writes_experts;
-    model_->forward_backward(store_->weights(), store_->grads(), tokens.rows(micro * rows, (micro + 1) * rows),
+    run_->model->forward_backward(run_->store->weights(), run_->store->grads(), tokens.rows(micro * rows, (micro + 1) * rows),
                              targets.rows(micro * rows, (micro + 1) * rows), scales,
                              routing_seed(t.seed, step, micro * dp + rank), rs);
-    model_->add_stats(stats);
+    run_->model->add_stats(stats);
   }
 }
 
@@ -387,14 +343,14 @@ void Trainer::queue_step(int64_t step, const AdamWConfig& oc, double* optimizer_
   queue_gradients(step);
   const auto t_opt = Clock::now();
   // On the GPU, AdamW reads lr and step from memory so that a replayed graph sees this step's values.
-  store_->enqueue_step(oc, static_cast<float>(cfg_.train.grad_clip), step + 1,
-                       dev_ == Device::CUDA ? state_.get(schedule_) : Tensor());
+  run_->store->enqueue_step(oc, static_cast<float>(cfg_.train.grad_clip), step + 1,
+                       dev_ == Device::CUDA ? state_.get(run_->buffers.schedule) : Tensor());
   // GPU work is asynchronous: the host time of queueing it says nothing (bench splits the GPU step by kernel).
   if (optimizer_s && dev_ == Device::CPU) *optimizer_s = seconds_since(t_opt);
 }
 
 void Trainer::all_reduce_host(std::vector<float>& v) {
-  const Tensor stats = state_.get(step_stats_);
+  const Tensor stats = state_.get(run_->buffers.step_stats);
   MOE_CHECK(static_cast<int64_t>(v.size()) <= stats.numel(), "all_reduce_host: ", v.size(), " values, room for ",
             stats.numel());
   const Tensor part = stats.rows(0, static_cast<int64_t>(v.size()));
@@ -408,7 +364,7 @@ StepRecord Trainer::train_step(int64_t step) {
   const int64_t dp = world_.size(), T = t.seq_len, accum = cfg_.accumulation_steps(dp);
   const auto t0 = Clock::now();
   const double comm_before = world_.seconds();
-  const int64_t bytes_before = dispatcher_->bytes_moved();
+  const int64_t bytes_before = run_->dispatcher->bytes_moved();
   StepRecord r;
   r.step = step + 1;
   r.lr = lr_at(step, t.steps, t.lr, t.warmup_steps, t.min_lr_ratio);
@@ -422,7 +378,7 @@ StepRecord Trainer::train_step(int64_t step) {
   upload_batch(step);
   if (dev_ == Device::CUDA) {
     const float schedule[2] = {static_cast<float>(r.lr), static_cast<float>(step + 1)};
-    copy_to_tensor(state_.get(schedule_), schedule);
+    copy_to_tensor(state_.get(run_->buffers.schedule), schedule);
   }
   if (!t.cuda_graph) {
     queue_step(step, oc, &r.optimizer_time_s);
@@ -440,18 +396,18 @@ StepRecord Trainer::train_step(int64_t step) {
   }
   // After the step: one read of its statistics (this waits for the device), then the collectives.
   std::vector<float> st(kNumStepStats, 0.0f);
-  copy_from_tensor(st.data(), state_.get(step_stats_).rows(0, kNumMicrobatchStats));
-  dispatcher_->check_after_step();  // the GPU dispatcher's count check and byte counters, read now the device is idle
+  copy_from_tensor(st.data(), state_.get(run_->buffers.step_stats).rows(0, kNumMicrobatchStats));
+  run_->dispatcher->check_after_step();  // the GPU dispatcher's count check and byte counters, read now the device is idle
   const int64_t moe_layers = cfg_.model.num_hidden_layers - cfg_.model.first_k_dense_replace;
   st[kRoutes] = static_cast<float>(accum * t.micro_batch_size * T * cfg_.model.num_experts_per_tok * moe_layers);
-  st[kCapacity] = static_cast<float>(accum * model_->expert_rows() * moe_layers);
-  st[kBytesMoved] = static_cast<float>(dispatcher_->bytes_moved() - bytes_before);
+  st[kCapacity] = static_cast<float>(accum * run_->model->expert_rows() * moe_layers);
+  st[kBytesMoved] = static_cast<float>(run_->dispatcher->bytes_moved() - bytes_before);
   st[kStopSignals] = stop_signal() != 0 ? 1.0f : 0.0f;
   // Rank 0's clock decides for everyone: stop when the next step would end past the budget.
   st[kStopDeadline] = leader() && deadline_ && Clock::now() + (Clock::now() - t0) > *deadline_ ? 1.0f : 0.0f;
-  const ParamStore::StepResult opt = store_->last_step();
+  const ParamStore::StepResult opt = run_->store->last_step();
   all_reduce_host(st);
-  const Tensor load = state_.get(expert_load_);
+  const Tensor load = state_.get(run_->buffers.expert_load);
   world_.all_reduce(load, ReduceOp::Sum);  // every rank sees the global expert load (bias update, metrics)
   copy_from_tensor(host_load_.data(), load);
   r.comm_time_s = world_.seconds() - comm_before;
@@ -460,7 +416,7 @@ StepRecord Trainer::train_step(int64_t step) {
     ++skipped_steps_;
   } else if (cfg_.model.bias_update_rate > 0 && cfg_.model.routing == Routing::Learned) {
     update_router_bias(host_bias_, host_load_, cfg_.model);
-    copy_to_tensor(state_.get(router_bias_), host_bias_.data());  // between steps, read by the next one
+    copy_to_tensor(state_.get(run_->buffers.router_bias), host_bias_.data());  // between steps, read by the next one
   }
   r.step_time_s = seconds_since(t0);
   if (dev_ == Device::CUDA) {
@@ -567,7 +523,11 @@ TrainSummary Trainer::run() {
                          skipped_steps_,
                          static_cast<double>(r.step) * tokens_per_step,
                          state_.total_bytes() + acts_.total_bytes(),
-                         peak_rss_bytes()};
+                         peak_rss_bytes(),
+                         state_.total_bytes(),
+                         acts_.total_bytes(),
+                         run_->dispatcher->heap_bytes(),
+                         device_peak_bytes_};
         nlohmann::json j = step_record_json(r, totals, eval, eval_sets);
         j["time"] = utc_now();
         j["run_id"] = run_id_;

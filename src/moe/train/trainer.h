@@ -32,7 +32,9 @@
 #include "moe/train/config.h"
 #include "moe/train/device_choice.h"
 #include "moe/train/flops.h"
+#include "moe/train/memory_plan.h"
 #include "moe/train/metrics.h"
+#include "moe/train/run_model.h"
 
 namespace moe {
 
@@ -104,10 +106,12 @@ class Trainer {
   // (forward only; collective). `bench --check` compares it across kernel choices.
   double microbatch_loss(int64_t step);
 
-  const ParamRegistry& registry() const { return reg_; }
+  // This rank's memory by role, as planned (memory_plan.h; `moetrain plan` computes the same).
+  MemoryRoles memory_plan() const;
+  const ParamRegistry& registry() const { return run_->reg; }
   Device device() const { return dev_; }
-  ParamStore& store() { return *store_; }
-  Transformer& model() { return *model_; }
+  ParamStore& store() { return *run_->store; }
+  Transformer& model() { return *run_->model; }
   int rank() const { return world_.rank(); }
 
  private:
@@ -139,24 +143,19 @@ class Trainer {
   Device dev_;
   MfuPeak peak_;              // the MFU denominator
   TimedCommunicator world_;   // every collective of the run goes through it (time in communication)
-  std::unique_ptr<Mesh> mesh_;  // ddp only
-  ParamRegistry reg_;
   FlopCount flops_;
   TokenDataset data_;
   std::unique_ptr<InstanceSampler> sampler_;             // data.sampling = "epoch"
   std::vector<std::unique_ptr<EvalWindows>> eval_sets_;  // [[eval.sets]], in config order
   Arena state_;
   Arena acts_;
-  // tokens_, targets_: [accumulation steps x tokens per microbatch], uploaded before each step;
-  // schedule_: [lr, step] read by AdamW from memory (a replayed graph sees the new values).
-  Arena::Slot tokens_, targets_, router_bias_, expert_load_, step_stats_, schedule_;
   std::vector<int32_t> host_tokens_, host_targets_;
-  std::vector<float> host_bias_, host_load_;  // host copies of router_bias_ and expert_load_
+  std::vector<float> host_bias_, host_load_;  // host copies of the router_bias and expert_load buffers
   std::unique_ptr<StepGraph> graph_;          // train.cuda_graph: the captured step
   size_t device_peak_bytes_ = 0;
-  std::unique_ptr<TokenDispatcher> dispatcher_;
-  std::unique_ptr<ParamStore> store_;
-  std::unique_ptr<Transformer> model_;
+  // The mesh, registry, store, dispatcher, model and step buffers (run_model.h); declared after
+  // the arenas it reserves in, so it is destroyed before them.
+  std::unique_ptr<RunModel> run_;
   int64_t start_step_ = 0;
   int64_t skipped_steps_ = 0;      // in the whole run, resumes included
   std::string resumed_from_;       // the checkpoint this process started from ("" = fresh)

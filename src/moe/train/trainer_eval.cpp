@@ -19,8 +19,8 @@ EvalReport Trainer::evaluate_windows(int64_t count, const WindowFn& window, int6
   EvalReport r;
   r.windows_skipped = count - per_rank * dp * B;
   if (per_rank <= 0) return r;
-  const Tensor tokens = state_.get(tokens_).rows(0, B * T), targets = state_.get(targets_).rows(0, B * T);
-  const RoutingState rs{state_.get(router_bias_), Tensor()};
+  const Tensor tokens = state_.get(run_->buffers.tokens).rows(0, B * T), targets = state_.get(run_->buffers.targets).rows(0, B * T);
+  const RoutingState rs{state_.get(run_->buffers.router_bias), Tensor()};
   double local = 0;  // summed in double; one rounding to FP32 before the all-reduce
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < per_rank; ++i) {
@@ -29,20 +29,20 @@ EvalReport Trainer::evaluate_windows(int64_t count, const WindowFn& window, int6
     copy_to_tensor(tokens, host_tokens_.data());
     copy_to_tensor(targets, host_targets_.data());
     const uint64_t seed = routing_seed(cfg_.train.seed, -1, i * dp + rank);
-    model_->forward_loss(store_->weights(), tokens, targets, seed, rs);
-    local += model_->losses().lm_loss_sum;
+    run_->model->forward_loss(run_->store->weights(), tokens, targets, seed, rs);
+    local += run_->model->losses().lm_loss_sum;
     if (i == 0 && !logits_npy.empty()) {
       std::vector<float> logits(static_cast<size_t>(B * T * V));
       const DeviceAllocation buf(logits.size() * sizeof(float), dev_);
       const Tensor out(buf.data(), DType::F32, {B * T, V}, dev_);
-      model_->forward_logits(store_->weights(), tokens, out, seed, rs);
+      run_->model->forward_logits(run_->store->weights(), tokens, out, seed, rs);
       copy_from_tensor(logits.data(), out);
       if (leader()) write_npy_f32(logits_npy, logits, {B * T, V});
     }
   }
   std::vector<float> sum{static_cast<float>(local)};
   all_reduce_host(sum);
-  dispatcher_->check_after_step();  // eval's routes are checked and counted here, not in the next step
+  run_->dispatcher->check_after_step();  // eval's routes are checked and counted here, not in the next step
   r.tokens = per_rank * dp * B * T;
   r.mean_loss = sum[0] / static_cast<double>(r.tokens);
   r.tokens_per_s = static_cast<double>(r.tokens) /
@@ -97,10 +97,10 @@ EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, c
 double Trainer::microbatch_loss(int64_t step) {
   const int64_t rows = cfg_.train.micro_batch_size * cfg_.train.seq_len;
   upload_batch(step);
-  const RoutingState rs{state_.get(router_bias_), Tensor()};
-  model_->forward_loss(store_->weights(), state_.get(tokens_).rows(0, rows), state_.get(targets_).rows(0, rows),
+  const RoutingState rs{state_.get(run_->buffers.router_bias), Tensor()};
+  run_->model->forward_loss(run_->store->weights(), state_.get(run_->buffers.tokens).rows(0, rows), state_.get(run_->buffers.targets).rows(0, rows),
                        routing_seed(cfg_.train.seed, step, world_.rank()), rs);
-  std::vector<float> sum{static_cast<float>(model_->losses().lm_loss_sum)};
+  std::vector<float> sum{static_cast<float>(run_->model->losses().lm_loss_sum)};
   all_reduce_host(sum);
   return sum[0] / static_cast<double>(rows * world_.size());
 }

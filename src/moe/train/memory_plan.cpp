@@ -1,0 +1,249 @@
+#include "moe/train/memory_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "moe/comm/plan_communicator.h"
+#include "moe/train/run_model.h"
+
+namespace moe {
+
+namespace {
+
+std::string gib(size_t bytes) { return format_bytes(static_cast<double>(bytes)); }
+
+std::string quoted(const char* value) {
+  std::string s = "\"";
+  s += value;
+  s += '"';
+  return s;
+}
+
+// One planned variant of the config: the changes applied to a copy, validated as a run would be.
+struct Variant {
+  Config cfg;
+  std::vector<std::pair<std::string, std::string>> changes;
+  int cost = 0;
+};
+
+// Expected step-time cost of each lever, for ordering only (bench/RESULTS.md has the measured
+// costs on the H200: BF16 moments cost nothing, recompute = experts/attention ~7-11%, block ~24%;
+// a larger EP moves more rows between ranks; a smaller microbatch runs smaller GEMMs).
+int recompute_cost(Recompute r) {
+  switch (r) {
+    case Recompute::None: return 0;
+    case Recompute::Experts: return 2;
+    case Recompute::Attention: return 2;
+    case Recompute::Block: return 5;
+  }
+  return 0;
+}
+
+}  // namespace
+
+MemoryRoles memory_roles(const Arena& state, const Arena& acts, const TokenDispatcher& dispatcher) {
+  MemoryRoles m;
+  const size_t fsdp_w = state.bytes_with_prefix("fsdp.weight_shards");
+  const size_t fsdp_w16 = state.bytes_with_prefix("fsdp.weight_shards_bf16");
+  m.parameters = state.bytes_with_prefix("parameters") + fsdp_w - fsdp_w16;
+  m.compute_weights = state.bytes_with_prefix("compute_weights") + fsdp_w16;
+  m.gradients = state.bytes_with_prefix("gradients") + state.bytes_with_prefix("fsdp.grad_shards");
+  m.optimizer = state.bytes_with_prefix("optimizer.") + state.bytes_with_prefix("fsdp.exp_avg");
+  m.other_state = state.total_bytes() - m.parameters - m.compute_weights - m.gradients - m.optimizer;
+  m.activations = acts.total_bytes();
+  m.heap = dispatcher.heap_bytes();
+  m.expert_buffers = acts.bytes_with_prefix("dispatch.") + m.heap;
+  return m;
+}
+
+MemoryRoles plan_rank(const Config& cfg, int world_size, int rank, Device device) {
+  cfg.validate(world_size);
+  PlanCommunicator world(rank, world_size);
+  Arena state("model state", device), acts("activations", device);
+  const auto run = build_run_model(cfg, world, device, /*device_collectives=*/device == Device::CUDA, state, acts);
+  return memory_roles(state, acts, *run->dispatcher);
+}
+
+MemoryRoles plan_largest_rank(const Config& cfg, int world_size, Device device) {
+  MemoryRoles largest;
+  // Shards differ by at most one remainder, which the first or the last rank holds.
+  for (int rank : {0, world_size - 1}) {
+    const MemoryRoles m = plan_rank(cfg, world_size, rank, device);
+    if (m.total() > largest.total()) largest = m;
+  }
+  return largest;
+}
+
+std::string FitOption::describe() const {
+  std::string s;
+  for (const auto& [key, value] : changes) {
+    if (!s.empty()) s += " + ";
+    s.append(key).append(" = ").append(value);
+  }
+  return s;
+}
+
+std::string FitOption::set_flags() const {
+  std::string s;
+  for (const auto& [key, value] : changes) {
+    std::string v = value;
+    v.erase(std::remove(v.begin(), v.end(), '"'), v.end());
+    if (!s.empty()) s += ' ';
+    s.append("--set ").append(key).append("=").append(v);
+  }
+  return s;
+}
+
+std::vector<FitOption> fit_options(const Config& cfg, int world_size, Device device, size_t usable) {
+  // Each lever's settings (the current one first), combined below.
+  std::vector<Variant> moments{{cfg, {}, 0}};
+  if (cfg.optim.moment_dtype == DType::F32) {
+    Variant v{cfg, {{"optim.moment_dtype", quoted("bf16")}}, 1};
+    v.cfg.optim.moment_dtype = DType::BF16;
+    moments.push_back(v);
+  }
+  std::vector<Variant> recomputes{{cfg, {}, 0}};
+  for (Recompute r : {Recompute::Experts, Recompute::Attention, Recompute::Block}) {
+    if (r == cfg.train.recompute) continue;
+    Variant v{cfg, {{"train.recompute", quoted(to_string(r))}}, recompute_cost(r)};
+    v.cfg.train.recompute = r;
+    recomputes.push_back(v);
+  }
+  std::vector<Variant> eps{{cfg, {}, 0}};
+  if (cfg.parallel.mode == "ddp")
+    for (int64_t ep = cfg.parallel.ep * 2; ep <= world_size; ep *= 2) {
+      if (world_size % ep != 0 || cfg.model.num_experts % ep != 0) continue;
+      Variant v{cfg, {{"parallel.ep", std::to_string(ep)}}, 3 * static_cast<int>(std::log2(ep / cfg.parallel.ep))};
+      v.cfg.parallel.ep = ep;
+      eps.push_back(v);
+    }
+  std::vector<Variant> micro{{cfg, {}, 0}};
+  for (int64_t mb = cfg.train.micro_batch_size / 2, halvings = 1; mb >= 1 && cfg.train.micro_batch_size % mb == 0;
+       mb /= 2, ++halvings) {
+    Variant v{cfg, {{"train.micro_batch_size", std::to_string(mb)}}, 3 * static_cast<int>(halvings)};
+    v.cfg.train.micro_batch_size = mb;
+    micro.push_back(v);
+    if (mb == 1) break;
+  }
+
+  std::vector<FitOption> singles, all;
+  for (const Variant& a : moments)
+    for (const Variant& b : recomputes)
+      for (const Variant& c : eps)
+        for (const Variant& d : micro) {
+          FitOption o;
+          Config x = cfg;
+          x.optim.moment_dtype = a.cfg.optim.moment_dtype;
+          x.train.recompute = b.cfg.train.recompute;
+          x.parallel.ep = c.cfg.parallel.ep;
+          x.train.micro_batch_size = d.cfg.train.micro_batch_size;
+          for (const Variant* v : {&a, &b, &c, &d}) o.changes.insert(o.changes.end(), v->changes.begin(), v->changes.end());
+          if (o.changes.empty()) continue;
+          o.cost = a.cost + b.cost + c.cost + d.cost;
+          try {
+            o.plan = plan_largest_rank(x, world_size, device);
+          } catch (const Error&) {
+            continue;  // a combination the run would refuse (e.g. an EP the dispatcher cannot run)
+          }
+          o.fits = o.plan.total() <= usable;
+          (o.changes.size() == 1 ? singles : all).push_back(o);
+        }
+  // The cheapest option that fits (then the smallest), if no single lever does it.
+  const auto better = [](const FitOption& p, const FitOption& q) {
+    return p.cost != q.cost ? p.cost < q.cost : p.plan.total() < q.plan.total();
+  };
+  std::stable_sort(singles.begin(), singles.end(), better);
+  const bool single_fits = std::any_of(singles.begin(), singles.end(), [](const FitOption& o) { return o.fits; });
+  if (!single_fits) {
+    std::vector<FitOption> fitting;
+    for (const FitOption& o : all)
+      if (o.fits) fitting.push_back(o);
+    if (!fitting.empty()) singles.push_back(*std::min_element(fitting.begin(), fitting.end(), better));
+  }
+  return singles;
+}
+
+std::string does_not_fit_message(const Config& cfg, const MemoryRoles& plan, int world_size, Device device,
+                                 size_t usable) {
+  std::ostringstream os;
+  const size_t weights = plan.parameters + plan.compute_weights + plan.gradients + plan.optimizer;
+  os << "the run needs " << gib(plan.total()) << " per rank on the " << device_name(device) << " but "
+     << gib(usable) << " can be planned: parameters + gradients + optimizer take " << gib(weights) << " (parameters "
+     << gib(plan.parameters + plan.compute_weights) << ", gradients " << gib(plan.gradients) << ", optimizer "
+     << gib(plan.optimizer) << "), other state " << gib(plan.other_state) << ", activations "
+     << gib(plan.activations) << " (train.recompute = \"" << to_string(cfg.train.recompute) << "\")";
+  if (plan.heap > 0) os << ", the expert heap " << gib(plan.heap);
+  const std::vector<FitOption> options = fit_options(cfg, world_size, device, usable);
+  for (const FitOption& o : options) {
+    os << "\n  " << o.describe() << ": ";
+    if (o.changes.size() == 1 && o.changes[0].first == "optim.moment_dtype")
+      os << "saves " << gib(plan.optimizer - o.plan.optimizer) << "; ";
+    else if (o.changes.size() == 1 && o.changes[0].first == "train.recompute")
+      os << "needs " << gib(o.plan.activations) << " of activations; ";
+    os << "total " << gib(o.plan.total()) << (o.fits ? " (fits)" : " (does not fit)");
+  }
+  const FitOption* fit = nullptr;  // the cheapest that fits
+  for (const FitOption& o : options)
+    if (o.fits && (!fit || o.cost < fit->cost)) fit = &o;
+  if (!fit)
+    os << "\nnone of these fits at " << world_size << (world_size == 1 ? " rank" : " ranks")
+       << ": use more ranks (with a larger parallel.ep, or parallel.mode = \"fsdp\"), a shorter train.seq_len or a "
+          "smaller model; `moetrain plan --gpus N` plans other sizes";
+  else
+    os << "\ncheapest that fits: " << fit->set_flags();
+  return os.str();
+}
+
+std::string plan_report(const Config& cfg, int world_size, Device device, size_t memory_per_rank) {
+  const size_t reserve = device == Device::CUDA ? kLibraryReserveBytes : 0;
+  const size_t usable = memory_per_rank > reserve ? memory_per_rank - reserve : 0;
+  std::vector<MemoryRoles> ranks;
+  for (int r = 0; r < world_size; ++r) ranks.push_back(plan_rank(cfg, world_size, r, device));
+  std::ostringstream os;
+  os << "plan of '" << cfg.name << "' on " << world_size << " " << (device == Device::CUDA ? "GPU" : "CPU rank")
+     << (world_size == 1 ? "" : "s") << " (" << cfg.parallel.mode;
+  if (cfg.parallel.mode == "ddp") os << ", ep " << cfg.parallel.ep;
+  os << "; " << cfg.train.micro_batch_size << " x " << cfg.train.seq_len << " tokens per microbatch; recompute "
+     << to_string(cfg.train.recompute) << "; AdamW moments " << dtype_name(cfg.optim.moment_dtype) << ", "
+     << 2 * dtype_size(cfg.optim.moment_dtype) << " bytes per parameter)\n";
+  os << "memory per rank: " << gib(memory_per_rank);
+  if (reserve > 0) os << ", of which " << gib(reserve) << " stay for cuBLASLt/cuDNN/NCCL workspaces";
+  os << "; " << gib(usable) << " to plan\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-12s %11s %11s %11s %11s %11s %12s %11s %11s  %s\n", "ranks", "parameters",
+                "compute wts", "gradients", "optimizer", "other", "activations", "expert heap", "total", "fits");
+  os << line;
+  bool all_fit = true;
+  for (int begin = 0; begin < world_size;) {
+    int end = begin + 1;
+    while (end < world_size && ranks[static_cast<size_t>(end)].total() == ranks[static_cast<size_t>(begin)].total() &&
+           ranks[static_cast<size_t>(end)].activations == ranks[static_cast<size_t>(begin)].activations)
+      ++end;
+    const MemoryRoles& m = ranks[static_cast<size_t>(begin)];
+    const std::string who = end - begin == 1 ? std::to_string(begin)
+                                             : std::to_string(begin) + "-" + std::to_string(end - 1);
+    const bool fits = m.total() <= usable;
+    all_fit = all_fit && fits;
+    std::snprintf(line, sizeof line, "%-12s %11s %11s %11s %11s %11s %12s %11s %11s  %s\n", who.c_str(),
+                  gib(m.parameters).c_str(), gib(m.compute_weights).c_str(), gib(m.gradients).c_str(),
+                  gib(m.optimizer).c_str(), gib(m.other_state).c_str(), gib(m.activations).c_str(),
+                  gib(m.heap).c_str(), gib(m.total()).c_str(), fits ? "yes" : "NO");
+    os << line;
+    begin = end;
+  }
+  const MemoryRoles& largest =
+      *std::max_element(ranks.begin(), ranks.end(), [](const MemoryRoles& a, const MemoryRoles& b) {
+        return a.total() < b.total();
+      });
+  if (all_fit) {
+    os << "fits: the largest rank plans " << gib(largest.total()) << " of " << gib(usable) << " ("
+       << gib(usable - largest.total()) << " left)\n";
+    return os.str();
+  }
+  os << "does not fit: " << does_not_fit_message(cfg, largest, world_size, device, usable) << "\n";
+  return os.str();
+}
+
+}  // namespace moe

@@ -1,0 +1,61 @@
+// The objects whose buffers make up a run's memory: the EP mesh, the parameter registry and store,
+// the token dispatcher, the model, and the trainer's per-step buffers, all reserved (not yet
+// allocated) in the run's two arenas. The trainer builds them for a run; `moetrain plan` builds
+// the same objects on a PlanCommunicator (comm/plan_communicator.h), so a plan's bytes are the
+// bytes a run's arenas hold.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "moe/comm/communicator.h"
+#include "moe/comm/mesh.h"
+#include "moe/core/arena.h"
+#include "moe/model/dispatch.h"
+#include "moe/model/weights.h"
+#include "moe/model/transformer.h"
+#include "moe/parallel/param_store.h"
+#include "moe/train/config.h"
+
+namespace moe {
+
+// The per-step statistics all-reduced over the world (one small collective per step). The first
+// kNumMicrobatchStats are summed on the device by the model; the rest are known on the host.
+enum StepStat {
+  kLmSum = kStatLmSum,
+  kLb = kStatLb,
+  kZ = kStatZ,
+  kReceived = kStatReceivedRows,
+  kRoutes = kNumMicrobatchStats,
+  kCapacity,
+  kBytesMoved,
+  kStopSignals,   // ranks that received a stop signal (stop_request.h)
+  kStopDeadline,  // rank 0: train.max_duration is reached
+  kNumStepStats
+};
+
+// The trainer's own state buffers. tokens, targets: [accumulation steps x tokens per microbatch],
+// uploaded before each step; schedule: [lr, step] read by AdamW from memory (a replayed graph sees
+// each step's values); step_stats: the per-step statistics all-reduced over the world.
+struct StepBuffers {
+  Arena::Slot tokens, targets, router_bias, expert_load, step_stats, schedule;
+};
+
+struct RunModel {
+  std::unique_ptr<Mesh> mesh;  // parallel.mode = "ddp" only
+  ParamRegistry reg;
+  std::unique_ptr<ParamStore> store;
+  std::unique_ptr<TokenDispatcher> dispatcher;
+  std::unique_ptr<Transformer> model;
+  StepBuffers buffers;
+};
+
+// Builds the run of `cfg` on `world` (the run's ranks, or a PlanCommunicator when planning), on
+// `device`; device_collectives: a GPU run whose collectives go through NCCL. Reserves into `state`
+// (parameters, gradients, optimizer, step buffers) and `acts` (activations, expert buffers);
+// commits neither. Collective over `world` (the EP groups and the dispatcher's heap) unless it
+// plans only.
+std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world, Device device,
+                                          bool device_collectives, Arena& state, Arena& acts);
+
+}  // namespace moe

@@ -1,0 +1,107 @@
+// `moetrain plan` as a user runs it: without a GPU and without allocating, it prints each rank's
+// plan by role, the same bytes the run's start-up printout and metrics.jsonl report for that
+// config; a config that does not fit gets the planned options; bad arguments get one error.
+#include <regex>
+
+#include "cli_test_util.h"
+
+namespace {
+
+class PlanCli : public CliTest {
+ protected:
+  // `moetrain plan --device cpu` of the tiny run's config, then `extra`.
+  static std::vector<std::string> plan_args(const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"plan", "--device", "cpu"};
+    for (const std::string& s : tiny_sets())
+      if (s != "run.device=cpu") args.insert(args.end(), {"--set", s});
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+};
+
+// The total of the first rank row of a plan table, and of a run's "memory plan" start-up line.
+std::string plan_total(const std::string& out) {
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(out, m, std::regex(R"(\n0(?:-\d+)?\s.*\s(\S+ \S?i?B)\s+(?:yes|NO)\n)"))) << out;
+  return m.size() > 1 ? m[1].str() : "";
+}
+std::string run_total(const std::string& out) {
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(out, m, std::regex(R"(memory plan \(cpu.*; total (\S+ \S?i?B)\n)"))) << out;
+  return m.size() > 1 ? m[1].str() : "";
+}
+
+TEST_F(PlanCli, plan_prints_the_bytes_the_run_reserves_and_writes_nothing) {
+  for (const std::vector<std::string>& variant :
+       {std::vector<std::string>{}, {"--set", "train.recompute=block"}, {"--set", "optim.moment_dtype=bf16"}}) {
+    const CliRun plan = moetrain(plan_args(variant));
+    ASSERT_EQ(plan.exit_code, 0) << plan.out << plan.err;
+    EXPECT_NE(plan.out.find("fits: the largest rank plans"), std::string::npos) << plan.out;
+    EXPECT_FALSE(fs::exists(run_dir()));
+    EXPECT_FALSE(fs::exists(path("runs")));  // nothing written where a run would write
+    std::vector<std::string> train = tiny_train(variant);
+    const CliRun run = moetrain(train);
+    ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+    EXPECT_EQ(plan_total(plan.out), run_total(run.out)) << plan.out << "\n---\n" << run.out;
+    // metrics.jsonl carries the same state and activation bytes, which make up the arena.
+    const auto records = read_metrics(run_dir() + "/metrics.jsonl");
+    ASSERT_FALSE(records.empty());
+    const auto& r = records.back();
+    EXPECT_GT(r["state_bytes"].get<int64_t>(), 0);
+    EXPECT_GT(r["activation_bytes"].get<int64_t>(), 0);
+    EXPECT_EQ(r["state_bytes"].get<int64_t>() + r["activation_bytes"].get<int64_t>(), r["arena_bytes"].get<int64_t>());
+    fs::remove_all(run_dir());
+  }
+}
+
+TEST_F(PlanCli, plan_of_a_config_that_does_not_fit_names_the_planned_options) {
+  const CliRun r = moetrain(plan_args({"--gpu-memory", "0.0005"}));  // 0.5 MiB: nothing fits
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("does not fit: the run needs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parameters + gradients + optimizer take"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("optim.moment_dtype = \"bf16\": saves"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("train.recompute = \"block\": needs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("none of these fits at 1 rank"), std::string::npos) << r.out;
+}
+
+TEST_F(PlanCli, plan_on_several_ranks_lists_them_and_offers_a_larger_ep) {
+  const CliRun r = moetrain(plan_args({"--gpus", "4", "--set", "train.global_batch_size=8", "--gpu-memory", "0.0007"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("on 4 CPU ranks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parallel.ep = 2"), std::string::npos) << r.out;
+}
+
+TEST_F(PlanCli, plan_refuses_bad_arguments_with_one_error) {
+  const CliRun zero = moetrain(plan_args({"--gpus", "0"}));
+  EXPECT_EQ(zero.exit_code, 2) << zero.out << zero.err;
+  const CliRun ep = moetrain(plan_args({"--gpus", "3", "--set", "parallel.ep=2", "--set", "train.global_batch_size=6"}));
+  EXPECT_EQ(ep.exit_code, 1) << ep.out << ep.err;
+  EXPECT_NE(ep.err.find("parallel.ep = 2 does not divide"), std::string::npos) << ep.err;
+  const CliRun gpu = moetrain({"plan"});
+#if defined(MOE_HAVE_CUDA)
+  EXPECT_EQ(gpu.exit_code, 0) << gpu.err;  // a CUDA build plans the GPU without one
+  EXPECT_NE(gpu.out.find("on 1 GPU"), std::string::npos) << gpu.out;
+#else
+  EXPECT_EQ(gpu.exit_code, 1) << gpu.out;
+  EXPECT_NE(gpu.err.find("built without CUDA"), std::string::npos) << gpu.err;
+#endif
+}
+
+}  // namespace
+
+namespace {
+
+// A run that cannot fit this machine stops before any work (nothing written) with the same
+// computed advice: what takes the memory and what the planned options would need.
+TEST_F(PlanCli, a_train_run_that_does_not_fit_names_the_planned_options_and_writes_nothing) {
+  std::vector<std::string> sets = tiny_sets();
+  sets.insert(sets.end(), {"model.hidden_size=4096", "model.intermediate_size=16384", "model.num_experts=1024"});
+  const CliRun r = moetrain(tiny_train({}, sets));
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("parameters + gradients + optimizer take"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("optim.moment_dtype = \"bf16\": saves"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(run_dir() + "/metrics.jsonl"));
+  EXPECT_TRUE(step_dirs(run_dir()).empty());
+}
+
+}  // namespace

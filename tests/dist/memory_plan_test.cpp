@@ -1,0 +1,115 @@
+// ranks: 1 2 4
+// `moetrain plan` is the run's own planning code on stand-in ranks: for several configs and
+// topologies (DDP at ep = 1, 2 and the world with rowwise and alltoall dispatch, the FSDP
+// baseline, every recompute mode, BF16 moments, several microbatches), each rank's plan equals,
+// role by role and byte for byte, the arenas (and the rowwise heap) of a real CPU run of that
+// config on this job's ranks. And a config that does not fit names options that were planned:
+// each option's bytes are those of the config it names.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moe/comm/mpi_communicator.h"
+#include "moe/train/memory_plan.h"
+#include "moe/train/trainer.h"
+
+namespace moe {
+namespace {
+
+std::vector<std::string> base(int world) {
+  return {"run.device=\"cpu\"",
+          "model.hidden_size=32",
+          "model.intermediate_size=16",
+          "model.num_experts=8",
+          "model.num_experts_per_tok=2",
+          "train.seq_len=16",
+          "train.micro_batch_size=2",
+          "train.global_batch_size=" + std::to_string(4 * world),
+          "train.steps=1",
+          "run.save_final=false",
+          "data.synthetic_tokens=20000",
+          "data.synthetic_eval_tokens=2000"};
+}
+
+void expect_equal(const MemoryRoles& plan, const MemoryRoles& run, const std::string& what) {
+  EXPECT_EQ(plan.parameters, run.parameters) << what;
+  EXPECT_EQ(plan.compute_weights, run.compute_weights) << what;
+  EXPECT_EQ(plan.gradients, run.gradients) << what;
+  EXPECT_EQ(plan.optimizer, run.optimizer) << what;
+  EXPECT_EQ(plan.other_state, run.other_state) << what;
+  EXPECT_EQ(plan.activations, run.activations) << what;
+  EXPECT_EQ(plan.expert_buffers, run.expert_buffers) << what;
+  EXPECT_EQ(plan.heap, run.heap) << what;
+  EXPECT_GT(plan.total(), 0u) << what;
+}
+
+class MemoryPlan : public ::testing::Test {
+ protected:
+  void SetUp() override { world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD); }
+  std::unique_ptr<MpiCommunicator> world_;
+};
+
+TEST_F(MemoryPlan, EachRanksPlanEqualsTheArenasOfTheRealRun) {
+  const int P = world_->size();
+  std::vector<std::vector<std::string>> variants = {
+      {},
+      {"parallel.mode=\"fsdp\""},
+      {"train.recompute=\"experts\""},
+      {"train.recompute=\"attention\""},
+      {"train.recompute=\"block\"", "optim.moment_dtype=\"bf16\""},
+      {"train.micro_batch_size=1", "model.capacity_factor=1.5", "model.dropless=false"},
+  };
+  if (P > 1) {
+    variants.push_back({"parallel.ep=2"});
+    variants.push_back({"parallel.ep=2", "ep.backend=\"alltoall\""});
+    variants.push_back({"parallel.ep=" + std::to_string(P), "train.recompute=\"block\""});
+  }
+  TrainOptions quiet;
+  quiet.quiet = true;
+  quiet.bench = true;
+  for (const auto& v : variants) {
+    std::vector<std::string> o = base(P);
+    o.insert(o.end(), v.begin(), v.end());
+    std::string what = "rank " + std::to_string(world_->rank()) + " of " + std::to_string(P) + ":";
+    for (const auto& s : v) what += " " + s;
+    const Config cfg = load_config("tiny", o);
+    const Trainer run(cfg, quiet, *world_);
+    expect_equal(plan_rank(cfg, P, world_->rank(), Device::CPU), run.memory_plan(), what);
+  }
+}
+
+TEST_F(MemoryPlan, TheOptionsOfAConfigThatDoesNotFitAreThePlansOfTheConfigsTheyName) {
+  const int P = world_->size();
+  const Config cfg = load_config("tiny", base(P));
+  const MemoryRoles plan = plan_largest_rank(cfg, P, Device::CPU);
+  // Room for everything but a third of the activations: recompute or a smaller microbatch fits.
+  const size_t usable = plan.total() - plan.activations / 3;
+  const std::vector<FitOption> options = fit_options(cfg, P, Device::CPU, usable);
+  ASSERT_FALSE(options.empty());
+  bool some_fit = false;
+  for (const FitOption& o : options) {
+    std::vector<std::string> sets = base(P);
+    for (const auto& [key, value] : o.changes) sets.push_back(key + "=" + value);
+    const Config changed = load_config("tiny", sets);
+    const MemoryRoles m = plan_largest_rank(changed, P, Device::CPU);
+    EXPECT_EQ(m.total(), o.plan.total()) << o.describe();
+    EXPECT_EQ(o.fits, m.total() <= usable) << o.describe();
+    some_fit = some_fit || o.fits;
+  }
+  EXPECT_TRUE(some_fit);
+  // BF16 moments halve the moments: the saving the message states is the planned difference.
+  const std::string msg = does_not_fit_message(cfg, plan, P, Device::CPU, usable);
+  std::vector<std::string> bf16 = base(P);
+  bf16.push_back("optim.moment_dtype=\"bf16\"");
+  const size_t saved = plan.optimizer - plan_largest_rank(load_config("tiny", bf16), P, Device::CPU).optimizer;
+  EXPECT_NE(msg.find("optim.moment_dtype = \"bf16\": saves " + format_bytes(static_cast<double>(saved))),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("cheapest that fits: --set "), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace moe
