@@ -55,23 +55,27 @@ std::string init_from_conflict(const std::string& init_from, const std::string& 
   return "";
 }
 
-InitSource::InitSource(const std::string& path) {
+std::string InitSource::resolve(const std::string& path) {
   std::error_code ec;
   MOE_CHECK(fs::exists(path, ec), "--init-from ", path, ": no such file or directory");
   MOE_CHECK(fs::is_directory(path, ec), "--init-from ", path, " is not a directory; give a checkpoint (step-*), a run ",
             "directory or a Hugging Face model folder (config.json with model.safetensors)");
-  if (HfModel::is_hf_folder(path) && !fs::exists(fs::path(path) / "index.json", ec)) {
-    hf_ = std::make_unique<HfModel>(path, "--init-from");
-    dir_ = path;
-    model_ = hf_->model();
-    model_source_ = hf_->config_path() + " (read as OlmoeForCausalLM)";
-    return;
-  }
+  if (HfModel::is_hf_folder(path) && !fs::exists(fs::path(path) / "index.json", ec)) return path;
   try {
-    dir_ = resolve_checkpoint(path);
+    return resolve_checkpoint(path);
   } catch (const Error& e) {
     MOE_FAIL("--init-from ", path, " is neither a moetrain checkpoint or run directory nor a Hugging Face model folder ",
              "(config.json with model.safetensors or model.safetensors.index.json): ", e.what());
+  }
+}
+
+InitSource::InitSource(const std::string& resolved_dir) : dir_(resolved_dir) {
+  std::error_code ec;
+  if (!fs::exists(fs::path(dir_) / "index.json", ec)) {
+    hf_ = std::make_unique<HfModel>(dir_, "--init-from");
+    model_ = hf_->model();
+    model_source_ = hf_->config_path() + " (read as OlmoeForCausalLM)";
+    return;
   }
   ckpt_ = std::make_unique<CheckpointReader>(dir_);
   step_ = checked_checkpoint_step(*ckpt_);

@@ -42,8 +42,13 @@ std::string init_from_conflict(const std::string& init_from, const std::string& 
 
 class InitSource {
  public:
-  // Opens and validates the source (every error names the path); reads no weights yet.
-  explicit InitSource(const std::string& path);
+  // The directory `path` names: a Hugging Face folder as it is, a checkpoint as it is, a run
+  // directory's newest complete checkpoint. Every error names the path. A multi-rank run resolves
+  // once and hands the result to every rank: a source that is still training may save a newer
+  // checkpoint meanwhile, and all ranks must read the same one.
+  static std::string resolve(const std::string& path);
+  // Opens and validates the source at a resolved directory; reads no weights yet.
+  explicit InitSource(const std::string& resolved_dir);
 
   bool is_hugging_face() const { return hf_ != nullptr; }
   const std::string& dir() const { return dir_; }  // the checkpoint directory or the model folder

@@ -282,7 +282,7 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
 
 void Trainer::init_weights_from(const std::string& path) {
   const auto t0 = Clock::now();
-  const InitSource src(path);
+  const InitSource src(broadcast_string(host_world_, leader() ? InitSource::resolve(path) : "", 0));
   // Before anything is read or written: the weights must be of this run's architecture.
   const std::string mismatch = src.architecture_mismatch(cfg_.model);
   MOE_CHECK(mismatch.empty(), mismatch);
