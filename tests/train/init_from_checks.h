@@ -9,18 +9,23 @@
 #include <vector>
 
 #include "moe/ckpt/checkpoint.h"
+#include "moe/core/device.h"
+#include "moe/core/tensor.h"
 #include "moe/train/trainer.h"
 
 namespace moe::testing {
 
 // Every weight slice this rank saves equals the checkpoint's logical tensor over the same range
-// bit for bit, and every moment slice it saves is zero.
+// bit for bit, and every moment slice it saves is zero (on the GPU: read back to the host).
 inline void expect_weights_of(Trainer& t, const CheckpointReader& ckpt) {
   int weights = 0, moments = 0;
+  std::vector<float> host;
   for (const CheckpointSlice& s : t.store().checkpoint_slices()) {
     ASSERT_EQ(s.dtype, DType::F32) << s.key;
     const int64_t n = s.end - s.begin;
-    const float* mine = static_cast<const float*>(s.data);
+    host.resize(static_cast<size_t>(n));
+    copy_from_tensor(host.data(), Tensor(const_cast<void*>(s.data), DType::F32, {n}, t.device()));
+    const float* mine = host.data();
     if (s.key.find(".exp_avg") != std::string::npos) {
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(mine[i], 0.0f) << s.key << " element " << s.begin + i;
       ++moments;

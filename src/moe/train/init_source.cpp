@@ -108,9 +108,9 @@ std::string InitSource::architecture_mismatch(const ModelConfig& run_model) cons
     const auto v = config_values(source);
     return std::map<std::string, std::string>(v.begin(), v.end());
   }();
-  const std::vector<std::string>& free = fine_tuning_model_keys();
+  const std::vector<std::string>& settings = fine_tuning_model_keys();
   for (const auto& [key, value] : run_values) {
-    if (key.rfind("model.", 0) != 0 || std::find(free.begin(), free.end(), key) != free.end()) continue;
+    if (key.rfind("model.", 0) != 0 || std::find(settings.begin(), settings.end(), key) != settings.end()) continue;
     const std::string& theirs = source_values.at(key);
     if (theirs == value) continue;
     return "--init-from: " + key + " is " + value + " in this run's config but " + theirs + " in " + model_source_ +
