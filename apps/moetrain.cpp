@@ -24,6 +24,7 @@
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/data/prepare.h"
 #include "moe/train/hf_interop.h"
+#include "moe/train/init_source.h"
 #include "moe/train/bench_report.h"
 #include "moe/train/config.h"
 #include "moe/train/flops.h"
@@ -102,6 +103,10 @@ int main(int argc, char** argv) {
   CLI::App* train = app.add_subcommand("train", "train a model (default: the built-in tiny config on synthetic data)");
   train_args.add_to(train);
   train->add_option("--resume", resume, "continue from a checkpoint dir, a run dir, or 'latest'");
+  std::string init_from;
+  train->add_option("--init-from", init_from,
+                    "start a new run (step 0, fresh optimizer state) from the weights of a checkpoint dir, a run dir "
+                    "(its newest checkpoint) or a Hugging Face OLMoE folder; the model config must match");
   train->add_option("--save-every", save_every, "checkpoint every N steps (train.save_every)")
       ->check(CLI::NonNegativeNumber);
   train->add_option("--keep-last", keep_last, "keep only the newest K checkpoints (train.keep_last)")
@@ -240,13 +245,23 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (train->parsed()) {
+      // Usage errors (exit 2) that only the config and run.dir reveal; every rank sees the same.
+      auto usage_fail = [&](const std::string& what) {
+        if (mpi && world.size() > 1) moe::MpiRuntime::abort_job(what.c_str(), kUsageError);
+        std::fprintf(stderr, "error: %s\n", what.c_str());
+        return kUsageError;
+      };
+      if (!init_from.empty() && !resume.empty()) return usage_fail(moe::init_from_conflict(init_from, resume, {}));
       std::vector<std::string> overrides = train_args.overrides;
       if (train->count("--save-every")) overrides.push_back("train.save_every=" + std::to_string(save_every));
       if (train->count("--keep-last")) overrides.push_back("train.keep_last=" + std::to_string(keep_last));
       if (train->count("--steps")) overrides.push_back("train.steps=" + std::to_string(steps));
       const moe::Config cfg = moe::load_config(train_args.config, overrides);
+      if (const std::string conflict = moe::init_from_conflict(init_from, resume, cfg); !conflict.empty())
+        return usage_fail(conflict);
       moe::TrainOptions opts;
       opts.resume = resume;
+      opts.init_from = init_from;
       opts.overwrite = overwrite;
       opts.stop_on_signals = true;  // SIGTERM / SIGUSR1 / SIGHUP / Ctrl-C: checkpoint at the next step, then stop
       moe::Trainer trainer(cfg, opts, world);

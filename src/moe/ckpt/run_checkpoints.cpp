@@ -136,6 +136,19 @@ std::string resolve_checkpoint(const std::string& run_dir_or_ckpt) {
   return run + "/" + steps.back().second;
 }
 
+int64_t checked_checkpoint_step(const CheckpointReader& ckpt) {
+  const std::string& dir = ckpt.dir();
+  const int64_t step = ckpt.train_state_int("step");
+  MOE_CHECK(ckpt.step() == step, "checkpoint ", dir, ": index.json is of step ", ckpt.step(), " but train_state.json of ",
+            "step ", step, "; its files do not belong together");
+  std::string base = dir;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  base = fs::path(base).filename().string();
+  if (base.rfind("step-", 0) == 0)
+    MOE_CHECK(base == checkpoint_dir_name(step), "checkpoint ", dir, " holds step ", step, ", not the step its name says");
+  return step;
+}
+
 void prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& protect) {
   MOE_CHECK(keep_last >= 0, "prune_checkpoints: keep_last must be >= 0, got ", keep_last);
   if (keep_last == 0) return;

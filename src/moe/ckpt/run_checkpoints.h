@@ -25,6 +25,12 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 // A step-* dir as is; "<run>/latest" or a run dir -> its newest complete step-* dir.
 std::string resolve_checkpoint(const std::string& run_dir_or_ckpt);
 
+class CheckpointReader;
+// The step of an opened checkpoint, once its three records of it agree (index.json,
+// train_state.json and, for a step-* directory, the name): files copied between checkpoints
+// would otherwise pass one step's weights off as another's.
+int64_t checked_checkpoint_step(const CheckpointReader& ckpt);
+
 // Keeps the newest keep_last checkpoints of run_dir (0 = keep all) and never removes `protect`
 // (a checkpoint path, e.g. the one this process resumed from; empty = none). Checkpoint
 // directories are renamed before they are removed, so a half-removed one never carries a

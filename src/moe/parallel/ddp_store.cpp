@@ -99,18 +99,23 @@ std::vector<CheckpointSlice> DdpStore::checkpoint_slices() const {
   return out;
 }
 
-void DdpStore::load(const CheckpointReader& ckpt) {
+void DdpStore::load_weights(const TensorReadFn& read) {
   bind();
   const Tensor p = params();
   for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {
     const ParamEntry& e = reg_.entry(i);
-    ckpt.read_into(e.name, e.global_begin(), e.global_begin() + e.numel(), reg_.view(p, i).view({e.numel()}));
+    read(e.name, e.global_begin(), e.global_begin() + e.numel(), reg_.view(p, i).view({e.numel()}));
   }
-  // Moments saved in either dtype are converted to this run's (read_into).
-  optimizer_->load_moments([&](const std::string& key, int64_t begin, int64_t end, const Tensor& dst) {
-    ckpt.read_into(key, begin, end, dst);
-  });
   refresh_compute_weights();
+}
+
+void DdpStore::load(const CheckpointReader& ckpt) {
+  const TensorReadFn read = [&](const std::string& key, int64_t begin, int64_t end, const Tensor& dst) {
+    ckpt.read_into(key, begin, end, dst);
+  };
+  load_weights(read);
+  // Moments saved in either dtype are converted to this run's (read_into).
+  optimizer_->load_moments(read);
 }
 
 }  // namespace moe

@@ -29,6 +29,7 @@ class DdpStore final : public ParamStore {
   void reduced_gradients(const GradientFn& fn) override;
   std::vector<CheckpointSlice> checkpoint_slices() const override;
   void load(const CheckpointReader& ckpt) override;
+  void load_weights(const TensorReadFn& read) override;
 
   // FP32 main weights; the model reads compute_weights() (the same buffer on the CPU, a BF16
   // copy refreshed after every update on the GPU).

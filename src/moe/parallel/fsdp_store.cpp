@@ -189,15 +189,25 @@ std::vector<CheckpointSlice> FsdpStore::checkpoint_slices() const {
   return out;
 }
 
+void FsdpStore::load_weights(const TensorReadFn& read) {
+  const Tensor ws = arena_.get(w_shard_);
+  for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) {
+    read(reg_.entry(i).name, lo, hi, ws.rows(at, at + (hi - lo)));
+  });
+  if (compute_ == DType::BF16) cast_copy(arena_.get(w_shard_bf16_), ws);
+}
+
 void FsdpStore::load(const CheckpointReader& ckpt) {
-  const Tensor ws = arena_.get(w_shard_), m = arena_.get(m_), v = arena_.get(v_);
+  load_weights([&](const std::string& key, int64_t begin, int64_t end, const Tensor& dst) {
+    ckpt.read_into(key, begin, end, dst);
+  });
+  // Moments saved in either dtype are converted to this run's (read_into).
+  const Tensor m = arena_.get(m_), v = arena_.get(v_);
   for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) {
     const std::string& name = reg_.entry(i).name;
-    ckpt.read_into(name, lo, hi, ws.rows(at, at + (hi - lo)));
     ckpt.read_into(name + ".exp_avg", lo, hi, m.rows(at, at + (hi - lo)));
     ckpt.read_into(name + ".exp_avg_sq", lo, hi, v.rows(at, at + (hi - lo)));
   });
-  if (compute_ == DType::BF16) cast_copy(arena_.get(w_shard_bf16_), ws);
 }
 
 }  // namespace moe

@@ -37,6 +37,7 @@ class FsdpStore final : public ParamStore, public BlockHooks {
   void reduced_gradients(const GradientFn& fn) override;
   std::vector<CheckpointSlice> checkpoint_slices() const override;
   void load(const CheckpointReader& ckpt) override;
+  void load_weights(const TensorReadFn& read) override;
 
   void before_forward(int block) override;
   void before_backward(int block) override;

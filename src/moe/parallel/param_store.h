@@ -61,8 +61,13 @@ class ParamStore {
   // The slices of logical tensors this rank saves (weights under the HF name, moments under
   // <name>.exp_avg / <name>.exp_avg_sq), each element saved by exactly one rank.
   virtual std::vector<CheckpointSlice> checkpoint_slices() const = 0;
-  // Reads what this rank holds from a checkpoint written under any topology.
+  // Reads what this rank holds (weights and moments) from a checkpoint written under any topology.
   virtual void load(const CheckpointReader& ckpt) = 0;
+  // Reads elements [begin, end) of logical tensor `key` into dst (any device; F32 weights).
+  using TensorReadFn = std::function<void(const std::string& key, int64_t begin, int64_t end, const Tensor& dst)>;
+  // Reads the weights this rank holds (and refreshes the compute copies) and leaves the optimizer
+  // state as it is: what `train --init-from` does after init(); load() reads the weights this way.
+  virtual void load_weights(const TensorReadFn& read) = 0;
 };
 
 }  // namespace moe

@@ -52,7 +52,7 @@ class HfConfigReader {
   }
   const json& need(const std::string& key) const {
     const json* v = find(key);
-    if (!v) MOE_FAIL(source_, " lacks '", key, "', which import-hf needs");
+    if (!v) MOE_FAIL(source_, " lacks '", key, "', which moetrain needs");
     return *v;
   }
   // An integer in [lo, kHfMaxSize]: 2.5, "8", true, -1 and 1e30 are refused rather than converted.
@@ -89,7 +89,7 @@ class HfConfigReader {
   void require(const std::string& key, const json& expected, const std::string& why) const {
     const json* v = find(key);
     if (v && *v != expected)
-      fail(key, "is " + v->dump() + "; " + why + " (import-hf reads only " + expected.dump() + ")");
+      fail(key, "is " + v->dump() + "; " + why + " (moetrain reads only " + expected.dump() + ")");
   }
 
  private:
@@ -110,7 +110,7 @@ double rope_theta_from_hf(const HfConfigReader& r) {
       if (type_key && value == "default") continue;
       if (!type_key && allowed.count(k)) continue;
       r.fail(key, "is " + v->dump() + "; moetrain implements plain RoPE only (no '" + k +
-                      "' setting), so import-hf refuses rather than change how the model sees positions");
+                      "' setting), so moetrain refuses rather than change how the model sees positions");
     }
   };
   check_default("rope_scaling", {});
@@ -179,15 +179,15 @@ ModelConfig model_config_from_hf(const json& j, const std::string& source) {
   MOE_CHECK(j.is_object(), source, " is not a JSON object");
   for (const auto& [key, value] : j.items())
     MOE_CHECK(key.rfind('_', 0) == 0 || ignored_keys().count(key) || handled_keys().count(key), source, ": '", key,
-              "' is not an OlmoeConfig setting import-hf knows; it refuses rather than drop a setting that may change "
+              "' is not an OlmoeConfig setting moetrain knows; it refuses rather than drop a setting that may change "
               "the model");
   const HfConfigReader r(j, source);
   const json& type = r.need("model_type");
   if (type != "olmoe")
-    r.fail("model_type", "is " + type.dump() + "; import-hf reads OLMoE models (model_type \"olmoe\")");
+    r.fail("model_type", "is " + type.dump() + "; moetrain reads OLMoE models (model_type \"olmoe\")");
   if (const json* arch = r.find("architectures");
       arch && !(arch->is_array() && arch->size() == 1 && (*arch)[0] == "OlmoeForCausalLM"))
-    r.fail("architectures", "is " + arch->dump() + "; import-hf reads [\"OlmoeForCausalLM\"] checkpoints");
+    r.fail("architectures", "is " + arch->dump() + "; moetrain reads [\"OlmoeForCausalLM\"] checkpoints");
   r.require("hidden_act", "silu", "the experts of moetrain use SwiGLU");
   r.require("tie_word_embeddings", false, "moetrain keeps the LM head separate from the embedding");
   r.require("attention_bias", false, "moetrain's attention projections have no bias");

@@ -1,33 +1,26 @@
 // import-hf: a Hugging Face OLMoE folder (config.json with model.safetensors or a sharded
 // model.safetensors.index.json) -> a moetrain run folder with a step-0 checkpoint.
 //
-// Everything is checked before anything is written: config.json key by key (hf_config.cpp),
-// every file it reads lies inside the model folder, and the tensors are exactly those that
-// config.json implies (layers, experts, shapes, dtypes). The run folder is then assembled under
-// a fresh name next to the output and renamed into place, so an error leaves the output as it
-// was. Tensors stream one logical tensor at a time through host memory.
+// Everything is checked before anything is written (HfModel, hf_model.h: config.json key by
+// key, every file it reads lies inside the model folder, the tensors are exactly those that
+// config.json implies). The run folder is then assembled under a fresh name next to the output
+// and renamed into place, so an error leaves the output as it was. Tensors stream one logical
+// tensor at a time through host memory.
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <functional>
-#include <map>
-#include <memory>
-#include <set>
+#include <nlohmann/json.hpp>
 
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/durable_file.h"
-#include "moe/ckpt/safetensors.h"
 #include "moe/core/error.h"
 #include "moe/model/weights.h"
 #include "moe/train/config.h"
-#include "moe/train/hf_config.h"
 #include "moe/train/hf_interop.h"
+#include "moe/train/hf_model.h"
 
 namespace fs = std::filesystem;
 
@@ -35,265 +28,6 @@ namespace moe {
 namespace {
 
 using nlohmann::json;
-
-std::string shape_text(const std::vector<int64_t>& shape) { return json(shape).dump(); }
-
-// A JSON file whose parse errors name it (`shown`: the path as the user spelled it) and whose
-// duplicate keys are refused: nlohmann keeps the last of two equal keys silently, which in a
-// weight_map would hide which file holds a tensor.
-json read_json_file(const std::string& path, const std::string& shown) {
-  std::ifstream in(path, std::ios::binary);
-  MOE_CHECK(in.good(), "cannot read ", shown);
-  std::vector<std::set<std::string>> keys_of_open_objects;
-  auto refuse_duplicate_keys = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      keys_of_open_objects.emplace_back();
-    } else if (event == json::parse_event_t::object_end) {
-      keys_of_open_objects.pop_back();
-    } else if (event == json::parse_event_t::key) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      MOE_CHECK(keys_of_open_objects.back().insert(key).second, shown, ": key '", key,
-                "' appears twice in one object; keep one");
-    }
-    return true;
-  };
-  try {
-    return json::parse(in, refuse_duplicate_keys);
-  } catch (const json::exception& e) {
-    MOE_FAIL(shown, " is not valid JSON: ", e.what());
-  }
-}
-
-// The model folder. A file is read only where it resolves (through any symlinks) to a place
-// inside the folder or, when the folder is a Hugging Face cache snapshot
-// (<repo>/snapshots/<revision>, whose files are symlinks into <repo>/blobs), inside that
-// repository's blobs folder. Nothing else is read, whatever config or index names it.
-class ModelFolder {
- public:
-  explicit ModelFolder(const std::string& dir) : dir_(dir) {
-    std::error_code ec;
-    MOE_CHECK(fs::is_directory(dir, ec), "import-hf: model folder '", dir, "' does not exist or is not a directory");
-    root_ = fs::canonical(dir, ec);
-    MOE_CHECK(!ec, "import-hf: cannot resolve the model folder '", dir, "': ", ec.message());
-    allowed_.push_back(root_);
-    const fs::path blobs = root_.parent_path().parent_path() / "blobs";
-    if (root_.parent_path().filename() == "snapshots" && fs::is_directory(blobs, ec))
-      allowed_.push_back(fs::canonical(blobs, ec));
-  }
-
-  const std::string& dir() const { return dir_; }
-  std::string shown(const std::string& name) const { return dir_ + "/" + name; }  // for messages
-  bool has(const std::string& name) const {
-    std::error_code ec;
-    return fs::exists(fs::symlink_status(root_ / name, ec));
-  }
-  // The resolved path of `name` (as written in the folder); `referrer` (who names it) starts
-  // every error.
-  std::string resolve(const std::string& name, const std::string& referrer) const {
-    const fs::path p(name);
-    bool leaves = name.empty() || !p.is_relative();
-    for (const fs::path& part : p) leaves = leaves || part == "..";
-    MOE_CHECK(!leaves, referrer, ": '", name, "' is not a file inside the model folder ", dir_,
-              "; import-hf reads only files inside it");
-    std::error_code ec;
-    const fs::path real = fs::canonical(root_ / p, ec);
-    if (ec == std::errc::no_such_file_or_directory) MOE_FAIL(referrer, ": '", name, "' does not exist in ", dir_);
-    MOE_CHECK(!ec, referrer, ": cannot resolve '", name, "' in ", dir_, ": ", ec.message());
-    bool inside = false;
-    for (const fs::path& base : allowed_) {
-      const fs::path rel = real.lexically_relative(base);
-      inside = inside || (!rel.empty() && rel != "." && *rel.begin() != "..");
-    }
-    MOE_CHECK(inside, referrer, ": '", name, "' resolves to ", real.string(), ", outside the model folder ", dir_,
-              " (a symlink); import-hf reads only files inside it, so copy the file in");
-    return real.string();
-  }
-
- private:
-  std::string dir_;
-  fs::path root_;
-  std::vector<fs::path> allowed_;
-};
-
-// The tensors the folder offers and the file holding each: the weight_map of
-// model.safetensors.index.json when there is one (transformers reads that first), else every
-// tensor of model.safetensors.
-struct WeightFiles {
-  std::string source;  // the index or model.safetensors, for messages
-  std::vector<std::unique_ptr<SafetensorsReader>> files;
-  std::map<std::string, const SafetensorsReader*> holder;  // tensor name -> its file
-};
-
-WeightFiles open_weight_files(const ModelFolder& folder, std::string& doing) {
-  WeightFiles w;
-  std::map<std::string, const SafetensorsReader*> by_real_path;  // "./a" and "a" are one file
-  auto open = [&](const std::string& real) -> const SafetensorsReader& {
-    const SafetensorsReader*& slot = by_real_path[real];
-    if (!slot) {
-      doing = "reading " + real;
-      w.files.push_back(std::make_unique<SafetensorsReader>(real));
-      slot = w.files.back().get();
-    }
-    return *slot;
-  };
-  if (folder.has("model.safetensors.index.json")) {
-    w.source = folder.shown("model.safetensors.index.json");
-    doing = "reading " + w.source;
-    const json index = read_json_file(folder.resolve("model.safetensors.index.json", "import-hf"), w.source);
-    MOE_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), w.source,
-              " has no \"weight_map\" object (tensor name -> file name)");
-    for (const auto& [name, file] : index["weight_map"].items()) {
-      const std::string entry = w.source + ": weight_map entry '" + name + "'";
-      MOE_CHECK(file.is_string(), entry, " maps to ", file.dump(), ", not a file name");
-      const SafetensorsReader& f = open(folder.resolve(file.get<std::string>(), entry));
-      MOE_CHECK(f.has(name), entry, ": ", f.path(), " holds no tensor '", name, "'");
-      w.holder[name] = &f;
-    }
-  } else {
-    MOE_CHECK(folder.has("model.safetensors"), "import-hf: ", folder.dir(),
-              " has neither model.safetensors nor model.safetensors.index.json");
-    w.source = folder.shown("model.safetensors");
-    const SafetensorsReader& f = open(folder.resolve("model.safetensors", "import-hf"));
-    for (const SafetensorsEntry& e : f.entries()) w.holder[e.name] = &f;
-  }
-  // A tensor stored in two shards is ambiguous (transformers keeps whichever it loads last).
-  std::map<std::string, const SafetensorsReader*> first_file;
-  for (const auto& f : w.files)
-    for (const SafetensorsEntry& e : f->entries()) {
-      const auto [it, fresh] = first_file.emplace(e.name, f.get());
-      MOE_CHECK(fresh, "import-hf: tensor '", e.name, "' is stored twice, in ", it->second->path(), " and in ",
-                f->path(), "; keep one copy");
-    }
-  return w;
-}
-
-// One tensor of the Hugging Face layout: name, shape, and the config.json keys that give the
-// shape (for messages).
-struct HfTensorSpec {
-  std::string name;
-  std::vector<int64_t> shape;
-  const char* dims;
-};
-
-std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
-
-// The decimal number that follows `prefix` in `name` and ends at a '.', or -1.
-int64_t index_after(const std::string& name, const std::string& prefix) {
-  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
-  const char* begin = name.data() + prefix.size();
-  const char* end = name.data() + name.size();
-  int64_t value = -1;
-  const auto [stop, ec] = std::from_chars(begin, end, value);
-  if (ec != std::errc() || stop == end || *stop != '.' || (*begin == '0' && stop - begin > 1)) return -1;
-  return value;
-}
-
-// Visits the tensors of the HF layout of `mc` in registry order; `fused(l)` says whether layer
-// l stores its experts fused ([N, 2H, D] and [N, D, H], transformers 5) or per expert (the Hub).
-void for_each_hf_tensor(const ModelConfig& mc, const std::function<bool(int64_t)>& fused,
-                        const std::function<void(const HfTensorSpec&)>& visit) {
-  const int64_t V = mc.vocab_size, D = mc.hidden_size, H = mc.intermediate_size, N = mc.num_experts;
-  const int64_t q_out = mc.num_attention_heads * mc.head_dim(), kv_out = mc.num_key_value_heads * mc.head_dim();
-  visit({"model.embed_tokens.weight", {V, D}, "[vocab_size, hidden_size]"});
-  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
-    const std::string p = layer_prefix(l);
-    visit({p + "input_layernorm.weight", {D}, "[hidden_size]"});
-    visit({p + "self_attn.q_proj.weight", {q_out, D}, "[num_attention_heads * head_dim, hidden_size]"});
-    visit({p + "self_attn.k_proj.weight", {kv_out, D}, "[num_key_value_heads * head_dim, hidden_size]"});
-    visit({p + "self_attn.v_proj.weight", {kv_out, D}, "[num_key_value_heads * head_dim, hidden_size]"});
-    visit({p + "self_attn.o_proj.weight", {D, q_out}, "[hidden_size, num_attention_heads * head_dim]"});
-    visit({p + "self_attn.q_norm.weight", {q_out}, "[num_attention_heads * head_dim]"});
-    visit({p + "self_attn.k_norm.weight", {kv_out}, "[num_key_value_heads * head_dim]"});
-    visit({p + "post_attention_layernorm.weight", {D}, "[hidden_size]"});
-    visit({p + "mlp.gate.weight", {N, D}, "[num_experts, hidden_size]"});
-    if (fused(l)) {
-      visit({p + "mlp.experts.gate_up_proj", {N, 2 * H, D}, "[num_experts, 2 * intermediate_size, hidden_size]"});
-      visit({p + "mlp.experts.down_proj", {N, D, H}, "[num_experts, hidden_size, intermediate_size]"});
-      continue;
-    }
-    for (int64_t x = 0; x < N; ++x) {
-      const std::string e = p + "mlp.experts." + std::to_string(x) + ".";
-      visit({e + "gate_proj.weight", {H, D}, "[intermediate_size, hidden_size]"});
-      visit({e + "up_proj.weight", {H, D}, "[intermediate_size, hidden_size]"});
-      visit({e + "down_proj.weight", {D, H}, "[hidden_size, intermediate_size]"});
-    }
-  }
-  visit({"model.norm.weight", {D}, "[hidden_size]"});
-  visit({"lm_head.weight", {V, D}, "[vocab_size, hidden_size]"});
-}
-
-bool fused_layer(const WeightFiles& w, int64_t l) {
-  return w.holder.count(layer_prefix(l) + "mlp.experts.gate_up_proj") != 0;
-}
-
-// The weight files hold exactly the model config.json describes: its layers and experts, every
-// tensor with the shape config.json implies and dtype F32 or BF16, and nothing else.
-void check_weights(const ModelConfig& mc, const std::string& config_path, const WeightFiles& w) {
-  // Layer and expert numbers first, so a count that disagrees with the files is named as such.
-  // The checks stop at the first layer missing, so a huge num_hidden_layers cannot run away.
-  std::set<int64_t> layers;
-  for (const auto& [name, file] : w.holder) {
-    const int64_t l = index_after(name, "model.layers.");
-    if (l < 0) continue;
-    layers.insert(l);
-    MOE_CHECK(l < mc.num_hidden_layers, file->path(), " holds '", name, "' of layer ", l, ", but ", config_path,
-              " has num_hidden_layers = ", mc.num_hidden_layers, "; import-hf refuses rather than drop layers");
-    const int64_t x = index_after(name, layer_prefix(l) + "mlp.experts.");
-    MOE_CHECK(x < mc.num_experts, file->path(), " holds '", name, "' of expert ", x, ", but ", config_path,
-              " has num_experts = ", mc.num_experts, "; import-hf refuses rather than drop experts");
-  }
-  for (int64_t l = 0; l < mc.num_hidden_layers; ++l)
-    MOE_CHECK(layers.count(l), config_path, " has num_hidden_layers = ", mc.num_hidden_layers, ", but ", w.source,
-              " has no layer ", l, " (no tensor named 'model.layers.", l, ".*')");
-
-  // Then tensor by tensor; the enumeration stops at the first tensor missing, so it visits at
-  // most one more tensor than the files hold, whatever num_experts says.
-  const std::string head_dim_note =
-      " (head_dim = hidden_size / num_attention_heads = " + std::to_string(mc.head_dim()) + ")";
-  std::set<std::string> expected;
-  for_each_hf_tensor(
-      mc, [&](int64_t l) { return fused_layer(w, l); },
-      [&](const HfTensorSpec& t) {
-        const auto it = w.holder.find(t.name);
-        MOE_CHECK(it != w.holder.end(), w.source, ": tensor '", t.name, "' is missing; ", config_path,
-                  " implies it, shape ", t.dims, " = ", shape_text(t.shape));
-        const SafetensorsEntry& e = it->second->entry(t.name);
-        MOE_CHECK(e.shape == t.shape, it->second->path(), ": tensor '", t.name, "' has shape ", shape_text(e.shape),
-                  ", but ", config_path, " implies ", t.dims, " = ", shape_text(t.shape),
-                  std::strstr(t.dims, "head_dim") ? head_dim_note : "");
-        MOE_CHECK(e.dtype == DType::F32 || e.dtype == DType::BF16, it->second->path(), ": tensor '", t.name,
-                  "' has dtype ", dtype_name(e.dtype),
-                  "; import-hf reads F32 and BF16 (convert the checkpoint to one of them)");
-        expected.insert(t.name);
-      });
-  for (const auto& [name, file] : w.holder) {
-    if (expected.count(name)) continue;
-    const int64_t l = index_after(name, "model.layers.");
-    if (l >= 0 && fused_layer(w, l) && index_after(name, layer_prefix(l) + "mlp.experts.") >= 0)
-      MOE_FAIL(file->path(), " holds both the fused '", layer_prefix(l),
-               "mlp.experts.gate_up_proj' and the per-expert '", name, "'; a layer stores its experts one way");
-    MOE_FAIL(file->path(), " holds '", name, "', which the OLMoE model ", config_path,
-             " describes does not have; import-hf refuses rather than drop it");
-  }
-}
-
-// Widens a checked F32 or BF16 tensor of n elements into dst.
-void to_f32(const SafetensorsReader& f, const std::string& name, int64_t n, float* dst) {
-  const SafetensorsEntry& e = f.entry(name);
-  MOE_CHECK(e.end - e.begin == static_cast<uint64_t>(n) * dtype_size(e.dtype), f.path(), ": tensor '", name,
-            "' does not hold the ", n, " elements its checkpoint tensor needs");
-  const auto* src = static_cast<const unsigned char*>(f.data(name));
-  if (e.dtype == DType::F32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-    return;
-  }
-  MOE_CHECK(e.dtype == DType::BF16, f.path(), ": tensor '", name, "' has dtype ", dtype_name(e.dtype));
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, src + 2 * i, 2);
-    dst[i] = bf16_to_f32(h);
-  }
-}
 
 // The output run folder, assembled under a fresh name next to it and renamed into place by
 // commit(). Until then the output is as it was (absent, or the empty folder it was); parents
@@ -365,18 +99,12 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
   }
 
   doing = "reading " + hf_dir;
-  const ModelFolder folder(hf_dir);
-  const std::string config_path = folder.shown("config.json");
-  doing = "reading " + config_path;
-  const ModelConfig mc =
-      model_config_from_hf(read_json_file(folder.resolve("config.json", "import-hf"), config_path), config_path);
-  const WeightFiles w = open_weight_files(folder, doing);
-  doing = "checking " + w.source + " against " + config_path;
-  check_weights(mc, config_path, w);
+  const HfModel model(hf_dir, "import-hf");
+  const ModelConfig& mc = model.model();
 
   const ParamRegistry reg = build_registry(mc, 0, mc.num_experts, ParamLayout::ByReplicaGroup);
-  const int64_t D = mc.hidden_size, H = mc.intermediate_size;
   ImportResult r;
+  r.fused_experts = model.fused_experts();
   // The slices of one rank-0 file: weights (produced from the HF tensors) and zero moments.
   std::vector<CheckpointSlice> slices;
   std::vector<bool> is_weight;
@@ -388,14 +116,6 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
       is_weight.push_back(*suffix == '\0');
     }
   }
-  auto read = [&](const std::string& name, int64_t n, float* dst) {
-    const SafetensorsReader& f = *w.holder.at(name);
-    doing = "reading tensor '" + name + "' of " + f.path();
-    to_f32(f, name, n, dst);
-    for (int64_t i = 0; i < n; ++i)
-      MOE_CHECK(std::isfinite(dst[i]), "import-hf: tensor '", name, "' of ", f.path(), " holds a non-finite value (",
-                dst[i], ") at element ", i, "; a model with NaN or infinite weights cannot be trained from");
-  };
   auto produce = [&](size_t s, void* dst_bytes) {
     float* dst = static_cast<float*>(dst_bytes);
     const CheckpointSlice& slice = slices[s];
@@ -404,24 +124,8 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
       std::memset(dst, 0, static_cast<size_t>(n) * 4);
       return;
     }
-    const std::string& name = slice.key;
-    const bool gate_up = name.find(".mlp.experts.gate_up_proj") != std::string::npos;
-    const bool down = name.find(".mlp.experts.down_proj") != std::string::npos;
-    if ((gate_up || down) && !w.holder.count(name)) {  // per-expert Hub layout
-      const std::string base = name.substr(0, name.rfind('.') + 1);
-      for (int64_t x = 0; x < mc.num_experts; ++x) {
-        const std::string p = base + std::to_string(x) + ".";
-        if (gate_up) {
-          read(p + "gate_proj.weight", H * D, dst + x * 2 * H * D);
-          read(p + "up_proj.weight", H * D, dst + x * 2 * H * D + H * D);
-        } else {
-          read(p + "down_proj.weight", D * H, dst + x * D * H);
-        }
-      }
-      return;
-    }
-    if (gate_up || down) r.fused_experts = true;
-    read(name, n, dst);
+    doing = "reading tensor '" + slice.key + "' of " + hf_dir;
+    model.read(slice.key, 0, n, dst);
   };
 
   Config cfg;

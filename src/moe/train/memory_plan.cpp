@@ -169,9 +169,9 @@ std::string does_not_fit_message(const Config& cfg, const MemoryRoles& plan, int
                                  size_t usable) {
   std::ostringstream os;
   const size_t weights = plan.parameters + plan.compute_weights + plan.gradients + plan.optimizer;
-  os << "the run needs " << gib(plan.total()) << " per rank on the " << device_name(device) << " but "
-     << gib(usable) << " can be planned: parameters + gradients + optimizer take " << gib(weights) << " (parameters "
-     << gib(plan.parameters + plan.compute_weights) << ", gradients " << gib(plan.gradients) << ", optimizer "
+  os << "the run needs " << gib(plan.total()) << " per rank on the " << (device == Device::CUDA ? "GPU" : "CPU")
+     << " but " << gib(usable) << " can be planned: parameters + gradients + optimizer take " << gib(weights)
+     << " (parameters " << gib(plan.parameters + plan.compute_weights) << ", gradients " << gib(plan.gradients) << ", optimizer "
      << gib(plan.optimizer) << "), other state " << gib(plan.other_state) << ", activations "
      << gib(plan.activations) << " (train.recompute = \"" << to_string(cfg.train.recompute) << "\")";
   if (plan.heap > 0) os << ", the expert heap " << gib(plan.heap);

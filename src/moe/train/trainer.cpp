@@ -23,6 +23,7 @@
 #include "moe/ops/elementwise.h"
 #include "moe/optim/lr_schedule.h"
 #include "moe/train/config_agreement.h"
+#include "moe/train/init_source.h"
 #include "moe/train/run_dir.h"
 #include "moe/train/stop_request.h"
 
@@ -121,6 +122,10 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   if (opts_.checkpoint) {
     resumed_from_ = opts_.checkpoint->dir();
     load_checkpoint(*opts_.checkpoint);
+  } else if (!opts_.init_from.empty()) {
+    const std::string conflict = init_from_conflict(opts_.init_from, opts_.resume, cfg_);
+    MOE_CHECK(conflict.empty(), conflict);
+    init_weights_from(opts_.init_from);
   } else {
     resumed_from_ = opts_.bench && opts_.resume.empty() ? "" : resume_source(opts_.resume, cfg_);
     if (!resumed_from_.empty()) load_checkpoint(CheckpointReader(resumed_from_));
@@ -207,14 +212,7 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
   const Config stored = parse_config(ckpt.train_state_string("model_config"), dir + "/train_state.json");
   const std::string diff = config_differences(cfg_, stored, "model", "this run", "checkpoint");
   MOE_CHECK(diff.empty(), "cannot resume from ", dir, ": the model config differs:", diff);
-  // The checkpoint's three records of its step must agree: files copied between checkpoints
-  // would otherwise resume one step's weights as another's.
-  const int64_t step = ckpt.train_state_int("step");
-  MOE_CHECK(ckpt.step() == step, "checkpoint ", dir, ": index.json is of step ", ckpt.step(), " but train_state.json of ",
-            "step ", step, "; its files do not belong together");
-  const std::string base = fs::path(dir).filename().string();
-  if (base.rfind("step-", 0) == 0)
-    MOE_CHECK(base == checkpoint_dir_name(step), "checkpoint ", dir, " holds step ", step, ", not the step its name says");
+  const int64_t step = checked_checkpoint_step(ckpt);
   MOE_CHECK(opts_.bench || step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step, ", past train.steps = ",
             cfg_.train.steps);
   // Every rank reads the ranges it holds under the current topology, whatever wrote them.
@@ -226,11 +224,35 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
   start_step_ = step;
   skipped_steps_ = ckpt.train_state_int("skipped_steps", 0);
   if (ckpt.train_state().contains("run_id")) run_id_ = ckpt.train_state_string("run_id");
-  if (!opts_.quiet && leader())
+  // A fine-tuning run keeps the record of where its first weights came from.
+  if (ckpt.train_state().contains("init_from")) init_from_ = ckpt.train_state()["init_from"];
+  if (!opts_.quiet && leader()) {
     std::printf("resumed from %s at step %ld (read in %.2f s; rank 0 peak resident memory %s before, %s after)\n",
                 dir.c_str(), static_cast<long>(start_step_), seconds_since(t0),
                 format_bytes(static_cast<double>(rss_before)).c_str(),
                 format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
+    if (init_from_.is_object() && init_from_.contains("path") && init_from_["path"].is_string())
+      std::printf("  (this run was initialized from %s)\n", init_from_["path"].get<std::string>().c_str());
+  }
+}
+
+void Trainer::init_weights_from(const std::string& path) {
+  const auto t0 = Clock::now();
+  const InitSource src(broadcast_string(host_world_, leader() ? InitSource::resolve(path) : "", 0));
+  // Before anything is read or written: the weights must be of this run's architecture.
+  const std::string mismatch = src.architecture_mismatch(cfg_.model);
+  MOE_CHECK(mismatch.empty(), mismatch);
+  // The same reads as a resume (every rank reads the ranges it holds, onto the device the
+  // parameters live on), without the moments: they stay at zero, as after init().
+  run_->store->load_weights(
+      [&](const std::string& key, int64_t begin, int64_t end, const Tensor& dst) { src.read_into(key, begin, end, dst); });
+  const bool bias = src.read_router_bias(static_cast<int64_t>(host_bias_.size()), host_bias_.data());
+  if (bias) copy_to_tensor(state_.get(run_->buffers.router_bias), host_bias_.data());
+  init_from_ = src.record();
+  if (!opts_.quiet && leader())
+    std::printf("initialized from %s in %.2f s: weights%s only; step 0, AdamW moments at zero, data and LR schedule "
+                "from their start, a new run id\n",
+                src.describe().c_str(), seconds_since(t0), bias ? " and router bias" : "");
 }
 
 void Trainer::save_checkpoint_now(int64_t step) {
@@ -251,6 +273,7 @@ void Trainer::save_checkpoint_now(int64_t step) {
     st["step"] = step;
     st["skipped_steps"] = skipped_steps_;
     st["run_id"] = run_id_;
+    if (!init_from_.is_null()) st["init_from"] = init_from_;
     st["data_position"] = {{"step", step},
                            {"note", "training windows are a pure function of (data.seed, step, sequence)"}};
     st["rng"] = {{"train.seed", cfg_.train.seed}, {"data.seed", cfg_.data.seed}};

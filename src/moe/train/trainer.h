@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +41,9 @@ namespace moe {
 
 struct TrainOptions {
   std::string resume;  // checkpoint dir, run dir, or "latest" (= this run's dir); empty = fresh start
+  // A fresh start from another run's checkpoint (or run dir) or a Hugging Face folder: its weights
+  // only, step 0, fresh optimizer state (init_source.h). Excludes `resume`.
+  std::string init_from;
   bool overwrite = false;  // a fresh run may set aside the run that run.dir holds (run_dir.h)
   bool stop_on_signals = false;  // from the first step on, stop signals save a checkpoint and end run()
   // An opened checkpoint to start from instead of `resume` (its files stay readable while open,
@@ -116,6 +120,7 @@ class Trainer {
 
  private:
   void load_checkpoint(const CheckpointReader& ckpt);
+  void init_weights_from(const std::string& path);  // --init-from
   void save_checkpoint_now(int64_t step);
   void fail_for_test(int64_t step) const;
   void upload_batch(int64_t step);           // host data -> the step's token buffers (before the step)
@@ -160,6 +165,7 @@ class Trainer {
   int64_t skipped_steps_ = 0;      // in the whole run, resumes included
   std::string resumed_from_;       // the checkpoint this process started from ("" = fresh)
   std::string run_id_;             // stays the same across resumes (train_state.json)
+  nlohmann::json init_from_;       // where the run's first weights came from (null = its own init)
   std::optional<std::chrono::steady_clock::time_point> deadline_;  // train.max_duration, from run()
 };
 
