@@ -44,7 +44,6 @@ class RowwiseDispatcher final : public PooledDispatcher {
   // Checks that `t` is a [rows, D] F32 buffer of the heap, then fills peers[r] with the address
   // of the same buffer on rank r.
   void resolve_peers(std::vector<float*>& peers, const Tensor& t, const char* op, const char* what);
-  void check_tokens(const Tensor& t, int64_t cols, const char* op, const char* what) const;
   // Payload of dispatch and combine: every kept route's row twice, and those of other ranks.
   void count_bytes(const RoutePlan& plan);
 
