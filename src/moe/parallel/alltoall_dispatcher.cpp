@@ -35,7 +35,7 @@ void AllToAllDispatcher::reserve_buffers(const DispatchShape& shape, Arena& aren
   arena_ = &arena;
   memory_.emplace(arena);
   reserve_pools(*memory_, shape, DType::F32);
-  gathered_counts_ = arena.reserve("dispatch.gathered_expert_counts", DType::I32, {ranks_ * num_experts_});
+  agreement_.reserve(ep_group_, arena, num_experts_, rows_, "alltoall");
   route_buf_slot_ = arena.reserve("dispatch.alltoall.route_rows", DType::F32, {tokens_ * top_k_, hidden_});
   stage_slot_ = arena.reserve("dispatch.alltoall.expert_rows", DType::F32, {rows_, hidden_});
 }
@@ -43,11 +43,9 @@ void AllToAllDispatcher::reserve_buffers(const DispatchShape& shape, Arena& aren
 void AllToAllDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts,
                                       Stream) {
   MOE_CHECK(arena_ != nullptr, "alltoall dispatcher: place_routes before reserve_buffers");
-  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == tokens_ && topk_idx.dim(1) == top_k_,
-            "alltoall dispatcher: topk_idx ", topk_idx.shape.str(), " does not match the reserved [", tokens_, ", ",
-            top_k_, "]");
-  agree_and_place_routes(ep_group_, placement_, arena_->get(gathered_counts_), layer, plan, topk_idx, expert_counts,
-                         num_experts_, rows_, "alltoall");
+  check_reserved_topk(topk_idx);
+  agreement_.place(layer, plan, topk_idx, expert_counts);
+  const Placement& placement = agreement_.placement();
   route_buf_ = arena_->get(route_buf_slot_);
   stage_ = arena_->get(stage_slot_);
 
@@ -65,7 +63,7 @@ void AllToAllDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor t
   first_row.assign(static_cast<size_t>(P), 0);
   int64_t displ = 0;
   for (int d = 0; d < P; ++d) {
-    L.route_counts[static_cast<size_t>(d)] = placement_.kept_from(d, me);
+    L.route_counts[static_cast<size_t>(d)] = placement.kept_from(d, me);
     first_row[static_cast<size_t>(d)] = displ;
     displ += L.route_counts[static_cast<size_t>(d)];
   }
@@ -79,7 +77,7 @@ void AllToAllDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor t
     int64_t acc = 0;
     for (int64_t e = 0; e < E; ++e) {
       prefix[static_cast<size_t>(d * E + e)] = acc;
-      acc += placement_.kept_of(d, e, me);
+      acc += placement.kept_of(d, e, me);
     }
   }
   for (int64_t i = 0; i < routes; ++i) {
@@ -89,7 +87,7 @@ void AllToAllDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor t
       continue;
     }
     const int d = static_cast<int>(v / rows_);
-    const int64_t e = idx[i] % E, j = v % rows_ - placement_.start_of(d, e, me);
+    const int64_t e = idx[i] % E, j = v % rows_ - placement.start_of(d, e, me);
     L.route_pos[static_cast<size_t>(i)] =
         static_cast<int32_t>(first_row[static_cast<size_t>(d)] + prefix[static_cast<size_t>(d * E + e)] + j);
   }
@@ -97,10 +95,10 @@ void AllToAllDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor t
   int64_t n = 0;
   for (int s = 0; s < P; ++s) {
     for (int64_t e = 0; e < E; ++e) {
-      const int64_t start = placement_.start_of(me, e, s), kept = placement_.kept_of(me, e, s);
+      const int64_t start = placement.start_of(me, e, s), kept = placement.kept_of(me, e, s);
       for (int64_t j = 0; j < kept; ++j) L.expert_rows[static_cast<size_t>(n++)] = static_cast<int32_t>(start + j);
     }
-    L.expert_counts[static_cast<size_t>(s)] = placement_.kept_from(me, s);
+    L.expert_counts[static_cast<size_t>(s)] = placement.kept_from(me, s);
   }
   L.expert_total = n;
   // Counted here, not in dispatch and combine, so a dispatch repeated in backward (recompute) is not counted twice.

@@ -18,7 +18,7 @@
 
 #include "moe/comm/communicator.h"
 #include "moe/parallel/expert_buffers.h"
-#include "moe/parallel/placement.h"
+#include "moe/parallel/route_agreement.h"
 
 namespace moe {
 
@@ -58,9 +58,9 @@ class AllToAllDispatcher final : public PooledDispatcher {
   Communicator& ep_group_;
   Arena* arena_ = nullptr;
   std::optional<ArenaMemory> memory_;
-  Arena::Slot gathered_counts_, route_buf_slot_, stage_slot_;
+  Arena::Slot route_buf_slot_, stage_slot_;
   Tensor route_buf_, stage_;  // [T*K, D] route side, [rows, D] expert side
-  Placement placement_;
+  RouteAgreement agreement_;
   std::map<const void*, Layout> layouts_;  // by route_index data
   std::vector<int64_t> send_elems_, recv_elems_;   // split counts of one exchange, in elements
   std::vector<int64_t> displ_scratch_, prefix_scratch_;  // place_routes() scratch, reused

@@ -167,6 +167,11 @@ void PooledDispatcher::check_top_k(int top_k, const char* op) const {
   MOE_CHECK(top_k == top_k_, name(), " ", op, ": top_k ", top_k, " does not match the plan's ", top_k_);
 }
 
+void PooledDispatcher::check_reserved_topk(const Tensor& topk_idx) const {
+  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == tokens_ && topk_idx.dim(1) == top_k_, what_, ": topk_idx ",
+            topk_idx.shape.str(), " does not match the reserved [", tokens_, ", ", top_k_, "]");
+}
+
 Lease PooledDispatcher::acquire(int layer) {
   MOE_CHECK(pools_.reserved(), what_, ": acquire before reserve_buffers");
   return pools_.acquire(layer);

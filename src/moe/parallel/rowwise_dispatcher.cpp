@@ -34,9 +34,8 @@ RowwiseDispatcher::RowwiseDispatcher(Communicator& ep_group, int64_t num_experts
 
 void RowwiseDispatcher::reserve_buffers(const DispatchShape& shape, Arena& arena) {
   require_host_f32_rows(shape, arena);
-  arena_ = &arena;
   reserve_pools(layout_, shape, DType::F32);  // dense layers get no buffers
-  gathered_counts_ = arena.reserve("dispatch.gathered_expert_counts", DType::I32, {ranks_ * num_experts_});
+  agreement_.reserve(ep_group_, arena, num_experts_, rows_, "rowwise");
   heap_ = make_mpi_symmetric_heap(ep_group_, layout_.bytes());
   std::memset(heap_->local(), 0, heap_->bytes_per_rank());
   layout_.bind(heap_->local());
@@ -71,11 +70,8 @@ void RowwiseDispatcher::count_bytes(const RoutePlan& plan) {
 
 void RowwiseDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream) {
   MOE_CHECK(heap_ != nullptr, "rowwise dispatcher: place_routes before reserve_buffers");
-  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == tokens_ && topk_idx.dim(1) == top_k_,
-            "rowwise dispatcher: topk_idx ", topk_idx.shape.str(), " does not match the reserved [", tokens_, ", ",
-            top_k_, "]");
-  agree_and_place_routes(ep_group_, placement_, arena_->get(gathered_counts_), layer, plan, topk_idx, expert_counts,
-                         num_experts_, rows_, "rowwise");
+  check_reserved_topk(topk_idx);
+  agreement_.place(layer, plan, topk_idx, expert_counts);
   // Counted here, not in dispatch and combine, so a dispatch repeated in backward (recompute) is not counted twice.
   count_bytes(plan);
 }

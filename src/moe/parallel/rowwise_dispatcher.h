@@ -20,7 +20,7 @@
 #include "moe/comm/communicator.h"
 #include "moe/comm/symmetric_heap.h"
 #include "moe/parallel/expert_buffers.h"
-#include "moe/parallel/placement.h"
+#include "moe/parallel/route_agreement.h"
 
 namespace moe {
 
@@ -50,9 +50,7 @@ class RowwiseDispatcher final : public PooledDispatcher {
   Communicator& ep_group_;
   HeapLayout layout_{Device::CPU};  // every expert buffer, at the same offsets on every rank
   std::unique_ptr<SymmetricHeap> heap_;
-  Arena* arena_ = nullptr;
-  Arena::Slot gathered_counts_;
-  Placement placement_;
+  RouteAgreement agreement_;
   std::vector<float*> peer_rows_, peer_rows_2_;  // per-call scratch: a buffer's address on each rank
 };
 
