@@ -6,6 +6,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "moe/core/error.h"
 
@@ -59,6 +63,50 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
     MOE_FAIL("cannot rename ", tmp, " to ", path, ": ", why);
   }
   fsync_dir(parent_dir(path));
+}
+
+std::string read_whole_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  MOE_CHECK(in.good(), "cannot read ", what, " '", path, "': ", errno_text());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void append_whole(int fd, std::string_view bytes, const char* what, const std::string& path) {
+  const off_t before = ::lseek(fd, 0, SEEK_END);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = n == 0 ? "no bytes written" : errno_text();
+      if (before >= 0) (void)::ftruncate(fd, before);
+      MOE_FAIL("cannot write ", what, " '", path, "': ", why);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+namespace {
+
+std::string utc_stamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
+
+}  // namespace
+
+std::string unused_timestamped_name(const std::string& parent, const std::string& suffix) {
+  std::string name = utc_stamp() + suffix;
+  std::error_code ec;
+  for (int n = 2; std::filesystem::exists(parent + "/" + name, ec); ++n)
+    name = utc_stamp() + suffix + "-" + std::to_string(n);
+  return name;
 }
 
 }  // namespace moe

@@ -1,6 +1,7 @@
-// Durable file-system steps shared by the safetensors writer and checkpoints: write to a temp
-// name, fsync, rename, fsync the directory. After a crash a file either has its old content
-// or its complete new content, never a prefix.
+// Durable file-system steps shared by the safetensors writer, checkpoints and the run's records:
+// write to a temp name, fsync, rename, fsync the directory (after a crash a file either has its
+// old content or its complete new content, never a prefix); append a whole record or nothing;
+// name a new folder so that nothing existing is overwritten.
 #pragma once
 
 #include <string>
@@ -20,5 +21,18 @@ std::string parent_dir(const std::string& path);
 // Writes `bytes` to "<path>.tmp-<pid>", fsyncs it and renames it to `path`, then fsyncs the
 // parent directory. On failure the temp file is removed and moe::Error names the path.
 void write_file_atomic(const std::string& path, std::string_view bytes);
+
+// The whole content of the file at `path`; moe::Error "cannot read <what> '<path>': <reason>"
+// when it cannot be opened.
+std::string read_whole_file(const std::string& path, const char* what);
+
+// Appends all of `bytes` to the end of the open file `fd` (retrying interrupted writes). On failure
+// the file is cut back to its old length, so a reader never finds part of a record, and moe::Error
+// says "cannot write <what> '<path>': <reason>".
+void append_whole(int fd, std::string_view bytes, const char* what, const std::string& path);
+
+// A name "<UTC time yyyymmdd-hhmmss><suffix>" that does not exist yet in `parent`, with "-2", "-3",
+// ... appended while it does: a new folder for files set aside, never one already there.
+std::string unused_timestamped_name(const std::string& parent, const std::string& suffix);
 
 }  // namespace moe

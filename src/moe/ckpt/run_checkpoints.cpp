@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -74,15 +73,6 @@ std::optional<Intent> read_intent(const std::string& run_dir) {
     MOE_FAIL(path, " (an interrupted set-aside of abandoned checkpoints) is malformed: ", e.what(),
              "; inspect it and the run directory, then remove it");
   }
-}
-
-std::string utc_stamp() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
-  return buf;
 }
 
 // Moves the checkpoints after intent.after_step into abandoned/<dir>, runs also_move, clears the intent.
@@ -191,10 +181,7 @@ std::string set_aside_after(const std::string& run_dir, int64_t step, bool recor
   if (!later) return "";
   char suffix[40];
   std::snprintf(suffix, sizeof suffix, "-after-step-%06lld", static_cast<long long>(step));
-  Intent intent{step, utc_stamp() + suffix};
-  std::error_code ec;
-  for (int n = 2; fs::exists(run_dir + "/abandoned/" + intent.dir, ec); ++n)
-    intent.dir = utc_stamp() + suffix + "-" + std::to_string(n);
+  const Intent intent{step, unused_timestamped_name(run_dir + "/abandoned", suffix)};
   write_file_atomic(run_dir + "/" + kIntentFile,
                     nlohmann::json{{"after_step", intent.after_step}, {"dir", intent.dir}}.dump() + "\n");
   return carry_out(run_dir, intent, also_move);

@@ -35,26 +35,28 @@ inline int checked_count(const char* op, int64_t n, int rank) {
   return static_cast<int>(n);
 }
 
+// reduce_scatter and all_gather move between a whole buffer and this rank's piece of it: both
+// tensors of one supported dtype on one device, and the whole size times the piece.
+inline void check_whole_and_piece(const char* op, const Tensor& out, const Tensor& in, const char* whole_name,
+                                  const Tensor& whole, const char* piece_name, const Tensor& piece, int size, int rank,
+                                  bool any_device) {
+  check_cpu_tensor(op, "out", out, rank, any_device);
+  check_cpu_tensor(op, "in", in, rank, any_device);
+  check_same_dtype(op, out, in, rank);
+  MOE_CHECK(out.device == in.device, op, " (rank ", rank, "): out and in are on different devices");
+  MOE_CHECK(whole.numel() == static_cast<int64_t>(size) * piece.numel(), op, " (rank ", rank, "): ", whole_name,
+            " has ", whole.numel(), " elements, expected size ", size, " x ", piece_name, "'s ", piece.numel(), " = ",
+            static_cast<int64_t>(size) * piece.numel());
+}
+
 // reduce_scatter: in = size * out.
 inline void check_reduce_scatter(const Tensor& out, const Tensor& in, int size, int rank, bool any_device = false) {
-  check_cpu_tensor("reduce_scatter", "out", out, rank, any_device);
-  check_cpu_tensor("reduce_scatter", "in", in, rank, any_device);
-  check_same_dtype("reduce_scatter", out, in, rank);
-  MOE_CHECK(out.device == in.device, "reduce_scatter (rank ", rank, "): out and in are on different devices");
-  MOE_CHECK(in.numel() == static_cast<int64_t>(size) * out.numel(), "reduce_scatter (rank ", rank,
-            "): in has ", in.numel(), " elements, expected size ", size, " x out's ", out.numel(),
-            " = ", static_cast<int64_t>(size) * out.numel());
+  check_whole_and_piece("reduce_scatter", out, in, "in", in, "out", out, size, rank, any_device);
 }
 
 // all_gather: out = size * in.
 inline void check_all_gather(const Tensor& out, const Tensor& in, int size, int rank, bool any_device = false) {
-  check_cpu_tensor("all_gather", "out", out, rank, any_device);
-  check_cpu_tensor("all_gather", "in", in, rank, any_device);
-  check_same_dtype("all_gather", out, in, rank);
-  MOE_CHECK(out.device == in.device, "all_gather (rank ", rank, "): out and in are on different devices");
-  MOE_CHECK(out.numel() == static_cast<int64_t>(size) * in.numel(), "all_gather (rank ", rank,
-            "): out has ", out.numel(), " elements, expected size ", size, " x in's ", in.numel(),
-            " = ", static_cast<int64_t>(size) * in.numel());
+  check_whole_and_piece("all_gather", out, in, "out", out, "in", in, size, rank, any_device);
 }
 
 // all_to_all_v: one non-negative count per rank; counts sum to the tensor's element count.

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "moe/core/device.h"
 #include "moe/ops/cpu/optim.h"
 #include "moe/ops/dispatch.h"
 #include "moe/ops/op_checks.h"
@@ -64,6 +65,15 @@ void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_
   }
   MOE_OP_DISPATCH(param.device, adamw_step, param, grad, m, v, grad_norm_sq, max_norm, cfg, step, stream, schedule,
                   param_bf16);
+}
+
+AdamWOutcome read_adamw_outcome(const Tensor& grad_norm_sq) {
+  const OpCheck check("read_adamw_outcome", grad_norm_sq.device);
+  check.tensor("grad_norm_sq", grad_norm_sq, DType::F32);
+  check.numel("grad_norm_sq", grad_norm_sq, 1);
+  float sq = 0;
+  copy_from_tensor(&sq, grad_norm_sq);
+  return {std::sqrt(static_cast<double>(sq)), !std::isfinite(sq)};
 }
 
 }  // namespace moe

@@ -49,4 +49,12 @@ void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_
                 const AdamWConfig& cfg, int64_t step, Stream stream = {}, Tensor schedule = {},
                 Tensor param_bf16 = {});
 
+// What adamw_step decided from grad_norm_sq (F32 [1], either device), read back on the host: waits
+// for the device.
+struct AdamWOutcome {
+  double grad_norm = 0;  // global L2 norm of the gradient, before clipping
+  bool skipped = false;  // non-finite norm: nothing was updated
+};
+AdamWOutcome read_adamw_outcome(const Tensor& grad_norm_sq);
+
 }  // namespace moe

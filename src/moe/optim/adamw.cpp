@@ -28,11 +28,7 @@ AdamW::Result AdamW::step(const Tensor& params, const Tensor& grads, const AdamW
     adamw_step(reg_.view(params, i), reg_.view(grads, i), reg_.view(m, i), reg_.view(v, i), norm_sq, max_norm,
                reg_.entry(i).decay ? cfg : no_decay, step);
   }
-  Result r;
-  const double sq = norm_sq.f32()[0];  // CPU path: read the scalar for the log
-  r.grad_norm = std::sqrt(sq);
-  r.skipped = !std::isfinite(sq);
-  return r;
+  return read_adamw_outcome(norm_sq);
 }
 
 }  // namespace moe

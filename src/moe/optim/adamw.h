@@ -18,10 +18,7 @@ class AdamW {
   // its workspace in `arena`.
   AdamW(const ParamRegistry& reg, Arena& arena, DType moment_dtype = DType::F32);
 
-  struct Result {
-    double grad_norm = 0;  // global L2 norm before clipping
-    bool skipped = false;  // non-finite gradient: nothing was updated
-  };
+  using Result = AdamWOutcome;  // the norm before clipping; skipped: non-finite, nothing updated
   // One step (step counts from 1). Weight decay applies to entries with decay = true.
   Result step(const Tensor& params, const Tensor& grads, const AdamWConfig& cfg, float max_norm, int64_t step);
 

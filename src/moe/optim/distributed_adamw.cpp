@@ -198,12 +198,7 @@ bool DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConf
 }
 
 DistributedAdamW::Result DistributedAdamW::last_result() const {
-  Result r;
-  float sq = 0;
-  copy_from_tensor(&sq, arena_.get(norm_sq_));
-  r.grad_norm = std::sqrt(static_cast<double>(sq));
-  r.skipped = !std::isfinite(sq);
-  return r;
+  return read_adamw_outcome(arena_.get(norm_sq_));
 }
 
 std::vector<DistributedAdamW::MomentSlice> DistributedAdamW::moment_slices() const {

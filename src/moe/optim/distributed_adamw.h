@@ -39,10 +39,9 @@ class DistributedAdamW {
   DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, Arena& arena, DType moment_dtype = DType::F32,
                    size_t bucket_bytes = kDefaultBucketBytes);
 
-  struct Result {
-    double grad_norm = 0;  // global L2 norm of the reduced gradient, before clipping
-    bool skipped = false;  // non-finite gradient: nothing was updated, on every rank
-  };
+  // The global norm of the reduced gradient before clipping; skipped: non-finite, nothing was
+  // updated, on every rank.
+  using Result = AdamWOutcome;
   // One step (step counts from 1). params and grads are the registry's flat FP32 buffers;
   // grads holds this rank's local gradient sum and is only read. params is updated everywhere
   // (every replica ends with identical values). Collective over the world.

@@ -3,10 +3,23 @@
 #include <cstring>
 
 #include "moe/core/error.h"
+#include "moe/ops/cpu/route_rows.h"
 #include "moe/parallel/route_agreement.h"
-#include "moe/parallel/routed_rows.h"
 
 namespace moe {
+
+namespace {
+
+// Route i's row in a packed route-side buffer (route_pos: Layout::route_pos), or nullptr for a
+// dropped route.
+struct PackedRowOf {
+  const int32_t* route_pos;
+  float* rows;
+  int64_t hidden;
+  float* operator()(int64_t i) const { return route_pos[i] < 0 ? nullptr : rows + route_pos[i] * hidden; }
+};
+
+}  // namespace
 
 AllToAllDispatcher::AllToAllDispatcher(Communicator& ep_group, int64_t num_experts, double capacity_factor,
                                        bool dropless)
@@ -22,7 +35,7 @@ void AllToAllDispatcher::reserve_buffers(const DispatchShape& shape, Arena& aren
   arena_ = &arena;
   memory_.emplace(arena);
   reserve_pools(*memory_, shape, DType::F32);
-  gathered_counts_ = arena.reserve("dispatch.gathered_expert_counts", DType::I32, {ranks_ * num_experts_});
+  agreement_.reserve(ep_group_, arena, num_experts_, rows_, "alltoall");
   route_buf_slot_ = arena.reserve("dispatch.alltoall.route_rows", DType::F32, {tokens_ * top_k_, hidden_});
   stage_slot_ = arena.reserve("dispatch.alltoall.expert_rows", DType::F32, {rows_, hidden_});
 }
@@ -30,11 +43,9 @@ void AllToAllDispatcher::reserve_buffers(const DispatchShape& shape, Arena& aren
 void AllToAllDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts,
                                       Stream) {
   MOE_CHECK(arena_ != nullptr, "alltoall dispatcher: place_routes before reserve_buffers");
-  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == tokens_ && topk_idx.dim(1) == top_k_,
-            "alltoall dispatcher: topk_idx ", topk_idx.shape.str(), " does not match the reserved [", tokens_, ", ",
-            top_k_, "]");
-  agree_and_place_routes(ep_group_, placement_, arena_->get(gathered_counts_), layer, plan, topk_idx, expert_counts,
-                         num_experts_, rows_, "alltoall");
+  check_reserved_topk(topk_idx);
+  agreement_.place(layer, plan, topk_idx, expert_counts);
+  const Placement& placement = agreement_.placement();
   route_buf_ = arena_->get(route_buf_slot_);
   stage_ = arena_->get(stage_slot_);
 
@@ -52,7 +63,7 @@ void AllToAllDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor t
   first_row.assign(static_cast<size_t>(P), 0);
   int64_t displ = 0;
   for (int d = 0; d < P; ++d) {
-    L.route_counts[static_cast<size_t>(d)] = placement_.kept_from(d, me);
+    L.route_counts[static_cast<size_t>(d)] = placement.kept_from(d, me);
     first_row[static_cast<size_t>(d)] = displ;
     displ += L.route_counts[static_cast<size_t>(d)];
   }
@@ -66,7 +77,7 @@ void AllToAllDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor t
     int64_t acc = 0;
     for (int64_t e = 0; e < E; ++e) {
       prefix[static_cast<size_t>(d * E + e)] = acc;
-      acc += placement_.kept_of(d, e, me);
+      acc += placement.kept_of(d, e, me);
     }
   }
   for (int64_t i = 0; i < routes; ++i) {
@@ -76,7 +87,7 @@ void AllToAllDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor t
       continue;
     }
     const int d = static_cast<int>(v / rows_);
-    const int64_t e = idx[i] % E, j = v % rows_ - placement_.start_of(d, e, me);
+    const int64_t e = idx[i] % E, j = v % rows_ - placement.start_of(d, e, me);
     L.route_pos[static_cast<size_t>(i)] =
         static_cast<int32_t>(first_row[static_cast<size_t>(d)] + prefix[static_cast<size_t>(d * E + e)] + j);
   }
@@ -84,10 +95,10 @@ void AllToAllDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor t
   int64_t n = 0;
   for (int s = 0; s < P; ++s) {
     for (int64_t e = 0; e < E; ++e) {
-      const int64_t start = placement_.start_of(me, e, s), kept = placement_.kept_of(me, e, s);
+      const int64_t start = placement.start_of(me, e, s), kept = placement.kept_of(me, e, s);
       for (int64_t j = 0; j < kept; ++j) L.expert_rows[static_cast<size_t>(n++)] = static_cast<int32_t>(start + j);
     }
-    L.expert_counts[static_cast<size_t>(s)] = placement_.kept_from(me, s);
+    L.expert_counts[static_cast<size_t>(s)] = placement.kept_from(me, s);
   }
   L.expert_total = n;
   // Counted here, not in dispatch and combine, so a dispatch repeated in backward (recompute) is not counted twice.
@@ -101,32 +112,33 @@ const AllToAllDispatcher::Layout& AllToAllDispatcher::layout_of(const RoutePlan&
   return it->second;
 }
 
-void AllToAllDispatcher::check_expert_buffer(const Tensor& t, const char* op, const char* what) const {
-  MOE_CHECK(t.dtype == DType::F32 && t.ndim() == 2 && t.dim(0) == rows_ && t.dim(1) == hidden_,
-            "alltoall dispatcher ", op, ": ", what, " must be [", rows_, ", ", hidden_, "] F32, got ", t.shape.str());
-}
-
-void AllToAllDispatcher::check_tokens(const Tensor& t, int64_t cols, const char* op, const char* what) const {
-  MOE_CHECK(t.dtype == DType::F32 && t.ndim() == 2 && t.dim(0) == tokens_ && t.dim(1) == cols,
-            "alltoall dispatcher ", op, ": ", what, " must be [", tokens_, ", ", cols, "] F32, got ", t.shape.str());
-}
-
-void AllToAllDispatcher::to_experts(const Layout& L) {
+void AllToAllDispatcher::send_to_experts(const Layout& L, float* expert_rows) {
   const int P = ranks_;
   for (int r = 0; r < P; ++r) {
     send_elems_[static_cast<size_t>(r)] = L.route_counts[static_cast<size_t>(r)] * hidden_;
     recv_elems_[static_cast<size_t>(r)] = L.expert_counts[static_cast<size_t>(r)] * hidden_;
   }
   ep_group_.all_to_all_v(stage_.rows(0, L.expert_total), recv_elems_, route_buf_.rows(0, L.route_total), send_elems_);
+  const int64_t D = hidden_;
+  const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
+  const float* recv = stage_.f32();
+  const int32_t* rows = L.expert_rows.data();
+  for (int64_t i = 0; i < L.expert_total; ++i) std::memcpy(expert_rows + rows[i] * D, recv + i * D, row_bytes);
 }
 
-void AllToAllDispatcher::to_routes(const Layout& L) {
+float* AllToAllDispatcher::send_to_routes(const Layout& L, const float* expert_rows) {
+  const int64_t D = hidden_;
+  const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
+  float* send = stage_.f32();
+  const int32_t* rows = L.expert_rows.data();
+  for (int64_t i = 0; i < L.expert_total; ++i) std::memcpy(send + i * D, expert_rows + rows[i] * D, row_bytes);
   const int P = ranks_;
   for (int r = 0; r < P; ++r) {
     send_elems_[static_cast<size_t>(r)] = L.expert_counts[static_cast<size_t>(r)] * hidden_;
     recv_elems_[static_cast<size_t>(r)] = L.route_counts[static_cast<size_t>(r)] * hidden_;
   }
   ep_group_.all_to_all_v(route_buf_.rows(0, L.route_total), recv_elems_, stage_.rows(0, L.expert_total), send_elems_);
+  return route_buf_.f32();
 }
 
 void AllToAllDispatcher::count_bytes(const Layout& L) {
@@ -137,101 +149,52 @@ void AllToAllDispatcher::count_bytes(const Layout& L) {
 
 void AllToAllDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream) {
   const Layout& L = layout_of(plan, "dispatch");
-  check_expert_buffer(expert_in, "dispatch", "expert_in");
-  check_tokens(x, hidden_, "dispatch", "x");
-  MOE_CHECK(top_k == top_k_, "alltoall dispatch: top_k ", top_k, " does not match the plan's ", top_k_);
-  const int64_t D = hidden_;
-  const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
-  const float* xs = x.f32();
-  float* send = route_buf_.f32();
-  const int32_t* pos = L.route_pos.data();
-#pragma omp parallel for schedule(static) if (tokens_ * top_k_ * D >= routed::kMinParallelWork)
-  for (int64_t t = 0; t < tokens_; ++t)
-    for (int k = 0; k < top_k; ++k)
-      if (const int32_t p = pos[t * top_k + k]; p >= 0) std::memcpy(send + p * D, xs + t * D, row_bytes);
-  to_experts(L);
-  const float* recv = stage_.f32();
-  float* in = expert_in.f32();
-  const int32_t* rows = L.expert_rows.data();
-  for (int64_t i = 0; i < L.expert_total; ++i) std::memcpy(in + rows[i] * D, recv + i * D, row_bytes);
+  check_f32_expert_rows(expert_in, "dispatch", "expert_in");
+  check_f32_tokens(x, hidden_, "dispatch", "x");
+  check_top_k(top_k, "dispatch");
+  cpu::route_rows::scatter_routes(x.f32(), static_cast<size_t>(hidden_) * sizeof(float), tokens_, top_k, hidden_,
+                                  PackedRowOf{L.route_pos.data(), route_buf_.f32(), hidden_});
+  send_to_experts(L, expert_in.f32());
 }
 
 void AllToAllDispatcher::combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
                                  Stream) {
   const Layout& L = layout_of(plan, "combine");
-  check_expert_buffer(expert_out, "combine", "expert_out");
-  check_tokens(out, hidden_, "combine", "out");
-  check_tokens(weights, top_k_, "combine", "weights");
-  MOE_CHECK(top_k == top_k_, "alltoall combine: top_k ", top_k, " does not match the plan's ", top_k_);
-  const int64_t D = hidden_;
-  const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
-  const float* y = expert_out.f32();
-  float* send = stage_.f32();
-  const int32_t* rows = L.expert_rows.data();
-  for (int64_t i = 0; i < L.expert_total; ++i) std::memcpy(send + i * D, y + rows[i] * D, row_bytes);
-  to_routes(L);
-  const float* recv = route_buf_.f32();
-  const int32_t* pos = L.route_pos.data();
-  routed::sum_routes(out.f32(), weights.f32(), tokens_, top_k, D, /*accumulate=*/true,
-                     [&](int64_t i) -> const float* { return pos[i] < 0 ? nullptr : recv + pos[i] * D; });
+  check_f32_expert_rows(expert_out, "combine", "expert_out");
+  check_f32_tokens(out, hidden_, "combine", "out");
+  check_f32_tokens(weights, top_k_, "combine", "weights");
+  check_top_k(top_k, "combine");
+  float* route_rows = send_to_routes(L, expert_out.f32());
+  cpu::route_rows::sum_routes(out.f32(), weights.f32(), tokens_, top_k, hidden_, /*accumulate=*/true,
+                              PackedRowOf{L.route_pos.data(), route_rows, hidden_});
 }
 
 void AllToAllDispatcher::combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out,
                                           Tensor weights, const RoutePlan& plan, int top_k, Stream) {
   const Layout& L = layout_of(plan, "combine_backward");
-  check_expert_buffer(d_expert_out, "combine_backward", "d_expert_out");
-  check_expert_buffer(expert_out, "combine_backward", "expert_out");
-  check_tokens(dout, hidden_, "combine_backward", "dout");
-  check_tokens(weights, top_k_, "combine_backward", "weights");
-  check_tokens(dweights, top_k_, "combine_backward", "dweights");
-  MOE_CHECK(top_k == top_k_, "alltoall combine_backward: top_k ", top_k, " does not match the plan's ", top_k_);
-  const int64_t D = hidden_;
-  const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
+  check_f32_expert_rows(d_expert_out, "combine_backward", "d_expert_out");
+  check_f32_expert_rows(expert_out, "combine_backward", "expert_out");
+  check_f32_tokens(dout, hidden_, "combine_backward", "dout");
+  check_f32_tokens(weights, top_k_, "combine_backward", "weights");
+  check_f32_tokens(dweights, top_k_, "combine_backward", "dweights");
+  check_top_k(top_k, "combine_backward");
   // The expert outputs travel back again for the combine-weight gradient (rowwise loads them
-  // from the owner the same way), then the weighted output gradients travel to the experts.
-  const float* y = expert_out.f32();
-  float* stage = stage_.f32();
-  const int32_t* rows = L.expert_rows.data();
-  for (int64_t i = 0; i < L.expert_total; ++i) std::memcpy(stage + i * D, y + rows[i] * D, row_bytes);
-  to_routes(L);
-  float* route_rows = route_buf_.f32();
-  const int32_t* pos = L.route_pos.data();
-  const float* g = dout.f32();
-  const float* w = weights.f32();
-  float* dw = dweights.f32();
-#pragma omp parallel for schedule(static) if (tokens_ * top_k_ * D >= routed::kMinParallelWork)
-  for (int64_t t = 0; t < tokens_; ++t)
-    for (int k = 0; k < top_k; ++k) {
-      const int64_t i = t * top_k + k;
-      if (pos[i] < 0) {
-        dw[i] = 0.0f;
-        continue;
-      }
-      float* row = route_rows + pos[i] * D;
-      dw[i] = routed::dot_row(g + t * D, row, D);
-      routed::scale_row(row, w[i], g + t * D, D);  // the expert output row is used up: reuse it
-    }
-  to_experts(L);
-  float* dy = d_expert_out.f32();
-  for (int64_t i = 0; i < L.expert_total; ++i) std::memcpy(dy + rows[i] * D, stage + i * D, row_bytes);
+  // from the owner the same way), then the weighted output gradients travel to the experts. Each
+  // received expert output row is used up by its dot product, so its weighted gradient replaces it.
+  const PackedRowOf route_row{L.route_pos.data(), send_to_routes(L, expert_out.f32()), hidden_};
+  cpu::route_rows::combine_backward_routes(dweights.f32(), dout.f32(), weights.f32(), tokens_, top_k, hidden_,
+                                           route_row, route_row);
+  send_to_experts(L, d_expert_out.f32());
 }
 
 void AllToAllDispatcher::dispatch_backward(Tensor dx, Tensor d_expert_in, const RoutePlan& plan, int top_k, Stream) {
   const Layout& L = layout_of(plan, "dispatch_backward");
-  check_expert_buffer(d_expert_in, "dispatch_backward", "d_expert_in");
-  check_tokens(dx, hidden_, "dispatch_backward", "dx");
-  MOE_CHECK(top_k == top_k_, "alltoall dispatch_backward: top_k ", top_k, " does not match the plan's ", top_k_);
-  const int64_t D = hidden_;
-  const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
-  const float* dxe = d_expert_in.f32();
-  float* stage = stage_.f32();
-  const int32_t* rows = L.expert_rows.data();
-  for (int64_t i = 0; i < L.expert_total; ++i) std::memcpy(stage + i * D, dxe + rows[i] * D, row_bytes);
-  to_routes(L);
-  const float* recv = route_buf_.f32();
-  const int32_t* pos = L.route_pos.data();
-  routed::sum_routes(dx.f32(), nullptr, tokens_, top_k, D, /*accumulate=*/false,
-                     [&](int64_t i) -> const float* { return pos[i] < 0 ? nullptr : recv + pos[i] * D; });
+  check_f32_expert_rows(d_expert_in, "dispatch_backward", "d_expert_in");
+  check_f32_tokens(dx, hidden_, "dispatch_backward", "dx");
+  check_top_k(top_k, "dispatch_backward");
+  float* route_rows = send_to_routes(L, d_expert_in.f32());
+  cpu::route_rows::sum_routes(dx.f32(), nullptr, tokens_, top_k, hidden_, /*accumulate=*/false,
+                              PackedRowOf{L.route_pos.data(), route_rows, hidden_});
 }
 
 }  // namespace moe

@@ -18,7 +18,7 @@
 
 #include "moe/comm/communicator.h"
 #include "moe/parallel/expert_buffers.h"
-#include "moe/parallel/placement.h"
+#include "moe/parallel/route_agreement.h"
 
 namespace moe {
 
@@ -47,19 +47,20 @@ class AllToAllDispatcher final : public PooledDispatcher {
     int64_t route_total = 0, expert_total = 0;
   };
   const Layout& layout_of(const RoutePlan& plan, const char* op) const;
-  void check_expert_buffer(const Tensor& t, const char* op, const char* what) const;
-  void check_tokens(const Tensor& t, int64_t cols, const char* op, const char* what) const;
-  // Route side -> expert side: route_buf rows (packed) to stage rows (receive order). And back.
-  void to_experts(const Layout& L);
-  void to_routes(const Layout& L);
+  // Route side -> expert side: the packed route_buf rows travel to their experts' ranks, arriving
+  // in the stage in receive order, and are stored into their rows of expert_rows ([rows, D]).
+  void send_to_experts(const Layout& L, float* expert_rows);
+  // Expert side -> route side: this rank's rows of expert_rows for each source, gathered into the
+  // stage in receive order, travel back to the sources' packed route_buf rows; returns route_buf.
+  float* send_to_routes(const Layout& L, const float* expert_rows);
   void count_bytes(const Layout& L);  // dispatch's and combine's payload of one placement
 
   Communicator& ep_group_;
   Arena* arena_ = nullptr;
   std::optional<ArenaMemory> memory_;
-  Arena::Slot gathered_counts_, route_buf_slot_, stage_slot_;
+  Arena::Slot route_buf_slot_, stage_slot_;
   Tensor route_buf_, stage_;  // [T*K, D] route side, [rows, D] expert side
-  Placement placement_;
+  RouteAgreement agreement_;
   std::map<const void*, Layout> layouts_;  // by route_index data
   std::vector<int64_t> send_elems_, recv_elems_;   // split counts of one exchange, in elements
   std::vector<int64_t> displ_scratch_, prefix_scratch_;  // place_routes() scratch, reused

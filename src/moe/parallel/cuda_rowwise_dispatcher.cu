@@ -353,6 +353,22 @@ void CudaRowwiseDispatcher::check_after_step() {
   }
 }
 
+void CudaRowwiseDispatcher::sum_peer_routes(Tensor out, const Tensor& expert_rows, size_t rows_offset,
+                                            const float* weights, bool accumulate, const RoutePlan& plan, int top_k) {
+  if (tokens_ == 0 || hidden_ == 0) return;
+  const int64_t P = ep_group_.size();
+  const PeerBases peers = peer_table(peer_bases_);
+  const cudaStream_t s = compute_stream();
+  with_vec_width(dtype_, hidden_, {out.data, peer_bases_[0], expert_rows.data}, [&](auto row_type) {
+    using Elem = typename decltype(row_type)::elem;
+    constexpr int V = decltype(row_type)::width;
+    cuda::route_rows::launch_sum_routes<Elem, V>(
+        static_cast<Elem*>(out.data), PeerRow<const Elem>{peers, rows_offset, rows_, P * rows_, hidden_}, weights,
+        accumulate, plan.route_index.i32(), top_k, tokens_, hidden_, s);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
 void CudaRowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) {
   constexpr const char* op = "dispatch";
   check_call(plan, top_k, stream, op);
@@ -391,18 +407,7 @@ void CudaRowwiseDispatcher::combine(Tensor out, Tensor expert_out, Tensor weight
   // closing sync: an owner writes this slot's expert_out again only after the dispatch sync of a later use of the slot,
   // which we enter only after these loads (stream order).
   heap_->sync();
-  if (tokens_ == 0 || hidden_ == 0) return;
-  const int64_t P = ep_group_.size();
-  const PeerBases peers = peer_table(peer_bases_);
-  const cudaStream_t s = compute_stream();
-  with_vec_width(dtype_, hidden_, {out.data, peer_bases_[0], expert_out.data}, [&](auto row_type) {
-    using Elem = typename decltype(row_type)::elem;
-    constexpr int V = decltype(row_type)::width;
-    cuda::route_rows::launch_sum_routes<Elem, V>(
-        static_cast<Elem*>(out.data), PeerRow<const Elem>{peers, out_offset, rows_, P * rows_, hidden_}, weights.f32(),
-        /*accumulate=*/true, plan.route_index.i32(), top_k, tokens_, hidden_, s);
-  });
-  CUDA_CHECK_LAUNCH();
+  sum_peer_routes(out, expert_out, out_offset, weights.f32(), /*accumulate=*/true, plan, top_k);
 }
 
 void CudaRowwiseDispatcher::combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out,
@@ -448,19 +453,7 @@ void CudaRowwiseDispatcher::dispatch_backward(Tensor dx, Tensor d_expert_in, con
   check_tokens(dx, hidden_, dtype_, op, "dx");
   // NOTES: every owner must have finished writing d_expert_in (its data-gradient GEMM) before we load from it.
   heap_->sync();
-  if (tokens_ > 0 && hidden_ > 0) {
-    const int64_t P = ep_group_.size();
-    const PeerBases peers = peer_table(peer_bases_);
-    const cudaStream_t s = compute_stream();
-    with_vec_width(dtype_, hidden_, {dx.data, peer_bases_[0], d_expert_in.data}, [&](auto row_type) {
-      using Elem = typename decltype(row_type)::elem;
-      constexpr int V = decltype(row_type)::width;
-      cuda::route_rows::launch_sum_routes<Elem, V>(
-          static_cast<Elem*>(dx.data), PeerRow<const Elem>{peers, in_offset, rows_, P * rows_, hidden_},
-          /*weights=*/nullptr, /*accumulate=*/false, plan.route_index.i32(), top_k, tokens_, hidden_, s);
-    });
-    CUDA_CHECK_LAUNCH();
-  }
+  sum_peer_routes(dx, d_expert_in, in_offset, /*weights=*/nullptr, /*accumulate=*/false, plan, top_k);
   // NOTES: once we return, the owner may write d_expert_in again (the next MoE layer's backward, or any caller's use of
   // grad_buffers()); this sync keeps that write behind every rank's loads.
   heap_->sync();

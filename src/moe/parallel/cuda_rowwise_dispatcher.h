@@ -77,6 +77,11 @@ class CudaRowwiseDispatcher final : public PooledDispatcher {
   size_t heap_offset(const Tensor& t, const char* op, const char* what) const;
   void check_tokens(const Tensor& t, int64_t cols, DType dtype, const char* op, const char* what) const;
   void check_call(const RoutePlan& plan, int top_k, Stream stream, const char* op) const;
+  // out[t] (+= when accumulate, else =) sum over kept k, ascending, of (weights ? weights[t,k] : 1) times the route's
+  // row of the heap buffer at rows_offset, loaded from its owner's segment (GET): the combine and the dispatch
+  // backward. expert_rows is this rank's copy of that buffer (its alignment picks the word width).
+  void sum_peer_routes(Tensor out, const Tensor& expert_rows, size_t rows_offset, const float* weights, bool accumulate,
+                       const RoutePlan& plan, int top_k);
 
   Communicator& ep_group_;
   DType dtype_ = DType::BF16;

@@ -52,8 +52,7 @@ void DdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step
 }
 
 ParamStore::StepResult DdpStore::last_step() const {
-  const DistributedAdamW::Result r = optimizer_->last_result();
-  return {r.grad_norm, r.skipped};
+  return optimizer_->last_result();
 }
 
 void DdpStore::reduced_gradients(const GradientFn& fn) {

@@ -153,6 +153,25 @@ void PooledDispatcher::require_host_f32_rows(const DispatchShape& shape, const A
             ": moves F32 rows in host memory (MPI); GPU runs use the rowwise dispatcher on NCCL (make_gpu_dispatcher)");
 }
 
+void PooledDispatcher::check_f32_expert_rows(const Tensor& t, const char* op, const char* what) const {
+  MOE_CHECK(t.dtype == DType::F32 && t.ndim() == 2 && t.dim(0) == rows_ && t.dim(1) == hidden_, what_, " ", op, ": ",
+            what, " must be [", rows_, ", ", hidden_, "] F32, got ", t.shape.str());
+}
+
+void PooledDispatcher::check_f32_tokens(const Tensor& t, int64_t cols, const char* op, const char* what) const {
+  MOE_CHECK(t.dtype == DType::F32 && t.ndim() == 2 && t.dim(0) == tokens_ && t.dim(1) == cols, what_, " ", op, ": ",
+            what, " must be [", tokens_, ", ", cols, "] F32, got ", t.shape.str());
+}
+
+void PooledDispatcher::check_top_k(int top_k, const char* op) const {
+  MOE_CHECK(top_k == top_k_, name(), " ", op, ": top_k ", top_k, " does not match the plan's ", top_k_);
+}
+
+void PooledDispatcher::check_reserved_topk(const Tensor& topk_idx) const {
+  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == tokens_ && topk_idx.dim(1) == top_k_, what_, ": topk_idx ",
+            topk_idx.shape.str(), " does not match the reserved [", tokens_, ", ", top_k_, "]");
+}
+
 Lease PooledDispatcher::acquire(int layer) {
   MOE_CHECK(pools_.reserved(), what_, ": acquire before reserve_buffers");
   return pools_.acquire(layer);

@@ -155,6 +155,13 @@ class PooledDispatcher : public TokenDispatcher {
   void reserve_pools(BufferMemory& memory, const DispatchShape& shape, DType dtype);
   // The CPU multi-rank backends move F32 rows in host memory: refuses anything else.
   void require_host_f32_rows(const DispatchShape& shape, const Arena& arena) const;
+  // Their call arguments: `t` an F32 [rows_, hidden_] expert buffer, an F32 [tokens_, cols] token-side
+  // tensor, top_k the reserved one; errors name the backend, the call (op) and the argument (what).
+  void check_f32_expert_rows(const Tensor& t, const char* op, const char* what) const;
+  void check_f32_tokens(const Tensor& t, int64_t cols, const char* op, const char* what) const;
+  void check_top_k(int top_k, const char* op) const;
+  // place_routes' topk_idx: [tokens_, top_k_], the reserved shape.
+  void check_reserved_topk(const Tensor& topk_idx) const;
   // Adds to the byte counters (CPU backends count as they move; the GPU one sets totals it read).
   void count_moved(int64_t bytes, int64_t remote_bytes) {
     bytes_moved_ += bytes;

@@ -156,12 +156,7 @@ void FsdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t ste
 }
 
 ParamStore::StepResult FsdpStore::last_step() const {
-  StepResult r;
-  float sq = 0;
-  copy_from_tensor(&sq, arena_.get(norm_sq_));
-  r.grad_norm = std::sqrt(static_cast<double>(sq));
-  r.skipped = !std::isfinite(sq);
-  return r;
+  return read_adamw_outcome(arena_.get(norm_sq_));
 }
 
 void FsdpStore::reduced_gradients(const GradientFn& fn) {

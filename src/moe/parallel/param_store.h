@@ -36,10 +36,8 @@ class ParamStore {
   // are (one pass less over most of the parameters).
   virtual void zero_grads(bool experts_written) = 0;
 
-  struct StepResult {
-    double grad_norm = 0;  // global, before clipping
-    bool skipped = false;  // non-finite gradient: nothing changed, on every rank
-  };
+  // The global gradient norm before clipping; skipped: non-finite, nothing changed, on every rank.
+  using StepResult = AdamWOutcome;
   // Queues the reduction of the accumulated gradients over their replica groups and one AdamW
   // step, reading nothing back (a CUDA graph can capture it). A non-empty `schedule` (F32 [2]:
   // lr, step) supplies the learning rate and step from memory instead of cfg.lr and `step`.

@@ -3,10 +3,26 @@
 #include <cstring>
 
 #include "moe/core/error.h"
+#include "moe/ops/cpu/route_rows.h"
 #include "moe/parallel/route_agreement.h"
-#include "moe/parallel/routed_rows.h"
 
 namespace moe {
+
+namespace {
+
+// Route i's row in its owner's copy of a heap buffer (peers: the buffer on each rank, from
+// resolve_peers), or nullptr for a dropped route. route_index holds owner * rows + row.
+struct PeerRowOf {
+  const int32_t* route_index;
+  float* const* peers;
+  int64_t rows, hidden;
+  float* operator()(int64_t i) const {
+    const int32_t v = route_index[i];
+    return v < 0 ? nullptr : peers[v / rows] + (v % rows) * hidden;
+  }
+};
+
+}  // namespace
 
 RowwiseDispatcher::RowwiseDispatcher(Communicator& ep_group, int64_t num_experts, double capacity_factor,
                                      bool dropless)
@@ -18,9 +34,8 @@ RowwiseDispatcher::RowwiseDispatcher(Communicator& ep_group, int64_t num_experts
 
 void RowwiseDispatcher::reserve_buffers(const DispatchShape& shape, Arena& arena) {
   require_host_f32_rows(shape, arena);
-  arena_ = &arena;
   reserve_pools(layout_, shape, DType::F32);  // dense layers get no buffers
-  gathered_counts_ = arena.reserve("dispatch.gathered_expert_counts", DType::I32, {ranks_ * num_experts_});
+  agreement_.reserve(ep_group_, arena, num_experts_, rows_, "rowwise");
   if (ep_group_.plans_only()) {  // memory planning: the heap's size, nothing allocated
     planned_heap_bytes_ = layout_.bytes();
     return;
@@ -36,19 +51,13 @@ void RowwiseDispatcher::reserve_buffers(const DispatchShape& shape, Arena& arena
 void RowwiseDispatcher::resolve_peers(std::vector<float*>& peers, const Tensor& t, const char* op,
                                       const char* what) {
   MOE_CHECK(heap_ != nullptr, "rowwise dispatcher ", op, ": called before reserve_buffers");
-  MOE_CHECK(t.dtype == DType::F32 && t.ndim() == 2 && t.dim(0) == rows_ && t.dim(1) == hidden_,
-            "rowwise dispatcher ", op, ": ", what, " must be [", rows_, ", ", hidden_, "] F32, got ", t.shape.str());
+  check_f32_expert_rows(t, op, what);
   const char* base = static_cast<const char*>(heap_->local());
   const char* p = static_cast<const char*>(t.data);
   MOE_CHECK(p >= base && p + t.nbytes() <= base + heap_->bytes_per_rank(), "rowwise dispatcher ", op, " (rank ",
             rank_, "): ", what,
             " is not a buffer of the dispatcher's symmetric heap; pass a lease's buffers or grad_buffers()");
   for (int r = 0; r < ranks_; ++r) peers[static_cast<size_t>(r)] = static_cast<float*>(heap_->peer(p, r));
-}
-
-void RowwiseDispatcher::check_tokens(const Tensor& t, int64_t cols, const char* op, const char* what) const {
-  MOE_CHECK(t.dtype == DType::F32 && t.ndim() == 2 && t.dim(0) == tokens_ && t.dim(1) == cols, "rowwise dispatcher ",
-            op, ": ", what, " must be [", tokens_, ", ", cols, "] F32, got ", t.shape.str());
 }
 
 void RowwiseDispatcher::count_bytes(const RoutePlan& plan) {
@@ -65,18 +74,15 @@ void RowwiseDispatcher::count_bytes(const RoutePlan& plan) {
 
 void RowwiseDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream) {
   MOE_CHECK(heap_ != nullptr, "rowwise dispatcher: place_routes before reserve_buffers");
-  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == tokens_ && topk_idx.dim(1) == top_k_,
-            "rowwise dispatcher: topk_idx ", topk_idx.shape.str(), " does not match the reserved [", tokens_, ", ",
-            top_k_, "]");
-  agree_and_place_routes(ep_group_, placement_, arena_->get(gathered_counts_), layer, plan, topk_idx, expert_counts,
-                         num_experts_, rows_, "rowwise");
+  check_reserved_topk(topk_idx);
+  agreement_.place(layer, plan, topk_idx, expert_counts);
   // Counted here, not in dispatch and combine, so a dispatch repeated in backward (recompute) is not counted twice.
   count_bytes(plan);
 }
 
 void RowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream) {
   resolve_peers(peer_rows_, expert_in, "dispatch", "expert_in");
-  check_tokens(x, hidden_, "dispatch", "x");
+  check_f32_tokens(x, hidden_, "dispatch", "x");
   MOE_CHECK(top_k == top_k_ && plan.route_index.numel() == tokens_ * top_k_, "rowwise dispatch: route_index ",
             plan.route_index.shape.str(), " / top_k ", top_k, " do not match the plan");
   // NOTES: no sync before the PUTs. The rows we overwrite in a peer's expert_in were last read by
@@ -84,18 +90,8 @@ void RowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& pl
   // lease's previous holder (of the recompute pair: the layer that used it last); the peer
   // finished those reads before entering a later sync (the opening sync of combine or of
   // dispatch_backward) that we have passed too, since syncs are collective and matched in order.
-  const int32_t* index = plan.route_index.i32();
-  const float* xs = x.f32();
-  const int64_t D = hidden_, rows = rows_;
-  const size_t row_bytes = static_cast<size_t>(D) * sizeof(float);
-  float* const* peers = peer_rows_.data();
-#pragma omp parallel for schedule(static) if (tokens_ * top_k_ * D >= routed::kMinParallelWork)
-  for (int64_t t = 0; t < tokens_; ++t)
-    for (int k = 0; k < top_k; ++k) {
-      const int32_t v = index[t * top_k + k];
-      if (v < 0) continue;
-      std::memcpy(peers[v / rows] + (v % rows) * D, xs + t * D, row_bytes);
-    }
+  cpu::route_rows::scatter_routes(x.f32(), static_cast<size_t>(hidden_) * sizeof(float), tokens_, top_k, hidden_,
+                                  PeerRowOf{plan.route_index.i32(), peer_rows_.data(), rows_, hidden_});
   // NOTES: the owners' expert GEMMs read expert_in next; this sync completes every rank's PUTs
   // (each kept row has exactly one writer) before any owner reads.
   heap_->sync();
@@ -104,31 +100,25 @@ void RowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& pl
 void RowwiseDispatcher::combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
                                 Stream) {
   resolve_peers(peer_rows_, expert_out, "combine", "expert_out");
-  check_tokens(out, hidden_, "combine", "out");
-  check_tokens(weights, top_k_, "combine", "weights");
-  MOE_CHECK(top_k == top_k_, "rowwise combine: top_k ", top_k, " does not match the plan's ", top_k_);
+  check_f32_tokens(out, hidden_, "combine", "out");
+  check_f32_tokens(weights, top_k_, "combine", "weights");
+  check_top_k(top_k, "combine");
   // NOTES: every owner must have finished writing expert_out (its down-projection GEMM) before we
   // load from it. No closing sync is needed: an owner writes this slot's expert_out again only after
   // the dispatch sync of a later use of the slot, which we enter only after these loads.
   heap_->sync();
-  const int32_t* index = plan.route_index.i32();
-  const int64_t D = hidden_, rows = rows_;
-  float* const* peers = peer_rows_.data();
-  routed::sum_routes(out.f32(), weights.f32(), tokens_, top_k, D, /*accumulate=*/true,
-                     [&](int64_t i) -> const float* {
-                       const int32_t v = index[i];
-                       return v < 0 ? nullptr : peers[v / rows] + (v % rows) * D;
-                     });
+  cpu::route_rows::sum_routes(out.f32(), weights.f32(), tokens_, top_k, hidden_, /*accumulate=*/true,
+                              PeerRowOf{plan.route_index.i32(), peer_rows_.data(), rows_, hidden_});
 }
 
 void RowwiseDispatcher::combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out,
                                          Tensor weights, const RoutePlan& plan, int top_k, Stream) {
   resolve_peers(peer_rows_, d_expert_out, "combine_backward", "d_expert_out");
   resolve_peers(peer_rows_2_, expert_out, "combine_backward", "expert_out");
-  check_tokens(dout, hidden_, "combine_backward", "dout");
-  check_tokens(weights, top_k_, "combine_backward", "weights");
-  check_tokens(dweights, top_k_, "combine_backward", "dweights");
-  MOE_CHECK(top_k == top_k_, "rowwise combine_backward: top_k ", top_k, " does not match the plan's ", top_k_);
+  check_f32_tokens(dout, hidden_, "combine_backward", "dout");
+  check_f32_tokens(weights, top_k_, "combine_backward", "weights");
+  check_f32_tokens(dweights, top_k_, "combine_backward", "dweights");
+  check_top_k(top_k, "combine_backward");
   // NOTES: no opening sync for a lease. (1) The d_expert_out rows we store into were last read by
   // the owner's expert GEMMs of the previous MoE backward, which precede that backward's
   // dispatch_backward syncs, which we have passed. (2) expert_out (GET, for dweights) was completed
@@ -137,43 +127,22 @@ void RowwiseDispatcher::combine_backward(Tensor d_expert_out, Tensor dweights, T
   // down projection, after the re-dispatch sync), so every owner must finish that before we load.
   if (is_recompute_buffer(expert_out)) heap_->sync();
   const int32_t* index = plan.route_index.i32();
-  const float* g = dout.f32();
-  const float* w = weights.f32();
-  float* dw = dweights.f32();
-  const int64_t D = hidden_, rows = rows_;
-  float* const* d_out_peers = peer_rows_.data();
-  float* const* out_peers = peer_rows_2_.data();
-#pragma omp parallel for schedule(static) if (tokens_ * top_k_ * D >= routed::kMinParallelWork)
-  for (int64_t t = 0; t < tokens_; ++t)
-    for (int k = 0; k < top_k; ++k) {
-      const int64_t i = t * top_k + k;
-      const int32_t v = index[i];
-      if (v < 0) {
-        dw[i] = 0.0f;
-        continue;
-      }
-      const int64_t offset = (v % rows) * D;
-      dw[i] = routed::dot_row(g + t * D, out_peers[v / rows] + offset, D);
-      routed::scale_row(d_out_peers[v / rows] + offset, w[i], g + t * D, D);
-    }
+  cpu::route_rows::combine_backward_routes(dweights.f32(), dout.f32(), weights.f32(), tokens_, top_k, hidden_,
+                                           PeerRowOf{index, peer_rows_2_.data(), rows_, hidden_},
+                                           PeerRowOf{index, peer_rows_.data(), rows_, hidden_});
   // NOTES: the owners' GEMMs read d_expert_out next; complete every rank's PUTs first.
   heap_->sync();
 }
 
 void RowwiseDispatcher::dispatch_backward(Tensor dx, Tensor d_expert_in, const RoutePlan& plan, int top_k, Stream) {
   resolve_peers(peer_rows_, d_expert_in, "dispatch_backward", "d_expert_in");
-  check_tokens(dx, hidden_, "dispatch_backward", "dx");
-  MOE_CHECK(top_k == top_k_, "rowwise dispatch_backward: top_k ", top_k, " does not match the plan's ", top_k_);
+  check_f32_tokens(dx, hidden_, "dispatch_backward", "dx");
+  check_top_k(top_k, "dispatch_backward");
   // NOTES: every owner must have finished writing d_expert_in (its data-gradient GEMM) before we
   // load from it.
   heap_->sync();
-  const int32_t* index = plan.route_index.i32();
-  const int64_t D = hidden_, rows = rows_;
-  float* const* peers = peer_rows_.data();
-  routed::sum_routes(dx.f32(), nullptr, tokens_, top_k, D, /*accumulate=*/false, [&](int64_t i) -> const float* {
-    const int32_t v = index[i];
-    return v < 0 ? nullptr : peers[v / rows] + (v % rows) * D;
-  });
+  cpu::route_rows::sum_routes(dx.f32(), nullptr, tokens_, top_k, hidden_, /*accumulate=*/false,
+                              PeerRowOf{plan.route_index.i32(), peer_rows_.data(), rows_, hidden_});
   // NOTES: once we return, the owner may write d_expert_in again (the next MoE layer's backward,
   // or any caller's use of grad_buffers()); this sync keeps that write behind every rank's loads.
   // (In the transformer's order combine_backward's closing sync would also cover it; the interface

@@ -20,7 +20,7 @@
 #include "moe/comm/communicator.h"
 #include "moe/comm/symmetric_heap.h"
 #include "moe/parallel/expert_buffers.h"
-#include "moe/parallel/placement.h"
+#include "moe/parallel/route_agreement.h"
 
 namespace moe {
 
@@ -46,7 +46,6 @@ class RowwiseDispatcher final : public PooledDispatcher {
   // Checks that `t` is a [rows, D] F32 buffer of the heap, then fills peers[r] with the address
   // of the same buffer on rank r.
   void resolve_peers(std::vector<float*>& peers, const Tensor& t, const char* op, const char* what);
-  void check_tokens(const Tensor& t, int64_t cols, const char* op, const char* what) const;
   // Payload of dispatch and combine: every kept route's row twice, and those of other ranks.
   void count_bytes(const RoutePlan& plan);
 
@@ -54,9 +53,7 @@ class RowwiseDispatcher final : public PooledDispatcher {
   HeapLayout layout_{Device::CPU};  // every expert buffer, at the same offsets on every rank
   std::unique_ptr<SymmetricHeap> heap_;
   size_t planned_heap_bytes_ = 0;  // plans_only(): the heap a run would allocate
-  Arena* arena_ = nullptr;
-  Arena::Slot gathered_counts_;
-  Placement placement_;
+  RouteAgreement agreement_;
   std::vector<float*> peer_rows_, peer_rows_2_;  // per-call scratch: a buffer's address on each rank
 };
 

@@ -131,19 +131,15 @@ class TomlReader {
 
   template <typename T>
   void key(const char* section, const char* name, T& out, const Range<T>& range, const char*) {
-    known_[section].insert(name);
-    const toml::node* node = find(section, name);
+    const toml::node* node = take(section, name);
     if (!node) return;
-    present_.insert(dotted(section, name));
     read_value(*node, out, range, where(section, name));
   }
 
   template <typename E>
   void choice(const char* section, const char* name, E& out, const Choices<E>& choices, const char*) {
-    known_[section].insert(name);
-    const toml::node* node = find(section, name);
+    const toml::node* node = take(section, name);
     if (!node) return;
-    present_.insert(dotted(section, name));
     MOE_CHECK(node->is_string(), where(section, name), " must be one of: ", choice_names(choices), "; got ",
               describe(*node));
     const std::string text = *node->value<std::string>();
@@ -158,10 +154,8 @@ class TomlReader {
 
   template <typename E, typename Fields>
   void table_array(const char* section, const char* name, std::vector<E>& items, const char*, Fields fields) {
-    known_[section].insert(name);
-    const toml::node* node = find(section, name);
+    const toml::node* node = take(section, name);
     if (!node) return;
-    present_.insert(dotted(section, name));
     const toml::array* array = node->as_array();
     MOE_CHECK(array && (array->empty() || array->is_array_of_tables()), where(section, name),
               " must be an array of tables ([[", dotted(section, name), "]] entries), got ", describe(*node));
@@ -202,6 +196,14 @@ class TomlReader {
   }
 
  private:
+  // Records `name` as a known key of `section` and returns its node, noting the key as present,
+  // or nullptr when the file does not set it.
+  const toml::node* take(const char* section, const char* name) {
+    known_[section].insert(name);
+    const toml::node* node = find(section, name);
+    if (node) present_.insert(dotted(section, name));
+    return node;
+  }
   const toml::node* find(const char* section, const char* name) const {
     if (!*section) return root_.get(name);
     const toml::node* s = root_.get(section);

@@ -23,14 +23,6 @@ nlohmann::json number(double v) {
   return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MOE_CHECK(in.good(), "cannot read metrics file '", path, "': ", errno_text());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // The step of one metrics line, or -1 when it does not parse as a record.
 int64_t record_step(const std::string& line) {
   try {
@@ -98,7 +90,7 @@ void MetricsLog::open() {
   if (st.st_size == 0) return;
   // A last line without its newline was cut off (a crash or a full disk in an older version):
   // keep those bytes aside and continue after the last whole line.
-  const std::string text = read_all(path_);
+  const std::string text = read_whole_file(path_, "metrics file");
   if (text.back() == '\n') return;
   const size_t keep = text.find_last_of('\n') == std::string::npos ? 0 : text.find_last_of('\n') + 1;
   std::ofstream partial(path_ + ".partial", std::ios::binary | std::ios::app);
@@ -113,25 +105,13 @@ void MetricsLog::open() {
 void MetricsLog::write(const nlohmann::json& record) {
   if (fd_ < 0) open();
   const std::string line = record.dump() + "\n";
-  const off_t before = ::lseek(fd_, 0, SEEK_END);
-  size_t done = 0;
-  while (done < line.size()) {
-    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = n == 0 ? "no bytes written" : errno_text();
-      // Never leave half a line: a reader of the file would fail on it.
-      if (before >= 0) (void)::ftruncate(fd_, before);
-      MOE_FAIL("cannot write metrics file '", path_, "': ", why);
-    }
-    done += static_cast<size_t>(n);
-  }
+  append_whole(fd_, line, "metrics file", path_);  // never half a line: a reader would fail on it
 }
 
 bool metrics_after(const std::string& path, int64_t step) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return false;
-  std::istringstream in(read_all(path));
+  std::istringstream in(read_whole_file(path, "metrics file"));
   std::string line;
   while (std::getline(in, line))
     if (record_step(line) > step) return true;
@@ -141,7 +121,7 @@ bool metrics_after(const std::string& path, int64_t step) {
 int64_t move_metrics_after(const std::string& path, int64_t step, const std::string& dest_dir) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return 0;
-  std::istringstream in(read_all(path));
+  std::istringstream in(read_whole_file(path, "metrics file"));
   std::string line, kept, moved;
   int64_t n = 0;
   while (std::getline(in, line)) {

@@ -4,7 +4,6 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,15 +19,6 @@ namespace moe {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string utc_stamp() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
-  return buf;
-}
 
 // The run files a directory holds (checkpoints, a save in progress, metrics), for messages; ""
 // when it holds none.
@@ -63,9 +53,8 @@ bool same_directory(const std::string& a, const std::string& b) {
 
 // Moves the previous run's files into <dir>/replaced/<time>/ (--overwrite: nothing is deleted).
 std::string move_previous_run(const std::string& dir) {
-  std::string dest = dir + "/replaced/" + utc_stamp();
+  const std::string dest = dir + "/replaced/" + unused_timestamped_name(dir + "/replaced", "");
   std::error_code ec;
-  for (int n = 2; fs::exists(dest, ec); ++n) dest = dir + "/replaced/" + utc_stamp() + "-" + std::to_string(n);
   fs::create_directories(dest, ec);
   MOE_CHECK(!ec, "cannot create ", dest, ": ", ec.message());
   for (const auto& e : fs::directory_iterator(dir)) {

@@ -144,14 +144,6 @@ float scalar_value(const nlohmann::json& v, bool& ok) {
   return 0;
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MOE_CHECK(in.good(), "cannot read TensorBoard event file '", path, "': ", errno_text());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // The event files of a TensorBoard directory, in name (= creation time) order; none when it is absent.
 std::vector<std::string> event_files(const std::string& dir) {
   std::vector<std::string> files;
@@ -266,19 +258,7 @@ void TensorBoardWriter::open(double wall_time) {
 }
 
 void TensorBoardWriter::append(const std::string& bytes) {
-  const off_t before = ::lseek(fd_, 0, SEEK_END);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = n == 0 ? "no bytes written" : errno_text();
-      // Never leave half a record: readers stop at a record they cannot frame.
-      if (before >= 0) (void)::ftruncate(fd_, before);
-      MOE_FAIL("cannot write TensorBoard event file '", path_, "': ", why);
-    }
-    done += static_cast<size_t>(n);
-  }
+  append_whole(fd_, bytes, "TensorBoard event file", path_);  // readers stop at a record they cannot frame
 }
 
 void TensorBoardWriter::write(const nlohmann::json& record) {
@@ -313,7 +293,7 @@ std::vector<EventRecord> read_event_records(const std::string& path, std::string
 
 bool tensorboard_events_after(const std::string& dir, int64_t step) {
   for (const std::string& path : event_files(dir)) {
-    const std::string bytes = read_all(path);
+    const std::string bytes = read_whole_file(path, "TensorBoard event file");
     for (const EventRecord& e : read_event_records(path, bytes, nullptr))
       if (e.summary && e.step > step) return true;
   }
@@ -324,7 +304,7 @@ int64_t move_tensorboard_events_after(const std::string& dir, int64_t step, cons
   int64_t moved_events = 0;
   const std::string dest_tb = dest_dir + "/tensorboard";
   for (const std::string& path : event_files(dir)) {
-    const std::string bytes = read_all(path);
+    const std::string bytes = read_whole_file(path, "TensorBoard event file");
     size_t tail = 0;
     const std::vector<EventRecord> events = read_event_records(path, bytes, &tail);
     std::string kept, moved;

@@ -89,14 +89,20 @@ __device__ double block_sum(double v) {
 // (float)exp(x) rounded from double: matches the CPU's expf in all but vanishingly rare cases.
 __device__ __forceinline__ float exp_f32(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
 
-// log(sum_e exp(l[e])) of one token's logits, held as in router_forward (slot j = expert lane + 32 j).
-// Same formula as the CPU: float max, double sum of exp(l - max), max + log(sum).
-__device__ double warp_logsumexp(const float (&l)[kExpertsPerLane], int lane, int N) {
+// max_e l[e] of one token's values over its N experts, held as in router_forward (slot j = expert
+// lane + 32 j); every lane gets it.
+__device__ __forceinline__ float token_max(const float (&l)[kExpertsPerLane], int lane, int N) {
   float mx = -INFINITY;
 #pragma unroll
   for (int j = 0; j < kExpertsPerLane; ++j)
     if (lane + j * kWarp < N) mx = fmaxf(mx, l[j]);
-  mx = warp_max(mx);
+  return warp_max(mx);
+}
+
+// log(sum_e exp(l[e])) of one token's logits, held as in router_forward (slot j = expert lane + 32 j).
+// Same formula as the CPU: float max, double sum of exp(l - max), max + log(sum).
+__device__ double warp_logsumexp(const float (&l)[kExpertsPerLane], int lane, int N) {
+  const float mx = token_max(l, lane, N);
   double sum = 0.0;
 #pragma unroll
   for (int j = 0; j < kExpertsPerLane; ++j)
@@ -122,11 +128,7 @@ __global__ void router_forward_kernel(float* __restrict__ scores, int32_t* __res
     s[j] = e < N ? l[e] : -INFINITY;
   }
   if (softmax) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kExpertsPerLane; ++j)
-      if (lane + j * kWarp < N) mx = fmaxf(mx, s[j]);
-    mx = warp_max(mx);
+    const float mx = token_max(s, lane, N);
     double sum = 0.0;
 #pragma unroll
     for (int j = 0; j < kExpertsPerLane; ++j)
