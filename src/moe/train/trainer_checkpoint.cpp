@@ -1,0 +1,125 @@
+// Trainer's checkpoint side: resuming from a checkpoint (any topology), starting from another
+// run's or a Hugging Face model's weights (`train --init-from`), and saving through the
+// multi-rank protocol of ckpt/distributed_checkpoint.h.
+#include <chrono>
+#include <filesystem>
+
+#include "moe/ckpt/checkpoint.h"
+#include "moe/ckpt/distributed_checkpoint.h"
+#include "moe/ckpt/run_checkpoints.h"
+#include "moe/comm/host_strings.h"
+#include "moe/core/device.h"
+#include "moe/train/init_source.h"
+#include "moe/train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace moe {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
+  const auto t0 = Clock::now();
+  const size_t rss_before = peak_rss_bytes();
+  const std::string& dir = ckpt.dir();
+  // The model must be the same, compared key by key (values, not the text that stored them).
+  const Config stored = parse_config(ckpt.train_state_string("model_config"), dir + "/train_state.json");
+  const std::string diff = config_differences(cfg_, stored, "model", "this run", "checkpoint");
+  MOE_CHECK(diff.empty(), "cannot resume from ", dir, ": the model config differs:", diff);
+  const int64_t step = checked_checkpoint_step(ckpt);
+  MOE_CHECK(opts_.bench || step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step, ", past train.steps = ",
+            cfg_.train.steps);
+  // Every rank reads the ranges it holds under the current topology, whatever wrote them.
+  run_->store->load(ckpt);
+  if (ckpt.has("router_bias")) {
+    ckpt.read("router_bias", DType::F32, 0, static_cast<int64_t>(host_bias_.size()), host_bias_.data());
+    copy_to_tensor(state_.get(run_->buffers.router_bias), host_bias_.data());
+  }
+  start_step_ = step;
+  skipped_steps_ = ckpt.train_state_int("skipped_steps", 0);
+  if (ckpt.train_state().contains("run_id")) run_id_ = ckpt.train_state_string("run_id");
+  // A fine-tuning run keeps the record of where its first weights came from.
+  if (ckpt.train_state().contains("init_from")) init_from_ = ckpt.train_state()["init_from"];
+  if (!opts_.quiet && leader()) {
+    std::printf("resumed from %s at step %ld (read in %.2f s; rank 0 peak resident memory %s before, %s after)\n",
+                dir.c_str(), static_cast<long>(start_step_), seconds_since(t0),
+                format_bytes(static_cast<double>(rss_before)).c_str(),
+                format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
+    if (init_from_.is_object() && init_from_.contains("path") && init_from_["path"].is_string())
+      std::printf("  (this run was initialized from %s)\n", init_from_["path"].get<std::string>().c_str());
+  }
+}
+
+void Trainer::init_weights_from(const std::string& path) {
+  const auto t0 = Clock::now();
+  const InitSource src(broadcast_string(host_world_, leader() ? InitSource::resolve(path) : "", 0));
+  // Before anything is read or written: the weights must be of this run's architecture.
+  const std::string mismatch = src.architecture_mismatch(cfg_.model);
+  MOE_CHECK(mismatch.empty(), mismatch);
+  // The same reads as a resume (every rank reads the ranges it holds, onto the device the
+  // parameters live on), without the moments: they stay at zero, as after init().
+  run_->store->load_weights(
+      [&](const std::string& key, int64_t begin, int64_t end, const Tensor& dst) { src.read_into(key, begin, end, dst); });
+  const bool bias = src.read_router_bias(static_cast<int64_t>(host_bias_.size()), host_bias_.data());
+  if (bias) copy_to_tensor(state_.get(run_->buffers.router_bias), host_bias_.data());
+  init_from_ = src.record();
+  if (!opts_.quiet && leader())
+    std::printf("initialized from %s in %.2f s: weights%s only; step 0, AdamW moments at zero, data and LR schedule "
+                "from their start, a new run id\n",
+                src.describe().c_str(), seconds_since(t0), bias ? " and router bias" : "");
+}
+
+void Trainer::save_checkpoint_now(int64_t step) {
+  const auto t0 = Clock::now();
+  const size_t rss_before = peak_rss_bytes();
+  const std::string run = cfg_.run_dir();
+  std::vector<CheckpointSlice> slices = run_->store->checkpoint_slices();
+  // GPU state is streamed through host memory one slice at a time: the writer asks for each
+  // slice's bytes just before writing it.
+  std::vector<const void*> device_data(slices.size(), nullptr);
+  if (dev_ == Device::CUDA)
+    for (size_t i = 0; i < slices.size(); ++i) std::swap(device_data[i], slices[i].data);
+  const int64_t L = cfg_.model.num_hidden_layers, N = cfg_.model.num_experts;
+  if (leader()) slices.push_back({"router_bias", DType::F32, {L, N}, 0, L * N, host_bias_.data()});
+  device_data.resize(slices.size(), nullptr);
+  nlohmann::json st;
+  if (leader()) {
+    st["step"] = step;
+    st["skipped_steps"] = skipped_steps_;
+    st["run_id"] = run_id_;
+    if (!init_from_.is_null()) st["init_from"] = init_from_;
+    st["data_position"] = {{"step", step},
+                           {"note", "training windows are a pure function of (data.seed, step, sequence)"}};
+    st["rng"] = {{"train.seed", cfg_.train.seed}, {"data.seed", cfg_.data.seed}};
+    st["topology"] = {{"world_size", world_.size()}, {"mode", cfg_.parallel.mode}, {"ep", cfg_.parallel.ep}};
+    st["model_config"] = model_config_toml(cfg_.model);
+    st["config"] = config_to_toml(cfg_);
+  }
+  const std::string dir = save_checkpoint_collective(
+      host_world_, run, step, slices,
+      [&](size_t i, void* dst) {
+        const CheckpointSlice& s = slices[i];
+        copy_from_tensor(dst, Tensor(const_cast<void*>(device_data[i]), s.dtype, {s.end - s.begin}, dev_));
+      },
+      st);
+  if (!leader()) return;
+  // Keep the newest keep_last of this line; the checkpoint this process resumed from stays.
+  if (cfg_.train.keep_last > 0) prune_checkpoints(run, static_cast<int>(cfg_.train.keep_last), resumed_from_);
+  if (!opts_.quiet) {
+    uintmax_t bytes = 0;
+    for (const auto& e : fs::directory_iterator(dir)) bytes += e.is_regular_file() ? e.file_size() : 0;
+    std::printf("saved checkpoint %s (%s in %.2f s; rank 0 peak resident memory %s before, %s after)\n", dir.c_str(),
+                format_bytes(static_cast<double>(bytes)).c_str(), seconds_since(t0),
+                format_bytes(static_cast<double>(rss_before)).c_str(),
+                format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
+  }
+}
+
+}  // namespace moe
