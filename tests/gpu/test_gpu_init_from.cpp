@@ -26,7 +26,7 @@ Config gpu_config(const std::string& dir, const std::string& device, std::vector
 
 TEST(GpuInitFrom, ACpuCheckpointAndItsExportStartGpuRunsWithItsExactWeights) {
   MOE_SKIP_WITHOUT_GPU();
-  testing::TempDir src, hf_parent;
+  testing::TempDir src, hf_parent, fine_tune;  // the fine-tuning runs get their own run.dir
   TrainOptions quiet;
   quiet.quiet = true;
   Trainer(gpu_config(src.path, "cpu", {"train.steps=3"}), quiet, testing::local_world()).run();
@@ -37,7 +37,7 @@ TEST(GpuInitFrom, ACpuCheckpointAndItsExportStartGpuRunsWithItsExactWeights) {
   init.init_from = ckpt;
   const std::vector<std::string> ft = {"train.steps=1", "train.lr=1e-4"};
   const double cpu_loss =
-      Trainer(gpu_config(src.path, "cpu", ft), init, testing::local_world()).run().steps.at(0).loss;
+      Trainer(gpu_config(fine_tune.path, "cpu", ft), init, testing::local_world()).run().steps.at(0).loss;
   const CheckpointReader reader(ckpt);
   for (const std::string& from : {ckpt, hf})
     for (const char* mode : {"ddp", "fsdp"}) {
@@ -45,7 +45,7 @@ TEST(GpuInitFrom, ACpuCheckpointAndItsExportStartGpuRunsWithItsExactWeights) {
       init.init_from = from;
       std::vector<std::string> o = ft;
       o.push_back(std::string("parallel.mode=\"") + mode + "\"");
-      Trainer t(gpu_config(src.path, "cuda", o), init, testing::local_world());
+      Trainer t(gpu_config(fine_tune.path, "cuda", o), init, testing::local_world());
       ASSERT_EQ(t.device(), Device::CUDA);
       testing::expect_weights_of(t, reader);
       const TrainSummary s = t.run();
