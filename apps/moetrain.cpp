@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   ConfigArgs plan_args;
   int plan_gpus = 1;
   double plan_memory_gib = 0;
-  std::string plan_device = "cuda";
+  std::string plan_device;
   CLI::App* plan = app.add_subcommand(
       "plan", "each rank's memory plan by role for a config and topology, without a GPU and without allocating; "
               "whether it fits, and which of recompute, moment_dtype, a larger EP or a smaller microbatch would");
@@ -182,10 +182,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   plan->add_option("--gpu-memory", plan_memory_gib,
                    "memory free on each GPU when the run starts, GiB (default 139: an H200); with --device cpu, "
-                   "memory per rank (default: this machine's physical memory)")
+                   "memory per rank (default: this machine's physical memory shared by the ranks)")
       ->check(CLI::Range(1e-6, 1e6));
-  plan->add_option("--device", plan_device, "the device the run will use")
-      ->capture_default_str()
+  plan->add_option("--device", plan_device, "the device the run will use (default: run.device; auto plans the GPU)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
 
   CLI::App* keys = app.add_subcommand("keys", "list every config key: type, default, accepted values, meaning");
@@ -228,17 +227,28 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (plan->parsed()) {
-      const bool gpu = plan_device == "cuda";
+      if (!std::isfinite(plan_memory_gib)) {
+        std::fprintf(stderr, "error: --gpu-memory: %g is not a number of GiB (see moetrain --help)\n", plan_memory_gib);
+        return kUsageError;
+      }
+      // The run's own planning code on stand-in ranks (memory_plan.h): nothing is allocated.
+      const moe::Config cfg = moe::load_config(plan_args.config, plan_args.overrides);
+      // Without --device, the config's run.device; auto is the GPU in a CUDA build, as a run on a GPU machine.
+#if defined(MOE_HAVE_CUDA)
+      const bool built_with_cuda = true;
+#else
+      const bool built_with_cuda = false;
+#endif
+      const bool gpu = plan_device.empty() ? cfg.run.device == "cuda" || (cfg.run.device == "auto" && built_with_cuda)
+                                           : plan_device == "cuda";
 #if !defined(MOE_HAVE_CUDA)
       MOE_CHECK(!gpu, "moetrain plan --device cuda: this binary was built without CUDA (MOE_CUDA=OFF), so it cannot "
                 "plan the GPU's buffers (BF16 activations, the GPU dispatcher's heap); build with nvcc, or plan a CPU "
                 "run with --device cpu");
 #endif
-      // The run's own planning code on stand-in ranks (memory_plan.h): nothing is allocated.
-      const moe::Config cfg = moe::load_config(plan_args.config, plan_args.overrides);
       const double gib = plan_memory_gib > 0 ? plan_memory_gib
                          : gpu              ? 139.0
-                                            : static_cast<double>(moe::physical_memory_bytes()) / (1u << 30);
+                                            : static_cast<double>(moe::physical_memory_bytes()) / (1u << 30) / plan_gpus;
       std::printf("%s", moe::plan_report(cfg, plan_gpus, gpu ? moe::Device::CUDA : moe::Device::CPU,
                                          static_cast<size_t>(gib * (1u << 30)))
                             .c_str());

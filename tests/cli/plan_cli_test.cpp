@@ -77,14 +77,37 @@ TEST_F(PlanCli, plan_refuses_bad_arguments_with_one_error) {
   const CliRun ep = moetrain(plan_args({"--gpus", "3", "--set", "parallel.ep=2", "--set", "train.global_batch_size=6"}));
   EXPECT_EQ(ep.exit_code, 1) << ep.out << ep.err;
   EXPECT_NE(ep.err.find("parallel.ep = 2 does not divide"), std::string::npos) << ep.err;
-  const CliRun gpu = moetrain({"plan"});
+  const CliRun nan = moetrain(plan_args({"--gpu-memory", "nan"}));
+  EXPECT_EQ(nan.exit_code, 2) << nan.out << nan.err;
+  const CliRun gpu = moetrain({"plan", "--device", "cuda"});
+  const CliRun by_config = moetrain({"plan"});  // run.device = auto: the GPU where the build has CUDA
+  EXPECT_EQ(by_config.exit_code, 0) << by_config.err;
 #if defined(MOE_HAVE_CUDA)
   EXPECT_EQ(gpu.exit_code, 0) << gpu.err;  // a CUDA build plans the GPU without one
   EXPECT_NE(gpu.out.find("on 1 GPU"), std::string::npos) << gpu.out;
+  EXPECT_NE(by_config.out.find("on 1 GPU"), std::string::npos) << by_config.out;
 #else
   EXPECT_EQ(gpu.exit_code, 1) << gpu.out;
   EXPECT_NE(gpu.err.find("built without CUDA"), std::string::npos) << gpu.err;
+  EXPECT_NE(by_config.out.find("on 1 CPU rank"), std::string::npos) << by_config.out;
 #endif
+  const CliRun cpu_config = moetrain({"plan", "--set", "run.device=cpu"});
+  EXPECT_EQ(cpu_config.exit_code, 0) << cpu_config.err;
+  EXPECT_NE(cpu_config.out.find("on 1 CPU rank"), std::string::npos) << cpu_config.out;
+}
+
+// Options are every smaller microbatch that divides the current one (5 -> 1) and every larger EP
+// that divides the ranks and the experts (3 and 6 of 6 ranks and 12 experts, not only doublings).
+TEST_F(PlanCli, plan_offers_every_dividing_microbatch_and_ep) {
+  const CliRun mb = moetrain(plan_args({"--set", "train.micro_batch_size=5", "--set", "train.global_batch_size=20",
+                                        "--gpu-memory", "0.0001"}));
+  ASSERT_EQ(mb.exit_code, 0) << mb.err;
+  EXPECT_NE(mb.out.find("train.micro_batch_size = 1:"), std::string::npos) << mb.out;
+  const CliRun ep = moetrain(plan_args({"--gpus", "6", "--set", "model.num_experts=12", "--set",
+                                        "train.global_batch_size=48", "--gpu-memory", "0.0001"}));
+  ASSERT_EQ(ep.exit_code, 0) << ep.err;
+  for (const char* e : {"parallel.ep = 2:", "parallel.ep = 3:", "parallel.ep = 6:"})
+    EXPECT_NE(ep.out.find(e), std::string::npos) << e << "\n" << ep.out;
 }
 
 }  // namespace

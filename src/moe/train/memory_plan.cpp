@@ -104,28 +104,36 @@ std::vector<FitOption> fit_options(const Config& cfg, int world_size, Device dev
     v.cfg.optim.moment_dtype = DType::BF16;
     moments.push_back(v);
   }
+  // Recompute modes that keep less than the current one (block keeps least; experts and attention
+  // drop different buffers); experts only where there are MoE layers.
+  const bool has_moe = cfg.model.first_k_dense_replace < cfg.model.num_hidden_layers;
   std::vector<Variant> recomputes{{cfg, {}, 0}};
   for (Recompute r : {Recompute::Experts, Recompute::Attention, Recompute::Block}) {
-    if (r == cfg.train.recompute) continue;
+    if (cfg.train.recompute == Recompute::Block) break;
+    if (r == cfg.train.recompute || (cfg.train.recompute != Recompute::None && r != Recompute::Block)) continue;
+    if (r == Recompute::Experts && !has_moe) continue;
     Variant v{cfg, {{"train.recompute", quoted(to_string(r))}}, recompute_cost(r)};
     v.cfg.train.recompute = r;
     recomputes.push_back(v);
   }
+  // Cost of a factor f: 3 per doubling, rounded up.
+  const auto factor_cost = [](int64_t f) { return 3 * static_cast<int>(std::ceil(std::log2(static_cast<double>(f)))); };
+  // Every larger EP that divides the ranks and the experts (DDP with MoE layers only).
   std::vector<Variant> eps{{cfg, {}, 0}};
-  if (cfg.parallel.mode == "ddp")
-    for (int64_t ep = cfg.parallel.ep * 2; ep <= world_size; ep *= 2) {
+  if (cfg.parallel.mode == "ddp" && has_moe)
+    for (int64_t ep = cfg.parallel.ep * 2; ep <= world_size; ep += cfg.parallel.ep) {
       if (world_size % ep != 0 || cfg.model.num_experts % ep != 0) continue;
-      Variant v{cfg, {{"parallel.ep", std::to_string(ep)}}, 3 * static_cast<int>(std::log2(ep / cfg.parallel.ep))};
+      Variant v{cfg, {{"parallel.ep", std::to_string(ep)}}, factor_cost(ep / cfg.parallel.ep)};
       v.cfg.parallel.ep = ep;
       eps.push_back(v);
     }
+  // Every smaller microbatch that divides the current one (the global batch stays divisible).
   std::vector<Variant> micro{{cfg, {}, 0}};
-  for (int64_t mb = cfg.train.micro_batch_size / 2, halvings = 1; mb >= 1 && cfg.train.micro_batch_size % mb == 0;
-       mb /= 2, ++halvings) {
-    Variant v{cfg, {{"train.micro_batch_size", std::to_string(mb)}}, 3 * static_cast<int>(halvings)};
+  for (int64_t mb = cfg.train.micro_batch_size - 1; mb >= 1; --mb) {
+    if (cfg.train.micro_batch_size % mb != 0) continue;
+    Variant v{cfg, {{"train.micro_batch_size", std::to_string(mb)}}, factor_cost(cfg.train.micro_batch_size / mb)};
     v.cfg.train.micro_batch_size = mb;
     micro.push_back(v);
-    if (mb == 1) break;
   }
 
   std::vector<FitOption> singles, all;
@@ -188,9 +196,9 @@ std::string does_not_fit_message(const Config& cfg, const MemoryRoles& plan, int
   for (const FitOption& o : options)
     if (o.fits && (!fit || o.cost < fit->cost)) fit = &o;
   if (!fit)
-    os << "\nnone of these fits at " << world_size << (world_size == 1 ? " rank" : " ranks")
-       << ": use more ranks (with a larger parallel.ep, or parallel.mode = \"fsdp\"), a shorter train.seq_len or a "
-          "smaller model; `moetrain plan --gpus N` plans other sizes";
+    os << "\nnone of these fits at " << world_size << (world_size == 1 ? " rank" : " ranks") << ": use more ranks"
+       << (cfg.parallel.mode == "fsdp" ? "" : " (with a larger parallel.ep, or parallel.mode = \"fsdp\")")
+       << ", a shorter train.seq_len or a smaller model; `moetrain plan --gpus N` plans other sizes";
   else
     os << "\ncheapest that fits: " << fit->set_flags();
   return os.str();

@@ -24,7 +24,8 @@ struct MemoryRoles {
   size_t parameters = 0;       // FP32 master weights (this rank's)
   size_t compute_weights = 0;  // BF16 copies the GPU computes with
   size_t gradients = 0;
-  size_t optimizer = 0;        // AdamW moments and schedule
+  size_t optimizer = 0;        // the optimizer's buffers: AdamW moments, schedule, and under ZeRO-1 the
+                               // gradient shard and the reduce/gather staging
   size_t other_state = 0;      // router bias and load, step buffers, FSDP gather buffers
   size_t activations = 0;      // the activation arena (saved activations, scratch, expert buffers in it)
   size_t expert_buffers = 0;   // the expert buffers: their part of the activation arena plus the heap
@@ -52,9 +53,9 @@ struct FitOption {
   std::string set_flags() const;  // --set optim.moment_dtype=bf16 --set train.recompute=block
 };
 
-// Each lever alone (moment_dtype = bf16, each other recompute mode, each larger EP that divides the
-// world and the experts, micro_batch_size halved down to 1), then the cheapest combination that
-// fits, if it is not one of them; `usable`: bytes a rank may plan for.
+// Each lever alone (moment_dtype = bf16, each recompute mode that keeps less, each larger EP that
+// divides the world and the experts, each smaller micro_batch_size that divides the current one),
+// then the cheapest combination that fits, if no single lever does; `usable`: bytes a rank may plan for.
 std::vector<FitOption> fit_options(const Config& cfg, int world_size, Device device, size_t usable);
 
 // The error for a plan over `usable`: the bytes by role and the options above, computed.
