@@ -1,4 +1,4 @@
-// Topology-independent checkpoints (DESIGN.md section 8).
+// Topology-independent checkpoints.
 //
 //   <run>/step-000100/
 //     rank-00000.safetensors   flat 1-D slices this rank owns, in-file key "<key>@<begin>"

@@ -1,4 +1,4 @@
-// The multi-rank save protocol (DESIGN.md section 8), one call on every rank:
+// The multi-rank save protocol, one call on every rank:
 //   rank 0       creates <run>/.tmp-step-S                          then a barrier;
 //   every rank   writes the slices it owns into rank-RRRRR.safetensors (streamed: a slice's bytes
 //                are produced just before they are written, so device state never needs a full

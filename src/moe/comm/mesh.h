@@ -1,4 +1,4 @@
-// The parallel layout (DESIGN.md section 7, pipeline size 1): world = dp ranks. Dense mesh:
+// The parallel layout (pipeline size 1): world = dp ranks. Dense mesh:
 // the dp group (all ranks). MoE mesh: dp = ep_dp x ep_mp with the ep_mp ranks contiguous
 // (rank = ep_dp_index * ep + ep_index), so an EP group sits inside one node.
 //   dense replica group = world            (dense gradients are reduced over it)

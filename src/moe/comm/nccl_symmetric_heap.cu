@@ -1,4 +1,4 @@
-// SymmetricHeap on NCCL registered windows (DESIGN.md section 6, GPU.md): one ncclMemAlloc
+// SymmetricHeap on NCCL registered windows: one ncclMemAlloc
 // segment per rank, registered as a symmetric window; peers' segments are reached by plain loads
 // and stores through LSA (load/store accessible) pointers, and sync() is an LSA barrier run by a
 // kernel on the compute stream, so the heap never waits on the host and can be captured in a

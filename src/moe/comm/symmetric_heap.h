@@ -1,5 +1,5 @@
 // SymmetricHeap: every rank of a group allocates the same number of bytes, and any rank can
-// load from and store to any peer's segment directly (DESIGN.md section 6). CPU: one MPI-3
+// load from and store to any peer's segment directly. CPU: one MPI-3
 // shared-memory window (MPI_Win_allocate_shared) over the group, which must lie inside one node.
 // CUDA: NCCL registered windows with LSA pointers (nccl_symmetric_heap.cu): local() and peer()
 // are device addresses, and sync() is a device-side barrier queued on the compute stream.

@@ -1,4 +1,4 @@
-// The token-dispatch interface of the MoE block (DESIGN.md section 6, steps 2-7). The block
+// The token-dispatch interface of the MoE block. The block
 // routes; a dispatcher decides where each (token, k) route's row goes, moves rows to the
 // experts held on this rank and brings the results back. Backends: local (EP = 1), rowwise
 // (stores rows straight into peers' symmetric buffers) and alltoall (variable all-to-all with

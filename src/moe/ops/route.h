@@ -1,5 +1,5 @@
 // Routing metadata on the rank: counts and the route index that places each (token, k) route
-// in the expert-major buffer. This is the EP = 1 (local) form of DESIGN.md section 6 steps 2-4.
+// in the expert-major buffer. This is the EP = 1 (local) form of the dispatch steps.
 #pragma once
 
 #include "moe/core/stream.h"

@@ -1,4 +1,4 @@
-// Distributed AdamW (ZeRO-1 style, DESIGN.md section 7): the AdamW moments are sharded over each
+// Distributed AdamW (ZeRO-1 style): the AdamW moments are sharded over each
 // replica group. Dense parameters are replicated over the world, expert parameters (this rank's
 // EP slice) over mesh.expert_replicas; each group splits its region of the flat buffers into
 // equal contiguous shards, one per rank (the region padded to a multiple of the group size).

@@ -1,6 +1,6 @@
 // The alltoall dispatcher (`ep.backend = alltoall`): the baseline the rowwise backend is measured
 // against, and the fallback where no symmetric memory exists. Same placement and identical results
-// as rowwise (DESIGN.md section 6), but rows travel by Communicator::all_to_all_v with host-side
+// as rowwise, but rows travel by Communicator::all_to_all_v with host-side
 // split counts: dispatch packs each destination's rows in the destination's row order into a
 // route-side buffer, exchanges them into an expert-side staging buffer and scatters them to their
 // rows of expert_in; combine does the reverse with expert_out. Backward mirrors both. All buffers

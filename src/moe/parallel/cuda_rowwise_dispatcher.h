@@ -1,4 +1,4 @@
-// The rowwise dispatcher on GPUs (DESIGN.md section 6, issue 5): the same algorithm and sync schedule as
+// The rowwise dispatcher on GPUs: the same algorithm and sync schedule as
 // RowwiseDispatcher (rowwise_dispatcher.h), over a SymmetricHeap of NCCL registered windows. Kernels store each routed
 // row straight into the owner's expert_in through its LSA pointer (PUT) and load each expert result straight from the
 // owner's expert_out (GET).

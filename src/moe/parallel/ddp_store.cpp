@@ -11,7 +11,7 @@ DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh&
   params_ = arena.reserve("parameters", DType::F32, {reg.total_numel()});
   grads_slot_ = arena.reserve("gradients", DType::F32, {reg.total_numel()});
   // On the GPU the model reads BF16 compute weights, refreshed from the FP32 main weights after
-  // every change to them (DESIGN.md: BF16 compute, FP32 main weights, gradients and moments).
+  // every change to them (BF16 compute, FP32 main weights, gradients and moments).
   has_compute_copy_ = arena.device() == Device::CUDA;
   if (has_compute_copy_) compute_ = arena.reserve("compute_weights", DType::BF16, {reg.total_numel()});
   optimizer_ = std::make_unique<DistributedAdamW>(reg, mesh, arena, moment_dtype);

@@ -1,4 +1,4 @@
-// The resident-weight design (DESIGN.md section 7): every rank holds the full dense weights and
+// The resident-weight design: every rank holds the full dense weights and
 // its EP slice of the experts for the whole run; after the last microbatch of a window the
 // gradients are reduced over each parameter's replica group and a ZeRO-1 sharded AdamW
 // updates the shards and all-gathers them back into the resident weights.

@@ -1,5 +1,5 @@
-// Expert buffers, leases and capacity: the part of token dispatch that every backend shares
-// (DESIGN.md section 6, "Leases"). A backend only decides where the memory comes from (an Arena
+// Expert buffers, leases and capacity: the part of token dispatch that every backend shares.
+// A backend only decides where the memory comes from (an Arena
 // for local and alltoall, a SymmetricHeap for rowwise) and implements the routing: place_routes,
 // dispatch, combine and their backwards.
 //

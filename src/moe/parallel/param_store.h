@@ -1,7 +1,7 @@
 // ParamStore: how this rank holds the parameters, their gradients and the optimizer state, and
 // runs the optimizer step. Two designs, measured against each other:
 //   DdpStore  (ddp_store.h): resident full weights (the EP slice of the experts), gradients
-//             reduced over each replica group, ZeRO-1 sharded AdamW (DESIGN.md section 7);
+//             reduced over each replica group, ZeRO-1 sharded AdamW;
 //   FsdpStore (fsdp_store.h): the legacy baseline; every parameter sharded over all ranks, each
 //             block's full weights gathered before its forward and again before its backward,
 //             gradients reduce-scattered after its backward.

@@ -1,4 +1,4 @@
-// Expert-parallel placement (DESIGN.md section 6, steps 3-4): from the all-gathered counts of
+// Expert-parallel placement: from the all-gathered counts of
 // every rank, where each route's row lands. Pure host logic, identical on every rank of the EP
 // group, shared by the rowwise and alltoall dispatchers (and their tests).
 //

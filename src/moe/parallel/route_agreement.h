@@ -1,4 +1,4 @@
-// place_routes of the multi-rank CPU dispatchers (DESIGN.md section 6, steps 2-4): agree on the
+// place_routes of the multi-rank CPU dispatchers: agree on the
 // counts over the EP group, check them, place every route, write this rank's route index and
 // expert offsets. (The GPU rowwise dispatcher does the same on the device.)
 #pragma once

@@ -1,4 +1,4 @@
-// The rowwise dispatcher (DESIGN.md section 6, the default `ep.backend`): every expert buffer
+// The rowwise dispatcher (the default `ep.backend`): every expert buffer
 // (the lease pools' expert_in/expert_out and the backward scratch) lives in one SymmetricHeap
 // over the EP group, so a rank stores each routed row straight into the owner's buffer (PUT)
 // and loads each expert result straight from it (GET). No packing, no all-to-all; the only

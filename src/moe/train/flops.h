@@ -1,4 +1,4 @@
-// FLOP accounting for MFU (DESIGN.md section 9, the Megatron/PaLM convention):
+// FLOP accounting for MFU (the Megatron/PaLM convention):
 //   useful FLOPs per token = 6 x (attention projections + router + K routed experts + shared
 //   expert + dense MLPs + LM head, counted as multiply-accumulate parameter counts)
 //                          + 12 x layers x seq_len x d_model   (attention scores, full square).

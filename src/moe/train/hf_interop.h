@@ -1,4 +1,4 @@
-// Hugging Face OLMoE interop (DESIGN.md section 8): export a moetrain checkpoint as a directory
+// Hugging Face OLMoE interop: export a moetrain checkpoint as a directory
 // that transformers loads with OlmoeForCausalLM.from_pretrained, and import such a directory
 // (per-expert Hub layout or the fused transformers-5 layout) as a moetrain checkpoint.
 // Both stream one logical tensor (for experts: one expert) at a time through host memory.

@@ -4,7 +4,7 @@
 // Dtype contract (as on the CPU, checked by ops/route.cpp): topk_idx [T, K], expert_counts [N],
 // route_index [T*K] and expert_offsets [N+1] are I32 on the CUDA device. Counts, the exclusive prefix over experts, the
 // tail-drop clamp at rank_capacity and each route's row are all computed in kernels: no
-// allocation, no host copy, no synchronization (DESIGN.md section 1, rule 2).
+// allocation, no host copy, no synchronization.
 // Checks that need device data are not made on the host:
 //   - route_counts ignores expert ids outside [0, N) (the CPU rejects them);
 //   - route_index_local writes -1 for a route whose expert id lies outside [0, N), and trusts
