@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "moe/core/error.h"
+#include "moe/core/wall_clock.h"
 
 namespace moe {
 
@@ -88,24 +89,11 @@ void append_whole(int fd, std::string_view bytes, const char* what, const std::s
   }
 }
 
-namespace {
-
-std::string utc_stamp() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
-  return buf;
-}
-
-}  // namespace
-
 std::string unused_timestamped_name(const std::string& parent, const std::string& suffix) {
-  std::string name = utc_stamp() + suffix;
+  std::string name = utc_time("%Y%m%d-%H%M%S") + suffix;
   std::error_code ec;
   for (int n = 2; std::filesystem::exists(parent + "/" + name, ec); ++n)
-    name = utc_stamp() + suffix + "-" + std::to_string(n);
+    name = utc_time("%Y%m%d-%H%M%S") + suffix + "-" + std::to_string(n);
   return name;
 }
 

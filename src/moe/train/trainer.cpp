@@ -15,6 +15,7 @@
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/comm/host_strings.h"
 #include "moe/core/device.h"
+#include "moe/core/wall_clock.h"
 #include "moe/core/rng.h"
 #include "moe/data/eval_windows.h"
 #include "moe/data/instance_sampler.h"
@@ -31,11 +32,7 @@ namespace fs = std::filesystem;
 namespace moe {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using Clock = SteadyClock;
 
 // Every rank must run the same config; checked before the first collective that depends on it.
 const Config& agreed(const Config& cfg, Communicator& host) {
@@ -48,15 +45,6 @@ std::string new_run_id() {
   const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(std::time(nullptr));
   char buf[20];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
 }
 
@@ -454,7 +442,7 @@ TrainSummary Trainer::run() {
                          run_->dispatcher->heap_bytes(),
                          device_peak_bytes_};
         nlohmann::json j = step_record_json(r, totals, eval, eval_sets);
-        j["time"] = utc_now();
+        j["time"] = utc_time("%Y-%m-%dT%H:%M:%SZ");
         j["run_id"] = run_id_;
         run_dir->write_record(j);  // metrics.jsonl and, with run.tensorboard, the TensorBoard events
       }

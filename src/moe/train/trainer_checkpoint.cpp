@@ -9,24 +9,16 @@
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/comm/host_strings.h"
 #include "moe/core/device.h"
+#include "moe/core/wall_clock.h"
 #include "moe/train/init_source.h"
 #include "moe/train/trainer.h"
 
 namespace fs = std::filesystem;
 
 namespace moe {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-}  // namespace
 
 void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   const size_t rss_before = peak_rss_bytes();
   const std::string& dir = ckpt.dir();
   // The model must be the same, compared key by key (values, not the text that stored them).
@@ -58,7 +50,7 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
 }
 
 void Trainer::init_weights_from(const std::string& path) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   const InitSource src(broadcast_string(host_world_, leader() ? InitSource::resolve(path) : "", 0));
   // Before anything is read or written: the weights must be of this run's architecture.
   const std::string mismatch = src.architecture_mismatch(cfg_.model);
@@ -77,7 +69,7 @@ void Trainer::init_weights_from(const std::string& path) {
 }
 
 void Trainer::save_checkpoint_now(int64_t step) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   const size_t rss_before = peak_rss_bytes();
   const std::string run = cfg_.run_dir();
   std::vector<CheckpointSlice> slices = run_->store->checkpoint_slices();
