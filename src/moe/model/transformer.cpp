@@ -8,7 +8,6 @@
 #include "moe/ops/elementwise.h"
 #include "moe/ops/embedding.h"
 #include "moe/ops/gemm.h"
-#include "moe/ops/grouped_gemm.h"
 #include "moe/ops/loss.h"
 #include "moe/ops/norm.h"
 #include "moe/ops/rope.h"
@@ -37,7 +36,7 @@ constexpr int64_t kHeadWorkspaceFloatsGpu = int64_t{256} << 20;
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena,
-                         TokenDispatcher& dispatcher, int lease_slots, Recompute recompute)
+                         TokenDispatcher& dispatcher, int lease_slots, Recompute recompute, Precision precision)
     : cfg_(cfg),
       batch_(batch),
       seq_len_(seq_len),
@@ -45,6 +44,7 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       dev_(arena.device()),
       act_(arena.device() == Device::CUDA ? DType::BF16 : DType::F32),
       recompute_(recompute),
+      precision_(precision),
       arena_(arena),
       dispatcher_(dispatcher) {
   cfg_.validate();
@@ -54,6 +54,7 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
   const int64_t N = cfg.num_experts, K = cfg.num_experts_per_tok, H = cfg.intermediate_size;
   const int64_t E = dispatcher.local_experts();
   capacity_ = dispatcher.expert_rows(R, K);
+  proj_ = std::make_unique<Projections>(cfg, precision, R, capacity_, E, arena);
   attn_shape_ = AttentionShape{batch, seq_len, Hq, Hkv, hd};
   // Activations and their gradients in act_ (BF16 on the GPU); statistics, router logits and
   // scores, top-K weights and losses stay F32 on every device.
@@ -167,6 +168,19 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
   stats_slot_ = arena.reserve("activations.microbatch_stats", F, {kNumMicrobatchStats});
 }
 
+void Transformer::set_fp8_weights(const Fp8WeightCache* cache) {
+  MOE_CHECK((cache != nullptr) == (precision_ == Precision::FP8), "Transformer::set_fp8_weights: a model of precision ",
+            to_string(precision_), (cache ? " takes no FP8 weight cache" : " needs its FP8 weight cache"));
+  fp8_ = cache;
+}
+
+const Fp8LayerWeights& Transformer::fp8_layer(int64_t l) const {
+  static const Fp8LayerWeights bf16;  // empty caches: every product in the activation dtype
+  if (precision_ != Precision::FP8) return bf16;
+  MOE_CHECK(fp8_ != nullptr, "Transformer: precision fp8 without an FP8 weight cache (set_fp8_weights)");
+  return fp8_->layer(l);
+}
+
 void Transformer::reserve(Tensor& t, const std::string& name, DType dtype, Shape shape) {
   pending_.emplace_back(&t, arena_.reserve("activations." + name, dtype, shape));
 }
@@ -183,13 +197,13 @@ void Transformer::bind() {
 
 // The attention block up to its output projection: input norm, q/k/v, qk-norm, RoPE, attention.
 // Everything it writes is what recompute = attention drops (and rewrites here in backward).
-void Transformer::attention_internals(const LayerWeights& w, LayerActs& A, Tensor h_in) {
+void Transformer::attention_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_in) {
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim();
   rmsnorm_forward(A.a, A.rstd1, h_in, w.input_norm, eps);
-  linear(A.q_raw, A.a, w.q_proj);
-  linear(A.k_raw, A.a, w.k_proj);
-  linear(A.v, A.a, w.v_proj);
+  proj_->linear(A.q_raw, A.a, w.q_proj, f.q_proj);
+  proj_->linear(A.k_raw, A.a, w.k_proj, f.k_proj);
+  proj_->linear(A.v, A.a, w.v_proj, f.v_proj);
   Tensor q = A.q_raw, k = A.k_raw;  // with qk_norm = none, rope rotates the projections in place
   if (cfg_.qk_norm == QkNorm::Full) {
     rmsnorm_forward(A.q, A.q_rstd, A.q_raw, w.q_norm, eps);
@@ -206,32 +220,33 @@ void Transformer::attention_internals(const LayerWeights& w, LayerActs& A, Tenso
   attention_forward(A.att, A.lse, q, k, A.v, attn_shape_, s_.attn_ws);
 }
 
-void Transformer::attention_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_in) {
-  attention_internals(w, A, h_in);
+void Transformer::attention_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A,
+                                          Tensor h_in) {
+  attention_internals(w, f, A, h_in);
   copy(A.h_mid, h_in);
-  linear(A.h_mid, A.att, w.o_proj, /*accumulate=*/true);
+  proj_->linear(A.h_mid, A.att, w.o_proj, f.o_proj, /*accumulate=*/true);
 }
 
 // The routed experts on the dispatched rows (A.experts.expert_in): gate/up, SwiGLU and the down
 // projection into A.experts.expert_out. gu and act are what recompute = experts drops.
-void Transformer::expert_internals(const LayerWeights& w, LayerActs& A) {
-  grouped_matmul(A.gu, A.experts.expert_in, w.experts_gate_up, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
+void Transformer::expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
+  proj_->experts_forward(A.gu, A.experts.expert_in, w.experts_gate_up, f.experts_gate_up, A.offsets);
   swiglu_forward(A.act, A.gu);
-  grouped_matmul(A.experts.expert_out, A.act, w.experts_down, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
+  proj_->experts_forward(A.experts.expert_out, A.act, w.experts_down, f.experts_down, A.offsets);
 }
 
-void Transformer::shared_expert_internals(const LayerWeights& w, LayerActs& A) {
-  linear(A.shared_gu, A.m, w.shared_gate_up);
+void Transformer::shared_expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
+  proj_->linear(A.shared_gu, A.m, w.shared_gate_up, f.shared_gate_up);
   swiglu_forward(A.shared_act, A.shared_gu);
 }
 
-void Transformer::mlp_internals(const LayerWeights& w, LayerActs& A) {
-  linear(A.mlp_gu, A.m, w.mlp_gate_up);
+void Transformer::mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
+  proj_->linear(A.mlp_gu, A.m, w.mlp_gate_up, f.mlp_gate_up);
   swiglu_forward(A.mlp_act, A.mlp_gu);
 }
 
-void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs& A, Tensor h_out,
-                                    uint64_t routing_seed, const RoutingState& rs) {
+void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A,
+                                    Tensor h_out, uint64_t routing_seed, const RoutingState& rs) {
   const int64_t N = cfg_.num_experts, K = cfg_.num_experts_per_tok;
   linear(A.logits, A.m, w.router);
   Tensor bias = rs.router_bias.empty() ? Tensor() : rs.router_bias.rows(l, l + 1).view({N});
@@ -251,19 +266,19 @@ void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs&
   }
   dispatcher_.place_routes(static_cast<int>(l), plan, A.topk_idx, A.counts, {});
   dispatcher_.dispatch(A.experts.expert_in, A.m, plan, static_cast<int>(K), {});
-  expert_internals(w, A);
+  expert_internals(w, f, A);
   copy(h_out, A.h_mid);
   dispatcher_.combine(h_out, A.experts.expert_out, A.topk_w, plan, static_cast<int>(K), {});
   if (!w.shared_gate_up.empty()) {
-    shared_expert_internals(w, A);
-    linear(h_out, A.shared_act, w.shared_down, /*accumulate=*/true);
+    shared_expert_internals(w, f, A);
+    proj_->linear(h_out, A.shared_act, w.shared_down, f.shared_down, /*accumulate=*/true);
   }
 }
 
-void Transformer::mlp_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_out) {
-  mlp_internals(w, A);
+void Transformer::mlp_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out) {
+  mlp_internals(w, f, A);
   copy(h_out, A.h_mid);
-  linear(h_out, A.mlp_act, w.mlp_down, /*accumulate=*/true);
+  proj_->linear(h_out, A.mlp_act, w.mlp_down, f.mlp_down, /*accumulate=*/true);
 }
 
 // recompute = block: everything layer l's backward reads, computed again from its input h_[l] and
@@ -273,11 +288,11 @@ void Transformer::mlp_forward_layer(const LayerWeights& w, LayerActs& A, Tensor 
 // have come from the balancing bias or a benchmark routing) is what forward dispatched. The rows
 // are dispatched again with the saved route index, which makes the same collective calls on every
 // rank of the EP group in the same order.
-void Transformer::recompute_layer(int64_t l, const LayerWeights& w, LayerActs& A) {
-  attention_forward_layer(w, A, h_[l]);
+void Transformer::recompute_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
+  attention_forward_layer(w, f, A, h_[l]);
   rmsnorm_forward(A.m, A.rstd2, A.h_mid, w.post_norm, static_cast<float>(cfg_.rms_norm_eps));
   if (!cfg_.is_moe_layer(l)) {
-    mlp_internals(w, A);
+    mlp_internals(w, f, A);
     return;
   }
   linear(A.logits, A.m, w.router);
@@ -285,8 +300,8 @@ void Transformer::recompute_layer(int64_t l, const LayerWeights& w, LayerActs& A
                  cfg_.norm_topk_prob);
   const RoutePlan plan{A.route_index, A.offsets};
   dispatcher_.dispatch(A.experts.expert_in, A.m, plan, static_cast<int>(cfg_.num_experts_per_tok), {});
-  expert_internals(w, A);  // combine_backward reads the expert outputs
-  if (!w.shared_gate_up.empty()) shared_expert_internals(w, A);
+  expert_internals(w, f, A);  // combine_backward reads the expert outputs
+  if (!w.shared_gate_up.empty()) shared_expert_internals(w, f, A);
 }
 
 void Transformer::forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs,
@@ -303,13 +318,14 @@ void Transformer::forward(const ModelWeights& w, Tensor tokens, uint64_t routing
   for (int l = 0; l < L; ++l) {
     LayerActs& A = layers_[l];
     const LayerWeights& lw = w.layers[l];
+    const Fp8LayerWeights& lf = fp8_layer(l);
     enter(l + 1);
-    attention_forward_layer(lw, A, h_[l]);
+    attention_forward_layer(lw, lf, A, h_[l]);
     rmsnorm_forward(A.m, A.rstd2, A.h_mid, lw.post_norm, eps);
     if (cfg_.is_moe_layer(l))
-      moe_forward_layer(l, lw, A, h_[l + 1], routing_seed, rs);
+      moe_forward_layer(l, lw, lf, A, h_[l + 1], routing_seed, rs);
     else
-      mlp_forward_layer(lw, A, h_[l + 1]);
+      mlp_forward_layer(lw, lf, A, h_[l + 1]);
     leave(l + 1);
   }
   enter(L + 1);  // the head block stays in use until the fused LM head has run
@@ -384,13 +400,13 @@ void Transformer::forward_logits(const ModelWeights& w, Tensor tokens, Tensor lo
 // ---------------------------------------------------------------------------------------------
 // Backward
 
-void Transformer::attention_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A,
-                                           Tensor h_in) {
+void Transformer::attention_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g,
+                                           LayerActs& A, Tensor h_in) {
   // s_.dres holds d(h_mid); it flows unchanged into d(h_in) plus the attention branch.
   const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim();
   Scratch& s = s_;
-  if (recompute_ == Recompute::Attention) attention_internals(w, A, h_in);
-  linear_backward(s.datt, g.o_proj, s.dres, A.att, w.o_proj, false);
+  if (recompute_ == Recompute::Attention) attention_internals(w, f, A, h_in);
+  proj_->linear_backward(s.datt, g.o_proj, s.dres, A.att, w.o_proj, f.o_proj, false);
   const bool normed = cfg_.qk_norm != QkNorm::None;
   Tensor q = normed ? A.q : A.q_raw, k = normed ? A.k : A.k_raw;
   attention_backward(s.dq, s.dk, s.dv, s.datt, q, k, A.v, A.att, A.lse, attn_shape_, s.attn_ws);
@@ -409,35 +425,35 @@ void Transformer::attention_backward_layer(const LayerWeights& w, const LayerWei
                      A.k_raw.view({rows_ * Hkv, hd}), w.k_norm, A.k_rstd, false);
     dq_raw = s.dq_raw, dk_raw = s.dk_raw;
   }
-  linear_backward(s.da, g.q_proj, dq_raw, A.a, w.q_proj, false);
-  linear_backward(s.da, g.k_proj, dk_raw, A.a, w.k_proj, true);
-  linear_backward(s.da, g.v_proj, s.dv, A.a, w.v_proj, true);
+  proj_->linear_backward(s.da, g.q_proj, dq_raw, A.a, w.q_proj, f.q_proj, false);
+  proj_->linear_backward(s.da, g.k_proj, dk_raw, A.a, w.k_proj, f.k_proj, true);
+  proj_->linear_backward(s.da, g.v_proj, s.dv, A.a, w.v_proj, f.v_proj, true);
   rmsnorm_backward(s.dres, g.input_norm, s.da, h_in, w.input_norm, A.rstd1, /*accumulate_dx=*/true);
 }
 
-void Transformer::moe_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A,
-                                     const StepScales& scales) {
+void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g,
+                                     LayerActs& A, const StepScales& scales) {
   const int K = static_cast<int>(cfg_.num_experts_per_tok);
   Scratch& s = s_;
   // recompute = experts: gate/up again from the kept expert input (the lease's); the SwiGLU output
   // comes out of the SwiGLU backward below, in the same pass, with the forward's bits.
   const bool recompute_experts = recompute_ == Recompute::Experts;
   if (recompute_experts) {
-    grouped_matmul(A.gu, A.experts.expert_in, w.experts_gate_up, A.offsets, /*trans_b=*/true, /*accumulate=*/false);
-    if (!w.shared_gate_up.empty()) shared_expert_internals(w, A);  // from the kept FFN norm output
+    proj_->experts_forward(A.gu, A.experts.expert_in, w.experts_gate_up, f.experts_gate_up, A.offsets);
+    if (!w.shared_gate_up.empty()) shared_expert_internals(w, f, A);  // from the kept FFN norm output
   }
   const RoutePlan plan{A.route_index, A.offsets};
   const ExpertBuffers d = dispatcher_.grad_buffers();  // d.expert_out = dye, d.expert_in = dxe
   dispatcher_.combine_backward(d.expert_out, s.dw, s.dres, A.experts.expert_out, A.topk_w, plan, K, {});
-  grouped_matmul(s.dact, d.expert_out, w.experts_down, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
+  proj_->experts_data_grad(s.dact, d.expert_out, w.experts_down, f.experts_down, A.offsets);
   const bool accumulate = !scales.gradients_zeroed;  // equal results: 0 + x == x
   if (recompute_experts)
     swiglu_backward_with_output(s.dgu, A.act, s.dact, A.gu);
   else
     swiglu_backward(s.dgu, s.dact, A.gu);
-  grouped_matmul_wgrad(g.experts_down, d.expert_out, A.act, A.offsets, {}, accumulate);
-  grouped_matmul(d.expert_in, s.dgu, w.experts_gate_up, A.offsets, /*trans_b=*/false, /*accumulate=*/false);
-  grouped_matmul_wgrad(g.experts_gate_up, s.dgu, A.experts.expert_in, A.offsets, {}, accumulate);
+  proj_->experts_weight_grad(g.experts_down, d.expert_out, A.act, f.experts_down, A.offsets, accumulate);
+  proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
+  proj_->experts_weight_grad(g.experts_gate_up, s.dgu, A.experts.expert_in, f.experts_gate_up, A.offsets, accumulate);
   dispatcher_.dispatch_backward(s.dm, d.expert_in, plan, K, {});
   if (A.leased) {
     dispatcher_.release(A.lease);  // last read of this layer's expert buffers
@@ -447,9 +463,9 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const LayerWeights& 
     const int64_t S = cfg_.shared_expert_intermediate_size;
     Tensor dact = Tensor(s.dffn_act.data, act_, {rows_, S}, dev_);
     Tensor dgu = Tensor(s.dffn_gu.data, act_, {rows_, 2 * S}, dev_);
-    linear_backward(dact, g.shared_down, s.dres, A.shared_act, w.shared_down, false);
+    proj_->linear_backward(dact, g.shared_down, s.dres, A.shared_act, w.shared_down, f.shared_down, false);
     swiglu_backward(dgu, dact, A.shared_gu);
-    linear_backward(s.dm, g.shared_gate_up, dgu, A.m, w.shared_gate_up, true);
+    proj_->linear_backward(s.dm, g.shared_gate_up, dgu, A.m, w.shared_gate_up, f.shared_gate_up, true);
   }
   if (cfg_.routing == Routing::Learned) {
     const float lb_scale = static_cast<float>(cfg_.router_aux_loss_coef) * scales.aux_grad_scale;
@@ -466,14 +482,15 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const LayerWeights& 
   }
 }
 
-void Transformer::mlp_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A) {
+void Transformer::mlp_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g,
+                                     LayerActs& A) {
   const int64_t Hd = cfg_.dense_intermediate_size;
   Scratch& s = s_;
   Tensor dact = Tensor(s.dffn_act.data, act_, {rows_, Hd}, dev_);
   Tensor dgu = Tensor(s.dffn_gu.data, act_, {rows_, 2 * Hd}, dev_);
-  linear_backward(dact, g.mlp_down, s.dres, A.mlp_act, w.mlp_down, false);
+  proj_->linear_backward(dact, g.mlp_down, s.dres, A.mlp_act, w.mlp_down, f.mlp_down, false);
   swiglu_backward(dgu, dact, A.mlp_gu);
-  linear_backward(s.dm, g.mlp_gate_up, dgu, A.m, w.mlp_gate_up, false);
+  proj_->linear_backward(s.dm, g.mlp_gate_up, dgu, A.m, w.mlp_gate_up, f.mlp_gate_up, false);
 }
 
 void Transformer::backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens, const StepScales& scales) {
@@ -486,14 +503,15 @@ void Transformer::backward(const ModelWeights& w, const ModelWeights& g, Tensor 
     if (hooks_) hooks_->before_backward(static_cast<int>(l) + 1);
     LayerActs& A = layers_[l];
     const LayerWeights &lw = w.layers[l], &lg = g.layers[l];
-    if (recompute_ == Recompute::Block) recompute_layer(l, lw, A);
+    const Fp8LayerWeights& lf = fp8_layer(l);
+    if (recompute_ == Recompute::Block) recompute_layer(l, lw, lf, A);
     // s.dres = d(h_{l+1}); the feed-forward branch adds into d(h_mid) through its norm.
     if (cfg_.is_moe_layer(l))
-      moe_backward_layer(lw, lg, A, scales);
+      moe_backward_layer(lw, lf, lg, A, scales);
     else
-      mlp_backward_layer(lw, lg, A);
+      mlp_backward_layer(lw, lf, lg, A);
     rmsnorm_backward(s.dres, lg.post_norm, s.dm, A.h_mid, lw.post_norm, A.rstd2, /*accumulate_dx=*/true);
-    attention_backward_layer(lw, lg, A, h_[l]);
+    attention_backward_layer(lw, lf, lg, A, h_[l]);
     if (hooks_) hooks_->after_backward(static_cast<int>(l) + 1);
   }
   if (hooks_) hooks_->before_backward(0);

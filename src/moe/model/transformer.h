@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,9 @@
 #include "moe/core/arena.h"
 #include "moe/model/config.h"
 #include "moe/model/dispatch.h"
+#include "moe/model/fp8_weights.h"
+#include "moe/model/precision.h"
+#include "moe/model/projections.h"
 #include "moe/model/recompute.h"
 #include "moe/model/weights.h"
 #include "moe/ops/attention.h"
@@ -71,7 +75,7 @@ class BlockHooks {
 class Transformer {
  public:
   Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena, TokenDispatcher& dispatcher,
-              int lease_slots = 1, Recompute recompute = Recompute::None);
+              int lease_slots = 1, Recompute recompute = Recompute::None, Precision precision = Precision::BF16);
 
   // Forward and backward of one microbatch: tokens, targets [B*T] i32 on the model's device.
   // Gradients are added into g. Only queues work: nothing is read back to the host.
@@ -88,11 +92,15 @@ class Transformer {
   void forward_logits(const ModelWeights& w, Tensor tokens, Tensor logits, uint64_t routing_seed,
                       const RoutingState& rs);
 
+  // Precision fp8: the FP8 caches of the weights the model is given (not owned; refreshed by the
+  // parameter store after each update). Required before the first forward, refused for bf16.
+  void set_fp8_weights(const Fp8WeightCache* cache);
   // Optional; not owned. Without hooks, weights and gradients are resident.
   void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
   int64_t rows() const { return rows_; }
   int64_t expert_rows() const { return capacity_; }
   Recompute recompute() const { return recompute_; }
+  Precision precision() const { return precision_; }
 
  private:
   struct LayerActs {
@@ -122,19 +130,23 @@ class Transformer {
   void reserve(Tensor& t, const std::string& name, DType dtype, Shape shape);
   void bind();
   void forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs, bool backward_follows);
-  void attention_internals(const LayerWeights& w, LayerActs& A, Tensor h_in);
-  void attention_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_in);
-  void expert_internals(const LayerWeights& w, LayerActs& A);
-  void shared_expert_internals(const LayerWeights& w, LayerActs& A);
-  void mlp_internals(const LayerWeights& w, LayerActs& A);
-  void moe_forward_layer(int64_t l, const LayerWeights& w, LayerActs& A, Tensor h_out, uint64_t routing_seed,
-                         const RoutingState& rs);
-  void mlp_forward_layer(const LayerWeights& w, LayerActs& A, Tensor h_out);
-  void recompute_layer(int64_t l, const LayerWeights& w, LayerActs& A);
+  // Layer functions take the layer's weights w and their FP8 caches f (empty in bf16).
+  void attention_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_in);
+  void attention_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_in);
+  void expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
+  void shared_expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
+  void mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
+  void moe_forward_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out,
+                         uint64_t routing_seed, const RoutingState& rs);
+  void mlp_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out);
+  void recompute_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens, const StepScales& scales);
-  void attention_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A, Tensor h_in);
-  void moe_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A, const StepScales& scales);
-  void mlp_backward_layer(const LayerWeights& w, const LayerWeights& g, LayerActs& A);
+  void attention_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g, LayerActs& A,
+                                Tensor h_in);
+  void moe_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g, LayerActs& A,
+                          const StepScales& scales);
+  void mlp_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g, LayerActs& A);
+  const Fp8LayerWeights& fp8_layer(int64_t l) const;
   int64_t moe_layers() const;
   void release_leases();
 
@@ -143,6 +155,7 @@ class Transformer {
   Device dev_;
   DType act_;  // activations: F32 on the CPU, BF16 on the GPU
   Recompute recompute_;
+  Precision precision_;
   AttentionShape attn_shape_;
   Arena& arena_;
   TokenDispatcher& dispatcher_;
@@ -153,6 +166,8 @@ class Transformer {
   std::vector<std::pair<Tensor*, Arena::Slot>> pending_;
   bool bound_ = false;
   BlockHooks* hooks_ = nullptr;
+  std::unique_ptr<Projections> proj_;   // the linear layers in precision_
+  const Fp8WeightCache* fp8_ = nullptr;  // precision fp8 only
 };
 
 }  // namespace moe

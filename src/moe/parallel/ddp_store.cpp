@@ -6,7 +6,7 @@
 namespace moe {
 
 DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh& mesh, Arena& arena,
-                   DType moment_dtype)
+                   DType moment_dtype, Precision precision)
     : cfg_(cfg), reg_(reg), mesh_(mesh), arena_(arena) {
   params_ = arena.reserve("parameters", DType::F32, {reg.total_numel()});
   grads_slot_ = arena.reserve("gradients", DType::F32, {reg.total_numel()});
@@ -15,12 +15,14 @@ DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh&
   has_compute_copy_ = arena.device() == Device::CUDA;
   if (has_compute_copy_) compute_ = arena.reserve("compute_weights", DType::BF16, {reg.total_numel()});
   optimizer_ = std::make_unique<DistributedAdamW>(reg, mesh, arena, moment_dtype);
+  if (precision == Precision::FP8) fp8_ = std::make_unique<Fp8WeightCache>(cfg, cfg.num_experts / mesh.ep, arena);
 }
 
 void DdpStore::bind() {
   if (bound_) return;
   weights_ = bind_weights(cfg_, reg_, compute_weights());
   grads_ = bind_weights(cfg_, reg_, grads_flat());
+  master_ = bind_weights(cfg_, reg_, params());
   bound_ = true;
 }
 
@@ -32,6 +34,11 @@ void DdpStore::init(uint64_t seed) {
 
 void DdpStore::refresh_compute_weights() {
   if (has_compute_copy_) cast_copy(arena_.get(compute_), params());
+  refresh_fp8_weights();
+}
+
+void DdpStore::refresh_fp8_weights() {
+  if (fp8_) fp8_->refresh(master_);
 }
 
 void DdpStore::zero_grads(bool experts_written) {
@@ -48,7 +55,10 @@ void DdpStore::zero_grads(bool experts_written) {
 void DdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule) {
   // One rank: the update writes the BF16 compute copy in its own pass over the weights.
   const Tensor copy = has_compute_copy_ ? arena_.get(compute_) : Tensor();
-  if (!optimizer_->enqueue_step(params(), grads_flat(), cfg, max_norm, step, schedule, copy)) refresh_compute_weights();
+  if (optimizer_->enqueue_step(params(), grads_flat(), cfg, max_norm, step, schedule, copy))
+    refresh_fp8_weights();  // once per step, from the updated FP32 weights
+  else
+    refresh_compute_weights();
 }
 
 ParamStore::StepResult DdpStore::last_step() const {

@@ -8,6 +8,8 @@
 
 #include "moe/comm/mesh.h"
 #include "moe/core/arena.h"
+#include "moe/model/fp8_weights.h"
+#include "moe/model/precision.h"
 #include "moe/optim/distributed_adamw.h"
 #include "moe/parallel/param_store.h"
 
@@ -16,12 +18,15 @@ namespace moe {
 class DdpStore final : public ParamStore {
  public:
   // reg must use ParamLayout::ByReplicaGroup with this rank's expert slice. Reserves in `arena`,
-  // the AdamW moments in moment_dtype (F32 or BF16: optim.moment_dtype).
-  DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh& mesh, Arena& arena, DType moment_dtype);
+  // the AdamW moments in moment_dtype (F32 or BF16: optim.moment_dtype), and with precision fp8 the
+  // FP8 weight caches, refreshed from the FP32 weights after each update, init and load.
+  DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh& mesh, Arena& arena, DType moment_dtype,
+           Precision precision = Precision::BF16);
 
   const ModelWeights& weights() const override { return weights_; }
   const ModelWeights& grads() const override { return grads_; }
   BlockHooks* hooks() override { return nullptr; }
+  const Fp8WeightCache* fp8_weights() const override { return fp8_.get(); }
   void init(uint64_t seed) override;
   void zero_grads(bool experts_written) override;
   void enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule = {}) override;
@@ -39,7 +44,8 @@ class DdpStore final : public ParamStore {
 
  private:
   void bind();
-  void refresh_compute_weights();
+  void refresh_compute_weights();  // and the FP8 caches
+  void refresh_fp8_weights();
 
   ModelConfig cfg_;
   const ParamRegistry& reg_;
@@ -48,7 +54,8 @@ class DdpStore final : public ParamStore {
   Arena::Slot params_, grads_slot_, compute_;
   bool has_compute_copy_ = false;
   std::unique_ptr<DistributedAdamW> optimizer_;
-  ModelWeights weights_, grads_;
+  std::unique_ptr<Fp8WeightCache> fp8_;  // precision fp8 only
+  ModelWeights weights_, grads_, master_;  // master_: FP32 views, what the FP8 caches are quantized from
   bool bound_ = false;
 };
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "moe/ckpt/checkpoint.h"
+#include "moe/model/fp8_weights.h"
 #include "moe/model/transformer.h"
 #include "moe/model/weights.h"
 #include "moe/ops/optim.h"
@@ -27,6 +28,9 @@ class ParamStore {
   virtual const ModelWeights& grads() const = 0;
   // Hooks the model must call around each block (nullptr: weights are resident).
   virtual BlockHooks* hooks() = 0;
+  // The FP8 caches of the weights (train.precision = "fp8"), refreshed by the store after every
+  // change to the weights; nullptr without them.
+  virtual const Fp8WeightCache* fp8_weights() const { return nullptr; }
 
   // Initializes the weights (a pure function of seed and logical index: the same model on any topology).
   virtual void init(uint64_t seed) = 0;

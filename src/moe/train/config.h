@@ -13,6 +13,7 @@
 #include "moe/core/dtype.h"
 #include "moe/data/data_config.h"
 #include "moe/model/config.h"
+#include "moe/model/precision.h"
 #include "moe/model/recompute.h"
 
 namespace moe {
@@ -39,6 +40,7 @@ struct TrainConfig {
   int64_t max_skipped_steps = 10;  // consecutive non-finite (skipped) steps that end the run; 0 = never
   bool cuda_graph = false;         // GPU: capture the whole step once, replay it every step
   Recompute recompute = Recompute::None;  // activations dropped in forward and recomputed in backward
+  Precision precision = Precision::BF16;  // the linear layers' products: bf16 or fp8 (model/precision.h)
   std::string max_duration;        // wall-clock budget of this process ("90m", "4h", "1h30m"); "" = none
 };
 

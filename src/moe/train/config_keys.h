@@ -159,6 +159,9 @@ void visit_config_keys(C& c, V&& v) {
                               {"block", Recompute::Block}},
            "activations recomputed in backward instead of kept: none, experts (expert gate/up and SwiGLU outputs), "
            "attention (the attention block's internals) or block (everything but each block's input and routing)");
+  v.choice("train", "precision", t.precision, Choices<Precision>{{"bf16", Precision::BF16}, {"fp8", Precision::FP8}},
+           "the linear layers' products: bf16, or fp8 (E4M3 with power-of-two 1x128 / 128x128 scales in all three "
+           "passes; GPU: Hopper only; the CPU emulates it exactly)");
   v.key("train", "max_duration", t.max_duration, any_value<std::string>(),
         "wall-clock budget of this process (\"4h\", \"1h30m\", \"90s\"): at the first step boundary past it, save a "
         "checkpoint and stop; \"\" = none");

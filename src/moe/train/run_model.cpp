@@ -24,7 +24,8 @@ std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world
                                                           : make_mesh(world, ep, experts));
     const int64_t local = mc.num_experts / run->mesh->ep;
     run->reg = build_registry(mc, run->mesh->ep_index * local, local, ParamLayout::ByReplicaGroup);
-    run->store = std::make_unique<DdpStore>(mc, run->reg, *run->mesh, state, cfg.optim.moment_dtype);
+    run->store =
+        std::make_unique<DdpStore>(mc, run->reg, *run->mesh, state, cfg.optim.moment_dtype, cfg.train.precision);
   }
   run->dispatcher = make_run_dispatcher(device, device_collectives, moe_experts > 0, cfg.ep.backend,
                                         run->mesh ? run->mesh->ep_group.get() : nullptr, mc.num_experts,
@@ -40,8 +41,10 @@ std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world
   b.targets = state.reserve("batch.targets", DType::I32, {accum * rows});
   b.schedule = state.reserve("optimizer.schedule", DType::F32, {2});
   run->model = std::make_unique<Transformer>(mc, cfg.train.micro_batch_size, cfg.train.seq_len, acts, *run->dispatcher,
-                                             static_cast<int>(cfg.parallel.lease_slots), cfg.train.recompute);
+                                             static_cast<int>(cfg.parallel.lease_slots), cfg.train.recompute,
+                                             cfg.train.precision);
   run->model->set_block_hooks(run->store->hooks());
+  if (cfg.train.precision == Precision::FP8) run->model->set_fp8_weights(run->store->fp8_weights());
   return run;
 }
 

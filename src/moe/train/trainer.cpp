@@ -85,6 +85,12 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   MOE_CHECK(!cfg_.train.cuda_graph || cfg_.model.routing != Routing::Random,
             "train.cuda_graph = true with model.routing = \"random\": the routing draw is seeded per step by a launch "
             "argument, which a replayed graph would repeat; use learned or uniform routing, or cuda_graph = false");
+  if (cfg_.train.precision == Precision::FP8 && dev_ == Device::CUDA) {
+    const GpuInfo gpu = current_gpu();
+    MOE_CHECK(gpu.major == 9, "train.precision = \"fp8\" runs on Hopper GPUs (compute capability 9.x: FP8 tensor "
+              "cores with the block-scaled kernels built here); this GPU, ", gpu.name, ", is ", gpu.major, ".",
+              gpu.minor, "; set train.precision = \"bf16\" or run.device = \"cpu\" (FP8 emulated)");
+  }
   run_ = build_run_model(cfg_, world_, dev_, run_device_.gpu_world != nullptr, state_, acts_);
   const int64_t tokens = cfg_.accumulation_steps(dp) * cfg_.train.micro_batch_size * cfg_.train.seq_len;
   const int64_t LN = cfg_.model.num_hidden_layers * cfg_.model.num_experts;
@@ -172,12 +178,14 @@ void Trainer::print_plan() const {
   const MemoryRoles m = memory_plan();
   std::printf("  device: %s; MFU against %.4g TFLOP/s (%s)\n", run_device_.note.c_str(), peak_.tflops,
               peak_.source.c_str());
-  std::printf("  memory plan (%s, %.0f tokens/step): parameters %s (FP32), compute weights %s (BF16), gradients %s, "
-              "optimizer %s, other state %s; activations %s (expert buffers %s; recompute %s); total %s\n",
+  std::printf("  memory plan (%s, %.0f tokens/step): parameters %s (FP32), compute weights %s (%s), gradients %s, "
+              "optimizer %s, other state %s; activations %s (expert buffers %s; recompute %s); total %s; "
+              "precision %s\n",
               std::string(device_name(dev_)).c_str(), tokens_per_step, b(m.parameters).c_str(),
-              b(m.compute_weights).c_str(), b(m.gradients).c_str(), b(m.optimizer).c_str(), b(m.other_state).c_str(),
+              b(m.compute_weights).c_str(),
+              cfg_.train.precision == Precision::FP8 ? "BF16 copy and FP8 caches" : "BF16 copy", b(m.gradients).c_str(), b(m.optimizer).c_str(), b(m.other_state).c_str(),
               b(m.activations).c_str(), b(m.expert_buffers).c_str(), to_string(cfg_.train.recompute),
-              b(m.total()).c_str());
+              b(m.total()).c_str(), to_string(cfg_.train.precision));
   // Moments per parameter: 8 bytes (FP32) or 4 (BF16) unsharded; the shards leave this rank its part.
   const size_t moments = state_.bytes_with_prefix("optimizer.exp_avg") + state_.bytes_with_prefix("fsdp.exp_avg");
   std::printf("  optimizer: AdamW moments in %s (optim.moment_dtype), %zu bytes per parameter; this rank stores "

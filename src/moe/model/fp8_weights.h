@@ -1,0 +1,60 @@
+// The FP8 weight caches of train.precision = "fp8" (model/precision.h): for every quantized matrix
+// W [out, in] (or the experts' [E, out, in]) its E4M3 codes in 128x128 blocks in both orientations
+// the products read: W itself for the forward (x W^T) and W^T for the data gradient (dy W, which
+// contracts over `out`). The FP32 weights stay the truth: refresh() derives the caches from them,
+// once per optimizer step (the parameter store calls it after each update, init and load), never
+// per microbatch.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "moe/core/arena.h"
+#include "moe/core/stream.h"
+#include "moe/model/config.h"
+#include "moe/model/weights.h"
+#include "moe/ops/fp8.h"
+
+namespace moe {
+
+// One matrix's two cached orientations. Empty (no codes) for a matrix the layer does not have.
+struct Fp8Weight {
+  Fp8Tensor w;    // codes like W: forward
+  Fp8Tensor w_t;  // codes like W^T: data gradient
+  bool empty() const { return w.codes.empty(); }
+};
+
+struct Fp8LayerWeights {
+  Fp8Weight q_proj, k_proj, v_proj, o_proj;
+  Fp8Weight experts_gate_up, experts_down;  // this rank's experts
+  Fp8Weight shared_gate_up, shared_down;
+  Fp8Weight mlp_gate_up, mlp_down;
+};
+
+class Fp8WeightCache {
+ public:
+  // Reserves the caches in `arena` (under compute_weights.fp8.*: the memory plan counts them with
+  // the BF16 compute copy) for the matrices of `cfg` with `local_experts` experts per MoE layer.
+  Fp8WeightCache(const ModelConfig& cfg, int64_t local_experts, Arena& arena);
+
+  // Quantizes every cached matrix from `master` (FP32 views, e.g. bind_weights over the FP32
+  // parameters). Queued on `stream`; nothing read back.
+  void refresh(const ModelWeights& master, Stream stream = {});
+
+  const Fp8LayerWeights& layer(int64_t l) const;
+
+ private:
+  void bind();
+
+  struct Pending {
+    Fp8Tensor* target;
+    Arena::Slot codes, scales;
+  };
+  ModelConfig cfg_;
+  Arena& arena_;
+  std::vector<Fp8LayerWeights> layers_;
+  std::vector<Pending> pending_;
+  bool bound_ = false;
+};
+
+}  // namespace moe

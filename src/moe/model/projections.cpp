@@ -1,0 +1,109 @@
+#include "moe/model/projections.h"
+
+#include <algorithm>
+#include <initializer_list>
+
+#include "moe/ops/gemm.h"
+#include "moe/ops/grouped_gemm.h"
+
+namespace moe {
+namespace {
+
+int64_t tiles(int64_t n) { return (n + kFp8Tile - 1) / kFp8Tile; }
+
+int64_t widest(std::initializer_list<int64_t> widths) { return std::max(widths); }
+
+}  // namespace
+
+Projections::Projections(const ModelConfig& cfg, Precision precision, int64_t rows, int64_t expert_rows,
+                         int64_t experts, Arena& arena)
+    : arena_(arena) {
+  if (precision != Precision::FP8) return;
+  const int64_t D = cfg.hidden_size, hd = cfg.head_dim();
+  const int64_t Qo = cfg.num_attention_heads * hd, KVo = cfg.num_key_value_heads * hd;
+  const int64_t S = cfg.shared_expert_intermediate_size, Hd = cfg.dense_intermediate_size;
+  const int64_t H = cfg.intermediate_size;
+  const bool has_moe = cfg.first_k_dense_replace < cfg.num_hidden_layers;
+  const bool has_dense = cfg.first_k_dense_replace > 0;
+  // Widths quantized along the features: forward inputs (in) and data-gradient inputs (out).
+  int64_t dense_in = widest({D, Qo}), dense_out = widest({Qo, KVo, D});
+  if (has_dense) dense_in = widest({dense_in, Hd}), dense_out = widest({dense_out, 2 * Hd});
+  if (has_moe && S > 0) dense_in = widest({dense_in, S}), dense_out = widest({dense_out, 2 * S});
+  const int64_t expert_in = has_moe ? widest({D, H}) : 0, expert_out = has_moe ? widest({2 * H, D}) : 0;
+  const int64_t dense_cols = fp8_columns_capacity(rows, 1);
+  const int64_t expert_cols = has_moe ? fp8_columns_capacity(expert_rows, experts) : 0;
+  const int64_t widest_rows = widest({dense_in, dense_out});
+  const int64_t row_codes = std::max(rows * widest_rows, expert_rows * widest({expert_in, expert_out}));
+  const int64_t row_scales = std::max(rows * tiles(widest_rows), expert_rows * tiles(widest({expert_in, expert_out})));
+  auto reserve = [&](Buffer& b, const char* name, int64_t codes, int64_t scales) {
+    b.codes = arena.reserve(std::string("activations.fp8.") + name + ".codes", DType::FP8_E4M3, {codes});
+    b.scales = arena.reserve(std::string("activations.fp8.") + name + ".scales", DType::F32, {scales});
+  };
+  reserve(rows_, "rows", row_codes, row_scales);
+  reserve(grad_columns_, "grad_columns", std::max(dense_out * dense_cols, expert_out * expert_cols),
+          std::max(dense_out * tiles(dense_cols), expert_out * tiles(expert_cols)));
+  reserve(input_columns_, "input_columns", std::max(dense_in * dense_cols, expert_in * expert_cols),
+          std::max(dense_in * tiles(dense_cols), expert_in * tiles(expert_cols)));
+}
+
+Fp8Tensor Projections::operand(const Buffer& b, int64_t rows, int64_t cols) {
+  const Tensor codes = arena_.get(b.codes), scales = arena_.get(b.scales);
+  const Shape shape{rows, cols}, scale_shape = fp8_scale_shape(shape, Fp8Tiles::Rows);
+  MOE_CHECK(shape.numel() <= codes.numel() && scale_shape.numel() <= scales.numel(), "FP8 operand [", rows, ", ",
+            cols, "] exceeds its scratch (", codes.numel(), " codes)");
+  return Fp8Tensor{codes.view({codes.numel()}).rows(0, shape.numel()).view(shape),
+                   scales.view({scales.numel()}).rows(0, scale_shape.numel()).view(scale_shape), Fp8Tiles::Rows};
+}
+
+Fp8Tensor Projections::quantize_rows(const Buffer& b, Tensor x) {
+  const int64_t cols = x.dim(-1), rows = x.numel() / cols;
+  Fp8Tensor q = operand(b, rows, cols);
+  fp8_quantize_rows(q, x.view({rows, cols}));
+  return q;
+}
+
+Fp8Tensor Projections::quantize_columns(const Buffer& b, Tensor x, Tensor offsets, int64_t segments) {
+  const int64_t cols = x.dim(-1), rows = x.numel() / cols;
+  Fp8Tensor q = operand(b, cols, fp8_columns_capacity(rows, segments));
+  fp8_quantize_columns(q, x.view({rows, cols}), offsets);
+  return q;
+}
+
+void Projections::linear(Tensor y, Tensor x, Tensor w, const Fp8Weight& f, bool accumulate) {
+  if (f.empty()) return matmul(y, x, w, false, true, 1.0f, accumulate ? 1.0f : 0.0f);
+  const int64_t out = y.dim(-1);
+  fp8_matmul(y.view({y.numel() / out, out}), quantize_rows(rows_, x), f.w, accumulate);
+}
+
+void Projections::linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, const Fp8Weight& f,
+                                  bool accumulate_dx) {
+  if (f.empty()) {
+    matmul(dx, dy, w, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f);
+    matmul(dw, dy, x, true, false, 1.0f, 1.0f);
+    return;
+  }
+  const int64_t in = dx.dim(-1);
+  fp8_matmul(dx.view({dx.numel() / in, in}), quantize_rows(rows_, dy), f.w_t, accumulate_dx);
+  fp8_matmul(dw, quantize_columns(grad_columns_, dy, Tensor(), 1), quantize_columns(input_columns_, x, Tensor(), 1),
+             /*accumulate=*/true);
+}
+
+void Projections::experts_forward(Tensor c, Tensor a, Tensor w, const Fp8Weight& f, Tensor offsets) {
+  if (f.empty()) return grouped_matmul(c, a, w, offsets, /*trans_b=*/true, /*accumulate=*/false);
+  fp8_grouped_matmul(c, quantize_rows(rows_, a), f.w, offsets);
+}
+
+void Projections::experts_data_grad(Tensor dx, Tensor dy, Tensor w, const Fp8Weight& f, Tensor offsets) {
+  if (f.empty()) return grouped_matmul(dx, dy, w, offsets, /*trans_b=*/false, /*accumulate=*/false);
+  fp8_grouped_matmul(dx, quantize_rows(rows_, dy), f.w_t, offsets);
+}
+
+void Projections::experts_weight_grad(Tensor dw, Tensor dy, Tensor x, const Fp8Weight& f, Tensor offsets,
+                                      bool accumulate) {
+  if (f.empty()) return grouped_matmul_wgrad(dw, dy, x, offsets, {}, accumulate);
+  const int64_t experts = offsets.numel() - 1;
+  fp8_grouped_matmul_wgrad(dw, quantize_columns(grad_columns_, dy, offsets, experts),
+                           quantize_columns(input_columns_, x, offsets, experts), offsets, accumulate);
+}
+
+}  // namespace moe

@@ -1,0 +1,52 @@
+// The model's quantizable matrix products (model/precision.h) in the run's precision: with an
+// empty Fp8Weight they are the BF16 products (matmul, grouped_matmul); with the weight's FP8 cache
+// they quantize the activation operands into scratch reserved here (1 x 128 tiles along the
+// features for the forward and the data gradient; along the tokens, transposed, for the weight
+// gradient) and run the FP8 products (moe/ops/fp8.h).
+#pragma once
+
+#include <cstdint>
+
+#include "moe/core/arena.h"
+#include "moe/model/config.h"
+#include "moe/model/fp8_weights.h"
+#include "moe/model/precision.h"
+
+namespace moe {
+
+class Projections {
+ public:
+  // FP8: reserves the operand scratch in `arena` (activations.fp8.*) for `rows` token rows and
+  // `expert_rows` rows over `experts` local experts. BF16: reserves nothing.
+  Projections(const ModelConfig& cfg, Precision precision, int64_t rows, int64_t expert_rows, int64_t experts,
+              Arena& arena);
+
+  // y (= or +=) x W^T.
+  void linear(Tensor y, Tensor x, Tensor w, const Fp8Weight& f, bool accumulate = false);
+  // dx (= or +=) dy W, and dW += dy^T x.
+  void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, const Fp8Weight& f, bool accumulate_dx);
+
+  // Per expert e over its rows [o_e, o_{e+1}) (moe/ops/grouped_gemm.h):
+  // c = a w[e]^T (forward: w [E, out, in]).
+  void experts_forward(Tensor c, Tensor a, Tensor w, const Fp8Weight& f, Tensor offsets);
+  // dx = dy w[e] (data gradient).
+  void experts_data_grad(Tensor dx, Tensor dy, Tensor w, const Fp8Weight& f, Tensor offsets);
+  // dw[e] (+= or =, per accumulate) dy^T x (weight gradient; = zeroes experts without rows).
+  void experts_weight_grad(Tensor dw, Tensor dy, Tensor x, const Fp8Weight& f, Tensor offsets, bool accumulate);
+
+ private:
+  struct Buffer {
+    Arena::Slot codes, scales;
+  };
+  // Views of a buffer as an operand of `rows` x `cols` codes.
+  Fp8Tensor operand(const Buffer& b, int64_t rows, int64_t cols);
+  Fp8Tensor quantize_rows(const Buffer& b, Tensor x);
+  Fp8Tensor quantize_columns(const Buffer& b, Tensor x, Tensor offsets, int64_t segments);
+
+  Arena& arena_;
+  Buffer rows_;              // the forward's or data gradient's activation operand
+  Buffer grad_columns_;      // the weight gradient's dy^T
+  Buffer input_columns_;     // the weight gradient's x^T
+};
+
+}  // namespace moe
