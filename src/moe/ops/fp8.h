@@ -17,7 +17,9 @@
 // split into segments (the experts' row ranges, from offsets [G + 1]; a dense layer has one), and
 // segment g starts at column p_g = sum over g' < g of round_up(M_g', 128), so that no tile spans two
 // experts and every segment starts on a tile; Mp = columns_capacity(M, G) bounds p_G for any split
-// of M rows. Columns between segments hold code 0 (they contribute nothing to any product).
+// of M rows. Columns between segments hold code 0 (they contribute nothing to any product): the
+// columns past a segment's rows in its last tile (that tile keeps the segment's scale) and every
+// column from p_G to Mp (those tiles have scale 1).
 #pragma once
 
 #include <cstdint>
