@@ -61,11 +61,13 @@ TEST_F(MemoryPlan, EachRanksPlanEqualsTheArenasOfTheRealRun) {
       {"train.recompute=\"attention\""},
       {"train.recompute=\"block\"", "optim.moment_dtype=\"bf16\""},
       {"train.micro_batch_size=1", "model.capacity_factor=1.5", "model.dropless=false"},
+      {"train.precision=\"fp8\""},  // the FP8 caches (compute weights) and operand scratch (activations)
   };
   if (P > 1) {
     variants.push_back({"parallel.ep=2"});
     variants.push_back({"parallel.ep=2", "ep.backend=\"alltoall\""});
     variants.push_back({"parallel.ep=" + std::to_string(P), "train.recompute=\"block\""});
+    variants.push_back({"parallel.ep=2", "train.precision=\"fp8\""});
   }
   TrainOptions quiet;
   quiet.quiet = true;
