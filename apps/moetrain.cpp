@@ -322,7 +322,7 @@ int main(int argc, char** argv) {
             const int timed = static_cast<int>(s.steps.size() - 1);
             std::printf("%s", moe::format_kernel_table(profiler.top(20), profiler.total_ms(), timed).c_str());
             // Each kind of kernel against its ceiling, measured now on the same GPU.
-            ceilings = moe::measure_ceilings();
+            ceilings = moe::measure_ceilings(cfg.train.precision == moe::Precision::FP8);
             const moe::FlopCount flops = moe::count_flops(cfg.model, cfg.train.seq_len);
             const double ranks = static_cast<double>(world.size());
             const double tokens = static_cast<double>(cfg.train.global_batch_size * cfg.train.seq_len) / ranks;

@@ -27,6 +27,8 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
   j["moe_layers"] = cfg.model.num_hidden_layers - cfg.model.first_k_dense_replace;
   j["hidden_size"] = cfg.model.hidden_size;
   j["seq_len"] = cfg.train.seq_len;
+  j["precision"] = to_string(cfg.train.precision);
+  j["recompute"] = to_string(cfg.train.recompute);
   j["steps_timed"] = s.steps.size() > 1 ? s.steps.size() - 1 : s.steps.size();
   j["tokens_per_s"] = s.mean_tokens_per_s;
   j["tokens_per_s_per_gpu"] = s.mean_tokens_per_s / world_size;
@@ -39,7 +41,9 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
   j["final_loss"] = s.steps.back().loss;
   j["total_params"] = f.total_params;
   j["active_params"] = f.active_params;
-  j["ceilings"] = {{"gemm_tflops", ceilings.gemm_tflops}, {"copy_tb_s", ceilings.copy_tb_s}};
+  j["ceilings"] = {{"gemm_tflops", ceilings.gemm_tflops},
+                   {"fp8_gemm_tflops", ceilings.fp8_gemm_tflops},
+                   {"copy_tb_s", ceilings.copy_tb_s}};
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (const SplitRow& r : split)
     rows.push_back({{"kind", kernel_group_name(r.group)},

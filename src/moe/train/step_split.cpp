@@ -15,6 +15,7 @@
 
 #include "moe/core/cuda_check.h"
 #include "moe/core/gpu_timer.h"
+#include "moe/ops/fp8.h"
 #include "moe/ops/gemm.h"
 #endif
 
@@ -31,7 +32,7 @@ bool contains(const std::string& haystack, std::string_view needle) {
 
 }  // namespace
 
-Ceilings measure_ceilings() {
+Ceilings measure_ceilings(bool fp8) {
   Ceilings c;
 #if defined(MOE_HAVE_CUDA)
   if (std::string why; !cuda_available(&why)) {
@@ -63,7 +64,22 @@ Ceilings measure_ceilings() {
                             CUDA_CHECK(cudaMemcpyAsync(dst, src, kCopyBytes, cudaMemcpyDeviceToDevice, compute_stream()));
                           }).median_ms;
   c.copy_tb_s = 2.0 * static_cast<double>(kCopyBytes) / (copy_ms * 1e-3) / 1e12;
+  if (fp8 && current_gpu().major == 9) {
+    // The same 8192^3 product in FP8 (codes in the BF16 operands' bytes, scales after the codes):
+    // a with 1x128 tiles, b with 128x128 blocks, BF16 out, as the model's forward products.
+    const Shape square{kEdge, kEdge};
+    const Shape a_scales = fp8_scale_shape(square, Fp8Tiles::Rows), b_scales = fp8_scale_shape(square, Fp8Tiles::Blocks);
+    char* codes = base;  // within the BF16 a and b buffers: 2 x kEdge^2 bytes, then the scales
+    const Fp8Tensor fa{Tensor(codes, DType::FP8_E4M3, square, Device::CUDA),
+                       Tensor(codes + 2 * kEdge * kEdge, DType::F32, a_scales, Device::CUDA), Fp8Tiles::Rows};
+    const Fp8Tensor fb{Tensor(codes + kEdge * kEdge, DType::FP8_E4M3, square, Device::CUDA),
+                       Tensor(codes + 2 * kEdge * kEdge + 4 * a_scales.numel(), DType::F32, b_scales, Device::CUDA),
+                       Fp8Tiles::Blocks};
+    const double fp8_ms = time_gpu(20, 20, [&] { fp8_matmul(out, fa, fb, false); }).median_ms;
+    c.fp8_gemm_tflops = 2.0 * kEdge * kEdge * kEdge / (fp8_ms * 1e-3) / 1e12;
+  }
 #else
+  (void)fp8;
   c.why_not = "this build has no CUDA backend";
 #endif
   return c;
@@ -74,6 +90,8 @@ const char* kernel_group_name(KernelGroup g) {
     case KernelGroup::ExpertGemm: return "expert GEMMs";
     case KernelGroup::DenseGemm: return "dense GEMMs";
     case KernelGroup::Attention: return "attention";
+    case KernelGroup::Fp8Quantize: return "FP8 quantize";
+    case KernelGroup::Fp8Cache: return "FP8 cache";
     case KernelGroup::AdamW: return "AdamW update";
     case KernelGroup::GradNorm: return "gradient norm";
     case KernelGroup::Other: return "other";
@@ -86,7 +104,10 @@ KernelGroup kernel_group(std::string_view name) {
   std::transform(n.begin(), n.end(), n.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   // Order matters: CUTLASS kernel names also contain "gemm"; the zeroing kernel of empty experts
   // lives in the CUTLASS wrapper's namespace but moves bytes, not FLOPs.
-  if (contains(n, "cutlass") && !contains(n, "zero_empty")) return KernelGroup::ExpertGemm;
+  if (contains(n, "quantize_blocks")) return KernelGroup::Fp8Cache;
+  if (contains(n, "quantize_rows") || contains(n, "quantize_columns") || contains(n, "stage_scales"))
+    return KernelGroup::Fp8Quantize;
+  if (contains(n, "cutlass") && !contains(n, "zero_empty") && !contains(n, "zero_skipped")) return KernelGroup::ExpertGemm;
   if (contains(n, "adamw")) return KernelGroup::AdamW;
   if (contains(n, "sum_squares")) return KernelGroup::GradNorm;
   if (contains(n, "cudnn") || contains(n, "sdpa") || contains(n, "fmha") || contains(n, "flash"))
@@ -122,6 +143,8 @@ std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entri
         break;
       case KernelGroup::Attention: work = flops.attention_flops_per_token * tokens_per_step; break;
       case KernelGroup::AdamW: work = adamw_bytes_per_param * params_updated; break;
+      case KernelGroup::Fp8Quantize:
+      case KernelGroup::Fp8Cache: break;
       case KernelGroup::GradNorm: work = kGradNormBytesPerParam * params_updated; break;
       case KernelGroup::Other: break;
     }
@@ -129,12 +152,21 @@ std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entri
     if (work > 0) {
       r.rate = work / (ms[g] * 1e-3) / 1e12;
       r.unit = bytes ? "TB/s" : "TFLOP/s";
-      r.ceiling = bytes ? ceilings.copy_tb_s : ceilings.gemm_tflops;
+      r.ceiling = bytes ? ceilings.copy_tb_s : ceilings.fp8_gemm_tflops > 0 ? ceilings.fp8_gemm_tflops : ceilings.gemm_tflops;
     }
     rows.push_back(r);
   }
   return rows;
 }
+
+namespace {
+std::string fp8_ceiling(const Ceilings& c) {
+  if (c.fp8_gemm_tflops <= 0) return "";
+  char s[96];
+  std::snprintf(s, sizeof(s), " FP8 GEMM 8192^3 %.0f TFLOP/s (the GEMM rows' ceiling),", c.fp8_gemm_tflops);
+  return s;
+}
+}  // namespace
 
 std::string format_step_split(const std::vector<SplitRow>& rows, const Ceilings& ceilings) {
   std::string out;
@@ -142,8 +174,8 @@ std::string format_step_split(const std::vector<SplitRow>& rows, const Ceilings&
   if (ceilings.gemm_tflops > 0)
     std::snprintf(line, sizeof(line),
                   "  step-time split by kind (GPU time per step); ceilings measured now: BF16 GEMM 8192^3 %.0f "
-                  "TFLOP/s, device copy %.2f TB/s\n",
-                  ceilings.gemm_tflops, ceilings.copy_tb_s);
+                  "TFLOP/s,%s device copy %.2f TB/s\n",
+                  ceilings.gemm_tflops, fp8_ceiling(ceilings).c_str(), ceilings.copy_tb_s);
   else
     std::snprintf(line, sizeof(line), "  step-time split by kind (GPU time per step); ceilings not measured (%s)\n",
                   ceilings.why_not.c_str());
