@@ -215,7 +215,8 @@ std::string plan_report(const Config& cfg, int world_size, Device device, size_t
   if (cfg.parallel.mode == "ddp") os << ", ep " << cfg.parallel.ep;
   os << "; " << cfg.train.micro_batch_size << " x " << cfg.train.seq_len << " tokens per microbatch; recompute "
      << to_string(cfg.train.recompute) << "; AdamW moments " << dtype_name(cfg.optim.moment_dtype) << ", "
-     << 2 * dtype_size(cfg.optim.moment_dtype) << " bytes per parameter)\n";
+     << 2 * dtype_size(cfg.optim.moment_dtype) << " bytes per parameter; precision " << to_string(cfg.train.precision)
+     << ")\n";
   os << "memory per rank: " << gib(memory_per_rank);
   if (reserve > 0) os << ", of which " << gib(reserve) << " stay for cuBLASLt/cuDNN/NCCL workspaces";
   os << "; " << gib(usable) << " to plan\n";
