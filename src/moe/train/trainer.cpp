@@ -179,13 +179,13 @@ void Trainer::print_plan() const {
   std::printf("  device: %s; MFU against %.4g TFLOP/s (%s)\n", run_device_.note.c_str(), peak_.tflops,
               peak_.source.c_str());
   std::printf("  memory plan (%s, %.0f tokens/step): parameters %s (FP32), compute weights %s (%s), gradients %s, "
-              "optimizer %s, other state %s; activations %s (expert buffers %s; recompute %s); total %s; "
-              "precision %s\n",
+              "optimizer %s, other state %s; activations %s (expert buffers %s; recompute %s; precision %s); "
+              "total %s\n",
               std::string(device_name(dev_)).c_str(), tokens_per_step, b(m.parameters).c_str(),
               b(m.compute_weights).c_str(),
               cfg_.train.precision == Precision::FP8 ? "BF16 copy and FP8 caches" : "BF16 copy", b(m.gradients).c_str(), b(m.optimizer).c_str(), b(m.other_state).c_str(),
               b(m.activations).c_str(), b(m.expert_buffers).c_str(), to_string(cfg_.train.recompute),
-              b(m.total()).c_str(), to_string(cfg_.train.precision));
+              to_string(cfg_.train.precision), b(m.total()).c_str());
   // Moments per parameter: 8 bytes (FP32) or 4 (BF16) unsharded; the shards leave this rank its part.
   const size_t moments = state_.bytes_with_prefix("optimizer.exp_avg") + state_.bytes_with_prefix("fsdp.exp_avg");
   std::printf("  optimizer: AdamW moments in %s (optim.moment_dtype), %zu bytes per parameter; this rank stores "
