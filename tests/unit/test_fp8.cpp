@@ -147,7 +147,8 @@ void expect_columns_quantized(const std::vector<float>& x, int64_t K, const std:
     for (int64_t t = 0; t < tiles(rows); ++t)
       for (int64_t k = 0; k < K; ++k) {
         std::vector<float> tile;
-        for (int64_t i = t * kTile; i < std::min(rows, (t + 1) * kTile); ++i) tile.push_back(x[(offsets[g] + i) * K + k]);
+        for (int64_t i = t * kTile; i < std::min(rows, (t + 1) * kTile); ++i)
+          tile.push_back(x[(offsets[g] + i) * K + k]);
         const float scale = reference_scale(tile);
         scales[k * tiles(Mp) + (p / kTile + t)] = scale;
         for (size_t i = 0; i < tile.size(); ++i) codes[k * Mp + p + t * kTile + i] = reference_code(tile[i], scale);
@@ -227,13 +228,13 @@ void expect_blocks_quantized(const std::vector<float>& w, int64_t E, int64_t N, 
   expect_same_scales(q.scales, scales);
 }
 
-// w [2, 200, 300]: partial blocks along both dims, a zero block, a NaN block.
+// w [E, 200, 300]: partial blocks along both dims, a zero block (first expert), a NaN block (last).
 std::vector<float> blocks_input(int64_t E, int64_t N, int64_t K) {
   // random_values varies the binade per 128 columns and row; blocks then mix binades, as real ones.
   std::vector<float> w = random_values(E * N, K, 29);
   for (int64_t n = 128; n < 200; ++n)
     for (int64_t k = 0; k < 128; ++k) w[(0 * N + n) * K + k] = 0.0f;
-  w[(1 * N + 150) * K + 260] = kNan;
+  w[((E - 1) * N + 150) * K + 260] = kNan;
   return w;
 }
 

@@ -129,7 +129,8 @@ TEST(Fp8Matmul, grouped_product_multiplies_each_experts_rows_and_leaves_spare_ro
   for (int64_t e = 0; e < E; ++e)
     for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m)
       for (int64_t n = 0; n < N; ++n)
-        expect_near_dot(c[m * N + n], 0.0, dot(&a.values[m * K], 1, &b.values[(e * N + n) * K], 1, K), "c_e = a_e b_e^T");
+        expect_near_dot(c[m * N + n], 0.0, dot(&a.values[m * K], 1, &b.values[(e * N + n) * K], 1, K),
+                        "c_e = a_e b_e^T");
   for (int64_t i = used * N; i < M * N; ++i) ASSERT_EQ(c[i], kSentinel) << "spare row " << i / N;
 }
 

@@ -63,7 +63,8 @@ std::vector<float> encode_samples() {
   for (size_t i = 0; i < values.size(); ++i) {
     for (float sign : {1.0f, -1.0f}) {
       add_with_neighbours(samples, sign * static_cast<float>(values[i]));
-      if (i + 1 < values.size()) add_with_neighbours(samples, sign * static_cast<float>((values[i] + values[i + 1]) / 2));
+      if (i + 1 < values.size())
+        add_with_neighbours(samples, sign * static_cast<float>((values[i] + values[i + 1]) / 2));
     }
   }
   for (uint32_t bits : {0x00000001u, 0x00000002u, 0x00400000u, 0x007fffffu, 0x00800000u, 0x7f7fffffu, 0x7f800000u,
@@ -73,8 +74,10 @@ std::vector<float> encode_samples() {
   for (int i = 0; i < (1 << 18); ++i) samples.push_back(from_bits(static_cast<uint32_t>(rng.next_u64())));
   // Random values in and just around the E4M3 range, where the rounding happens.
   for (int i = 0; i < (1 << 18); ++i)
-    samples.push_back(static_cast<float>((rng.uniform() * 2 - 1) * std::ldexp(1.0, static_cast<int>(rng.below(26)) - 16)));
-  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 65537) samples.push_back(from_bits(static_cast<uint32_t>(bits)));
+    samples.push_back(
+        static_cast<float>((rng.uniform() * 2 - 1) * std::ldexp(1.0, static_cast<int>(rng.below(26)) - 16)));
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 65537)
+    samples.push_back(from_bits(static_cast<uint32_t>(bits)));
   return samples;
 }
 

@@ -4,7 +4,6 @@
 #include "moe/ops/cpu/fp8.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -26,12 +25,11 @@ inline float to_f32(uint16_t v) { return bf16_to_f32(v); }
 inline void store(float* p, float v) { *p = v; }
 inline void store(uint16_t* p, float v) { *p = f32_to_bf16(v); }
 
-// |v| folded into a tile's running amax. NaN, once seen, stays (std::max and fmaxf would drop it):
-// a tile holding a NaN must get tile_scale's NaN scale.
-inline float fold_amax(float amax, float v) {
-  const float a = std::fabs(v);
-  return (a > amax || a != a) ? a : amax;
-}
+// A tile's amax is kept as the bits of |x|: for non-negative floats the bits order as the values,
+// and NaNs lie above infinity, so the largest bits are the amax, or a NaN or an infinity that
+// tile_scale turns into a NaN scale (a float max would drop the NaN). The integer max vectorizes.
+inline uint32_t magnitude_bits(float v) { return fp8::float_bits(v) & 0x7fffffffu; }
+inline float tile_scale_of(uint32_t amax_bits) { return fp8::tile_scale(fp8::bits_float(amax_bits)); }
 
 // The 256 E4M3 values: dequantizing is a table lookup and one multiply by a power of two.
 const float* e4m3_values() {
@@ -52,9 +50,9 @@ void quantize_rows_typed(const In* x, int64_t M, int64_t K, uint8_t* codes, floa
     uint8_t* cr = codes + m * K;
     for (int64_t j = 0; j < T; ++j) {
       const int64_t k0 = j * kTile, k1 = std::min(K, k0 + kTile);
-      float amax = 0.0f;
-      for (int64_t k = k0; k < k1; ++k) amax = fold_amax(amax, to_f32(xr[k]));
-      const float scale = fp8::tile_scale(amax);
+      uint32_t amax = 0;
+      for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, magnitude_bits(to_f32(xr[k])));
+      const float scale = tile_scale_of(amax);
       scales[m * T + j] = scale;
       for (int64_t k = k0; k < k1; ++k) cr[k] = fp8::quantize_with_scale(to_f32(xr[k]), scale);
     }
@@ -76,18 +74,19 @@ void quantize_columns_typed(const In* x, int64_t K, const std::vector<ColumnTile
   const int64_t T = tiles_along(Mp), n_tiles = static_cast<int64_t>(tiles.size());
 #pragma omp parallel if (n_tiles * kTile * K > kParallelElements)
   {
-    std::vector<float> amax(K), scale(K);
+    std::vector<uint32_t> amax(K);
+    std::vector<float> scale(K);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < n_tiles; ++t) {
       const ColumnTile& tile = tiles[t];
-      std::fill(amax.begin(), amax.end(), 0.0f);
+      std::fill(amax.begin(), amax.end(), 0u);
       for (int64_t r = 0; r < tile.count; ++r) {
         const In* xr = x + (tile.row + r) * K;
-        for (int64_t k = 0; k < K; ++k) amax[k] = fold_amax(amax[k], to_f32(xr[k]));
+        for (int64_t k = 0; k < K; ++k) amax[k] = std::max(amax[k], magnitude_bits(to_f32(xr[k])));
       }
       const int64_t tile_index = tile.column / kTile;
       for (int64_t k = 0; k < K; ++k) {
-        scale[k] = fp8::tile_scale(amax[k]);
+        scale[k] = tile_scale_of(amax[k]);
         scales[k * T + tile_index] = scale[k];
       }
       for (int64_t k0 = 0; k0 < K; k0 += kColumnChunk) {
@@ -176,23 +175,32 @@ void fp8_quantize_blocks(Fp8Tensor out, Fp8Tensor out_t, Tensor w, Stream /*stre
   float* scales_t = transposed ? out_t.scales.f32() : nullptr;
 #pragma omp parallel if (E * N * K > kParallelElements)
   {
-    std::vector<float> amax(TK), scale(TK);
+    std::vector<uint32_t> amax(TK);
+    std::vector<float> scale(TK);
 #pragma omp for schedule(static)
     for (int64_t block_row = 0; block_row < E * TN; ++block_row) {
       const int64_t e = block_row / TN, i = block_row % TN;
       const int64_t n0 = i * kTile, n1 = std::min(N, n0 + kTile);
       const float* we = wv + e * N * K;
-      std::fill(amax.begin(), amax.end(), 0.0f);
-      for (int64_t n = n0; n < n1; ++n)
-        for (int64_t k = 0; k < K; ++k) amax[k / kTile] = fold_amax(amax[k / kTile], we[n * K + k]);
+      std::fill(amax.begin(), amax.end(), 0u);
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* wn = we + n * K;
+        for (int64_t j = 0; j < TK; ++j) {
+          uint32_t m = amax[j];
+          for (int64_t k = j * kTile; k < std::min(K, (j + 1) * kTile); ++k) m = std::max(m, magnitude_bits(wn[k]));
+          amax[j] = m;
+        }
+      }
       for (int64_t j = 0; j < TK; ++j) {
-        scale[j] = fp8::tile_scale(amax[j]);
+        scale[j] = tile_scale_of(amax[j]);
         scales[block_row * TK + j] = scale[j];
         if (transposed) scales_t[(e * TK + j) * TN + i] = scale[j];  // the same value, at (j, i)
       }
       uint8_t* ce = codes + e * N * K;
       for (int64_t n = n0; n < n1; ++n)
-        for (int64_t k = 0; k < K; ++k) ce[n * K + k] = fp8::quantize_with_scale(we[n * K + k], scale[k / kTile]);
+        for (int64_t j = 0; j < TK; ++j)
+          for (int64_t k = j * kTile; k < std::min(K, (j + 1) * kTile); ++k)
+            ce[n * K + k] = fp8::quantize_with_scale(we[n * K + k], scale[j]);
       if (!transposed) continue;
       // The transposed codes are the same codes (same scale, element-wise rounding), moved.
       uint8_t* cte = codes_t + e * K * N;
