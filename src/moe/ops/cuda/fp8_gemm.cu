@@ -20,7 +20,8 @@
 // So each call first restages both operands' scales into a per-stream device buffer in cuBLAS's
 // layout: one small kernel (M ceil(K/128) + N ceil(K/128) floats, e.g. 96 K floats for M = 4096,
 // N = 1024, K = 2048: about 1 us), then the matmul. Writing cuBLAS's layout in the quantize kernels
-// would save that launch but changes the CPU layout and the grouped GEMM's; see the report.
+// would save that launch, but the CPU ops and the expert products share our layout (K tiles
+// fastest, so an expert's rows are a contiguous range of scale rows).
 // The staging buffer is created at the first call of a stream and grows (never during a CUDA graph
 // capture, which fails with a clear error instead; the step's eager first run sizes it) by
 // replacement; a replaced buffer is kept, since a captured graph may still read it.

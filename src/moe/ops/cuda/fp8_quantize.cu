@@ -23,7 +23,7 @@
 //                            written from registers ([N, K]) and, when asked, transposed through
 //                            shared memory ([K, N]). 1 read + 2 writes of a byte per F32 read.
 //   dequantize_kernel        one thread per element (tests and checks; not a hot path).
-// Expected for the tiled kernels: 2 blocks per SM (about 120 registers), 64 KB of loads in flight
+// Expected for the tiled kernels: 2 blocks per SM (about 110 registers), 64 KB of loads in flight
 // per block; roughly 2.5-3.5 TB/s (not yet measured).
 #include "moe/ops/cuda/fp8.h"
 
@@ -196,7 +196,10 @@ template <>
 __device__ __forceinline__ void load4<float>(const float* p, int valid, bool vector, float (&v)[4]) {
   if (vector && valid == 4) {
     const float4 f = *reinterpret_cast<const float4*>(p);
-    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    v[0] = f.x;
+    v[1] = f.y;
+    v[2] = f.z;
+    v[3] = f.w;
   } else {
 #pragma unroll
     for (int e = 0; e < 4; ++e) v[e] = e < valid ? p[e] : 0.0f;
@@ -205,9 +208,11 @@ __device__ __forceinline__ void load4<float>(const float* p, int valid, bool vec
 template <>
 __device__ __forceinline__ void load4<__nv_bfloat16>(const __nv_bfloat16* p, int valid, bool vector, float (&v)[4]) {
   if (vector && valid == 4) {
-    const uint2 w = *reinterpret_cast<const uint2*>(p);
-    v[0] = __uint_as_float(w.x << 16), v[1] = __uint_as_float(w.x & 0xffff0000u);
-    v[2] = __uint_as_float(w.y << 16), v[3] = __uint_as_float(w.y & 0xffff0000u);
+    const uint2 w = *reinterpret_cast<const uint2*>(p);  // BF16 is FP32's top half (little-endian pairs)
+    v[0] = __uint_as_float(w.x << 16);
+    v[1] = __uint_as_float(w.x & 0xffff0000u);
+    v[2] = __uint_as_float(w.y << 16);
+    v[3] = __uint_as_float(w.y & 0xffff0000u);
   } else {
 #pragma unroll
     for (int e = 0; e < 4; ++e) v[e] = e < valid ? __bfloat162float(p[e]) : 0.0f;
