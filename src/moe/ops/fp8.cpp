@@ -4,6 +4,8 @@
 
 #include "moe/ops/cpu/fp8.h"
 #include "moe/ops/dispatch.h"
+#include "moe/ops/fp8_reference.h"
+#include "moe/ops/kernel_choice.h"
 #include "moe/ops/op_checks.h"
 
 #if defined(MOE_HAVE_CUDA) && __has_include("moe/ops/cuda/fp8.h")
@@ -165,6 +167,8 @@ void fp8_matmul(Tensor c, Fp8Tensor a, Fp8Tensor b, bool accumulate, Stream stre
   constexpr int64_t kIntMax = 2147483647;
   MOE_CHECK(M <= kIntMax && N <= kIntMax && K <= kIntMax, op, ": dimensions M=", M, " N=", N, " K=", K,
             " exceed the BLAS int range");
+  if (c.device == Device::CUDA && kernel_choice() == KernelChoice::Reference)
+    return fp8_reference::matmul(c, a, b, accumulate, stream);
   MOE_OP_DISPATCH(c.device, fp8_matmul, c, a, b, accumulate, stream);
 }
 
@@ -184,6 +188,8 @@ void fp8_grouped_matmul(Tensor c, Fp8Tensor a, Fp8Tensor b, Tensor expert_offset
             b.codes.shape.str(), ")");
   const int64_t rows = a.codes.dim(0) < c.dim(0) ? a.codes.dim(0) : c.dim(0);
   check_expert_offsets(check, expert_offsets, b.codes.dim(0), rows);
+  if (c.device == Device::CUDA && kernel_choice() == KernelChoice::Reference)
+    return fp8_reference::grouped_matmul(c, a, b, expert_offsets, stream);
   MOE_OP_DISPATCH(c.device, fp8_grouped_matmul, c, a, b, expert_offsets, stream);
 }
 
