@@ -17,7 +17,9 @@
 // split into segments (the experts' row ranges, from offsets [G + 1]; a dense layer has one), and
 // segment g starts at column p_g = sum over g' < g of round_up(M_g', 128), so that no tile spans two
 // experts and every segment starts on a tile; Mp = columns_capacity(M, G) bounds p_G for any split
-// of M rows. Columns between segments hold code 0 (they contribute nothing to any product).
+// of M rows. Columns between segments hold code 0 (they contribute nothing to any product): the
+// columns past a segment's rows in its last tile (that tile keeps the segment's scale) and every
+// column from p_G to Mp (those tiles have scale 1).
 #pragma once
 
 #include <cstdint>
@@ -47,8 +49,9 @@ int64_t fp8_columns_capacity(int64_t rows, int64_t segments);
 void fp8_quantize_rows(Fp8Tensor out, Tensor x, Stream stream = {});
 
 // x [M, K] -> out (Rows tiles along the tokens, codes [K, Mp], Mp >= fp8_columns_capacity(M, G)),
-// segments from offsets (I32 [G + 1], offsets[0] = 0, offsets[G] <= M, read on x's device; empty:
-// one segment of all M rows). Writes every column of out, the padding with zeros.
+// segments from offsets (I32 [G + 1], offsets[0] = 0, offsets[G] <= M, read on x's device; empty, a
+// default Tensor or one without elements: one segment of all M rows). Writes every column of out,
+// the padding with zeros.
 void fp8_quantize_columns(Fp8Tensor out, Tensor x, Tensor offsets, Stream stream = {});
 
 // w [N, K] or [E, N, K] (F32) -> out (Blocks tiles, codes w's shape) and, when out_t.codes is not

@@ -1,0 +1,188 @@
+// The argument checks of the FP8 ops (ops/fp8.cpp): each bad argument is refused with a message
+// naming the op, the argument and what was expected, before any data is touched; and the two
+// layout helpers (fp8_scale_shape, fp8_columns_capacity).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "moe/ops/fp8.h"
+
+namespace moe {
+namespace {
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_contains(const std::string& message, const std::vector<std::string>& parts) {
+  ASSERT_FALSE(message.empty()) << "no error";
+  for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message;
+}
+
+// Buffers large enough for every tensor below; the checks read only metadata (and CPU offsets).
+std::vector<float> g_f32(1 << 16);
+std::vector<uint8_t> g_u8(1 << 16);
+float g_dummy[4];
+
+Tensor f32(Shape s) { return f32_tensor(g_f32.data(), s); }
+Tensor codes(Shape s) { return Tensor(g_u8.data(), DType::FP8_E4M3, s); }
+Fp8Tensor fp8(Shape s, Fp8Tiles tiles) { return {codes(s), f32(fp8_scale_shape(s, tiles)), tiles}; }
+Fp8Tensor rows(Shape s) { return fp8(s, Fp8Tiles::Rows); }
+Fp8Tensor blocks(Shape s) { return fp8(s, Fp8Tiles::Blocks); }
+
+TEST(Fp8Layout, scale_shape_counts_tiles_and_keeps_leading_dims) {
+  EXPECT_EQ(fp8_scale_shape({5, 300}, Fp8Tiles::Rows), (Shape{5, 3}));
+  EXPECT_EQ(fp8_scale_shape({200, 300}, Fp8Tiles::Blocks), (Shape{2, 3}));
+  EXPECT_EQ(fp8_scale_shape({4, 128, 256}, Fp8Tiles::Blocks), (Shape{4, 1, 2}));
+  EXPECT_EQ(fp8_scale_shape({7, 0}, Fp8Tiles::Rows), (Shape{7, 0}));
+  expect_contains(error_of([] { fp8_scale_shape({300}, Fp8Tiles::Rows); }), {"fp8_scale_shape", "rank >= 2"});
+}
+
+TEST(Fp8Layout, columns_capacity_bounds_every_split_into_padded_segments) {
+  EXPECT_EQ(fp8_columns_capacity(0, 1), 0);
+  EXPECT_EQ(fp8_columns_capacity(1, 1), 128);
+  EXPECT_EQ(fp8_columns_capacity(300, 4), 384 + 3 * 128);
+  // Worst split of 300 rows into 4 segments of 1 row each, 3 rows and so on: never past the bound.
+  for (int a = 0; a <= 300; a += 7)
+    for (int b = 0; a + b <= 300; b += 13)
+      for (int c = 0; a + b + c <= 300; c += 29) {
+        const int d = 300 - a - b - c;
+        int64_t end = 0;
+        for (int rows : {a, b, c, d}) end += (rows + 127) / 128 * 128;
+        ASSERT_LE(end, fp8_columns_capacity(300, 4)) << a << " " << b << " " << c << " " << d;
+      }
+  expect_contains(error_of([] { fp8_columns_capacity(10, 0); }), {"fp8_columns_capacity", "segments >= 1"});
+}
+
+TEST(Fp8OpChecks, quantize_refuses_wrong_scale_shapes_dtypes_tiles_and_shapes) {
+  const Tensor x = f32({5, 300});
+  expect_contains(error_of([&] { fp8_quantize_rows({codes({5, 300}), f32({5, 2}), Fp8Tiles::Rows}, x); }),
+                  {"fp8_quantize_rows", "out.scales", "[5, 2]", "expected [5, 3]"});
+  expect_contains(error_of([&] { fp8_quantize_rows({f32({5, 300}), f32({5, 3}), Fp8Tiles::Rows}, x); }),
+                  {"fp8_quantize_rows", "out.codes", "must be F8_E4M3", "got F32"});
+  expect_contains(error_of([&] { fp8_quantize_rows(blocks({5, 300}), x); }),
+                  {"fp8_quantize_rows", "out has Blocks", "expected Rows"});
+  expect_contains(error_of([&] { fp8_quantize_rows(rows({5, 256}), x); }),
+                  {"fp8_quantize_rows", "out.codes", "must match x"});
+  expect_contains(error_of([&] { fp8_quantize_rows(rows({5, 300}), Tensor(g_u8.data(), DType::I32, {5, 300})); }),
+                  {"fp8_quantize_rows", "x must be F32 or BF16", "I32"});
+  Fp8Tensor bad_scales = rows({5, 300});
+  bad_scales.scales.dtype = DType::BF16;
+  expect_contains(error_of([&] { fp8_quantize_rows(bad_scales, x); }), {"out.scales", "must be F32"});
+  expect_contains(error_of([&] { fp8_quantize_rows(rows({5, 300}), Tensor(g_dummy, DType::F32, {5, 300},
+                                                                            Device::CUDA)); }),
+                  {"fp8_quantize_rows", "out.codes", "is on cpu, expected cuda"});
+}
+
+TEST(Fp8OpChecks, quantize_columns_refuses_too_few_columns_and_bad_offsets) {
+  const Tensor x = f32({300, 40});
+  std::vector<int32_t> offsets = {0, 100, 250};
+  const Tensor off = i32_tensor(offsets.data(), {3});
+  expect_contains(error_of([&] { fp8_quantize_columns(rows({40, 384}), x, off); }),
+                  {"fp8_quantize_columns", "out.codes", "Mp >= 512", "fp8_columns_capacity(300 rows, 2 segments)"});
+  expect_contains(error_of([&] { fp8_quantize_columns(rows({41, 512}), x, off); }),
+                  {"fp8_quantize_columns", "expected [40, Mp]"});
+  std::vector<int32_t> late_start = {5, 100, 250}, decreasing = {0, 100, 90}, too_many = {0, 100, 301};
+  expect_contains(error_of([&] { fp8_quantize_columns(rows({40, 512}), x, i32_tensor(late_start.data(), {3})); }),
+                  {"fp8_quantize_columns", "offsets[0] = 5", "expected 0"});
+  expect_contains(error_of([&] { fp8_quantize_columns(rows({40, 512}), x, i32_tensor(decreasing.data(), {3})); }),
+                  {"fp8_quantize_columns", "offsets decrease at segment 1"});
+  expect_contains(error_of([&] { fp8_quantize_columns(rows({40, 512}), x, i32_tensor(too_many.data(), {3})); }),
+                  {"fp8_quantize_columns", "offsets[2] = 301", "exceeds the 300 rows"});
+  expect_contains(error_of([&] { fp8_quantize_columns(rows({40, 512}), x, f32({3})); }),
+                  {"fp8_quantize_columns", "offsets must be I32"});
+}
+
+TEST(Fp8OpChecks, quantize_blocks_refuses_a_wrong_transposed_shape_or_input) {
+  const Tensor w = f32({2, 200, 300});
+  expect_contains(error_of([&] { fp8_quantize_blocks(blocks({2, 200, 300}), blocks({2, 200, 300}), w); }),
+                  {"fp8_quantize_blocks", "out_t.codes", "expected [2, 300, 200]"});
+  expect_contains(error_of([&] { fp8_quantize_blocks(rows({400, 300}), Fp8Tensor{}, f32({400, 300})); }),
+                  {"fp8_quantize_blocks", "out has Rows", "expected Blocks"});
+  expect_contains(error_of([&] { fp8_quantize_blocks(blocks({200, 300}), Fp8Tensor{},
+                                                     Tensor(g_u8.data(), DType::BF16, {200, 300})); }),
+                  {"fp8_quantize_blocks", "w must be F32", "got BF16"});
+  expect_contains(error_of([&] { fp8_quantize_blocks(blocks({200, 300}), Fp8Tensor{}, f32({300})); }),
+                  {"fp8_quantize_blocks", "w must be [N, K] or [E, N, K]"});
+}
+
+TEST(Fp8OpChecks, dequantize_refuses_a_shape_mismatch_or_integer_output) {
+  expect_contains(error_of([&] { fp8_dequantize(f32({5, 299}), rows({5, 300})); }),
+                  {"fp8_dequantize", "out", "must match in.codes"});
+  expect_contains(error_of([&] { fp8_dequantize(Tensor(g_u8.data(), DType::I32, {5, 300}), rows({5, 300})); }),
+                  {"fp8_dequantize", "out must be F32 or BF16"});
+  expect_contains(error_of([&] { fp8_dequantize(f32({2, 5, 300}), rows({2, 5, 300})); }),
+                  {"fp8_dequantize", "in.codes must be 2-D"});
+}
+
+TEST(Fp8OpChecks, matmul_refuses_mismatched_inner_dims_output_shape_and_tiles) {
+  expect_contains(error_of([&] { fp8_matmul(f32({5, 7}), rows({5, 300}), blocks({7, 256}), false); }),
+                  {"fp8_matmul", "b.codes [7, 256]", "a.codes [5, 300]", "inner dimension"});
+  expect_contains(error_of([&] { fp8_matmul(f32({5, 8}), rows({5, 300}), blocks({7, 300}), false); }),
+                  {"fp8_matmul", "c has shape [5, 8]", "expected [5, 7]"});
+  expect_contains(error_of([&] { fp8_matmul(f32({5, 7}), blocks({5, 300}), blocks({7, 300}), false); }),
+                  {"fp8_matmul", "a has Blocks", "expected Rows"});
+  expect_contains(error_of([&] { fp8_matmul(Tensor(g_u8.data(), DType::BF16, {5, 7}), rows({5, 300}),
+                                            blocks({7, 300}), false); }),
+                  {"fp8_matmul", "c must be F32", "the CPU computes in F32"});
+  Fp8Tensor b = blocks({7, 300});
+  b.scales = f32({7, 3});  // Rows-shaped scales on Blocks codes
+  expect_contains(error_of([&] { fp8_matmul(f32({5, 7}), rows({5, 300}), b, false); }),
+                  {"fp8_matmul", "b.scales", "[7, 3]", "expected [1, 3]"});
+}
+
+TEST(Fp8OpChecks, grouped_matmul_refuses_bad_weights_and_offsets) {
+  std::vector<int32_t> offsets = {0, 3, 10};
+  const Tensor off = i32_tensor(offsets.data(), {3});
+  expect_contains(error_of([&] { fp8_grouped_matmul(f32({10, 64}), rows({10, 128}), rows({2 * 64, 128}), off); }),
+                  {"fp8_grouped_matmul", "b has Rows", "expected Blocks"});
+  expect_contains(error_of([&] { fp8_grouped_matmul(f32({10, 64}), rows({10, 128}), blocks({2, 64, 100}), off); }),
+                  {"fp8_grouped_matmul", "inner dimension"});
+  expect_contains(error_of([&] { fp8_grouped_matmul(f32({10, 65}), rows({10, 128}), blocks({2, 64, 128}), off); }),
+                  {"fp8_grouped_matmul", "c has 65 columns, expected 64"});
+  expect_contains(error_of([&] { fp8_grouped_matmul(f32({10, 64}), rows({10, 128}), blocks({3, 64, 128}), off); }),
+                  {"fp8_grouped_matmul", "expert_offsets has shape [3]", "expected [4]"});
+  expect_contains(error_of([&] { fp8_grouped_matmul(f32({9, 64}), rows({10, 128}), blocks({2, 64, 128}), off); }),
+                  {"fp8_grouped_matmul", "expert_offsets[2] = 10", "exceeds the 9 buffer rows"});
+}
+
+TEST(Fp8OpChecks, grouped_wgrad_refuses_mismatched_columns_and_segments_past_them) {
+  std::vector<int32_t> offsets = {0, 3, 132};  // padded segments end at 128 + 256 = 384
+  const Tensor off = i32_tensor(offsets.data(), {3});
+  const Tensor db = f32({2, 16, 8});
+  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, rows({16, 384}), rows({8, 256}), off, false); }),
+                  {"fp8_grouped_matmul_wgrad", "dc_t.codes [16, 384]", "x_t.codes [8, 256]", "same columns"});
+  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, rows({16, 256}), rows({8, 256}), off, false); }),
+                  {"fp8_grouped_matmul_wgrad", "end at column 384", "past the 256 columns"});
+  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, rows({15, 384}), rows({8, 384}), off, false); }),
+                  {"fp8_grouped_matmul_wgrad", "dc_t.codes has 15 rows, expected 16"});
+  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, rows({16, 384}), rows({9, 384}), off, false); }),
+                  {"fp8_grouped_matmul_wgrad", "x_t.codes has 9 rows, expected 8"});
+  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(f32({3, 16, 8}), rows({16, 384}), rows({8, 384}), off,
+                                                          false); }),
+                  {"fp8_grouped_matmul_wgrad", "expert_offsets has shape [3]", "expected [4]"});
+  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, blocks({16, 384}), rows({8, 384}), off, false); }),
+                  {"fp8_grouped_matmul_wgrad", "dc_t has Blocks", "expected Rows"});
+}
+
+// The device's dtype contract applies on CUDA too: checks run before dispatch, so a CUDA build
+// refuses these the same way (no data is read from the dummy device buffers).
+TEST(Fp8OpChecks, cuda_calls_are_checked_before_dispatch) {
+  const auto cuda = [](DType dtype, Shape s) { return Tensor(g_dummy, dtype, s, Device::CUDA); };
+  const Fp8Tensor a = {cuda(DType::FP8_E4M3, {5, 300}), cuda(DType::F32, {5, 2}), Fp8Tiles::Rows};
+  const Fp8Tensor b = {cuda(DType::FP8_E4M3, {7, 300}), cuda(DType::F32, {1, 3}), Fp8Tiles::Blocks};
+  expect_contains(error_of([&] { fp8_matmul(cuda(DType::BF16, {5, 7}), a, b, false); }),
+                  {"fp8_matmul", "a.scales", "expected [5, 3]"});
+  expect_contains(error_of([&] { fp8_matmul(cuda(DType::I32, {5, 7}), a, b, false); }),
+                  {"fp8_matmul", "c must be F32 or BF16 on cuda"});
+}
+
+}  // namespace
+}  // namespace moe
