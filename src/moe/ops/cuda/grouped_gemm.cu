@@ -20,10 +20,9 @@
 
 #include <cstdint>
 #include <limits>
-#include <mutex>
-#include <unordered_map>
 
 #include "moe/core/cuda_check.h"
+#include "moe/ops/cuda/cutlass_scratch.h"
 #include "moe/ops/cuda/element.cuh"
 #include "moe/ops/cuda/grouped_gemm_cutlass.h"
 
@@ -222,75 +221,12 @@ Dims grouped_matmul_wgrad_dims(const Tensor& db, const Tensor& dc, const Tensor&
 }
 
 #if defined(MOE_HAVE_CUTLASS)
-void check_not_capturing(cudaStream_t stream, const char* op) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  MOE_CHECK(status == cudaStreamCaptureStatusNone, op,
-            ": the grouped GEMM scratch would be created during CUDA graph capture (it allocates device memory); "
-            "run one eager call on this stream (e.g. an eager first step) before capturing");
+// Kernel attributes of the three BF16 products: once per process, before their first scratch.
+void prepare_bf16_kernels() {
+  cutlass_grouped::prepare_nt_bf16();
+  cutlass_grouped::prepare_nn_bf16();
+  cutlass_grouped::prepare_wgrad_bf16_f32();
 }
-
-// The process-wide CUTLASS state: one scratch per stream (calls on one stream run in order, so they
-// can share it), allocated on the first eager call. Never destroyed (it would run after the CUDA
-// context is gone at exit); the driver frees it with the process.
-class CutlassScratchPool {
- public:
-  static CutlassScratchPool& get() {
-    static CutlassScratchPool* pool = new CutlassScratchPool();
-    return *pool;
-  }
-
-  // Whether the current device runs the sm_90a kernels (host queries only: allowed in capture).
-  bool supported(const char* op) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return supported_locked(op);
-  }
-
-  // The stream's scratch, or nullptr when the device cannot run the sm_90a kernels.
-  const cutlass_grouped::Scratch* scratch(cudaStream_t stream, const char* op) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!supported_locked(op)) return nullptr;
-    auto it = scratch_.find(stream);
-    if (it != scratch_.end()) return &it->second;
-    check_not_capturing(stream, op);
-    if (!prepared_) {  // kernel attributes: host calls, once, outside capture
-      cutlass_grouped::prepare_nt_bf16();
-      cutlass_grouped::prepare_nn_bf16();
-      cutlass_grouped::prepare_wgrad_bf16_f32();
-      prepared_ = true;
-    }
-    cutlass_grouped::Scratch s;
-    CUDA_CHECK(cudaMalloc(&s.base, cutlass_grouped::kScratchBytes));
-    s.device = device_;
-    s.sm_count = sm_count_;
-    return &scratch_.emplace(stream, s).first->second;
-  }
-
- private:
-  bool supported_locked(const char* op) {
-    int device = -1;
-    CUDA_CHECK(cudaGetDevice(&device));
-    if (device_ < 0) {
-      int major = 0, minor = 0, sms = 0;
-      CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-      CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-      device_ = device;
-      sm_count_ = sms;
-      supported_ = major == 9 && minor == 0;
-    }
-    MOE_CHECK(device == device_, op, ": the grouped GEMM state belongs to device ", device_, " but device ", device,
-              " is current (one GPU per process)");
-    return supported_;
-  }
-
-  std::mutex mutex_;
-  int device_ = -1;
-  int sm_count_ = 0;
-  bool supported_ = false;
-  bool prepared_ = false;
-  std::unordered_map<cudaStream_t, cutlass_grouped::Scratch> scratch_;
-};
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -340,7 +276,7 @@ void grouped_matmul_wgrad_tiled(Tensor db, Tensor dc, Tensor a, Tensor expert_of
 
 bool grouped_gemm_uses_cutlass() {
 #if defined(MOE_HAVE_CUTLASS)
-  return CutlassScratchPool::get().supported("grouped_gemm_uses_cutlass");
+  return cutlass_supported("grouped_gemm_uses_cutlass");
 #else
   return false;
 #endif
@@ -354,7 +290,7 @@ void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool tr
   if (kernel_choice() == KernelChoice::Fast && a.dtype == DType::BF16 && c.dtype == DType::BF16 &&
       cutlass_fits(a.data, b.data, c.data, d.E, d.rows, d.n_out, d.k_in)) {
     const cudaStream_t s = cuda_stream(stream);
-    if (const cutlass_grouped::Scratch* scratch = CutlassScratchPool::get().scratch(s, "grouped_matmul")) {
+    if (const cutlass_grouped::Scratch* scratch = cutlass_scratch(s, "grouped_matmul", prepare_bf16_kernels)) {
       const auto product = trans_b ? cutlass_grouped::matmul_nt_bf16 : cutlass_grouped::matmul_nn_bf16;
       product(c.data, a.data, b.data, static_cast<const int32_t*>(expert_offsets.data), static_cast<int>(d.E), d.rows,
               static_cast<int>(d.n_out), static_cast<int>(d.k_in), accumulate, *scratch, s);
@@ -372,7 +308,7 @@ void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets,
   if (kernel_choice() == KernelChoice::Fast && a.dtype == DType::BF16 && db.dtype == DType::F32 &&
       cutlass_fits(dc.data, a.data, db.data, d.E, d.rows, d.n_out, d.k_in)) {
     const cudaStream_t s = cuda_stream(stream);
-    if (const cutlass_grouped::Scratch* scratch = CutlassScratchPool::get().scratch(s, "grouped_matmul_wgrad")) {
+    if (const cutlass_grouped::Scratch* scratch = cutlass_scratch(s, "grouped_matmul_wgrad", prepare_bf16_kernels)) {
       cutlass_grouped::wgrad_bf16_f32(db.data, dc.data, a.data, static_cast<const int32_t*>(expert_offsets.data),
                                       static_cast<int>(d.E), d.rows, static_cast<int>(d.n_out),
                                       static_cast<int>(d.k_in), accumulate, *scratch, s);

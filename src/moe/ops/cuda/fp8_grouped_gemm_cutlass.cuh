@@ -1,0 +1,205 @@
+// The CUTLASS side of fp8_grouped_gemm_cutlass.h: the Fp8GroupedGemm<...> type and the code both
+// FP8 instantiations share (the per-group argument arrays, the launch). Included only by
+// fp8_grouped_gemm_cutlass_{nt,wgrad}.cu, each of which instantiates one type and holds its own
+// setup kernel. The plumbing (problem shapes on the device, scratch carving, kernel attributes)
+// is the BF16 products' (grouped_gemm_cutlass.cuh).
+//
+// CUTLASS's view: D (M x N) = alpha A (M x K) B (K x N) + beta C per group, A row-major (K-major),
+// B column-major (K-major: rows of an [N, K] array), each with F32 scales per blocks of
+// ScaleGranularity (M or N, K = 128) elements, applied to the FP32 accumulators once per 128-deep
+// K slice (the DeepSeek-V3 promotion: the tensor cores' FP8 accumulation is not full FP32).
+//   forward / data gradient: M = the expert's rows, N = n_out, K = k_in; A = a rows, Rows scales
+//     (granularity 1 x 128); B = b[e], Blocks scales (128 x 128); D = c rows, BF16, beta = 0.
+//   weight gradient: M = n_out, N = k_in, K = round_up(expert's rows, 128); A = dc_t columns
+//     [p_e, p_e + K) (row stride `columns`), B = x_t columns alike, both Rows scales (1 x 128);
+//     C = D = db[e] F32, beta = 1 (or 0 when not accumulating).
+// Both scale tensors are K-major (a row's K blocks contiguous), as moe/ops/fp8.h stores them.
+//
+// NOTES: per-group scale layouts. The SM90 blockwise mainloop takes an array of per-group scale
+// layouts (layout_SFA / layout_SFB) but, as of CUTLASS 4.2 (and upstream main when this was
+// written), its device code ignores them: load_init rebuilds each group's layout as a packed
+// [M, ceil(K / 128)] array from the group's (M, N, K). That matches the forward's operands, not
+// the weight gradient's columns operands, whose rows are `columns / 128` scales apart while a
+// group spans only K / 128 of them. MainloopWithGroupScaleLayouts below reads the per-group
+// layouts CUTLASS already carries to the device (one load per group change, in the two producer
+// warps); nothing else of the collective changes. Without it, the columns scales would have to be
+// stored M-major ([columns / 128, rows], so a group's block is a packed [K / 128, rows] array).
+//
+// NOTES: schedule and tiles. KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise, 128x128x128
+// tiles (128 is the scale block: one promotion per K tile), 1x1x1 clusters: the configuration of
+// CUTLASS's Hopper FP8 grouped example, and the one that needs no cluster rounding of skewed
+// groups. Not measured yet; candidates to try on the H200: 2x1x1 clusters (TMA multicast of B as
+// in the BF16 products), the pingpong FP8Blockwise schedule with 64x128 tiles, and M-major scales
+// (a K tile's 128 K-major row scales are a row stride apart: 128 scattered 4-byte loads per
+// operand and K tile, where M-major scales would be 4 contiguous 128-byte lines).
+//
+// NOTES: CUTLASS must be compiled with -DNDEBUG (grouped_gemm_cutlass.cuh stops a build without it).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cutlass/detail/blockwise_scale_layout.hpp"
+#include "moe/ops/cuda/fp8_grouped_gemm_cutlass.h"
+#include "moe/ops/cuda/grouped_gemm_cutlass.cuh"
+
+namespace moe::cuda::cutlass_grouped {
+
+constexpr int kFp8ScaleBlock = 128;  // moe::kFp8Tile: the K extent of every scale (and the N extent of Blocks)
+
+// The stock collective, except that each group's scale tensors take the group's entry of the
+// layout_SFA / layout_SFB arrays (NOTES above). The kernel calls tensors_perform_update, in both
+// producer warps, before the first load of every group.
+template <class Stock>
+struct MainloopWithGroupScaleLayouts : Stock {
+  static_assert(Stock::IsGroupedGemmKernel, "per-group scale layouts exist only in the grouped kernel");
+
+  template <class InputTensors, class ProblemShape_MNKL>
+  CUTLASS_DEVICE InputTensors tensors_perform_update(InputTensors const& /*previous group's*/,
+                                                     typename Stock::Params const& params,
+                                                     ProblemShape_MNKL problem_shape_mnkl, int32_t next_group) {
+    const InputTensors packed = this->load_init(problem_shape_mnkl, params);  // A and B as the stock collective
+    return cute::make_tuple(
+        cute::get<0>(packed), cute::get<1>(packed),
+        cute::make_tensor(cute::make_gmem_ptr(params.ptr_SFA[next_group]), params.layout_SFA[next_group]),
+        cute::make_tensor(cute::make_gmem_ptr(params.ptr_SFB[next_group]), params.layout_SFB[next_group]));
+  }
+};
+
+// kScaleN: the N extent of B's scale blocks (128: Blocks weights; 1: Rows columns operands).
+template <int kScaleN, class ElementD_>
+struct Fp8GroupedGemm {
+  using ElementA = cutlass::float_e4m3_t;
+  using ElementB = cutlass::float_e4m3_t;
+  using ElementD = ElementD_;
+  using ElementC = ElementD_;  // C is D (in place), read only when beta != 0
+  using ElementAccumulator = float;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = cutlass::layout::ColumnMajor;
+  using LayoutC = cutlass::layout::RowMajor;
+  static constexpr int kAlignA = 128 / cutlass::sizeof_bits<ElementA>::value;  // 16 bytes: TMA
+  static constexpr int kAlignB = 128 / cutlass::sizeof_bits<ElementB>::value;
+  static constexpr int kAlignC = 128 / cutlass::sizeof_bits<ElementC>::value;
+
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleN, kFp8ScaleBlock, cute::GMMA::Major::K,
+                                                                cute::GMMA::Major::K>;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+
+  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_128>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator, ElementC, LayoutC*,
+      kAlignC, ElementD, LayoutC*, kAlignC, EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator>>::CollectiveOp;
+
+  using StockMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA*, LayoutSFA*>, kAlignA,
+      ElementB, cute::tuple<LayoutB*, LayoutSFB*>, kAlignB, ElementAccumulator, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+  using CollectiveMainloop = MainloopWithGroupScaleLayouts<StockMainloop>;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideC = typename Kernel::InternalStrideC;
+  using StrideD = typename Kernel::InternalStrideD;
+};
+
+// A K-major scale layout: `blocks_mn` rows (scale blocks of kVecMN elements along M or N) of
+// `blocks_k` scales, consecutive rows `row_stride` scales apart. L = 1: the batch stride is unused.
+template <class Layout, int kVecMN>
+__device__ inline Layout k_major_scales(int blocks_mn, int blocks_k, int row_stride) {
+  using namespace cute;
+  return Layout(make_shape(make_shape(Int<kVecMN>{}, blocks_mn), make_shape(Int<kFp8ScaleBlock>{}, blocks_k), 1),
+                make_stride(make_stride(_0{}, row_stride), make_stride(_0{}, _1{}), 0));
+}
+
+// The per-group arrays CUTLASS reads, carved from the front of the scratch; its workspace follows.
+template <class G>
+struct Fp8GroupArrays {
+  GroupShape* shapes;
+  const typename G::ElementA** ptr_a;
+  const typename G::ElementB** ptr_b;
+  const typename G::ElementC** ptr_c;
+  typename G::ElementD** ptr_d;
+  typename G::StrideA* stride_a;
+  typename G::StrideB* stride_b;
+  typename G::StrideC* stride_c;
+  typename G::StrideD* stride_d;
+  const float** ptr_sfa;
+  const float** ptr_sfb;
+  typename G::LayoutSFA* layout_sfa;
+  typename G::LayoutSFB* layout_sfb;
+  void* workspace;
+  size_t workspace_bytes;
+};
+
+template <class G>
+Fp8GroupArrays<G> carve_fp8_arrays(const Scratch& scratch) {
+  char* cursor = static_cast<char*>(scratch.base);
+  Fp8GroupArrays<G> arr;
+  arr.shapes = carve<GroupShape>(cursor);
+  arr.ptr_a = carve<const typename G::ElementA*>(cursor);
+  arr.ptr_b = carve<const typename G::ElementB*>(cursor);
+  arr.ptr_c = carve<const typename G::ElementC*>(cursor);
+  arr.ptr_d = carve<typename G::ElementD*>(cursor);
+  arr.stride_a = carve<typename G::StrideA>(cursor);
+  arr.stride_b = carve<typename G::StrideB>(cursor);
+  arr.stride_c = carve<typename G::StrideC>(cursor);
+  arr.stride_d = carve<typename G::StrideD>(cursor);
+  arr.ptr_sfa = carve<const float*>(cursor);
+  arr.ptr_sfb = carve<const float*>(cursor);
+  arr.layout_sfa = carve<typename G::LayoutSFA>(cursor);
+  arr.layout_sfb = carve<typename G::LayoutSFB>(cursor);
+  const size_t used = static_cast<size_t>(cursor - static_cast<char*>(scratch.base));
+  MOE_CHECK(used < kScratchBytes, "FP8 grouped GEMM (CUTLASS): ", used, " bytes of group arrays exceed the ",
+            kScratchBytes, "-byte scratch");
+  arr.workspace = cursor;
+  arr.workspace_bytes = kScratchBytes - used;
+  return arr;
+}
+
+// The grouped GEMM on `stream`, after the product's setup kernel filled `arr` on the same stream.
+// Host work: CUTLASS's parameter struct (placeholder TMA descriptors; each SM rewrites them per
+// group on the device), no device calls.
+template <class G>
+void run_fp8_grouped(const Fp8GroupArrays<G>& arr, int groups, float beta, const Scratch& scratch,
+                     cudaStream_t stream, const char* op) {
+  using Gemm = typename G::Gemm;
+  cutlass::KernelHardwareInfo hw_info;
+  hw_info.device_id = scratch.device;
+  hw_info.sm_count = scratch.sm_count;
+  typename Gemm::Arguments args;
+  decltype(args.epilogue.thread) fusion{};
+  fusion.alpha = 1.0f;
+  fusion.beta = beta;  // 0: C is never read (stale NaNs in the output do not leak)
+  args = typename Gemm::Arguments{
+      cutlass::gemm::GemmUniversalMode::kGrouped,
+      {groups, arr.shapes, nullptr},  // problem shapes only on the device
+      {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b, arr.ptr_sfa, arr.layout_sfa, arr.ptr_sfb, arr.layout_sfb},
+      {fusion, arr.ptr_c, arr.stride_c, arr.ptr_d, arr.stride_d},
+      hw_info};
+  const size_t workspace_bytes = Gemm::get_workspace_size(args);
+  MOE_CHECK(workspace_bytes <= arr.workspace_bytes, op, ": CUTLASS wants ", workspace_bytes,
+            " workspace bytes, the scratch has ", arr.workspace_bytes);
+  cutlass::Status status = Gemm::can_implement(args);
+  MOE_CHECK(status == cutlass::Status::kSuccess, op, ": CUTLASS cannot run this problem: ", status_name(status));
+  status = G::Kernel::initialize_workspace(args, arr.workspace, stream);
+  MOE_CHECK(status == cutlass::Status::kSuccess, op, ": CUTLASS workspace: ", status_name(status));
+  typename Gemm::Params params = G::Kernel::to_underlying_arguments(args, arr.workspace);
+  status = Gemm::run(params, stream);
+  MOE_CHECK(status == cutlass::Status::kSuccess, op, ": CUTLASS launch failed: ", status_name(status));
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moe::cuda::cutlass_grouped
