@@ -74,20 +74,6 @@ int64_t padded_columns_end(const Tensor& offsets) {
   return end;
 }
 
-// expert_offsets [E + 1] I32 of an expert-major row buffer: as ops/grouped_gemm.cpp checks them.
-void check_expert_offsets(const OpCheck& check, const Tensor& expert_offsets, int64_t E, int64_t rows) {
-  const char* op = check.op();
-  check.tensor("expert_offsets", expert_offsets, DType::I32);
-  MOE_CHECK(expert_offsets.ndim() == 1 && expert_offsets.dim(0) == E + 1, op, ": expert_offsets has shape ",
-            expert_offsets.shape.str(), ", expected [", E + 1, "] (experts + 1)");
-  if (!check.host_data()) return;
-  const int32_t* o = expert_offsets.i32();
-  MOE_CHECK(o[0] >= 0, op, ": expert_offsets[0] = ", o[0], " is negative");
-  for (int64_t e = 0; e < E; ++e)
-    MOE_CHECK(o[e] <= o[e + 1], op, ": expert_offsets decrease at expert ", e, " (", o[e], " > ", o[e + 1], ")");
-  MOE_CHECK(o[E] <= rows, op, ": expert_offsets[", E, "] = ", o[E], " exceeds the ", rows, " buffer rows");
-}
-
 }  // namespace
 
 Shape fp8_scale_shape(const Shape& codes, Fp8Tiles tiles) {
@@ -187,7 +173,7 @@ void fp8_grouped_matmul(Tensor c, Fp8Tensor a, Fp8Tensor b, Tensor expert_offset
   MOE_CHECK(K >= 1 && N >= 1, op, ": empty inner or output dimension (a.codes ", a.codes.shape.str(), ", b.codes ",
             b.codes.shape.str(), ")");
   const int64_t rows = a.codes.dim(0) < c.dim(0) ? a.codes.dim(0) : c.dim(0);
-  check_expert_offsets(check, expert_offsets, b.codes.dim(0), rows);
+  check.expert_offsets(expert_offsets, b.codes.dim(0), rows);
   if (c.device == Device::CUDA && kernel_choice() == KernelChoice::Reference)
     return fp8_reference::grouped_matmul(c, a, b, expert_offsets, stream);
   MOE_OP_DISPATCH(c.device, fp8_grouped_matmul, c, a, b, expert_offsets, stream);

@@ -31,21 +31,6 @@ void check_operands(const OpCheck& check, const Operand& out, const Operand& x, 
   for (const Operand* o : {&out, &x, &y}) check.ndim(o->name, o->t, o->ndim);
 }
 
-// expert_offsets [E+1] I32; where the host can read it, non-decreasing from offsets[0] >= 0 up to
-// offsets[E] <= rows (the GPU clamps bad offsets instead, see ops/cuda/grouped_gemm.h).
-void check_offsets(const OpCheck& check, const Tensor& expert_offsets, int64_t E, int64_t rows) {
-  const char* op = check.op();
-  check.tensor("expert_offsets", expert_offsets, DType::I32);
-  MOE_CHECK(expert_offsets.ndim() == 1 && expert_offsets.dim(0) == E + 1, op, ": expert_offsets has shape ",
-            expert_offsets.shape.str(), ", expected [", E + 1, "] (experts + 1)");
-  if (!check.host_data()) return;
-  const int32_t* o = expert_offsets.i32();
-  MOE_CHECK(o[0] >= 0, op, ": expert_offsets[0] = ", o[0], " is negative");
-  for (int64_t e = 0; e < E; ++e)
-    MOE_CHECK(o[e] <= o[e + 1], op, ": expert_offsets decrease at expert ", e, " (", o[e], " > ", o[e + 1], ")");
-  MOE_CHECK(o[E] <= rows, op, ": expert_offsets[", E, "] = ", o[E], " exceeds the ", rows, " buffer rows");
-}
-
 }  // namespace
 
 void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool trans_b, bool accumulate, Stream stream) {
@@ -60,7 +45,7 @@ void grouped_matmul(Tensor c, Tensor a, Tensor b, Tensor expert_offsets, bool tr
   MOE_CHECK(c.dim(1) == n_out, op, ": c has ", c.dim(1), " columns, expected ", n_out, " from b ", b.shape.str());
   MOE_CHECK(k_in >= 1 && n_out >= 1, op, ": empty inner or output dimension (a ", a.shape.str(), ", b ", b.shape.str(),
             ")");
-  check_offsets(check, expert_offsets, b.dim(0), a.dim(0) < c.dim(0) ? a.dim(0) : c.dim(0));
+  check.expert_offsets(expert_offsets, b.dim(0), a.dim(0) < c.dim(0) ? a.dim(0) : c.dim(0));
   MOE_OP_DISPATCH(c.device, grouped_matmul, c, a, b, expert_offsets, trans_b, accumulate, stream);
 }
 
@@ -72,7 +57,7 @@ void grouped_matmul_wgrad(Tensor db, Tensor dc, Tensor a, Tensor expert_offsets,
   MOE_CHECK(dc.dim(1) == n_out, op, ": dc has ", dc.dim(1), " columns, expected ", n_out, " from db ", db.shape.str());
   MOE_CHECK(a.dim(1) == k_in, op, ": a has ", a.dim(1), " columns, expected ", k_in, " from db ", db.shape.str());
   MOE_CHECK(k_in >= 1 && n_out >= 1, op, ": db ", db.shape.str(), " has an empty dimension");
-  check_offsets(check, expert_offsets, db.dim(0), a.dim(0) < dc.dim(0) ? a.dim(0) : dc.dim(0));
+  check.expert_offsets(expert_offsets, db.dim(0), a.dim(0) < dc.dim(0) ? a.dim(0) : dc.dim(0));
   MOE_OP_DISPATCH(db.device, grouped_matmul_wgrad, db, dc, a, expert_offsets, stream, accumulate);
 }
 

@@ -85,4 +85,16 @@ void OpCheck::values_in(const char* name, const Tensor& t, int64_t lo, int64_t h
   }
 }
 
+void OpCheck::expert_offsets(const Tensor& expert_offsets, int64_t E, int64_t rows) const {
+  tensor("expert_offsets", expert_offsets, DType::I32);
+  MOE_CHECK(expert_offsets.ndim() == 1 && expert_offsets.dim(0) == E + 1, op_, ": expert_offsets has shape ",
+            expert_offsets.shape.str(), ", expected [", E + 1, "] (experts + 1)");
+  if (!host_data()) return;
+  const int32_t* o = expert_offsets.i32();
+  MOE_CHECK(o[0] >= 0, op_, ": expert_offsets[0] = ", o[0], " is negative");
+  for (int64_t e = 0; e < E; ++e)
+    MOE_CHECK(o[e] <= o[e + 1], op_, ": expert_offsets decrease at expert ", e, " (", o[e], " > ", o[e + 1], ")");
+  MOE_CHECK(o[E] <= rows, op_, ": expert_offsets[", E, "] = ", o[E], " exceeds the ", rows, " buffer rows");
+}
+
 }  // namespace moe

@@ -56,6 +56,10 @@ class OpCheck {
 
   // Every entry of the I32 tensor t lies in [lo, hi); `what`, when given, says what an entry must
   // be ("an expert"). Reads the data: only where host_data().
+  // expert_offsets [E + 1] I32 of an expert-major row buffer; where the host can read it,
+  // non-decreasing from offsets[0] >= 0 up to offsets[E] <= rows (the GPU clamps bad offsets
+  // instead, see ops/cuda/grouped_gemm.h).
+  void expert_offsets(const Tensor& expert_offsets, int64_t E, int64_t rows) const;
   void values_in(const char* name, const Tensor& t, int64_t lo, int64_t hi, const char* what = nullptr) const;
 
  private:
