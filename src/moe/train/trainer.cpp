@@ -183,7 +183,9 @@ void Trainer::print_plan() const {
               "total %s\n",
               std::string(device_name(dev_)).c_str(), tokens_per_step, b(m.parameters).c_str(),
               b(m.compute_weights).c_str(),
-              cfg_.train.precision == Precision::FP8 ? "BF16 copy and FP8 caches" : "BF16 copy", b(m.gradients).c_str(), b(m.optimizer).c_str(), b(m.other_state).c_str(),
+              cfg_.train.precision != Precision::FP8 ? "BF16 copy"
+              : dev_ == Device::CUDA                 ? "BF16 copy and FP8 caches"
+                                                     : "FP8 caches", b(m.gradients).c_str(), b(m.optimizer).c_str(), b(m.other_state).c_str(),
               b(m.activations).c_str(), b(m.expert_buffers).c_str(), to_string(cfg_.train.recompute),
               to_string(cfg_.train.precision), b(m.total()).c_str());
   // Moments per parameter: 8 bytes (FP32) or 4 (BF16) unsharded; the shards leave this rank its part.
