@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../train/train_test_util.h"
+#include "../train/trainer_test_util.h"
 #include "moe/ops/fp8.h"
 #include "moe/parallel/ddp_store.h"
 #include "moe/train/trainer.h"
@@ -18,16 +19,12 @@
 namespace moe {
 namespace {
 
+using testing::Gradients;
 using testing::local_world;
+using testing::quiet_bench;
+using testing::step_gradients;
 using testing::small_config;
 using testing::TempDir;
-
-TrainOptions quiet_bench() {
-  TrainOptions opts;
-  opts.bench = true;  // nothing written to disk
-  opts.quiet = true;
-  return opts;
-}
 
 struct Case {
   std::string name;
@@ -50,19 +47,6 @@ Config case_config(const std::string& dir, const Case& c, const std::string& pre
   o.push_back("train.precision=\"" + precision + "\"");
   o.insert(o.end(), extra.begin(), extra.end());
   return small_config(dir, o);
-}
-
-using Gradients = std::map<std::string, std::vector<float>>;
-
-Gradients step_gradients(Trainer& t, int64_t step) {
-  Gradients out;
-  t.accumulate_gradients(step);
-  t.store().reduced_gradients([&](const std::string& name, int64_t begin, int64_t end, const float* data) {
-    std::vector<float>& g = out[name];
-    if (g.size() < static_cast<size_t>(end)) g.resize(static_cast<size_t>(end));
-    std::copy(data, data + (end - begin), g.begin() + begin);
-  });
-  return out;
 }
 
 double norm(const std::vector<float>& v) {

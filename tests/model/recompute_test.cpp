@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../train/train_test_util.h"
+#include "../train/trainer_test_util.h"
 #include "recompute_plan.h"
 #include "moe/core/arena.h"
 #include "moe/model/transformer.h"
@@ -20,19 +21,15 @@
 namespace moe {
 namespace {
 
+using testing::Gradients;
 using testing::local_world;
+using testing::quiet_bench;
+using testing::step_gradients;
 using testing::small_config;
 using testing::TempDir;
 using testing::expect_plan_shrinks_exactly;
 
 const std::vector<Recompute> kRecomputeModes = {Recompute::Experts, Recompute::Attention, Recompute::Block};
-
-TrainOptions quiet_bench() {
-  TrainOptions opts;
-  opts.bench = true;  // nothing written to disk
-  opts.quiet = true;
-  return opts;
-}
 
 std::string recompute_key(Recompute r) { return std::string("train.recompute=\"") + to_string(r) + "\""; }
 
@@ -59,20 +56,6 @@ Config case_config(const std::string& dir, const Case& c, Recompute r, std::vect
   o.push_back(recompute_key(r));
   o.insert(o.end(), extra.begin(), extra.end());
   return small_config(dir, o);
-}
-
-// name -> this step's reduced gradient.
-using Gradients = std::map<std::string, std::vector<float>>;
-
-Gradients step_gradients(Trainer& t, int64_t step) {
-  Gradients out;
-  t.accumulate_gradients(step);
-  t.store().reduced_gradients([&](const std::string& name, int64_t begin, int64_t end, const float* data) {
-    std::vector<float>& g = out[name];
-    if (g.size() < static_cast<size_t>(end)) g.resize(static_cast<size_t>(end));
-    std::copy(data, data + (end - begin), g.begin() + begin);
-  });
-  return out;
 }
 
 // Bit for bit, element by element (the first difference is named).

@@ -22,6 +22,20 @@ __device__ __forceinline__ float from_f32<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+// Bit-identical to moe::f32_to_bf16 (round to nearest even; a NaN stays a quiet NaN with its sign
+// and top payload bits), so BF16 written on the device (weight refreshes, dequantized FP8) equals the host's, NaNs included.
+__device__ __forceinline__ __nv_bfloat16 f32_to_bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  uint16_t h;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    h = static_cast<uint16_t>((u >> 16) | 0x40);
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+    h = static_cast<uint16_t>(u >> 16);
+  }
+  return __ushort_as_bfloat16(h);
+}
+
 // kVec consecutive elements of T moved in one access (kVec = 1, or 16 bytes: 4 F32 or 8 BF16): Raw
 // holds their bits (one register per 4 bytes) between the load and the use, unpack widens them to
 // FP32 exactly, store rounds FP32 to T (as from_f32).

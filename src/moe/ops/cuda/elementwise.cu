@@ -22,19 +22,6 @@
 namespace moe::cuda {
 namespace {
 
-// Bit-identical to moe::f32_to_bf16 (round to nearest even; a NaN stays a quiet NaN with its sign
-// and top payload bits), so a device refresh of BF16 weights equals the host one, NaNs included.
-__device__ __forceinline__ __nv_bfloat16 f32_to_bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  uint16_t h;
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    h = static_cast<uint16_t>((u >> 16) | 0x40);
-  } else {
-    u += 0x7fffu + ((u >> 16) & 1u);
-    h = static_cast<uint16_t>(u >> 16);
-  }
-  return __ushort_as_bfloat16(h);
-}
 
 constexpr int kThreads = 256;
 constexpr int kMaxScalarTerms = 64;  // accumulate_scalars terms per launch (24 bytes each)

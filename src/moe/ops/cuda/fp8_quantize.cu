@@ -60,19 +60,6 @@ struct TileQuantizer {
   }
 };
 
-// Bit-identical to moe::f32_to_bf16 (round to nearest even, NaN kept quiet with its sign), as
-// elementwise.cu's cast, so a BF16 dequantization equals the CPU's.
-__device__ __forceinline__ __nv_bfloat16 f32_to_bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  uint16_t h;
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    h = static_cast<uint16_t>((u >> 16) | 0x40);
-  } else {
-    u += 0x7fffu + ((u >> 16) & 1u);
-    h = static_cast<uint16_t>(u >> 16);
-  }
-  return __ushort_as_bfloat16(h);
-}
 
 template <typename T>
 __device__ __forceinline__ void store_value(T* p, float v);
