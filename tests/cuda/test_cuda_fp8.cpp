@@ -194,6 +194,40 @@ void check_columns(DType dtype, const std::vector<int32_t>& counts, int64_t M, i
   expect_same_fp8(gpu, cpu, what);
 }
 
+// One pass for both layouts: the columns bit-equal to fp8_quantize_columns on the CPU, and the rows
+// of every segment (rows past offsets[G] may be left unwritten) bit-equal to fp8_quantize_rows.
+void check_rows_and_columns(DType dtype, const std::vector<int32_t>& counts, int64_t M, int64_t K, uint64_t seed) {
+  const bool bf16 = dtype == DType::BF16;
+  const std::vector<int32_t> offsets = offsets_of(counts);
+  const int64_t G = counts.empty() ? 1 : static_cast<int64_t>(counts.size());
+  const int64_t covered = counts.empty() ? M : offsets.back();
+  const int64_t Mp = fp8_columns_capacity(M, G);
+  std::vector<float> x = rows_input(M, K, seed, bf16);
+  HostFp8 cpu_rows({M, K}, Fp8Tiles::Rows), cpu_columns({K, Mp}, Fp8Tiles::Rows);
+  std::vector<int32_t> host_offsets = offsets;
+  const Tensor cpu_offsets = counts.empty() ? Tensor() : i32_tensor(host_offsets.data(), {G + 1});
+  fp8_quantize_rows(cpu_rows.t, f32_tensor(x.data(), {M, K}));
+  fp8_quantize_columns(cpu_columns.t, f32_tensor(x.data(), {M, K}), cpu_offsets);
+
+  DeviceInput dx(dtype, {M, K}, x);
+  DeviceBuffer doff(DType::I32, {G + 1});
+  if (!counts.empty()) doff.upload_i32(offsets);
+  DeviceFp8 gpu_rows({M, K}, Fp8Tiles::Rows), gpu_columns({K, Mp}, Fp8Tiles::Rows);
+  fp8_quantize_rows_and_columns(gpu_rows.t(), gpu_columns.t(), dx.buffer, counts.empty() ? Tensor() : doff.tensor());
+  std::string what = "rows and columns " + std::string(dtype_name(dtype)) + " M=" + std::to_string(M) +
+                     " K=" + std::to_string(K) + " counts=";
+  for (int32_t c : counts) what += std::to_string(c) + ",";
+  expect_same_fp8(gpu_columns, cpu_columns, what + " (columns)");
+  const int64_t row_tiles = tiles(K);
+  std::vector<uint8_t> codes = download_bytes(gpu_rows.codes.tensor());
+  std::vector<float> scales = gpu_rows.scales.download();
+  codes.resize(static_cast<size_t>(covered * K));
+  scales.resize(static_cast<size_t>(covered * row_tiles));
+  expect_same_codes(codes, {cpu_rows.codes.begin(), cpu_rows.codes.begin() + covered * K}, what + " (rows)");
+  expect_same_scales(scales, {cpu_rows.scales.begin(), cpu_rows.scales.begin() + covered * row_tiles},
+                     what + " (row scales)");
+}
+
 // w [E, N, K] (E = 0: [N, K]) with a binade per 128 x 128 block, a NaN block and a 3e38 block.
 void check_blocks(int64_t E, int64_t N, int64_t K, bool transposed, uint64_t seed) {
   const int64_t experts = E == 0 ? 1 : E;
@@ -243,6 +277,17 @@ TEST(CudaFp8Quantize, ColumnsMatchCpuBitForBitWithSegmentsAndPadding) {
     check_columns(dtype, {0, 130, 0, 1, 250}, 400, 130, 2, ++seed);  // rows past offsets[G]; odd K, Mp
     check_columns(dtype, {257, 0, 0, 3, 128, 127, 0, 1000}, 1515, 512, 0, ++seed);
     check_columns(dtype, {0, 0, 0}, 0, 64, 0, ++seed);          // no rows: every tile is padding
+  }
+}
+
+TEST(CudaFp8Quantize, RowsAndColumnsInOnePassMatchCpuBitForBit) {
+  MOE_SKIP_WITHOUT_GPU();
+  uint64_t seed = 70;
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    check_rows_and_columns(dtype, {}, 300, 200, ++seed);   // one segment, partial tiles both ways
+    check_rows_and_columns(dtype, {}, 256, 2048, ++seed);  // a model width
+    check_rows_and_columns(dtype, {0, 130, 0, 1, 250}, 400, 130, ++seed);  // rows past offsets[G]; odd K
+    check_rows_and_columns(dtype, {257, 0, 0, 3, 128, 127, 0, 1000}, 1515, 512, ++seed);
   }
 }
 
@@ -528,7 +573,10 @@ TEST(CudaFp8Matmul, TimingAgainstBf16) {
   const double x_bytes = static_cast<double>(M * K);
   const double rows_ms = time_ms([&] { fp8_quantize_rows(xq.t(), x); });
   const double cols_ms = time_ms([&] { fp8_quantize_columns(x_t.t(), x, Tensor()); });
+  const double both_ms = time_ms([&] { fp8_quantize_rows_and_columns(xq.t(), x_t.t(), x, Tensor()); });
   const double blocks_ms = time_ms([&] { fp8_quantize_blocks(wq.t(), wq_t.t(), w); });
+  std::printf("quantize rows + columns in one pass BF16 [%ld, %ld]: %.3f ms, %.0f GB/s\n", long(M), long(K), both_ms,
+              x_bytes * (2 + 2 + 8.0 / 128) / both_ms / 1e6);
   std::printf("quantize rows    BF16 [%ld, %ld]: %.3f ms, %.0f GB/s\n", long(M), long(K), rows_ms,
               x_bytes * (2 + 1 + 4.0 / 128) / rows_ms / 1e6);
   std::printf("quantize columns BF16 [%ld, %ld]: %.3f ms, %.0f GB/s\n", long(M), long(K), cols_ms,

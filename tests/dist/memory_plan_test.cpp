@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "moe/comm/mpi_communicator.h"
+#include "moe/model/weights.h"
 #include "moe/train/memory_plan.h"
 #include "moe/train/trainer.h"
 
@@ -111,6 +112,32 @@ TEST_F(MemoryPlan, TheOptionsOfAConfigThatDoesNotFitAreThePlansOfTheConfigsTheyN
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find("cheapest that fits: --set "), std::string::npos) << msg;
+}
+
+// FP8 on the GPU keeps no BF16 copy of the matrices it quantizes (every *_proj matrix): the GPU
+// plan's compute weights exceed the CPU plan's (the same FP8 caches, no BF16 copy at all) by two
+// bytes per element of the other tensors (embedding, norms, routers, LM head) exactly. In BF16 the
+// GPU copy has every element.
+TEST_F(MemoryPlan, Fp8OnTheGpuKeepsABf16CopyOfTheUnquantizedTensorsOnly) {
+#if !MOE_HAVE_CUDA
+  GTEST_SKIP() << "GPU plans need a build with the CUDA backend (no GPU needed)";
+#endif
+  const int P = world_->size();
+  std::vector<std::string> o = base(P);
+  o.push_back("train.precision=\"fp8\"");
+  const Config cfg = load_config("tiny", o);
+  const ParamRegistry reg = build_registry(cfg.model, 0, cfg.model.num_experts);
+  int64_t unquantized = 0, all = 0;
+  for (const ParamEntry& e : reg.entries()) {
+    all += e.numel();
+    if (e.name.find("_proj") == std::string::npos) unquantized += e.numel();
+  }
+  ASSERT_GT(unquantized, 0);
+  ASSERT_LT(unquantized, all);
+  const MemoryRoles gpu = plan_rank(cfg, 1, 0, Device::CUDA), cpu = plan_rank(cfg, 1, 0, Device::CPU);
+  EXPECT_EQ(gpu.compute_weights - cpu.compute_weights, static_cast<size_t>(2 * unquantized));
+  const Config bf16 = load_config("tiny", base(P));
+  EXPECT_EQ(plan_rank(bf16, 1, 0, Device::CUDA).compute_weights, static_cast<size_t>(2 * all));
 }
 
 }  // namespace

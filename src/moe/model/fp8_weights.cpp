@@ -7,7 +7,8 @@
 namespace moe {
 namespace {
 
-// Each quantized matrix of a layer with its cache: fn(name, weight, cache).
+// Each quantized matrix of a layer with its cache: fn(name, weight, cache). The one list of what
+// FP8 quantizes.
 template <typename Fn>
 void for_each_quantized(const LayerWeights& w, Fp8LayerWeights& c, Fn&& fn) {
   fn("q_proj", w.q_proj, c.q_proj);
@@ -55,6 +56,25 @@ Shape transposed(const Shape& s) {
 }
 
 }  // namespace
+
+int64_t fp8_quantized_numel(const ModelConfig& cfg, int64_t local_experts) {
+  int64_t n = 0;
+  Fp8LayerWeights unused;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
+    for_each_quantized(shapes_of_layer(cfg, l, local_experts), unused,
+                       [&](const char*, const Tensor& t, Fp8Weight&) { n += t.shape.ndim == 0 ? 0 : t.numel(); });
+  return n;
+}
+
+std::vector<Tensor> fp8_quantized_matrices(const ModelWeights& w) {
+  std::vector<Tensor> out;
+  Fp8LayerWeights unused;
+  for (const LayerWeights& lw : w.layers)
+    for_each_quantized(lw, unused, [&](const char*, const Tensor& t, Fp8Weight&) {
+      if (!t.empty()) out.push_back(t);
+    });
+  return out;
+}
 
 Fp8WeightCache::Fp8WeightCache(const ModelConfig& cfg, int64_t local_experts, Arena& arena)
     : cfg_(cfg), arena_(arena), layers_(cfg.num_hidden_layers) {

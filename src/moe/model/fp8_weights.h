@@ -31,6 +31,12 @@ struct Fp8LayerWeights {
   Fp8Weight mlp_gate_up, mlp_down;
 };
 
+// Elements of the matrices an FP8 run quantizes, for a rank with `local_experts` experts per MoE
+// layer: what needs no BF16 compute copy.
+int64_t fp8_quantized_numel(const ModelConfig& cfg, int64_t local_experts);
+// The quantized matrices among w's tensors (the fused gate/up views count once), every layer.
+std::vector<Tensor> fp8_quantized_matrices(const ModelWeights& w);
+
 class Fp8WeightCache {
  public:
   // Reserves the caches in `arena` (under compute_weights.fp8.*: the memory plan counts them with

@@ -69,6 +69,13 @@ Fp8Tensor Projections::quantize_columns(const Buffer& b, Tensor x, Tensor offset
   return q;
 }
 
+std::pair<Fp8Tensor, Fp8Tensor> Projections::quantize_output_grad(Tensor dy, Tensor offsets, int64_t segments) {
+  const int64_t cols = dy.dim(-1), rows = dy.numel() / cols;
+  Fp8Tensor r = operand(rows_, rows, cols), c = operand(grad_columns_, cols, fp8_columns_capacity(rows, segments));
+  fp8_quantize_rows_and_columns(r, c, dy.view({rows, cols}), offsets);
+  return {r, c};
+}
+
 void Projections::linear(Tensor y, Tensor x, Tensor w, const Fp8Weight& f, bool accumulate) {
   if (f.empty()) return matmul(y, x, w, false, true, 1.0f, accumulate ? 1.0f : 0.0f);
   const int64_t out = y.dim(-1);
@@ -82,10 +89,44 @@ void Projections::linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Ten
     matmul(dw, dy, x, true, false, 1.0f, 1.0f);
     return;
   }
+  fp8_linear_backward(dx, dw, dy, quantize_columns(input_columns_, x, Tensor(), 1), f, accumulate_dx);
+}
+
+void Projections::fp8_linear_backward(Tensor dx, Tensor dw, Tensor dy, const Fp8Tensor& x_columns, const Fp8Weight& f,
+                                      bool accumulate_dx) {
   const int64_t in = dx.dim(-1);
-  fp8_matmul(dx.view({dx.numel() / in, in}), quantize_rows(rows_, dy), f.w_t, accumulate_dx);
-  fp8_matmul(dw, quantize_columns(grad_columns_, dy, Tensor(), 1), quantize_columns(input_columns_, x, Tensor(), 1),
-             /*accumulate=*/true);
+  const auto [dy_rows, dy_columns] = quantize_output_grad(dy, Tensor(), 1);
+  fp8_matmul(dx.view({dx.numel() / in, in}), dy_rows, f.w_t, accumulate_dx);
+  fp8_matmul(dw, dy_columns, x_columns, /*accumulate=*/true);
+}
+
+void Projections::linear_shared_input(Tensor x, std::initializer_list<SharedInputLinear> layers) {
+  if (layers.size() == 0) return;
+  if (layers.begin()->f->empty()) {
+    for (const SharedInputLinear& l : layers) linear(l.y, x, l.w, *l.f);
+    return;
+  }
+  const Fp8Tensor xq = quantize_rows(rows_, x);
+  for (const SharedInputLinear& l : layers) {
+    const int64_t out = l.y.dim(-1);
+    fp8_matmul(l.y.view({l.y.numel() / out, out}), xq, l.f->w, /*accumulate=*/false);
+  }
+}
+
+void Projections::linear_backward_shared_input(Tensor dx, Tensor x,
+                                               std::initializer_list<SharedInputLinearGrad> layers,
+                                               bool accumulate_dx) {
+  if (layers.size() == 0) return;
+  const bool fp8 = !layers.begin()->f->empty();
+  const Fp8Tensor x_columns = fp8 ? quantize_columns(input_columns_, x, Tensor(), 1) : Fp8Tensor{};
+  bool accumulate = accumulate_dx;
+  for (const SharedInputLinearGrad& l : layers) {
+    if (fp8)
+      fp8_linear_backward(dx, l.dw, l.dy, x_columns, *l.f, accumulate);
+    else
+      linear_backward(dx, l.dw, l.dy, x, l.w, *l.f, accumulate);
+    accumulate = true;
+  }
 }
 
 void Projections::experts_forward(Tensor c, Tensor a, Tensor w, const Fp8Weight& f, Tensor offsets) {
@@ -93,17 +134,22 @@ void Projections::experts_forward(Tensor c, Tensor a, Tensor w, const Fp8Weight&
   fp8_grouped_matmul(c, quantize_rows(rows_, a), f.w, offsets);
 }
 
-void Projections::experts_data_grad(Tensor dx, Tensor dy, Tensor w, const Fp8Weight& f, Tensor offsets) {
-  if (f.empty()) return grouped_matmul(dx, dy, w, offsets, /*trans_b=*/false, /*accumulate=*/false);
-  fp8_grouped_matmul(dx, quantize_rows(rows_, dy), f.w_t, offsets);
+ExpertOutputGrad Projections::experts_data_grad(Tensor dx, Tensor dy, Tensor w, const Fp8Weight& f, Tensor offsets) {
+  if (f.empty()) {
+    grouped_matmul(dx, dy, w, offsets, /*trans_b=*/false, /*accumulate=*/false);
+    return {dy, {}};
+  }
+  const auto [dy_rows, dy_columns] = quantize_output_grad(dy, offsets, offsets.numel() - 1);
+  fp8_grouped_matmul(dx, dy_rows, f.w_t, offsets);
+  return {dy, dy_columns};
 }
 
-void Projections::experts_weight_grad(Tensor dw, Tensor dy, Tensor x, const Fp8Weight& f, Tensor offsets,
-                                      bool accumulate) {
-  if (f.empty()) return grouped_matmul_wgrad(dw, dy, x, offsets, {}, accumulate);
+void Projections::experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Tensor x, const Fp8Weight& f,
+                                      Tensor offsets, bool accumulate) {
+  if (f.empty()) return grouped_matmul_wgrad(dw, dy.dy, x, offsets, {}, accumulate);
   const int64_t experts = offsets.numel() - 1;
-  fp8_grouped_matmul_wgrad(dw, quantize_columns(grad_columns_, dy, offsets, experts),
-                           quantize_columns(input_columns_, x, offsets, experts), offsets, accumulate);
+  fp8_grouped_matmul_wgrad(dw, dy.columns, quantize_columns(input_columns_, x, offsets, experts), offsets,
+                           accumulate);
 }
 
 }  // namespace moe

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "moe/core/arena.h"
 #include "moe/model/config.h"
@@ -13,6 +15,25 @@
 #include "moe/model/precision.h"
 
 namespace moe {
+
+// One of several linear layers that read the same input (q, k and v read the attention norm's
+// output): in FP8 the input is quantized once for all of them.
+struct SharedInputLinear {
+  Tensor y, w;           // forward: y = x w^T
+  const Fp8Weight* f;    // the weight's FP8 cache (empty in BF16)
+};
+struct SharedInputLinearGrad {
+  Tensor dw, dy, w;      // backward: dx (+)= dy w, dw += dy^T x
+  const Fp8Weight* f;
+};
+
+// An expert output gradient as the weight gradient reads it: dy, and in FP8 its columns operand,
+// quantized in the same pass as the data gradient's rows (so dy is read once). The operand lives in
+// scratch that the next experts_data_grad overwrites: use it before then.
+struct ExpertOutputGrad {
+  Tensor dy;
+  Fp8Tensor columns;
+};
 
 class Projections {
  public:
@@ -25,14 +46,20 @@ class Projections {
   void linear(Tensor y, Tensor x, Tensor w, const Fp8Weight& f, bool accumulate = false);
   // dx (= or +=) dy W, and dW += dy^T x.
   void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, const Fp8Weight& f, bool accumulate_dx);
+  // linear() for each layer, all reading x.
+  void linear_shared_input(Tensor x, std::initializer_list<SharedInputLinear> layers);
+  // linear_backward() for each layer, all reading x: dx (= or +=, per accumulate_dx) sum_i dy_i W_i.
+  void linear_backward_shared_input(Tensor dx, Tensor x, std::initializer_list<SharedInputLinearGrad> layers,
+                                    bool accumulate_dx);
 
   // Per expert e over its rows [o_e, o_{e+1}) (moe/ops/grouped_gemm.h):
   // c = a w[e]^T (forward: w [E, out, in]).
   void experts_forward(Tensor c, Tensor a, Tensor w, const Fp8Weight& f, Tensor offsets);
-  // dx = dy w[e] (data gradient).
-  void experts_data_grad(Tensor dx, Tensor dy, Tensor w, const Fp8Weight& f, Tensor offsets);
+  // dx = dy w[e] (data gradient); returns dy for the weight gradient.
+  ExpertOutputGrad experts_data_grad(Tensor dx, Tensor dy, Tensor w, const Fp8Weight& f, Tensor offsets);
   // dw[e] (+= or =, per accumulate) dy^T x (weight gradient; = zeroes experts without rows).
-  void experts_weight_grad(Tensor dw, Tensor dy, Tensor x, const Fp8Weight& f, Tensor offsets, bool accumulate);
+  void experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Tensor x, const Fp8Weight& f, Tensor offsets,
+                           bool accumulate);
 
  private:
   struct Buffer {
@@ -42,6 +69,11 @@ class Projections {
   Fp8Tensor operand(const Buffer& b, int64_t rows, int64_t cols);
   Fp8Tensor quantize_rows(const Buffer& b, Tensor x);
   Fp8Tensor quantize_columns(const Buffer& b, Tensor x, Tensor offsets, int64_t segments);
+  // dy as the data gradient's rows (in rows_) and the weight gradient's columns (in grad_columns_), one pass.
+  std::pair<Fp8Tensor, Fp8Tensor> quantize_output_grad(Tensor dy, Tensor offsets, int64_t segments);
+  // The FP8 products of linear_backward with x's columns operand given.
+  void fp8_linear_backward(Tensor dx, Tensor dw, Tensor dy, const Fp8Tensor& x_columns, const Fp8Weight& f,
+                           bool accumulate_dx);
 
   Arena& arena_;
   Buffer rows_;              // the forward's or data gradient's activation operand

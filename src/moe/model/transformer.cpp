@@ -201,9 +201,8 @@ void Transformer::attention_internals(const LayerWeights& w, const Fp8LayerWeigh
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim();
   rmsnorm_forward(A.a, A.rstd1, h_in, w.input_norm, eps);
-  proj_->linear(A.q_raw, A.a, w.q_proj, f.q_proj);
-  proj_->linear(A.k_raw, A.a, w.k_proj, f.k_proj);
-  proj_->linear(A.v, A.a, w.v_proj, f.v_proj);
+  proj_->linear_shared_input(
+      A.a, {{A.q_raw, w.q_proj, &f.q_proj}, {A.k_raw, w.k_proj, &f.k_proj}, {A.v, w.v_proj, &f.v_proj}});
   Tensor q = A.q_raw, k = A.k_raw;  // with qk_norm = none, rope rotates the projections in place
   if (cfg_.qk_norm == QkNorm::Full) {
     rmsnorm_forward(A.q, A.q_rstd, A.q_raw, w.q_norm, eps);
@@ -425,9 +424,11 @@ void Transformer::attention_backward_layer(const LayerWeights& w, const Fp8Layer
                      A.k_raw.view({rows_ * Hkv, hd}), w.k_norm, A.k_rstd, false);
     dq_raw = s.dq_raw, dk_raw = s.dk_raw;
   }
-  proj_->linear_backward(s.da, g.q_proj, dq_raw, A.a, w.q_proj, f.q_proj, false);
-  proj_->linear_backward(s.da, g.k_proj, dk_raw, A.a, w.k_proj, f.k_proj, true);
-  proj_->linear_backward(s.da, g.v_proj, s.dv, A.a, w.v_proj, f.v_proj, true);
+  proj_->linear_backward_shared_input(
+      s.da, A.a,
+      {{g.q_proj, dq_raw, w.q_proj, &f.q_proj}, {g.k_proj, dk_raw, w.k_proj, &f.k_proj},
+       {g.v_proj, s.dv, w.v_proj, &f.v_proj}},
+      /*accumulate_dx=*/false);
   rmsnorm_backward(s.dres, g.input_norm, s.da, h_in, w.input_norm, A.rstd1, /*accumulate_dx=*/true);
 }
 
@@ -445,15 +446,17 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
   const RoutePlan plan{A.route_index, A.offsets};
   const ExpertBuffers d = dispatcher_.grad_buffers();  // d.expert_out = dye, d.expert_in = dxe
   dispatcher_.combine_backward(d.expert_out, s.dw, s.dres, A.experts.expert_out, A.topk_w, plan, K, {});
-  proj_->experts_data_grad(s.dact, d.expert_out, w.experts_down, f.experts_down, A.offsets);
+  const ExpertOutputGrad dye = proj_->experts_data_grad(s.dact, d.expert_out, w.experts_down, f.experts_down,
+                                                        A.offsets);
   const bool accumulate = !scales.gradients_zeroed;  // equal results: 0 + x == x
   if (recompute_experts)
     swiglu_backward_with_output(s.dgu, A.act, s.dact, A.gu);
   else
     swiglu_backward(s.dgu, s.dact, A.gu);
-  proj_->experts_weight_grad(g.experts_down, d.expert_out, A.act, f.experts_down, A.offsets, accumulate);
-  proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
-  proj_->experts_weight_grad(g.experts_gate_up, s.dgu, A.experts.expert_in, f.experts_gate_up, A.offsets, accumulate);
+  proj_->experts_weight_grad(g.experts_down, dye, A.act, f.experts_down, A.offsets, accumulate);
+  const ExpertOutputGrad dgu =
+      proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
+  proj_->experts_weight_grad(g.experts_gate_up, dgu, A.experts.expert_in, f.experts_gate_up, A.offsets, accumulate);
   dispatcher_.dispatch_backward(s.dm, d.expert_in, plan, K, {});
   if (A.leased) {
     dispatcher_.release(A.lease);  // last read of this layer's expert buffers

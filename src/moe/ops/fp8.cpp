@@ -99,19 +99,35 @@ void fp8_quantize_rows(Fp8Tensor out, Tensor x, Stream stream) {
   MOE_OP_DISPATCH(x.device, fp8_quantize_rows, out, x, stream);
 }
 
-void fp8_quantize_columns(Fp8Tensor out, Tensor x, Tensor offsets, Stream stream) {
-  const OpCheck check("fp8_quantize_columns", x.device);
-  const char* op = check.op();
+namespace {
+
+void check_columns_operand(const OpCheck& check, const char* name, const Fp8Tensor& out, const Tensor& x,
+                           const Tensor& offsets) {
   check_f32_or_bf16(check, "x", x);
   check.ndim("x", x, 2);
-  check_fp8(check, "out", out, Fp8Tiles::Rows, 2, 2);
+  check_fp8(check, name, out, Fp8Tiles::Rows, 2, 2);
   const int64_t M = x.dim(0), K = x.dim(1);
   const int64_t G = not_given(offsets) ? 1 : check_segment_offsets(check, "offsets", offsets, M);
   const int64_t capacity = fp8_columns_capacity(M, G);
-  MOE_CHECK(out.codes.dim(0) == K && out.codes.dim(1) >= capacity, op, ": out.codes has shape ",
+  MOE_CHECK(out.codes.dim(0) == K && out.codes.dim(1) >= capacity, check.op(), ": ", name, ".codes has shape ",
             out.codes.shape.str(), ", expected [", K, ", Mp] with Mp >= ", capacity,
             " (x's columns by fp8_columns_capacity(", M, " rows, ", G, " segments))");
+}
+
+}  // namespace
+
+void fp8_quantize_columns(Fp8Tensor out, Tensor x, Tensor offsets, Stream stream) {
+  const OpCheck check("fp8_quantize_columns", x.device);
+  check_columns_operand(check, "out", out, x, offsets);
   MOE_OP_DISPATCH(x.device, fp8_quantize_columns, out, x, offsets, stream);
+}
+
+void fp8_quantize_rows_and_columns(Fp8Tensor rows, Fp8Tensor columns, Tensor x, Tensor offsets, Stream stream) {
+  const OpCheck check("fp8_quantize_rows_and_columns", x.device);
+  check_columns_operand(check, "columns", columns, x, offsets);
+  check_fp8(check, "rows", rows, Fp8Tiles::Rows, 2, 2);
+  check.same_shape("rows.codes", rows.codes, "x", x);
+  MOE_OP_DISPATCH(x.device, fp8_quantize_rows_and_columns, rows, columns, x, offsets, stream);
 }
 
 void fp8_quantize_blocks(Fp8Tensor out, Fp8Tensor out_t, Tensor w, Stream stream) {

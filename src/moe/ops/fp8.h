@@ -54,6 +54,11 @@ void fp8_quantize_rows(Fp8Tensor out, Tensor x, Stream stream = {});
 // the padding with zeros.
 void fp8_quantize_columns(Fp8Tensor out, Tensor x, Tensor offsets, Stream stream = {});
 
+// Both quantizations of x in one pass over it (a gradient feeds the data gradient as Rows tiles
+// and the weight gradient as columns): rows as fp8_quantize_rows, columns as fp8_quantize_columns.
+// Rows of x outside every segment (past offsets[G]) may be left unwritten in `rows`.
+void fp8_quantize_rows_and_columns(Fp8Tensor rows, Fp8Tensor columns, Tensor x, Tensor offsets, Stream stream = {});
+
 // w [N, K] or [E, N, K] (F32) -> out (Blocks tiles, codes w's shape) and, when out_t.codes is not
 // empty, the transposed orientation out_t (codes [K, N] or [E, K, N], scales transposed: the same
 // values). The weight caches the optimizer refreshes once per step.

@@ -1,6 +1,7 @@
 #include "moe/parallel/ddp_store.h"
 
 #include "moe/core/device.h"
+#include "moe/core/error.h"
 #include "moe/ops/elementwise.h"
 
 namespace moe {
@@ -11,18 +12,58 @@ DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh&
   params_ = arena.reserve("parameters", DType::F32, {reg.total_numel()});
   grads_slot_ = arena.reserve("gradients", DType::F32, {reg.total_numel()});
   // On the GPU the model reads BF16 compute weights, refreshed from the FP32 main weights after
-  // every change to them (BF16 compute, FP32 main weights, gradients and moments).
+  // every change to them (BF16 compute, FP32 main weights, gradients and moments). In FP8 the
+  // quantized matrices are read only through their FP8 caches, so the BF16 copy holds the rest
+  // alone (embedding, norms, routers, LM head).
   has_compute_copy_ = arena.device() == Device::CUDA;
-  if (has_compute_copy_) compute_ = arena.reserve("compute_weights", DType::BF16, {reg.total_numel()});
+  const int64_t local_experts = cfg.num_experts / mesh.ep;
+  compact_compute_ = has_compute_copy_ && precision == Precision::FP8;
+  const int64_t compute_numel = reg.total_numel() - (compact_compute_ ? fp8_quantized_numel(cfg, local_experts) : 0);
+  if (has_compute_copy_) compute_ = arena.reserve("compute_weights", DType::BF16, {compute_numel});
   optimizer_ = std::make_unique<DistributedAdamW>(reg, mesh, arena, moment_dtype);
-  if (precision == Precision::FP8) fp8_ = std::make_unique<Fp8WeightCache>(cfg, cfg.num_experts / mesh.ep, arena);
+  if (precision == Precision::FP8) fp8_ = std::make_unique<Fp8WeightCache>(cfg, local_experts, arena);
 }
 
 void DdpStore::bind() {
   if (bound_) return;
-  weights_ = bind_weights(cfg_, reg_, compute_weights());
   grads_ = bind_weights(cfg_, reg_, grads_flat());
   master_ = bind_weights(cfg_, reg_, params());
+  if (!compact_compute_) {
+    weights_ = bind_weights(cfg_, reg_, has_compute_copy_ ? arena_.get(compute_) : params());
+    bound_ = true;
+    return;
+  }
+  // The quantized matrices' model views stay on the FP32 weights (their shapes, and the fused
+  // gate/up adjacency, are what the model reads; a BF16 read of them would fail the ops' dtype
+  // checks instead of reading stale values); every other tensor gets the next piece of the copy.
+  const std::vector<Tensor> quantized = fp8_quantized_matrices(master_);
+  const auto is_quantized = [&](const Tensor& t) {
+    const char* p = static_cast<const char*>(t.data);
+    for (const Tensor& q : quantized) {
+      const char* b = static_cast<const char*>(q.data);
+      if (p >= b && p < b + q.nbytes()) return true;
+    }
+    return false;
+  };
+  const Tensor compact = arena_.get(compute_);
+  std::vector<Tensor> views(reg_.entries().size());
+  int64_t used = 0;
+  for (int i = 0; i < static_cast<int>(views.size()); ++i) {
+    const Tensor master = reg_.view(params(), i);
+    if (is_quantized(master)) {
+      views[i] = master;
+      continue;
+    }
+    const int64_t n = master.numel();
+    MOE_CHECK(used + n <= compact.numel(), "DdpStore: the BF16 compute copy (", compact.numel(),
+              " elements) is smaller than the unquantized weights");
+    views[i] = compact.rows(used, used + n).view(master.shape);
+    compute_copies_.push_back({master, views[i]});
+    used += n;
+  }
+  MOE_CHECK(used == compact.numel(), "DdpStore: the unquantized weights hold ", used,
+            " elements, the BF16 compute copy was planned for ", compact.numel());
+  weights_ = bind_weights(cfg_, reg_, [&](int i) { return views[i]; });
   bound_ = true;
 }
 
@@ -33,7 +74,12 @@ void DdpStore::init(uint64_t seed) {
 }
 
 void DdpStore::refresh_compute_weights() {
-  if (has_compute_copy_) cast_copy(arena_.get(compute_), params());
+  bind();
+  if (compact_compute_) {
+    for (const auto& [master, copy] : compute_copies_) cast_copy(copy, master);
+  } else if (has_compute_copy_) {
+    cast_copy(arena_.get(compute_), params());
+  }
   refresh_fp8_weights();
 }
 
@@ -53,8 +99,9 @@ void DdpStore::zero_grads(bool experts_written) {
 }
 
 void DdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule) {
-  // One rank: the update writes the BF16 compute copy in its own pass over the weights.
-  const Tensor copy = has_compute_copy_ ? arena_.get(compute_) : Tensor();
+  // One rank: the update writes the BF16 compute copy in its own pass over the weights (when the
+  // copy has every weight's place; in FP8 the copy's few tensors are cast after the update).
+  const Tensor copy = has_compute_copy_ && !compact_compute_ ? arena_.get(compute_) : Tensor();
   if (optimizer_->enqueue_step(params(), grads_flat(), cfg, max_norm, step, schedule, copy))
     refresh_fp8_weights();  // once per step, from the updated FP32 weights
   else

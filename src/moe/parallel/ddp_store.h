@@ -5,6 +5,8 @@
 #pragma once
 
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "moe/comm/mesh.h"
 #include "moe/core/arena.h"
@@ -36,10 +38,9 @@ class DdpStore final : public ParamStore {
   void load(const CheckpointReader& ckpt) override;
   void load_weights(const TensorReadFn& read) override;
 
-  // FP32 main weights; the model reads compute_weights() (the same buffer on the CPU, a BF16
-  // copy refreshed after every update on the GPU).
+  // FP32 main weights. The model reads weights(): on the CPU the FP32 weights, on the GPU a BF16
+  // copy refreshed after every update (in FP8, of the tensors that are not quantized only).
   Tensor params() const { return arena_.get(params_); }
-  Tensor compute_weights() const { return has_compute_copy_ ? arena_.get(compute_) : params(); }
   Tensor grads_flat() const { return arena_.get(grads_slot_); }
 
  private:
@@ -53,6 +54,8 @@ class DdpStore final : public ParamStore {
   Arena& arena_;
   Arena::Slot params_, grads_slot_, compute_;
   bool has_compute_copy_ = false;
+  bool compact_compute_ = false;  // the copy holds the unquantized tensors only (FP8 on the GPU)
+  std::vector<std::pair<Tensor, Tensor>> compute_copies_;  // compact: (FP32 source, BF16 copy) per tensor
   std::unique_ptr<DistributedAdamW> optimizer_;
   std::unique_ptr<Fp8WeightCache> fp8_;  // precision fp8 only
   ModelWeights weights_, grads_, master_;  // master_: FP32 views, what the FP8 caches are quantized from

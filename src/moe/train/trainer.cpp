@@ -184,7 +184,7 @@ void Trainer::print_plan() const {
               std::string(device_name(dev_)).c_str(), tokens_per_step, b(m.parameters).c_str(),
               b(m.compute_weights).c_str(),
               cfg_.train.precision != Precision::FP8 ? "BF16 copy"
-              : dev_ == Device::CUDA                 ? "BF16 copy and FP8 caches"
+              : dev_ == Device::CUDA                 ? "FP8 caches and a BF16 copy of the unquantized tensors"
                                                      : "FP8 caches", b(m.gradients).c_str(), b(m.optimizer).c_str(), b(m.other_state).c_str(),
               b(m.activations).c_str(), b(m.expert_buffers).c_str(), to_string(cfg_.train.recompute),
               to_string(cfg_.train.precision), b(m.total()).c_str());

@@ -164,6 +164,11 @@ void fp8_quantize_columns(Fp8Tensor out, Tensor x, Tensor offsets, Stream /*stre
     quantize_columns_typed(x.ptr<const float>(), K, tiles, column, Mp, codes, scales);
 }
 
+void fp8_quantize_rows_and_columns(Fp8Tensor rows, Fp8Tensor columns, Tensor x, Tensor offsets, Stream stream) {
+  cpu::fp8_quantize_rows(rows, x, stream);
+  cpu::fp8_quantize_columns(columns, x, offsets, stream);
+}
+
 void fp8_quantize_blocks(Fp8Tensor out, Fp8Tensor out_t, Tensor w, Stream /*stream*/) {
   const int64_t E = w.ndim() == 3 ? w.dim(0) : 1, N = w.dim(-2), K = w.dim(-1);
   const int64_t TN = tiles_along(N), TK = tiles_along(K);

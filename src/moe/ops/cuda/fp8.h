@@ -13,6 +13,7 @@ namespace moe::cuda {
 
 void fp8_quantize_rows(Fp8Tensor out, Tensor x, Stream stream);
 void fp8_quantize_columns(Fp8Tensor out, Tensor x, Tensor offsets, Stream stream);
+void fp8_quantize_rows_and_columns(Fp8Tensor rows, Fp8Tensor columns, Tensor x, Tensor offsets, Stream stream);
 void fp8_quantize_blocks(Fp8Tensor out, Fp8Tensor out_t, Tensor w, Stream stream);
 void fp8_dequantize(Tensor out, Fp8Tensor in, Stream stream);
 

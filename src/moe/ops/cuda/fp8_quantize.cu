@@ -28,6 +28,7 @@
 #include "moe/ops/cuda/fp8.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -46,6 +47,20 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 __device__ __forceinline__ uint32_t magnitude_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
 
+// fp8::e4m3_from_f32 for the finite values a tile quantizer converts (a tile holding a NaN or an
+// infinity never reaches the conversion: its codes are all NaN). From SM89 on, the hardware
+// conversion (cvt.rn.satfinite.e4m3x2.f32: round to nearest even, saturating to +-448) gives the
+// same bits in one instruction where the portable function takes about twenty; the quantize
+// kernels were bound by that arithmetic, not by memory. The bit-equality tests of
+// tests/cuda/test_cuda_fp8.cpp compare every kernel's codes with the CPU's.
+__device__ __forceinline__ uint8_t e4m3_code(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+#else
+  return fp8::e4m3_from_f32(x);
+#endif
+}
+
 // quantize_with_scale(x, scale) for every x of one tile, its per-tile part done once: the NaN test
 // and 2^-k (k the scale's exponent). Same arithmetic, same bits.
 struct TileQuantizer {
@@ -56,7 +71,7 @@ struct TileQuantizer {
     if (!nan) inverse = fp8::pow2(-(static_cast<int>((fp8::float_bits(scale) >> 23) & 0xffu) - 127));
   }
   __device__ __forceinline__ uint8_t operator()(float x) const {
-    return nan ? fp8::kE4m3NanCode : fp8::e4m3_from_f32(x * inverse);
+    return nan ? fp8::kE4m3NanCode : e4m3_code(x * inverse);
   }
 };
 
@@ -296,10 +311,56 @@ __device__ void find_tile_rows(const int32_t* offsets, int segments, int64_t M, 
   }
 }
 
+// The Rows-tile output of the same x rows (kRows): codes [M, K], scales [M, ceil(K / 128)]; the
+// tile's rows are whole 1 x 128 Rows tiles, so the block writes them from the registers it holds.
+struct RowsOutput {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  bool word_ok = false;  // 4-byte code stores are aligned
+};
+
+// Rows tiles of the block's 128 x 128 tile (thread layout of TileThread): row 4 rq + s's amax over the
+// thread's 16 values and the 8 lanes sharing the row, then its codes as 4-byte words.
 template <typename T>
+__device__ __forceinline__ void write_row_tiles(const float (&v)[4][4][4], const RowsOutput& out, int64_t first_row,
+                                                int rows, int64_t K, int64_t k0, int features, const TileThread& t) {
+  const int64_t row_tiles = (K + kTile - 1) / kTile;
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) m = max(m, magnitude_bits(v[i][s][e]));
+#pragma unroll
+    for (int d = 1; d < 8; d <<= 1) m = max(m, __shfl_xor_sync(kFullMask, m, d));
+    const int r = 4 * t.rq + s;
+    if (r >= rows) continue;
+    const float scale = fp8::tile_scale(__uint_as_float(m));
+    const int64_t row = first_row + r;
+    if (t.lane % 8 == 0) out.scales[row * row_tiles + k0 / kTile] = scale;
+    const TileQuantizer quantize(scale);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = t.column(i), valid = min(max(features - c, 0), 4);
+      uint8_t* p = out.codes + row * K + k0 + c;
+      uint8_t q[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) q[e] = quantize(v[i][s][e]);
+      if (out.word_ok && valid == 4) {
+        *reinterpret_cast<uint32_t*>(p) = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<uint32_t>(q[3]) << 24);
+      } else {
+        for (int e = 0; e < valid; ++e) p[e] = q[e];
+      }
+    }
+  }
+}
+
+template <typename T, bool kRows>
 __global__ void __launch_bounds__(kThreads, 2)
     quantize_columns_kernel(const T* x, const int32_t* offsets, int segments, uint8_t* codes, float* scales,
-                            int64_t M, int64_t K, int64_t Mp, int64_t feature_tiles, bool vector, bool word_ok) {
+                            int64_t M, int64_t K, int64_t Mp, int64_t feature_tiles, bool vector, bool word_ok,
+                            RowsOutput rows_out) {
   __shared__ TileShared sh;
   const TileThread t;
   const int64_t column_tile = blockIdx.x / feature_tiles;
@@ -313,6 +374,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   float v[4][4][4];
   load_tile<T>(x, K, sh.first_row, rows, k0, features, vector, t, v);
+  if constexpr (kRows) write_row_tiles<T>(v, rows_out, sh.first_row, rows, K, k0, features, t);
 
   // Column amax: the thread's 4 rows, the 4 lanes of the warp sharing its columns, the 8 warps.
 #pragma unroll
@@ -473,16 +535,25 @@ void launch_quantize_rows(const Fp8Tensor& out, const Tensor& x, int64_t rows, i
 
 template <typename T>
 void launch_quantize_columns(const Fp8Tensor& out, const Tensor& x, const Tensor& offsets, int64_t M, int64_t K,
-                             int64_t Mp, cudaStream_t s) {
+                             int64_t Mp, const Fp8Tensor* rows, cudaStream_t s) {
   const bool one_segment = offsets.empty() || offsets.numel() == 0;
   const int segments = one_segment ? 1 : static_cast<int>(offsets.numel() - 1);
   const bool vector = K % 4 == 0 && aligned(x.data, 4 * sizeof(T));
   const bool word_ok = Mp % 4 == 0 && aligned(out.codes.data, 4);
   const int64_t feature_tiles = tiles(K), blocks = tiles(Mp) * feature_tiles;
   MOE_CHECK(blocks <= 2147483647, "fp8_quantize_columns: ", blocks, " tiles exceed one launch");
-  quantize_columns_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
-      x.ptr<const T>(), one_segment ? nullptr : offsets.ptr<const int32_t>(), segments, out.codes.ptr<uint8_t>(),
-      out.scales.ptr<float>(), M, K, Mp, feature_tiles, vector, word_ok);
+  const int32_t* segment_offsets = one_segment ? nullptr : offsets.ptr<const int32_t>();
+  if (rows == nullptr) {
+    quantize_columns_kernel<T, false><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
+        x.ptr<const T>(), segment_offsets, segments, out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), M, K, Mp,
+        feature_tiles, vector, word_ok, RowsOutput{});
+  } else {
+    const RowsOutput rows_out{rows->codes.ptr<uint8_t>(), rows->scales.ptr<float>(),
+                              K % 4 == 0 && aligned(rows->codes.data, 4)};
+    quantize_columns_kernel<T, true><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
+        x.ptr<const T>(), segment_offsets, segments, out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), M, K, Mp,
+        feature_tiles, vector, word_ok, rows_out);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
@@ -514,9 +585,19 @@ void fp8_quantize_columns(Fp8Tensor out, Tensor x, Tensor offsets, Stream stream
   if (K == 0 || Mp == 0) return;
   const cudaStream_t s = cuda_stream(stream);
   if (x.dtype == DType::BF16)
-    launch_quantize_columns<__nv_bfloat16>(out, x, offsets, M, K, Mp, s);
+    launch_quantize_columns<__nv_bfloat16>(out, x, offsets, M, K, Mp, nullptr, s);
   else
-    launch_quantize_columns<float>(out, x, offsets, M, K, Mp, s);
+    launch_quantize_columns<float>(out, x, offsets, M, K, Mp, nullptr, s);
+}
+
+void fp8_quantize_rows_and_columns(Fp8Tensor rows, Fp8Tensor columns, Tensor x, Tensor offsets, Stream stream) {
+  const int64_t M = folded_rows(x), K = x.dim(-1), Mp = columns.codes.dim(-1);
+  if (K == 0 || Mp == 0) return;
+  const cudaStream_t s = cuda_stream(stream);
+  if (x.dtype == DType::BF16)
+    launch_quantize_columns<__nv_bfloat16>(columns, x, offsets, M, K, Mp, &rows, s);
+  else
+    launch_quantize_columns<float>(columns, x, offsets, M, K, Mp, &rows, s);
 }
 
 void fp8_quantize_blocks(Fp8Tensor out, Fp8Tensor out_t, Tensor w, Stream stream) {
