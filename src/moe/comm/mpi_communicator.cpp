@@ -108,6 +108,42 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   return std::make_unique<MpiCommunicator>(part, /*owned=*/true);
 }
 
+// Point-to-point messages use one tag: MPI keeps messages between two ranks on one communicator
+// in order, which is the order the pipeline schedule sends and receives them.
+constexpr int kPipelineTag = 7;
+
+void MpiCommunicator::check_peer(const char* op, int peer) const {
+  MOE_CHECK(peer >= 0 && peer < size_ && peer != rank_, op, " (rank ", rank_, "): peer ", peer,
+            " must be another rank of this group of ", size_);
+}
+
+void MpiCommunicator::send(Tensor buf, int peer, Stream) {
+  check_cpu_tensor("send", "buf", buf, rank_);
+  check_peer("send", peer);
+  const int n = checked_count("send", buf.numel(), rank_);
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Isend(buf.data, n, mpi_type(buf.dtype), peer, kPipelineTag, comm_, &req));
+  sends_.push_back(req);
+}
+
+void MpiCommunicator::recv(Tensor buf, int peer, Stream) {
+  check_cpu_tensor("recv", "buf", buf, rank_);
+  check_peer("recv", peer);
+  const int n = checked_count("recv", buf.numel(), rank_);
+  MPI_Status status;
+  MPI_CHECK(MPI_Recv(buf.data, n, mpi_type(buf.dtype), peer, kPipelineTag, comm_, &status));
+  int got = 0;
+  MPI_CHECK(MPI_Get_count(&status, mpi_type(buf.dtype), &got));
+  MOE_CHECK(got == n, "recv (rank ", rank_, "): rank ", peer, " sent ", got, " elements, ", n, " were expected");
+}
+
+void MpiCommunicator::wait_sends() {
+  if (sends_.empty()) return;
+  std::vector<MPI_Request> pending;
+  pending.swap(sends_);
+  MPI_CHECK(MPI_Waitall(static_cast<int>(pending.size()), pending.data(), MPI_STATUSES_IGNORE));
+}
+
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   int initialized = 0;
   MPI_CHECK(MPI_Initialized(&initialized));
