@@ -7,12 +7,12 @@
 
 namespace moe {
 
-void Communicator::send(Tensor, int peer, Stream) {
+void Communicator::send(Tensor, int peer, int, Stream) {
   MOE_FAIL("send to rank ", peer, ": this communicator has no point-to-point messages (pipeline parallelism runs "
            "on MPI CPU ranks)");
 }
 
-void Communicator::recv(Tensor, int peer, Stream) {
+void Communicator::recv(Tensor, int peer, int, Stream) {
   MOE_FAIL("recv from rank ", peer, ": this communicator has no point-to-point messages (pipeline parallelism "
            "runs on MPI CPU ranks)");
 }

@@ -37,13 +37,13 @@ class Communicator {
   virtual void barrier() = 0;
   // Ranks with the same color form a new group, ordered by key (then by rank).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
-  // Point-to-point (pipeline stages): send queues buf for rank `peer` and returns at once; buf must
-  // stay unchanged until wait_sends() returns. recv returns when buf holds what `peer` sent.
-  // Messages from one rank to another arrive in the order they were sent. A backend without
-  // point-to-point refuses (the default).
-  virtual void send(Tensor buf, int peer, Stream stream = {});
-  virtual void recv(Tensor buf, int peer, Stream stream = {});
-  // Waits until every send this rank queued may be reused.
+  // Point-to-point (pipeline stages). send copies buf, queues the copy for rank `peer` and returns
+  // at once (buf may be written again right away). recv returns when buf holds the oldest message
+  // from `peer` with the same tag that it has not received yet (tags: 0 .. 32767). A backend
+  // without point-to-point refuses (the default).
+  virtual void send(Tensor buf, int peer, int tag, Stream stream = {});
+  virtual void recv(Tensor buf, int peer, int tag, Stream stream = {});
+  // Waits until every message this rank queued has been received.
   virtual void wait_sends() {}
   // True for a stand-in that only plans memory (plan_communicator.h): the objects built on it
   // reserve their buffers but allocate no shared memory and make no collective.

@@ -42,11 +42,11 @@ void LocalCommunicator::broadcast(Tensor buf, int root, Stream) {
   check_root(root, 1, 0);
 }
 
-void LocalCommunicator::send(Tensor, int peer, Stream) {
+void LocalCommunicator::send(Tensor, int peer, int, Stream) {
   MOE_FAIL("send (rank 0): peer ", peer, " must be another rank of this group of 1");
 }
 
-void LocalCommunicator::recv(Tensor, int peer, Stream) {
+void LocalCommunicator::recv(Tensor, int peer, int, Stream) {
   MOE_FAIL("recv (rank 0): peer ", peer, " must be another rank of this group of 1");
 }
 

@@ -26,6 +26,13 @@ class SetTracker {
   std::vector<std::vector<int64_t>> owner_;
 };
 
+// The tag of the message across the boundary after chunk `boundary` for microbatch i (activation
+// forward, gradient backward): a rank receives each from the right pass whatever order its
+// neighbour sent them in (interleaved ranks exchange several chunks' messages both ways).
+int message_tag(int64_t microbatch, int boundary, bool forward, int chunks) {
+  return static_cast<int>(((microbatch * chunks + boundary) * 2 + (forward ? 0 : 1)) % 32768);
+}
+
 }  // namespace
 
 PipelineStepTimes run_pipeline_step(const PipelinePlan& plan, Communicator& pipeline, Transformer& model,
@@ -34,13 +41,6 @@ PipelineStepTimes run_pipeline_step(const PipelinePlan& plan, Communicator& pipe
   const auto t_start = SteadyClock::now();
   PipelineStepTimes times;
   SetTracker sets(model.chunks(), plan.activation_sets);
-  // A queued send reads a chunk's output (forward) or its input gradient (backward) of one set;
-  // before a pass writes that buffer again, every queued send completes.
-  bool sends_pending = false;
-  auto settle_sends = [&] {
-    if (sends_pending) pipeline.wait_sends();
-    sends_pending = false;
-  };
   const ModelWeights& w = store.weights();
   const ModelWeights& g = store.grads();
   for (const PipelineOp& op : plan.ops) {
@@ -49,30 +49,25 @@ PipelineStepTimes run_pipeline_step(const PipelinePlan& plan, Communicator& pipe
     const Tensor tokens = in.tokens.rows(i * R, (i + 1) * R), targets = in.targets.rows(i * R, (i + 1) * R);
     if (op.forward) {
       sets.begin(k, i);
-      if (op.chunk > 0) pipeline.recv(model.chunk_input(k, set), (op.chunk - 1) % P);
-      settle_sends();
+      if (op.chunk > 0)
+        pipeline.recv(model.chunk_input(k, set), (op.chunk - 1) % P, message_tag(i, op.chunk - 1, true, C));
       const auto t0 = SteadyClock::now();
       model.chunk_forward(k, set, w, tokens, in.routing_seed(i), in.routing);
       times.compute_s += seconds_since(t0);
-      if (op.chunk < C - 1) {
-        pipeline.send(model.chunk_output(k, set), (op.chunk + 1) % P);
-        sends_pending = true;
-      }
+      if (op.chunk < C - 1)
+        pipeline.send(model.chunk_output(k, set), (op.chunk + 1) % P, message_tag(i, op.chunk, true, C));
     } else {
-      if (op.chunk < C - 1) pipeline.recv(model.output_grad(), (op.chunk + 1) % P);
-      settle_sends();
+      if (op.chunk < C - 1) pipeline.recv(model.output_grad(), (op.chunk + 1) % P, message_tag(i, op.chunk, false, C));
       const auto t0 = SteadyClock::now();
       model.chunk_backward(k, set, w, g, tokens, targets, in.scales);
       model.add_chunk_stats(in.stats, k, set);
       times.compute_s += seconds_since(t0);
-      if (op.chunk > 0) {
-        pipeline.send(model.input_grad(k, set), (op.chunk - 1) % P);
-        sends_pending = true;
-      }
+      if (op.chunk > 0)
+        pipeline.send(model.input_grad(k, set), (op.chunk - 1) % P, message_tag(i, op.chunk - 1, false, C));
       sets.end(k, i);
     }
   }
-  settle_sends();
+  pipeline.wait_sends();  // every message of the step has been received: nothing crosses into the next one
   times.wall_s = seconds_since(t_start);
   return times;
 }
@@ -88,15 +83,13 @@ void run_pipeline_forward(const PipelinePlan& plan, Communicator& pipeline, Tran
     for (int c = 0; c < C; ++c) {
       if (plan.layout.rank_of(c) != plan.layout.rank_of(plan.chunks[0])) continue;
       const int k = plan.model_chunk(c);
-      if (c > 0) pipeline.recv(model.chunk_input(k, 0), (c - 1) % P);
+      if (c > 0) pipeline.recv(model.chunk_input(k, 0), (c - 1) % P, message_tag(i, c - 1, true, C));
       model.chunk_forward_loss(k, 0, w, tokens, targets, in.routing_seed(i), in.routing);
       if (model.has_head(k)) model.add_chunk_stats(in.stats, k, 0);
-      if (c < C - 1) {
-        pipeline.send(model.chunk_output(k, 0), (c + 1) % P);
-        pipeline.wait_sends();  // the next pass writes the same set
-      }
+      if (c < C - 1) pipeline.send(model.chunk_output(k, 0), (c + 1) % P, message_tag(i, c, true, C));
     }
   }
+  pipeline.wait_sends();
 }
 
 }  // namespace moe

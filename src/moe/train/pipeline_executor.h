@@ -1,8 +1,9 @@
 // Runs one optimizer step's pipeline op list (parallel/pipeline_schedule.h) on this rank: each
 // forward and backward of a microbatch through one of the rank's model chunks, with the chunk
 // boundary's activations and their gradients as point-to-point messages to the neighbouring
-// stages (Mesh::pipeline). Sends are queued (Communicator::send) and completed before the buffer
-// they read is written again, so no rank waits on a send and the schedule's order cannot deadlock.
+// stages (Mesh::pipeline). A send is a queued copy (Communicator::send): no rank waits on a send,
+// only on the receives the schedule's order makes it wait for, which cannot deadlock
+// (simulate_pipeline checks every schedule); the step ends once its messages are received.
 #pragma once
 
 #include <cstdint>
