@@ -1,7 +1,8 @@
 // Communicator: the collectives the trainer needs, over one group of ranks. Implementations:
 // MpiCommunicator (CPU buffers, OpenMPI) now; NcclCommunicator (device buffers) with the CUDA
-// backend. Buffers are FP32 or I32 tensors; counts are in elements. All calls are collective:
-// every rank of the group must make them in the same order.
+// backend. Buffers are FP32 or I32 tensors; counts are in elements. All calls but the
+// point-to-point ones (send, recv, wait_sends) are collective: every rank of the group must make
+// them in the same order.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,14 @@ class Communicator {
   virtual void barrier() = 0;
   // Ranks with the same color form a new group, ordered by key (then by rank).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // Point-to-point (pipeline stages). send copies buf, queues the copy for rank `peer` and returns
+  // at once (buf may be written again right away). recv returns when buf holds the oldest message
+  // from `peer` with the same tag that it has not received yet (tags: 0 .. 32767). A backend
+  // without point-to-point refuses (the default).
+  virtual void send(Tensor buf, int peer, int tag, Stream stream = {});
+  virtual void recv(Tensor buf, int peer, int tag, Stream stream = {});
+  // Waits until every message this rank queued has been received.
+  virtual void wait_sends() {}
   // True for a stand-in that only plans memory (plan_communicator.h): the objects built on it
   // reserve their buffers but allocate no shared memory and make no collective.
   virtual bool plans_only() const { return false; }

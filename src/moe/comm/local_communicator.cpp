@@ -42,6 +42,14 @@ void LocalCommunicator::broadcast(Tensor buf, int root, Stream) {
   check_root(root, 1, 0);
 }
 
+void LocalCommunicator::send(Tensor, int peer, int, Stream) {
+  MOE_FAIL("send (rank 0): peer ", peer, " must be another rank of this group of 1");
+}
+
+void LocalCommunicator::recv(Tensor, int peer, int, Stream) {
+  MOE_FAIL("recv (rank 0): peer ", peer, " must be another rank of this group of 1");
+}
+
 std::unique_ptr<Communicator> LocalCommunicator::split(int color, int) {
   MOE_CHECK(color >= 0, "split (rank 0): color ", color, " must be non-negative");
   return std::make_unique<LocalCommunicator>();

@@ -23,6 +23,9 @@ class LocalCommunicator final : public Communicator {
                     const std::vector<int64_t>& send_counts, Stream stream = {}) override;
   void broadcast(Tensor buf, int root, Stream stream = {}) override;
   void barrier() override {}
+  // A group of one has no other rank to message: refused, as MpiCommunicator refuses a message to itself.
+  void send(Tensor buf, int peer, int tag, Stream stream = {}) override;
+  void recv(Tensor buf, int peer, int tag, Stream stream = {}) override;
   // Every color makes another group of one.
   std::unique_ptr<Communicator> split(int color, int key) override;
 };

@@ -22,8 +22,11 @@ std::string valid_ep_sizes(int world_size, int64_t num_experts) {
   return os.str();
 }
 
-// The layout of rank `rank` of `world_size`, checked; the group communicators are left to the caller.
-Mesh mesh_layout(int world_size, int rank, int ep, int64_t num_experts) {
+// The layout of job rank `job_rank` of `job_size`, checked; the group communicators are left to the caller.
+Mesh mesh_layout(int job_size, int job_rank, int ep, int64_t num_experts, int pp) {
+  MOE_CHECK(pp >= 1 && job_size % pp == 0, "parallel.pp = ", pp, " does not divide the ", job_size,
+            " ranks; use one of ", valid_ep_sizes(job_size, job_size));
+  const int world_size = job_size / pp, rank = job_rank % world_size;
   MOE_CHECK(num_experts >= 1, "model.num_experts = ", num_experts, " must be at least 1");
   const std::string use = "; use one of " + valid_ep_sizes(world_size, num_experts);
   MOE_CHECK(ep >= 1, "parallel.ep = ", ep, " must be at least 1", use);
@@ -35,6 +38,8 @@ Mesh mesh_layout(int world_size, int rank, int ep, int64_t num_experts) {
             num_experts, " (every EP rank holds the same number of experts)", use);
 
   Mesh mesh;
+  mesh.pp = pp;
+  mesh.stage = job_rank / world_size;
   mesh.world_size = world_size;
   mesh.rank = rank;
   mesh.ep = ep;
@@ -46,18 +51,31 @@ Mesh mesh_layout(int world_size, int rank, int ep, int64_t num_experts) {
 
 }  // namespace
 
-Mesh make_mesh(Communicator& world, int ep, int64_t num_experts) {
-  Mesh mesh = mesh_layout(world.size(), world.rank(), ep, num_experts);
+Mesh make_mesh(Communicator& world, int ep, int64_t num_experts, int pp) {
+  Mesh mesh = mesh_layout(world.size(), world.rank(), ep, num_experts, pp);
+  mesh.job = &world;
   mesh.world = &world;
-  // Both splits are collective over the world, in this order on every rank.
-  mesh.ep_group = world.split(/*color=*/mesh.ep_dp_index, /*key=*/mesh.rank);
-  mesh.expert_replicas = world.split(/*color=*/mesh.ep_index, /*key=*/mesh.rank);
+  // Every split is collective over the job, in this order on every rank.
+  if (pp > 1) {
+    mesh.stage_group = world.split(/*color=*/mesh.stage, /*key=*/mesh.rank);
+    mesh.pipeline = world.split(/*color=*/mesh.rank, /*key=*/mesh.stage);
+    mesh.world = mesh.stage_group.get();
+  }
+  Communicator& stage = *mesh.world;
+  mesh.ep_group = stage.split(/*color=*/mesh.ep_dp_index, /*key=*/mesh.rank);
+  mesh.expert_replicas = stage.split(/*color=*/mesh.ep_index, /*key=*/mesh.rank);
   return mesh;
 }
 
-Mesh plan_mesh(Communicator& world, int ep, int64_t num_experts) {
-  Mesh mesh = mesh_layout(world.size(), world.rank(), ep, num_experts);
+Mesh plan_mesh(Communicator& world, int ep, int64_t num_experts, int pp) {
+  Mesh mesh = mesh_layout(world.size(), world.rank(), ep, num_experts, pp);
+  mesh.job = &world;
   mesh.world = &world;
+  if (pp > 1) {
+    mesh.stage_group = std::make_unique<PlanCommunicator>(mesh.rank, mesh.world_size);
+    mesh.pipeline = std::make_unique<PlanCommunicator>(mesh.stage, pp);
+    mesh.world = mesh.stage_group.get();
+  }
   mesh.ep_group = std::make_unique<PlanCommunicator>(mesh.ep_index, mesh.ep);
   mesh.expert_replicas = std::make_unique<PlanCommunicator>(mesh.ep_dp_index, mesh.ep_dp);
   return mesh;

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 
 #include "moe/comm/collective_checks.h"
@@ -106,6 +107,52 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   MPI_Comm part = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));
   return std::make_unique<MpiCommunicator>(part, /*owned=*/true);
+}
+
+void MpiCommunicator::check_peer(const char* op, int peer) const {
+  MOE_CHECK(peer >= 0 && peer < size_ && peer != rank_, op, " (rank ", rank_, "): peer ", peer,
+            " must be another rank of this group of ", size_);
+}
+
+void MpiCommunicator::reap_sends() {
+  for (size_t i = 0; i < sends_.size();) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(&sends_[i].request, &done, MPI_STATUS_IGNORE));
+    if (done) {
+      sends_[i] = std::move(sends_.back());
+      sends_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+void MpiCommunicator::send(Tensor buf, int peer, int tag, Stream) {
+  check_cpu_tensor("send", "buf", buf, rank_);
+  check_peer("send", peer);
+  MOE_CHECK(tag >= 0 && tag <= 32767, "send (rank ", rank_, "): tag ", tag, " outside 0..32767");
+  const int n = checked_count("send", buf.numel(), rank_);
+  reap_sends();
+  QueuedSend q{MPI_REQUEST_NULL, std::vector<char>(buf.nbytes())};
+  std::memcpy(q.copy.data(), buf.data, buf.nbytes());
+  MPI_CHECK(MPI_Isend(q.copy.data(), n, mpi_type(buf.dtype), peer, tag, comm_, &q.request));
+  sends_.push_back(std::move(q));  // the vector's heap block does not move with it
+}
+
+void MpiCommunicator::recv(Tensor buf, int peer, int tag, Stream) {
+  check_cpu_tensor("recv", "buf", buf, rank_);
+  check_peer("recv", peer);
+  const int n = checked_count("recv", buf.numel(), rank_);
+  MPI_Status status;
+  MPI_CHECK(MPI_Recv(buf.data, n, mpi_type(buf.dtype), peer, tag, comm_, &status));
+  int got = 0;
+  MPI_CHECK(MPI_Get_count(&status, mpi_type(buf.dtype), &got));
+  MOE_CHECK(got == n, "recv (rank ", rank_, "): rank ", peer, " sent ", got, " elements, ", n, " were expected");
+}
+
+void MpiCommunicator::wait_sends() {
+  for (QueuedSend& q : sends_) MPI_CHECK(MPI_Wait(&q.request, MPI_STATUS_IGNORE));
+  sends_.clear();
 }
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {

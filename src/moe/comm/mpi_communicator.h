@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "moe/comm/communicator.h"
 
@@ -25,10 +26,22 @@ class MpiCommunicator final : public Communicator {
   void broadcast(Tensor buf, int root, Stream stream = {}) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
+  // send is an MPI_Isend of a copy (kept until it completes), recv a blocking MPI_Recv: a rank that
+  // sends never waits for its peer to reach the matching recv, so stages cannot deadlock on a send.
+  void send(Tensor buf, int peer, int tag, Stream stream = {}) override;
+  void recv(Tensor buf, int peer, int tag, Stream stream = {}) override;
+  void wait_sends() override;
   MPI_Comm comm() const { return comm_; }
 
  private:
+  void check_peer(const char* op, int peer) const;
   MPI_Comm comm_;
+  void reap_sends();  // frees the copies of completed sends
+  struct QueuedSend {
+    MPI_Request request;
+    std::vector<char> copy;
+  };
+  std::vector<QueuedSend> sends_;
   bool owned_;
   int rank_ = 0, size_ = 1;
 };

@@ -24,6 +24,8 @@ class PlanCommunicator final : public Communicator {
   }
   void broadcast(Tensor, int, Stream = {}) override { refuse("broadcast"); }
   void barrier() override { refuse("barrier"); }
+  void send(Tensor, int, int, Stream = {}) override { refuse("send"); }
+  void recv(Tensor, int, int, Stream = {}) override { refuse("recv"); }
   std::unique_ptr<Communicator> split(int, int) override { refuse("split"); }
   bool plans_only() const override { return true; }
 

@@ -31,6 +31,9 @@ class TimedCommunicator final : public Communicator {
   }
   void broadcast(Tensor buf, int root, Stream s = {}) override { timed([&] { inner_.broadcast(buf, root, s); }); }
   void barrier() override { timed([&] { inner_.barrier(); }); }
+  void send(Tensor buf, int peer, int tag, Stream s = {}) override { timed([&] { inner_.send(buf, peer, tag, s); }); }
+  void recv(Tensor buf, int peer, int tag, Stream s = {}) override { timed([&] { inner_.recv(buf, peer, tag, s); }); }
+  void wait_sends() override { timed([&] { inner_.wait_sends(); }); }
   std::unique_ptr<Communicator> split(int color, int key) override {
     std::unique_ptr<Communicator> group = inner_.split(color, key);
     Communicator& ref = *group;

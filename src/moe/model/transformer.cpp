@@ -36,7 +36,8 @@ constexpr int64_t kHeadWorkspaceFloatsGpu = int64_t{256} << 20;
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena,
-                         TokenDispatcher& dispatcher, int lease_slots, Recompute recompute, Precision precision)
+                         TokenDispatcher& dispatcher, int lease_slots, Recompute recompute, Precision precision,
+                         const ModelChunks& chunks)
     : cfg_(cfg),
       batch_(batch),
       seq_len_(seq_len),
@@ -66,14 +67,35 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
   const bool keep_experts = recompute == Recompute::None || recompute == Recompute::Attention;
   std::map<std::string, std::pair<Arena::Slot, Shape>> shared;  // recompute.<name>: slot, shape
 
-  h_.resize(L + 1);
-  layers_.resize(L);
-  for (int64_t l = 0; l <= L; ++l) reserve(h_[l], "h." + std::to_string(l), X, {R, D});
+  chunks_ = chunks.layers.empty() ? std::vector<std::pair<int64_t, int64_t>>{{0, L}} : chunks.layers;
+  std::vector<bool> held(L, false);
+  for (const auto& [first, end] : chunks_) {
+    MOE_CHECK(0 <= first && first < end && end <= L, "Transformer: chunk [", first, ", ", end, ") outside the ", L,
+              " layers or empty");
+    for (int64_t l = first; l < end; ++l) {
+      MOE_CHECK(!held[l], "Transformer: layer ", l, " is in two chunks");
+      held[l] = true;
+    }
+  }
+  const int sets = chunks.activation_sets;
+  MOE_CHECK(sets >= 1, "Transformer: activation_sets = ", sets, " must be at least 1");
+  h_.assign(sets, std::vector<Tensor>(L + 1));
+  layers_.assign(sets, std::vector<LayerActs>(L));
+  dh_in_.assign(sets, std::vector<Tensor>(chunks_.size()));
   int64_t ffn_width = 0;  // widest dense MLP / shared expert, for the shared backward scratch
+  for (int set = 0; set < sets; ++set) {
+  // Set 0 keeps the names of a model without pipeline ("h.<l>", "layer.<l>.<name>").
+  const std::string set_prefix = set == 0 ? "" : "set" + std::to_string(set) + ".";
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const auto [first, end] = chunks_[c];
+    for (int64_t l = first; l <= end; ++l) reserve(h_[set][l], set_prefix + "h." + std::to_string(l), X, {R, D});
+    if (first > 0) reserve(dh_in_[set][c], set_prefix + "grad.chunk_input." + std::to_string(first), X, {R, D});
+  }
   for (int64_t l = 0; l < L; ++l) {
-    LayerActs& A = layers_[l];
+    if (!held[l]) continue;
+    LayerActs& A = layers_[set][l];
     auto layer_buffer = [&](Tensor& t, const std::string& name, DType dtype, Shape shape, bool keep) {
-      if (keep) return reserve(t, "layer." + std::to_string(l) + "." + name, dtype, shape);
+      if (keep) return reserve(t, set_prefix + "layer." + std::to_string(l) + "." + name, dtype, shape);
       auto it = shared.find(name);
       if (it == shared.end())
         it = shared.emplace(name, std::make_pair(arena.reserve("activations.recompute." + name, dtype, shape), shape))
@@ -123,6 +145,7 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       ffn_width = std::max(ffn_width, Hd);
     }
   }
+  }
   Scratch& s = s_;
   reserve(s.dres, "grad.residual", X, {R, D});
   reserve(s.dm, "grad.ffn_norm_out", X, {R, D});
@@ -135,7 +158,12 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
     reserve(s.dk_raw, "grad.k_proj_out", X, {R, KVo});
   }
   reserve(s.da, "grad.attn_norm_out", X, {R, D});
-  if (cfg.first_k_dense_replace < L) {
+  // The MoE layers this rank runs: [moe_first, moe_end) bounds them (its lease pools).
+  int64_t moe_first = L, moe_end = 0;
+  for (int64_t l = 0; l < L; ++l)
+    if (held[l] && cfg.is_moe_layer(l)) moe_first = std::min(moe_first, l), moe_end = l + 1;
+  const bool holds_moe = moe_first < moe_end;
+  if (holds_moe) {
     reserve(s.dlogits, "grad.router_logits", F, {R, N});
     reserve(s.dw, "grad.topk_weight", F, {R, K});
     reserve(s.dact, "grad.expert_act", X, {capacity_, H});
@@ -147,23 +175,25 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
     reserve(s.dffn_act, "grad.mlp_act", X, {R, ffn_width});
     reserve(s.dffn_gu, "grad.mlp_gate_up", X, {R, 2 * ffn_width});
   }
-  if (cfg.first_k_dense_replace < L) {
+  if (holds_moe) {
     if (!keep_block) {
       reserve(s.recompute_topk_idx, "recompute.router_topk_idx", I, {R, K});
       reserve(s.recompute_topk_w, "recompute.router_topk_weight", F, {R, K});
     }
-    dispatcher.reserve_buffers(DispatchShape{R, K, D, static_cast<int>(L), lease_slots,
-                                             static_cast<int>(cfg.first_k_dense_replace), X, !keep_block},
+    dispatcher.reserve_buffers(DispatchShape{R, K, D, static_cast<int>(moe_end), lease_slots,
+                                             static_cast<int>(moe_first), X, !keep_block},
                                arena);
   }
   // The CPU attention keeps its workspace here; cuDNN manages its own (docs/architecture.md).
   const int64_t attn_ws = dev_ == Device::CPU ? attention_workspace_elems(attn_shape_) : 0;
   reserve(s.attn_ws, "attention_workspace", F, {std::max<int64_t>(1, attn_ws)});
-  const int64_t head_floats = dev_ == Device::CUDA ? kHeadWorkspaceFloatsGpu : kHeadWorkspaceFloatsCpu;
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(R, head_floats / V));
-  reserve(s.head_ws, "lm_head_workspace", F, {chunk, V});
-  reserve(s.hn, "final_norm_out", X, {R, D});
-  reserve(s.rstd_f, "final_norm_rstd", F, {R});
+  if (held[L - 1]) {  // the LM head's rank
+    const int64_t head_floats = dev_ == Device::CUDA ? kHeadWorkspaceFloatsGpu : kHeadWorkspaceFloatsCpu;
+    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(R, head_floats / V));
+    reserve(s.head_ws, "lm_head_workspace", F, {chunk, V});
+    reserve(s.hn, "final_norm_out", X, {R, D});
+    reserve(s.rstd_f, "final_norm_rstd", F, {R});
+  }
   reserve(s.loss_sum, "lm_loss_sum", F, {1});
   stats_slot_ = arena.reserve("activations.microbatch_stats", F, {kNumMicrobatchStats});
 }
@@ -280,15 +310,15 @@ void Transformer::mlp_forward_layer(const LayerWeights& w, const Fp8LayerWeights
   proj_->linear(h_out, A.mlp_act, w.mlp_down, f.mlp_down, /*accumulate=*/true);
 }
 
-// recompute = block: everything layer l's backward reads, computed again from its input h_[l] and
-// its saved routing decision. The layer's output h_[l+1] is not written again (the next layer's
+// recompute = block: everything layer l's backward reads, computed again from its input h(l) and
+// its saved routing decision. The layer's output h(l+1) is not written again (the next layer's
 // backward has already read it). The router runs again only for the logits and scores its
 // backward reads; its choice lands in scratch and is not used, because the saved one (which may
 // have come from the balancing bias or a benchmark routing) is what forward dispatched. The rows
 // are dispatched again with the saved route index, which makes the same collective calls on every
 // rank of the EP group in the same order.
 void Transformer::recompute_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
-  attention_forward_layer(w, f, A, h_[l]);
+  attention_forward_layer(w, f, A, h(l));
   rmsnorm_forward(A.m, A.rstd2, A.h_mid, w.post_norm, static_cast<float>(cfg_.rms_norm_eps));
   if (!cfg_.is_moe_layer(l)) {
     mlp_internals(w, f, A);
@@ -303,32 +333,88 @@ void Transformer::recompute_layer(int64_t l, const LayerWeights& w, const Fp8Lay
   if (!w.shared_gate_up.empty()) shared_expert_internals(w, f, A);
 }
 
-void Transformer::forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs,
-                          bool backward_follows) {
+void Transformer::select(int chunk, int set) {
   bind();
-  MOE_CHECK(tokens.numel() == rows_, "forward: got ", tokens.numel(), " tokens, the model was planned for ", rows_);
-  const int L = static_cast<int>(cfg_.num_hidden_layers);
+  MOE_CHECK(chunk >= 0 && chunk < chunks(), "Transformer: chunk ", chunk, " of ", chunks());
+  MOE_CHECK(set >= 0 && set < static_cast<int>(h_.size()), "Transformer: activation set ", set, " of ", h_.size());
+  set_ = set;
+}
+
+void Transformer::forward_layers(int chunk, const ModelWeights& w, Tensor tokens, uint64_t routing_seed,
+                                 const RoutingState& rs, bool backward_follows) {
   auto enter = [&](int block) { if (hooks_) hooks_->before_forward(block); };
   auto leave = [&](int block) { if (hooks_ && !backward_follows) hooks_->after_forward_only(block); };
-  enter(0);
-  embedding_forward(h_[0], w.embed, tokens);
-  leave(0);
+  const auto [first, end] = chunks_[chunk];
+  if (first == 0) {
+    MOE_CHECK(tokens.numel() == rows_, "forward: got ", tokens.numel(), " tokens, the model was planned for ", rows_);
+    enter(0);
+    embedding_forward(h(0), w.embed, tokens);
+    leave(0);
+  }
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  for (int l = 0; l < L; ++l) {
-    LayerActs& A = layers_[l];
+  for (int64_t l = first; l < end; ++l) {
+    LayerActs& A = layer(l);
     const LayerWeights& lw = w.layers[l];
     const Fp8LayerWeights& lf = fp8_layer(l);
-    enter(l + 1);
-    attention_forward_layer(lw, lf, A, h_[l]);
+    enter(static_cast<int>(l) + 1);
+    attention_forward_layer(lw, lf, A, h(l));
     rmsnorm_forward(A.m, A.rstd2, A.h_mid, lw.post_norm, eps);
     if (cfg_.is_moe_layer(l))
-      moe_forward_layer(l, lw, lf, A, h_[l + 1], routing_seed, rs);
+      moe_forward_layer(l, lw, lf, A, h(l + 1), routing_seed, rs);
     else
-      mlp_forward_layer(lw, lf, A, h_[l + 1]);
-    leave(l + 1);
+      mlp_forward_layer(lw, lf, A, h(l + 1));
+    leave(static_cast<int>(l) + 1);
   }
-  enter(L + 1);  // the head block stays in use until the fused LM head has run
-  rmsnorm_forward(s_.hn, s_.rstd_f, h_[cfg_.num_hidden_layers], w.final_norm, eps);
+}
+
+void Transformer::forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs,
+                          bool backward_follows) {
+  MOE_CHECK(chunks() == 1 && has_embedding(0) && has_head(0),
+            "Transformer: a whole-model pass needs all layers on this rank (use the chunk passes)");
+  select(0, 0);
+  forward_layers(0, w, tokens, routing_seed, rs, backward_follows);
+  if (hooks_) hooks_->before_forward(static_cast<int>(cfg_.num_hidden_layers) + 1);  // held until the LM head has run
+  rmsnorm_forward(s_.hn, s_.rstd_f, h(cfg_.num_hidden_layers), w.final_norm, static_cast<float>(cfg_.rms_norm_eps));
+}
+
+void Transformer::chunk_forward(int chunk, int set, const ModelWeights& w, Tensor tokens, uint64_t routing_seed,
+                                const RoutingState& rs) {
+  select(chunk, set);
+  forward_layers(chunk, w, tokens, routing_seed, rs, /*backward_follows=*/true);
+}
+
+void Transformer::chunk_forward_loss(int chunk, int set, const ModelWeights& w, Tensor tokens, Tensor targets,
+                                     uint64_t routing_seed, const RoutingState& rs) {
+  select(chunk, set);
+  forward_layers(chunk, w, tokens, routing_seed, rs, /*backward_follows=*/false);
+  release_leases();
+  if (!has_head(chunk)) return;
+  const int head = static_cast<int>(cfg_.num_hidden_layers) + 1;
+  if (hooks_) hooks_->before_forward(head);
+  rmsnorm_forward(s_.hn, s_.rstd_f, h(cfg_.num_hidden_layers), w.final_norm, static_cast<float>(cfg_.rms_norm_eps));
+  lm_head_cross_entropy(s_.loss_sum, Tensor(), Tensor(), s_.hn, w.lm_head, targets, 0.0f, s_.head_ws);
+  if (hooks_) hooks_->after_forward_only(head);
+}
+
+Tensor Transformer::chunk_input(int chunk, int set) {
+  select(chunk, set);
+  return h(chunks_[chunk].first);
+}
+
+Tensor Transformer::chunk_output(int chunk, int set) {
+  select(chunk, set);
+  return h(chunks_[chunk].second);
+}
+
+Tensor Transformer::output_grad() {
+  bind();
+  return s_.dres;
+}
+
+Tensor Transformer::input_grad(int chunk, int set) {
+  select(chunk, set);
+  MOE_CHECK(!has_embedding(chunk), "Transformer::input_grad: chunk ", chunk, " starts with the embedding");
+  return dh_in_[set][chunk];
 }
 
 int64_t Transformer::moe_layers() const {
@@ -337,20 +423,29 @@ int64_t Transformer::moe_layers() const {
   return n;
 }
 
-void Transformer::add_stats(Tensor stats) const {
-  MOE_CHECK(stats.dtype == DType::F32 && stats.numel() >= kNumMicrobatchStats && stats.device == dev_,
-            "Transformer::add_stats: stats must be F32 with at least ", static_cast<int>(kNumMicrobatchStats),
-            " elements on the model's device");
-  std::vector<ScalarTerm> terms{{s_.loss_sum, 0, kStatLmSum, 1.0f}};
+void Transformer::add_layer_stats(std::vector<ScalarTerm>& terms, int set, int64_t first, int64_t end) const {
   const float per_layer = 1.0f / static_cast<float>(std::max<int64_t>(1, moe_layers()));
   const int64_t E = dispatcher_.local_experts();
-  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+  for (int64_t l = first; l < end; ++l) {
     if (!cfg_.is_moe_layer(l)) continue;
-    const LayerActs& A = layers_[l];
+    const LayerActs& A = layers_[set][l];
     terms.push_back({A.lb, 0, kStatLb, per_layer});
     terms.push_back({A.z, 0, kStatZ, per_layer});
     terms.push_back({A.offsets, E, kStatReceivedRows, 1.0f});
   }
+}
+
+void Transformer::add_stats(Tensor stats) const { add_chunk_stats(stats, 0, set_); }
+
+void Transformer::add_chunk_stats(Tensor stats, int chunk, int set) const {
+  MOE_CHECK(stats.dtype == DType::F32 && stats.numel() >= kNumMicrobatchStats && stats.device == dev_,
+            "Transformer::add_stats: stats must be F32 with at least ", static_cast<int>(kNumMicrobatchStats),
+            " elements on the model's device");
+  MOE_CHECK(chunk >= 0 && chunk < chunks() && set >= 0 && set < static_cast<int>(h_.size()),
+            "Transformer::add_chunk_stats: chunk ", chunk, " set ", set, " out of range");
+  std::vector<ScalarTerm> terms;
+  if (has_head(chunk)) terms.push_back({s_.loss_sum, 0, kStatLmSum, 1.0f});
+  add_layer_stats(terms, set, chunks_[chunk].first, chunks_[chunk].second);
   accumulate_scalars(stats, terms);
 }
 
@@ -373,7 +468,7 @@ MicrobatchLosses Transformer::losses() const {
 }
 
 void Transformer::release_leases() {
-  for (LayerActs& A : layers_)
+  for (LayerActs& A : layers_[set_])
     if (A.leased) {
       dispatcher_.release(A.lease);
       A.leased = false;
@@ -496,15 +591,23 @@ void Transformer::mlp_backward_layer(const LayerWeights& w, const Fp8LayerWeight
   proj_->linear_backward(s.dm, g.mlp_gate_up, dgu, A.m, w.mlp_gate_up, f.mlp_gate_up, false);
 }
 
-void Transformer::backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens, const StepScales& scales) {
-  Scratch& s = s_;
+// d(final norm output) lands in s_.dm from the fused LM head and cross-entropy; its norm's backward
+// turns it into d(h_L) in s_.dres, where the layers' backward starts.
+void Transformer::head_loss_backward(const ModelWeights& w, const ModelWeights& g, Tensor targets,
+                                     const StepScales& scales) {
   const int64_t L = cfg_.num_hidden_layers;
-  // s.dm holds d(final norm output) from the fused LM head; turn it into d(h_L).
-  rmsnorm_backward(s.dres, g.final_norm, s.dm, h_[L], w.final_norm, s.rstd_f, /*accumulate_dx=*/false);
+  lm_head_cross_entropy(s_.loss_sum, s_.dm, g.lm_head, s_.hn, w.lm_head, targets, scales.lm_grad_scale, s_.head_ws);
+  rmsnorm_backward(s_.dres, g.final_norm, s_.dm, h(L), w.final_norm, s_.rstd_f, /*accumulate_dx=*/false);
   if (hooks_) hooks_->after_backward(static_cast<int>(L) + 1);
-  for (int64_t l = L - 1; l >= 0; --l) {
+}
+
+void Transformer::backward_layers(int chunk, const ModelWeights& w, const ModelWeights& g, Tensor tokens,
+                                  const StepScales& scales) {
+  Scratch& s = s_;
+  const auto [first, end] = chunks_[chunk];
+  for (int64_t l = end - 1; l >= first; --l) {
     if (hooks_) hooks_->before_backward(static_cast<int>(l) + 1);
-    LayerActs& A = layers_[l];
+    LayerActs& A = layer(l);
     const LayerWeights &lw = w.layers[l], &lg = g.layers[l];
     const Fp8LayerWeights& lf = fp8_layer(l);
     if (recompute_ == Recompute::Block) recompute_layer(l, lw, lf, A);
@@ -514,21 +617,35 @@ void Transformer::backward(const ModelWeights& w, const ModelWeights& g, Tensor 
     else
       mlp_backward_layer(lw, lf, lg, A);
     rmsnorm_backward(s.dres, lg.post_norm, s.dm, A.h_mid, lw.post_norm, A.rstd2, /*accumulate_dx=*/true);
-    attention_backward_layer(lw, lf, lg, A, h_[l]);
+    attention_backward_layer(lw, lf, lg, A, h(l));
     if (hooks_) hooks_->after_backward(static_cast<int>(l) + 1);
   }
-  if (hooks_) hooks_->before_backward(0);
-  embedding_backward(g.embed, s.dres, tokens);
-  if (hooks_) hooks_->after_backward(0);
+  if (first == 0) {
+    if (hooks_) hooks_->before_backward(0);
+    embedding_backward(g.embed, s.dres, tokens);
+    if (hooks_) hooks_->after_backward(0);
+  } else {
+    copy(dh_in_[set_][chunk], s.dres);  // sent to the previous chunk while this scratch is reused
+  }
+}
+
+void Transformer::chunk_backward(int chunk, int set, const ModelWeights& w, const ModelWeights& g, Tensor tokens,
+                                 Tensor targets, const StepScales& scales) {
+  select(chunk, set);
+  if (has_head(chunk)) {
+    if (hooks_) hooks_->before_forward(static_cast<int>(cfg_.num_hidden_layers) + 1);
+    rmsnorm_forward(s_.hn, s_.rstd_f, h(cfg_.num_hidden_layers), w.final_norm, static_cast<float>(cfg_.rms_norm_eps));
+    head_loss_backward(w, g, targets, scales);
+  }
+  backward_layers(chunk, w, g, tokens, scales);
 }
 
 void Transformer::forward_backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens, Tensor targets,
                                    const StepScales& scales, uint64_t routing_seed, const RoutingState& rs) {
   forward(w, tokens, routing_seed, rs, true);
-  // The LM head and cross-entropy run fused with their backward: d(final norm output) lands in s_.dm.
-  lm_head_cross_entropy(s_.loss_sum, s_.dm, g.lm_head, s_.hn, w.lm_head, targets, scales.lm_grad_scale,
-                        s_.head_ws);
-  backward(w, g, tokens, scales);
+  // The LM head and cross-entropy run fused with their backward.
+  head_loss_backward(w, g, targets, scales);
+  backward_layers(0, w, g, tokens, scales);
 }
 
 }  // namespace moe

@@ -21,6 +21,7 @@
 #include "moe/model/recompute.h"
 #include "moe/model/weights.h"
 #include "moe/ops/attention.h"
+#include "moe/ops/elementwise.h"
 
 namespace moe {
 
@@ -72,10 +73,20 @@ class BlockHooks {
   virtual void after_forward_only(int block) = 0;  // forward without backward (eval): release the block
 };
 
+// The part of the model one pipeline rank runs (parallel/pipeline_schedule.h): its chunks, each a
+// contiguous run of layers [first, end) (the chunk with layer 0 also runs the embedding, the one
+// ending at layer L the final norm and LM head), and the activation sets, one per microbatch in
+// flight at once. The default is the whole model as one chunk with one set.
+struct ModelChunks {
+  std::vector<std::pair<int64_t, int64_t>> layers;  // per chunk [first, end); empty = {{0, L}}
+  int activation_sets = 1;
+};
+
 class Transformer {
  public:
   Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena, TokenDispatcher& dispatcher,
-              int lease_slots = 1, Recompute recompute = Recompute::None, Precision precision = Precision::BF16);
+              int lease_slots = 1, Recompute recompute = Recompute::None, Precision precision = Precision::BF16,
+              const ModelChunks& chunks = {});
 
   // Forward and backward of one microbatch: tokens, targets [B*T] i32 on the model's device.
   // Gradients are added into g. Only queues work: nothing is read back to the host.
@@ -91,6 +102,32 @@ class Transformer {
   // Forward to logits [B*T, V] (tests, interop checks).
   void forward_logits(const ModelWeights& w, Tensor tokens, Tensor logits, uint64_t routing_seed,
                       const RoutingState& rs);
+
+  // Pipeline passes of one microbatch through chunk `chunk` (an index into ModelChunks::layers) in
+  // activation set `set`. The first chunk reads tokens; another reads chunk_input(chunk, set), which
+  // the caller fills with the previous chunk's output. chunk_forward leaves chunk_output(chunk, set)
+  // for the next chunk. chunk_backward of the last chunk runs the final norm, the LM head and the
+  // loss (fused with their backward) from the kept residual stream; of another chunk it reads
+  // d(chunk output) from output_grad(), which the caller fills first. It leaves d(chunk input) in
+  // input_grad(chunk, set) (the first chunk: the embedding gradient instead). Recomputed buffers
+  // are shared by all sets (backward computes them again before reading them).
+  void chunk_forward(int chunk, int set, const ModelWeights& w, Tensor tokens, uint64_t routing_seed,
+                     const RoutingState& rs);
+  void chunk_backward(int chunk, int set, const ModelWeights& w, const ModelWeights& g, Tensor tokens, Tensor targets,
+                      const StepScales& scales);
+  // Forward only (evaluation): releases the chunk's leases; the last chunk computes the loss sum.
+  void chunk_forward_loss(int chunk, int set, const ModelWeights& w, Tensor tokens, Tensor targets,
+                          uint64_t routing_seed, const RoutingState& rs);
+  Tensor chunk_input(int chunk, int set);
+  Tensor chunk_output(int chunk, int set);
+  Tensor output_grad();
+  Tensor input_grad(int chunk, int set);
+  // stats[kStat...] += the statistics of chunk `chunk` in set `set` (its layers' losses and rows;
+  // the LM loss sum when it is the last chunk, valid right after its chunk_backward or chunk_forward_loss).
+  void add_chunk_stats(Tensor stats, int chunk, int set) const;
+  int chunks() const { return static_cast<int>(chunks_.size()); }
+  bool has_head(int chunk) const { return chunks_.at(chunk).second == cfg_.num_hidden_layers; }
+  bool has_embedding(int chunk) const { return chunks_.at(chunk).first == 0; }
 
   // Precision fp8: the FP8 caches of the weights the model is given (not owned; refreshed by the
   // parameter store after each update). Required before the first forward, refused for bf16.
@@ -129,7 +166,14 @@ class Transformer {
 
   void reserve(Tensor& t, const std::string& name, DType dtype, Shape shape);
   void bind();
+  void select(int chunk, int set);  // checks the indices; layer() and h() then address this set
+  LayerActs& layer(int64_t l) { return layers_[set_][l]; }
+  Tensor& h(int64_t l) { return h_[set_][l]; }
   void forward(const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs, bool backward_follows);
+  void forward_layers(int chunk, const ModelWeights& w, Tensor tokens, uint64_t routing_seed, const RoutingState& rs,
+                      bool backward_follows);
+  void head_loss_backward(const ModelWeights& w, const ModelWeights& g, Tensor targets, const StepScales& scales);
+  void add_layer_stats(std::vector<ScalarTerm>& terms, int set, int64_t first, int64_t end) const;
   // Layer functions take the layer's weights w and their FP8 caches f (empty in bf16).
   void attention_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_in);
   void attention_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_in);
@@ -140,7 +184,7 @@ class Transformer {
                          uint64_t routing_seed, const RoutingState& rs);
   void mlp_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out);
   void recompute_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
-  void backward(const ModelWeights& w, const ModelWeights& g, Tensor tokens, const StepScales& scales);
+  void backward_layers(int chunk, const ModelWeights& w, const ModelWeights& g, Tensor tokens, const StepScales& scales);
   void attention_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g, LayerActs& A,
                                 Tensor h_in);
   void moe_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g, LayerActs& A,
@@ -159,8 +203,14 @@ class Transformer {
   AttentionShape attn_shape_;
   Arena& arena_;
   TokenDispatcher& dispatcher_;
-  std::vector<Tensor> h_;  // h_[l]: input of layer l; h_[L]: final residual stream
-  std::vector<LayerActs> layers_;
+  std::vector<std::pair<int64_t, int64_t>> chunks_;  // [first, end) layers per chunk
+  // Per activation set: h_[set][l] the input of layer l (h_[set][L] the final residual stream),
+  // layers_[set][l] what layer l keeps, dh_in_[set][c] d(input) of chunk c (chunks after the first).
+  // Only the layers of this rank's chunks are reserved.
+  std::vector<std::vector<Tensor>> h_;
+  std::vector<std::vector<LayerActs>> layers_;
+  std::vector<std::vector<Tensor>> dh_in_;
+  int set_ = 0;
   Scratch s_;
   Arena::Slot stats_slot_;  // losses(): one microbatch's statistics
   std::vector<std::pair<Tensor*, Arena::Slot>> pending_;

@@ -14,8 +14,12 @@ std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l)
 }  // namespace
 
 ParamRegistry build_registry(const ModelConfig& cfg, int64_t expert_begin, int64_t local_experts,
-                             ParamLayout layout) {
+                             ParamLayout layout, const std::vector<bool>& held_blocks) {
   ParamRegistry reg;
+  const int64_t blocks = cfg.num_hidden_layers + 2;
+  MOE_CHECK(held_blocks.empty() || static_cast<int64_t>(held_blocks.size()) == blocks, "build_registry: ",
+            held_blocks.size(), " held-block flags for ", blocks, " blocks");
+  auto held = [&](int64_t block) { return held_blocks.empty() || held_blocks[block]; };
   const int64_t D = cfg.hidden_size, hd = cfg.head_dim();
   const int64_t q_out = cfg.num_attention_heads * hd, kv_out = cfg.num_key_value_heads * hd;
   const auto dense = ReplicaGroup::Dense;
@@ -26,8 +30,9 @@ ParamRegistry build_registry(const ModelConfig& cfg, int64_t expert_begin, int64
                    true);
     reg.add_sliced(p + "mlp.experts.down_proj", {N, D, H}, expert_begin, local_experts, ReplicaGroup::Expert, true);
   };
-  reg.add("model.embed_tokens.weight", {cfg.vocab_size, D}, dense, true);
+  if (held(0)) reg.add("model.embed_tokens.weight", {cfg.vocab_size, D}, dense, true);
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    if (!held(l + 1)) continue;
     const std::string p = layer_prefix(l);
     reg.add(p + "input_layernorm.weight", {D}, dense, false);
     reg.add(p + "self_attn.q_proj.weight", {q_out, D}, dense, true);
@@ -58,13 +63,15 @@ ParamRegistry build_registry(const ModelConfig& cfg, int64_t expert_begin, int64
       reg.add(p + "mlp.down_proj.weight", {D, Hd}, dense, true);
     }
   }
-  reg.add("model.norm.weight", {D}, dense, false);
-  reg.add("lm_head.weight", {cfg.vocab_size, D}, dense, true);
+  if (held(blocks - 1)) {
+    reg.add("model.norm.weight", {D}, dense, false);
+    reg.add("lm_head.weight", {cfg.vocab_size, D}, dense, true);
+  }
   // ByReplicaGroup: expert parameters last, so the flat buffers are [dense region | expert
   // region], each contiguous and reduced and sharded over its own replica group.
   if (layout == ParamLayout::ByReplicaGroup)
     for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
-      if (cfg.is_moe_layer(l)) add_experts(l);
+      if (cfg.is_moe_layer(l) && held(l + 1)) add_experts(l);
   return reg;
 }
 
@@ -90,13 +97,18 @@ static Tensor fused_pair(const Tensor& first, const Tensor& second) {
 
 ModelWeights bind_weights(const ModelConfig& cfg, const ParamRegistry& reg, const ParamView& view) {
   auto get = [&](const std::string& name) { return view(reg.index(name)); };
+  auto get_if_held = [&](const std::string& name) { return reg.has(name) ? get(name) : Tensor(); };
   ModelWeights w;
-  w.embed = get("model.embed_tokens.weight");
-  w.final_norm = get("model.norm.weight");
-  w.lm_head = get("lm_head.weight");
+  w.embed = get_if_held("model.embed_tokens.weight");
+  w.final_norm = get_if_held("model.norm.weight");
+  w.lm_head = get_if_held("lm_head.weight");
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     const std::string p = layer_prefix(l);
     LayerWeights lw;
+    if (!reg.has(p + "input_layernorm.weight")) {  // another pipeline stage's layer
+      w.layers.push_back(lw);
+      continue;
+    }
     lw.input_norm = get(p + "input_layernorm.weight");
     lw.q_proj = get(p + "self_attn.q_proj.weight");
     lw.k_proj = get(p + "self_attn.k_proj.weight");

@@ -42,10 +42,14 @@ enum class ParamLayout {
 
 // Registers every parameter of the model. This rank holds experts
 // [expert_begin, expert_begin + local_experts) of every MoE layer (EP = 1: all of them).
+// held_blocks (indexed like param_block; empty = all): the blocks of a pipeline rank's chunks; the
+// parameters of the other blocks are not registered.
 ParamRegistry build_registry(const ModelConfig& cfg, int64_t expert_begin, int64_t local_experts,
-                             ParamLayout layout = ParamLayout::ByReplicaGroup);
+                             ParamLayout layout = ParamLayout::ByReplicaGroup,
+                             const std::vector<bool>& held_blocks = {});
 
-// Views of every parameter inside `flat` (laid out by `reg`).
+// Views of every parameter inside `flat` (laid out by `reg`); the parameters of blocks the registry
+// does not hold are empty tensors.
 ModelWeights bind_weights(const ModelConfig& cfg, const ParamRegistry& reg, const Tensor& flat);
 // Views given by a function of the parameter's registry index (e.g. into a gather buffer).
 using ParamView = std::function<Tensor(int index)>;

@@ -167,13 +167,14 @@ bool DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConf
   // the dense shards partition the dense region over the world (each rank one disjoint piece);
   // the expert shards partition each EP slice over its replica group (ranks with the same
   // ep_index), and ranks of different ep_index hold different EP slices, i.e. different
-  // parameters. The padding is zero. So the world sum of the shard norms is the full norm. The
+  // parameters; pipeline stages hold different layers. The padding is zero. So the sum of the shard
+  // norms over all stages is the full norm. The
   // shard buffer is [dense | expert] in one piece, so one pass covers both (with one rank it is
   // exactly AdamW's pass over the whole gradient buffer).
   const Tensor norm_sq = arena_.get(norm_sq_), grad_shard = single_rank_ ? grads : arena_.get(grad_shard_);
   fill_zero(norm_sq);
   sum_squares_accumulate(norm_sq, grad_shard, arena_.get(norm_ws_));
-  mesh_.world->all_reduce(norm_sq, ReduceOp::Sum);
+  mesh_.all_stages().all_reduce(norm_sq, ReduceOp::Sum);  // with pipeline stages, over all of them
 
   // 3. AdamW on the shard, one call per parameter piece so each gets its own weight decay.
   // Clipping and the non-finite skip read the all-reduced norm in memory: every rank sees the

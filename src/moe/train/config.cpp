@@ -505,6 +505,37 @@ double parse_duration(const std::string& text, const std::string& key) {
   return total;
 }
 
+int64_t ParallelConfig::dp(int64_t world) const {
+  if (world % pp != 0) {
+    std::string divisors;
+    for (int64_t d = 1; d <= world; ++d)
+      if (world % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+    MOE_FAIL("parallel.pp = ", pp, " does not divide the ", world, " ranks; use one of ", divisors);
+  }
+  return world / pp;
+}
+
+std::vector<int64_t> parse_layer_counts(const std::string& text) {
+  std::vector<int64_t> out;
+  if (text.empty()) return out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    int64_t n = 0;
+    try {
+      n = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && item[used] == ' ') ++used;
+    MOE_CHECK(used == item.size() && !item.empty() && n >= 1, "parallel.pp_layers = \"", text,
+              "\": '", item, "' is not a layer count; write positive integers separated by commas, e.g. \"3,1\"");
+    out.push_back(n);
+  }
+  return out;
+}
+
 void Config::validate(int64_t dp) const {
   visit_config_keys(*this, RangeCheck{});
   parse_duration(train.max_duration, "train.max_duration");
@@ -562,6 +593,22 @@ void Config::validate(int64_t dp) const {
   MOE_CHECK(!t.cuda_graph || run.device != "cpu", "train.cuda_graph = true needs the GPU, but run.device = \"cpu\"");
   // FSDP holds a block's weights only between its gather and its release: an FP8 cache per step
   // would have to be gathered with them (not built).
+  const ParallelConfig& par = parallel;
+  if (par.pp > 1) {
+    MOE_CHECK(par.mode == "ddp", "parallel.pp = ", par.pp, " is built for parallel.mode = \"ddp\", not \"",
+              par.mode, "\"; use parallel.mode = \"ddp\" or parallel.pp = 1");
+    MOE_CHECK(t.precision != Precision::FP8, "parallel.pp = ", par.pp, " with train.precision = \"fp8\" is not "
+              "built (the FP8 weight caches hold the whole model); use train.precision = \"bf16\" or parallel.pp = 1");
+    MOE_CHECK(!t.cuda_graph, "parallel.pp = ", par.pp, " runs on MPI CPU ranks; set train.cuda_graph = false");
+    MOE_CHECK(run.device != "cuda", "parallel.pp = ", par.pp, " runs on MPI CPU ranks (point-to-point messages "
+              "over NCCL are not built); set run.device = \"cpu\" or parallel.pp = 1");
+  }
+  MOE_CHECK(par.pp_virtual == 1 || (par.pp_schedule == "interleaved" && par.pp > 1), "parallel.pp_virtual = ",
+            par.pp_virtual, " needs parallel.pp_schedule = \"interleaved\" and parallel.pp >= 2; use "
+            "parallel.pp_virtual = 1");
+  MOE_CHECK(par.pp_schedule != "interleaved" || par.pp > 1, "parallel.pp_schedule = \"interleaved\" needs "
+            "parallel.pp >= 2 (one stage has nothing to interleave); use parallel.pp_schedule = \"1f1b\"");
+  parse_layer_counts(par.pp_layers);
   MOE_CHECK(t.precision != Precision::FP8 || parallel.mode != "fsdp",
             "train.precision = \"fp8\" is built for parallel.mode = \"ddp\" (resident weights with their FP8 "
             "caches), not for \"fsdp\"; use parallel.mode = \"ddp\" or train.precision = \"bf16\"");

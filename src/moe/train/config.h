@@ -54,7 +54,16 @@ struct OptimConfig {
 struct ParallelConfig {
   std::string mode = "ddp";  // ddp: resident weights + expert parallelism; fsdp: the full-reshard baseline
   int64_t ep = 1;            // expert-parallel degree (ranks per EP group); divides the world size and N
-  int64_t lease_slots = 1;   // expert-buffer slots per MoE layer: microbatches alive at once
+  // Expert-buffer slots per MoE layer (microbatches alive at once); 0 = what the pipeline schedule
+  // needs (1 without pipeline); a value below that need is refused.
+  int64_t lease_slots = 0;
+  int64_t pp = 1;                      // pipeline stages; world = pp x data-parallel ranks
+  std::string pp_schedule = "1f1b";    // 1f1b | interleaved
+  int64_t pp_virtual = 1;              // model chunks per pipeline rank (interleaved)
+  std::string pp_layers;               // layers per chunk, "3,1" (pp x pp_virtual numbers); "" = balanced by cost
+  // The data-parallel ranks of a stage for a job of `world` ranks; throws naming parallel.pp and
+  // the values that would work when pp does not divide the world.
+  int64_t dp(int64_t world) const;
 };
 
 struct EpConfig {
@@ -100,6 +109,8 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
 double parse_duration(const std::string& text, const std::string& key);
 // Reads the file; path "tiny" (or empty) selects the built-in tiny config.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// parallel.pp_layers as numbers ("3,1" -> {3, 1}; "" -> {}); throws naming the key on anything else.
+std::vector<int64_t> parse_layer_counts(const std::string& text);
 // The model section and the whole resolved config as TOML text (written by the TOML library,
 // so any string value reads back unchanged).
 std::string model_config_toml(const ModelConfig& m);

@@ -180,8 +180,20 @@ void visit_config_keys(C& c, V&& v) {
            "ddp: resident weights + expert parallelism; fsdp: the full-reshard baseline");
   v.key("parallel", "ep", c.parallel.ep, between<int64_t>(1, 1 << 20),
         "expert-parallel degree; divides the world size and num_experts");
-  v.key("parallel", "lease_slots", c.parallel.lease_slots, between<int64_t>(1, 1 << 10),
-        "expert-buffer slots per MoE layer (microbatches alive at once)");
+  v.key("parallel", "lease_slots", c.parallel.lease_slots, between<int64_t>(0, 1 << 10),
+        "expert-buffer slots per MoE layer (microbatches alive at once); 0 = what the pipeline schedule needs, "
+        "a smaller value is refused");
+  v.key("parallel", "pp", c.parallel.pp, between<int64_t>(1, 1 << 10),
+        "pipeline stages (MPI CPU ranks); world = pp x data-parallel ranks, the EP mesh inside each stage");
+  v.choice("parallel", "pp_schedule", c.parallel.pp_schedule,
+           Choices<std::string>{{"1f1b", "1f1b"}, {"interleaved", "interleaved"}},
+           "pipeline schedule: 1f1b, or interleaved (parallel.pp_virtual chunks per rank; microbatches a multiple "
+           "of pp)");
+  v.key("parallel", "pp_virtual", c.parallel.pp_virtual, between<int64_t>(1, 1 << 10),
+        "model chunks per pipeline rank (interleaved schedule)");
+  v.key("parallel", "pp_layers", c.parallel.pp_layers, any_value<std::string>(),
+        "layers per pipeline chunk, comma-separated (\"3,1\"; pp x pp_virtual numbers); empty = balanced by a "
+        "per-layer cost with the embedding and LM head counted");
   v.choice("ep", "backend", c.ep.backend, Choices<std::string>{{"rowwise", "rowwise"}, {"alltoall", "alltoall"}},
            "token dispatch: rowwise (symmetric memory) or alltoall (the baseline)");
 

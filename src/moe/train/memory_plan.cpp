@@ -59,7 +59,7 @@ MemoryRoles memory_roles(const Arena& state, const Arena& acts, const TokenDispa
 }
 
 MemoryRoles plan_rank(const Config& cfg, int world_size, int rank, Device device) {
-  cfg.validate(world_size);
+  cfg.validate(cfg.parallel.dp(world_size));
   PlanCommunicator world(rank, world_size);
   Arena state("model state", device), acts("activations", device);
   const auto run = build_run_model(cfg, world, device, /*device_collectives=*/device == Device::CUDA, state, acts);

@@ -67,6 +67,10 @@ nlohmann::json step_record_json(const StepRecord& r, const RunTotals& t, std::op
                       {"activation_bytes", t.activation_bytes},
                       {"expert_heap_bytes", t.expert_heap_bytes}};
   if (t.device_high_water_bytes > 0) j["device_high_water_bytes"] = t.device_high_water_bytes;
+  if (r.pipeline_bubble_theory > 0) {  // parallel.pp > 1
+    j["pipeline_bubble"] = r.pipeline_bubble;
+    j["pipeline_bubble_theory"] = r.pipeline_bubble_theory;
+  }
   if (eval_loss) j["eval_loss"] = number(*eval_loss);
   if (!eval_sets.empty()) {
     nlohmann::json sets = nlohmann::json::object();

@@ -20,6 +20,9 @@ struct StepRecord {
   std::vector<double> expert_load_per_layer;  // max/mean routes per expert, each MoE layer
   double receive_utilization = 0;  // expert-buffer rows filled / rows available
   double dispatch_bytes = 0;       // payload bytes moved by dispatch and combine, all ranks
+  // parallel.pp > 1: the measured bubble (idle share of the pipeline phase, mean over ranks) and the
+  // schedule's theoretical one; 0 without pipeline.
+  double pipeline_bubble = 0, pipeline_bubble_theory = 0;
   bool skipped = false;
   std::string stop_reason;  // not empty: every rank stops after this step (a signal, train.max_duration)
 };

@@ -6,6 +6,34 @@
 
 namespace moe {
 
+int PipelinePlan::model_chunk(int layout_chunk) const {
+  for (size_t k = 0; k < chunks.size(); ++k)
+    if (chunks[k] == layout_chunk) return static_cast<int>(k);
+  MOE_FAIL("pipeline: chunk ", layout_chunk, " does not run on this rank");
+}
+
+namespace {
+
+// This stage's chunks, schedule and in-flight count; refuses a lease_slots override below the need.
+std::unique_ptr<PipelinePlan> plan_pipeline(const Config& cfg, const Mesh& mesh, int64_t accum) {
+  const ParallelConfig& par = cfg.parallel;
+  auto plan = std::make_unique<PipelinePlan>();
+  plan->layout = plan_pipeline_layout(cfg.model, cfg.train.seq_len, static_cast<int>(par.pp),
+                                      static_cast<int>(par.pp_virtual), parse_layer_counts(par.pp_layers));
+  plan->schedule = par.pp_schedule == "interleaved" ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB;
+  plan->shape = PipelineShape{static_cast<int>(par.pp), static_cast<int>(par.pp_virtual), accum};
+  plan->ops = schedule_ops(plan->schedule, plan->shape, mesh.stage);
+  plan->chunks = plan->layout.chunks_of(mesh.stage);
+  for (int c : plan->chunks) plan->activation_sets = std::max(plan->activation_sets, in_flight(plan->ops, c));
+  MOE_CHECK(par.lease_slots == 0 || par.lease_slots >= plan->activation_sets, "parallel.lease_slots = ",
+            par.lease_slots, " is below the ", plan->activation_sets, " microbatches the ", par.pp_schedule,
+            " schedule keeps in flight on pipeline stage ", mesh.stage, "; use parallel.lease_slots >= ",
+            plan->activation_sets, " or 0 (sized from the schedule)");
+  return plan;
+}
+
+}  // namespace
+
 std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world, Device device,
                                           bool device_collectives, Arena& state, Arena& acts) {
   auto run = std::make_unique<RunModel>();
@@ -20,10 +48,22 @@ std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world
               " needs MoE layers, but model.first_k_dense_replace makes every layer dense; use parallel.ep = 1");
     const int ep = static_cast<int>(cfg.parallel.ep);
     const int64_t experts = moe_experts > 0 ? moe_experts : 1;
-    run->mesh = std::make_unique<Mesh>(world.plans_only() ? plan_mesh(world, ep, experts)
-                                                          : make_mesh(world, ep, experts));
+    const int pp = static_cast<int>(cfg.parallel.pp);
+    run->mesh = std::make_unique<Mesh>(world.plans_only() ? plan_mesh(world, ep, experts, pp)
+                                                          : make_mesh(world, ep, experts, pp));
     const int64_t local = mc.num_experts / run->mesh->ep;
-    run->reg = build_registry(mc, run->mesh->ep_index * local, local, ParamLayout::ByReplicaGroup);
+    std::vector<bool> held;  // all blocks without pipeline
+    if (pp > 1) {
+      run->pipeline = plan_pipeline(cfg, *run->mesh, cfg.accumulation_steps(run->mesh->dp()));
+      const PipelineLayout& layout = run->pipeline->layout;
+      held.assign(mc.num_hidden_layers + 2, false);
+      for (int c : run->pipeline->chunks) {
+        for (int64_t l = layout.first_layer(c); l < layout.end_layer(c); ++l) held[l + 1] = true;
+        if (c == 0) held[0] = true;
+        if (c == layout.chunks() - 1) held[mc.num_hidden_layers + 1] = true;
+      }
+    }
+    run->reg = build_registry(mc, run->mesh->ep_index * local, local, ParamLayout::ByReplicaGroup, held);
     run->store =
         std::make_unique<DdpStore>(mc, run->reg, *run->mesh, state, cfg.optim.moment_dtype, cfg.train.precision);
   }
@@ -31,7 +71,7 @@ std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world
                                         run->mesh ? run->mesh->ep_group.get() : nullptr, mc.num_experts,
                                         mc.capacity_factor, mc.dropless);
   const int64_t rows = cfg.train.micro_batch_size * cfg.train.seq_len;
-  const int64_t accum = cfg.accumulation_steps(world.size());
+  const int64_t accum = cfg.accumulation_steps(cfg.parallel.dp(world.size()));
   const int64_t L = mc.num_hidden_layers, N = mc.num_experts;
   StepBuffers& b = run->buffers;
   b.router_bias = state.reserve("router_bias", DType::F32, {L, N});
@@ -40,9 +80,17 @@ std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world
   b.tokens = state.reserve("batch.tokens", DType::I32, {accum * rows});
   b.targets = state.reserve("batch.targets", DType::I32, {accum * rows});
   b.schedule = state.reserve("optimizer.schedule", DType::F32, {2});
+  ModelChunks chunks;
+  int lease_slots = 1;
+  if (run->pipeline) {
+    for (int c : run->pipeline->chunks)
+      chunks.layers.emplace_back(run->pipeline->layout.first_layer(c), run->pipeline->layout.end_layer(c));
+    chunks.activation_sets = run->pipeline->activation_sets;
+    lease_slots = run->pipeline->activation_sets;
+  }
+  if (cfg.parallel.lease_slots > 0) lease_slots = static_cast<int>(cfg.parallel.lease_slots);
   run->model = std::make_unique<Transformer>(mc, cfg.train.micro_batch_size, cfg.train.seq_len, acts, *run->dispatcher,
-                                             static_cast<int>(cfg.parallel.lease_slots), cfg.train.recompute,
-                                             cfg.train.precision);
+                                             lease_slots, cfg.train.recompute, cfg.train.precision, chunks);
   run->model->set_block_hooks(run->store->hooks());
   if (cfg.train.precision == Precision::FP8) run->model->set_fp8_weights(run->store->fp8_weights());
   return run;

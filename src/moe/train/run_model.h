@@ -15,7 +15,9 @@
 #include "moe/model/weights.h"
 #include "moe/model/transformer.h"
 #include "moe/parallel/param_store.h"
+#include "moe/parallel/pipeline_schedule.h"
 #include "moe/train/config.h"
+#include "moe/train/pipeline_layout.h"
 
 namespace moe {
 
@@ -31,6 +33,7 @@ enum StepStat {
   kBytesMoved,
   kStopSignals,   // ranks that received a stop signal (stop_request.h)
   kStopDeadline,  // rank 0: train.max_duration is reached
+  kPipelineBubble,  // parallel.pp > 1: this rank's idle share of the pipeline phase (summed: divide by ranks)
   kNumStepStats
 };
 
@@ -41,8 +44,21 @@ struct StepBuffers {
   Arena::Slot tokens, targets, router_bias, expert_load, step_stats, schedule;
 };
 
+// What a pipeline rank runs (parallel.pp > 1): the layout of all chunks, the schedule, this rank's
+// op list for one step and its chunks (the model's chunk k is the layout's chunks[k]).
+struct PipelinePlan {
+  PipelineLayout layout;
+  PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+  PipelineShape shape;
+  std::vector<PipelineOp> ops;
+  std::vector<int> chunks;  // this rank's layout chunks, in the model's chunk order
+  int activation_sets = 1;  // the most microbatches in flight in one of this rank's chunks
+  int model_chunk(int layout_chunk) const;
+};
+
 struct RunModel {
   std::unique_ptr<Mesh> mesh;  // parallel.mode = "ddp" only
+  std::unique_ptr<PipelinePlan> pipeline;  // parallel.pp > 1 only
   ParamRegistry reg;
   std::unique_ptr<ParamStore> store;
   std::unique_ptr<TokenDispatcher> dispatcher;

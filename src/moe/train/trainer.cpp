@@ -62,8 +62,11 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       data_(TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id)),
       state_("model state", dev_),
       acts_("activations", dev_) {
-  const int dp = world_.size();
+  const int64_t dp = cfg_.parallel.dp(world_.size());
   cfg_.validate(dp);
+  MOE_CHECK(cfg_.parallel.pp == 1 || dev_ == Device::CPU, "parallel.pp = ", cfg_.parallel.pp,
+            " runs on MPI CPU ranks (point-to-point messages over NCCL are not built), but this run uses ",
+            run_device_.note, "; set run.device = \"cpu\" or parallel.pp = 1");
   // Before anything is written: files too short for one window are left out (with a warning),
   // every named validation set is opened and checked.
   std::vector<std::string> warnings = data_.warnings();
@@ -170,9 +173,15 @@ void Trainer::print_plan() const {
   else
     std::printf("  parallel: %d ranks, ep %d (%s dispatch), expert replicas %d\n", world_.size(),
                 run_->mesh->ep, run_->dispatcher->name(), run_->mesh->ep_dp);
+  if (const PipelinePlan* p = run_->pipeline.get())
+    std::printf("  pipeline: %d stages x %ld data-parallel ranks, %s schedule, %d chunks per rank, layers per chunk "
+                "%s; %d microbatches in flight on stage 0; theoretical bubble %.1f%%\n",
+                p->shape.stages, static_cast<long>(data_ranks()), cfg_.parallel.pp_schedule.c_str(),
+                p->shape.virtual_stages, p->layout.describe().c_str(), p->activation_sets,
+                100 * theoretical_bubble(p->schedule, p->shape));
   std::printf("  batch: %ld sequences x %ld tokens per step, %ld microbatches of %ld per rank; %s FLOPs per token\n",
               static_cast<long>(cfg_.train.global_batch_size), static_cast<long>(cfg_.train.seq_len),
-              static_cast<long>(cfg_.accumulation_steps(world_.size())), static_cast<long>(cfg_.train.micro_batch_size),
+              static_cast<long>(cfg_.accumulation_steps(data_ranks())), static_cast<long>(cfg_.train.micro_batch_size),
               format_count(flops_.flops_per_token).c_str());
   auto b = [](size_t n) { return format_bytes(static_cast<double>(n)); };
   const MemoryRoles m = memory_plan();
@@ -203,7 +212,7 @@ void Trainer::print_plan() const {
 
 void Trainer::upload_batch(int64_t step) {
   const TrainConfig& t = cfg_.train;
-  const int64_t dp = world_.size(), rank = world_.rank();
+  const int64_t dp = data_ranks(), rank = data_rank();
   const int64_t B = t.micro_batch_size, T = t.seq_len, accum = cfg_.accumulation_steps(dp);
   for (int64_t micro = 0; micro < accum; ++micro) {
     // Global sequences of this microbatch: the same global batch in the same order on any topology.
@@ -220,7 +229,7 @@ void Trainer::upload_batch(int64_t step) {
 
 void Trainer::queue_gradients(int64_t step) {
   const TrainConfig& t = cfg_.train;
-  const int64_t dp = world_.size(), rank = world_.rank();
+  const int64_t dp = data_ranks(), rank = data_rank();
   const int64_t rows = t.micro_batch_size * t.seq_len, accum = cfg_.accumulation_steps(dp);
   const int64_t moe_layers = cfg_.model.num_hidden_layers - cfg_.model.first_k_dense_replace;
   // Every rank scales by the global batch, so the reduced gradient is that of the global mean loss.
@@ -241,6 +250,18 @@ void Trainer::queue_gradients(int64_t step) {
   fill_zero(stats);
   RoutingState rs{state_.get(run_->buffers.router_bias), load};
   const Tensor tokens = state_.get(run_->buffers.tokens), targets = state_.get(run_->buffers.targets);
+  if (run_->pipeline) {
+    PipelineStepInput in;
+    in.tokens = tokens;
+    in.targets = targets;
+    in.rows = rows;
+    in.scales = scales;  // pipelines run on the CPU: gradients are always added (gradients_zeroed = false)
+    in.routing_seed = [&](int64_t micro) { return routing_seed(t.seed, step, micro * dp + rank); };
+    in.routing = rs;
+    in.stats = stats;
+    pipeline_times_ = run_pipeline_step(*run_->pipeline, *run_->mesh->pipeline, *run_->model, *run_->store, in);
+    return;
+  }
   for (int64_t micro = 0; micro < accum; ++micro) {
     scales.gradients_zeroed = micro == 0 && first_microbatch_writes_experts;
     run_->model->forward_backward(run_->store->weights(), run_->store->grads(), tokens.rows(micro * rows, (micro + 1) * rows),
@@ -284,7 +305,7 @@ void Trainer::all_reduce_host(std::vector<float>& v) {
 
 StepRecord Trainer::train_step(int64_t step) {
   const TrainConfig& t = cfg_.train;
-  const int64_t dp = world_.size(), T = t.seq_len, accum = cfg_.accumulation_steps(dp);
+  const int64_t dp = data_ranks(), T = t.seq_len, accum = cfg_.accumulation_steps(dp);
   const auto t0 = Clock::now();
   const double comm_before = world_.seconds();
   const int64_t bytes_before = run_->dispatcher->bytes_moved();
@@ -321,13 +342,17 @@ StepRecord Trainer::train_step(int64_t step) {
   std::vector<float> st(kNumStepStats, 0.0f);
   copy_from_tensor(st.data(), state_.get(run_->buffers.step_stats).rows(0, kNumMicrobatchStats));
   run_->dispatcher->check_after_step();  // the GPU dispatcher's count check and byte counters, read now the device is idle
-  const int64_t moe_layers = cfg_.model.num_hidden_layers - cfg_.model.first_k_dense_replace;
+  // This rank's MoE layers (a pipeline stage's share; summed over the job below).
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l)
+    moe_layers += cfg_.model.is_moe_layer(l) && run_->reg.has("model.layers." + std::to_string(l) + ".mlp.gate.weight") ? 1 : 0;
   st[kRoutes] = static_cast<float>(accum * t.micro_batch_size * T * cfg_.model.num_experts_per_tok * moe_layers);
   st[kCapacity] = static_cast<float>(accum * run_->model->expert_rows() * moe_layers);
   st[kBytesMoved] = static_cast<float>(run_->dispatcher->bytes_moved() - bytes_before);
   st[kStopSignals] = stop_signal() != 0 ? 1.0f : 0.0f;
   // Rank 0's clock decides for everyone: stop when the next step would end past the budget.
   st[kStopDeadline] = leader() && deadline_ && Clock::now() + (Clock::now() - t0) > *deadline_ ? 1.0f : 0.0f;
+  st[kPipelineBubble] = run_->pipeline ? static_cast<float>(pipeline_times_.bubble()) : 0.0f;
   const ParamStore::StepResult opt = run_->store->last_step();
   all_reduce_host(st);
   const Tensor load = state_.get(run_->buffers.expert_load);
@@ -352,7 +377,11 @@ StepRecord Trainer::train_step(int64_t step) {
   r.loss = r.lm_loss + cfg_.model.router_aux_loss_coef * r.lb_loss + cfg_.model.router_z_loss_coef * r.z_loss;
   r.grad_norm = opt.grad_norm;
   r.tokens_per_s = static_cast<double>(t.global_batch_size * T) / r.step_time_s;
-  r.mfu = mfu(flops_, r.tokens_per_s, peak_, static_cast<double>(dp));
+  r.mfu = mfu(flops_, r.tokens_per_s, peak_, static_cast<double>(world_.size()));
+  if (const PipelinePlan* p = run_->pipeline.get()) {
+    r.pipeline_bubble = st[kPipelineBubble] / static_cast<double>(world_.size());  // the mean over ranks
+    r.pipeline_bubble_theory = theoretical_bubble(p->schedule, p->shape);
+  }
   // Routes sent minus rows kept, summed over the world: the routes dropped by capacity.
   r.dropped_fraction = st[kRoutes] > 0 ? (st[kRoutes] - st[kReceived]) / st[kRoutes] : 0.0;
   r.receive_utilization = st[kCapacity] > 0 ? st[kReceived] / st[kCapacity] : 0.0;
@@ -435,6 +464,9 @@ TrainSummary Trainer::run() {
                     r.grad_norm, r.lr, format_count(r.tokens_per_s).c_str(), 100 * r.mfu,
                     1000 * r.step_time_s, format_duration(eta).c_str(),
                     r.skipped ? " | SKIPPED (non-finite gradient)" : "");
+        if (r.pipeline_bubble_theory > 0)
+          std::printf("  pipeline bubble %.1f%% measured, %.1f%% in theory\n", 100 * r.pipeline_bubble,
+                      100 * r.pipeline_bubble_theory);
         if (eval) std::printf("  eval loss %.4f%s\n", *eval, std::isfinite(*eval) ? "" : " (not finite)");
         for (const auto& [name, loss] : eval_sets)
           std::printf("  eval loss on %s %.4f%s\n", name.c_str(), loss, std::isfinite(loss) ? "" : " (not finite)");

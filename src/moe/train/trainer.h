@@ -35,6 +35,7 @@
 #include "moe/train/flops.h"
 #include "moe/train/memory_plan.h"
 #include "moe/train/metrics.h"
+#include "moe/train/pipeline_executor.h"
 #include "moe/train/run_model.h"
 
 namespace moe {
@@ -140,6 +141,13 @@ class Trainer {
   // The routing seed of one microbatch: random routing draws a fresh choice per (step, microbatch).
   static uint64_t routing_seed(uint64_t seed, int64_t step, int64_t micro);
   bool leader() const { return world_.rank() == 0; }
+  // Data-parallel ranks of a stage and this rank's place among them (the whole job without pipeline).
+  int64_t data_ranks() const { return run_->mesh ? run_->mesh->dp() : world_.size(); }
+  int64_t data_rank() const { return run_->mesh ? run_->mesh->rank : world_.rank(); }
+  // This rank's part of one microbatch's LM loss sum, forward only (pipeline: the last stage's).
+  double forward_loss_sum(Tensor tokens, Tensor targets, uint64_t seed, const RoutingState& rs);
+  // The pipeline's step times of the last step on this rank (parallel.pp > 1).
+  PipelineStepTimes pipeline_times_;
 
   Config cfg_;
   TrainOptions opts_;

@@ -6,14 +6,39 @@
 #include "moe/core/device.h"
 #include "moe/data/eval_windows.h"
 #include "moe/data/npy.h"
+#include "moe/ops/elementwise.h"
+#include "moe/train/pipeline_executor.h"
 #include "moe/train/trainer.h"
 
 namespace moe {
 
+double Trainer::forward_loss_sum(Tensor tokens, Tensor targets, uint64_t seed, const RoutingState& rs) {
+  if (!run_->pipeline) {
+    run_->model->forward_loss(run_->store->weights(), tokens, targets, seed, rs);
+    return run_->model->losses().lm_loss_sum;
+  }
+  // Through the stages; the last one holds the loss (the others return 0, the caller sums over the job).
+  const Tensor stats = state_.get(run_->buffers.step_stats);
+  fill_zero(stats);
+  PipelineStepInput in;
+  in.tokens = tokens;
+  in.targets = targets;
+  in.rows = tokens.numel();
+  in.routing_seed = [seed](int64_t) { return seed; };
+  in.routing = rs;
+  in.stats = stats;
+  run_pipeline_forward(*run_->pipeline, *run_->mesh->pipeline, *run_->model, *run_->store, in, 1);
+  float sum = 0;
+  copy_from_tensor(&sum, stats.rows(kStatLmSum, kStatLmSum + 1));
+  return sum;
+}
+
 EvalReport Trainer::evaluate_windows(int64_t count, const WindowFn& window, int64_t max_microbatches,
                                      const std::string& logits_npy) {
-  const int64_t dp = world_.size(), rank = world_.rank();
+  const int64_t dp = data_ranks(), rank = data_rank();
   const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
+  MOE_CHECK(!run_->pipeline || logits_npy.empty(), "eval --logits with parallel.pp = ", cfg_.parallel.pp,
+            " is not built (the logits stay on the last stage); run it with parallel.pp = 1");
   int64_t per_rank = count / (B * dp);  // whole microbatches on every rank
   if (max_microbatches > 0) per_rank = std::min(per_rank, max_microbatches);
   EvalReport r;
@@ -29,8 +54,7 @@ EvalReport Trainer::evaluate_windows(int64_t count, const WindowFn& window, int6
     copy_to_tensor(tokens, host_tokens_.data());
     copy_to_tensor(targets, host_targets_.data());
     const uint64_t seed = routing_seed(cfg_.train.seed, -1, i * dp + rank);
-    run_->model->forward_loss(run_->store->weights(), tokens, targets, seed, rs);
-    local += run_->model->losses().lm_loss_sum;
+    local += forward_loss_sum(tokens, targets, seed, rs);
     if (i == 0 && !logits_npy.empty()) {
       std::vector<float> logits(static_cast<size_t>(B * T * V));
       const DeviceAllocation buf(logits.size() * sizeof(float), dev_);
@@ -73,7 +97,7 @@ std::vector<std::pair<std::string, double>> Trainer::evaluate_sets(int64_t batch
 EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, const std::string& logits_npy) {
   MOE_CHECK(max_tokens >= 0, "eval: the number of tokens must be >= 0 (0 = all), got ", max_tokens);
   const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
-  const int64_t dp = world_.size();
+  const int64_t dp = data_ranks();
   EvalReport r;
   int64_t windows = 0;
   if (path == "synthetic") {
@@ -98,11 +122,11 @@ double Trainer::microbatch_loss(int64_t step) {
   const int64_t rows = cfg_.train.micro_batch_size * cfg_.train.seq_len;
   upload_batch(step);
   const RoutingState rs{state_.get(run_->buffers.router_bias), Tensor()};
-  run_->model->forward_loss(run_->store->weights(), state_.get(run_->buffers.tokens).rows(0, rows), state_.get(run_->buffers.targets).rows(0, rows),
-                       routing_seed(cfg_.train.seed, step, world_.rank()), rs);
-  std::vector<float> sum{static_cast<float>(run_->model->losses().lm_loss_sum)};
+  std::vector<float> sum{static_cast<float>(
+      forward_loss_sum(state_.get(run_->buffers.tokens).rows(0, rows), state_.get(run_->buffers.targets).rows(0, rows),
+                       routing_seed(cfg_.train.seed, step, data_rank()), rs))};
   all_reduce_host(sum);
-  return sum[0] / static_cast<double>(rows * world_.size());
+  return sum[0] / static_cast<double>(rows * data_ranks());
 }
 
 }  // namespace moe

@@ -1,0 +1,43 @@
+// Runs one optimizer step's pipeline op list (parallel/pipeline_schedule.h) on this rank: each
+// forward and backward of a microbatch through one of the rank's model chunks, with the chunk
+// boundary's activations and their gradients as point-to-point messages to the neighbouring
+// stages (Mesh::pipeline). A send is a queued copy (Communicator::send): no rank waits on a send,
+// only on the receives the schedule's order makes it wait for, which cannot deadlock
+// (simulate_pipeline checks every schedule); the step ends once its messages are received.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "moe/comm/mesh.h"
+#include "moe/model/transformer.h"
+#include "moe/parallel/param_store.h"
+#include "moe/train/run_model.h"
+
+namespace moe {
+
+struct PipelineStepInput {
+  Tensor tokens, targets;  // the step's microbatches, [microbatches x rows] each
+  int64_t rows = 0;        // tokens per microbatch
+  StepScales scales;
+  std::function<uint64_t(int64_t microbatch)> routing_seed;
+  RoutingState routing;
+  Tensor stats;  // F32 [kNumMicrobatchStats+]: each chunk's statistics are added after its backward
+};
+
+struct PipelineStepTimes {
+  double compute_s = 0;  // inside forward and backward passes
+  double wall_s = 0;     // the whole op list, waits included
+  // This rank's idle share of the pipeline phase: 1 - compute / wall.
+  double bubble() const { return wall_s > 0 ? 1.0 - compute_s / wall_s : 0.0; }
+};
+
+PipelineStepTimes run_pipeline_step(const PipelinePlan& plan, Communicator& pipeline, Transformer& model,
+                                    ParamStore& store, const PipelineStepInput& in);
+
+// Forward only, microbatch after microbatch (evaluation): the last stage adds each microbatch's LM
+// loss sum into stats[kStatLmSum].
+void run_pipeline_forward(const PipelinePlan& plan, Communicator& pipeline, Transformer& model, ParamStore& store,
+                          const PipelineStepInput& in, int64_t microbatches);
+
+}  // namespace moe

@@ -1,0 +1,193 @@
+// ranks: 4
+// Pipeline parallelism computes what the single-process run computes: for the same global batch
+// and seed (learned routing, no drops, 4 layers), the reduced gradients of 3 optimizer steps and
+// their losses match the single-process run within the FP32 tolerance of equivalence_test, under
+// 1F1B with pp = 2 (2 ranks), pp = 4, pp = 2 x ep = 2, pp = 2 x dp = 2, given stage sizes, and
+// the interleaved schedule with pp = 2 and 2 chunks per rank. A checkpoint saved under
+// pp = 2 x ep = 2 resumes under pp = 1 and pp = 4 with the uninterrupted run's losses.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "moe/comm/local_communicator.h"
+#include "moe/comm/mpi_communicator.h"
+#include "moe/train/trainer.h"
+
+namespace moe {
+namespace {
+
+constexpr double kGradTol = 2e-5;           // equivalence_test's, relative to the tensor's largest magnitude
+constexpr double kLaterStepGradTol = 1e-4;  // steps 2 and 3 carry the FP32 drift of the weights
+constexpr double kLossTol = 1e-5;
+
+std::vector<std::string> base_overrides(const std::string& run_dir) {
+  return {"run.device=\"cpu\"",          "model.hidden_size=32",          "model.intermediate_size=16",
+          "model.num_experts=8",         "model.num_experts_per_tok=2",   "model.num_hidden_layers=4",
+          "model.dropless=true",         "train.seq_len=16",              "train.global_batch_size=8",
+          "train.micro_batch_size=2",    "train.warmup_steps=1",          "train.steps=3",
+          "train.eval_every=0",          "train.eval_batches=0",          "run.save_final=false",
+          "data.synthetic_tokens=20000", "data.synthetic_eval_tokens=2000", "run.dir=\"" + run_dir + "\""};
+}
+
+struct RunResult {
+  std::vector<std::map<std::string, std::vector<float>>> grads;  // per step; NaN = not held here
+  std::vector<double> losses;
+};
+
+RunResult run(Communicator& world, std::vector<std::string> overrides) {
+  TrainOptions quiet;
+  quiet.quiet = true;
+  quiet.bench = true;
+  const Config cfg = load_config("tiny", overrides);
+  RunResult out;
+  Trainer t(cfg, quiet, world);
+  for (int64_t step = 0; step < cfg.train.steps; ++step) {
+    t.accumulate_gradients(step);
+    auto& grads = out.grads.emplace_back();
+    t.store().reduced_gradients([&](const std::string& name, int64_t begin, int64_t end, const float* data) {
+      std::vector<float>& g = grads[name];
+      const ParamEntry& e = t.registry().entry(t.registry().index(name));
+      g.resize(static_cast<size_t>(e.global_shape.numel()), std::nanf(""));
+      std::copy(data, data + (end - begin), g.begin() + begin);
+    });
+    out.losses.push_back(t.train_step(step).loss);
+  }
+  return out;
+}
+
+class Pipeline : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+    char dir[256] = {0};
+    if (world_->rank() == 0) {
+      char tmpl[] = "/tmp/moetrain-pp-XXXXXX";
+      std::strncpy(dir, mkdtemp(tmpl), sizeof(dir) - 1);
+    }
+    MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD);
+    dir_ = dir;
+  }
+  void TearDown() override {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_->rank() == 0) std::filesystem::remove_all(dir_);
+  }
+
+  const RunResult& reference() {
+    if (!reference_) {
+      LocalCommunicator local;
+      reference_ = std::make_unique<RunResult>(run(local, base_overrides(dir_ + "/ref")));
+    }
+    return *reference_;
+  }
+
+  // Runs `topology` on the first `ranks` ranks of the job (the others wait) and compares with the
+  // single-process run: every gradient element a rank holds, every loss, and every element held by
+  // some rank.
+  void expect_matches(int ranks, const std::vector<std::string>& topology) {
+    const RunResult& ref = reference();
+    const int me = world_->rank();
+    MPI_Comm part = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, me < ranks ? 0 : MPI_UNDEFINED, me, &part);
+    if (part == MPI_COMM_NULL) return;
+    std::string label;
+    for (const auto& s : topology) label += s + " ";
+    {
+      MpiCommunicator group(part);
+      std::vector<std::string> o = base_overrides(dir_ + "/dist");
+      o.insert(o.end(), topology.begin(), topology.end());
+      const RunResult got = run(group, o);
+      ASSERT_EQ(got.grads.size(), ref.grads.size());
+      for (size_t step = 0; step < got.grads.size(); ++step)
+        for (const auto& [name, g] : got.grads[step]) {
+          const std::vector<float>& want = ref.grads[step].at(name);
+          double scale = 0, diff = 0;
+          for (float v : want) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+          for (size_t i = 0; i < g.size(); ++i)
+            if (!std::isnan(g[i])) diff = std::max(diff, std::fabs(static_cast<double>(g[i]) - want[i]));
+          const double tol = step == 0 ? kGradTol : kLaterStepGradTol;
+          EXPECT_LE(diff, tol * std::max(scale, 1e-12)) << "gradient of " << name << " in step " << step + 1
+                                                        << " under " << label;
+        }
+      ASSERT_EQ(got.losses.size(), ref.losses.size());
+      for (size_t s = 0; s < got.losses.size(); ++s)
+        EXPECT_NEAR(got.losses[s], ref.losses[s], kLossTol * ref.losses[s]) << "loss of step " << s + 1 << " under "
+                                                                            << label;
+      for (const auto& [name, want] : ref.grads[0]) {
+        std::vector<float> held(want.size(), 0.0f);
+        auto it = got.grads[0].find(name);
+        if (it != got.grads[0].end())
+          for (size_t i = 0; i < it->second.size(); ++i) held[i] = std::isnan(it->second[i]) ? 0.0f : 1.0f;
+        MPI_Allreduce(MPI_IN_PLACE, held.data(), static_cast<int>(held.size()), MPI_FLOAT, MPI_MAX, part);
+        for (float h : held) ASSERT_EQ(h, 1.0f) << name << " has elements no rank holds under " << label;
+      }
+    }
+    MPI_Comm_free(&part);
+  }
+
+  std::unique_ptr<MpiCommunicator> world_;
+  std::string dir_;
+  std::unique_ptr<RunResult> reference_;
+};
+
+TEST_F(Pipeline, OneFOneBTwoStagesMatchesOneProcess) { expect_matches(2, {"parallel.pp=2"}); }
+TEST_F(Pipeline, OneFOneBFourStagesMatchesOneProcess) { expect_matches(4, {"parallel.pp=4"}); }
+TEST_F(Pipeline, TwoStagesTimesExpertParallelTwoMatchesOneProcess) {
+  expect_matches(4, {"parallel.pp=2", "parallel.ep=2"});
+}
+TEST_F(Pipeline, TwoStagesTimesDataParallelTwoMatchesOneProcess) {
+  expect_matches(4, {"parallel.pp=2", "parallel.ep=1"});
+}
+TEST_F(Pipeline, GivenStageSizesMatchOneProcess) {
+  expect_matches(2, {"parallel.pp=2", "parallel.pp_layers=\"3,1\"", "ep.backend=alltoall"});
+}
+TEST_F(Pipeline, InterleavedTwoStagesTwoChunksMatchesOneProcess) {
+  expect_matches(2, {"parallel.pp=2", "parallel.pp_schedule=\"interleaved\"", "parallel.pp_virtual=2"});
+}
+TEST_F(Pipeline, RecomputedBlocksInFlightMatchOneProcess) {
+  expect_matches(2, {"parallel.pp=2", "train.recompute=\"block\""});
+}
+
+std::vector<double> losses(Communicator& world, std::vector<std::string> o, const std::string& resume, bool write) {
+  TrainOptions opts;
+  opts.quiet = true;
+  opts.bench = !write;
+  opts.resume = resume;
+  Trainer t(load_config("tiny", o), opts, world);
+  std::vector<double> out;
+  for (const StepRecord& r : t.run().steps) out.push_back(r.loss);
+  return out;
+}
+
+TEST_F(Pipeline, CheckpointSavedUnderTwoStagesTimesEp2ResumesUnderOneAndFourStages) {
+  auto with = [&](const std::string& dir, std::vector<std::string> extra) {
+    std::vector<std::string> o = base_overrides(dir);
+    o.push_back("train.steps=6");
+    o.insert(o.end(), extra.begin(), extra.end());
+    return o;
+  };
+  const std::vector<double> full = losses(*world_, with(dir_ + "/full", {}), "", false);
+  ASSERT_EQ(full.size(), 6u);
+  const std::string saved = dir_ + "/saved";
+  losses(*world_, with(saved, {"parallel.pp=2", "parallel.ep=2", "train.save_every=3"}), "", true);
+  const std::string ckpt = saved + "/step-000003";
+  ASSERT_TRUE(std::filesystem::exists(ckpt + "/index.json"));
+  auto expect_tail = [&](const std::vector<double>& tail, const std::string& label) {
+    ASSERT_EQ(tail.size(), 3u) << label;
+    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(tail[i], full[3 + i], kLossTol * full[3 + i]) << label << ", step " << 4 + i;
+  };
+  expect_tail(losses(*world_, with(saved, {"parallel.pp=4"}), ckpt, false), "pp=4");
+  expect_tail(losses(*world_, with(saved, {"parallel.pp=1", "parallel.ep=2"}), ckpt, false), "pp=1 x ep=2");
+  if (world_->rank() == 0) {
+    LocalCommunicator one;
+    expect_tail(losses(one, with(saved, {}), ckpt, false), "pp=1, one process");
+  }
+}
+
+}  // namespace
+}  // namespace moe
