@@ -42,7 +42,7 @@ std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world
   b.schedule = state.reserve("optimizer.schedule", DType::F32, {2});
   run->model = std::make_unique<Transformer>(mc, cfg.train.micro_batch_size, cfg.train.seq_len, acts, *run->dispatcher,
                                              static_cast<int>(cfg.parallel.lease_slots), cfg.train.recompute,
-                                             cfg.train.precision);
+                                             cfg.train.precision, cfg.ep.payload);
   run->model->set_block_hooks(run->store->hooks());
   if (cfg.train.precision == Precision::FP8) run->model->set_fp8_weights(run->store->fp8_weights());
   return run;
