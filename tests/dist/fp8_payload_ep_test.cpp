@@ -262,9 +262,8 @@ TEST_F(Fp8PayloadEp, StepsMatchPayloadBf16ExceptTheExpertGateUpGradientAndMoveTh
         continue;
       }
       const double d = held_distance(g, h);
-      if (world_->rank() == 0) std::printf("  %s: %s payload fp8 vs bf16 distance %.4f\n", label.c_str(), name.c_str(), d);
-      EXPECT_LE(d, 0.06) << label << ": gradient of " << name;  // tests/model/fp8_payload_test.cpp states why
-      EXPECT_GT(d, 0.0) << label << ": gradient of " << name << " is bit-equal: does it read the FP8 rows?";
+      if (world_->rank() == 0) std::printf("  %s: %s payload fp8 vs bf16 distance %.3e\n", label.c_str(), name.c_str(), d);
+      EXPECT_LE(d, 1e-3) << label << ": gradient of " << name;  // tests/model/fp8_payload_test.cpp states why
     }
   }
 }

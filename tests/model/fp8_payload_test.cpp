@@ -1,8 +1,8 @@
 // ep.payload = "fp8" on one CPU rank (the local dispatcher; model/dispatch.h): against payload bf16,
 // both at train.precision = "fp8", the forward is bit-equal (the moved FP8 rows are the operand
 // the expert GEMM would have quantized), every gradient but the routed experts' gate/up weight
-// gradient is bit-equal, and that one (quantized along the tokens from the dequantized FP8 rows)
-// stays within a stated tolerance; recompute still gives the payload-fp8 gradients bit for bit;
+// gradient is bit-equal, and that one (quantized along the tokens from the dequantized FP8 rows,
+// which differs only for values in E4M3's subnormal range) stays within a stated tolerance; recompute still gives the payload-fp8 gradients bit for bit;
 // the expert buffers shrink by what the FP8 rows save; configs the payload cannot run are refused.
 #include <gtest/gtest.h>
 
@@ -68,13 +68,17 @@ bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
 
 class Fp8Payload : public ::testing::TestWithParam<Case> {};
 
-// The gate/up weight gradient's x operand: payload bf16 quantizes the rows x along the tokens
-// (one E4M3 rounding, <= 2^-4 of each value); payload fp8 quantizes the dequantized 1 x 128 tiles
-// of x (the rounding at the source, then the one along the tokens), so each operand value is off
-// by up to ~3 x 2^-4 (19%) from the bf16 run's, ~2.5% RMS per rounding. Measured relative L2
-// distance of the whole tensor: 2.0-2.7% on these cases. Bar: 6%. A wrong tile, scale or row
-// (codes of another token, scales of another tile) would be off by far more (~100%).
-constexpr double kGateUpTolerance = 0.06;
+// The gate/up weight gradient's x operand: payload bf16 quantizes the rows x along the tokens;
+// payload fp8 quantizes the dequantized 1 x 128 row tiles of x along the tokens. With power-of-two
+// scales both give the same values for every element that is an E4M3 normal number in its row and
+// column tiles (tests/unit/test_fp8.cpp,
+// columns_of_dequantized_row_tiles_equal_columns_of_the_rows_where_values_are_normal); only
+// elements below 2^-6 of a tile's scale (about 2^-14 of its largest value) may differ, by about
+// 2^-10 of that tile's scale. Measured on these cases: bit-equal (distance 0; 4.7e-8 in one layer of
+// tests/dist/fp8_payload_ep_test.cpp at EP 2). Bar: 1e-3 relative L2,
+// room for activations whose row tiles hold outliers (more elements in the subnormal range). A
+// wrong tile, scale or row (codes of another token, scales of another tile) is off by ~100%.
+constexpr double kGateUpTolerance = 1e-3;
 
 TEST_P(Fp8Payload, ForwardAndEveryGradientButExpertGateUpAreBitEqualToPayloadBf16) {
   const Case& c = GetParam();
@@ -96,10 +100,8 @@ TEST_P(Fp8Payload, ForwardAndEveryGradientButExpertGateUpAreBitEqualToPayloadBf1
     }
     ++gate_up_tensors;
     const double d = relative_distance(g, h);
-    std::printf("  %s: %s payload fp8 vs bf16 relative distance %.4f\n", c.name.c_str(), name.c_str(), d);
+    std::printf("  %s: %s payload fp8 vs bf16 relative distance %.3e\n", c.name.c_str(), name.c_str(), d);
     EXPECT_LE(d, kGateUpTolerance) << c.name << ": gradient of " << name;
-    EXPECT_GT(d, 0.0) << c.name << ": gradient of " << name
-                      << " is bit-equal: is the weight gradient reading the FP8 rows at all?";
   }
   EXPECT_GT(gate_up_tensors, 0) << "no routed-expert gate/up gradient found";
 }

@@ -41,8 +41,8 @@ class Projections {
   // expert_input_columns dequantizes x into `scratch` (x's codes' shape, activation dtype; exact)
   // and quantizes it along the tokens into the x^T operand scratch, which it returns (valid until
   // the next weight gradient); experts_weight_grad then takes that operand. The operand is the
-  // column tiles of the dequantized rows, not of the BF16 rows: a second rounding the BF16 payload
-  // does not make (docs/architecture.md, FP8). FP8 weights only.
+  // column tiles of the dequantized rows, not of the BF16 rows: the same values except for elements
+  // in E4M3's subnormal range of a tile (docs/architecture.md, FP8 dispatch payload). FP8 weights only.
   Fp8Tensor expert_input_columns(Fp8Tensor x, Tensor scratch, Tensor offsets);
   void experts_weight_grad(Tensor dw, Tensor dy, Fp8Tensor x_columns, const Fp8Weight& f, Tensor offsets,
                            bool accumulate);
