@@ -12,9 +12,12 @@
 //     rounding to BF16 on store);
 //   - combine_rows_backward's dweights (F32): normalized error <= 1e-5 (the dot products sum in
 //     another order).
-// Every op runs twice; the two results must be bit-identical.
+// Every op runs twice; the two results must be bit-identical. scatter_rows_to_routes_fp8 (the FP8
+// dispatch) writes the CPU's codes and scales bit for bit (D 6, 13, 256 and 300: byte and word stores,
+// a partial tile).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -202,6 +205,58 @@ TEST(CudaPermute, RowOpsMatchCpuForF32AndBf16WithAndWithoutDrops) {
           for (int64_t capacity : {routes, routes * 3 / 4}) check_permute({dtype, T, N, K, D, capacity}, seed += 10);
         }
       }
+#endif
+}
+
+#if defined(MOE_HAVE_CUDA)
+std::vector<uint8_t> download_bytes(const DeviceBuffer& b) {
+  std::vector<uint8_t> out(b.bytes());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_CHECK(cudaMemcpy(out.data(), b.tensor().data, b.bytes(), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+// scatter_rows_to_routes_fp8 against the CPU: codes and scales of every kept route's row bit for
+// bit, the rows no route names keep the poison (0xff bytes), and a second run writes the same bits.
+void check_fp8_scatter(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(describe(c));
+  const int T = c.T, K = c.K, D = c.D;
+  const int64_t tiles = (D + kFp8Tile - 1) / kFp8Tile;
+  int64_t rows = 0;
+  std::vector<int32_t> index = make_route_index(c, seed, &rows);
+  DeviceBuffer index_d(DType::I32, {T * K});
+  index_d.upload_i32(index);
+  std::vector<float> src = random_rows(static_cast<size_t>(T) * D, c.dtype, seed + 1);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = std::ldexp(src[i], static_cast<int>(i % 29) - 14);  // many scales
+  DeviceBuffer src_d(c.dtype, {T, D});
+  src_d.upload(src);
+
+  std::vector<uint8_t> codes_ref(static_cast<size_t>(rows) * D, 0xff);
+  std::vector<uint8_t> scales_ref(static_cast<size_t>(rows) * tiles * sizeof(float), 0xff);
+  scatter_rows_to_routes_fp8(Fp8Tensor{Tensor(codes_ref.data(), DType::FP8_E4M3, {rows, D}),
+                                       Tensor(scales_ref.data(), DType::F32, {rows, tiles}), Fp8Tiles::Rows},
+                             f32_tensor(src.data(), {T, D}), i32_tensor(index.data(), {T * K}), K);
+  for (int run = 0; run < 2; ++run) {
+    DeviceBuffer codes_d(DType::FP8_E4M3, {rows, D}), scales_d(DType::F32, {rows, tiles});
+    scatter_rows_to_routes_fp8(Fp8Tensor{codes_d.tensor(), scales_d.tensor(), Fp8Tiles::Rows}, src_d, index_d, K);
+    EXPECT_TRUE(download_bytes(codes_d) == codes_ref) << "codes differ from the CPU (run " << run << ")";
+    EXPECT_TRUE(download_bytes(scales_d) == scales_ref) << "scales differ from the CPU (run " << run << ")";
+  }
+}
+#endif
+
+// D: 6 and 13 (byte stores), 256 (word stores, whole tiles) and 300 (word stores, a partial tile).
+TEST(CudaPermute, Fp8ScatterMatchesCpuBitForBitForF32AndBf16) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  uint64_t seed = 5000;
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (int T : {1, 37, 4096})
+      for (int K : {1, 2, 8})
+        for (int D : {6, 13, 256, 300}) {
+          const int64_t routes = static_cast<int64_t>(T) * K;
+          for (int64_t capacity : {routes, routes * 3 / 4}) check_fp8_scatter({dtype, T, 64, K, D, capacity}, seed += 10);
+        }
 #endif
 }
 

@@ -1,8 +1,8 @@
 // ranks: 1 2 4
 // `moetrain plan` is the run's own planning code on stand-in ranks: for several configs and
 // topologies (DDP at ep = 1, 2 and the world with rowwise and alltoall dispatch, the FSDP
-// baseline, every recompute mode, BF16 moments, several microbatches), each rank's plan equals,
-// role by role and byte for byte, the arenas (and the rowwise heap) of a real CPU run of that
+// baseline, every recompute mode, BF16 moments, several microbatches, FP8 precision and payload),
+// each rank's plan equals, role by role and byte for byte, the arenas (and the rowwise heap) of a real CPU run of that
 // config on this job's ranks. And a config that does not fit names options that were planned:
 // each option's bytes are those of the config it names.
 #include <gtest/gtest.h>
@@ -63,12 +63,17 @@ TEST_F(MemoryPlan, EachRanksPlanEqualsTheArenasOfTheRealRun) {
       {"train.recompute=\"block\"", "optim.moment_dtype=\"bf16\""},
       {"train.micro_batch_size=1", "model.capacity_factor=1.5", "model.dropless=false"},
       {"train.precision=\"fp8\""},  // the FP8 caches (compute weights) and operand scratch (activations)
+      {"train.precision=\"fp8\"", "ep.payload=\"fp8\""},  // FP8 expert inputs (codes + scales)
+      {"train.precision=\"fp8\"", "ep.payload=\"fp8\"", "train.recompute=\"block\""},
   };
   if (P > 1) {
     variants.push_back({"parallel.ep=2"});
     variants.push_back({"parallel.ep=2", "ep.backend=\"alltoall\""});
     variants.push_back({"parallel.ep=" + std::to_string(P), "train.recompute=\"block\""});
     variants.push_back({"parallel.ep=2", "train.precision=\"fp8\""});
+    variants.push_back({"parallel.ep=2", "train.precision=\"fp8\"", "ep.payload=\"fp8\""});  // in the heap
+    variants.push_back({"parallel.ep=" + std::to_string(P), "train.precision=\"fp8\"", "ep.payload=\"fp8\"",
+                        "train.recompute=\"block\""});
   }
   TrainOptions quiet;
   quiet.quiet = true;

@@ -106,6 +106,47 @@ TEST(GpuFp8, GraphReplayGivesTheLossesOfEagerExecution) {
   }
 }
 
+// ep.payload = "fp8" on the GPU (written without a GPU at hand; the CPU tests check the same
+// properties bit for bit): the rowwise dispatcher moves each token row's FP8 codes and scales, which
+// are the expert GEMM's operand, so the forward loss is payload bf16's (1e-6 relative: the same
+// products), every gradient but the routed experts' gate/up within 1e-2 (cuDNN's attention backward
+// is not deterministic run to run) and gate/up within 1e-2 as well (requantized from the dequantized
+// rows: equal but for values in E4M3's subnormal range, tests/model/fp8_payload_test.cpp); and the payload-fp8 step replays as a CUDA graph with the eager
+// losses.
+TEST(GpuFp8, PayloadFp8KeepsTheForwardAndMovesTheExpertInputsAsFp8) {
+  MOE_SKIP_WITHOUT_GPU();
+  TempDir dir;
+  const std::vector<std::string> uniform = {"model.routing=\"uniform\""};
+  std::vector<std::string> fp8_payload = uniform;
+  fp8_payload.push_back("ep.payload=\"fp8\"");
+  Trainer bf16(fp8_config(dir.path, "cuda", uniform), quiet_bench(), local_world());
+  Trainer fp8(fp8_config(dir.path, "cuda", fp8_payload), quiet_bench(), local_world());
+  ASSERT_EQ(fp8.model().payload(), Payload::FP8);
+  const double loss_bf16 = bf16.microbatch_loss(0), loss_fp8 = fp8.microbatch_loss(0);
+  EXPECT_NEAR(loss_fp8, loss_bf16, 1e-6 * loss_bf16);
+  const Gradients want = first_step_gradients(bf16), got = first_step_gradients(fp8);
+  for (const auto& [name, g] : want) {
+    const std::vector<float>& h = got.at(name);
+    double n = 0, d = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      n += static_cast<double>(g[i]) * g[i];
+      d += (static_cast<double>(h[i]) - g[i]) * (static_cast<double>(h[i]) - g[i]);
+    }
+    if (n == 0) continue;
+    std::printf("  %-48s payload fp8 vs bf16 relative L2 %.2e\n", name.c_str(), std::sqrt(d / n));
+    EXPECT_LE(std::sqrt(d / n), 1e-2) << name;
+  }
+
+  Trainer eager(fp8_config(dir.path, "cuda", {"train.steps=4", "ep.payload=\"fp8\""}), quiet_bench(), local_world());
+  Trainer graph(fp8_config(dir.path, "cuda", {"train.steps=4", "ep.payload=\"fp8\"", "train.cuda_graph=true"}),
+                quiet_bench(), local_world());
+  const TrainSummary a = eager.run(), b = graph.run();
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  EXPECT_GT(b.graph_nodes, 0u) << "the payload-fp8 step was not captured";
+  for (size_t i = 0; i < a.steps.size(); ++i)
+    EXPECT_NEAR(b.steps[i].loss, a.steps[i].loss, 1e-4 * a.steps[i].loss) << "step " << i + 1;
+}
+
 // 50 steps: FP8 learns like BF16 on the GPU (every loss within 3%, both fall by more than 15%).
 TEST(GpuFp8, FiftyStepsTrackTheBf16LossCurve) {
   MOE_SKIP_WITHOUT_GPU();

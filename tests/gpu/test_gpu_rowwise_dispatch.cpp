@@ -6,8 +6,9 @@
 // experts, rows that take the 16-byte path and rows that do not; and plan + dispatch + combine captured in a CUDA graph
 // and replayed on new inputs. The device-side accounting: expert_rows follows the shared capacity rule, the bytes moved
 // counted on the device equal the CPU version's count, and counts that are not topk_idx's histogram (or do not add up
-// to T*K) are flagged during the step and reported by check_after_step() naming the layer. Skipped with the reason where
-// no GPU or no NCCL is usable.
+// to T*K) are flagged during the step and reported by check_after_step() naming the layer. With ep.payload = "fp8" the
+// codes and scales it stores are the CPU's FP8 scatter bit for bit. Skipped with the reason where no GPU or no NCCL is
+// usable.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +28,8 @@
 #include "moe/core/cuda_check.h"
 #include "moe/core/device.h"
 #include "moe/core/step_graph.h"
+#include "moe/ops/fp8.h"
+#include "moe/ops/permute.h"
 #include "moe/parallel/cuda_rowwise_dispatcher.h"
 #include "moe/parallel/dispatcher_factory.h"
 #include "moe/parallel/expert_buffers.h"
@@ -123,14 +127,14 @@ struct Rig {
   Arena::Slot topk, counts, weights, x, dout, route[2], offsets[2], out[2], dweights[2], dx[2];
   int64_t rows = 0;
 
-  Rig(const Case& cs, std::unique_ptr<Communicator> comm)
+  Rig(const Case& cs, std::unique_ptr<Communicator> comm, Payload payload = Payload::BF16)
       : c(cs),
         nccl(std::move(comm)),
         rowwise(*nccl, cs.experts, cs.capacity_factor, cs.dropless),
         local(cs.experts, cs.capacity_factor, cs.dropless) {
     DispatchShape shape;
     shape.tokens = c.tokens, shape.top_k = c.top_k, shape.hidden = c.hidden, shape.num_layers = 2,
-    shape.slots_per_layer = 1, shape.first_layer = 0, shape.dtype = DType::BF16;
+    shape.slots_per_layer = 1, shape.first_layer = 0, shape.dtype = DType::BF16, shape.payload = payload;
     rowwise.reserve_buffers(shape, arena);
     local.reserve_buffers(shape, arena);
     rows = rowwise.expert_rows(c.tokens, c.top_k);
@@ -355,6 +359,53 @@ TEST(GpuRowwiseDispatch, BytesMovedCountEveryKeptRowInDispatchAndCombine) {
     graph.replay();
     rig.rowwise.check_after_step();
     EXPECT_EQ(rig.rowwise.bytes_moved(), (1 + replay) * per_placement) << "replay " << replay;
+  }
+}
+
+// ep.payload = "fp8": the GPU rowwise dispatcher and the local one (scatter_rows_to_routes_fp8 on the GPU) store the
+// same codes and scales, and both are the CPU's FP8 scatter of the same BF16 rows bit for bit (D = 300: two whole
+// tiles and a partial one, byte stores; D = 256: word stores); bytes moved count D codes and ceil(D / 128) F32 scales
+// in dispatch and D BF16 back in combine. Not yet run on a GPU when written (the CPU build only compiles it).
+TEST(GpuRowwiseDispatch, Fp8PayloadStoresTheCpuCodesAndScalesAndCountsThem) {
+  MOE_SKIP_WITHOUT_NCCL();
+  for (const int64_t D : {300, 256}) {
+    const Case c{200, 4, 8, D, 0.6, false, {1}};
+    SCOPED_TRACE("D = " + std::to_string(D));
+    Rig rig(c, one_rank_nccl(), Payload::FP8);
+    const int64_t T = c.tokens, K = c.top_k, tiles = (D + kFp8Tile - 1) / kFp8Tile;
+    const Inputs in = make_inputs(c, 11);
+    rig.load(in);
+    const Tensor topk = rig.arena.get(rig.topk), counts = rig.arena.get(rig.counts), x = rig.arena.get(rig.x);
+    Lease lease[2];
+    for (int i = 0; i < 2; ++i) {
+      rig.dispatcher(i).place_routes(0, rig.plan_of(i), topk, counts, {});
+      lease[i] = rig.dispatcher(i).acquire(1);
+      ASSERT_TRUE(lease[i].buffers.fp8_input());
+      rig.dispatcher(i).dispatch_fp8(lease[i].buffers.fp8_expert_in(), x, rig.plan_of(i), static_cast<int>(K), {});
+    }
+    std::vector<int32_t> route_cpu, offsets_cpu;
+    cpu_plan(c, in, rig.rows, route_cpu, offsets_cpu);
+    ASSERT_EQ(read<int32_t>(rig.plan_of(1).route_index), route_cpu);
+    const int64_t kept = offsets_cpu.back();
+    std::vector<float> x_f32(in.x.size());
+    for (size_t i = 0; i < x_f32.size(); ++i) x_f32[i] = bf16_to_f32(in.x[i]);
+    std::vector<uint8_t> codes_cpu(static_cast<size_t>(rig.rows * D));
+    std::vector<float> scales_cpu(static_cast<size_t>(rig.rows * tiles));
+    scatter_rows_to_routes_fp8(Fp8Tensor{Tensor(codes_cpu.data(), DType::FP8_E4M3, {rig.rows, D}),
+                                         f32_tensor(scales_cpu.data(), {rig.rows, tiles}), Fp8Tiles::Rows},
+                               f32_tensor(x_f32.data(), {T, D}), i32_tensor(route_cpu.data(), {T * K}),
+                               static_cast<int>(K));
+    for (int i = 0; i < 2; ++i) {
+      const auto codes = read<uint8_t>(lease[i].buffers.expert_in);
+      const auto scales = read<float>(lease[i].buffers.expert_in_scales);
+      EXPECT_TRUE(std::equal(codes_cpu.begin(), codes_cpu.begin() + kept * D, codes.begin()))
+          << (i == 0 ? "local" : "rowwise") << ": codes differ from the CPU's";
+      EXPECT_EQ(0, std::memcmp(scales_cpu.data(), scales.data(), static_cast<size_t>(kept * tiles) * sizeof(float)))
+          << (i == 0 ? "local" : "rowwise") << ": scales differ from the CPU's";
+      rig.dispatcher(i).release(lease[i]);
+    }
+    rig.rowwise.check_after_step();
+    EXPECT_EQ(rig.rowwise.bytes_moved(), kept * (D + 4 * tiles + 2 * D));
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -181,6 +182,58 @@ TEST(Fp8Quantize, columns_place_each_segment_on_its_tile_with_zero_padding) {
   EXPECT_EQ(q.codes[7 * Mp + 200], 0);                   // ... but its padding stays 0
   EXPECT_TRUE(std::isnan(q.scales[50 * tiles(Mp) + 2]));  // segment 3 = tile 2, its infinity
   EXPECT_EQ(q.scales[0 * tiles(Mp) + tiles(Mp) - 1], 1.0f);  // the extra tile past the last segment
+}
+
+// What ep.payload = "fp8" relies on for the expert weight gradient: quantizing along the tokens
+// the dequantized 1 x 128 row tiles of x (all that reaches the expert) gives the values that
+// quantizing x itself gives, for every element that is an E4M3 normal number in its row tile and in
+// both column tiles (scales are powers of two, so a normal value rounds to the same 4 significant
+// bits under any scale, and one already rounded stays put). Only elements that fall into an E4M3
+// subnormal range (below 2^-6 of a tile's scale, about 2^-14 of its largest value) may differ, and
+// then by at most the quantization errors involved: 0.2 |x| + 2^-9 (s_row + s_col + s_col').
+// Rows span 40 binades (a random binade per row tile), so column tiles mix binades and the
+// subnormal case occurs (checked, so that the exception is exercised).
+TEST(Fp8Quantize, columns_of_dequantized_row_tiles_equal_columns_of_the_rows_where_values_are_normal) {
+  const int64_t M = 300, K = 260;
+  std::vector<int32_t> offsets = {0, 100, 100, 300};
+  const int64_t G = 3, Mp = fp8_columns_capacity(M, G);
+  std::vector<float> x = random_values(M, K, 29);
+  OwnedFp8 rows({M, K}, Fp8Tiles::Rows), direct({K, Mp}, Fp8Tiles::Rows), via_rows({K, Mp}, Fp8Tiles::Rows);
+  fp8_quantize_rows(rows.t, f32_tensor(x.data(), {M, K}));
+  std::vector<float> x_rows(x.size());
+  fp8_dequantize(f32_tensor(x_rows.data(), {M, K}), rows.t);
+  const Tensor offsets_t = i32_tensor(offsets.data(), {G + 1});
+  fp8_quantize_columns(direct.t, f32_tensor(x.data(), {M, K}), offsets_t);
+  fp8_quantize_columns(via_rows.t, f32_tensor(x_rows.data(), {M, K}), offsets_t);
+  std::vector<float> a(static_cast<size_t>(K * Mp)), b(a.size());
+  fp8_dequantize(f32_tensor(a.data(), {K, Mp}), direct.t);
+  fp8_dequantize(f32_tensor(b.data(), {K, Mp}), via_rows.t);
+
+  const float normal = std::ldexp(1.0f, -6);  // smallest normal E4M3 magnitude
+  int64_t checked = 0, subnormal = 0, differing = 0;
+  for (int64_t g = 0, column = 0; g < G; column += (offsets[g + 1] - offsets[g] + kTile - 1) / kTile * kTile, ++g)
+    for (int64_t t = offsets[g]; t < offsets[g + 1]; ++t) {
+      const int64_t p = column + (t - offsets[g]);  // token t's column in the columns layout
+      for (int64_t j = 0; j < K; ++j) {
+        const float v = x[t * K + j], s_row = rows.scales[t * tiles(K) + j / kTile];
+        const float s_a = direct.scales[j * tiles(Mp) + p / kTile], s_b = via_rows.scales[j * tiles(Mp) + p / kTile];
+        const float got = b[j * Mp + p], want = a[j * Mp + p];
+        const bool normal_everywhere = std::fabs(v) >= normal * s_row && std::fabs(v) >= normal * s_a &&
+                                       std::fabs(x_rows[t * K + j]) >= normal * s_b;
+        ++checked;
+        if (v == 0.0f || normal_everywhere) {
+          ASSERT_EQ(got, want) << "token " << t << ", feature " << j << ": x = " << v;
+          continue;
+        }
+        ++subnormal;
+        differing += got != want;
+        const double bound = 0.2 * std::fabs(v) + std::ldexp(1.0, -9) * (s_row + s_a + s_b);
+        ASSERT_LE(std::fabs(static_cast<double>(got) - want), bound) << "token " << t << ", feature " << j;
+      }
+    }
+  std::printf("  %lld elements, %lld subnormal in some tile, %lld of those differ\n", static_cast<long long>(checked),
+              static_cast<long long>(subnormal), static_cast<long long>(differing));
+  EXPECT_GT(differing, 0) << "the input should reach the subnormal case";
 }
 
 TEST(Fp8Quantize, columns_without_offsets_are_one_segment_of_all_rows) {

@@ -1,12 +1,16 @@
-// Row movement and weighted combine against naive loops. Pure data movement must be bit-exact;
+// Row movement and weighted combine against naive loops. Pure data movement (and the FP8 scatter,
+// against fp8_quantize_rows) must be bit-exact;
 // sums are compared with double references within stated tolerances.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "moe/core/error.h"
 #include "moe/core/rng.h"
+#include "moe/ops/fp8.h"
 #include "moe/ops/permute.h"
 #include "moe/ops/route.h"
 
@@ -101,6 +105,60 @@ TEST(Permute, scatter_rows_to_routes_moves_bf16_bits) {
   for (int t = 0; t < 7; ++t)
     for (int k = 0; k < 2; ++k)
       for (int d = 0; d < 5; ++d) ASSERT_EQ(dst[r.route_index[t * 2 + k] * 5 + d], src[t * 5 + d]);
+}
+
+// The FP8 dispatch scatter: every kept route's codes and scales rows are the token's row of
+// fp8_quantize_rows(src), bit for bit (D = 300 and 17 end in a partial tile); rows no route names
+// keep their sentinel bytes. Inputs span many binades so that tiles get different scales.
+TEST(Permute, scatter_rows_to_routes_fp8_stores_the_quantized_token_rows) {
+  uint64_t seed = 100;
+  for (const auto& s : kShapes) {
+    const int64_t cap = static_cast<int64_t>(s.capacity_factor * s.T * s.K);
+    Routing r(s.T, s.N, s.K, s.D, cap + 2, ++seed);
+    SCOPED_TRACE(testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " dropped=" << r.dropped());
+    auto src = random_vec(size_t(s.T) * s.D, ++seed);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = std::ldexp(src[i], static_cast<int>(i % 23) - 11);
+    const int64_t tiles = (s.D + kFp8Tile - 1) / kFp8Tile;
+    std::vector<uint8_t> quantized(size_t(s.T) * s.D);
+    std::vector<float> quantized_scales(size_t(s.T) * tiles);
+    fp8_quantize_rows(Fp8Tensor{Tensor(quantized.data(), DType::FP8_E4M3, {s.T, s.D}),
+                                f32_tensor(quantized_scales.data(), {s.T, tiles}), Fp8Tiles::Rows},
+                      f32_tensor(src.data(), {s.T, s.D}));
+
+    std::vector<uint8_t> codes(size_t(r.rows) * s.D, 0xA5);
+    std::vector<float> scales(size_t(r.rows) * tiles, kSentinel);
+    scatter_rows_to_routes_fp8(Fp8Tensor{Tensor(codes.data(), DType::FP8_E4M3, {r.rows, s.D}),
+                                         f32_tensor(scales.data(), {r.rows, tiles}), Fp8Tiles::Rows},
+                               f32_tensor(src.data(), {s.T, s.D}), r.index(), s.K);
+    std::vector<uint8_t> expect_codes(codes.size(), 0xA5);
+    std::vector<float> expect_scales(scales.size(), kSentinel);
+    for (int t = 0; t < s.T; ++t)
+      for (int k = 0; k < s.K; ++k) {
+        const int32_t row = r.route_index[t * s.K + k];
+        if (row < 0) continue;
+        std::memcpy(&expect_codes[size_t(row) * s.D], &quantized[size_t(t) * s.D], s.D);
+        std::memcpy(&expect_scales[size_t(row) * tiles], &quantized_scales[size_t(t) * tiles], tiles * sizeof(float));
+      }
+    ASSERT_EQ(std::memcmp(codes.data(), expect_codes.data(), codes.size()), 0);
+    ASSERT_EQ(std::memcmp(scales.data(), expect_scales.data(), scales.size() * sizeof(float)), 0);
+  }
+}
+
+TEST(Permute, scatter_rows_to_routes_fp8_rejects_scales_of_another_shape) {
+  Routing r(4, 4, 2, 130, 8, 5);  // 130 columns: 2 tiles per row
+  std::vector<float> src(4 * 130);
+  std::vector<uint8_t> codes(8 * 130);
+  std::vector<float> scales(8 * 2);
+  const Tensor codes_t(codes.data(), DType::FP8_E4M3, {8, 130});
+  EXPECT_NO_THROW(scatter_rows_to_routes_fp8(Fp8Tensor{codes_t, f32_tensor(scales.data(), {8, 2}), Fp8Tiles::Rows},
+                                             f32_tensor(src.data(), {4, 130}), r.index(), 2));
+  try {
+    scatter_rows_to_routes_fp8(Fp8Tensor{codes_t, f32_tensor(scales.data(), {8, 1}), Fp8Tiles::Rows},
+                               f32_tensor(src.data(), {4, 130}), r.index(), 2);
+    ADD_FAILURE() << "one scale per row of 130 columns was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dst.scales"), std::string::npos) << e.what();
+  }
 }
 
 // dsrc[t] = (dsrc[t] +) sum over kept k of ddst[row]: within 1e-6 relative (+1e-6 absolute) of

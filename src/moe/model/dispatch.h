@@ -17,6 +17,13 @@
 // layer (recompute_buffers()); a layer dispatches into it in forward and dispatches again, with
 // the route plan it saved, in backward, where it recomputes the expert outputs before
 // combine_backward reads them.
+//
+// Payload (ep.payload): what dispatch moves into expert_in. bf16: the token rows in the activation
+// dtype (BF16 on the GPU, F32 on the CPU). fp8 (with train.precision = "fp8" only): each token row
+// is quantized once at its source into 1 x 128 E4M3 tiles with power-of-two scales (the bits
+// fp8_quantize_rows writes) and its codes and scales move, about half the bytes of BF16. The expert
+// GEMM would quantize its input rows into exactly these tiles, so the forward products are those of
+// bf16 bit for bit. Combine and every backward gradient stay in the activation dtype.
 #pragma once
 
 #include <cstddef>
@@ -25,8 +32,13 @@
 #include "moe/core/arena.h"
 #include "moe/core/stream.h"
 #include "moe/core/tensor.h"
+#include "moe/ops/fp8.h"
 
 namespace moe {
+
+enum class Payload { BF16, FP8 };
+
+inline const char* to_string(Payload p) { return p == Payload::FP8 ? "fp8" : "bf16"; }
 
 // Routing placement of one MoE layer for one microbatch, saved for backward.
 struct RoutePlan {
@@ -34,10 +46,17 @@ struct RoutePlan {
   Tensor expert_offsets;  // [E_local + 1] i32: rows of local expert e are [offsets[e], offsets[e+1])
 };
 
-// Expert-side rows of one layer: dispatched inputs and expert outputs, [expert_rows, D] each.
+// Expert-side rows of one layer: dispatched inputs and expert outputs, [expert_rows, D] each. With
+// payload fp8 expert_in holds E4M3 codes and expert_in_scales their F32 scales [expert_rows,
+// ceil(D / 128)]; otherwise (and in grad_buffers()) expert_in_scales is empty.
 struct ExpertBuffers {
   Tensor expert_in;
   Tensor expert_out;
+  Tensor expert_in_scales;
+
+  bool fp8_input() const { return !expert_in_scales.empty(); }
+  // expert_in as an FP8 operand (payload fp8 only).
+  Fp8Tensor fp8_expert_in() const { return Fp8Tensor{expert_in, expert_in_scales, Fp8Tiles::Rows}; }
 };
 
 struct Lease {
@@ -57,6 +76,8 @@ struct DispatchShape {
   DType dtype = DType::F32;  // of the activation rows moved (BF16 on the GPU)
   // Every MoE layer recomputes its expert rows in backward: no lease pools, one recompute_buffers() pair instead.
   bool recompute = false;
+  // FP8: expert_in buffers (leases and the recompute pair) hold codes and scales, filled by dispatch_fp8.
+  Payload payload = Payload::BF16;
 };
 
 class TokenDispatcher {
@@ -90,6 +111,11 @@ class TokenDispatcher {
                             Stream stream) = 0;
   // expert_in[rows] <- x[token] for every kept route (step 5).
   virtual void dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) = 0;
+  // Payload fp8: dispatch with each token row of x quantized once at the source (1 x 128 tiles,
+  // fp8_quantize_rows' bits); its codes and scales land in expert_in's rows (a lease's or the
+  // recompute pair's fp8_expert_in()). A backend that does not move FP8 rows (alltoall) refuses the
+  // payload in reserve_buffers already.
+  virtual void dispatch_fp8(Fp8Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) = 0;
   // out[t] += sum_k weights[t,k] * expert_out[route (t,k)] (step 7).
   virtual void combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
                        Stream stream) = 0;
@@ -103,7 +129,8 @@ class TokenDispatcher {
                                  Stream stream) = 0;
 
   // Payload bytes moved by dispatch and combine since construction (every kept route's row once
-  // each way; backward traffic not counted), and the part that crossed to another rank. Counted
+  // each way: with payload fp8 its codes and scales one way, its activation-dtype row the other;
+  // backward traffic not counted), and the part that crossed to another rank. Counted
   // when place_routes() places the rows, so a dispatch repeated in backward (recompute) is not
   // counted again. 0 for
   // local, which moves nothing between ranks. A GPU backend counts on the device and reports the

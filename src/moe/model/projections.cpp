@@ -134,6 +134,12 @@ void Projections::experts_forward(Tensor c, Tensor a, Tensor w, const Fp8Weight&
   fp8_grouped_matmul(c, quantize_rows(rows_, a), f.w, offsets);
 }
 
+void Projections::experts_forward(Tensor c, Fp8Tensor a, const Fp8Weight& f, Tensor offsets) {
+  MOE_CHECK(!f.empty(), "experts_forward: FP8 expert inputs (ep.payload = \"fp8\") need the FP8 weight cache "
+            "(train.precision = \"fp8\")");
+  fp8_grouped_matmul(c, a, f.w, offsets);
+}
+
 ExpertOutputGrad Projections::experts_data_grad(Tensor dx, Tensor dy, Tensor w, const Fp8Weight& f, Tensor offsets) {
   if (f.empty()) {
     grouped_matmul(dx, dy, w, offsets, /*trans_b=*/false, /*accumulate=*/false);
@@ -150,6 +156,21 @@ void Projections::experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Ten
   const int64_t experts = offsets.numel() - 1;
   fp8_grouped_matmul_wgrad(dw, dy.columns, quantize_columns(input_columns_, x, offsets, experts), offsets,
                            accumulate);
+}
+
+Fp8Tensor Projections::expert_input_columns(Fp8Tensor x, Tensor scratch, Tensor offsets) {
+  MOE_CHECK(scratch.numel() == x.codes.numel(), "expert_input_columns: the dequantize scratch ", scratch.shape.str(),
+            " does not hold the expert input ", x.codes.shape.str());
+  const Tensor values = scratch.view(x.codes.shape);
+  fp8_dequantize(values, x);
+  return quantize_columns(input_columns_, values, offsets, offsets.numel() - 1);
+}
+
+void Projections::experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Fp8Tensor x_columns, const Fp8Weight& f,
+                                      Tensor offsets, bool accumulate) {
+  MOE_CHECK(!f.empty(), "experts_weight_grad: FP8 expert inputs (ep.payload = \"fp8\") need the FP8 weight cache "
+            "(train.precision = \"fp8\")");
+  fp8_grouped_matmul_wgrad(dw, dy.columns, x_columns, offsets, accumulate);
 }
 
 }  // namespace moe

@@ -55,10 +55,24 @@ class Projections {
   // Per expert e over its rows [o_e, o_{e+1}) (moe/ops/grouped_gemm.h):
   // c = a w[e]^T (forward: w [E, out, in]).
   void experts_forward(Tensor c, Tensor a, Tensor w, const Fp8Weight& f, Tensor offsets);
+  // The same with `a` already FP8 rows (ep.payload = "fp8": the dispatched expert input, quantized at
+  // its source into the tiles quantize_rows would make of its values). FP8 weights only.
+  void experts_forward(Tensor c, Fp8Tensor a, const Fp8Weight& f, Tensor offsets);
   // dx = dy w[e] (data gradient); returns dy for the weight gradient.
   ExpertOutputGrad experts_data_grad(Tensor dx, Tensor dy, Tensor w, const Fp8Weight& f, Tensor offsets);
   // dw[e] (+= or =, per accumulate) dy^T x (weight gradient; = zeroes experts without rows).
   void experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Tensor x, const Fp8Weight& f, Tensor offsets,
+                           bool accumulate);
+  // With x moved as FP8 rows (ep.payload = "fp8") the weight gradient runs in two calls, so the
+  // caller can read x before the rows may be overwritten and reuse `scratch` in between:
+  // expert_input_columns dequantizes x into `scratch` (x's codes' shape, activation dtype; exact)
+  // and quantizes it along the tokens into the x^T operand scratch, which it returns (valid until
+  // the next weight gradient); experts_weight_grad then takes that operand. The operand is the
+  // column tiles of the dequantized rows, not of the BF16 rows: the same values except for elements
+  // in E4M3's subnormal range of a tile (docs/architecture.md, FP8 dispatch payload). FP8 weights only.
+  Fp8Tensor expert_input_columns(Fp8Tensor x, Tensor scratch, Tensor offsets);
+  void experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Fp8Tensor x_columns, const Fp8Weight& f,
+                           Tensor offsets,
                            bool accumulate);
 
  private:

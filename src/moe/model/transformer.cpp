@@ -37,7 +37,7 @@ constexpr int64_t kHeadWorkspaceFloatsGpu = int64_t{256} << 20;
 
 Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena,
                          TokenDispatcher& dispatcher, int lease_slots, Recompute recompute, Precision precision,
-                         const ModelChunks& chunks)
+                         Payload payload, const ModelChunks& chunks)
     : cfg_(cfg),
       batch_(batch),
       seq_len_(seq_len),
@@ -46,9 +46,15 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       act_(arena.device() == Device::CUDA ? DType::BF16 : DType::F32),
       recompute_(recompute),
       precision_(precision),
+      payload_(payload),
       arena_(arena),
       dispatcher_(dispatcher) {
   cfg_.validate();
+  // The expert GEMM consumes the moved FP8 rows as its operand; a BF16 product would have to
+  // dequantize them, rounding the activations for no saving in compute.
+  MOE_CHECK(payload != Payload::FP8 || precision == Precision::FP8,
+            "ep.payload = \"fp8\" moves the FP8 operand of the expert GEMM and needs train.precision = \"fp8\"; "
+            "set train.precision = \"fp8\" or ep.payload = \"bf16\"");
   const int64_t R = rows_, D = cfg.hidden_size, L = cfg.num_hidden_layers, hd = cfg.head_dim();
   const int64_t Hq = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads;
   const int64_t Qo = Hq * hd, KVo = Hkv * hd, V = cfg.vocab_size;
@@ -181,7 +187,7 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       reserve(s.recompute_topk_w, "recompute.router_topk_weight", F, {R, K});
     }
     dispatcher.reserve_buffers(DispatchShape{R, K, D, static_cast<int>(moe_end), lease_slots,
-                                             static_cast<int>(moe_first), X, !keep_block},
+                                             static_cast<int>(moe_first), X, !keep_block, payload},
                                arena);
   }
   // The CPU attention keeps its workspace here; cuDNN manages its own (docs/architecture.md).
@@ -256,10 +262,29 @@ void Transformer::attention_forward_layer(const LayerWeights& w, const Fp8LayerW
   proj_->linear(A.h_mid, A.att, w.o_proj, f.o_proj, /*accumulate=*/true);
 }
 
+// Moves the rows of the FFN norm output A.m to the experts (A.experts.expert_in): in the activation
+// dtype, or with payload fp8 as the FP8 codes and scales the gate/up product reads.
+void Transformer::dispatch_rows(LayerActs& A, const RoutePlan& plan) {
+  const int K = static_cast<int>(cfg_.num_experts_per_tok);
+  if (payload_ == Payload::FP8)
+    dispatcher_.dispatch_fp8(A.experts.fp8_expert_in(), A.m, plan, K, {});
+  else
+    dispatcher_.dispatch(A.experts.expert_in, A.m, plan, K, {});
+}
+
+// gate/up of the routed experts from the dispatched rows; with payload fp8 those rows are already
+// the product's FP8 operand.
+void Transformer::experts_gate_up(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
+  if (payload_ == Payload::FP8)
+    proj_->experts_forward(A.gu, A.experts.fp8_expert_in(), f.experts_gate_up, A.offsets);
+  else
+    proj_->experts_forward(A.gu, A.experts.expert_in, w.experts_gate_up, f.experts_gate_up, A.offsets);
+}
+
 // The routed experts on the dispatched rows (A.experts.expert_in): gate/up, SwiGLU and the down
 // projection into A.experts.expert_out. gu and act are what recompute = experts drops.
 void Transformer::expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
-  proj_->experts_forward(A.gu, A.experts.expert_in, w.experts_gate_up, f.experts_gate_up, A.offsets);
+  experts_gate_up(w, f, A);
   swiglu_forward(A.act, A.gu);
   proj_->experts_forward(A.experts.expert_out, A.act, w.experts_down, f.experts_down, A.offsets);
 }
@@ -294,7 +319,7 @@ void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, const Fp8L
     A.experts = A.lease.buffers;
   }
   dispatcher_.place_routes(static_cast<int>(l), plan, A.topk_idx, A.counts, {});
-  dispatcher_.dispatch(A.experts.expert_in, A.m, plan, static_cast<int>(K), {});
+  dispatch_rows(A, plan);
   expert_internals(w, f, A);
   copy(h_out, A.h_mid);
   dispatcher_.combine(h_out, A.experts.expert_out, A.topk_w, plan, static_cast<int>(K), {});
@@ -327,8 +352,7 @@ void Transformer::recompute_layer(int64_t l, const LayerWeights& w, const Fp8Lay
   linear(A.logits, A.m, w.router);
   router_forward(A.scores, s_.recompute_topk_idx, s_.recompute_topk_w, A.logits, Tensor(), cfg_.router_score,
                  cfg_.norm_topk_prob);
-  const RoutePlan plan{A.route_index, A.offsets};
-  dispatcher_.dispatch(A.experts.expert_in, A.m, plan, static_cast<int>(cfg_.num_experts_per_tok), {});
+  dispatch_rows(A, RoutePlan{A.route_index, A.offsets});
   expert_internals(w, f, A);  // combine_backward reads the expert outputs
   if (!w.shared_gate_up.empty()) shared_expert_internals(w, f, A);
 }
@@ -535,7 +559,7 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
   // comes out of the SwiGLU backward below, in the same pass, with the forward's bits.
   const bool recompute_experts = recompute_ == Recompute::Experts;
   if (recompute_experts) {
-    proj_->experts_forward(A.gu, A.experts.expert_in, w.experts_gate_up, f.experts_gate_up, A.offsets);
+    experts_gate_up(w, f, A);
     if (!w.shared_gate_up.empty()) shared_expert_internals(w, f, A);  // from the kept FFN norm output
   }
   const RoutePlan plan{A.route_index, A.offsets};
@@ -549,9 +573,21 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
   else
     swiglu_backward(s.dgu, s.dact, A.gu);
   proj_->experts_weight_grad(g.experts_down, dye, A.act, f.experts_down, A.offsets, accumulate);
-  const ExpertOutputGrad dgu =
-      proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
-  proj_->experts_weight_grad(g.experts_gate_up, dgu, A.experts.expert_in, f.experts_gate_up, A.offsets, accumulate);
+  if (payload_ == Payload::FP8) {
+    // The weight gradient reads the expert input along the tokens: dequantized from the moved FP8
+    // rows into d.expert_in before the data gradient lands there (no rank reads d.expert_in until
+    // dispatch_backward), and quantized along the tokens. All reads of the moved rows stay before
+    // dispatch_backward's syncs, after which a peer may store into them again.
+    const Fp8Tensor x_columns = proj_->expert_input_columns(A.experts.fp8_expert_in(), d.expert_in, A.offsets);
+    const ExpertOutputGrad dgu =
+        proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
+    proj_->experts_weight_grad(g.experts_gate_up, dgu, x_columns, f.experts_gate_up, A.offsets, accumulate);
+  } else {
+    const ExpertOutputGrad dgu =
+        proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
+    proj_->experts_weight_grad(g.experts_gate_up, dgu, A.experts.expert_in, f.experts_gate_up, A.offsets,
+                               accumulate);
+  }
   dispatcher_.dispatch_backward(s.dm, d.expert_in, plan, K, {});
   if (A.leased) {
     dispatcher_.release(A.lease);  // last read of this layer's expert buffers

@@ -86,7 +86,7 @@ class Transformer {
  public:
   Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len, Arena& arena, TokenDispatcher& dispatcher,
               int lease_slots = 1, Recompute recompute = Recompute::None, Precision precision = Precision::BF16,
-              const ModelChunks& chunks = {});
+              Payload payload = Payload::BF16, const ModelChunks& chunks = {});
 
   // Forward and backward of one microbatch: tokens, targets [B*T] i32 on the model's device.
   // Gradients are added into g. Only queues work: nothing is read back to the host.
@@ -138,6 +138,7 @@ class Transformer {
   int64_t expert_rows() const { return capacity_; }
   Recompute recompute() const { return recompute_; }
   Precision precision() const { return precision_; }
+  Payload payload() const { return payload_; }
 
  private:
   struct LayerActs {
@@ -148,7 +149,8 @@ class Transformer {
     Tensor m, rstd2;
     // MoE
     Tensor logits, scores, topk_idx, topk_w, counts, route_index, offsets, gu, act, lb, z;
-    ExpertBuffers experts;  // expert_in (xe) and expert_out (ye): the lease's, or the dispatcher's recompute pair
+    ExpertBuffers experts;  // expert_in (xe; FP8 codes and scales with payload fp8) and expert_out (ye): the lease's,
+                            // or the dispatcher's recompute pair
     Lease lease;            // held from forward to backward unless the block is recomputed
     bool leased = false;
     Tensor shared_gu, shared_act;
@@ -177,6 +179,8 @@ class Transformer {
   // Layer functions take the layer's weights w and their FP8 caches f (empty in bf16).
   void attention_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_in);
   void attention_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_in);
+  void dispatch_rows(LayerActs& A, const RoutePlan& plan);
+  void experts_gate_up(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void shared_expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
@@ -200,6 +204,7 @@ class Transformer {
   DType act_;  // activations: F32 on the CPU, BF16 on the GPU
   Recompute recompute_;
   Precision precision_;
+  Payload payload_;  // what dispatch moves to the experts (model/dispatch.h)
   AttentionShape attn_shape_;
   Arena& arena_;
   TokenDispatcher& dispatcher_;

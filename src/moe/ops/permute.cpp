@@ -84,6 +84,18 @@ void scatter_rows_to_routes(Tensor dst, Tensor src, Tensor route_index, int top_
   MOE_OP_DISPATCH(src.device, scatter_rows_to_routes, dst, src, route_index, top_k, stream);
 }
 
+void scatter_rows_to_routes_fp8(Fp8Tensor dst, Tensor src, Tensor route_index, int top_k, Stream stream) {
+  const OpCheck check("scatter_rows_to_routes_fp8", src.device);
+  check_lead_rows(check, "src", src);
+  check.tensor("dst.codes", dst.codes, DType::FP8_E4M3, 2);
+  check.tensor("dst.scales", dst.scales, DType::F32, 2);
+  MOE_CHECK(dst.tiles == Fp8Tiles::Rows, check.op(), ": dst must have Rows (1 x 128) tiles");
+  check_same_width(check, "dst.codes", dst.codes, "src", src);
+  check.shape("dst.scales", dst.scales, fp8_scale_shape(dst.codes.shape, Fp8Tiles::Rows));
+  check_route_index(check, route_index, src.dim(0), top_k, dst.codes.dim(0), /*injective=*/true);
+  MOE_OP_DISPATCH(src.device, scatter_rows_to_routes_fp8, dst, src, route_index, top_k, stream);
+}
+
 void scatter_rows_to_routes_backward(Tensor dsrc, Tensor ddst, Tensor route_index, int top_k, bool accumulate,
                                      Stream stream) {
   const OpCheck check("scatter_rows_to_routes_backward", dsrc.device);

@@ -4,6 +4,7 @@
 
 #include "moe/core/stream.h"
 #include "moe/core/tensor.h"
+#include "moe/ops/fp8.h"
 
 namespace moe {
 
@@ -11,6 +12,11 @@ namespace moe {
 // dst[route_index[t*K+k]] = src[t] for every kept route (dropped routes, -1, write nothing; rows no
 // route names are untouched). src [T, D], dst [rows, D], route_index [T*K] (injective on kept routes).
 void scatter_rows_to_routes(Tensor dst, Tensor src, Tensor route_index, int top_k, Stream stream = {});
+// scatter_rows_to_routes with each token row quantized once on its way (the FP8 dispatch, ep.payload
+// = "fp8"): every kept route's row of dst (Rows tiles: codes [rows, D] E4M3, scales [rows,
+// ceil(D / 128)] F32) gets the codes and scales fp8_quantize_rows writes for src[t], bit for bit.
+// src [T, D] in the device's compute dtype (F32; BF16 or F32 on the GPU).
+void scatter_rows_to_routes_fp8(Fp8Tensor dst, Tensor src, Tensor route_index, int top_k, Stream stream = {});
 // Gradient of scatter_rows_to_routes (a gather): dsrc[t] (= or +=, per accumulate) sum over kept k, in
 // k order, of ddst[route_index[t*K+k]].
 void scatter_rows_to_routes_backward(Tensor dsrc, Tensor ddst, Tensor route_index, int top_k, bool accumulate,

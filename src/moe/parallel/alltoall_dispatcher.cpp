@@ -32,6 +32,8 @@ AllToAllDispatcher::AllToAllDispatcher(Communicator& ep_group, int64_t num_exper
 
 void AllToAllDispatcher::reserve_buffers(const DispatchShape& shape, Arena& arena) {
   require_host_f32_rows(shape, arena);
+  MOE_CHECK(shape.payload == Payload::BF16, "alltoall dispatcher: moves activation-dtype rows only; ep.payload = "
+            "\"fp8\" is built for ep.backend = \"rowwise\" (set ep.payload = \"bf16\" to keep alltoall)");
   arena_ = &arena;
   memory_.emplace(arena);
   reserve_pools(*memory_, shape, DType::F32);
@@ -155,6 +157,11 @@ void AllToAllDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& p
   cpu::route_rows::scatter_routes(x.f32(), static_cast<size_t>(hidden_) * sizeof(float), tokens_, top_k, hidden_,
                                   PackedRowOf{L.route_pos.data(), route_buf_.f32(), hidden_});
   send_to_experts(L, expert_in.f32());
+}
+
+void AllToAllDispatcher::dispatch_fp8(Fp8Tensor, Tensor, const RoutePlan&, int, Stream) {
+  MOE_FAIL("alltoall dispatcher: dispatch_fp8 with buffers reserved for ep.payload = \"bf16\" (it does not move "
+           "FP8 rows; use ep.backend = \"rowwise\")");
 }
 
 void AllToAllDispatcher::combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,

@@ -5,7 +5,8 @@
 //     then numbers the routes to n in (t, k) order with a block-wide scan per chunk of routes; it
 //     also checks the counts and adds the bytes its kept routes move to the status record;
 //   dispatch: one block per token reads its row once and stores it into the owners' expert_in rows
-//     of its K routes (PUT), route_rows.cuh's scatter kernel;
+//     of its K routes (PUT), route_rows.cuh's scatter kernel; dispatch_fp8 the same with the row
+//     quantized once into FP8 codes and scales (route_rows.cuh's FP8 scatter kernel);
 //   combine, dispatch backward, combine backward: one block per token over its K routed rows, the
 //     kernels of ops/cuda/route_rows.cuh (shared with the local ops of ops/cuda/permute.cu) with
 //     rows located in their owners' heap segments (PeerRow): the combine and the dispatch backward
@@ -108,11 +109,12 @@ __global__ void exchange_counts_kernel(PeerBases peers, int ranks, size_t area_o
 // routes whose expert is not in [0, N).
 // Checks (into `status`, with `layer`): block n, that expert_counts[n] is the number of routes to n in topk_idx and that
 // the agreed area holds it for this rank; block s < P, that source s's agreed counts are >= 0 and add up to `routes`
-// (every rank routes T*K). Block n adds 2 * kept * row_bytes (dispatch, then combine) to the byte counters.
+// (every rank routes T*K). Block n adds kept * route_bytes (route_payload_bytes: dispatch, then combine) to the byte
+// counters.
 __global__ void ep_route_index_kernel(int32_t* __restrict__ route_index, int32_t* __restrict__ expert_offsets,
                                       const int32_t* __restrict__ topk_idx, const int32_t* __restrict__ expert_counts,
                                       const int32_t* __restrict__ gathered, int64_t routes, int N, int ranks, int E,
-                                      int me, int64_t rows, long long row_bytes, int layer, DeviceStatus* status) {
+                                      int me, int64_t rows, long long route_bytes, int layer, DeviceStatus* status) {
   const int n = blockIdx.x, d = n / E, e = n % E;
   long long before_part = 0, through_part = 0;
   const int ahead = e * ranks + me,
@@ -159,7 +161,7 @@ __global__ void ep_route_index_kernel(int32_t* __restrict__ route_index, int32_t
     else if (mine != stored)
       report_count_error(status, kOwnRowNotIntact, layer, n, mine, stored);
     if (kept > 0) {
-      const auto bytes = static_cast<unsigned long long>(2 * kept * row_bytes);
+      const auto bytes = static_cast<unsigned long long>(kept * route_bytes);
       atomicAdd(&status->bytes, bytes);
       if (d != me) atomicAdd(&status->remote_bytes, bytes);
     }
@@ -244,6 +246,11 @@ void CudaRowwiseDispatcher::reserve_buffers(const DispatchShape& shape, Arena& a
 }
 
 size_t CudaRowwiseDispatcher::heap_offset(const Tensor& t, const char* op, const char* what) const {
+  return heap_offset(t, dtype_, hidden_, op, what);
+}
+
+size_t CudaRowwiseDispatcher::heap_offset(const Tensor& t, DType dtype, int64_t cols, const char* op,
+                                          const char* what) const {
   MOE_CHECK(heap_ != nullptr, "rowwise dispatcher ", op, ": called before reserve_buffers");
   const char* base = static_cast<const char*>(heap_->local());
   const char* p = static_cast<const char*>(t.data);
@@ -252,8 +259,8 @@ size_t CudaRowwiseDispatcher::heap_offset(const Tensor& t, const char* op, const
             "rowwise dispatcher ", op, " (rank ", ep_group_.rank(), "): ", what,
             " is not a buffer of the dispatcher's symmetric heap; pass a "
             "lease's buffers or grad_buffers()");
-  MOE_CHECK(t.dtype == dtype_ && t.ndim() == 2 && t.dim(0) == rows_ && t.dim(1) == hidden_, "rowwise dispatcher ", op,
-            ": ", what, " must be [", rows_, ", ", hidden_, "] ", dtype_name(dtype_), ", got ", t.shape.str(), " ",
+  MOE_CHECK(t.dtype == dtype && t.ndim() == 2 && t.dim(0) == rows_ && t.dim(1) == cols, "rowwise dispatcher ", op,
+            ": ", what, " must be [", rows_, ", ", cols, "] ", dtype_name(dtype), ", got ", t.shape.str(), " ",
             dtype_name(t.dtype));
   return static_cast<size_t>(p - base);
 }
@@ -317,7 +324,7 @@ void CudaRowwiseDispatcher::place_routes(int layer, const RoutePlan& plan, Tenso
   ep_route_index_kernel<<<static_cast<unsigned>(N), kRouteThreads, 0, s>>>(
       plan.route_index.i32(), plan.expert_offsets.i32(), topk_idx.i32(), expert_counts.i32(), gathered,
       tokens_ * top_k_, static_cast<int>(N), P, static_cast<int>(E), me, rows_,
-      static_cast<long long>(hidden_ * static_cast<int64_t>(dtype_size(dtype_))), layer, status);
+      static_cast<long long>(route_payload_bytes(hidden_, dtype_, payload_)), layer, status);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -393,6 +400,39 @@ void CudaRowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan
   }
   // NOTES: the owners' expert GEMMs read expert_in next; this sync completes every rank's PUTs (each kept row has
   // exactly one writer) before any owner reads.
+  heap_->sync();
+}
+
+void CudaRowwiseDispatcher::dispatch_fp8(Fp8Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k,
+                                         Stream stream) {
+  constexpr const char* op = "dispatch_fp8";
+  check_call(plan, top_k, stream, op);
+  check_fp8_expert_rows(expert_in, op);
+  const int64_t tiles = expert_in.scales.dim(1);
+  const size_t codes_offset = heap_offset(expert_in.codes, DType::FP8_E4M3, hidden_, op, "expert_in codes");
+  const size_t scales_offset = heap_offset(expert_in.scales, DType::F32, tiles, op, "expert_in scales");
+  check_tokens(x, hidden_, dtype_, op, "x");
+  // NOTES: no sync before the PUTs, for the reason dispatch gives: the rows' last readers (the owners' expert GEMMs and
+  // their weight gradient's dequantize) finished before a sync we have passed.
+  const int64_t routes = tokens_ * top_k_, P = ep_group_.size();
+  if (routes > 0 && hidden_ > 0) {
+    const PeerBases peers = peer_table(peer_bases_);
+    // Heap buffers start on 256-byte boundaries, so a codes row starts 4-byte aligned when D is a multiple of 4.
+    const bool word_stores = hidden_ % 4 == 0 && codes_offset % 4 == 0;
+    auto launch = [&](auto elem) {
+      using Elem = decltype(elem);
+      cuda::route_rows::launch_scatter_routes_fp8<Elem>(
+          static_cast<const Elem*>(x.data), PeerRow<uint8_t>{peers, codes_offset, rows_, P * rows_, hidden_},
+          PeerRow<float>{peers, scales_offset, rows_, P * rows_, tiles}, plan.route_index.i32(), top_k, tokens_,
+          hidden_, word_stores, compute_stream());
+    };
+    if (dtype_ == DType::BF16)
+      launch(__nv_bfloat16{});
+    else
+      launch(float{});
+    CUDA_CHECK_LAUNCH();
+  }
+  // NOTES: the owners' expert GEMMs read expert_in next; this sync completes every rank's PUTs first.
   heap_->sync();
 }
 

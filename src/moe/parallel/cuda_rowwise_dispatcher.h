@@ -7,7 +7,8 @@
 // count area in the heap ([P][N] i32), syncs the heap, and one kernel computes the route index and the local expert
 // offsets from the gathered counts (the placement of placement.h: tail drop local-expert-major, then source rank, then
 // (t, k) order). Nothing is copied to the host and nothing waits on it, so every call can be captured in a CUDA graph.
-// With one GPU it runs with EP = 1 through the same kernels (the peer table has one entry).
+// With one GPU it runs with EP = 1 through the same kernels (the peer table has one entry). With payload fp8
+// (ep.payload) dispatch_fp8 stores each token row's FP8 codes and scales instead (quantized once per token).
 //
 // Sync schedule per MoE layer (every rank makes the same calls in the same order):
 //   forward:  place_routes: PUT counts, SYNC, route index | dispatch: PUT expert_in, SYNC | experts (local) |
@@ -26,7 +27,7 @@
 // bytes it moves by reading route_index; here either would need a host copy inside the step. Instead the route-index
 // kernel (which reads every count involved, plus one more pass over topk_idx per expert for its histogram) writes them
 // into a small status record in this rank's heap segment: it adds the payload bytes of the rows each placement keeps (once for the dispatch, once for the combine, the same
-// figure the CPU version counts in those two calls), and it records the first count it finds wrong: expert_counts not
+// figure the CPU version counts in those two calls; route_payload_bytes), and it records the first count it finds wrong: expert_counts not
 // the histogram of topk_idx, or agreed counts that are inconsistent (a rank's counts not T*K routes in all or
 // negative, or this rank's own row not arriving intact), with the layer. check_after_step() reads the record once after
 // the step (one 56-byte copy, when the device is idle anyway), publishes the byte totals through bytes_moved() and
@@ -62,6 +63,7 @@ class CudaRowwiseDispatcher final : public PooledDispatcher {
 
   void place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) override;
   void dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) override;
+  void dispatch_fp8(Fp8Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) override;
   void combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k, Stream stream) override;
   void combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out, Tensor weights,
                         const RoutePlan& plan, int top_k, Stream stream) override;
@@ -75,6 +77,8 @@ class CudaRowwiseDispatcher final : public PooledDispatcher {
  private:
   // Checks that `t` is a [rows, D] buffer of the heap (shape dtype) and returns its heap offset.
   size_t heap_offset(const Tensor& t, const char* op, const char* what) const;
+  // The same for a [rows, cols] buffer of `dtype` (dispatch_fp8's codes and scales).
+  size_t heap_offset(const Tensor& t, DType dtype, int64_t cols, const char* op, const char* what) const;
   void check_tokens(const Tensor& t, int64_t cols, DType dtype, const char* op, const char* what) const;
   void check_call(const RoutePlan& plan, int top_k, Stream stream, const char* op) const;
   // out[t] (+= when accumulate, else =) sum over kept k, ascending, of (weights ? weights[t,k] : 1) times the route's

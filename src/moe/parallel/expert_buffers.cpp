@@ -17,6 +17,13 @@ int64_t rank_capacity(int64_t tokens, int64_t top_k, int ranks, double capacity_
   return cap < static_cast<double>(worst) ? static_cast<int64_t>(cap) : worst;
 }
 
+int64_t route_payload_bytes(int64_t hidden, DType dtype, Payload payload) {
+  const auto row = hidden * static_cast<int64_t>(dtype_size(dtype));
+  if (payload == Payload::BF16) return 2 * row;
+  const int64_t tiles = (hidden + kFp8Tile - 1) / kFp8Tile;
+  return hidden + tiles * static_cast<int64_t>(sizeof(float)) + row;
+}
+
 int ArenaMemory::reserve(const std::string& name, DType dtype, Shape shape) {
   slots_.push_back(arena_.reserve(name, dtype, shape));
   return static_cast<int>(slots_.size()) - 1;
@@ -44,22 +51,34 @@ void ExpertBufferPools::reserve(BufferMemory& memory, const ExpertPoolSizes& siz
   memory_ = &memory;
   sizes_ = sizes;
   const Shape shape{sizes.rows, sizes.hidden};
-  auto pair = [&](const std::string& prefix) {
+  const Shape scales_shape = fp8_scale_shape(shape, Fp8Tiles::Rows);
+  auto pair = [&](const std::string& prefix, Payload payload) {
     Slot s;
-    s.in = memory.reserve(prefix + "expert_in", sizes.dtype, shape);
+    if (payload == Payload::FP8) {
+      s.in = memory.reserve(prefix + "expert_in", DType::FP8_E4M3, shape);
+      s.in_scales = memory.reserve(prefix + "expert_in_scales", DType::F32, scales_shape);
+    } else {
+      s.in = memory.reserve(prefix + "expert_in", sizes.dtype, shape);
+    }
     s.out = memory.reserve(prefix + "expert_out", sizes.dtype, shape);
     return s;
   };
   if (sizes.recompute) {
-    recompute_ = pair("dispatch.recompute.");
+    recompute_ = pair("dispatch.recompute.", sizes.payload);
   } else {
     pools_.assign(static_cast<size_t>(sizes.num_layers - sizes.first_layer), {});
     for (int l = sizes.first_layer; l < sizes.num_layers; ++l)
       for (int s = 0; s < sizes.slots_per_layer; ++s)
         pools_[static_cast<size_t>(l - sizes.first_layer)].push_back(
-            pair("dispatch.layer." + std::to_string(l) + ".slot." + std::to_string(s) + "."));
+            pair("dispatch.layer." + std::to_string(l) + ".slot." + std::to_string(s) + ".", sizes.payload));
   }
-  grad_ = pair("dispatch.grad.");
+  grad_ = pair("dispatch.grad.", Payload::BF16);  // gradients stay in the activation dtype
+}
+
+ExpertBuffers ExpertBufferPools::buffers_of(const Slot& s) const {
+  ExpertBuffers b{memory_->get(s.in), memory_->get(s.out), Tensor()};
+  if (s.in_scales >= 0) b.expert_in_scales = memory_->get(s.in_scales);
+  return b;
 }
 
 std::vector<ExpertBufferPools::Slot>& ExpertBufferPools::pool_of(int layer, const char* op) {
@@ -80,7 +99,7 @@ Lease ExpertBufferPools::acquire(int layer) {
       Lease lease;
       lease.layer = layer;
       lease.slot = static_cast<int>(s);
-      lease.buffers = {memory_->get(pool[s].in), memory_->get(pool[s].out)};
+      lease.buffers = buffers_of(pool[s]);
       return lease;
     }
   MOE_FAIL("lease pool 'layer ", layer, " expert buffers' is exhausted: all ", sizes_.slots_per_layer,
@@ -97,20 +116,21 @@ void ExpertBufferPools::release(const Lease& lease) {
 
 ExpertBuffers ExpertBufferPools::grad_buffers() const {
   MOE_CHECK(memory_ != nullptr, "expert buffers: grad_buffers before the dispatcher reserved its buffers");
-  return {memory_->get(grad_.in), memory_->get(grad_.out)};
+  return buffers_of(grad_);
 }
 
 ExpertBuffers ExpertBufferPools::recompute_buffers() const {
   MOE_CHECK(memory_ != nullptr, "expert buffers: recompute_buffers before the dispatcher reserved its buffers");
   MOE_CHECK(sizes_.recompute, "expert buffers: recompute_buffers of a dispatcher reserved with lease pools "
             "(the MoE layers keep their expert rows; reserve with DispatchShape::recompute)");
-  return {memory_->get(recompute_.in), memory_->get(recompute_.out)};
+  return buffers_of(recompute_);
 }
 
 bool ExpertBufferPools::is_recompute_buffer(const Tensor& t) const {
   if (!sizes_.recompute || t.data == nullptr) return false;
   const char* p = static_cast<const char*>(t.data);
-  for (const int id : {recompute_.in, recompute_.out}) {
+  for (const int id : {recompute_.in, recompute_.out, recompute_.in_scales}) {
+    if (id < 0) continue;
     const Tensor b = memory_->get(id);
     const char* base = static_cast<const char*>(b.data);
     if (p >= base && p < base + b.nbytes()) return true;
@@ -143,9 +163,10 @@ int64_t PooledDispatcher::expert_rows(int64_t tokens, int64_t top_k) const {
 void PooledDispatcher::reserve_pools(BufferMemory& memory, const DispatchShape& shape, DType dtype) {
   MOE_CHECK(!pools_.reserved(), what_, ": reserve_buffers called twice");
   tokens_ = shape.tokens, top_k_ = shape.top_k, hidden_ = shape.hidden;
+  payload_ = shape.payload;
   rows_ = expert_rows(shape.tokens, shape.top_k);
-  pools_.reserve(memory,
-                 {shape.first_layer, shape.num_layers, shape.slots_per_layer, rows_, shape.hidden, dtype, shape.recompute});
+  pools_.reserve(memory, {shape.first_layer, shape.num_layers, shape.slots_per_layer, rows_, shape.hidden, dtype,
+                          shape.recompute, shape.payload});
 }
 
 void PooledDispatcher::require_host_f32_rows(const DispatchShape& shape, const Arena& arena) const {
@@ -156,6 +177,18 @@ void PooledDispatcher::require_host_f32_rows(const DispatchShape& shape, const A
 void PooledDispatcher::check_f32_expert_rows(const Tensor& t, const char* op, const char* what) const {
   MOE_CHECK(t.dtype == DType::F32 && t.ndim() == 2 && t.dim(0) == rows_ && t.dim(1) == hidden_, what_, " ", op, ": ",
             what, " must be [", rows_, ", ", hidden_, "] F32, got ", t.shape.str());
+}
+
+void PooledDispatcher::check_fp8_expert_rows(const Fp8Tensor& t, const char* op) const {
+  MOE_CHECK(payload_ == Payload::FP8, what_, " ", op, ": its buffers were reserved for payload ", to_string(payload_),
+            " (ep.payload), not fp8");
+  const Shape scales = fp8_scale_shape({rows_, hidden_}, Fp8Tiles::Rows);
+  MOE_CHECK(t.tiles == Fp8Tiles::Rows && t.codes.dtype == DType::FP8_E4M3 && t.codes.ndim() == 2 &&
+                t.codes.dim(0) == rows_ && t.codes.dim(1) == hidden_ && t.scales.dtype == DType::F32 &&
+                t.scales.shape == scales,
+            what_, " ", op, ": expert_in must be FP8 rows: codes [", rows_, ", ", hidden_, "] FP8_E4M3 and scales ",
+            scales.str(), " F32 (a lease's fp8_expert_in()), got codes ", t.codes.shape.str(), " ",
+            dtype_name(t.codes.dtype), " and scales ", t.scales.shape.str(), " ", dtype_name(t.scales.dtype));
 }
 
 void PooledDispatcher::check_f32_tokens(const Tensor& t, int64_t cols, const char* op, const char* what) const {

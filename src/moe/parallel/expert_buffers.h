@@ -30,6 +30,11 @@ namespace moe {
 // dropless worst case. tokens: per microbatch on one rank; ranks: the EP group's size (1 for local).
 int64_t rank_capacity(int64_t tokens, int64_t top_k, int ranks, double capacity_factor, bool dropless);
 
+// Bytes one kept route moves through dispatch and combine: its token row into expert_in (payload
+// fp8: `hidden` E4M3 codes and ceil(hidden / 128) F32 scales; bf16: `hidden` elements of `dtype`) and
+// its expert output back (`hidden` elements of `dtype`, the activation dtype, in either payload).
+int64_t route_payload_bytes(int64_t hidden, DType dtype, Payload payload);
+
 // Where a backend's buffers live. reserve() at start-up, get() once the memory exists.
 class BufferMemory {
  public:
@@ -91,6 +96,9 @@ struct ExpertPoolSizes {
   DType dtype = DType::F32;
   // Every MoE layer recomputes its expert rows in backward: no per-layer pools, one shared pair.
   bool recompute = false;
+  // FP8: every expert_in (leases, recompute pair) is E4M3 codes [rows, hidden] plus F32 scales
+  // [rows, ceil(hidden / 128)]; expert_out and the backward pair stay `dtype`.
+  Payload payload = Payload::BF16;
 };
 
 class ExpertBufferPools {
@@ -98,7 +106,8 @@ class ExpertBufferPools {
   // Reserves in `memory` (which must outlive the pools), for each MoE layer, slots_per_layer pairs
   // (expert_in, expert_out) of [rows, hidden] (with sizes.recompute: one pair for all layers
   // instead), then the backward pair. Arena buffer names: dispatch.layer.<l>.slot.<s>.expert_in|
-  // expert_out (dispatch.recompute.expert_in|expert_out) and dispatch.grad.expert_in|expert_out.
+  // expert_out (dispatch.recompute.expert_in|expert_out) and dispatch.grad.expert_in|expert_out; with
+  // payload fp8 each forward pair also has expert_in_scales.
   void reserve(BufferMemory& memory, const ExpertPoolSizes& sizes);
   bool reserved() const { return memory_ != nullptr; }
   const ExpertPoolSizes& sizes() const { return sizes_; }
@@ -117,9 +126,10 @@ class ExpertBufferPools {
 
  private:
   struct Slot {
-    int in = -1, out = -1;  // BufferMemory ids
+    int in = -1, out = -1, in_scales = -1;  // BufferMemory ids (in_scales: payload fp8 only)
     bool busy = false;
   };
+  ExpertBuffers buffers_of(const Slot& s) const;
   std::vector<Slot>& pool_of(int layer, const char* op);
 
   BufferMemory* memory_ = nullptr;
@@ -158,6 +168,9 @@ class PooledDispatcher : public TokenDispatcher {
   // Their call arguments: `t` an F32 [rows_, hidden_] expert buffer, an F32 [tokens_, cols] token-side
   // tensor, top_k the reserved one; errors name the backend, the call (op) and the argument (what).
   void check_f32_expert_rows(const Tensor& t, const char* op, const char* what) const;
+  // dispatch_fp8's expert_in: reserved with payload fp8, codes [rows_, hidden_] E4M3 and Rows-tile F32
+  // scales [rows_, ceil(hidden_ / 128)].
+  void check_fp8_expert_rows(const Fp8Tensor& t, const char* op) const;
   void check_f32_tokens(const Tensor& t, int64_t cols, const char* op, const char* what) const;
   void check_top_k(int top_k, const char* op) const;
   // place_routes' topk_idx: [tokens_, top_k_], the reserved shape.
@@ -175,6 +188,7 @@ class PooledDispatcher : public TokenDispatcher {
   const int ranks_, rank_;
   const int64_t num_experts_, local_experts_;
   int64_t tokens_ = 0, top_k_ = 0, hidden_ = 0, rows_ = 0;  // of the reserved shape
+  Payload payload_ = Payload::BF16;                          // of the reserved shape
 
  private:
   double capacity_factor_;

@@ -27,6 +27,11 @@ void LocalDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan
   scatter_rows_to_routes(expert_in, x, plan.route_index, top_k, stream);
 }
 
+void LocalDispatcher::dispatch_fp8(Fp8Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) {
+  check_fp8_expert_rows(expert_in, "dispatch_fp8");
+  scatter_rows_to_routes_fp8(expert_in, x, plan.route_index, top_k, stream);
+}
+
 void LocalDispatcher::combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
                               Stream stream) {
   combine_rows(out, expert_out, weights, plan.route_index, top_k, /*accumulate=*/true, stream);

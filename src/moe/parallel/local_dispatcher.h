@@ -1,6 +1,7 @@
 // The EP = 1 dispatcher: all experts are on this rank, so dispatch and combine are the
 // permutation kernels without communication. Capacity and tail drop follow the same rule as
-// the multi-rank backends (rank_capacity with one rank); its buffers come from the arena.
+// the multi-rank backends (rank_capacity with one rank); its buffers come from the arena. With
+// payload fp8 the scatter quantizes each token row on its way (scatter_rows_to_routes_fp8).
 #pragma once
 
 #include <optional>
@@ -19,6 +20,7 @@ class LocalDispatcher final : public PooledDispatcher {
 
   void place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) override;
   void dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) override;
+  void dispatch_fp8(Fp8Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) override;
   void combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
                Stream stream) override;
   void combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out, Tensor weights,

@@ -11,14 +11,16 @@ namespace moe {
 namespace {
 
 // Route i's row in its owner's copy of a heap buffer (peers: the buffer on each rank, from
-// resolve_peers), or nullptr for a dropped route. route_index holds owner * rows + row.
+// resolve_peers), or nullptr for a dropped route. route_index holds owner * rows + row; a row has
+// row_elems elements.
+template <typename Elem>
 struct PeerRowOf {
   const int32_t* route_index;
-  float* const* peers;
-  int64_t rows, hidden;
-  float* operator()(int64_t i) const {
+  Elem* const* peers;
+  int64_t rows, row_elems;
+  Elem* operator()(int64_t i) const {
     const int32_t v = route_index[i];
-    return v < 0 ? nullptr : peers[v / rows] + (v % rows) * hidden;
+    return v < 0 ? nullptr : peers[v / rows] + (v % rows) * row_elems;
   }
 };
 
@@ -48,28 +50,35 @@ void RowwiseDispatcher::reserve_buffers(const DispatchShape& shape, Arena& arena
   heap_->sync();
 }
 
-void RowwiseDispatcher::resolve_peers(std::vector<float*>& peers, const Tensor& t, const char* op,
-                                      const char* what) {
+template <typename Elem>
+void RowwiseDispatcher::peer_addresses(std::vector<Elem*>& peers, const Tensor& t, const char* op,
+                                       const char* what) const {
   MOE_CHECK(heap_ != nullptr, "rowwise dispatcher ", op, ": called before reserve_buffers");
-  check_f32_expert_rows(t, op, what);
   const char* base = static_cast<const char*>(heap_->local());
   const char* p = static_cast<const char*>(t.data);
   MOE_CHECK(p >= base && p + t.nbytes() <= base + heap_->bytes_per_rank(), "rowwise dispatcher ", op, " (rank ",
             rank_, "): ", what,
             " is not a buffer of the dispatcher's symmetric heap; pass a lease's buffers or grad_buffers()");
-  for (int r = 0; r < ranks_; ++r) peers[static_cast<size_t>(r)] = static_cast<float*>(heap_->peer(p, r));
+  peers.resize(static_cast<size_t>(ranks_));
+  for (int r = 0; r < ranks_; ++r) peers[static_cast<size_t>(r)] = static_cast<Elem*>(heap_->peer(p, r));
+}
+
+void RowwiseDispatcher::resolve_peers(std::vector<float*>& peers, const Tensor& t, const char* op,
+                                      const char* what) {
+  check_f32_expert_rows(t, op, what);
+  peer_addresses(peers, t, op, what);
 }
 
 void RowwiseDispatcher::count_bytes(const RoutePlan& plan) {
   const int32_t* index = plan.route_index.i32();
-  const auto row_bytes = static_cast<int64_t>(hidden_ * sizeof(float));
+  const int64_t route_bytes = route_payload_bytes(hidden_, DType::F32, payload_);
   int64_t rows = 0, remote_rows = 0;
   for (int64_t i = 0; i < plan.route_index.numel(); ++i) {
     if (index[i] < 0) continue;
     ++rows;
     if (index[i] / rows_ != rank_) ++remote_rows;
   }
-  count_moved(2 * rows * row_bytes, 2 * remote_rows * row_bytes);  // once in dispatch, once in combine
+  count_moved(rows * route_bytes, remote_rows * route_bytes);  // each way once: dispatch and combine
 }
 
 void RowwiseDispatcher::place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream) {
@@ -91,9 +100,26 @@ void RowwiseDispatcher::dispatch(Tensor expert_in, Tensor x, const RoutePlan& pl
   // finished those reads before entering a later sync (the opening sync of combine or of
   // dispatch_backward) that we have passed too, since syncs are collective and matched in order.
   cpu::route_rows::scatter_routes(x.f32(), static_cast<size_t>(hidden_) * sizeof(float), tokens_, top_k, hidden_,
-                                  PeerRowOf{plan.route_index.i32(), peer_rows_.data(), rows_, hidden_});
+                                  PeerRowOf<float>{plan.route_index.i32(), peer_rows_.data(), rows_, hidden_});
   // NOTES: the owners' expert GEMMs read expert_in next; this sync completes every rank's PUTs
   // (each kept row has exactly one writer) before any owner reads.
+  heap_->sync();
+}
+
+void RowwiseDispatcher::dispatch_fp8(Fp8Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream) {
+  check_fp8_expert_rows(expert_in, "dispatch_fp8");
+  peer_addresses(peer_codes_, expert_in.codes, "dispatch_fp8", "expert_in codes");
+  peer_addresses(peer_rows_2_, expert_in.scales, "dispatch_fp8", "expert_in scales");
+  check_f32_tokens(x, hidden_, "dispatch_fp8", "x");
+  check_top_k(top_k, "dispatch_fp8");
+  const int64_t tiles = expert_in.scales.dim(1);
+  // NOTES: no sync before the PUTs, as in dispatch: the last readers of these rows (the owners'
+  // expert GEMMs and weight-gradient dequantize) finished before a sync we have passed.
+  const int32_t* index = plan.route_index.i32();
+  cpu::route_rows::scatter_routes_fp8(x.f32(), tokens_, top_k, hidden_,
+                                      PeerRowOf<uint8_t>{index, peer_codes_.data(), rows_, hidden_},
+                                      PeerRowOf<float>{index, peer_rows_2_.data(), rows_, tiles});
+  // NOTES: the owners' expert GEMMs read expert_in next; complete every rank's PUTs first.
   heap_->sync();
 }
 
@@ -108,7 +134,7 @@ void RowwiseDispatcher::combine(Tensor out, Tensor expert_out, Tensor weights, c
   // the dispatch sync of a later use of the slot, which we enter only after these loads.
   heap_->sync();
   cpu::route_rows::sum_routes(out.f32(), weights.f32(), tokens_, top_k, hidden_, /*accumulate=*/true,
-                              PeerRowOf{plan.route_index.i32(), peer_rows_.data(), rows_, hidden_});
+                              PeerRowOf<float>{plan.route_index.i32(), peer_rows_.data(), rows_, hidden_});
 }
 
 void RowwiseDispatcher::combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out,
@@ -128,8 +154,8 @@ void RowwiseDispatcher::combine_backward(Tensor d_expert_out, Tensor dweights, T
   if (is_recompute_buffer(expert_out)) heap_->sync();
   const int32_t* index = plan.route_index.i32();
   cpu::route_rows::combine_backward_routes(dweights.f32(), dout.f32(), weights.f32(), tokens_, top_k, hidden_,
-                                           PeerRowOf{index, peer_rows_2_.data(), rows_, hidden_},
-                                           PeerRowOf{index, peer_rows_.data(), rows_, hidden_});
+                                           PeerRowOf<float>{index, peer_rows_2_.data(), rows_, hidden_},
+                                           PeerRowOf<float>{index, peer_rows_.data(), rows_, hidden_});
   // NOTES: the owners' GEMMs read d_expert_out next; complete every rank's PUTs first.
   heap_->sync();
 }
@@ -142,7 +168,7 @@ void RowwiseDispatcher::dispatch_backward(Tensor dx, Tensor d_expert_in, const R
   // load from it.
   heap_->sync();
   cpu::route_rows::sum_routes(dx.f32(), nullptr, tokens_, top_k, hidden_, /*accumulate=*/false,
-                              PeerRowOf{plan.route_index.i32(), peer_rows_.data(), rows_, hidden_});
+                              PeerRowOf<float>{plan.route_index.i32(), peer_rows_.data(), rows_, hidden_});
   // NOTES: once we return, the owner may write d_expert_in again (the next MoE layer's backward,
   // or any caller's use of grad_buffers()); this sync keeps that write behind every rank's loads.
   // (In the transformer's order combine_backward's closing sync would also cover it; the interface

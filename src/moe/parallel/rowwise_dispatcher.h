@@ -4,6 +4,9 @@
 // and loads each expert result straight from it (GET). No packing, no all-to-all; the only
 // collectives are the count all-gather in place_routes() and the heap syncs that order the phases.
 //
+// Payload fp8 (ep.payload): dispatch_fp8 quantizes each token row once and stores its codes and
+// scales into the owners' expert_in codes and scales buffers, with the same syncs as dispatch.
+//
 // Sync schedule per MoE layer (every rank of the EP group makes the same calls in the same order):
 //   forward:  place_routes (all-gather) | dispatch: PUT expert_in, SYNC | experts (local) | combine: SYNC, GET expert_out
 //   backward: combine_backward: PUT d_expert_out, GET expert_out, SYNC | experts (local) |
@@ -36,6 +39,7 @@ class RowwiseDispatcher final : public PooledDispatcher {
 
   void place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) override;
   void dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) override;
+  void dispatch_fp8(Fp8Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) override;
   void combine(Tensor out, Tensor expert_out, Tensor weights, const RoutePlan& plan, int top_k,
                Stream stream) override;
   void combine_backward(Tensor d_expert_out, Tensor dweights, Tensor dout, Tensor expert_out, Tensor weights,
@@ -46,6 +50,9 @@ class RowwiseDispatcher final : public PooledDispatcher {
   // Checks that `t` is a [rows, D] F32 buffer of the heap, then fills peers[r] with the address
   // of the same buffer on rank r.
   void resolve_peers(std::vector<float*>& peers, const Tensor& t, const char* op, const char* what);
+  // Checks that `t` lies in the heap, then fills peers[r] with its address on rank r.
+  template <typename Elem>
+  void peer_addresses(std::vector<Elem*>& peers, const Tensor& t, const char* op, const char* what) const;
   // Payload of dispatch and combine: every kept route's row twice, and those of other ranks.
   void count_bytes(const RoutePlan& plan);
 
@@ -55,6 +62,7 @@ class RowwiseDispatcher final : public PooledDispatcher {
   size_t planned_heap_bytes_ = 0;  // plans_only(): the heap a run would allocate
   RouteAgreement agreement_;
   std::vector<float*> peer_rows_, peer_rows_2_;  // per-call scratch: a buffer's address on each rank
+  std::vector<uint8_t*> peer_codes_;             // the same for dispatch_fp8's codes
 };
 
 }  // namespace moe

@@ -21,6 +21,7 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
   j["parallel_mode"] = cfg.parallel.mode;
   j["ep"] = cfg.parallel.mode == "fsdp" ? 1 : cfg.parallel.ep;
   j["ep_backend"] = cfg.ep.backend;
+  j["ep_payload"] = to_string(cfg.ep.payload);
   j["num_experts"] = cfg.model.num_experts;
   j["experts_per_token"] = cfg.model.num_experts_per_tok;
   j["num_layers"] = cfg.model.num_hidden_layers;

@@ -612,6 +612,13 @@ void Config::validate(int64_t dp) const {
   MOE_CHECK(t.precision != Precision::FP8 || parallel.mode != "fsdp",
             "train.precision = \"fp8\" is built for parallel.mode = \"ddp\" (resident weights with their FP8 "
             "caches), not for \"fsdp\"; use parallel.mode = \"ddp\" or train.precision = \"bf16\"");
+  // The moved FP8 rows are the expert GEMM's operand: a BF16 product would dequantize them again.
+  MOE_CHECK(ep.payload != Payload::FP8 || t.precision == Precision::FP8,
+            "ep.payload = \"fp8\" moves the FP8 operand of the expert GEMM and needs train.precision = \"fp8\"; "
+            "set train.precision = \"fp8\" or ep.payload = \"bf16\"");
+  MOE_CHECK(ep.payload != Payload::FP8 || parallel.ep == 1 || ep.backend == "rowwise",
+            "ep.payload = \"fp8\" is built for ep.backend = \"rowwise\" (the alltoall baseline moves BF16 rows); "
+            "set ep.backend = \"rowwise\" or ep.payload = \"bf16\"");
 }
 
 std::string model_config_toml(const ModelConfig& m) {

@@ -13,6 +13,7 @@
 #include "moe/core/dtype.h"
 #include "moe/data/data_config.h"
 #include "moe/model/config.h"
+#include "moe/model/dispatch.h"
 #include "moe/model/precision.h"
 #include "moe/model/recompute.h"
 
@@ -68,6 +69,7 @@ struct ParallelConfig {
 
 struct EpConfig {
   std::string backend = "rowwise";  // rowwise | alltoall (the baseline); EP = 1 always runs local
+  Payload payload = Payload::BF16;  // what dispatch moves: activation-dtype rows, or FP8 codes + scales (model/dispatch.h)
 };
 
 struct RunConfig {

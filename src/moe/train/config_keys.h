@@ -196,6 +196,10 @@ void visit_config_keys(C& c, V&& v) {
         "per-layer cost with the embedding and LM head counted");
   v.choice("ep", "backend", c.ep.backend, Choices<std::string>{{"rowwise", "rowwise"}, {"alltoall", "alltoall"}},
            "token dispatch: rowwise (symmetric memory) or alltoall (the baseline)");
+  v.choice("ep", "payload", c.ep.payload, Choices<Payload>{{"bf16", Payload::BF16}, {"fp8", Payload::FP8}},
+           "what dispatch moves to the experts: bf16 (the activation rows) or fp8 (each token row quantized once at "
+           "its source: E4M3 codes + 1x128 power-of-two scales, about half the bytes; needs train.precision = fp8 "
+           "and, at parallel.ep > 1, ep.backend = rowwise; combine and gradients stay bf16)");
 
   v.key("run", "dir", c.run.dir, any_value<std::string>(), "output folder; empty = runs/<name>");
   v.key("run", "peak_tflops", c.run.peak_tflops, between(0.0, 1e9),

@@ -90,7 +90,8 @@ std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world
   }
   if (cfg.parallel.lease_slots > 0) lease_slots = static_cast<int>(cfg.parallel.lease_slots);
   run->model = std::make_unique<Transformer>(mc, cfg.train.micro_batch_size, cfg.train.seq_len, acts, *run->dispatcher,
-                                             lease_slots, cfg.train.recompute, cfg.train.precision, chunks);
+                                             lease_slots, cfg.train.recompute, cfg.train.precision, cfg.ep.payload,
+                                             chunks);
   run->model->set_block_hooks(run->store->hooks());
   if (cfg.train.precision == Precision::FP8) run->model->set_fp8_weights(run->store->fp8_weights());
   return run;

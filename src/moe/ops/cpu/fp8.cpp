@@ -41,22 +41,24 @@ const float* e4m3_values() {
   return table.data();
 }
 
+// One row of K elements: its ceil(K / 128) tiles' scales and codes.
+template <typename In>
+void quantize_row_typed(const In* xr, int64_t K, uint8_t* cr, float* sr) {
+  for (int64_t j = 0; j < tiles_along(K); ++j) {
+    const int64_t k0 = j * kTile, k1 = std::min(K, k0 + kTile);
+    uint32_t amax = 0;
+    for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, magnitude_bits(to_f32(xr[k])));
+    const float scale = tile_scale_of(amax);
+    sr[j] = scale;
+    for (int64_t k = k0; k < k1; ++k) cr[k] = fp8::quantize_with_scale(to_f32(xr[k]), scale);
+  }
+}
+
 template <typename In>
 void quantize_rows_typed(const In* x, int64_t M, int64_t K, uint8_t* codes, float* scales) {
   const int64_t T = tiles_along(K);
 #pragma omp parallel for schedule(static) if (M * K > kParallelElements)
-  for (int64_t m = 0; m < M; ++m) {
-    const In* xr = x + m * K;
-    uint8_t* cr = codes + m * K;
-    for (int64_t j = 0; j < T; ++j) {
-      const int64_t k0 = j * kTile, k1 = std::min(K, k0 + kTile);
-      uint32_t amax = 0;
-      for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, magnitude_bits(to_f32(xr[k])));
-      const float scale = tile_scale_of(amax);
-      scales[m * T + j] = scale;
-      for (int64_t k = k0; k < k1; ++k) cr[k] = fp8::quantize_with_scale(to_f32(xr[k]), scale);
-    }
-  }
+  for (int64_t m = 0; m < M; ++m) quantize_row_typed(x + m * K, K, codes + m * K, scales + m * T);
 }
 
 // One Rows tile of the columns layout: rows [row, row + count) of x (count <= 128) become columns
@@ -142,6 +144,10 @@ void fp8_quantize_rows(Fp8Tensor out, Tensor x, Stream /*stream*/) {
     quantize_rows_typed(x.ptr<const uint16_t>(), x.dim(0), x.dim(1), codes, scales);
   else
     quantize_rows_typed(x.ptr<const float>(), x.dim(0), x.dim(1), codes, scales);
+}
+
+void fp8_quantize_row(const float* x, int64_t K, uint8_t* codes, float* scales) {
+  quantize_row_typed(x, K, codes, scales);
 }
 
 void fp8_quantize_columns(Fp8Tensor out, Tensor x, Tensor offsets, Stream /*stream*/) {

@@ -14,6 +14,9 @@ namespace moe::cpu {
 void fp8_quantize_rows(Fp8Tensor out, Tensor x, Stream stream = {});
 void fp8_quantize_columns(Fp8Tensor out, Tensor x, Tensor offsets, Stream stream = {});
 void fp8_quantize_rows_and_columns(Fp8Tensor rows, Fp8Tensor columns, Tensor x, Tensor offsets, Stream stream = {});
+// One row x[0, K) (F32) into codes[0, K) and scales[0, ceil(K / 128)): fp8_quantize_rows' bits for that
+// row (the FP8 dispatch quantizes each token row on its way, ops/cpu/route_rows.h).
+void fp8_quantize_row(const float* x, int64_t K, uint8_t* codes, float* scales);
 void fp8_quantize_blocks(Fp8Tensor out, Fp8Tensor out_t, Tensor w, Stream stream = {});
 void fp8_dequantize(Tensor out, Fp8Tensor in, Stream stream = {});
 

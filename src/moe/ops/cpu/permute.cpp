@@ -31,6 +31,14 @@ void scatter_rows_to_routes(Tensor dst, Tensor src, Tensor route_index, int top_
                              LocalRowOf<char>{static_cast<char*>(dst.data), row_bytes, route_index.i32()});
 }
 
+void scatter_rows_to_routes_fp8(Fp8Tensor dst, Tensor src, Tensor route_index, int top_k, Stream /*stream*/) {
+  const int64_t D = src.dim(1), tiles = dst.scales.dim(1);
+  route_rows::scatter_routes_fp8(
+      src.f32(), src.dim(0), top_k, D,
+      LocalRowOf<uint8_t>{dst.codes.ptr<uint8_t>(), static_cast<size_t>(D), route_index.i32()},
+      LocalRowOf<float>{dst.scales.f32(), static_cast<size_t>(tiles), route_index.i32()});
+}
+
 void scatter_rows_to_routes_backward(Tensor dsrc, Tensor ddst, Tensor route_index, int top_k, bool accumulate,
                                      Stream /*stream*/) {
   const int64_t D = dsrc.dim(1);

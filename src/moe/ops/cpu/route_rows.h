@@ -7,6 +7,8 @@
 //
 //   scatter_routes:          row_of(t*K+k) = x[t] for every kept route: the gather into
 //                            expert-major rows and the dispatch;
+//   scatter_routes_fp8:      the same with x[t] quantized once into FP8 codes and scales
+//                            (ep.payload = "fp8"): codes_of / scales_of give the route's rows;
 //   sum_routes:              out[t] (+= or =) sum over kept k of w[t,k] * row_of(t*K+k): the
 //                            weighted combine and the gather / dispatch backward;
 //   combine_backward_routes: dy_of(i) = w[i] * dout[t] and dweights[i] = dot(dout[t], y_of(i))
@@ -23,6 +25,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
+
+#include "moe/ops/cpu/fp8.h"
 
 namespace moe::cpu::route_rows {
 
@@ -42,6 +47,33 @@ void scatter_routes(const void* x, size_t row_bytes, int64_t tokens, int top_k, 
     for (int k = 0; k < top_k; ++k)
       if (void* row = row_of(t * top_k + k); row != nullptr)
         std::memcpy(row, src + static_cast<size_t>(t) * row_bytes, row_bytes);
+}
+
+// Quantizes token row t of x (F32, `hidden` elements) once into 1 x 128 tiles (fp8_quantize_rows'
+// bits) and copies its codes (hidden bytes) to codes_of(t*K + k) and its ceil(hidden / 128) scales
+// to scales_of(t*K + k) for every kept k (both nullptr for a dropped route). A token without a kept
+// route is not quantized.
+template <typename CodesOf, typename ScalesOf>
+void scatter_routes_fp8(const float* x, int64_t tokens, int top_k, int64_t hidden, CodesOf codes_of,
+                        ScalesOf scales_of) {
+  const int64_t tiles = (hidden + kFp8Tile - 1) / kFp8Tile;
+#pragma omp parallel if (tokens * top_k * hidden >= kMinParallelWork)
+  {
+    std::vector<uint8_t> codes(static_cast<size_t>(hidden));
+    std::vector<float> scales(static_cast<size_t>(tiles));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tokens; ++t) {
+      bool quantized = false;
+      for (int k = 0; k < top_k; ++k) {
+        uint8_t* code_row = codes_of(t * top_k + k);
+        if (code_row == nullptr) continue;
+        if (!quantized) fp8_quantize_row(x + t * hidden, hidden, codes.data(), scales.data());
+        quantized = true;
+        std::memcpy(code_row, codes.data(), codes.size());
+        std::memcpy(scales_of(t * top_k + k), scales.data(), scales.size() * sizeof(float));
+      }
+    }
+  }
 }
 
 // out[t] (+= or =) sum over kept k, ascending, of (weights ? weights[t,k] : 1) * row_of(t*K + k).

@@ -13,18 +13,20 @@
 //                            as 4- or 8-byte words. About 5 (F32) or 3 (BF16) bytes of traffic per
 //                            element; expected near HBM bandwidth (~3.5-4 TB/s on an H200).
 //   quantize_columns_kernel  one 256-thread block per (128 tokens of one segment) x (128
-//                            features): the block holds the 128 x 128 tile in registers (thread:
-//                            4 rows x 16 columns), reduces each column's amax through shared
-//                            memory, quantizes, and transposes the codes through shared memory
-//                            so each feature's 128 codes leave as one coalesced 128-byte row. The
-//                            block finds its segment itself from the device offsets (a warp scan
-//                            of round_up(M_g, 128)), so no host copy or extra launch is needed.
+//                            features), each warp alone on 16 features (lane: 4 rows x 16
+//                            features in registers, loaded up front): column amax by a halving
+//                            exchange across the warp, codes stored as 4-byte words along the
+//                            tokens (a feature's 128 codes leave as one coalesced 128-byte row).
+//                            Each warp finds its segment itself from the device offsets (a warp
+//                            scan of round_up(M_g, 128)), so no host copy, extra launch or barrier
+//                            is needed. With the Rows output too (fp8_quantize_rows_and_columns),
+//                            one barrier shares each row's amax across the 8 warps.
 //   quantize_blocks_kernel   the same block shape over one 128 x 128 weight block: one amax, codes
 //                            written from registers ([N, K]) and, when asked, transposed through
 //                            shared memory ([K, N]). 1 read + 2 writes of a byte per F32 read.
 //   dequantize_kernel        one thread per element (tests and checks; not a hot path).
-// Expected for the tiled kernels: 2 blocks per SM (about 110 registers), 64 KB of loads in flight
-// per block; roughly 2.5-3.5 TB/s (not yet measured).
+// Measured on the H200 (MOE_BENCH=1 test_cuda_fp8, [16384, 2048] BF16): rows 2.5 TB/s; blocks (F32,
+// both orientations) 3.0 TB/s.
 #include "moe/ops/cuda/fp8.h"
 
 #include <cuda_bf16.h>
@@ -191,11 +193,8 @@ struct TileThread {
   __device__ __forceinline__ int column(int i) const { return 4 * (lane % 8 + 8 * i); }  // first of 4
 };
 
-// 4 consecutive elements, as FP32.
-template <typename T>
-__device__ __forceinline__ void load4(const T* p, int valid, bool vector, float (&v)[4]);
-template <>
-__device__ __forceinline__ void load4<float>(const float* p, int valid, bool vector, float (&v)[4]) {
+// 4 consecutive F32 elements (vector: 16-byte aligned; valid: how many exist).
+__device__ __forceinline__ void load4(const float* p, int valid, bool vector, float (&v)[4]) {
   if (vector && valid == 4) {
     const float4 f = *reinterpret_cast<const float4*>(p);
     v[0] = f.x;
@@ -207,23 +206,9 @@ __device__ __forceinline__ void load4<float>(const float* p, int valid, bool vec
     for (int e = 0; e < 4; ++e) v[e] = e < valid ? p[e] : 0.0f;
   }
 }
-template <>
-__device__ __forceinline__ void load4<__nv_bfloat16>(const __nv_bfloat16* p, int valid, bool vector, float (&v)[4]) {
-  if (vector && valid == 4) {
-    const uint2 w = *reinterpret_cast<const uint2*>(p);  // BF16 is FP32's top half (little-endian pairs)
-    v[0] = __uint_as_float(w.x << 16);
-    v[1] = __uint_as_float(w.x & 0xffff0000u);
-    v[2] = __uint_as_float(w.y << 16);
-    v[3] = __uint_as_float(w.y & 0xffff0000u);
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = e < valid ? __bfloat162float(p[e]) : 0.0f;
-  }
-}
 
 // The thread's part of src[row0 + r, col0 + c] for r < rows_valid, c < cols_valid (zeros elsewhere).
-template <typename T>
-__device__ __forceinline__ void load_tile(const T* src, int64_t ld, int64_t row0, int rows_valid, int64_t col0,
+__device__ __forceinline__ void load_tile(const float* src, int64_t ld, int64_t row0, int rows_valid, int64_t col0,
                                           int cols_valid, bool vector, const TileThread& t, float (&v)[4][4][4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -231,8 +216,8 @@ __device__ __forceinline__ void load_tile(const T* src, int64_t ld, int64_t row0
     for (int s = 0; s < 4; ++s) {
       const int r = 4 * t.rq + s, c = t.column(i);
       const int valid = r < rows_valid ? min(max(cols_valid - c, 0), 4) : 0;
-      const T* p = src + (row0 + r) * ld + col0 + c;
-      load4<T>(valid > 0 ? p : src, valid, vector, v[i][s]);
+      const float* p = src + (row0 + r) * ld + col0 + c;
+      load4(valid > 0 ? p : src, valid, vector, v[i][s]);
     }
   }
 }
@@ -256,28 +241,32 @@ __device__ __forceinline__ void write_transposed(const uint32_t* words, uint8_t*
 
 struct TileShared {
   uint32_t words[kTile * kStrideWords];     // transposed codes
-  uint32_t partial[kThreads / 32][kTile];  // per-warp column amax (columns) or warp amax (blocks)
-  float scale[kTile];                      // per-column scales (columns)
-  int64_t first_row;                       // the tile's segment rows (columns)
-  int rows;
+  uint32_t partial[kThreads / 32];        // per-warp amax
 };
 
 // ---------------------------------------------------------------------------------------------
-// Columns: x [M, K] -> codes [K, Mp], scales [K, ceil(Mp / 128)].
+// Columns: x [M, K] -> codes [K, Mp], scales [K, ceil(Mp / 128)]; with kRows also the Rows tiles
+// of the same rows, codes [M, K], scales [M, ceil(K / 128)].
+//
+// A block of 8 warps takes one column tile (128 rows of one segment) x 128 features; warp w takes
+// features 16 w .. 16 w + 15 and lane l rows 4 l .. 4 l + 3, so every warp works alone (no shared
+// memory, no barrier) except for the Rows output's row amax. Each lane's 4 x 16 values stay in
+// registers (BF16 packed, 32 registers), loaded up front as 16-byte runs.
 
-// Warp 0: the x rows of the tile whose first column is c0 (first_row, rows; rows = 0 for a padding
-// tile). Segment g holds x rows [o_g, o_{g+1}) at columns [p_g, p_g + M_g), p_g = sum over g' < g
-// of round_up(M_g', 128). Offsets are clamped to [0, M] and made non-decreasing, so bad offsets
-// give unspecified codes but never an out-of-bounds read. offsets == nullptr: one segment.
-__device__ void find_tile_rows(const int32_t* offsets, int segments, int64_t M, int64_t c0, TileShared& sh) {
+// The tile's rows: x rows [first_row, first_row + rows) (rows = 0: a padding tile).
+struct TileRows {
+  int64_t first_row = 0;
+  int rows = 0;
+};
+
+// The x rows of the column tile whose first column is c0, to every lane of the calling warp. Segment
+// g holds x rows [o_g, o_{g+1}) at columns [p_g, p_g + M_g), p_g = sum over g' < g of
+// round_up(M_g', 128) (a warp scan over the segments). Offsets are clamped to [0, M] and made
+// non-decreasing, so bad offsets give unspecified codes but never an out-of-bounds read.
+// offsets == nullptr: one segment.
+__device__ TileRows find_tile_rows(const int32_t* offsets, int segments, int64_t M, int64_t c0) {
+  if (offsets == nullptr) return {c0, static_cast<int>(min(max(M - c0, int64_t{0}), int64_t{kTile}))};
   const int lane = threadIdx.x & 31;
-  if (offsets == nullptr) {
-    if (lane == 0) {
-      sh.first_row = c0;
-      sh.rows = static_cast<int>(min(max(M - c0, int64_t{0}), int64_t{kTile}));
-    }
-    return;
-  }
   int64_t carry = 0;  // p_g of the chunk's first segment
   for (int g0 = 0; g0 < segments; g0 += 32) {
     const int g = g0 + lane;
@@ -297,128 +286,178 @@ __device__ void find_tile_rows(const int32_t* offsets, int segments, int64_t M, 
     const int64_t start = carry + inclusive - width;
     const unsigned holder = __ballot_sync(kFullMask, g < segments && start <= c0 && c0 < start + width);
     if (holder != 0) {
-      if (lane == __ffs(holder) - 1) {
-        sh.first_row = begin + (c0 - start);
-        sh.rows = static_cast<int>(min(count - (c0 - start), int64_t{kTile}));
-      }
-      return;
+      const int src = __ffs(holder) - 1;
+      const int64_t first = __shfl_sync(kFullMask, begin + (c0 - start), src);
+      const int64_t left = __shfl_sync(kFullMask, count - (c0 - start), src);
+      return {first, static_cast<int>(min(left, int64_t{kTile}))};
     }
     carry += __shfl_sync(kFullMask, inclusive, 31);
   }
-  if (lane == 0) {
-    sh.first_row = 0;
-    sh.rows = 0;
-  }
+  return {};
 }
 
-// The Rows-tile output of the same x rows (kRows): codes [M, K], scales [M, ceil(K / 128)]; the
-// tile's rows are whole 1 x 128 Rows tiles, so the block writes them from the registers it holds.
+constexpr int kRun = 16;  // features per warp
+
+// 16 consecutive features of one row: BF16 packed in 8 words, F32 as 16 floats.
+template <typename T>
+struct Run16;
+template <>
+struct Run16<__nv_bfloat16> {
+  uint32_t w[kRun / 2] = {};
+  __device__ __forceinline__ float get(int f) const {
+    return __uint_as_float(f % 2 ? w[f / 2] & 0xffff0000u : w[f / 2] << 16);
+  }
+  // vector: 16-byte aligned; valid: features present (0 reads nothing).
+  __device__ __forceinline__ void load(const __nv_bfloat16* p, int valid, bool vector) {
+    if (vector && valid == kRun) {
+      const uint4 a = reinterpret_cast<const uint4*>(p)[0], b = reinterpret_cast<const uint4*>(p)[1];
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+      return;
+    }
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+#pragma unroll
+    for (int f = 0; f < kRun; ++f) {
+      const uint32_t bits = f < valid ? h[f] : 0u;
+      w[f / 2] |= f % 2 ? bits << 16 : bits;
+    }
+  }
+};
+template <>
+struct Run16<float> {
+  float v[kRun] = {};
+  __device__ __forceinline__ float get(int f) const { return v[f]; }
+  __device__ __forceinline__ void load(const float* p, int valid, bool vector) {
+    if (vector && valid == kRun) {
+#pragma unroll
+      for (int j = 0; j < kRun / 4; ++j) {
+        const float4 q = reinterpret_cast<const float4*>(p)[j];
+        v[4 * j] = q.x, v[4 * j + 1] = q.y, v[4 * j + 2] = q.z, v[4 * j + 3] = q.w;
+      }
+      return;
+    }
+#pragma unroll
+    for (int f = 0; f < kRun; ++f) v[f] = f < valid ? p[f] : 0.0f;
+  }
+};
+
+// m[f]: a lane's amax of feature f. Returns the warp's amax of feature (lane >> 1) & 15: four halving
+// exchanges (each lane keeps the half of the features its lane bit selects and takes the partner's
+// maxima of it), then the last pair: 16 shuffles where 16 separate reductions take 80.
+template <int kHalf, int kBit>
+__device__ __forceinline__ void keep_half(uint32_t (&m)[kRun], int lane) {
+  const bool upper = (lane & kBit) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const uint32_t keep = upper ? m[i + kHalf] : m[i], give = upper ? m[i] : m[i + kHalf];
+    m[i] = max(keep, __shfl_xor_sync(kFullMask, give, kBit));
+  }
+}
+__device__ __forceinline__ uint32_t warp_feature_amax(uint32_t (&m)[kRun], int lane) {
+  keep_half<8, 16>(m, lane);
+  keep_half<4, 8>(m, lane);
+  keep_half<2, 4>(m, lane);
+  keep_half<1, 2>(m, lane);
+  return max(m[0], __shfl_xor_sync(kFullMask, m[0], 1));
+}
+
+// The Rows-tile output (kRows): codes [M, K], scales [M, ceil(K / 128)].
 struct RowsOutput {
   uint8_t* codes = nullptr;
   float* scales = nullptr;
-  bool word_ok = false;  // 4-byte code stores are aligned
+  bool vector = false;  // 16-byte code stores are aligned (K % 16 == 0, aligned base)
 };
 
-// Rows tiles of the block's 128 x 128 tile (thread layout of TileThread): row 4 rq + s's amax over the
-// thread's 16 values and the 8 lanes sharing the row, then its codes as 4-byte words.
-template <typename T>
-__device__ __forceinline__ void write_row_tiles(const float (&v)[4][4][4], const RowsOutput& out, int64_t first_row,
-                                                int rows, int64_t K, int64_t k0, int features, const TileThread& t) {
-  const int64_t row_tiles = (K + kTile - 1) / kTile;
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    uint32_t m = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) m = max(m, magnitude_bits(v[i][s][e]));
-#pragma unroll
-    for (int d = 1; d < 8; d <<= 1) m = max(m, __shfl_xor_sync(kFullMask, m, d));
-    const int r = 4 * t.rq + s;
-    if (r >= rows) continue;
-    const float scale = fp8::tile_scale(__uint_as_float(m));
-    const int64_t row = first_row + r;
-    if (t.lane % 8 == 0) out.scales[row * row_tiles + k0 / kTile] = scale;
-    const TileQuantizer quantize(scale);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int c = t.column(i), valid = min(max(features - c, 0), 4);
-      uint8_t* p = out.codes + row * K + k0 + c;
-      uint8_t q[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) q[e] = quantize(v[i][s][e]);
-      if (out.word_ok && valid == 4) {
-        *reinterpret_cast<uint32_t*>(p) = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<uint32_t>(q[3]) << 24);
-      } else {
-        for (int e = 0; e < valid; ++e) p[e] = q[e];
-      }
-    }
-  }
-}
-
 template <typename T, bool kRows>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, 3)
     quantize_columns_kernel(const T* x, const int32_t* offsets, int segments, uint8_t* codes, float* scales,
                             int64_t M, int64_t K, int64_t Mp, int64_t feature_tiles, bool vector, bool word_ok,
                             RowsOutput rows_out) {
-  __shared__ TileShared sh;
-  const TileThread t;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t column_tile = blockIdx.x / feature_tiles;
-  const int64_t c0 = column_tile * kTile;            // first column of codes
-  const int64_t k0 = (blockIdx.x % feature_tiles) * kTile;  // first feature (row of codes)
-  const int features = static_cast<int>(min(K - k0, int64_t{kTile}));
+  const int64_t c0 = column_tile * kTile;                         // first column of codes
+  const int64_t k0 = (blockIdx.x % feature_tiles) * kTile;       // the block's first feature
+  const int64_t kw = k0 + kRun * warp;                           // the warp's first feature
+  const int features = static_cast<int>(min(max(K - kw, int64_t{0}), int64_t{kRun}));
   const int width = static_cast<int>(min(Mp - c0, int64_t{kTile}));
-  if (t.warp == 0) find_tile_rows(offsets, segments, M, c0, sh);
-  __syncthreads();
-  const int rows = sh.rows;
+  const TileRows tile = find_tile_rows(offsets, segments, M, c0);
 
-  float v[4][4][4];
-  load_tile<T>(x, K, sh.first_row, rows, k0, features, vector, t, v);
-  if constexpr (kRows) write_row_tiles<T>(v, rows_out, sh.first_row, rows, K, k0, features, t);
+  Run16<T> run[4];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const int r = 4 * lane + s;
+    if (r < tile.rows) run[s].load(x + (tile.first_row + r) * K + kw, features, vector);
+  }
 
-  // Column amax: the thread's 4 rows, the 4 lanes of the warp sharing its columns, the 8 warps.
+  if constexpr (kRows) {
+    // Each row's amax over the block's 128 features: the lane's 16, then the 8 warps.
+    __shared__ uint32_t row_amax[kThreads / 32][kTile];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
+    for (int s = 0; s < 4; ++s) {
       uint32_t m = 0;
 #pragma unroll
-      for (int s = 0; s < 4; ++s) m = max(m, magnitude_bits(v[i][s][e]));
-      m = max(m, __shfl_xor_sync(kFullMask, m, 8));
-      m = max(m, __shfl_xor_sync(kFullMask, m, 16));
-      if (t.lane < 8) sh.partial[t.warp][t.column(i) + e] = m;
+      for (int f = 0; f < kRun; ++f) m = max(m, magnitude_bits(run[s].get(f)));
+      row_amax[warp][4 * lane + s] = m;
     }
-  }
-  __syncthreads();
-  if (threadIdx.x < kTile) {
-    uint32_t m = 0;
+    __syncthreads();
+    const int64_t row_tiles = (K + kTile - 1) / kTile;
 #pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) m = max(m, sh.partial[w][threadIdx.x]);
-    const float scale = fp8::tile_scale(__uint_as_float(m));
-    sh.scale[threadIdx.x] = scale;
-    // Padding tiles (no rows) get tile_scale(0) = 1, as the CPU writes them.
-    if (static_cast<int>(threadIdx.x) < features)
-      scales[(k0 + threadIdx.x) * ((Mp + kTile - 1) / kTile) + column_tile] = scale;
-  }
-  __syncthreads();
-
-  // Codes of rows past the segment (padding columns) are 0, even in a NaN tile.
+    for (int s = 0; s < 4; ++s) {
+      const int r = 4 * lane + s;
+      if (r >= tile.rows || features == 0) continue;
+      uint32_t m = 0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+      for (int w = 0; w < kThreads / 32; ++w) m = max(m, row_amax[w][r]);
+      const float scale = fp8::tile_scale(__uint_as_float(m));
+      const int64_t row = tile.first_row + r;
+      if (warp == 0) rows_out.scales[row * row_tiles + k0 / kTile] = scale;
+      const TileQuantizer quantize(scale);
+      uint32_t words[kRun / 4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const TileQuantizer quantize(sh.scale[t.column(i) + e]);
-      uint32_t word = 0;
+      for (int j = 0; j < kRun / 4; ++j) {
+        words[j] = 0;
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const uint32_t q = 4 * t.rq + s < rows ? quantize(v[i][s][e]) : 0u;
-        word |= q << (8 * s);
+        for (int e = 0; e < 4; ++e) words[j] |= static_cast<uint32_t>(quantize(run[s].get(4 * j + e))) << (8 * e);
       }
-      sh.words[(t.column(i) + e) * kStrideWords + t.rq] = word;
+      uint8_t* p = rows_out.codes + row * K + kw;
+      if (rows_out.vector && features == kRun) {
+        *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+      } else {
+#pragma unroll
+        for (int f = 0; f < kRun; ++f)
+          if (f < features) p[f] = static_cast<uint8_t>(words[f / 4] >> (8 * (f % 4)));
+      }
     }
   }
-  __syncthreads();
-  write_transposed(sh.words, codes, Mp, k0, features, c0, width, word_ok, t);
+
+  // Column amax of each feature (warp-wide), its scale, then 4 codes (4 rows) per lane and feature.
+  uint32_t m[kRun];
+#pragma unroll
+  for (int f = 0; f < kRun; ++f) {
+    m[f] = 0;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) m[f] = max(m[f], magnitude_bits(run[s].get(f)));
+  }
+  const float scale = fp8::tile_scale(__uint_as_float(warp_feature_amax(m, lane)));  // feature (lane >> 1) & 15
+  const int own = (lane >> 1) & 15;
+  // Padding tiles (no rows) get tile_scale(0) = 1, as the CPU writes them.
+  if (lane % 2 == 0 && own < features) scales[(kw + own) * ((Mp + kTile - 1) / kTile) + column_tile] = scale;
+  const int valid = min(max(width - 4 * lane, 0), 4);
+#pragma unroll
+  for (int f = 0; f < kRun; ++f) {
+    const TileQuantizer quantize(__shfl_sync(kFullMask, scale, 2 * f));
+    if (f >= features) continue;
+    // Codes of rows past the segment (padding columns) are 0, even in a NaN tile.
+    uint32_t word = 0;
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+      if (4 * lane + s < tile.rows) word |= static_cast<uint32_t>(quantize(run[s].get(f))) << (8 * s);
+    uint8_t* p = codes + (kw + f) * Mp + c0 + 4 * lane;
+    if (word_ok && valid == 4) {
+      *reinterpret_cast<uint32_t*>(p) = word;
+    } else {
+      for (int e = 0; e < valid; ++e) p[e] = static_cast<uint8_t>(word >> (8 * e));
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -439,7 +478,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const float* src = w + e * N * K;
 
   float v[4][4][4];
-  load_tile<float>(src, K, n0, rows, k0, cols, vector, t, v);
+  load_tile(src, K, n0, rows, k0, cols, vector, t, v);
 
   uint32_t m = 0;
 #pragma unroll
@@ -450,11 +489,11 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int x = 0; x < 4; ++x) m = max(m, magnitude_bits(v[i][s][x]));
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) m = max(m, __shfl_xor_sync(kFullMask, m, d));
-  if (t.lane == 0) sh.partial[t.warp][0] = m;
+  if (t.lane == 0) sh.partial[t.warp] = m;
   __syncthreads();
   m = 0;
 #pragma unroll
-  for (int ww = 0; ww < kThreads / 32; ++ww) m = max(m, sh.partial[ww][0]);
+  for (int ww = 0; ww < kThreads / 32; ++ww) m = max(m, sh.partial[ww]);
   const float scale = fp8::tile_scale(__uint_as_float(m));
   if (threadIdx.x == 0) {
     scales[(e * n_tiles + bi) * k_tiles + bj] = scale;
@@ -538,7 +577,8 @@ void launch_quantize_columns(const Fp8Tensor& out, const Tensor& x, const Tensor
                              int64_t Mp, const Fp8Tensor* rows, cudaStream_t s) {
   const bool one_segment = offsets.empty() || offsets.numel() == 0;
   const int segments = one_segment ? 1 : static_cast<int>(offsets.numel() - 1);
-  const bool vector = K % 4 == 0 && aligned(x.data, 4 * sizeof(T));
+  // 16-byte loads of a warp's 16-feature runs: every row start aligned.
+  const bool vector = K % (16 / sizeof(T)) == 0 && aligned(x.data, 16);
   const bool word_ok = Mp % 4 == 0 && aligned(out.codes.data, 4);
   const int64_t feature_tiles = tiles(K), blocks = tiles(Mp) * feature_tiles;
   MOE_CHECK(blocks <= 2147483647, "fp8_quantize_columns: ", blocks, " tiles exceed one launch");
@@ -549,7 +589,7 @@ void launch_quantize_columns(const Fp8Tensor& out, const Tensor& x, const Tensor
         feature_tiles, vector, word_ok, RowsOutput{});
   } else {
     const RowsOutput rows_out{rows->codes.ptr<uint8_t>(), rows->scales.ptr<float>(),
-                              K % 4 == 0 && aligned(rows->codes.data, 4)};
+                              K % 16 == 0 && aligned(rows->codes.data, 16)};
     quantize_columns_kernel<T, true><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
         x.ptr<const T>(), segment_offsets, segments, out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), M, K, Mp,
         feature_tiles, vector, word_ok, rows_out);

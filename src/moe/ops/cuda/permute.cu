@@ -1,5 +1,5 @@
 // CUDA row movement between token order and the expert-major buffer, and the weighted combine.
-//   scatter_rows_to_routes (and its backward), combine_rows, combine_rows_backward: one block per
+//   scatter_rows_to_routes (and its backward and FP8 form), combine_rows, combine_rows_backward: one block per
 //     token over its K routed rows, the kernels of route_rows.cuh (shared with the GPU rowwise
 //     dispatcher) on rows of a local buffer: the scatter reads the token's row once and stores it
 //     K times; sums over k in ascending order in FP32, rounded once on store; the dweights dot
@@ -71,6 +71,25 @@ void scatter_rows_to_routes(Tensor dst, Tensor src, Tensor route_index, int top_
                                                LocalRow<Elem>{static_cast<Elem*>(dst.data), dst.dim(0), D},
                                                route_index.i32(), top_k, T, D, cuda_stream(stream));
   });
+  CUDA_CHECK_LAUNCH();
+}
+
+void scatter_rows_to_routes_fp8(Fp8Tensor dst, Tensor src, Tensor route_index, int top_k, Stream stream) {
+  const int64_t T = src.dim(0), D = src.dim(1);
+  if (T == 0 || D == 0) return;
+  const int64_t rows = dst.codes.dim(0), tiles = dst.scales.dim(1);
+  const bool word_stores = D % 4 == 0 && reinterpret_cast<uintptr_t>(dst.codes.data) % 4 == 0;
+  auto launch = [&](auto elem) {
+    using Elem = decltype(elem);
+    route_rows::launch_scatter_routes_fp8<Elem>(
+        static_cast<const Elem*>(src.data), LocalRow<uint8_t>{dst.codes.ptr<uint8_t>(), rows, D},
+        LocalRow<float>{dst.scales.f32(), rows, tiles}, route_index.i32(), top_k, T, D, word_stores,
+        cuda_stream(stream));
+  };
+  if (src.dtype == DType::BF16)
+    launch(__nv_bfloat16{});
+  else
+    launch(float{});
   CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,8 @@
 //
 //   scatter_routes_kernel:   row(t, k) = x[t] for every kept route: the gather into expert-major
 //                            rows and the dispatch;
+//   scatter_routes_fp8_kernel: the same with x[t] quantized once into 1 x 128 FP8 tiles (codes
+//                            and scales to separate rows): the FP8 dispatch (ep.payload = "fp8");
 //   sum_routes_kernel:       out[t] (+= when accumulate, else =) sum over kept k, ascending, of
 //                            w[t,k] * row(t,k) (w = 1 when weights is null): the weighted combine
 //                            and the gather / dispatch backward;
@@ -37,7 +39,9 @@
 #include <cstring>
 #include <type_traits>
 
+#include "moe/core/fp8.h"
 #include "moe/ops/cuda/element.cuh"
+#include "moe/ops/fp8.h"
 
 namespace moe::cuda::route_rows {
 
@@ -108,6 +112,7 @@ void with_route_group(int top_k, F&& f) {
 // Dynamic shared memory of the kernels below: the token's route rows (and weights) for top_k routes.
 inline size_t sum_routes_smem(int top_k) { return static_cast<size_t>(top_k) * (sizeof(void*) + sizeof(float)); }
 inline size_t scatter_routes_smem(int top_k) { return static_cast<size_t>(top_k) * sizeof(void*); }
+inline size_t scatter_routes_fp8_smem(int top_k) { return static_cast<size_t>(top_k) * 2 * sizeof(void*); }
 inline size_t combine_backward_smem(int top_k) {
   return static_cast<size_t>(top_k) * (2 * sizeof(void*) + sizeof(float));
 }
@@ -196,6 +201,66 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// The FP8 dispatch: token t's row quantized once into 1 x 128 tiles and stored into every kept
+// route's codes row (CodesRow: v -> uint8_t*, D codes) and scales row (ScalesRow: v -> float*,
+// ceil(D / 128) scales); both return nullptr for a dropped route. Kept simple, not tuned: each
+// warp takes the token's tiles in turn, a lane 4 consecutive elements of the tile; the tile's amax
+// (the largest |x| bits, as the CPU takes it) by warp shuffles, then fp8::tile_scale and
+// fp8::quantize_with_scale (moe/core/fp8.h), so codes and scales are fp8_quantize_rows' bits. A lane
+// stores its 4 codes as one word when word_stores (D % 4 == 0 and 4-byte aligned codes rows), else
+// byte by byte; lane 0 stores the scale. Launch: one block per token (grid-stride),
+// threads_for(tiles * 32) threads, scatter_routes_fp8_smem(top_k) bytes of dynamic shared memory.
+template <typename Elem, class CodesRow, class ScalesRow>
+__global__ void __launch_bounds__(kMaxThreads)
+    scatter_routes_fp8_kernel(const Elem* __restrict__ x, CodesRow codes_of, ScalesRow scales_of,
+                              const int32_t* __restrict__ route_index, int top_k, int64_t T, int64_t D,
+                              bool word_stores) {
+  constexpr int64_t kTile = kFp8Tile;
+  static_assert(kTile == 4 * kWarp, "a lane quantizes 4 elements of a 128-element tile");
+  uint8_t** s_codes = reinterpret_cast<uint8_t**>(route_rows_smem);
+  float** s_scales = reinterpret_cast<float**>(s_codes + top_k);
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  const int64_t tiles = (D + kTile - 1) / kTile;
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    for (int k = threadIdx.x; k < top_k; k += blockDim.x) {
+      const int32_t v = route_index[t * top_k + k];
+      s_codes[k] = codes_of(v);
+      s_scales[k] = s_codes[k] != nullptr ? scales_of(v) : nullptr;
+    }
+    __syncthreads();
+    const Elem* row = x + t * D;
+    for (int64_t j = warp; j < tiles; j += warps) {  // the same trip count for the whole warp
+      const int64_t c0 = j * kTile + 4 * lane;
+      const int valid = static_cast<int>(c0 < D ? (D - c0 < 4 ? D - c0 : 4) : 0);
+      float v[4];
+      uint32_t amax = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        v[e] = e < valid ? to_f32(row[c0 + e]) : 0.0f;
+        amax = max(amax, __float_as_uint(v[e]) & 0x7fffffffu);
+      }
+#pragma unroll
+      for (int d = kWarp / 2; d > 0; d >>= 1) amax = max(amax, __shfl_xor_sync(kFullMask, amax, d));
+      const float scale = fp8::tile_scale(__uint_as_float(amax));
+      uint32_t word = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) word |= static_cast<uint32_t>(fp8::quantize_with_scale(v[e], scale)) << (8 * e);
+      for (int k = 0; k < top_k; ++k) {
+        uint8_t* codes = s_codes[k];
+        if (codes == nullptr) continue;  // dropped routes move nothing
+        if (lane == 0) s_scales[k][j] = scale;
+        if (word_stores && valid == 4) {
+          *reinterpret_cast<uint32_t*>(codes + c0) = word;
+        } else {
+          for (int e = 0; e < valid; ++e) codes[c0 + e] = static_cast<uint8_t>(word >> (8 * e));
+        }
+      }
+    }
+    __syncthreads();  // the next token overwrites s_codes and s_scales
+  }
+}
+
 // YRow maps v to const Elem* (the expert output row), DyRow to Elem* (its gradient row). Launch as
 // sum_routes_kernel, with combine_backward_smem(top_k) bytes of dynamic shared memory.
 template <typename Elem, int V, int G, class YRow, class DyRow>
@@ -274,6 +339,15 @@ void launch_scatter_routes(const Elem* x, Row row_of, const int32_t* route_index
   const unsigned grid = static_cast<unsigned>(T < kMaxBlocks ? T : kMaxBlocks);
   scatter_routes_kernel<Elem, V><<<grid, threads_for(D / V), scatter_routes_smem(top_k), stream>>>(
       x, row_of, route_index, top_k, T, D);
+}
+
+template <typename Elem, class CodesRow, class ScalesRow>
+void launch_scatter_routes_fp8(const Elem* x, CodesRow codes_of, ScalesRow scales_of, const int32_t* route_index,
+                               int top_k, int64_t T, int64_t D, bool word_stores, cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>(T < kMaxBlocks ? T : kMaxBlocks);
+  const int64_t tiles = (D + kFp8Tile - 1) / kFp8Tile;
+  scatter_routes_fp8_kernel<Elem><<<grid, threads_for(tiles * kWarp), scatter_routes_fp8_smem(top_k), stream>>>(
+      x, codes_of, scales_of, route_index, top_k, T, D, word_stores);
 }
 
 template <typename Elem, int V, class YRow, class DyRow>
