@@ -32,6 +32,7 @@
 #include "moe/train/metrics.h"
 #include "moe/ops/kernel_choice.h"
 #include "moe/train/step_split.h"
+#include "moe/train/step_work.h"
 #include "moe/train/trainer.h"
 
 namespace {
@@ -323,14 +324,8 @@ int main(int argc, char** argv) {
             std::printf("%s", moe::format_kernel_table(profiler.top(20), profiler.total_ms(), timed).c_str());
             // Each kind of kernel against its ceiling, measured now on the same GPU.
             ceilings = moe::measure_ceilings(cfg.train.precision == moe::Precision::FP8);
-            const moe::FlopCount flops = moe::count_flops(cfg.model, cfg.train.seq_len);
-            const double ranks = static_cast<double>(world.size());
-            const double tokens = static_cast<double>(cfg.train.global_batch_size * cfg.train.seq_len) / ranks;
-            // AdamW moves param, m, v (read and written) and the gradient: 28 bytes per parameter,
-            // 30 where it also writes the BF16 compute copy (one rank, or the FSDP shards).
-            const double adamw_bytes = world.size() == 1 || cfg.parallel.mode == "fsdp" ? 30 : 28;
-            split = moe::split_step(profiler.top(SIZE_MAX), timed, flops, tokens, flops.total_params / ranks,
-                                    adamw_bytes, ceilings);
+            const moe::StepWork work = moe::step_work(cfg, moe::rank_layout(cfg, world.size()));
+            split = moe::split_step(profiler.top(SIZE_MAX), timed, work, ceilings);
             std::printf("%s", moe::format_step_split(split, ceilings).c_str());
           }
         }
