@@ -31,6 +31,10 @@
 #include "moe/train/memory_plan.h"
 #include "moe/train/metrics.h"
 #include "moe/ops/kernel_choice.h"
+#include "moe/perf/hardware_profile.h"
+#include "moe/perf/prediction_report.h"
+#include "moe/perf/step_model.h"
+#include "moe/perf/topology_search.h"
 #include "moe/train/step_split.h"
 #include "moe/train/step_work.h"
 #include "moe/train/trainer.h"
@@ -187,6 +191,19 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1e-6, 1e6));
   plan->add_option("--device", plan_device, "the device the run will use (default: run.device; auto plans the GPU)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
+  int plan_nodes = 1;
+  std::string plan_hardware, plan_json;
+  bool plan_search = false;
+  plan->add_option("--nodes", plan_nodes, "nodes the GPUs are spread over (evenly)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  plan->add_option("--hardware", plan_hardware,
+                   "GPU profile for the predicted step time: a built-in name (h200, h100, b200, b300) or a JSON "
+                   "file (from bench --calibrate); default h200");
+  plan->add_flag("--search", plan_search,
+                 "rank every layout the trainer runs on --gpus (DDP with each EP, FSDP) by predicted tokens/s per "
+                 "GPU, each with its memory and the memory levers it needs to fit");
+  plan->add_option("--json", plan_json, "also write the prediction (or the ranked search) to this JSON file");
 
   CLI::App* keys = app.add_subcommand("keys", "list every config key: type, default, accepted values, meaning");
 
@@ -247,12 +264,56 @@ int main(int argc, char** argv) {
                 "plan the GPU's buffers (BF16 activations, the GPU dispatcher's heap); build with nvcc, or plan a CPU "
                 "run with --device cpu");
 #endif
+      const bool predicts = !plan_hardware.empty() || plan_search || !plan_json.empty() || plan_nodes > 1;
+      if (predicts && !gpu) {
+        std::fprintf(stderr, "error: --hardware, --search, --nodes and --json predict a GPU run's step time; this plans "
+                     "a CPU run (--device cpu or run.device); plan the GPU (--device cuda, in a build with CUDA)\n");
+        return kUsageError;
+      }
+      if (!plan_json.empty() && std::filesystem::exists(plan_json)) {
+        std::fprintf(stderr, "error: plan --json %s exists; choose a new file name (nothing is overwritten)\n",
+                     plan_json.c_str());
+        return kUsageError;
+      }
+      if (plan_gpus % plan_nodes != 0) {
+        std::fprintf(stderr, "error: --gpus %d cannot be spread evenly over --nodes %d (see moetrain --help)\n",
+                     plan_gpus, plan_nodes);
+        return kUsageError;
+      }
+      moe::HardwareProfile hw;
+      if (gpu) {
+        try {
+          hw = moe::load_hardware_profile(plan_hardware.empty() ? "h200" : plan_hardware);
+        } catch (const moe::Error& e) {
+          std::fprintf(stderr, "error: --hardware: %s\n", e.what());
+          return kUsageError;
+        }
+      }
       const double gib = plan_memory_gib > 0 ? plan_memory_gib
-                         : gpu              ? 139.0
+                         : gpu              ? hw.memory_gib
                                             : static_cast<double>(moe::physical_memory_bytes()) / (1u << 30) / plan_gpus;
+      if (plan_search) {
+        const auto ranked = moe::search_topologies(cfg, plan_gpus, plan_nodes, hw, moe::Device::CUDA);
+        std::printf("%s", moe::format_search(ranked, cfg, plan_gpus, plan_nodes, hw).c_str());
+        if (!plan_json.empty()) moe::write_prediction_json(plan_json, ranked, hw);
+        return 0;
+      }
       std::printf("%s", moe::plan_report(cfg, plan_gpus, gpu ? moe::Device::CUDA : moe::Device::CPU,
                                          static_cast<size_t>(gib * (1u << 30)))
                             .c_str());
+      if (gpu) {
+        moe::TopologyCandidate c;
+        c.topo.gpus = plan_gpus, c.topo.nodes = plan_nodes, c.topo.layout = moe::rank_layout(cfg, plan_gpus);
+        c.cfg = cfg;
+        c.prediction = moe::predict_step(cfg, c.topo, hw);
+        c.memory = moe::plan_largest_rank(cfg, plan_gpus, moe::Device::CUDA);
+        c.memory_gib = static_cast<double>(c.memory.total()) / (1u << 30) + hw.runtime_reserve_gib;
+        c.feasible = c.memory.total() <= static_cast<size_t>((gib - hw.runtime_reserve_gib) * (1u << 30));
+        std::printf("%s", moe::format_prediction(c.prediction, hw).c_str());
+        std::printf("predicted GPU high-water: %s (the plan + %.2f GiB of CUDA context and library workspaces)\n",
+                    moe::format_bytes(c.memory_gib * (1u << 30)).c_str(), hw.runtime_reserve_gib);
+        if (!plan_json.empty()) moe::write_prediction_json(plan_json, {c}, hw);
+      }
       return 0;
     }
     if (train->parsed()) {
