@@ -96,13 +96,18 @@ StepPrediction predict_step(const Config& cfg, const Topology& topo, const Hardw
   add("dispatch/combine", dispatch_s, w.dispatch_bytes, "B", w.dispatch_bytes > 0 ? e_disp : 0);
   compute += dispatch_s;
 
-  // FSDP: each block gathered (BF16) and its gradient reduce-scattered (F32), one block at a time.
-  const double fsdp_bytes = (w.fsdp_gather_bytes + w.fsdp_reduce_bytes) * ring_factor(w.fsdp_group);
+  // FSDP: each block gathered (BF16) and its gradient reduce-scattered (F32), one block at a time;
+  // on one rank both are device copies (read and write).
+  double fsdp_bytes = (w.fsdp_gather_bytes + w.fsdp_reduce_bytes) * ring_factor(w.fsdp_group);
   double e_fsdp = 0, fsdp_s = 0;
   if (fsdp_bytes > 0) {
-    const double block = 2 * w.fsdp_gather_bytes / (2 * w.microbatches) /
+    const double block = w.fsdp_gather_bytes / (2 * w.microbatches) /
                          static_cast<double>(cfg.model.num_hidden_layers + 2);  // mean BF16 block
     fsdp_s = fsdp_bytes / (link_gb_s(topo, w.fsdp_group, hw, block, &e_fsdp) * kGiga);
+  } else if (w.fsdp_gather_bytes > 0) {
+    fsdp_bytes = 2 * (w.fsdp_gather_bytes + w.fsdp_reduce_bytes);
+    e_fsdp = hw.optimizer.at(fsdp_bytes);
+    fsdp_s = fsdp_bytes / (mem * e_fsdp);
   }
   add("FSDP gathers", fsdp_s, fsdp_bytes, "B", e_fsdp);
   compute += fsdp_s;

@@ -155,11 +155,9 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
     s.optimizer_other_bytes = 4 * f.total_params * m + 4 * shard;  // full block gradients zeroed per microbatch
     s.expert_grad_accumulate_bytes = 4 * expert_params * m;
     s.fsdp_group = dp;
-    if (dp > 1) {
-      const double embedding = w.v * w.d;
-      s.fsdp_gather_bytes = 2 * (2 * f.total_params - embedding) * m;
-      s.fsdp_reduce_bytes = 4 * f.total_params * m;
-    }
+    const double embedding = w.v * w.d;  // not gathered again for its backward
+    s.fsdp_gather_bytes = 2 * (2 * f.total_params - embedding) * m;
+    s.fsdp_reduce_bytes = 4 * f.total_params * m;
   } else {
     const double local_experts = expert_params / static_cast<double>(ep);
     const double expert_replicas = static_cast<double>(dp / ep);

@@ -67,8 +67,8 @@ struct StepWork {
   int64_t dense_group = 1;           // gradients and F32 all-gather of the updated shards)
   double expert_grad_params = 0;     // this rank's expert parameters, reduced over expert_group (its expert replicas)
   int64_t expert_group = 1;
-  double fsdp_gather_bytes = 0;      // FSDP: full BF16 blocks all-gathered per step (before forward and backward)
-  double fsdp_reduce_bytes = 0;      // FSDP: full F32 block gradients reduce-scattered per step
+  double fsdp_gather_bytes = 0;      // FSDP: full BF16 blocks all-gathered per step (before forward and backward;
+  double fsdp_reduce_bytes = 0;      // one rank copies them); full F32 block gradients reduce-scattered per step
   int64_t fsdp_group = 1;
   int64_t pipeline_stages = 1;       // layout.pp
   double total_flops() const { return expert_flops + dense_flops + attention_flops; }
