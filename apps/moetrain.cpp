@@ -31,6 +31,7 @@
 #include "moe/train/memory_plan.h"
 #include "moe/train/metrics.h"
 #include "moe/ops/kernel_choice.h"
+#include "moe/perf/calibrate.h"
 #include "moe/perf/hardware_profile.h"
 #include "moe/perf/prediction_report.h"
 #include "moe/perf/step_model.h"
@@ -129,6 +130,14 @@ int main(int argc, char** argv) {
   std::string bench_json;
   bench->add_option("--json", bench_json,
                     "also write the run's numbers (throughput, MFU, step split) to this JSON file (rank 0)");
+  std::string bench_calibrate, bench_base = "h200";
+  bench->add_option("--calibrate", bench_calibrate,
+                    "measure this GPU's efficiencies (GEMMs, attention, memory; the links under mpirun) into a new "
+                    "hardware profile JSON file for plan --hardware, instead of training");
+  bench->add_option("--hardware", bench_base,
+                    "with --calibrate: the profile whose peaks and unmeasured curves the result keeps (built-in name or "
+                    "file)")
+      ->capture_default_str();
   bench->add_flag("--check", bench_check,
                   "first compare one batch's loss between the fast and the reference kernels; fail if they differ");
 
@@ -339,6 +348,31 @@ int main(int argc, char** argv) {
       moe::Trainer trainer(cfg, opts, world);
       const moe::TrainSummary s = trainer.run();
       if (leader) print_summary(s, false);
+    } else if (bench->parsed() && !bench_calibrate.empty()) {
+      if (bench->count("--check") || bench->count("--json") || bench->count("--steps") || bench->count("--set") ||
+          bench->count("--config")) {
+        std::fprintf(stderr, "error: bench --calibrate measures the GPU, not a config: it takes no --config, --set, "
+                     "--steps, --json or --check (see moetrain --help)\n");
+        return kUsageError;
+      }
+      if (std::filesystem::exists(bench_calibrate)) {
+        std::fprintf(stderr, "error: bench --calibrate %s exists; choose a new file name (nothing is overwritten)\n",
+                     bench_calibrate.c_str());
+        return kUsageError;
+      }
+      moe::HardwareProfile base;
+      try {
+        base = moe::load_hardware_profile(bench_base);
+      } catch (const moe::Error& e) {
+        std::fprintf(stderr, "error: --hardware: %s\n", e.what());
+        return kUsageError;
+      }
+      const moe::HardwareProfile measured = moe::calibrate_hardware(base, world);
+      if (leader) {
+        moe::save_hardware_profile(measured, bench_calibrate);
+        std::printf("hardware profile: %s (use it with moetrain plan --hardware %s)\n", bench_calibrate.c_str(),
+                    bench_calibrate.c_str());
+      }
     } else if (bench->parsed()) {
       MOE_CHECK(bench_json.empty() || !std::filesystem::exists(bench_json), "bench --json ", bench_json,
                 " exists; choose a new file name (nothing is overwritten)");
