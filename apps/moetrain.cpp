@@ -273,7 +273,7 @@ int main(int argc, char** argv) {
                 "plan the GPU's buffers (BF16 activations, the GPU dispatcher's heap); build with nvcc, or plan a CPU "
                 "run with --device cpu");
 #endif
-      const bool predicts = !plan_hardware.empty() || plan_search || !plan_json.empty() || plan_nodes > 1;
+      const bool predicts = !plan_hardware.empty() || plan_search || !plan_json.empty() || plan->count("--nodes");
       if (predicts && !gpu) {
         std::fprintf(stderr, "error: --hardware, --search, --nodes and --json predict a GPU run's step time; this plans "
                      "a CPU run (--device cpu or run.device); plan the GPU (--device cuda, in a build with CUDA)\n");
@@ -297,6 +297,11 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "error: --hardware: %s\n", e.what());
           return kUsageError;
         }
+      }
+      // Without --nodes: as few nodes as hold the GPUs, evenly.
+      if (gpu && !plan->count("--nodes")) {
+        plan_nodes = (plan_gpus + hw.gpus_per_node - 1) / hw.gpus_per_node;
+        while (plan_gpus % plan_nodes != 0) ++plan_nodes;
       }
       const double gib = plan_memory_gib > 0 ? plan_memory_gib
                          : gpu              ? hw.memory_gib
