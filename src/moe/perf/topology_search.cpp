@@ -39,7 +39,7 @@ Config with_changes(Config cfg, const std::vector<std::pair<std::string, std::st
   for (const auto& [key, value] : changes) {
     const std::string v = unquoted(value);
     if (key == "optim.moment_dtype") {
-      MOE_CHECK(v == "bf16" || v == "f32", "optim.moment_dtype = ", value, ": expected \"bf16\" or \"f32\"");
+      MOE_CHECK(v == "bf16" || v == "fp32", "optim.moment_dtype = ", value, ": expected \"bf16\" or \"fp32\"");
       cfg.optim.moment_dtype = v == "bf16" ? DType::BF16 : DType::F32;
     } else if (key == "train.recompute") {
       bool known = false;
