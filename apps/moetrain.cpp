@@ -195,7 +195,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   plan->add_option("--gpu-memory", plan_memory_gib,
-                   "memory free on each GPU when the run starts, GiB (default 139: an H200); with --device cpu, "
+                   "memory free on each GPU when the run starts, GiB (default: the --hardware profile's, 139 for the "
+                   "h200); with --device cpu, "
                    "memory per rank (default: this machine's physical memory shared by the ranks)")
       ->check(CLI::Range(1e-6, 1e6));
   plan->add_option("--device", plan_device, "the device the run will use (default: run.device; auto plans the GPU)")
@@ -378,6 +379,10 @@ int main(int argc, char** argv) {
         std::printf("hardware profile: %s (use it with moetrain plan --hardware %s)\n", bench_calibrate.c_str(),
                     bench_calibrate.c_str());
       }
+    } else if (bench->parsed() && bench->count("--hardware")) {
+      std::fprintf(stderr, "error: bench --hardware names the base profile of --calibrate; give --calibrate OUT.json "
+                   "too (see moetrain --help)\n");
+      return kUsageError;
     } else if (bench->parsed()) {
       MOE_CHECK(bench_json.empty() || !std::filesystem::exists(bench_json), "bench --json ", bench_json,
                 " exists; choose a new file name (nothing is overwritten)");

@@ -179,4 +179,7 @@ TEST_F(PlanCli, bench_calibrate_refuses_config_flags_and_existing_files) {
   EXPECT_EQ(read_file(path("taken.json")), "{}");
   const CliRun bad_base = moetrain({"bench", "--calibrate", path("new.json"), "--hardware", "a100"});
   EXPECT_EQ(bad_base.exit_code, 2) << bad_base.err;
+  EXPECT_FALSE(fs::exists(path("new.json")));
+  const CliRun alone = moetrain({"bench", "--hardware", "h200"});  // the base of --calibrate only
+  EXPECT_EQ(alone.exit_code, 2) << alone.err;
 }
