@@ -307,6 +307,7 @@ int main(int argc, char** argv) {
       const double gib = plan_memory_gib > 0 ? plan_memory_gib
                          : gpu              ? hw.memory_gib
                                             : static_cast<double>(moe::physical_memory_bytes()) / (1u << 30) / plan_gpus;
+      if (gpu && plan_memory_gib > 0) hw.memory_gib = plan_memory_gib;
       if (plan_search) {
         const auto ranked = moe::search_topologies(cfg, plan_gpus, plan_nodes, hw, moe::Device::CUDA);
         std::printf("%s", moe::format_search(ranked, cfg, plan_gpus, plan_nodes, hw).c_str());
@@ -323,7 +324,8 @@ int main(int argc, char** argv) {
         c.prediction = moe::predict_step(cfg, c.topo, hw);
         c.memory = moe::plan_largest_rank(cfg, plan_gpus, moe::Device::CUDA);
         c.memory_gib = static_cast<double>(c.memory.total()) / (1u << 30) + hw.runtime_reserve_gib;
-        c.feasible = c.memory.total() <= static_cast<size_t>((gib - hw.runtime_reserve_gib) * (1u << 30));
+        c.feasible = c.memory_gib <= hw.memory_gib;
+        if (!c.feasible) c.why_not = "does not fit in " + moe::format_bytes(hw.memory_gib * (1u << 30)) + " per GPU";
         std::printf("%s", moe::format_prediction(c.prediction, hw).c_str());
         std::printf("predicted GPU high-water: %s (the plan + %.2f GiB of CUDA context and library workspaces)\n",
                     moe::format_bytes(c.memory_gib * (1u << 30)).c_str(), hw.runtime_reserve_gib);

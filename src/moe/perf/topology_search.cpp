@@ -69,7 +69,7 @@ std::vector<TopologyCandidate> search_topologies(const Config& cfg, int64_t gpus
   base.gpus = gpus, base.nodes = nodes, base.layout.world = gpus;
   check_topology(base, hw);
   const double gib = static_cast<double>(size_t{1} << 30);
-  const size_t usable = static_cast<size_t>((hw.memory_gib - hw.runtime_reserve_gib) * gib);
+  const size_t usable = static_cast<size_t>(std::max(0.0, hw.memory_gib - hw.runtime_reserve_gib) * gib);
   std::vector<TopologyCandidate> feasible, refused;
   for (const RankLayout& layout : layouts(cfg, gpus, base.gpus_per_node())) {
     TopologyCandidate c;
