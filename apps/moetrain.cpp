@@ -31,7 +31,13 @@
 #include "moe/train/memory_plan.h"
 #include "moe/train/metrics.h"
 #include "moe/ops/kernel_choice.h"
+#include "moe/perf/calibrate.h"
+#include "moe/perf/hardware_profile.h"
+#include "moe/perf/prediction_report.h"
+#include "moe/perf/step_model.h"
+#include "moe/perf/topology_search.h"
 #include "moe/train/step_split.h"
+#include "moe/train/step_work.h"
 #include "moe/train/trainer.h"
 
 namespace {
@@ -124,6 +130,14 @@ int main(int argc, char** argv) {
   std::string bench_json;
   bench->add_option("--json", bench_json,
                     "also write the run's numbers (throughput, MFU, step split) to this JSON file (rank 0)");
+  std::string bench_calibrate, bench_base = "h200";
+  bench->add_option("--calibrate", bench_calibrate,
+                    "measure this GPU's efficiencies (GEMMs, attention, memory; the links under mpirun) into a new "
+                    "hardware profile JSON file for plan --hardware, instead of training");
+  bench->add_option("--hardware", bench_base,
+                    "with --calibrate: the profile whose peaks and unmeasured curves the result keeps (built-in name or "
+                    "file)")
+      ->capture_default_str();
   bench->add_flag("--check", bench_check,
                   "first compare one batch's loss between the fast and the reference kernels; fail if they differ");
 
@@ -181,11 +195,25 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   plan->add_option("--gpu-memory", plan_memory_gib,
-                   "memory free on each GPU when the run starts, GiB (default 139: an H200); with --device cpu, "
+                   "memory free on each GPU when the run starts, GiB (default: the --hardware profile's, 139 for the "
+                   "h200); with --device cpu, "
                    "memory per rank (default: this machine's physical memory shared by the ranks)")
       ->check(CLI::Range(1e-6, 1e6));
   plan->add_option("--device", plan_device, "the device the run will use (default: run.device; auto plans the GPU)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
+  int plan_nodes = 1;
+  std::string plan_hardware, plan_json;
+  bool plan_search = false;
+  plan->add_option("--nodes", plan_nodes, "nodes the GPUs are spread over (evenly)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  plan->add_option("--hardware", plan_hardware,
+                   "GPU profile for the predicted step time: a built-in name (h200, h100, b200, b300) or a JSON "
+                   "file (from bench --calibrate); default h200");
+  plan->add_flag("--search", plan_search,
+                 "rank every layout the trainer runs on --gpus (DDP with each EP, FSDP) by predicted tokens/s per "
+                 "GPU, each with its memory and the memory levers it needs to fit");
+  plan->add_option("--json", plan_json, "also write the prediction (or the ranked search) to this JSON file");
 
   CLI::App* keys = app.add_subcommand("keys", "list every config key: type, default, accepted values, meaning");
 
@@ -246,12 +274,63 @@ int main(int argc, char** argv) {
                 "plan the GPU's buffers (BF16 activations, the GPU dispatcher's heap); build with nvcc, or plan a CPU "
                 "run with --device cpu");
 #endif
+      const bool predicts = !plan_hardware.empty() || plan_search || !plan_json.empty() || plan->count("--nodes");
+      if (predicts && !gpu) {
+        std::fprintf(stderr, "error: --hardware, --search, --nodes and --json predict a GPU run's step time; this plans "
+                     "a CPU run (--device cpu or run.device); plan the GPU (--device cuda, in a build with CUDA)\n");
+        return kUsageError;
+      }
+      if (!plan_json.empty() && std::filesystem::exists(plan_json)) {
+        std::fprintf(stderr, "error: plan --json %s exists; choose a new file name (nothing is overwritten)\n",
+                     plan_json.c_str());
+        return kUsageError;
+      }
+      if (plan_gpus % plan_nodes != 0) {
+        std::fprintf(stderr, "error: --gpus %d cannot be spread evenly over --nodes %d (see moetrain --help)\n",
+                     plan_gpus, plan_nodes);
+        return kUsageError;
+      }
+      moe::HardwareProfile hw;
+      if (gpu) {
+        try {
+          hw = moe::load_hardware_profile(plan_hardware.empty() ? "h200" : plan_hardware);
+        } catch (const moe::Error& e) {
+          std::fprintf(stderr, "error: --hardware: %s\n", e.what());
+          return kUsageError;
+        }
+      }
+      // Without --nodes: as few nodes as hold the GPUs, evenly.
+      if (gpu && !plan->count("--nodes")) {
+        plan_nodes = (plan_gpus + hw.gpus_per_node - 1) / hw.gpus_per_node;
+        while (plan_gpus % plan_nodes != 0) ++plan_nodes;
+      }
       const double gib = plan_memory_gib > 0 ? plan_memory_gib
-                         : gpu              ? 139.0
+                         : gpu              ? hw.memory_gib
                                             : static_cast<double>(moe::physical_memory_bytes()) / (1u << 30) / plan_gpus;
+      if (gpu && plan_memory_gib > 0) hw.memory_gib = plan_memory_gib;
+      if (plan_search) {
+        const auto ranked = moe::search_topologies(cfg, plan_gpus, plan_nodes, hw, moe::Device::CUDA);
+        std::printf("%s", moe::format_search(ranked, cfg, plan_gpus, plan_nodes, hw).c_str());
+        if (!plan_json.empty()) moe::write_prediction_json(plan_json, ranked, hw);
+        return 0;
+      }
       std::printf("%s", moe::plan_report(cfg, plan_gpus, gpu ? moe::Device::CUDA : moe::Device::CPU,
                                          static_cast<size_t>(gib * (1u << 30)))
                             .c_str());
+      if (gpu) {
+        moe::TopologyCandidate c;
+        c.topo.gpus = plan_gpus, c.topo.nodes = plan_nodes, c.topo.layout = moe::rank_layout(cfg, plan_gpus);
+        c.cfg = cfg;
+        c.prediction = moe::predict_step(cfg, c.topo, hw);
+        c.memory = moe::plan_largest_rank(cfg, plan_gpus, moe::Device::CUDA);
+        c.memory_gib = static_cast<double>(c.memory.total()) / (1u << 30) + hw.runtime_reserve_gib;
+        c.feasible = c.memory_gib <= hw.memory_gib;
+        if (!c.feasible) c.why_not = "does not fit in " + moe::format_bytes(hw.memory_gib * (1u << 30)) + " per GPU";
+        std::printf("%s", moe::format_prediction(c.prediction, hw).c_str());
+        std::printf("predicted GPU high-water: %s (the plan + %.2f GiB of CUDA context and library workspaces)\n",
+                    moe::format_bytes(c.memory_gib * (1u << 30)).c_str(), hw.runtime_reserve_gib);
+        if (!plan_json.empty()) moe::write_prediction_json(plan_json, {c}, hw);
+      }
       return 0;
     }
     if (train->parsed()) {
@@ -277,6 +356,35 @@ int main(int argc, char** argv) {
       moe::Trainer trainer(cfg, opts, world);
       const moe::TrainSummary s = trainer.run();
       if (leader) print_summary(s, false);
+    } else if (bench->parsed() && !bench_calibrate.empty()) {
+      if (bench->count("--check") || bench->count("--json") || bench->count("--steps") || bench->count("--set") ||
+          bench->count("--config")) {
+        std::fprintf(stderr, "error: bench --calibrate measures the GPU, not a config: it takes no --config, --set, "
+                     "--steps, --json or --check (see moetrain --help)\n");
+        return kUsageError;
+      }
+      if (std::filesystem::exists(bench_calibrate)) {
+        std::fprintf(stderr, "error: bench --calibrate %s exists; choose a new file name (nothing is overwritten)\n",
+                     bench_calibrate.c_str());
+        return kUsageError;
+      }
+      moe::HardwareProfile base;
+      try {
+        base = moe::load_hardware_profile(bench_base);
+      } catch (const moe::Error& e) {
+        std::fprintf(stderr, "error: --hardware: %s\n", e.what());
+        return kUsageError;
+      }
+      const moe::HardwareProfile measured = moe::calibrate_hardware(base, world);
+      if (leader) {
+        moe::save_hardware_profile(measured, bench_calibrate);
+        std::printf("hardware profile: %s (use it with moetrain plan --hardware %s)\n", bench_calibrate.c_str(),
+                    bench_calibrate.c_str());
+      }
+    } else if (bench->parsed() && bench->count("--hardware")) {
+      std::fprintf(stderr, "error: bench --hardware names the base profile of --calibrate; give --calibrate OUT.json "
+                   "too (see moetrain --help)\n");
+      return kUsageError;
     } else if (bench->parsed()) {
       MOE_CHECK(bench_json.empty() || !std::filesystem::exists(bench_json), "bench --json ", bench_json,
                 " exists; choose a new file name (nothing is overwritten)");
@@ -323,14 +431,8 @@ int main(int argc, char** argv) {
             std::printf("%s", moe::format_kernel_table(profiler.top(20), profiler.total_ms(), timed).c_str());
             // Each kind of kernel against its ceiling, measured now on the same GPU.
             ceilings = moe::measure_ceilings(cfg.train.precision == moe::Precision::FP8);
-            const moe::FlopCount flops = moe::count_flops(cfg.model, cfg.train.seq_len);
-            const double ranks = static_cast<double>(world.size());
-            const double tokens = static_cast<double>(cfg.train.global_batch_size * cfg.train.seq_len) / ranks;
-            // AdamW moves param, m, v (read and written) and the gradient: 28 bytes per parameter,
-            // 30 where it also writes the BF16 compute copy (one rank, or the FSDP shards).
-            const double adamw_bytes = world.size() == 1 || cfg.parallel.mode == "fsdp" ? 30 : 28;
-            split = moe::split_step(profiler.top(SIZE_MAX), timed, flops, tokens, flops.total_params / ranks,
-                                    adamw_bytes, ceilings);
+            const moe::StepWork work = moe::step_work(cfg, moe::rank_layout(cfg, world.size()));
+            split = moe::split_step(profiler.top(SIZE_MAX), timed, work, ceilings);
             std::printf("%s", moe::format_step_split(split, ceilings).c_str());
           }
         }

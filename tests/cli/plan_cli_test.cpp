@@ -128,3 +128,58 @@ TEST_F(PlanCli, a_train_run_that_does_not_fit_names_the_planned_options_and_writ
 }
 
 }  // namespace
+
+// The performance model's flags: they predict a GPU run, so a CPU plan refuses them (exit 2), as
+// does a bad value; in a CUDA build the prediction and the search print (without a GPU).
+TEST_F(PlanCli, plan_predicts_gpu_step_time_and_refuses_bad_model_flags) {
+  for (const std::vector<std::string>& flags : std::vector<std::vector<std::string>>{
+           {"--hardware", "h200"}, {"--search"}, {"--nodes", "2", "--gpus", "2"}}) {
+    const CliRun cpu = moetrain(plan_args(flags));
+    EXPECT_EQ(cpu.exit_code, 2) << flags[0] << "\n" << cpu.out << cpu.err;
+    EXPECT_NE(cpu.err.find("predict a GPU run"), std::string::npos) << cpu.err;
+  }
+  const std::string json = path("prediction.json");
+#if defined(MOE_HAVE_CUDA)
+  const std::vector<std::string> gpu = {"plan", "--device", "cuda", "--set", "train.global_batch_size=16"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = gpu;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return moetrain(a);
+  };
+  const CliRun unknown = with({"--hardware", "a100"});
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.err;
+  EXPECT_NE(unknown.err.find("unknown hardware 'a100'"), std::string::npos) << unknown.err;
+  const CliRun uneven = with({"--gpus", "3", "--nodes", "2"});
+  EXPECT_EQ(uneven.exit_code, 2) << uneven.err;
+  const CliRun b300 = with({"--hardware", "b300", "--json", json});
+  ASSERT_EQ(b300.exit_code, 0) << b300.err;
+  EXPECT_NE(b300.out.find("predicted step on B300"), std::string::npos) << b300.out;
+  EXPECT_NE(b300.out.find("expert GEMMs"), std::string::npos) << b300.out;
+  EXPECT_NE(read_file(json).find("\"tokens_per_s_per_gpu\""), std::string::npos);
+  const CliRun again = with({"--json", json});  // never overwritten
+  EXPECT_EQ(again.exit_code, 2) << again.err;
+  const CliRun search = with({"--search", "--gpus", "2"});
+  ASSERT_EQ(search.exit_code, 0) << search.err;
+  EXPECT_NE(search.out.find("ranked by predicted tokens/s per GPU"), std::string::npos) << search.out;
+  EXPECT_NE(search.out.find("ddp ep 2"), std::string::npos) << search.out;
+  EXPECT_NE(search.out.find("fsdp"), std::string::npos) << search.out;
+#else
+  const CliRun gpu = moetrain({"plan", "--hardware", "h200"});  // run.device auto: a CPU plan in this build
+  EXPECT_EQ(gpu.exit_code, 2) << gpu.err;
+#endif
+}
+
+TEST_F(PlanCli, bench_calibrate_refuses_config_flags_and_existing_files) {
+  const CliRun steps = moetrain({"bench", "--calibrate", path("gpu.json"), "--steps", "3"});
+  EXPECT_EQ(steps.exit_code, 2) << steps.err;
+  EXPECT_NE(steps.err.find("takes no --config"), std::string::npos) << steps.err;
+  write_file(path("taken.json"), "{}");
+  const CliRun taken = moetrain({"bench", "--calibrate", path("taken.json")});
+  EXPECT_EQ(taken.exit_code, 2) << taken.err;
+  EXPECT_EQ(read_file(path("taken.json")), "{}");
+  const CliRun bad_base = moetrain({"bench", "--calibrate", path("new.json"), "--hardware", "a100"});
+  EXPECT_EQ(bad_base.exit_code, 2) << bad_base.err;
+  EXPECT_FALSE(fs::exists(path("new.json")));
+  const CliRun alone = moetrain({"bench", "--hardware", "h200"});  // the base of --calibrate only
+  EXPECT_EQ(alone.exit_code, 2) << alone.err;
+}

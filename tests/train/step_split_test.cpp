@@ -27,12 +27,15 @@ TEST(StepSplit, kernels_are_grouped_by_name) {
   EXPECT_EQ(kernel_group("[memcpy DtoD]"), KernelGroup::Other);
 }
 
-TEST(StepSplit, rates_come_from_the_flop_count_and_the_time_per_step) {
-  FlopCount f;
-  f.matmul_params_per_token = 3e8;
-  f.expert_params_per_token = 2e8;
-  f.attention_flops_per_token = 5e8;
-  const double tokens = 32768, params = 1e9;
+TEST(StepSplit, rates_come_from_the_step_work_and_the_time_per_step) {
+  StepWork work;
+  const double tokens = 32768;
+  work.expert_flops = 6 * 2e8 * tokens;
+  work.dense_flops = 6 * 1e8 * tokens;
+  work.attention_flops = 5e8 * tokens;
+  work.adamw_bytes = 30e9;
+  work.elementwise_bytes = 20e9;
+  work.optimizer_other_bytes = 4e9;
   Ceilings c;
   c.gemm_tflops = 800;
   c.copy_tb_s = 4;
@@ -43,7 +46,7 @@ TEST(StepSplit, rates_come_from_the_flop_count_and_the_time_per_step) {
       {"rope_kernel", 30, 6.0},
       {"another_elementwise", 30, 3.0},
   };
-  const auto rows = split_step(entries, 3, f, tokens, params, 30, c);
+  const auto rows = split_step(entries, 3, work, c);
   ASSERT_EQ(rows.size(), 4u);  // no attention and no gradient-norm time: no rows for them
   EXPECT_EQ(rows[0].group, KernelGroup::ExpertGemm);
   EXPECT_EQ(rows[1].group, KernelGroup::DenseGemm);
@@ -60,18 +63,17 @@ TEST(StepSplit, rates_come_from_the_flop_count_and_the_time_per_step) {
   EXPECT_NEAR(rows[1].rate, 6 * 1e8 * tokens / 4e-3 / 1e12, 1e-9);
   EXPECT_STREQ(rows[0].unit, "TFLOP/s");
   EXPECT_EQ(rows[0].ceiling, 800);
-  // AdamW: 30 bytes per parameter in 10 ms per step = 3 TB/s against the 4 TB/s copy.
+  // AdamW: 30 GB in 10 ms per step = 3 TB/s against the 4 TB/s copy.
   EXPECT_NEAR(rows[2].rate, 3.0, 1e-12);
   EXPECT_STREQ(rows[2].unit, "TB/s");
   EXPECT_EQ(rows[2].ceiling, 4);
-  EXPECT_EQ(rows[3].rate, 0);  // element-wise bytes are not counted
+  // Element-wise bytes and the optimizer's other passes: 24 GB in 3 ms = 8 TB/s.
+  EXPECT_NEAR(rows[3].rate, 8.0, 1e-12);
 
   const std::string text = format_step_split(rows, c);
   EXPECT_NE(text.find("expert GEMMs"), std::string::npos) << text;
   EXPECT_NE(text.find("75% of the ceiling"), std::string::npos) << text;  // AdamW 3 of 4 TB/s
-  EXPECT_THROW(split_step(entries, 0, f, tokens, params, 30, c), Error);
-  // Without the BF16 copy AdamW moves 28 bytes per parameter: 2.8 TB/s in the same 10 ms.
-  EXPECT_NEAR(split_step(entries, 3, f, tokens, params, 28, c)[2].rate, 2.8, 1e-12);
+  EXPECT_THROW(split_step(entries, 0, work, c), Error);
 }
 
 TEST(StepSplit, ceilings_say_why_they_were_not_measured_without_a_gpu) {

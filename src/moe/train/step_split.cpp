@@ -23,8 +23,6 @@ namespace moe {
 
 namespace {
 
-constexpr double kGradNormBytesPerParam = 4;
-
 bool contains(const std::string& haystack, std::string_view needle) {
   return haystack.find(needle) != std::string::npos;
 }
@@ -117,8 +115,7 @@ KernelGroup kernel_group(std::string_view name) {
   return KernelGroup::Other;
 }
 
-std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entries, int steps, const FlopCount& flops,
-                                 double tokens_per_step, double params_updated, double adamw_bytes_per_param,
+std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entries, int steps, const StepWork& work,
                                  const Ceilings& ceilings) {
   MOE_CHECK(steps >= 1, "split_step: steps = ", steps, ", expected at least 1");
   constexpr int kGroups = static_cast<int>(KernelGroup::Other) + 1;
@@ -135,22 +132,20 @@ std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entri
     r.group = static_cast<KernelGroup>(g);
     r.ms_per_step = ms[g];
     r.share = total > 0 ? ms[g] / total : 0;
-    double work = 0;  // FLOPs or bytes per step
+    double amount = 0;  // FLOPs or bytes per step
+    bool bytes = true;
     switch (r.group) {
-      case KernelGroup::ExpertGemm: work = 6 * flops.expert_params_per_token * tokens_per_step; break;
-      case KernelGroup::DenseGemm:
-        work = 6 * (flops.matmul_params_per_token - flops.expert_params_per_token) * tokens_per_step;
-        break;
-      case KernelGroup::Attention: work = flops.attention_flops_per_token * tokens_per_step; break;
-      case KernelGroup::AdamW: work = adamw_bytes_per_param * params_updated; break;
-      case KernelGroup::Fp8Quantize:
-      case KernelGroup::Fp8Cache: break;
-      case KernelGroup::GradNorm: work = kGradNormBytesPerParam * params_updated; break;
-      case KernelGroup::Other: break;
+      case KernelGroup::ExpertGemm: amount = work.expert_flops, bytes = false; break;
+      case KernelGroup::DenseGemm: amount = work.dense_flops, bytes = false; break;
+      case KernelGroup::Attention: amount = work.attention_flops, bytes = false; break;
+      case KernelGroup::Fp8Quantize: amount = work.fp8_quantize_bytes; break;
+      case KernelGroup::Fp8Cache: amount = work.fp8_cache_bytes; break;
+      case KernelGroup::AdamW: amount = work.adamw_bytes; break;
+      case KernelGroup::GradNorm: amount = work.grad_norm_bytes; break;
+      case KernelGroup::Other: amount = work.elementwise_bytes + work.optimizer_other_bytes; break;
     }
-    const bool bytes = r.group == KernelGroup::AdamW || r.group == KernelGroup::GradNorm;
-    if (work > 0) {
-      r.rate = work / (ms[g] * 1e-3) / 1e12;
+    if (amount > 0) {
+      r.rate = amount / (ms[g] * 1e-3) / 1e12;
       r.unit = bytes ? "TB/s" : "TFLOP/s";
       r.ceiling = bytes ? ceilings.copy_tb_s : ceilings.fp8_gemm_tflops > 0 ? ceilings.fp8_gemm_tflops : ceilings.gemm_tflops;
     }
@@ -191,7 +186,7 @@ std::string format_step_split(const std::vector<SplitRow>& rows, const Ceilings&
     if (r.group == KernelGroup::Attention)
       std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n), " (full-square FLOPs; causal runs ~half)");
     else if (r.group == KernelGroup::Other)
-      std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n), "   (element-wise, norms, routing: bytes not counted)");
+      std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n), " (element-wise, norms, routing, loss)");
     out += line;
     out += '\n';
   }

@@ -1,21 +1,22 @@
 // The step-time split `moetrain bench` prints on the GPU: the profiled kernels (KernelProfiler)
 // in groups of one kind, and how far each group runs from its ceiling, both measured in the same
 // process: a large cuBLAS BF16 GEMM gives the matrix-product ceiling, a device-to-device copy the
-// memory ceiling.
-//   expert GEMMs    CUTLASS grouped GEMMs; work: 6 x tokens x K x 3 x d x h per MoE layer (FLOPs)
-//   dense GEMMs     cuBLAS(Lt) products; work: 6 x tokens x the other matrix-product parameters
-//                   (attention projections, router, shared expert, dense MLPs, LM head)
-//   attention       cuDNN SDPA; work: 12 x layers x seq x d_q per token, the MFU convention (the
+// memory ceiling. Each group's work is the rank's StepWork (step_work.h, the counts the
+// performance model uses too):
+//   expert GEMMs    CUTLASS grouped GEMMs; FLOPs of the routed experts (recompute included)
+//   dense GEMMs     cuBLAS(Lt) products; FLOPs of the other matrix products (attention projections,
+//                   router, shared expert, dense MLPs, LM head)
+//   attention       cuDNN SDPA; 12 x layers x seq x d_q FLOPs per token, the MFU convention (the
 //                   full square: a causal kernel does about half of it)
 //   FP8 quantize    train.precision = "fp8": the activation operands quantized before each FP8
-//                   product (and their scales staged for cuBLASLt): time only
-//   FP8 cache       the weights' FP8 caches quantized from the FP32 weights once per step: time only
+//                   product (bytes: BF16 read, FP8 written)
+//   FP8 cache       the weights' FP8 caches quantized from the FP32 weights once per step (bytes)
 // With FP8 the GEMM groups are measured against an FP8 GEMM ceiling (the block-scaled dense FP8
 // matmul at 8192^3, same process); the dense group still holds the BF16 router and LM head.
 //   AdamW update    bytes: 28 per parameter (param, m, v read and written, grad read), 30 where the
-//                   update also writes the BF16 compute copy (one rank, or FSDP)
+//                   update also writes the BF16 compute copy (one rank, or FSDP); 8 fewer with BF16 moments
 //   gradient norm   bytes: 4 per parameter read
-//   other           element-wise, norms, routing, copies: time only (their bytes are not counted)
+//   other           element-wise, norms, routing, loss, copies, gradient zeroing: bytes of step_work.h
 #pragma once
 
 #include <string>
@@ -23,7 +24,7 @@
 #include <vector>
 
 #include "moe/core/kernel_profiler.h"
-#include "moe/train/flops.h"
+#include "moe/train/step_work.h"
 
 namespace moe {
 
@@ -54,11 +55,8 @@ struct SplitRow {
 };
 
 // Rows for every group with recorded time, in KernelGroup order. entries: all of the profiler's
-// entries; steps: the steps they cover; tokens_per_step: tokens this GPU trains per step;
-// params_updated: parameters this GPU's optimizer updates per step; adamw_bytes_per_param: 28, or
-// 30 when the update writes the BF16 copy too.
-std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entries, int steps, const FlopCount& flops,
-                                 double tokens_per_step, double params_updated, double adamw_bytes_per_param,
+// entries; steps: the steps they cover; work: this rank's work per step (step_work()).
+std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entries, int steps, const StepWork& work,
                                  const Ceilings& ceilings);
 std::string format_step_split(const std::vector<SplitRow>& rows, const Ceilings& ceilings);
 

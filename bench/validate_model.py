@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""The performance model against measured runs: predicted (`moetrain plan --json`) vs measured
+step time and GPU high-water for the cases of bench/model_cases.json.
+
+  validate_model.py run --out DIR [--np N] [--steps S]    # on the GPU machine: `moetrain bench --json`
+                                                         # for every case that fits on N GPUs
+  validate_model.py table [--measured-dir DIR] [--hardware H] [--markdown]
+                                                         # the table; measured numbers from DIR's bench
+                                                         # reports where present, else the case's
+                                                         # recorded numbers (bench/RESULTS.md)
+
+Bars (the issue's): one GPU, step time within 10% and memory within 3%; several GPUs, step time
+within 15%. Exit status 1 when a case with role "validation" misses its bar.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def slug(name):
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def default_moetrain():
+    for path in (".devrun/bin/moetrain", "build/moetrain"):
+        if os.path.exists(os.path.join(ROOT, path)):
+            return os.path.join(ROOT, path)
+    return "moetrain"
+
+
+def set_flags(case):
+    flags = []
+    for s in case["set"]:
+        flags += ["--set", s]
+    return flags
+
+
+def predict(moetrain, case, hardware):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "plan.json")
+        cmd = [moetrain, "plan", "--config", os.path.join(ROOT, case["config"]), *set_flags(case), "--gpus",
+               str(case["gpus"]), "--nodes", str(case.get("nodes", 1)), "--json", out]
+        if hardware:
+            cmd += ["--hardware", hardware]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"error: {' '.join(cmd)} failed:\n{r.stderr}")
+        with open(out) as f:
+            return json.load(f)["candidates"][0]
+
+
+def measured(case, measured_dir):
+    m = dict(case["measured"])
+    path = os.path.join(measured_dir, slug(case["name"]) + ".json") if measured_dir else None
+    if path and os.path.exists(path):
+        with open(path) as f:
+            report = json.load(f)
+        m = {"step_s": report["step_s"], "gpu_high_water_gib": report["gpu_peak_bytes"] / 2**30,
+             "source": os.path.relpath(path)}
+    return m
+
+
+def pct(pred, meas):
+    return None if meas in (None, 0) or pred is None else 100.0 * (pred - meas) / meas
+
+
+def table(args):
+    with open(args.cases) as f:
+        cases = json.load(f)["cases"]
+    rows, failed = [], []
+    for case in cases:
+        p = predict(args.moetrain, case, args.hardware)
+        m = measured(case, args.measured_dir)
+        t_err = pct(p.get("step_s"), m.get("step_s"))
+        m_err = pct(p.get("gpu_memory_gib"), m.get("gpu_high_water_gib"))
+        t_bar = 10.0 if case["gpus"] == 1 else 15.0
+        m_bar = 3.0 if case["gpus"] == 1 else None
+        ok = t_err is not None and abs(t_err) <= t_bar and (m_bar is None or m_err is None or abs(m_err) <= m_bar)
+        if case.get("role") == "validation" and not ok:
+            failed.append(case["name"])
+        rows.append((case, p, m, t_err, m_err, t_bar, m_bar, ok))
+    fmt = lambda x, spec: "" if x is None else format(x, spec)
+    header = ["case", "GPUs", "role", "predicted step", "measured step", "error", "predicted memory", "measured memory",
+              "error", "bar", "within"]
+    lines = []
+    if args.markdown:
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "---|" * len(header))
+    for case, p, m, t_err, m_err, t_bar, m_bar, ok in rows:
+        cells = [case["name"], str(case["gpus"]), case.get("role", ""), fmt(p.get("step_s"), ".4f") + " s",
+                 fmt(m.get("step_s"), ".4f") + " s", fmt(t_err, "+.1f") + "%",
+                 fmt(p.get("gpu_memory_gib"), ".2f") + " GiB",
+                 (fmt(m.get("gpu_high_water_gib"), ".2f") + " GiB") if m.get("gpu_high_water_gib") else "not recorded",
+                 (fmt(m_err, "+.1f") + "%") if m_err is not None else "",
+                 f"{t_bar:.0f}%" + (f" / {m_bar:.0f}%" if m_bar else ""), "yes" if ok else "NO"]
+        if args.markdown:
+            lines.append("| " + " | ".join(cells) + " |")
+        else:
+            lines.append(f"{cells[0]:<44} {cells[1]:>2} {cells[3]:>10} {cells[4]:>10} {cells[5]:>7} "
+                         f"{cells[6]:>11} {cells[7]:>12} {cells[8]:>6}  {cells[10]}")
+    print("\n".join(lines))
+    if failed:
+        print(f"\n{len(failed)} validation case(s) outside the bar: " + ", ".join(failed))
+        return 1
+    return 0
+
+
+def run(args):
+    with open(args.cases) as f:
+        cases = json.load(f)["cases"]
+    os.makedirs(args.out, exist_ok=True)
+    status = 0
+    for case in cases:
+        if case["gpus"] > args.np:
+            print(f"skip {case['name']}: needs {case['gpus']} GPUs")
+            continue
+        report = os.path.join(args.out, slug(case["name"]) + ".json")
+        if os.path.exists(report):
+            print(f"skip {case['name']}: {report} exists")
+            continue
+        mpi = args.mpi.split() + ["-np", str(case["gpus"])] if case["gpus"] > 1 else []
+        cmd = mpi + [args.moetrain, "bench", "--config", os.path.join(ROOT, case["config"]), *set_flags(case),
+                     "--steps", str(args.steps), "--json", report]
+        with open(os.path.join(args.out, slug(case["name"]) + ".log"), "w") as log:
+            r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+        print(f"{case['name']}: {'ok' if r.returncode == 0 else 'FAILED (exit %d)' % r.returncode}")
+        status = status or r.returncode
+    return 1 if status else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=os.path.join(ROOT, "bench/model_cases.json"))
+    ap.add_argument("--moetrain", default=default_moetrain())
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("table")
+    t.add_argument("--measured-dir", help="bench --json reports named <case slug>.json (from `run`)")
+    t.add_argument("--hardware", help="profile for plan --hardware (built-in name or file); default plan's")
+    t.add_argument("--markdown", action="store_true")
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True)
+    r.add_argument("--np", type=int, default=1, help="GPUs on this machine: cases needing more are skipped")
+    r.add_argument("--steps", type=int, default=6)
+    r.add_argument("--mpi", default="mpirun --allow-run-as-root --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE "
+                   "-x NVSHMEM_DISABLE_NVLS", help="launcher prefix for cases on several GPUs (-np is added)")
+    args = ap.parse_args()
+    return table(args) if args.cmd == "table" else run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

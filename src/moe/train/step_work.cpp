@@ -1,0 +1,194 @@
+#include "moe/train/step_work.h"
+
+#include "moe/core/error.h"
+
+namespace moe {
+
+namespace {
+
+constexpr double kActBytes = 2;  // BF16 activations (the GPU path)
+
+// The model's widths, as doubles.
+struct Widths {
+  double d, q, kv, h, s, hd, n, k, v, seq;
+  explicit Widths(const ModelConfig& c, int64_t seq_len)
+      : d(static_cast<double>(c.hidden_size)),
+        q(static_cast<double>(c.num_attention_heads * c.head_dim())),
+        kv(static_cast<double>(c.num_key_value_heads * c.head_dim())),
+        h(static_cast<double>(c.intermediate_size)),
+        s(static_cast<double>(c.shared_expert_intermediate_size)),
+        hd(static_cast<double>(c.dense_intermediate_size)),
+        n(static_cast<double>(c.num_experts)),
+        k(static_cast<double>(c.num_experts_per_tok)),
+        v(static_cast<double>(c.vocab_size)),
+        seq(static_cast<double>(seq_len)) {}
+};
+
+// Bytes per token of each layer's element-wise passes (step_work.h lists them).
+double attention_forward_bytes(const Widths& w, bool qk_norm) {
+  return kActBytes * (2 * w.d + (qk_norm ? 2 * (w.q + w.kv) : 0) + 2 * (w.q + w.kv) + 2 * w.d + 2 * w.d);
+}
+double attention_backward_bytes(const Widths& w, bool qk_norm) {
+  return kActBytes * (2 * (w.q + w.kv) + (qk_norm ? 3 * (w.q + w.kv) : 0) + 4 * w.d + 4 * w.d);
+}
+double moe_forward_bytes(const Widths& w) {
+  return kActBytes * (2 * w.k * w.d + 3 * w.k * w.h + w.k * w.d + w.d + 2 * w.d + 3 * w.s) + 8 * w.n;
+}
+double moe_backward_bytes(const Widths& w) {
+  return kActBytes * (w.d + 2 * w.k * w.d + 5 * w.k * w.h + w.k * w.d + w.d + 5 * w.s) + 12 * w.n;
+}
+double mlp_forward_bytes(const Widths& w) { return kActBytes * (3 * w.hd + 2 * w.d); }
+double mlp_backward_bytes(const Widths& w) { return kActBytes * 5 * w.hd; }
+double head_bytes(const Widths& w) { return kActBytes * (6 * w.d + 2 * w.d) + 12 * w.v + 10 * w.d; }
+
+// Elements per token quantized to FP8 in one layer: each FP8 product's input rows in forward, its
+// output-gradient rows for the data gradient, and both again by columns for the weight gradient.
+double fp8_quantized_elements(const Widths& w, bool moe_layer) {
+  double forward = w.d + w.q, dgrad = (w.q + 2 * w.kv) + w.d;  // q/k/v and o projections
+  if (moe_layer) {
+    forward += w.k * (w.d + w.h) + (w.s > 0 ? w.d + w.s : 0);
+    dgrad += w.k * (w.d + 2 * w.h) + (w.s > 0 ? w.d + 2 * w.s : 0);
+  } else {
+    forward += w.d + w.hd;
+    dgrad += w.d + 2 * w.hd;
+  }
+  return 2 * (forward + dgrad);
+}
+
+}  // namespace
+
+RankLayout rank_layout(const Config& cfg, int64_t world) {
+  RankLayout l;
+  l.world = world;
+  l.mode = cfg.parallel.mode;
+  l.ep = cfg.parallel.mode == "fsdp" ? 1 : cfg.parallel.ep;
+  return l;
+}
+
+StepWork step_work(const Config& cfg, const RankLayout& layout) {
+  const ModelConfig& c = cfg.model;
+  MOE_CHECK(layout.world >= 1 && layout.pp >= 1 && layout.world % layout.pp == 0, "rank layout: ", layout.world,
+            " ranks cannot form ", layout.pp, " pipeline stages");
+  MOE_CHECK(c.num_hidden_layers % layout.pp == 0, "rank layout: ", c.num_hidden_layers, " layers cannot be split into ",
+            layout.pp, " equal pipeline stages");
+  const int64_t dp = layout.dp();
+  const bool fsdp = layout.mode == "fsdp";
+  const int64_t ep = fsdp ? 1 : layout.ep;
+  MOE_CHECK(ep >= 1 && dp % ep == 0, "rank layout: parallel.ep = ", ep, " must divide the ", dp, " data-parallel ranks");
+  const int64_t per_step = cfg.train.micro_batch_size * dp;
+  MOE_CHECK(cfg.train.global_batch_size % per_step == 0, "train.global_batch_size = ", cfg.train.global_batch_size,
+            " is not a multiple of train.micro_batch_size x data-parallel ranks = ", cfg.train.micro_batch_size, " x ",
+            dp);
+
+  const Widths w(c, cfg.train.seq_len);
+  const FlopCount f = count_flops(c, cfg.train.seq_len);
+  const double L = static_cast<double>(c.num_hidden_layers);
+  const double moe_layers = static_cast<double>(c.num_hidden_layers - c.first_k_dense_replace);
+  const double dense_layers = L - moe_layers;
+  const bool qk_norm = c.qk_norm != QkNorm::None;
+  const bool fp8 = cfg.train.precision == Precision::FP8;
+  const Recompute rc = cfg.train.recompute;
+  const double pp = static_cast<double>(layout.pp);
+
+  StepWork s;
+  s.pipeline_stages = layout.pp;
+  s.microbatches = static_cast<double>(cfg.train.global_batch_size / per_step);
+  s.tokens_per_microbatch = static_cast<double>(cfg.train.micro_batch_size * cfg.train.seq_len);
+  s.tokens = s.microbatches * s.tokens_per_microbatch;
+  const double T = s.tokens;
+
+  // Matrix products. Parameters per token of one layer's products, for what recompute repeats.
+  const double attn_proj = w.d * (w.q + 2 * w.kv) + w.q * w.d;
+  const double moe_dense = w.d * w.n + 3 * w.d * w.s;  // router and shared expert
+  const double mlp = 3 * w.d * w.hd;
+  s.expert_flops = 6 * f.expert_params_per_token * T;
+  s.dense_flops = 6 * (f.matmul_params_per_token - f.expert_params_per_token) * T;
+  s.attention_flops = f.attention_flops_per_token * T;
+  s.fp8_experts = fp8;
+  if (fp8) s.fp8_dense_flops = 6 * T * (L * attn_proj + moe_layers * 3 * w.d * w.s + dense_layers * mlp);
+  const double attention_forward_flops = 4 * w.seq * w.q;  // a third of the 12 S q convention, per layer and token
+  double recompute_expert = 0, recompute_dense = 0, recompute_attention = 0, recompute_bytes = 0;
+  if (rc == Recompute::Experts) {
+    recompute_expert = moe_layers * 2 * w.k * w.d * 2 * w.h;
+    recompute_dense = moe_layers * 2 * w.d * 2 * w.s;
+    recompute_bytes = moe_layers * kActBytes * w.k * w.h;  // the SwiGLU backward also writes the output
+  } else if (rc == Recompute::Attention) {
+    recompute_dense = L * 2 * w.d * (w.q + 2 * w.kv);
+    recompute_attention = L * attention_forward_flops;
+    recompute_bytes = L * kActBytes * (2 * w.d + (qk_norm ? 2 * (w.q + w.kv) : 0) + 2 * (w.q + w.kv));
+  } else if (rc == Recompute::Block) {
+    recompute_expert = moe_layers * 2 * w.k * 3 * w.d * w.h;
+    recompute_dense = 2 * (L * attn_proj + moe_layers * moe_dense + dense_layers * mlp);
+    recompute_attention = L * attention_forward_flops;
+    recompute_bytes = L * attention_forward_bytes(w, qk_norm) + moe_layers * moe_forward_bytes(w) +
+                      dense_layers * mlp_forward_bytes(w);
+  }
+  s.expert_flops += recompute_expert * T;
+  s.dense_flops += recompute_dense * T;
+  s.attention_flops += recompute_attention * T;
+  s.recompute_flops = (recompute_expert + recompute_dense + recompute_attention) * T;
+  if (fp8)  // every recomputed dense product but the router's runs in FP8
+    s.fp8_dense_flops += (recompute_dense - (rc == Recompute::Block ? 2 * moe_layers * w.d * w.n : 0)) * T;
+  s.rows_per_expert = c.num_experts > 0 ? s.tokens_per_microbatch * w.k * static_cast<double>(ep) / w.n : 0;
+
+  // Memory-bound passes.
+  const double per_token = L * (attention_forward_bytes(w, qk_norm) + attention_backward_bytes(w, qk_norm)) +
+                           moe_layers * (moe_forward_bytes(w) + moe_backward_bytes(w)) +
+                           dense_layers * (mlp_forward_bytes(w) + mlp_backward_bytes(w)) + head_bytes(w);
+  s.elementwise_bytes = (per_token + recompute_bytes) * T;
+  if (fp8) {
+    s.fp8_quantize_bytes =
+        3 * T * (moe_layers * fp8_quantized_elements(w, true) + dense_layers * fp8_quantized_elements(w, false));
+    const double fp8_params = L * attn_proj + moe_layers * (w.n * 3 * w.d * w.h + 3 * w.d * w.s) + dense_layers * mlp;
+    s.fp8_cache_bytes = 6 * fp8_params / static_cast<double>(ep);  // this rank's experts only
+  }
+
+  // Parameters: the experts' and the rest, this rank's.
+  const double expert_params = moe_layers * w.n * 3 * w.d * w.h;
+  const double dense_params = f.total_params - expert_params;
+  const double moments_saved = cfg.optim.moment_dtype == DType::BF16 ? 8 : 0;
+  const double m = s.microbatches;
+  if (fsdp) {
+    const double shard = f.total_params / static_cast<double>(dp);
+    s.params_updated = shard;
+    s.adamw_bytes = (30 - moments_saved) * shard;
+    s.optimizer_other_bytes = 4 * f.total_params * m + 4 * shard;  // full block gradients zeroed per microbatch
+    s.expert_grad_accumulate_bytes = 4 * expert_params * m;
+    s.fsdp_group = dp;
+    const double embedding = w.v * w.d;  // not gathered again for its backward
+    s.fsdp_gather_bytes = 2 * (2 * f.total_params - embedding) * m;
+    s.fsdp_reduce_bytes = 4 * f.total_params * m;
+  } else {
+    const double local_experts = expert_params / static_cast<double>(ep);
+    const double expert_replicas = static_cast<double>(dp / ep);
+    const double shard = dp == 1 ? f.total_params : dense_params / static_cast<double>(dp) + local_experts / expert_replicas;
+    s.params_updated = shard;
+    // One rank: AdamW reads the gradients in place and writes the BF16 copy in the same pass.
+    s.adamw_bytes = (dp == 1 ? 30 : 28) * shard - moments_saved * shard;
+    s.optimizer_other_bytes = 4 * dense_params + (dp == 1 ? 0 : 6 * (dense_params + local_experts));
+    s.expert_grad_accumulate_bytes = 4 * local_experts * (m - 1);
+    if (dp > 1) {
+      s.dense_grad_params = dense_params;
+      s.dense_group = dp;
+      s.expert_grad_params = local_experts;
+      s.expert_group = dp / ep;
+    }
+    const double passes = 4 + (rc == Recompute::Block ? 1 : 0);
+    s.dispatch_bytes = passes * moe_layers * m * s.tokens_per_microbatch * w.k * w.d * kActBytes *
+                       static_cast<double>(ep - 1) / static_cast<double>(ep);
+  }
+  s.grad_norm_bytes = 4 * s.params_updated;
+
+  // A pipeline stage holds 1 / pp of the layers (and, in this count, of the embedding and head).
+  if (layout.pp > 1) {
+    for (double* x : {&s.expert_flops, &s.dense_flops, &s.attention_flops, &s.recompute_flops, &s.fp8_dense_flops,
+                      &s.elementwise_bytes, &s.expert_grad_accumulate_bytes, &s.fp8_quantize_bytes, &s.fp8_cache_bytes,
+                      &s.adamw_bytes, &s.grad_norm_bytes, &s.optimizer_other_bytes, &s.params_updated,
+                      &s.dispatch_bytes, &s.dense_grad_params, &s.expert_grad_params, &s.fsdp_gather_bytes,
+                      &s.fsdp_reduce_bytes})
+      *x /= pp;
+  }
+  return s;
+}
+
+}  // namespace moe

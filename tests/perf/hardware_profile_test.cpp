@@ -1,0 +1,111 @@
+// Hardware profiles: the shipped ones load, a profile survives save and load unchanged, a bad file
+// is one error naming the file and the key, and efficiency curves interpolate in log x.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "moe/core/error.h"
+#include "moe/perf/hardware_profile.h"
+
+namespace moe {
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// The built-in H200 profile's text with one change made by `edit`.
+std::string edited_h200(const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = nlohmann::json::parse(hardware_profile_json(load_hardware_profile("h200")));
+  edit(j);
+  return j.dump();
+}
+
+TEST(HardwareProfile, shipped_profiles_load_and_only_the_h200_is_measured) {
+  for (const std::string name : {"h200", "h100", "b200", "b300"}) {
+    const HardwareProfile p = load_hardware_profile(name);
+    EXPECT_EQ(p.measured, name == "h200") << name;
+    EXPECT_FALSE(p.source.empty()) << name;
+    for (const auto& [key, curve] : p.curves()) EXPECT_FALSE(curve->points.empty()) << name << " " << key;
+  }
+  EXPECT_EQ(load_hardware_profile("b300").peak_bf16_tflops, 2250);
+  EXPECT_EQ(load_hardware_profile("h200").peak_bf16_tflops, 989);
+}
+
+TEST(HardwareProfile, a_saved_profile_loads_back_unchanged) {
+  HardwareProfile p = load_hardware_profile("b300");
+  p.name = "test GPU";
+  p.gemm_grouped_bf16.points = {{256, 0.31}, {1024, 0.52}, {16384, 0.66}};
+  p.gemm_grouped_bf16.source = "made up for the test";
+  const std::string path = testing::TempDir() + "/profile_round_trip.json";
+  std::filesystem::remove(path);
+  save_hardware_profile(p, path);
+  const HardwareProfile q = load_hardware_profile(path);
+  EXPECT_EQ(hardware_profile_json(q), hardware_profile_json(p));
+  EXPECT_EQ(q.gemm_grouped_bf16.points, p.gemm_grouped_bf16.points);
+  EXPECT_EQ(q.name, "test GPU");
+  // Never overwritten.
+  const std::string again = error_of([&] { save_hardware_profile(p, path); });
+  EXPECT_NE(again.find("exists"), std::string::npos) << again;
+  std::filesystem::remove(path);
+}
+
+TEST(HardwareProfile, bad_files_are_one_error_naming_the_file_and_the_key) {
+  struct Case {
+    std::string text, needle;
+  };
+  const std::vector<Case> cases = {
+      {"{ not json", "is not valid JSON"},
+      {edited_h200([](nlohmann::json& j) { j.erase("memory_tb_s"); }), "memory_tb_s"},
+      {edited_h200([](nlohmann::json& j) { j["peak_bf16_tfops"] = 1; }), "peak_bf16_tfops is not a known key"},
+      {edited_h200([](nlohmann::json& j) { j["peak_bf16_tflops"] = -5; }), "peak_bf16_tflops"},
+      {edited_h200([](nlohmann::json& j) { j["peak_bf16_tflops"] = "fast"; }), "peak_bf16_tflops"},
+      {edited_h200([](nlohmann::json& j) { j["measured"] = "yes"; }), "measured"},
+      {edited_h200([](nlohmann::json& j) { j["efficiency"]["attention"]["x"] = "d_model"; }), "seq_len"},
+      {edited_h200([](nlohmann::json& j) { j["efficiency"]["attention"]["points"] = nlohmann::json::array(); }),
+       "attention/points"},
+      {edited_h200([](nlohmann::json& j) {
+         j["efficiency"]["gemm_grouped_bf16"]["points"] = {{4096, 0.6}, {1024, 0.5}};
+       }),
+       "increasing x"},
+      {edited_h200([](nlohmann::json& j) { j["efficiency"]["optimizer"]["points"] = {{1e9, 2.5}}; }), "optimizer"},
+      {edited_h200([](nlohmann::json& j) { j["efficiency"].erase("dispatch_intra"); }), "dispatch_intra"},
+      {edited_h200([](nlohmann::json& j) { j["runtime_reserve_gib"] = 500; }), "runtime_reserve_gib"},
+  };
+  for (const Case& c : cases) {
+    const std::string msg = error_of([&] { parse_hardware_profile(c.text, "my-gpu.json"); });
+    EXPECT_NE(msg.find("my-gpu.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.needle), std::string::npos) << "expected '" << c.needle << "' in: " << msg;
+  }
+  const std::string unknown = error_of([] { load_hardware_profile("a100"); });
+  EXPECT_NE(unknown.find("unknown hardware 'a100'"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("h200, h100, b200, b300"), std::string::npos) << unknown;
+  const std::string missing = error_of([] { load_hardware_profile("/nonexistent/gpu.json"); });
+  EXPECT_NE(missing.find("/nonexistent/gpu.json"), std::string::npos) << missing;
+}
+
+TEST(EfficiencyCurve, interpolates_linearly_in_log_x_and_holds_beyond_the_ends) {
+  EfficiencyCurve c;
+  c.x = "rows_per_expert";
+  c.points = {{1000, 0.5}, {4000, 0.7}, {16000, 0.8}};
+  EXPECT_DOUBLE_EQ(c.at(1000), 0.5);
+  EXPECT_NEAR(c.at(2000), 0.6, 1e-12);  // halfway between 1000 and 4000 in log x
+  EXPECT_NEAR(c.at(8000), 0.75, 1e-12);
+  EXPECT_DOUBLE_EQ(c.at(10), 0.5);
+  EXPECT_DOUBLE_EQ(c.at(1e9), 0.8);
+  EfficiencyCurve empty;
+  EXPECT_THROW(empty.at(1), Error);
+}
+
+}  // namespace
+}  // namespace moe

@@ -1,0 +1,150 @@
+// The performance model's arithmetic on a config small enough to count by hand: each part's time
+// is its work over (peak x efficiency), with the work written out here from the formulas
+// step_work.h and step_model.h state (not from the code under test), on one GPU, with EP and data
+// parallelism on one node, across two nodes, and with a pipeline.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "moe/core/error.h"
+#include "moe/perf/step_model.h"
+
+namespace moe {
+namespace {
+
+// A GPU with round numbers and every efficiency 0.5.
+HardwareProfile round_gpu() {
+  HardwareProfile p;
+  p.name = "round";
+  p.peak_bf16_tflops = 100, p.peak_fp8_tflops = 200, p.memory_tb_s = 1, p.memory_gib = 80;
+  p.gpus_per_node = 8, p.intra_node_gb_s = 100, p.inter_node_gb_s = 10;
+  for (const auto& [key, c] : p.curves()) c->points = {{1, 0.5}};
+  return p;
+}
+
+// d 64, 2 layers of 4 heads (head dim 16), experts of hidden 128, top-2 of 8, vocab 512; 8 x 128
+// tokens per microbatch, 16 sequences per step.
+Config tiny() {
+  Config c;
+  ModelConfig& m = c.model;
+  m.vocab_size = 512, m.hidden_size = 64, m.num_hidden_layers = 2, m.num_attention_heads = 4;
+  m.num_key_value_heads = 4, m.intermediate_size = 128, m.num_experts = 8, m.num_experts_per_tok = 2;
+  m.qk_norm = QkNorm::None, m.shared_expert_intermediate_size = 0, m.first_k_dense_replace = 0;
+  c.train.micro_batch_size = 8, c.train.global_batch_size = 16, c.train.seq_len = 128;
+  return c;
+}
+
+constexpr double d = 64, L = 2, h = 128, N = 8, K = 2, V = 512, S = 128, q = 64, kv = 64;
+constexpr double expert_params = L * N * 3 * d * h;
+constexpr double dense_params = 2 * V * d + d + L * (d * (q + 2 * kv) + q * d + 2 * d + d * N);
+constexpr double peak = 100e12 * 0.5, mem = 1e12 * 0.5, nvlink = 100e9 * 0.5, network = 10e9 * 0.5;
+
+Topology topology(int64_t gpus, int64_t nodes, const std::string& mode, int64_t ep, int64_t pp = 1) {
+  Topology t;
+  t.gpus = gpus, t.nodes = nodes;
+  t.layout.world = gpus, t.layout.mode = mode, t.layout.ep = ep, t.layout.pp = pp;
+  return t;
+}
+
+double part(const StepPrediction& p, const std::string& name) {
+  for (const PredictedPart& x : p.parts)
+    if (x.name == name) return x.seconds;
+  ADD_FAILURE() << "no part " << name;
+  return -1;
+}
+
+TEST(StepModel, one_gpu_parts_are_work_over_peak_times_efficiency) {
+  const StepPrediction p = predict_step(tiny(), topology(1, 1, "ddp", 1), round_gpu());
+  const double T = 2048, m = 2;  // two microbatches of 1024 tokens
+  EXPECT_NEAR(part(p, "expert GEMMs"), (6 * K * 3 * d * h * L * T) / peak + 4 * expert_params * (m - 1) / mem, 1e-15);
+  const double dense_per_token = L * (d * (q + 2 * kv) + q * d + d * N) + d * V;
+  EXPECT_NEAR(part(p, "dense GEMMs"), 6 * dense_per_token * T / peak, 1e-15);
+  EXPECT_NEAR(part(p, "attention"), 12 * L * S * q * T / peak, 1e-15);
+  // Element-wise passes per token (BF16, 2 bytes): attention forward 2d + 2(q+kv) + 2d + 2d, backward
+  // 2(q+kv) + 4d + 4d; MoE forward 2Kd + 3Kh + Kd + d + 2d (+ 8N bytes of router scores), backward
+  // d + 2Kd + 5Kh + Kd + d (+ 12N); head 6d + 2d (+ 12V + 10d bytes).
+  const double layer = 2 * (2 * d + 2 * (q + kv) + 2 * d + 2 * d) + 2 * (2 * (q + kv) + 4 * d + 4 * d) +
+                       2 * (2 * K * d + 3 * K * h + K * d + d + 2 * d) + 8 * N +
+                       2 * (d + 2 * K * d + 5 * K * h + K * d + d) + 12 * N;
+  const double elementwise = (L * layer + 2 * (6 * d + 2 * d) + 12 * V + 10 * d) * T;
+  EXPECT_NEAR(part(p, "element-wise, routing"), elementwise / mem, 1e-15);
+  // One rank: AdamW 30 bytes per parameter, the norm 4, the dense gradients zeroed (4).
+  const double params = expert_params + dense_params;
+  EXPECT_NEAR(part(p, "optimizer"), (34 * params + 4 * dense_params) / mem, 1e-15);
+  for (const char* none : {"gradient reduction", "dispatch/combine", "FSDP gathers", "pipeline bubble", "FP8 quantize"})
+    EXPECT_EQ(part(p, none), 0) << none;
+  double sum = 0;
+  for (const PredictedPart& x : p.parts) sum += x.seconds;
+  EXPECT_NEAR(p.step_s, sum, 1e-15);
+  EXPECT_NEAR(p.tokens_per_s_per_gpu, T / sum, 1e-6);
+  // MFU: the trainer's FLOPs per token (6 x matrix parameters per token + attention) at the peak.
+  const double flops_per_token = 6 * (dense_per_token + K * 3 * d * h * L) + 12 * L * S * q;
+  EXPECT_NEAR(p.mfu, flops_per_token * (T / sum) / 100e12, 1e-12);
+}
+
+TEST(StepModel, ep_moves_rows_over_nvlink_and_reduces_dense_gradients_in_a_ring) {
+  const StepPrediction p = predict_step(tiny(), topology(2, 1, "ddp", 2), round_gpu());
+  const double T = 1024;  // one microbatch per rank
+  // Dispatch, combine and their backward: 4 passes of T K rows of d BF16, half of them to the other GPU.
+  EXPECT_NEAR(part(p, "dispatch/combine"), 4 * L * T * K * d * 2 * 0.5 / nvlink, 1e-15);
+  // Dense gradients: F32 reduce-scatter + all-gather over 2 ranks; the expert slices have no replica.
+  EXPECT_NEAR(part(p, "gradient reduction"), 2 * 4 * dense_params * 0.5 / nvlink, 1e-15);
+  // Each rank updates half the dense parameters and its own experts: 28 + 4 bytes, plus the BF16
+  // refresh (6) of what it holds and the dense gradients zeroed (4).
+  const double shard = dense_params / 2 + expert_params / 2;
+  EXPECT_NEAR(part(p, "optimizer"), (32 * shard + 6 * (dense_params + expert_params / 2) + 4 * dense_params) / mem,
+              1e-15);
+}
+
+TEST(StepModel, a_ring_across_nodes_runs_at_the_network_rate) {
+  Config c = tiny();
+  c.train.global_batch_size = 128;  // one microbatch on each of 16 ranks
+  const StepPrediction p = predict_step(c, topology(16, 2, "ddp", 8), round_gpu());
+  // Dense gradients over 16 ranks, each expert slice over its 2 replicas: both rings span the nodes.
+  const double bytes = 2 * 4 * dense_params * 15.0 / 16 + 2 * 4 * (expert_params / 8) * 0.5;
+  EXPECT_NEAR(part(p, "gradient reduction"), bytes / network, 1e-15);
+  EXPECT_NEAR(part(p, "dispatch/combine"), 4 * L * 1024 * K * d * 2 * 7.0 / 8 / nvlink, 1e-15);
+}
+
+TEST(StepModel, fsdp_gathers_every_block_in_bf16_and_reduces_f32_gradients) {
+  const StepPrediction p = predict_step(tiny(), topology(2, 1, "fsdp", 1), round_gpu());
+  const double params = expert_params + dense_params;
+  // Forward gathers every block, backward every block but the embedding; gradients reduce-scattered.
+  const double bytes = (2 * (2 * params - V * d) + 4 * params) * 0.5;
+  EXPECT_NEAR(part(p, "FSDP gathers"), bytes / nvlink, 1e-15);
+  EXPECT_EQ(part(p, "dispatch/combine"), 0);
+  EXPECT_EQ(part(p, "gradient reduction"), 0);
+}
+
+TEST(StepModel, a_pipeline_idles_p_minus_1_over_m_of_its_forward_and_backward) {
+  const StepPrediction one = predict_step(tiny(), topology(1, 1, "ddp", 1), round_gpu());
+  const StepPrediction p = predict_step(tiny(), topology(2, 1, "ddp", 1, /*pp=*/2), round_gpu());
+  // Two stages of one layer each, the same 2 microbatches: each stage does half of the one-GPU work.
+  double compute = 0;
+  for (const PredictedPart& x : p.parts)
+    if (x.name != "optimizer" && x.name != "gradient reduction" && x.name != "pipeline bubble") compute += x.seconds;
+  EXPECT_NEAR(part(p, "expert GEMMs"), part(one, "expert GEMMs") / 2, 1e-15);
+  EXPECT_NEAR(part(p, "pipeline bubble"), compute * (2 - 1) / 2.0, 1e-15);
+  // Per GPU: the replica's 2048 tokens over two GPUs.
+  EXPECT_NEAR(p.tokens_per_s_per_gpu, 1024 / p.step_s, 1e-6);
+}
+
+TEST(StepModel, topologies_the_hardware_cannot_hold_are_refused_with_what_to_change) {
+  const HardwareProfile hw = round_gpu();
+  auto message = [&](const Topology& t) {
+    try {
+      predict_step(tiny(), t, hw);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message(topology(16, 1, "ddp", 1)).find("use --nodes 2"), std::string::npos);
+  EXPECT_NE(message(topology(6, 4, "ddp", 1)).find("cannot be spread evenly"), std::string::npos);
+  EXPECT_NE(message(topology(8, 2, "ddp", 8)).find("an EP group must stay inside a node"), std::string::npos);
+  EXPECT_NE(message(topology(4, 1, "ddp", 1)).find("train.global_batch_size = 16 is not a multiple"), std::string::npos)
+      << message(topology(4, 1, "ddp", 1));  // 16 sequences cannot be 8 per rank on 4 ranks
+}
+
+}  // namespace
+}  // namespace moe
