@@ -9,7 +9,8 @@
 #   3. the table predicted (plan, with the new profile) vs measured (step 2), and the same with the
 #      shipped profile (hardware/h200.json), into $OUT/validation-*.md.
 # Then copy $OUT/h200-calibrated.json over hardware/h200.json (keeping its "source") and paste the
-# tables into bench/RESULTS.md. NP=1 by default; STEPS=6 bench steps per case.
+# tables into bench/RESULTS.md. NP=1 by default; STEPS=6 bench steps per case; CASES=FILE runs the
+# cases of another list (e.g. a subset of bench/model_cases.json that fits one device call).
 set -uo pipefail
 np=${NP:-1}
 if [ "$np" -gt 1 ]; then . bench/device_mpi_env.sh; read -ra mpi <<< "$(mpi_launch "$np")"; else . bench/device_env.sh; mpi=(); fi
@@ -20,11 +21,12 @@ profile="$out/h200-calibrated.json"
 if [ ! -e "$profile" ]; then
   "${mpi[@]}" .devrun/bin/moetrain bench --calibrate "$profile" --hardware h200 2>&1 | tee "$out/calibrate.log" || status=1
 fi
-python3 bench/validate_model.py --moetrain .devrun/bin/moetrain run --out "$out/measured" --np "$np" \
+cases=(--cases "${CASES:-bench/model_cases.json}")
+python3 bench/validate_model.py --moetrain .devrun/bin/moetrain "${cases[@]}" run --out "$out/measured" --np "$np" \
   --steps "${STEPS:-6}" || status=1
 for hw in "$profile" h200; do
   name=$(basename "$hw" .json)
-  python3 bench/validate_model.py --moetrain .devrun/bin/moetrain table --measured-dir "$out/measured" \
+  python3 bench/validate_model.py --moetrain .devrun/bin/moetrain "${cases[@]}" table --measured-dir "$out/measured" \
     --hardware "$hw" --markdown > "$out/validation-$name.md" || status=1
   echo "== predicted with $hw"; cat "$out/validation-$name.md"
 done
