@@ -23,6 +23,7 @@ class LocalCommunicator final : public Communicator {
                     const std::vector<int64_t>& send_counts, Stream stream = {}) override;
   void broadcast(Tensor buf, int root, Stream stream = {}) override;
   void barrier() override {}
+  bool threads_may_call_concurrently() const override { return true; }  // no backend to share
   // Every color makes another group of one.
   std::unique_ptr<Communicator> split(int color, int key) override;
 };

@@ -55,6 +55,8 @@ struct ParallelConfig {
   std::string mode = "ddp";  // ddp: resident weights + expert parallelism; fsdp: the full-reshard baseline
   int64_t ep = 1;            // expert-parallel degree (ranks per EP group); divides the world size and N
   int64_t lease_slots = 1;   // expert-buffer slots per MoE layer: microbatches alive at once
+  bool overlap_grad_reduce = true;  // ddp: reduce gradient buckets during the last microbatch's backward
+  int64_t grad_bucket_bytes = int64_t{16} << 20;  // ddp: bytes of one gradient reduce-scatter (all ranks' parts)
 };
 
 struct EpConfig {

@@ -182,6 +182,12 @@ void visit_config_keys(C& c, V&& v) {
         "expert-parallel degree; divides the world size and num_experts");
   v.key("parallel", "lease_slots", c.parallel.lease_slots, between<int64_t>(1, 1 << 10),
         "expert-buffer slots per MoE layer (microbatches alive at once)");
+  v.key("parallel", "overlap_grad_reduce", c.parallel.overlap_grad_reduce, any_value<bool>(),
+        "ddp: start each gradient bucket's reduce-scatter during the last microbatch's backward, once the bucket "
+        "is final (same results); false: all buckets after the backward");
+  v.key("parallel", "grad_bucket_bytes", c.parallel.grad_bucket_bytes, between<int64_t>(4, int64_t{1} << 40),
+        "ddp: bytes of FP32 gradient in one reduce-scatter, all ranks' parts together (smaller: finer overlap, more "
+        "calls)");
   v.choice("ep", "backend", c.ep.backend, Choices<std::string>{{"rowwise", "rowwise"}, {"alltoall", "alltoall"}},
            "token dispatch: rowwise (symmetric memory) or alltoall (the baseline)");
 
