@@ -20,7 +20,7 @@ common=(--config configs/tiny-x4.toml --steps "$steps" --set run.device='"cpu"' 
 run() {  # run NP LABEL ARGS...
   local np=$1 label=$2; shift 2
   local json out
-  json=$(mktemp /tmp/overlap-bench-XXXXXX.json)
+  json=$(mktemp -d /tmp/overlap-bench-XXXXXX)/report.json  # a new name: bench --json overwrites nothing
   out=$(mpirun -np "$np" --oversubscribe --allow-run-as-root --mca btl_vader_single_copy_mechanism none \
           -x OMP_NUM_THREADS=1 "$bin" bench "${common[@]}" --set train.global_batch_size=$((4 * np)) \
           --json "$json" "$@" 2>&1) || { echo "$label failed:"; tail -5 <<<"$out"; rm -f "$json"; return 1; }
@@ -32,7 +32,7 @@ print(f"{label:<34} step {j['step_s']:.4f} s | in collectives {j['comm_s']:.4f} 
       f"reduction after backward {j['reduction_wait_s']:.4f} s")
 EOF
   grep -o 'optimizer step [0-9.]* s' <<<"$out" | sed 's/^/  /'
-  rm -f "$json"
+  rm -rf "$(dirname "$json")"
 }
 for r in $(seq "$repeats"); do
   echo "== repeat $r"
