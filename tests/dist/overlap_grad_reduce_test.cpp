@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,7 @@ struct Topology {
   int ep;
   int64_t bucket_bytes;
 };
+void PrintTo(const Topology& t, std::ostream* os) { *os << "ep " << t.ep << ", buckets of " << t.bucket_bytes << " bytes"; }
 
 class OverlapGradReduce : public ::testing::TestWithParam<Topology> {
  protected:

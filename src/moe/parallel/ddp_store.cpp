@@ -27,9 +27,9 @@ DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh&
 // Every rank of a group has the same layout, so every rank starts the same buckets in the same
 // order, as the collectives require.
 void DdpStore::plan_bucket_starts() {
-  std::vector<int> param_blocks(reg_.entries().size());
-  for (size_t i = 0; i < param_blocks.size(); ++i) param_blocks[i] = param_block(cfg_, reg_.entries()[i].name);
   const auto& entries = reg_.entries();
+  std::vector<int> param_blocks(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) param_blocks[i] = param_block(cfg_, entries[i].name);
   for (int b = 0; b < static_cast<int>(optimizer_->buckets().size()); ++b) {
     int lowest = static_cast<int>(cfg_.num_hidden_layers) + 1;
     for (const auto& [begin, end] : optimizer_->bucket_inputs(b)) {
