@@ -420,7 +420,8 @@ int main(int argc, char** argv) {
                     "in collectives %.4f s",
                     ideal, s.mean_step_time_s - ideal, 100 * (1 - s.mean_mfu), s.mean_comm_time_s);
         if (s.device == moe::Device::CPU)
-          std::printf(", optimizer step %.4f s\n", s.mean_optimizer_time_s);
+          std::printf(", optimizer step %.4f s (gradient reduction after the backward %.4f s)\n",
+                      s.mean_optimizer_time_s, s.mean_reduction_wait_time_s);
         else
           std::printf(" (GPU work is asynchronous: the kernel table below splits the step)\n");
         if (s.device == moe::Device::CUDA) {

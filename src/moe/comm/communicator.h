@@ -48,6 +48,9 @@ class Communicator {
   // True for a stand-in that only plans memory (plan_communicator.h): the objects built on it
   // reserve their buffers but allocate no shared memory and make no collective.
   virtual bool plans_only() const { return false; }
+  // True when another thread may make this group's collectives while the thread that owns the
+  // backend makes other calls (MPI_THREAD_MULTIPLE): what a CommQueue's worker thread needs.
+  virtual bool threads_may_call_concurrently() const { return false; }
 };
 
 }  // namespace moe

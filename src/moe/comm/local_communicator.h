@@ -26,6 +26,7 @@ class LocalCommunicator final : public Communicator {
   // A group of one has no other rank to message: refused, as MpiCommunicator refuses a message to itself.
   void send(Tensor buf, int peer, int tag, Stream stream = {}) override;
   void recv(Tensor buf, int peer, int tag, Stream stream = {}) override;
+  bool threads_may_call_concurrently() const override { return true; }  // no backend to share
   // Every color makes another group of one.
   std::unique_ptr<Communicator> split(int color, int key) override;
 };

@@ -155,14 +155,21 @@ void MpiCommunicator::wait_sends() {
   sends_.clear();
 }
 
+bool MpiCommunicator::threads_may_call_concurrently() const {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_CHECK(MPI_Query_thread(&provided));
+  return provided == MPI_THREAD_MULTIPLE;
+}
+
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   int initialized = 0;
   MPI_CHECK(MPI_Initialized(&initialized));
   if (!initialized) {
     int provided = 0;
-    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
     initialized_here_ = true;
-    // Only the main thread calls MPI; OpenMP workers never do.
+    // The main thread makes every call but the overlapped gradient reduction's, which a CommQueue
+    // worker makes only under MPI_THREAD_MULTIPLE; OpenMP workers never call MPI.
     MOE_CHECK(provided >= MPI_THREAD_FUNNELED, "MPI provides thread level ", provided,
               ", below MPI_THREAD_FUNNELED");
   }

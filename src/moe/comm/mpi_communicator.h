@@ -31,6 +31,8 @@ class MpiCommunicator final : public Communicator {
   void send(Tensor buf, int peer, int tag, Stream stream = {}) override;
   void recv(Tensor buf, int peer, int tag, Stream stream = {}) override;
   void wait_sends() override;
+  // MPI was initialized with MPI_THREAD_MULTIPLE.
+  bool threads_may_call_concurrently() const override;
   MPI_Comm comm() const { return comm_; }
 
  private:
@@ -46,7 +48,10 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
 };
 
-// MPI_Init (once, thread level funneled) / MPI_Finalize around main, and the world communicator.
+// MPI_Init (once, thread level multiple where the library has it, at least funneled) / MPI_Finalize
+// around main, and the world communicator. MPI_THREAD_MULTIPLE lets the gradient reduction run on a
+// worker thread while the main thread computes and dispatches (CommQueue); without it the
+// reduction runs on the main thread after the backward, with the same results.
 // MPI_CHECK turns an MPI error code into moe::Error with the call and the MPI message.
 class MpiRuntime {
  public:

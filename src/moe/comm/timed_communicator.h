@@ -20,6 +20,7 @@ class TimedCommunicator final : public Communicator {
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   bool plans_only() const override { return inner_.plans_only(); }
+  bool threads_may_call_concurrently() const override { return inner_.threads_may_call_concurrently(); }
   void all_reduce(Tensor buf, ReduceOp op, Stream s = {}) override { timed([&] { inner_.all_reduce(buf, op, s); }); }
   void reduce_scatter(Tensor out, Tensor in, ReduceOp op, Stream s = {}) override {
     timed([&] { inner_.reduce_scatter(out, in, op, s); });

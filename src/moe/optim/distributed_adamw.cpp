@@ -1,8 +1,10 @@
 #include "moe/optim/distributed_adamw.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
+#include "moe/comm/timed_communicator.h"
 #include "moe/core/device.h"
 #include "moe/ops/elementwise.h"
 
@@ -21,7 +23,7 @@ Tensor flat_range(const Tensor& t, int64_t begin, int64_t n) {
 }  // namespace
 
 DistributedAdamW::DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, Arena& arena, DType moment_dtype,
-                                   size_t bucket_bytes)
+                                   size_t bucket_bytes, bool overlap_reduction)
     : reg_(reg), mesh_(mesh), arena_(arena), moment_dtype_(moment_dtype) {
   MOE_CHECK(mesh.world != nullptr, "DistributedAdamW: the mesh has no world communicator");
   MOE_CHECK(moment_dtype == DType::F32 || moment_dtype == DType::BF16,
@@ -46,14 +48,31 @@ DistributedAdamW::DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, A
     if (b < end) pieces_.push_back({i, b, end - b, s.buffer_offset + (b - s.begin)});
   }
 
-  // Staging for one bucket: group_size chunks of `chunk` elements each (the chunk a rank
-  // contributes to / receives from one collective call).
+  // The buckets of step 1, and staging for one: group_size chunks of `chunk` elements each (the
+  // chunk a rank contributes to / receives from one collective call).
   int64_t staging = 0, send = 0;
   for (const Shard* s : {&dense_, &expert_}) {
     if (s->shard_numel == 0) continue;
-    const int64_t chunk = std::min(s->shard_numel, std::max<int64_t>(1, bucket_elems_ / s->group_size));
-    staging = std::max(staging, chunk * s->group_size);
-    send = std::max(send, chunk);
+    const int64_t chunk_max = std::min(s->shard_numel, std::max<int64_t>(1, bucket_elems_ / s->group_size));
+    staging = std::max(staging, chunk_max * s->group_size);
+    send = std::max(send, chunk_max);
+    const ReplicaGroup group = s == &dense_ ? ReplicaGroup::Dense : ReplicaGroup::Expert;
+    if (!single_rank_)
+      for (int64_t k0 = 0; k0 < s->shard_numel; k0 += chunk_max)
+        buckets_.push_back({group, k0, std::min(chunk_max, s->shard_numel - k0)});
+  }
+  started_.assign(buckets_.size(), false);
+  if (overlap_reduction && !single_rank_ && !mesh.world->plans_only()) {
+    // Communicators of the queue's own (a split with one color is a copy of the group), so its
+    // collectives never interleave with the main thread's on the same communicator. Untimed: the
+    // worker thread must not add to the shared clock; the queue adds the time join() waits.
+    queue_world_ = untimed(*mesh.world).split(0, mesh.world->rank());
+    if (expert_.shard_numel > 0)
+      queue_experts_ = untimed(*mesh.expert_replicas).split(0, mesh.expert_replicas->rank());
+    const bool threaded = queue_world_->threads_may_call_concurrently() &&
+                          (!queue_experts_ || queue_experts_->threads_may_call_concurrently());
+    auto* timed = dynamic_cast<TimedCommunicator*>(mesh.world);
+    queue_ = std::make_unique<CommQueue>(arena.device(), threaded, timed ? timed->clock() : nullptr);
   }
   m_ = arena.reserve("optimizer.exp_avg_shard", moment_dtype, {shard_total});
   v_ = arena.reserve("optimizer.exp_avg_sq_shard", moment_dtype, {shard_total});
@@ -93,25 +112,52 @@ DistributedAdamW::Shard DistributedAdamW::plan_shard(ReplicaGroup group, Communi
 // (block r = rank r's part) before the collective. That one copy also supplies the zero padding
 // past the region end, so the padding never needs to exist in the params or gradient buffers.
 //
-// Bucket k covers shard elements [k0, k0 + chunk) of every rank's shard: staging block r holds
-// rank r's shard elements of that range (zeros past the region end), so one reduce_scatter leaves
-// the summed block of this rank in its gradient shard. Buckets never mix the two groups.
-void DistributedAdamW::reduce_scatter_grads(const Shard& s, Communicator* comm, const Tensor& grads) {
-  if (s.shard_numel == 0) return;
+// Bucket [k0, k0 + chunk) covers those shard elements of every rank's shard: staging block r
+// holds rank r's shard elements of that range (zeros past the region end), so one reduce_scatter
+// leaves the summed block of this rank in its gradient shard. Buckets never mix the two groups.
+void DistributedAdamW::reduce_bucket(const Bucket& b, Communicator* comm, const Tensor& grads, Stream stream) const {
+  const Shard& s = shard(b.group);
   const Tensor staging = arena_.get(staging_), grad_shard = arena_.get(grad_shard_);
   const int p = s.group_size;
-  const int64_t chunk_max = std::min(s.shard_numel, std::max<int64_t>(1, bucket_elems_ / p));
-  for (int64_t k0 = 0; k0 < s.shard_numel; k0 += chunk_max) {
-    const int64_t chunk = std::min(chunk_max, s.shard_numel - k0);
-    for (int r = 0; r < p; ++r) {
-      const int64_t src = s.region_begin + r * s.shard_numel + k0;
-      const int64_t avail = std::clamp<int64_t>(s.region_end - src, 0, chunk);
-      if (avail > 0) copy(flat_range(staging, r * chunk, avail), flat_range(grads, src, avail));
-      if (avail < chunk) fill_zero(flat_range(staging, r * chunk + avail, chunk - avail));
-    }
-    comm->reduce_scatter(flat_range(grad_shard, s.buffer_offset + k0, chunk), flat_range(staging, 0, chunk * p),
-                         ReduceOp::Sum);
+  for (int r = 0; r < p; ++r) {
+    const int64_t src = s.region_begin + r * s.shard_numel + b.k0;
+    const int64_t avail = std::clamp<int64_t>(s.region_end - src, 0, b.chunk);
+    if (avail > 0) copy(flat_range(staging, r * b.chunk, avail), flat_range(grads, src, avail), stream);
+    if (avail < b.chunk) fill_zero(flat_range(staging, r * b.chunk + avail, b.chunk - avail), stream);
   }
+  comm->reduce_scatter(flat_range(grad_shard, s.buffer_offset + b.k0, b.chunk), flat_range(staging, 0, b.chunk * p),
+                       ReduceOp::Sum, stream);
+}
+
+std::vector<std::pair<int64_t, int64_t>> DistributedAdamW::bucket_inputs(int i) const {
+  const Bucket& b = buckets_.at(static_cast<size_t>(i));
+  const Shard& s = shard(b.group);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int r = 0; r < s.group_size; ++r) {
+    const int64_t src = s.region_begin + r * s.shard_numel + b.k0;
+    const int64_t avail = std::clamp<int64_t>(s.region_end - src, 0, b.chunk);
+    if (avail > 0) out.emplace_back(src, src + avail);
+  }
+  return out;
+}
+
+void DistributedAdamW::start_reduction(int i, const Tensor& grads) {
+  MOE_CHECK(queue_, "DistributedAdamW::start_reduction: built without overlap_reduction (or with one rank)");
+  MOE_CHECK(i >= 0 && i < static_cast<int>(buckets_.size()), "DistributedAdamW::start_reduction: bucket ", i,
+            " of ", buckets_.size());
+  if (started_[static_cast<size_t>(i)]) return;
+  started_[static_cast<size_t>(i)] = true;
+  any_started_ = true;
+  const Bucket b = buckets_[static_cast<size_t>(i)];
+  Communicator* comm = b.group == ReplicaGroup::Dense ? queue_world_.get() : queue_experts_.get();
+  queue_->submit([this, b, comm, grads](Stream stream) { reduce_bucket(b, comm, grads, stream); });
+}
+
+void DistributedAdamW::finish_reductions() {
+  if (!any_started_) return;
+  queue_->join();
+  std::fill(started_.begin(), started_.end(), false);
+  any_started_ = false;
 }
 
 // The reverse of the reduce-scatter: each bucket gathers shard elements [k0, k0 + chunk) of every
@@ -158,9 +204,17 @@ bool DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConf
 
   // 1. Gradient reduction over each replica group into this rank's shards (one rank: the
   // gradient buffer already is the whole shard, in the same order).
+  // With overlap: the buckets the backward has not started yet, then the wait for all of them.
   if (!single_rank_) {
-    reduce_scatter_grads(dense_, mesh_.world, grads);
-    reduce_scatter_grads(expert_, mesh_.expert_replicas.get(), grads);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (queue_) {
+      for (int i = 0; i < static_cast<int>(buckets_.size()); ++i) start_reduction(i, grads);
+      finish_reductions();
+    } else {
+      for (const Bucket& b : buckets_)
+        reduce_bucket(b, b.group == ReplicaGroup::Dense ? mesh_.world : mesh_.expert_replicas.get(), grads, {});
+    }
+    reduction_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   // 2. Global squared norm. Every element of every logical parameter is counted exactly once:

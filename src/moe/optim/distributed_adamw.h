@@ -15,14 +15,25 @@
 // or BF16, optim.moment_dtype), the gradient shard, the norm scalar and staging are reserved here.
 // With one rank the result equals AdamW bit for bit, and nothing is reduced or gathered: AdamW
 // reads the gradient buffer in place (no shard copy, no staging).
+//
+// Overlapped reduction (overlap_reduction = true, several ranks): step 1 runs on a CommQueue
+// (a worker thread on CPU ranks, a second stream on the GPU) over communicators of its own, split
+// from the groups at construction. A caller that knows when gradients are final (DdpStore's
+// block hooks, during the last microbatch's backward) starts each bucket then with
+// start_reduction(); enqueue_step starts the rest and waits for all of them before the norm,
+// which reads every bucket. Each bucket is the same collective on the same staged input as
+// without overlap, so the results are the same bit for bit on CPU ranks.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "moe/comm/comm_queue.h"
 #include "moe/comm/mesh.h"
 #include "moe/core/arena.h"
 #include "moe/model/params.h"
@@ -36,8 +47,10 @@ class DistributedAdamW {
 
   // Reserves the shard moments (in moment_dtype: F32 or BF16), gradient shard, norm scalar and
   // staging in `arena` (which the caller commits). `reg` and `mesh` must outlive the optimizer.
+  // overlap_reduction: collective over each group at construction (it splits the queue's
+  // communicators off them), unless the mesh only plans memory.
   DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, Arena& arena, DType moment_dtype = DType::F32,
-                   size_t bucket_bytes = kDefaultBucketBytes);
+                   size_t bucket_bytes = kDefaultBucketBytes, bool overlap_reduction = false);
 
   // The global norm of the reduced gradient before clipping; skipped: non-finite, nothing was
   // updated, on every rank.
@@ -56,6 +69,31 @@ class DistributedAdamW {
                     Tensor schedule = {}, Tensor compute_copy = {});
   // The result of the last step (reads the norm from the device).
   Result last_result() const;
+
+  // One collective of step 1: shard elements [k0, k0 + chunk) of every rank's shard of `group`.
+  struct Bucket {
+    ReplicaGroup group = ReplicaGroup::Dense;
+    int64_t k0 = 0, chunk = 0;
+  };
+  // In the order step 1 issues them without overlap: dense, then expert, each by k0. Empty for a
+  // world of one rank.
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  // The flat ranges [begin, end) of the gradient buffer bucket i reads: one per rank of its group
+  // (rank r's part of the bucket), without those past the region end.
+  std::vector<std::pair<int64_t, int64_t>> bucket_inputs(int i) const;
+  // True when step 1 runs on a queue beside the computation (overlap_reduction with several
+  // ranks, on a communicator that allows it).
+  bool overlaps_reduction() const { return queue_ && queue_->overlaps(); }
+  // Starts reducing bucket i of `grads` (the flat gradient buffer, whose ranges bucket_inputs(i)
+  // the caller will not change again before the step) on the queue; once per step, a second call
+  // does nothing. Every rank of the bucket's group must start the same buckets in the same order.
+  void start_reduction(int i, const Tensor& grads);
+  // Waits for the reductions started so far and forgets them (the next step starts afresh); for
+  // callers that change the gradients without a step in between.
+  void finish_reductions();
+  // Host seconds this rank spent in step 1 after the backward (the reductions not hidden behind
+  // it: all of them without overlap, the wait for the outstanding ones with it), summed over steps.
+  double reduction_wait_s() const { return reduction_wait_s_; }
 
   // This rank's shard of one replica group's region.
   struct Shard {
@@ -102,7 +140,8 @@ class DistributedAdamW {
     int64_t flat_begin = 0, n = 0, buffer_offset = 0;
   };
   Shard plan_shard(ReplicaGroup group, Communicator* comm, int64_t buffer_offset);
-  void reduce_scatter_grads(const Shard& s, Communicator* comm, const Tensor& grads);
+  // Stages bucket b's input and reduce-scatters it into the gradient shard, on `stream`.
+  void reduce_bucket(const Bucket& b, Communicator* comm, const Tensor& grads, Stream stream) const;
   void all_gather_params(const Shard& s, Communicator* comm, const Tensor& params);
 
   const ParamRegistry& reg_;
@@ -112,7 +151,16 @@ class DistributedAdamW {
   int64_t bucket_elems_ = 0;  // elements per bucket over the whole group
   bool single_rank_ = false;  // a world of one: every group has one rank
   Shard dense_, expert_;
+  std::vector<Bucket> buckets_;
   std::vector<Piece> pieces_;
+  // Overlap: the queue, its communicators (split from world and expert_replicas) and which
+  // buckets this step has started. Staging is shared: the queue runs one bucket at a time, and
+  // the all-gather uses it only after the queue has been joined.
+  std::unique_ptr<Communicator> queue_world_, queue_experts_;
+  std::unique_ptr<CommQueue> queue_;  // after its communicators: destroyed (its worker joined) first
+  std::vector<bool> started_;
+  bool any_started_ = false;
+  double reduction_wait_s_ = 0;
   Arena::Slot m_, v_, grad_shard_, norm_sq_, staging_, send_;
   Arena::Slot norm_ws_;  // sum_squares_accumulate's workspace
 };

@@ -1,5 +1,7 @@
 #include "moe/parallel/ddp_store.h"
 
+#include <algorithm>
+
 #include "moe/core/device.h"
 #include "moe/core/error.h"
 #include "moe/ops/elementwise.h"
@@ -7,7 +9,7 @@
 namespace moe {
 
 DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh& mesh, Arena& arena,
-                   DType moment_dtype, Precision precision)
+                   DType moment_dtype, Precision precision, GradReduceOptions reduce)
     : cfg_(cfg), reg_(reg), mesh_(mesh), arena_(arena) {
   params_ = arena.reserve("parameters", DType::F32, {reg.total_numel()});
   grads_slot_ = arena.reserve("gradients", DType::F32, {reg.total_numel()});
@@ -20,8 +22,43 @@ DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh&
   compact_compute_ = has_compute_copy_ && precision == Precision::FP8;
   const int64_t compute_numel = reg.total_numel() - (compact_compute_ ? fp8_quantized_numel(cfg, local_experts) : 0);
   if (has_compute_copy_) compute_ = arena.reserve("compute_weights", DType::BF16, {compute_numel});
-  optimizer_ = std::make_unique<DistributedAdamW>(reg, mesh, arena, moment_dtype);
+  optimizer_ = std::make_unique<DistributedAdamW>(reg, mesh, arena, moment_dtype, reduce.bucket_bytes, reduce.overlap);
   if (precision == Precision::FP8) fp8_ = std::make_unique<Fp8WeightCache>(cfg, local_experts, arena);
+  buckets_completed_by_block_.assign(static_cast<size_t>(cfg.num_hidden_layers) + 2, {});
+  if (optimizer_->overlaps_reduction()) plan_bucket_starts();
+}
+
+// Backward runs blocks L+1 (final norm; the LM head's gradient is written in the forward) down to
+// 0 (embedding), so a bucket is complete after the backward of the lowest block it reads from.
+// Every rank of a group has the same layout, so every rank starts the same buckets in the same
+// order, as the collectives require.
+void DdpStore::plan_bucket_starts() {
+  const auto& entries = reg_.entries();
+  std::vector<int> param_blocks(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) param_blocks[i] = param_block(cfg_, entries[i].name);
+  for (int b = 0; b < static_cast<int>(optimizer_->buckets().size()); ++b) {
+    int lowest = static_cast<int>(cfg_.num_hidden_layers) + 1;
+    for (const auto& [begin, end] : optimizer_->bucket_inputs(b)) {
+      // The parameters overlapping [begin, end): entries are in flat order.
+      auto it = std::upper_bound(entries.begin(), entries.end(), begin,
+                                 [](int64_t at, const ParamEntry& e) { return at < e.offset + e.numel(); });
+      for (; it != entries.end() && it->offset < end; ++it)
+        lowest = std::min(lowest, param_blocks[static_cast<size_t>(it - entries.begin())]);
+    }
+    buckets_completed_by_block_[static_cast<size_t>(lowest)].push_back(b);
+  }
+}
+
+const std::vector<int>& DdpStore::buckets_started_after(int block) const {
+  MOE_CHECK(block >= 0 && block < static_cast<int>(buckets_completed_by_block_.size()), "DdpStore: block ", block,
+            " of ", buckets_completed_by_block_.size());
+  return buckets_completed_by_block_[static_cast<size_t>(block)];
+}
+
+void DdpStore::after_backward(int block) {
+  if (!reduce_in_backward_) return;
+  const Tensor g = grads_flat();
+  for (int b : buckets_completed_by_block_.at(static_cast<size_t>(block))) optimizer_->start_reduction(b, g);
 }
 
 void DdpStore::bind() {
@@ -89,6 +126,7 @@ void DdpStore::refresh_fp8_weights() {
 
 void DdpStore::zero_grads(bool experts_written) {
   bind();
+  optimizer_->finish_reductions();  // none is left after a step; a caller without one must not race them
   const Tensor g = grads_flat();
   if (!experts_written) return fill_zero(g);
   // The flat buffer is [dense region | expert region]: only the dense region is zeroed.
@@ -99,6 +137,7 @@ void DdpStore::zero_grads(bool experts_written) {
 }
 
 void DdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule) {
+  reduce_in_backward_ = false;
   // One rank: the update writes the BF16 compute copy in its own pass over the weights (when the
   // copy has every weight's place; in FP8 the copy's few tensors are cast after the update).
   const Tensor copy = has_compute_copy_ && !compact_compute_ ? arena_.get(compute_) : Tensor();
@@ -113,6 +152,8 @@ ParamStore::StepResult DdpStore::last_step() const {
 }
 
 void DdpStore::reduced_gradients(const GradientFn& fn) {
+  optimizer_->finish_reductions();  // reductions the hooks started read the buffer reduced in place here
+  reduce_in_backward_ = false;
   const Tensor g = grads_flat();
   for (ReplicaGroup group : {ReplicaGroup::Dense, ReplicaGroup::Expert}) {
     const auto [begin, end] = reg_.region(group);

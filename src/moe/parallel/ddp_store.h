@@ -2,6 +2,11 @@
 // its EP slice of the experts for the whole run; after the last microbatch of a window the
 // gradients are reduced over each parameter's replica group and a ZeRO-1 sharded AdamW
 // updates the shards and all-gathers them back into the resident weights.
+//
+// With overlap_grad_reduce the store is also the model's BlockHooks: during the last microbatch
+// of a window, each gradient bucket's reduce-scatter starts after the backward of the last block
+// (in backward order) that writes into it, on DistributedAdamW's queue, so the reduction runs
+// while the backward of the earlier blocks does; enqueue_step waits for what is still running.
 #pragma once
 
 #include <memory>
@@ -17,17 +22,28 @@
 
 namespace moe {
 
-class DdpStore final : public ParamStore {
+// How the gradients are reduced (parallel.overlap_grad_reduce, parallel.grad_bucket_bytes).
+struct GradReduceOptions {
+  bool overlap = false;  // start buckets during the last microbatch's backward
+  size_t bucket_bytes = DistributedAdamW::kDefaultBucketBytes;
+};
+
+class DdpStore final : public ParamStore, public BlockHooks {
  public:
   // reg must use ParamLayout::ByReplicaGroup with this rank's expert slice. Reserves in `arena`,
   // the AdamW moments in moment_dtype (F32 or BF16: optim.moment_dtype), and with precision fp8 the
   // FP8 weight caches, refreshed from the FP32 weights after each update, init and load.
+  // reduce.overlap: reduce buckets during the last microbatch's backward (collective over the
+  // mesh's groups at construction).
   DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh& mesh, Arena& arena, DType moment_dtype,
-           Precision precision = Precision::BF16);
+           Precision precision = Precision::BF16, GradReduceOptions reduce = {});
 
   const ModelWeights& weights() const override { return weights_; }
   const ModelWeights& grads() const override { return grads_; }
-  BlockHooks* hooks() override { return nullptr; }
+  // The hooks only start reductions: nullptr where nothing overlaps (one rank, overlap off).
+  BlockHooks* hooks() override { return optimizer_->overlaps_reduction() ? this : nullptr; }
+  void begin_microbatch(bool last_of_window) override { reduce_in_backward_ = last_of_window && hooks() != nullptr; }
+  double reduction_wait_s() const override { return optimizer_->reduction_wait_s(); }
   const Fp8WeightCache* fp8_weights() const override { return fp8_.get(); }
   void init(uint64_t seed) override;
   void zero_grads(bool experts_written) override;
@@ -38,13 +54,23 @@ class DdpStore final : public ParamStore {
   void load(const CheckpointReader& ckpt) override;
   void load_weights(const TensorReadFn& read) override;
 
+  // BlockHooks: after block b's backward in the last microbatch, the buckets it completes start.
+  void before_forward(int) override {}
+  void before_backward(int) override {}
+  void after_backward(int block) override;
+  void after_forward_only(int) override {}
+
   // FP32 main weights. The model reads weights(): on the CPU the FP32 weights, on the GPU a BF16
   // copy refreshed after every update (in FP8, of the tensors that are not quantized only).
   Tensor params() const { return arena_.get(params_); }
   Tensor grads_flat() const { return arena_.get(grads_slot_); }
+  const DistributedAdamW& optimizer() const { return *optimizer_; }
+  // The buckets whose reductions start after block b's backward (with overlap; empty without).
+  const std::vector<int>& buckets_started_after(int block) const;
 
  private:
   void bind();
+  void plan_bucket_starts();
   void refresh_compute_weights();  // and the FP8 caches
   void refresh_fp8_weights();
 
@@ -60,6 +86,10 @@ class DdpStore final : public ParamStore {
   std::unique_ptr<Fp8WeightCache> fp8_;  // precision fp8 only
   ModelWeights weights_, grads_, master_;  // master_: FP32 views, what the FP8 caches are quantized from
   bool bound_ = false;
+  // The buckets block b's backward completes: every parameter they read belongs to block b or to
+  // a block whose backward ran before (a higher one).
+  std::vector<std::vector<int>> buckets_completed_by_block_;
+  bool reduce_in_backward_ = false;  // the current microbatch is the last of its window
 };
 
 }  // namespace moe

@@ -40,6 +40,13 @@ class ParamStore {
   // are (one pass less over most of the parameters).
   virtual void zero_grads(bool experts_written) = 0;
 
+  // Called before each microbatch's forward + backward; last_of_window: the gradients are final
+  // after this one's backward, so a store may start reducing them during it (through its hooks).
+  virtual void begin_microbatch(bool /*last_of_window*/) {}
+  // Host seconds spent reducing gradients after the backward (what the backward did not hide),
+  // summed over the run; 0 for a store that reduces inside the backward.
+  virtual double reduction_wait_s() const { return 0; }
+
   // The global gradient norm before clipping; skipped: non-finite, nothing changed, on every rank.
   using StepResult = AdamWOutcome;
   // Queues the reduction of the accumulated gradients over their replica groups and one AdamW

@@ -36,6 +36,7 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
   j["mfu"] = s.mean_mfu;
   j["step_s"] = s.mean_step_time_s;
   j["comm_s"] = s.mean_comm_time_s;
+  j["reduction_wait_s"] = s.mean_reduction_wait_time_s;
   j["graph_nodes"] = s.graph_nodes;
   j["gpu_peak_bytes"] = s.device_peak_bytes;
   j["arena_bytes"] = s.arena_bytes;

@@ -4,8 +4,8 @@
 //
 //   config, device, world_size, parallel_mode, ep, ep_backend, ep_payload, num_experts, experts_per_token,
 //   num_layers, moe_layers, hidden_size, seq_len, steps_timed, tokens_per_s (all ranks), tokens_per_s_per_gpu,
-//   mfu (per device), step_s, comm_s, graph_nodes, gpu_peak_bytes, arena_bytes, final_loss,
-//   total_params, active_params, ceilings {gemm_tflops, copy_tb_s} and split [{kind, ms_per_step,
+//   mfu (per device), step_s, comm_s, reduction_wait_s (CPU: gradient reduction after the backward),
+//   graph_nodes, gpu_peak_bytes, arena_bytes, final_loss, total_params, active_params, ceilings {gemm_tflops, copy_tb_s} and split [{kind, ms_per_step,
 //   share, rate, unit, ceiling}] (GPU runs with the kernel profiler; empty otherwise).
 #pragma once
 

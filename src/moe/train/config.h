@@ -65,6 +65,8 @@ struct ParallelConfig {
   // The data-parallel ranks of a stage for a job of `world` ranks; throws naming parallel.pp and
   // the values that would work when pp does not divide the world.
   int64_t dp(int64_t world) const;
+  bool overlap_grad_reduce = true;  // ddp: reduce gradient buckets during the last microbatch's backward
+  int64_t grad_bucket_bytes = int64_t{16} << 20;  // ddp: bytes of one gradient reduce-scatter (all ranks' parts)
 };
 
 struct EpConfig {

@@ -194,6 +194,12 @@ void visit_config_keys(C& c, V&& v) {
   v.key("parallel", "pp_layers", c.parallel.pp_layers, any_value<std::string>(),
         "layers per pipeline chunk, comma-separated (\"3,1\"; pp x pp_virtual numbers); empty = balanced by a "
         "per-layer cost with the embedding and LM head counted");
+  v.key("parallel", "overlap_grad_reduce", c.parallel.overlap_grad_reduce, any_value<bool>(),
+        "ddp: start each gradient bucket's reduce-scatter during the last microbatch's backward, once the bucket "
+        "is final (same results); false: all buckets after the backward");
+  v.key("parallel", "grad_bucket_bytes", c.parallel.grad_bucket_bytes, between<int64_t>(4, int64_t{1} << 40),
+        "ddp: bytes of FP32 gradient in one reduce-scatter, all ranks' parts together (smaller: finer overlap, more "
+        "calls)");
   v.choice("ep", "backend", c.ep.backend, Choices<std::string>{{"rowwise", "rowwise"}, {"alltoall", "alltoall"}},
            "token dispatch: rowwise (symmetric memory) or alltoall (the baseline)");
   v.choice("ep", "payload", c.ep.payload, Choices<Payload>{{"bf16", Payload::BF16}, {"fp8", Payload::FP8}},

@@ -16,6 +16,7 @@ struct StepRecord {
   double grad_norm = 0, lr = 0;
   double step_time_s = 0, tokens_per_s = 0, mfu = 0;
   double comm_time_s = 0, optimizer_time_s = 0;  // inside the step: in collectives, in the optimizer step
+  double reduction_wait_time_s = 0;  // CPU: of the optimizer step, reducing gradients after the backward
   double dropped_fraction = 0, expert_load_max_over_mean = 0;  // the latter: worst MoE layer
   std::vector<double> expert_load_per_layer;  // max/mean routes per expert, each MoE layer
   double receive_utilization = 0;  // expert-buffer rows filled / rows available

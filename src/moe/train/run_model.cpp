@@ -64,8 +64,10 @@ std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world
       }
     }
     run->reg = build_registry(mc, run->mesh->ep_index * local, local, ParamLayout::ByReplicaGroup, held);
-    run->store =
-        std::make_unique<DdpStore>(mc, run->reg, *run->mesh, state, cfg.optim.moment_dtype, cfg.train.precision);
+    run->store = std::make_unique<DdpStore>(mc, run->reg, *run->mesh, state, cfg.optim.moment_dtype,
+                                            cfg.train.precision,
+                                            GradReduceOptions{cfg.parallel.overlap_grad_reduce,
+                                                              static_cast<size_t>(cfg.parallel.grad_bucket_bytes)});
   }
   run->dispatcher = make_run_dispatcher(device, device_collectives, moe_experts > 0, cfg.ep.backend,
                                         run->mesh ? run->mesh->ep_group.get() : nullptr, mc.num_experts,

@@ -264,6 +264,7 @@ void Trainer::queue_gradients(int64_t step) {
   }
   for (int64_t micro = 0; micro < accum; ++micro) {
     scales.gradients_zeroed = micro == 0 && first_microbatch_writes_experts;
+    run_->store->begin_microbatch(micro == accum - 1);
     run_->model->forward_backward(run_->store->weights(), run_->store->grads(), tokens.rows(micro * rows, (micro + 1) * rows),
                              targets.rows(micro * rows, (micro + 1) * rows), scales,
                              routing_seed(t.seed, step, micro * dp + rank), rs);
@@ -324,6 +325,7 @@ StepRecord Trainer::train_step(int64_t step) {
     const float schedule[2] = {static_cast<float>(r.lr), static_cast<float>(step + 1)};
     copy_to_tensor(state_.get(run_->buffers.schedule), schedule);
   }
+  const double reduction_wait_before = run_->store->reduction_wait_s();
   if (!t.cuda_graph) {
     queue_step(step, oc, &r.optimizer_time_s);
   } else {
@@ -359,6 +361,7 @@ StepRecord Trainer::train_step(int64_t step) {
   world_.all_reduce(load, ReduceOp::Sum);  // every rank sees the global expert load (bias update, metrics)
   copy_from_tensor(host_load_.data(), load);
   r.comm_time_s = world_.seconds() - comm_before;
+  if (dev_ == Device::CPU) r.reduction_wait_time_s = run_->store->reduction_wait_s() - reduction_wait_before;
   r.skipped = opt.skipped;
   if (opt.skipped) {
     ++skipped_steps_;
@@ -425,7 +428,7 @@ TrainSummary Trainer::run() {
   const double dp = static_cast<double>(world_.size());
   const double tokens_per_step = static_cast<double>(t.global_batch_size * t.seq_len);
   const double ideal_step_s = flops_.flops_per_token * tokens_per_step / (peak_.tflops * 1e12 * dp);
-  double comm_s = 0, opt_s = 0;
+  double comm_s = 0, opt_s = 0, reduce_wait_s = 0;
   const auto run_start = Clock::now();
   if (const double budget = parse_duration(t.max_duration, "train.max_duration"); budget > 0)
     deadline_ = run_start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(budget));
@@ -441,6 +444,7 @@ TrainSummary Trainer::run() {
     summary.steps.push_back(r);
     if (step > start_step_ || t.steps - start_step_ == 1) {
       timed_s += r.step_time_s, comm_s += r.comm_time_s, opt_s += r.optimizer_time_s;
+      reduce_wait_s += r.reduction_wait_time_s;
       ++timed_steps;
     }
     consecutive_skipped = r.skipped ? consecutive_skipped + 1 : 0;
@@ -523,6 +527,7 @@ TrainSummary Trainer::run() {
     summary.mean_mfu = ideal_step_s / summary.mean_step_time_s;  // per device
     summary.mean_comm_time_s = comm_s / static_cast<double>(timed_steps);
     summary.mean_optimizer_time_s = opt_s / static_cast<double>(timed_steps);
+    summary.mean_reduction_wait_time_s = reduce_wait_s / static_cast<double>(timed_steps);
   }
   summary.arena_bytes = state_.total_bytes() + acts_.total_bytes();
   summary.peak_rss_bytes = peak_rss_bytes();

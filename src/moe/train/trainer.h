@@ -67,6 +67,7 @@ struct TrainSummary {
   int64_t skipped_steps = 0;
   double mean_tokens_per_s = 0, mean_mfu = 0, mean_step_time_s = 0;  // over steps after the first
   double mean_comm_time_s = 0, mean_optimizer_time_s = 0;
+  double mean_reduction_wait_time_s = 0;  // CPU: gradient reduction after the backward (not hidden by it)
   size_t arena_bytes = 0, peak_rss_bytes = 0;
   Device device = Device::CPU;
   size_t device_peak_bytes = 0;  // GPU: most device memory in use after a step (the process's high-water)
