@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "moe/comm/local_communicator.h"
+#include "job_temp_dir_test.h"
 #include "moe/comm/mpi_communicator.h"
 #include "moe/train/trainer.h"
 
@@ -71,20 +72,8 @@ RunResult run(Communicator& world, std::vector<std::string> overrides, bool full
   return out;
 }
 
-class Equivalence : public ::testing::Test {
+class Equivalence : public testing::JobTempDirTest {
  protected:
-  void SetUp() override {
-    world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
-    // One directory for the job (every rank must run the same config, run.dir included).
-    char dir[256] = {0};
-    if (world_->rank() == 0) {
-      char tmpl[] = "/tmp/moetrain-eq-XXXXXX";
-      std::strncpy(dir, mkdtemp(tmpl), sizeof(dir) - 1);
-    }
-    MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir_ = dir;
-  }
-
   // The single-process run with the same microbatch size (the load-balancing and z losses are
   // defined per microbatch, so the microbatch size is part of the math; the topology is not).
   const RunResult& reference(const std::string& micro) {
@@ -94,10 +83,6 @@ class Equivalence : public ::testing::Test {
     std::vector<std::string> o = base_overrides(dir_ + "/ref");
     o.push_back(micro);
     return references_[micro] = run(local, o, true);
-  }
-  void TearDown() override {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_->rank() == 0) std::filesystem::remove_all(dir_);
   }
 
   void expect_matches(const std::vector<std::string>& topology) {
@@ -139,8 +124,6 @@ class Equivalence : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<MpiCommunicator> world_;
-  std::string dir_;
   std::map<std::string, RunResult> references_;
 };
 

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "job_temp_dir_test.h"
 #include "moe/comm/mpi_communicator.h"
 #include "moe/core/arena.h"
 #include "moe/ops/fp8.h"
@@ -110,24 +111,8 @@ Dispatched dispatch_layer(Communicator& comm, Payload payload, int64_t N, double
   return r;
 }
 
-class Fp8PayloadEp : public ::testing::Test {
+class Fp8PayloadEp : public testing::JobTempDirTest {
  protected:
-  void SetUp() override {
-    world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
-    char dir[256] = {0};
-    if (world_->rank() == 0) {
-      char tmpl[] = "/tmp/moetrain-fp8-payload-XXXXXX";
-      std::strncpy(dir, mkdtemp(tmpl), sizeof(dir) - 1);
-    }
-    MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir_ = dir;
-  }
-  void TearDown() override {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_->rank() == 0) std::filesystem::remove_all(dir_);
-  }
-  std::unique_ptr<MpiCommunicator> world_;
-  std::string dir_;
 };
 
 // Every owner's expert_in holds, row for row, fp8_quantize_rows of the rows the bf16 payload puts

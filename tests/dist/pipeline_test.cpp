@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "moe/comm/local_communicator.h"
+#include "job_temp_dir_test.h"
 #include "moe/comm/mpi_communicator.h"
 #include "moe/train/trainer.h"
 
@@ -61,23 +62,8 @@ RunResult run(Communicator& world, std::vector<std::string> overrides) {
   return out;
 }
 
-class Pipeline : public ::testing::Test {
+class Pipeline : public testing::JobTempDirTest {
  protected:
-  void SetUp() override {
-    world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
-    char dir[256] = {0};
-    if (world_->rank() == 0) {
-      char tmpl[] = "/tmp/moetrain-pp-XXXXXX";
-      std::strncpy(dir, mkdtemp(tmpl), sizeof(dir) - 1);
-    }
-    MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir_ = dir;
-  }
-  void TearDown() override {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_->rank() == 0) std::filesystem::remove_all(dir_);
-  }
-
   const RunResult& reference() {
     if (!reference_) {
       LocalCommunicator local;
@@ -130,8 +116,6 @@ class Pipeline : public ::testing::Test {
     MPI_Comm_free(&part);
   }
 
-  std::unique_ptr<MpiCommunicator> world_;
-  std::string dir_;
   std::unique_ptr<RunResult> reference_;
 };
 

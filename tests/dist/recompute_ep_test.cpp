@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "job_temp_dir_test.h"
 #include "moe/comm/mpi_communicator.h"
 #include "moe/train/trainer.h"
 
@@ -71,23 +72,8 @@ RunResult run(Communicator& world, const std::vector<std::string>& overrides) {
   return out;
 }
 
-class RecomputeUnderEp : public ::testing::Test {
+class RecomputeUnderEp : public testing::JobTempDirTest {
  protected:
-  void SetUp() override {
-    world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
-    char dir[256] = {0};
-    if (world_->rank() == 0) {
-      char tmpl[] = "/tmp/moetrain-recompute-XXXXXX";
-      std::strncpy(dir, mkdtemp(tmpl), sizeof(dir) - 1);
-    }
-    MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir_ = dir;
-  }
-  void TearDown() override {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_->rank() == 0) std::filesystem::remove_all(dir_);
-  }
-
   // Every recompute mode against none, for each EP degree and backend this job can run.
   // Returns the reference's first-step drop fraction (the largest over the topologies).
   double expect_every_mode_matches(const std::vector<std::string>& model) {
@@ -136,8 +122,6 @@ class RecomputeUnderEp : public ::testing::Test {
       EXPECT_EQ(want.losses[s], got.losses[s]) << label << ": loss of step " << s + 1;
   }
 
-  std::unique_ptr<MpiCommunicator> world_;
-  std::string dir_;
 };
 
 TEST_F(RecomputeUnderEp, LearnedRoutingWithDropsGradientsBitEqualNoRecompute) {
