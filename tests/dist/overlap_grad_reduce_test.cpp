@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../train/trainer_test_util.h"
 #include "moe/comm/mpi_communicator.h"
 #include "moe/model/weights.h"
 #include "moe/parallel/ddp_store.h"
@@ -24,13 +25,6 @@ namespace moe {
 namespace {
 
 constexpr int kSteps = 3;
-
-TrainOptions quiet_bench() {
-  TrainOptions opts;
-  opts.bench = true;  // nothing written
-  opts.quiet = true;
-  return opts;
-}
 
 std::vector<std::string> overrides(int world, int ep, bool overlap, int64_t bucket_bytes) {
   return {"run.device=\"cpu\"",
@@ -63,7 +57,7 @@ std::vector<float> host_copy(const Tensor& t) { return std::vector<float>(t.f32(
 
 RunResult run(Communicator& world, int ep, bool overlap, int64_t bucket_bytes) {
   const Config cfg = load_config("tiny", overrides(world.size(), ep, overlap, bucket_bytes));
-  Trainer t(cfg, quiet_bench(), world);
+  Trainer t(cfg, testing::quiet_bench(), world);
   RunResult out;
   for (int64_t step = 0; step < kSteps; ++step) {
     const StepRecord r = t.train_step(step);
@@ -122,7 +116,7 @@ INSTANTIATE_TEST_SUITE_P(Topologies, OverlapGradReduce,
 TEST(OverlapGradReducePlan, EachBucketStartsOnceAfterTheBackwardOfTheLowestBlockItReads) {
   MpiCommunicator world(MPI_COMM_WORLD);
   const Config cfg = load_config("tiny", overrides(world.size(), 2, /*overlap=*/true, 4096));
-  Trainer t(cfg, quiet_bench(), world);
+  Trainer t(cfg, testing::quiet_bench(), world);
   const auto& store = dynamic_cast<const DdpStore&>(t.store());
   const DistributedAdamW& opt = store.optimizer();
   const ParamRegistry& reg = t.registry();

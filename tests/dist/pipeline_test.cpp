@@ -17,6 +17,7 @@
 
 #include "moe/comm/local_communicator.h"
 #include "job_temp_dir_test.h"
+#include "../train/trainer_test_util.h"
 #include "moe/comm/mpi_communicator.h"
 #include "moe/train/trainer.h"
 
@@ -42,21 +43,11 @@ struct RunResult {
 };
 
 RunResult run(Communicator& world, std::vector<std::string> overrides) {
-  TrainOptions quiet;
-  quiet.quiet = true;
-  quiet.bench = true;
   const Config cfg = load_config("tiny", overrides);
   RunResult out;
-  Trainer t(cfg, quiet, world);
+  Trainer t(cfg, testing::quiet_bench(), world);
   for (int64_t step = 0; step < cfg.train.steps; ++step) {
-    t.accumulate_gradients(step);
-    auto& grads = out.grads.emplace_back();
-    t.store().reduced_gradients([&](const std::string& name, int64_t begin, int64_t end, const float* data) {
-      std::vector<float>& g = grads[name];
-      const ParamEntry& e = t.registry().entry(t.registry().index(name));
-      g.resize(static_cast<size_t>(e.global_shape.numel()), std::nanf(""));
-      std::copy(data, data + (end - begin), g.begin() + begin);
-    });
+    out.grads.push_back(testing::step_gradients(t, step, std::nanf("")));
     out.losses.push_back(t.train_step(step).loss);
   }
   return out;

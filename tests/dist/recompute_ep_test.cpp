@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "job_temp_dir_test.h"
+#include "../train/trainer_test_util.h"
 #include "moe/comm/mpi_communicator.h"
 #include "moe/train/trainer.h"
 
@@ -51,20 +52,11 @@ struct RunResult {
 };
 
 RunResult run(Communicator& world, const std::vector<std::string>& overrides) {
-  TrainOptions quiet;
-  quiet.quiet = true;
-  quiet.bench = true;  // nothing written
   const Config cfg = load_config("tiny", overrides);
   RunResult out;
-  Trainer t(cfg, quiet, world);
+  Trainer t(cfg, testing::quiet_bench(), world);
   for (int64_t step = 0; step < cfg.train.steps; ++step) {
-    t.accumulate_gradients(step);
-    auto& grads = out.grads.emplace_back();
-    t.store().reduced_gradients([&](const std::string& name, int64_t begin, int64_t end, const float* data) {
-      std::vector<float>& g = grads[name];
-      if (g.size() < static_cast<size_t>(end)) g.resize(static_cast<size_t>(end), std::nanf(""));
-      std::copy(data, data + (end - begin), g.begin() + begin);
-    });
+    out.grads.push_back(testing::step_gradients(t, step, std::nanf("")));
     const StepRecord r = t.train_step(step);
     out.losses.push_back(r.loss);
     if (step == 0) out.dropped_fraction = r.dropped_fraction;
