@@ -138,6 +138,10 @@ int main(int argc, char** argv) {
                     "with --calibrate: the profile whose peaks and unmeasured curves the result keeps (built-in name or "
                     "file)")
       ->capture_default_str();
+  size_t bench_top_kernels = 20;
+  bench->add_option("--top-kernels", bench_top_kernels, "rows of the GPU kernel table (the heaviest kernels first)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   bench->add_flag("--check", bench_check,
                   "first compare one batch's loss between the fast and the reference kernels; fail if they differ");
 
@@ -429,7 +433,7 @@ int main(int argc, char** argv) {
             std::printf("  top kernels: not recorded (%s)\n", profiler.why().c_str());
           else if (s.steps.size() > 1) {
             const int timed = static_cast<int>(s.steps.size() - 1);
-            std::printf("%s", moe::format_kernel_table(profiler.top(20), profiler.total_ms(), timed).c_str());
+            std::printf("%s", moe::format_kernel_table(profiler.top(bench_top_kernels), profiler.total_ms(), timed).c_str());
             // Each kind of kernel against its ceiling, measured now on the same GPU.
             ceilings = moe::measure_ceilings(cfg.train.precision == moe::Precision::FP8);
             const moe::StepWork work = moe::step_work(cfg, moe::rank_layout(cfg, world.size()));

@@ -1,4 +1,4 @@
-// The argument checks of the FP8 ops (ops/fp8.cpp): each bad argument is refused with a message
+// The argument checks of the FP8 ops (ops/fp8.cpp, ops/fp8_swiglu.cpp): each bad argument is refused with a message
 // naming the op, the argument and what was expected, before any data is touched; and the two
 // layout helpers (fp8_scale_shape, fp8_columns_capacity).
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "moe/ops/fp8.h"
+#include "moe/ops/fp8_swiglu.h"
 
 namespace moe {
 namespace {
@@ -182,6 +183,22 @@ TEST(Fp8OpChecks, cuda_calls_are_checked_before_dispatch) {
                   {"fp8_matmul", "a.scales", "expected [5, 3]"});
   expect_contains(error_of([&] { fp8_matmul(cuda(DType::I32, {5, 7}), a, b, false); }),
                   {"fp8_matmul", "c must be F32 or BF16 on cuda"});
+}
+
+TEST(Fp8OpChecks, swiglu_ops_refuse_operands_that_do_not_match_gate_up) {
+  // gate_up [8, 64] is [R, 2H] for H = 32.
+  expect_contains(error_of([] { fp8_swiglu_forward(f32({8, 31}), rows({8, 31}), f32({8, 64})); }),
+                  {"fp8_swiglu_forward", "gate_up [8, 64] must be [R, 2H] for out [8, 31]"});
+  expect_contains(error_of([] { fp8_swiglu_forward(f32({8, 32}), rows({8, 64}), f32({8, 64})); }),
+                  {"fp8_swiglu_forward", "out_rows.codes"});
+  // The backward's operands hold dgate_up [R, 2H]: the output's width is refused.
+  expect_contains(error_of([] { fp8_swiglu_backward(rows({8, 32}), rows({64, 128}), f32({8, 32}), f32({8, 64}), {}); }),
+                  {"fp8_swiglu_backward", "rows.codes"});
+  expect_contains(error_of([] { fp8_swiglu_backward(rows({8, 64}), rows({32, 128}), f32({8, 32}), f32({8, 64}), {}); }),
+                  {"fp8_swiglu_backward", "columns.codes", "expected [64, Mp]"});
+  expect_contains(error_of([] { fp8_swiglu_backward(rows({8, 64}), rows({64, 128}), f32({8, 30}), f32({8, 64}), {}); }),
+                  {"fp8_swiglu_backward", "dout [8, 30]"});
+  EXPECT_EQ(error_of([] { fp8_swiglu_backward(rows({8, 64}), rows({64, 128}), f32({8, 32}), f32({8, 64}), {}); }), "");
 }
 
 }  // namespace

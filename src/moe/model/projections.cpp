@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <initializer_list>
 
+#include "moe/ops/activation.h"
+#include "moe/ops/fp8_requantize.h"
+#include "moe/ops/fp8_swiglu.h"
 #include "moe/ops/gemm.h"
 #include "moe/ops/grouped_gemm.h"
 
@@ -150,6 +153,31 @@ ExpertOutputGrad Projections::experts_data_grad(Tensor dx, Tensor dy, Tensor w, 
   return {dy, dy_columns};
 }
 
+void Projections::experts_swiglu_forward(Tensor c, Tensor act, Tensor gu, Tensor w_down, const Fp8Weight& f_down,
+                                         Tensor offsets) {
+  if (f_down.empty()) {
+    swiglu_forward(act, gu);
+    return experts_forward(c, act, w_down, f_down, offsets);
+  }
+  const Fp8Tensor act_rows = operand(rows_, act.dim(0), act.dim(1));
+  fp8_swiglu_forward(act, act_rows, gu);
+  fp8_grouped_matmul(c, act_rows, f_down.w, offsets);
+}
+
+ExpertOutputGrad Projections::experts_swiglu_data_grad(Tensor dx, Tensor dgu, Tensor dact, Tensor gu,
+                                                       Tensor w_gate_up, const Fp8Weight& f_gate_up, Tensor offsets) {
+  if (f_gate_up.empty()) {
+    swiglu_backward(dgu, dact, gu);
+    return experts_data_grad(dx, dgu, w_gate_up, f_gate_up, offsets);
+  }
+  const int64_t rows = gu.dim(0), cols = gu.dim(1);
+  const Fp8Tensor dgu_rows = operand(rows_, rows, cols);
+  const Fp8Tensor dgu_columns = operand(grad_columns_, cols, fp8_columns_capacity(rows, offsets.numel() - 1));
+  fp8_swiglu_backward(dgu_rows, dgu_columns, dact, gu, offsets);
+  fp8_grouped_matmul(dx, dgu_rows, f_gate_up.w_t, offsets);
+  return {Tensor(), dgu_columns};
+}
+
 void Projections::experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Tensor x, const Fp8Weight& f,
                                       Tensor offsets, bool accumulate) {
   if (f.empty()) return grouped_matmul_wgrad(dw, dy.dy, x, offsets, {}, accumulate);
@@ -158,12 +186,11 @@ void Projections::experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Ten
                            accumulate);
 }
 
-Fp8Tensor Projections::expert_input_columns(Fp8Tensor x, Tensor scratch, Tensor offsets) {
-  MOE_CHECK(scratch.numel() == x.codes.numel(), "expert_input_columns: the dequantize scratch ", scratch.shape.str(),
-            " does not hold the expert input ", x.codes.shape.str());
-  const Tensor values = scratch.view(x.codes.shape);
-  fp8_dequantize(values, x);
-  return quantize_columns(input_columns_, values, offsets, offsets.numel() - 1);
+Fp8Tensor Projections::expert_input_columns(Fp8Tensor x, DType values, Tensor offsets) {
+  const int64_t rows = x.codes.dim(0), cols = x.codes.dim(1);
+  Fp8Tensor q = operand(input_columns_, cols, fp8_columns_capacity(rows, offsets.numel() - 1));
+  fp8_requantize_columns(q, x, values, offsets);
+  return q;
 }
 
 void Projections::experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Fp8Tensor x_columns, const Fp8Weight& f,

@@ -60,17 +60,28 @@ class Projections {
   void experts_forward(Tensor c, Fp8Tensor a, const Fp8Weight& f, Tensor offsets);
   // dx = dy w[e] (data gradient); returns dy for the weight gradient.
   ExpertOutputGrad experts_data_grad(Tensor dx, Tensor dy, Tensor w, const Fp8Weight& f, Tensor offsets);
+  // The SwiGLU between the experts' gate/up and down products, with the products next to it:
+  // forward: act = swiglu(gu) (kept for the backward), then c = act w_down[e]^T; backward:
+  // dgu = swiglu_backward(dact, gu), then dx = dgu w_gate_up[e], returning dgu for the weight
+  // gradient. In FP8 the SwiGLU kernels quantize what they produce (moe/ops/fp8_swiglu.h): act's
+  // Rows operand, and dgu's Rows and columns operands, dgu itself never stored (the scratch `dgu`
+  // is written in BF16 only). The backward overwrites the operand scratch of the last
+  // experts_data_grad: finish that product's weight gradient first.
+  void experts_swiglu_forward(Tensor c, Tensor act, Tensor gu, Tensor w_down, const Fp8Weight& f_down,
+                              Tensor offsets);
+  ExpertOutputGrad experts_swiglu_data_grad(Tensor dx, Tensor dgu, Tensor dact, Tensor gu, Tensor w_gate_up,
+                                            const Fp8Weight& f_gate_up, Tensor offsets);
   // dw[e] (+= or =, per accumulate) dy^T x (weight gradient; = zeroes experts without rows).
   void experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Tensor x, const Fp8Weight& f, Tensor offsets,
                            bool accumulate);
   // With x moved as FP8 rows (ep.payload = "fp8") the weight gradient runs in two calls, so the
-  // caller can read x before the rows may be overwritten and reuse `scratch` in between:
-  // expert_input_columns dequantizes x into `scratch` (x's codes' shape, activation dtype; exact)
-  // and quantizes it along the tokens into the x^T operand scratch, which it returns (valid until
-  // the next weight gradient); experts_weight_grad then takes that operand. The operand is the
+  // caller can read x before the rows may be overwritten: expert_input_columns re-quantizes x along
+  // the tokens (moe/ops/fp8_requantize.h: its values as the activation dtype `values` holds them)
+  // into the x^T operand scratch, which it returns (valid until the next weight gradient);
+  // experts_weight_grad then takes that operand. The operand is the
   // column tiles of the dequantized rows, not of the BF16 rows: the same values except for elements
   // in E4M3's subnormal range of a tile (docs/architecture.md, FP8 dispatch payload). FP8 weights only.
-  Fp8Tensor expert_input_columns(Fp8Tensor x, Tensor scratch, Tensor offsets);
+  Fp8Tensor expert_input_columns(Fp8Tensor x, DType values, Tensor offsets);
   void experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Fp8Tensor x_columns, const Fp8Weight& f,
                            Tensor offsets,
                            bool accumulate);

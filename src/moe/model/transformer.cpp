@@ -285,8 +285,7 @@ void Transformer::experts_gate_up(const LayerWeights& w, const Fp8LayerWeights& 
 // projection into A.experts.expert_out. gu and act are what recompute = experts drops.
 void Transformer::expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
   experts_gate_up(w, f, A);
-  swiglu_forward(A.act, A.gu);
-  proj_->experts_forward(A.experts.expert_out, A.act, w.experts_down, f.experts_down, A.offsets);
+  proj_->experts_swiglu_forward(A.experts.expert_out, A.act, A.gu, w.experts_down, f.experts_down, A.offsets);
 }
 
 void Transformer::shared_expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
@@ -568,23 +567,26 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
   const ExpertOutputGrad dye = proj_->experts_data_grad(s.dact, d.expert_out, w.experts_down, f.experts_down,
                                                         A.offsets);
   const bool accumulate = !scales.gradients_zeroed;  // equal results: 0 + x == x
-  if (recompute_experts)
-    swiglu_backward_with_output(s.dgu, A.act, s.dact, A.gu);
-  else
-    swiglu_backward(s.dgu, s.dact, A.gu);
+  if (recompute_experts) swiglu_backward_with_output(s.dgu, A.act, s.dact, A.gu);
   proj_->experts_weight_grad(g.experts_down, dye, A.act, f.experts_down, A.offsets, accumulate);
+  // dgu and the gate/up data gradient, after the down weight gradient (which reads the operand
+  // scratch the fused SwiGLU backward writes). With recompute = experts, dgu came with the SwiGLU
+  // output above.
+  const auto gate_up_data_grad = [&](Tensor dx) {
+    if (recompute_experts)
+      return proj_->experts_data_grad(dx, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
+    return proj_->experts_swiglu_data_grad(dx, s.dgu, s.dact, A.gu, w.experts_gate_up, f.experts_gate_up,
+                                           A.offsets);
+  };
   if (payload_ == Payload::FP8) {
-    // The weight gradient reads the expert input along the tokens: dequantized from the moved FP8
-    // rows into d.expert_in before the data gradient lands there (no rank reads d.expert_in until
-    // dispatch_backward), and quantized along the tokens. All reads of the moved rows stay before
-    // dispatch_backward's syncs, after which a peer may store into them again.
-    const Fp8Tensor x_columns = proj_->expert_input_columns(A.experts.fp8_expert_in(), d.expert_in, A.offsets);
-    const ExpertOutputGrad dgu =
-        proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
+    // The weight gradient reads the expert input along the tokens: re-quantized from the moved FP8
+    // rows. All reads of the moved rows stay before dispatch_backward's syncs, after which a peer
+    // may store into them again.
+    const Fp8Tensor x_columns = proj_->expert_input_columns(A.experts.fp8_expert_in(), act_, A.offsets);
+    const ExpertOutputGrad dgu = gate_up_data_grad(d.expert_in);
     proj_->experts_weight_grad(g.experts_gate_up, dgu, x_columns, f.experts_gate_up, A.offsets, accumulate);
   } else {
-    const ExpertOutputGrad dgu =
-        proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
+    const ExpertOutputGrad dgu = gate_up_data_grad(d.expert_in);
     proj_->experts_weight_grad(g.experts_gate_up, dgu, A.experts.expert_in, f.experts_gate_up, A.offsets,
                                accumulate);
   }

@@ -4,6 +4,7 @@
 
 #include "moe/ops/cpu/fp8.h"
 #include "moe/ops/dispatch.h"
+#include "moe/ops/fp8_checks.h"
 #include "moe/ops/fp8_reference.h"
 #include "moe/ops/kernel_choice.h"
 #include "moe/ops/op_checks.h"
@@ -24,28 +25,6 @@ namespace {
 int64_t tiles_along(int64_t n) { return (n + kFp8Tile - 1) / kFp8Tile; }
 
 const char* tiles_name(Fp8Tiles tiles) { return tiles == Fp8Tiles::Rows ? "Rows (1 x 128)" : "Blocks (128 x 128)"; }
-
-// The FP8 operand `name`: its tiles kind, codes (FP8_E4M3, rank in [min_ndim, max_ndim]) and scales
-// (F32, exactly fp8_scale_shape of the codes).
-void check_fp8(const OpCheck& check, const char* name, const Fp8Tensor& t, Fp8Tiles tiles, int min_ndim,
-               int max_ndim) {
-  const char* op = check.op();
-  const std::string codes = std::string(name) + ".codes", scales = std::string(name) + ".scales";
-  MOE_CHECK(t.tiles == tiles, op, ": ", name, " has ", tiles_name(t.tiles), " tiles, expected ", tiles_name(tiles));
-  check.tensor(codes.c_str(), t.codes, DType::FP8_E4M3);
-  MOE_CHECK(t.codes.ndim() >= min_ndim && t.codes.ndim() <= max_ndim, op, ": ", codes, " must be ", min_ndim, "-D",
-            min_ndim == max_ndim ? std::string() : " or " + std::to_string(max_ndim) + "-D", ", got ",
-            t.codes.shape.str());
-  check.tensor(scales.c_str(), t.scales, DType::F32);
-  check.shape(scales.c_str(), t.scales, fp8_scale_shape(t.codes.shape, tiles));
-}
-
-// x (an input to quantize) or out (a dequantized result): F32 or BF16 on either device.
-void check_f32_or_bf16(const OpCheck& check, const char* name, const Tensor& t) {
-  check.on_device(name, t);
-  MOE_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, check.op(), ": ", name, " must be F32 or BF16, got ",
-            dtype_name(t.dtype));
-}
 
 // A default-constructed Tensor (no shape, no data) or one without elements: not given.
 bool not_given(const Tensor& t) { return t.numel() == 0 || (t.ndim() == 0 && t.data == nullptr); }
@@ -76,6 +55,42 @@ int64_t padded_columns_end(const Tensor& offsets) {
 
 }  // namespace
 
+void check_fp8(const OpCheck& check, const char* name, const Fp8Tensor& t, Fp8Tiles tiles, int min_ndim,
+               int max_ndim) {
+  const char* op = check.op();
+  const std::string codes = std::string(name) + ".codes", scales = std::string(name) + ".scales";
+  MOE_CHECK(t.tiles == tiles, op, ": ", name, " has ", tiles_name(t.tiles), " tiles, expected ", tiles_name(tiles));
+  check.tensor(codes.c_str(), t.codes, DType::FP8_E4M3);
+  MOE_CHECK(t.codes.ndim() >= min_ndim && t.codes.ndim() <= max_ndim, op, ": ", codes, " must be ", min_ndim, "-D",
+            min_ndim == max_ndim ? std::string() : " or " + std::to_string(max_ndim) + "-D", ", got ",
+            t.codes.shape.str());
+  check.tensor(scales.c_str(), t.scales, DType::F32);
+  check.shape(scales.c_str(), t.scales, fp8_scale_shape(t.codes.shape, tiles));
+}
+
+void check_f32_or_bf16(const OpCheck& check, const char* name, const Tensor& t) {
+  check.on_device(name, t);
+  MOE_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, check.op(), ": ", name, " must be F32 or BF16, got ",
+            dtype_name(t.dtype));
+}
+
+void check_columns_layout(const OpCheck& check, const char* name, const Fp8Tensor& out, int64_t M, int64_t K,
+                          const Tensor& offsets) {
+  check_fp8(check, name, out, Fp8Tiles::Rows, 2, 2);
+  const int64_t G = not_given(offsets) ? 1 : check_segment_offsets(check, "offsets", offsets, M);
+  const int64_t capacity = fp8_columns_capacity(M, G);
+  MOE_CHECK(out.codes.dim(0) == K && out.codes.dim(1) >= capacity, check.op(), ": ", name, ".codes has shape ",
+            out.codes.shape.str(), ", expected [", K, ", Mp] with Mp >= ", capacity,
+            " (fp8_columns_capacity(", M, " rows, ", G, " segments))");
+}
+
+void check_columns_operand(const OpCheck& check, const char* name, const Fp8Tensor& out, const Tensor& x,
+                           const Tensor& offsets) {
+  check_f32_or_bf16(check, "x", x);
+  check.ndim("x", x, 2);
+  check_columns_layout(check, name, out, x.dim(0), x.dim(1), offsets);
+}
+
 Shape fp8_scale_shape(const Shape& codes, Fp8Tiles tiles) {
   MOE_CHECK(codes.ndim >= 2, "fp8_scale_shape: codes must have rank >= 2, got ", codes.str());
   Shape s = codes;
@@ -99,22 +114,6 @@ void fp8_quantize_rows(Fp8Tensor out, Tensor x, Stream stream) {
   MOE_OP_DISPATCH(x.device, fp8_quantize_rows, out, x, stream);
 }
 
-namespace {
-
-void check_columns_operand(const OpCheck& check, const char* name, const Fp8Tensor& out, const Tensor& x,
-                           const Tensor& offsets) {
-  check_f32_or_bf16(check, "x", x);
-  check.ndim("x", x, 2);
-  check_fp8(check, name, out, Fp8Tiles::Rows, 2, 2);
-  const int64_t M = x.dim(0), K = x.dim(1);
-  const int64_t G = not_given(offsets) ? 1 : check_segment_offsets(check, "offsets", offsets, M);
-  const int64_t capacity = fp8_columns_capacity(M, G);
-  MOE_CHECK(out.codes.dim(0) == K && out.codes.dim(1) >= capacity, check.op(), ": ", name, ".codes has shape ",
-            out.codes.shape.str(), ", expected [", K, ", Mp] with Mp >= ", capacity,
-            " (x's columns by fp8_columns_capacity(", M, " rows, ", G, " segments))");
-}
-
-}  // namespace
 
 void fp8_quantize_columns(Fp8Tensor out, Tensor x, Tensor offsets, Stream stream) {
   const OpCheck check("fp8_quantize_columns", x.device);

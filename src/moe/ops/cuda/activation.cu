@@ -14,14 +14,13 @@
 
 #include "moe/core/cuda_check.h"
 #include "moe/ops/cuda/element.cuh"
+#include "moe/ops/cuda/swiglu_math.cuh"
 
 namespace moe::cuda {
 namespace {
 
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
 // Thread item (r, c): columns [c V, c V + V) of row r, moved as one V-element word (V = 1: one
 // element). The arithmetic per element does not depend on V.
@@ -38,13 +37,13 @@ __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(T* out, const 
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const float gf = to_f32(g.e[e]);
-      o.e[e] = from_f32<T>(gf * sigmoid(gf) * to_f32(u.e[e]));
+      o.e[e] = from_f32<T>(swiglu_value(gf, swiglu_sigmoid(gf), to_f32(u.e[e])));
     }
     reinterpret_cast<P*>(out + r * H)[c] = o;
   }
 }
 
-// d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g). kWithOutput: also writes the forward output,
+// The arithmetic: swiglu_math.cuh. kWithOutput: also writes the forward output,
 // computed as swiglu_forward_kernel computes it, (g s) u, so its bits are the forward's.
 template <typename T, int V, bool kWithOutput>
 __global__ void __launch_bounds__(kThreads)
@@ -62,10 +61,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const float gf = to_f32(g.e[e]), uf = to_f32(u.e[e]), d = to_f32(dy.e[e]);
-      const float s = sigmoid(gf);
-      if constexpr (kWithOutput) o.e[e] = from_f32<T>(gf * s * uf);
-      du.e[e] = from_f32<T>(d * gf * s);
-      dg.e[e] = from_f32<T>(d * uf * s * (1.0f + gf * (1.0f - s)));
+      const float s = swiglu_sigmoid(gf);
+      if constexpr (kWithOutput) o.e[e] = from_f32<T>(swiglu_value(gf, s, uf));
+      du.e[e] = from_f32<T>(swiglu_grad_up(d, gf, s));
+      dg.e[e] = from_f32<T>(swiglu_grad_gate(d, gf, s, uf));
     }
     if constexpr (kWithOutput) reinterpret_cast<P*>(out + r * H)[c] = o;
     reinterpret_cast<P*>(dgate_up + r * 2 * H + H)[c] = du;

@@ -41,6 +41,7 @@
 
 #include "moe/core/fp8.h"
 #include "moe/ops/cuda/element.cuh"
+#include "moe/ops/cuda/fp8_tiles.cuh"
 #include "moe/ops/fp8.h"
 
 namespace moe::cuda::route_rows {
@@ -203,12 +204,12 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 // The FP8 dispatch: token t's row quantized once into 1 x 128 tiles and stored into every kept
 // route's codes row (CodesRow: v -> uint8_t*, D codes) and scales row (ScalesRow: v -> float*,
-// ceil(D / 128) scales); both return nullptr for a dropped route. Kept simple, not tuned: each
-// warp takes the token's tiles in turn, a lane 4 consecutive elements of the tile; the tile's amax
-// (the largest |x| bits, as the CPU takes it) by warp shuffles, then fp8::tile_scale and
-// fp8::quantize_with_scale (moe/core/fp8.h), so codes and scales are fp8_quantize_rows' bits. A lane
-// stores its 4 codes as one word when word_stores (D % 4 == 0 and 4-byte aligned codes rows), else
-// byte by byte; lane 0 stores the scale. Launch: one block per token (grid-stride),
+// ceil(D / 128) scales); both return nullptr for a dropped route. Each warp takes the token's tiles
+// in turn, a lane 4 consecutive elements of the tile; the tile's amax (the largest |x| bits, as the
+// CPU takes it) by warp shuffles, then fp8::tile_scale and the quantize kernels' TileQuantizer
+// (fp8_tiles.cuh: the hardware E4M3 conversion), so codes and scales are fp8_quantize_rows' bits. A
+// lane stores its 4 codes as one word when word_stores (D % 4 == 0 and 4-byte aligned codes rows),
+// else byte by byte; lane 0 stores the scale. Launch: one block per token (grid-stride),
 // threads_for(tiles * 32) threads, scatter_routes_fp8_smem(top_k) bytes of dynamic shared memory.
 template <typename Elem, class CodesRow, class ScalesRow>
 __global__ void __launch_bounds__(kMaxThreads)
@@ -243,9 +244,10 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
       for (int d = kWarp / 2; d > 0; d >>= 1) amax = max(amax, __shfl_xor_sync(kFullMask, amax, d));
       const float scale = fp8::tile_scale(__uint_as_float(amax));
+      const fp8_tiles::TileQuantizer quantize(scale);
       uint32_t word = 0;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) word |= static_cast<uint32_t>(fp8::quantize_with_scale(v[e], scale)) << (8 * e);
+      for (int e = 0; e < 4; ++e) word |= static_cast<uint32_t>(quantize(v[e])) << (8 * e);
       for (int k = 0; k < top_k; ++k) {
         uint8_t* codes = s_codes[k];
         if (codes == nullptr) continue;  // dropped routes move nothing

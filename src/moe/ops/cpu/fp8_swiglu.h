@@ -1,0 +1,14 @@
+// CPU SwiGLU with FP8 outputs. Semantics: moe/ops/fp8_swiglu.h.
+#pragma once
+
+#include "moe/core/stream.h"
+#include "moe/core/tensor.h"
+#include "moe/ops/fp8.h"
+
+namespace moe::cpu {
+
+void fp8_swiglu_forward(Tensor out, Fp8Tensor out_rows, Tensor gate_up, Stream stream);
+void fp8_swiglu_backward(Fp8Tensor rows, Fp8Tensor columns, Tensor dout, Tensor gate_up, Tensor offsets,
+                         Stream stream);
+
+}  // namespace moe::cpu

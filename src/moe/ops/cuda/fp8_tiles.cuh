@@ -1,0 +1,441 @@
+// The FP8 tile quantizers shared by the quantize kernels (fp8_quantize.cu) and the kernels that
+// quantize what they produce (fp8_swiglu.cu): the Rows kernel (1 x 128 tiles) and the columns kernel
+// (Rows tiles along the tokens, optionally with the Rows tiles of the same values in one pass), both
+// templated on a Source that produces the values to quantize. A Source is what makes a producer
+// kernel out of a quantizer: TensorRows / TensorColumns read a tensor; a fused producer computes its
+// values (rounded to its output type, so the codes are those of quantizing its stored output) and may
+// store them too. Layouts: moe/ops/fp8.h; the kernels' design notes: fp8_quantize.cu.
+// Include only from .cu files (kernel templates and device code).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "moe/core/cuda_check.h"
+#include "moe/core/fp8.h"
+#include "moe/ops/cuda/element.cuh"
+#include "moe/ops/fp8.h"
+
+namespace moe::cuda::fp8_tiles {
+
+constexpr int kTile = static_cast<int>(kFp8Tile);
+constexpr int kThreads = 256;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ uint32_t magnitude_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+
+// fp8::e4m3_from_f32 for the finite values a tile quantizer converts (a tile holding a NaN or an
+// infinity never reaches the conversion: its codes are all NaN). From SM89 on, the hardware
+// conversion (cvt.rn.satfinite.e4m3x2.f32: round to nearest even, saturating to +-448) gives the
+// same bits in one instruction where the portable function takes about twenty; the quantize
+// kernels were bound by that arithmetic, not by memory. The bit-equality tests of
+// tests/cuda/test_cuda_fp8.cpp compare every kernel's codes with the CPU's.
+__device__ __forceinline__ uint8_t e4m3_code(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+#else
+  return fp8::e4m3_from_f32(x);
+#endif
+}
+
+// quantize_with_scale(x, scale) for every x of one tile, its per-tile part done once: the NaN test
+// and 2^-k (k the scale's exponent). Same arithmetic, same bits.
+struct TileQuantizer {
+  float inverse = 1.0f;
+  bool nan = false;
+  __device__ __forceinline__ explicit TileQuantizer(float scale) {
+    nan = !(scale == scale);
+    if (!nan) inverse = fp8::pow2(-(static_cast<int>((fp8::float_bits(scale) >> 23) & 0xffu) - 127));
+  }
+  __device__ __forceinline__ uint8_t operator()(float x) const {
+    return nan ? fp8::kE4m3NanCode : e4m3_code(x * inverse);
+  }
+};
+
+
+
+inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+inline int64_t tiles(int64_t n) { return (n + kTile - 1) / kTile; }
+
+// ---------------------------------------------------------------------------------------------
+// Rows: 1 x 128 tiles.
+
+constexpr int kRowsUnroll = 2;
+
+template <typename T, int kVec>
+__device__ __forceinline__ void load_run(const T* p, int valid, bool vector, float (&v)[kVec]) {
+  if (vector && valid == kVec) {
+    VecAccess<T, kVec>::unpack(VecAccess<T, kVec>::load(p), v);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) v[e] = e < valid ? to_f32(p[e]) : 0.0f;
+  }
+}
+
+template <int kVec>
+__device__ __forceinline__ void store_codes(uint8_t* p, int valid, bool vector, const uint8_t (&q)[kVec]) {
+  if (vector && valid == kVec) {
+    uint32_t w[kVec / 4];
+#pragma unroll
+    for (int j = 0; j < kVec / 4; ++j)
+      w[j] = q[4 * j] | (q[4 * j + 1] << 8) | (q[4 * j + 2] << 16) | (static_cast<uint32_t>(q[4 * j + 3]) << 24);
+    if constexpr (kVec == 4) {
+      *reinterpret_cast<uint32_t*>(p) = w[0];
+    } else {
+      *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e)
+      if (e < valid) p[e] = q[e];
+  }
+}
+
+// The Rows kernel's source of a plain tensor x [rows, cols]: load gives the kVec values of row `row`
+// from column `col` on, `valid` of them (the rest 0); vector: one aligned 16-byte load.
+template <typename T>
+struct TensorRows {
+  const T* x = nullptr;
+  int64_t cols = 0;
+  template <int kVec>
+  __device__ __forceinline__ void load(int64_t row, int64_t col, int valid, bool vector, float (&v)[kVec]) const {
+    load_run<T, kVec>(x + row * cols + col, valid, vector, v);
+  }
+};
+
+// The values of src [rows, cols] (T: their element type, 16 bytes = kVec of them per lane) ->
+// codes [rows, cols], scales [rows, row_tiles]; vector: the source's 16-byte accesses and the
+// kVec-byte code stores are aligned (cols % kVec == 0, aligned bases).
+template <typename T, class Source>
+__global__ void __launch_bounds__(kThreads) quantize_rows_kernel(Source src, uint8_t* codes, float* scales,
+                                                                 int64_t rows, int64_t cols, int64_t row_tiles,
+                                                                 bool vector) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per lane
+  constexpr int kGroup = kTile / kVec;                    // lanes per tile: 32 (F32) or 16 (BF16)
+  constexpr int kTilesPerWarp = 32 / kGroup;
+  constexpr int kTilesPerStep = kTilesPerWarp * kRowsUnroll;
+  const int lane = threadIdx.x & 31;
+  const int member = lane % kGroup;
+  const int64_t tiles = rows * row_tiles;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t first = warp * kTilesPerStep; first < tiles; first += warps * kTilesPerStep) {
+    float v[kRowsUnroll][kVec];
+    int64_t offset[kRowsUnroll];
+    int valid[kRowsUnroll];
+    // All loads first (kRowsUnroll runs of 16 bytes in flight per lane), then the reductions.
+#pragma unroll
+    for (int u = 0; u < kRowsUnroll; ++u) {
+      const int64_t tile = first + u * kTilesPerWarp + lane / kGroup;
+      int64_t row = 0, col = 0;
+      valid[u] = 0;
+      if (tile < tiles) {
+        row = tile / row_tiles;
+        col = (tile - row * row_tiles) * kTile + member * kVec;
+        valid[u] = static_cast<int>(min(max(cols - col, int64_t{0}), int64_t{kVec}));
+      }
+      offset[u] = row * cols + col;
+      src.template load<kVec>(row, col, valid[u], vector, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kRowsUnroll; ++u) {
+      uint32_t amax = 0;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) amax = max(amax, magnitude_bits(v[u][e]));
+#pragma unroll
+      for (int d = kGroup / 2; d > 0; d >>= 1) amax = max(amax, __shfl_xor_sync(kFullMask, amax, d));
+      const int64_t tile = first + u * kTilesPerWarp + lane / kGroup;
+      if (tile >= tiles) continue;
+      const float scale = fp8::tile_scale(__uint_as_float(amax));
+      if (member == 0) scales[tile] = scale;  // scales [rows, row_tiles] row-major: index = tile
+      const TileQuantizer quantize(scale);
+      uint8_t q[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) q[e] = quantize(v[u][e]);
+      store_codes<kVec>(codes + offset[u], valid[u], vector, q);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Columns: x [M, K] -> codes [K, Mp], scales [K, ceil(Mp / 128)]; with kRows also the Rows tiles
+// of the same rows, codes [M, K], scales [M, ceil(K / 128)].
+//
+// A block of 8 warps takes one column tile (128 rows of one segment) x 128 features; warp w takes
+// features 16 w .. 16 w + 15 and lane l rows 4 l .. 4 l + 3, so every warp works alone (no shared
+// memory, no barrier) except for the Rows output's row amax. Each lane's 4 x 16 values stay in
+// registers (BF16 packed, 32 registers), loaded up front as 16-byte runs.
+
+// The tile's rows: x rows [first_row, first_row + rows) (rows = 0: a padding tile).
+struct TileRows {
+  int64_t first_row = 0;
+  int rows = 0;
+};
+
+// The x rows of the column tile whose first column is c0, to every lane of the calling warp. Segment
+// g holds x rows [o_g, o_{g+1}) at columns [p_g, p_g + M_g), p_g = sum over g' < g of
+// round_up(M_g', 128) (a warp scan over the segments). Offsets are clamped to [0, M] and made
+// non-decreasing, so bad offsets give unspecified codes but never an out-of-bounds read.
+// offsets == nullptr: one segment.
+__device__ inline TileRows find_tile_rows(const int32_t* offsets, int segments, int64_t M, int64_t c0) {
+  if (offsets == nullptr) return {c0, static_cast<int>(min(max(M - c0, int64_t{0}), int64_t{kTile}))};
+  const int lane = threadIdx.x & 31;
+  int64_t carry = 0;  // p_g of the chunk's first segment
+  for (int g0 = 0; g0 < segments; g0 += 32) {
+    const int g = g0 + lane;
+    int64_t begin = 0, count = 0;
+    if (g < segments) {
+      begin = min(max(static_cast<int64_t>(offsets[g]), int64_t{0}), M);
+      const int64_t end = min(max(static_cast<int64_t>(offsets[g + 1]), begin), M);
+      count = end - begin;
+    }
+    const int64_t width = (count + kTile - 1) / kTile * kTile;
+    int64_t inclusive = width;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int64_t below = __shfl_up_sync(kFullMask, inclusive, d);
+      if (lane >= d) inclusive += below;
+    }
+    const int64_t start = carry + inclusive - width;
+    const unsigned holder = __ballot_sync(kFullMask, g < segments && start <= c0 && c0 < start + width);
+    if (holder != 0) {
+      const int src = __ffs(holder) - 1;
+      const int64_t first = __shfl_sync(kFullMask, begin + (c0 - start), src);
+      const int64_t left = __shfl_sync(kFullMask, count - (c0 - start), src);
+      return {first, static_cast<int>(min(left, int64_t{kTile}))};
+    }
+    carry += __shfl_sync(kFullMask, inclusive, 31);
+  }
+  return {};
+}
+
+constexpr int kRun = 16;  // features per warp
+
+// 16 consecutive features of one row: BF16 packed in 8 words, F32 as 16 floats.
+template <typename T>
+struct Run16;
+template <>
+struct Run16<__nv_bfloat16> {
+  uint32_t w[kRun / 2] = {};
+  __device__ __forceinline__ float get(int f) const {
+    return __uint_as_float(f % 2 ? w[f / 2] & 0xffff0000u : w[f / 2] << 16);
+  }
+  // Feature f = v rounded to BF16 as from_f32 rounds (each f set once, on a run constructed empty).
+  __device__ __forceinline__ void set(int f, float v) {
+    const uint32_t bits = __bfloat16_as_ushort(from_f32<__nv_bfloat16>(v));
+    w[f / 2] |= f % 2 ? bits << 16 : bits;
+  }
+  // vector: 16-byte aligned; valid: features present (0 reads nothing).
+  __device__ __forceinline__ void load(const __nv_bfloat16* p, int valid, bool vector) {
+    if (vector && valid == kRun) {
+      const uint4 a = reinterpret_cast<const uint4*>(p)[0], b = reinterpret_cast<const uint4*>(p)[1];
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+      return;
+    }
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+#pragma unroll
+    for (int f = 0; f < kRun; ++f) {
+      const uint32_t bits = f < valid ? h[f] : 0u;
+      w[f / 2] |= f % 2 ? bits << 16 : bits;
+    }
+  }
+};
+template <>
+struct Run16<float> {
+  float v[kRun] = {};
+  __device__ __forceinline__ float get(int f) const { return v[f]; }
+  __device__ __forceinline__ void set(int f, float x) { v[f] = x; }
+  __device__ __forceinline__ void load(const float* p, int valid, bool vector) {
+    if (vector && valid == kRun) {
+#pragma unroll
+      for (int j = 0; j < kRun / 4; ++j) {
+        const float4 q = reinterpret_cast<const float4*>(p)[j];
+        v[4 * j] = q.x, v[4 * j + 1] = q.y, v[4 * j + 2] = q.z, v[4 * j + 3] = q.w;
+      }
+      return;
+    }
+#pragma unroll
+    for (int f = 0; f < kRun; ++f) v[f] = f < valid ? p[f] : 0.0f;
+  }
+};
+
+// m[f]: a lane's amax of feature f. Returns the warp's amax of feature (lane >> 1) & 15: four halving
+// exchanges (each lane keeps the half of the features its lane bit selects and takes the partner's
+// maxima of it), then the last pair: 16 shuffles where 16 separate reductions take 80.
+template <int kHalf, int kBit>
+__device__ __forceinline__ void keep_half(uint32_t (&m)[kRun], int lane) {
+  const bool upper = (lane & kBit) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const uint32_t keep = upper ? m[i + kHalf] : m[i], give = upper ? m[i] : m[i + kHalf];
+    m[i] = max(keep, __shfl_xor_sync(kFullMask, give, kBit));
+  }
+}
+__device__ __forceinline__ uint32_t warp_feature_amax(uint32_t (&m)[kRun], int lane) {
+  keep_half<8, 16>(m, lane);
+  keep_half<4, 8>(m, lane);
+  keep_half<2, 4>(m, lane);
+  keep_half<1, 2>(m, lane);
+  return max(m[0], __shfl_xor_sync(kFullMask, m[0], 1));
+}
+
+// The Rows-tile output (kRows): codes [M, K], scales [M, ceil(K / 128)].
+struct RowsOutput {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  bool vector = false;  // 16-byte code stores are aligned (K % 16 == 0, aligned base)
+};
+
+// The columns kernel's source of a plain tensor x [M, K]: load fills `run` with features
+// kw .. kw + features - 1 of row `row` (vector: two aligned 16-byte loads when features == 16).
+template <typename T>
+struct TensorColumns {
+  const T* x = nullptr;
+  int64_t K = 0;
+  __device__ __forceinline__ void load(Run16<T>& run, int64_t row, int64_t kw, int features, bool vector) const {
+    run.load(x + row * K + kw, features, vector);
+  }
+};
+
+// The values of src [M, K] (T: their element type) -> columns codes [K, Mp] and scales, and with
+// kRows the Rows tiles of the same values into rows_out. Only rows inside a segment are loaded.
+template <typename T, bool kRows, class Source>
+__global__ void __launch_bounds__(kThreads, 3)
+    quantize_columns_kernel(Source src, const int32_t* offsets, int segments, uint8_t* codes, float* scales,
+                            int64_t M, int64_t K, int64_t Mp, int64_t feature_tiles, bool vector, bool word_ok,
+                            RowsOutput rows_out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t column_tile = blockIdx.x / feature_tiles;
+  const int64_t c0 = column_tile * kTile;                         // first column of codes
+  const int64_t k0 = (blockIdx.x % feature_tiles) * kTile;       // the block's first feature
+  const int64_t kw = k0 + kRun * warp;                           // the warp's first feature
+  const int features = static_cast<int>(min(max(K - kw, int64_t{0}), int64_t{kRun}));
+  const int width = static_cast<int>(min(Mp - c0, int64_t{kTile}));
+  const TileRows tile = find_tile_rows(offsets, segments, M, c0);
+
+  Run16<T> run[4];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const int r = 4 * lane + s;
+    if (r < tile.rows) src.load(run[s], tile.first_row + r, kw, features, vector);
+  }
+
+  if constexpr (kRows) {
+    // Each row's amax over the block's 128 features: the lane's 16, then the 8 warps.
+    __shared__ uint32_t row_amax[kThreads / 32][kTile];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      uint32_t m = 0;
+#pragma unroll
+      for (int f = 0; f < kRun; ++f) m = max(m, magnitude_bits(run[s].get(f)));
+      row_amax[warp][4 * lane + s] = m;
+    }
+    __syncthreads();
+    const int64_t row_tiles = (K + kTile - 1) / kTile;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int r = 4 * lane + s;
+      if (r >= tile.rows || features == 0) continue;
+      uint32_t m = 0;
+#pragma unroll
+      for (int w = 0; w < kThreads / 32; ++w) m = max(m, row_amax[w][r]);
+      const float scale = fp8::tile_scale(__uint_as_float(m));
+      const int64_t row = tile.first_row + r;
+      if (warp == 0) rows_out.scales[row * row_tiles + k0 / kTile] = scale;
+      const TileQuantizer quantize(scale);
+      uint32_t words[kRun / 4];
+#pragma unroll
+      for (int j = 0; j < kRun / 4; ++j) {
+        words[j] = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) words[j] |= static_cast<uint32_t>(quantize(run[s].get(4 * j + e))) << (8 * e);
+      }
+      uint8_t* p = rows_out.codes + row * K + kw;
+      if (rows_out.vector && features == kRun) {
+        *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+      } else {
+#pragma unroll
+        for (int f = 0; f < kRun; ++f)
+          if (f < features) p[f] = static_cast<uint8_t>(words[f / 4] >> (8 * (f % 4)));
+      }
+    }
+  }
+
+  // Column amax of each feature (warp-wide), its scale, then 4 codes (4 rows) per lane and feature.
+  uint32_t m[kRun];
+#pragma unroll
+  for (int f = 0; f < kRun; ++f) {
+    m[f] = 0;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) m[f] = max(m[f], magnitude_bits(run[s].get(f)));
+  }
+  const float scale = fp8::tile_scale(__uint_as_float(warp_feature_amax(m, lane)));  // feature (lane >> 1) & 15
+  const int own = (lane >> 1) & 15;
+  // Padding tiles (no rows) get tile_scale(0) = 1, as the CPU writes them.
+  if (lane % 2 == 0 && own < features) scales[(kw + own) * ((Mp + kTile - 1) / kTile) + column_tile] = scale;
+  const int valid = min(max(width - 4 * lane, 0), 4);
+#pragma unroll
+  for (int f = 0; f < kRun; ++f) {
+    const TileQuantizer quantize(__shfl_sync(kFullMask, scale, 2 * f));
+    if (f >= features) continue;
+    // Codes of rows past the segment (padding columns) are 0, even in a NaN tile.
+    uint32_t word = 0;
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+      if (4 * lane + s < tile.rows) word |= static_cast<uint32_t>(quantize(run[s].get(f))) << (8 * s);
+    uint8_t* p = codes + (kw + f) * Mp + c0 + 4 * lane;
+    if (word_ok && valid == 4) {
+      *reinterpret_cast<uint32_t*>(p) = word;
+    } else {
+      for (int e = 0; e < valid; ++e) p[e] = static_cast<uint8_t>(word >> (8 * e));
+    }
+  }
+}
+
+// Quantizes the values of src [rows, cols] (element type T) into Rows tiles `out`. src_vector: the
+// source's 16-byte accesses are aligned (its own condition; the codes' alignment is added here).
+template <typename T, class Source>
+void launch_rows(const Fp8Tensor& out, const Source& src, int64_t rows, int64_t cols, bool src_vector,
+                 cudaStream_t s) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  const bool vector = src_vector && cols % kVec == 0 && aligned(out.codes.data, kVec);
+  const int64_t row_tiles = tiles(cols);
+  const int64_t tiles_per_step = (32 / (kTile / kVec)) * kRowsUnroll;
+  const int64_t warps = (rows * row_tiles + tiles_per_step - 1) / tiles_per_step;
+  quantize_rows_kernel<T, Source><<<grid_stride_blocks(warps * 32, kThreads), kThreads, 0, s>>>(
+      src, out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), rows, cols, row_tiles, vector);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Quantizes the values of src [M, K] (element type T) along the tokens into `out` (codes [K, Mp]),
+// in the segments of `offsets` (empty: one), and with `rows` also into its Rows tiles. src_vector:
+// the source's 16-byte runs are aligned (its own condition).
+template <typename T, class Source>
+void launch_columns(const Fp8Tensor& out, const Source& src, const Tensor& offsets, int64_t M, int64_t K, int64_t Mp,
+                    bool src_vector, const Fp8Tensor* rows, const char* op, cudaStream_t s) {
+  const bool one_segment = offsets.empty() || offsets.numel() == 0;
+  const int segments = one_segment ? 1 : static_cast<int>(offsets.numel() - 1);
+  const bool word_ok = Mp % 4 == 0 && aligned(out.codes.data, 4);
+  const int64_t feature_tiles = tiles(K), blocks = tiles(Mp) * feature_tiles;
+  MOE_CHECK(blocks <= 2147483647, op, ": ", blocks, " tiles exceed one launch");
+  const int32_t* segment_offsets = one_segment ? nullptr : offsets.ptr<const int32_t>();
+  if (rows == nullptr) {
+    quantize_columns_kernel<T, false, Source><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
+        src, segment_offsets, segments, out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), M, K, Mp, feature_tiles,
+        src_vector, word_ok, RowsOutput{});
+  } else {
+    const RowsOutput rows_out{rows->codes.ptr<uint8_t>(), rows->scales.ptr<float>(),
+                              K % 16 == 0 && aligned(rows->codes.data, 16)};
+    quantize_columns_kernel<T, true, Source><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
+        src, segment_offsets, segments, out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), M, K, Mp, feature_tiles,
+        src_vector, word_ok, rows_out);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moe::cuda::fp8_tiles

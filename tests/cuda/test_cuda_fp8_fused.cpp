@@ -1,0 +1,197 @@
+// The kernels that quantize what they produce against the plain ops they replace.
+// SwiGLU (moe/ops/fp8_swiglu.h) against the plain GPU ops: the
+// forward's output and its Rows tiles, and the backward's dgate_up Rows and columns tiles, bit for
+// bit equal to swiglu_forward / swiglu_backward followed by fp8_quantize_rows /
+// fp8_quantize_rows_and_columns on the same GPU (the GPU's expf differs from the host's in the last
+// bit, so the reference is the GPU's own unfused path; the CPU side of the fused ops is that
+// composition by definition). Shapes: the model's H = 1024 with expert segments (empty ones, rows
+// past offsets[G]), H not a multiple of 16 (runs that straddle the gate/up boundary; scalar loads),
+// F32 and BF16, a NaN and an infinity in dout. Outputs start poisoned, so every element must be
+// written.
+// FP8 rows re-quantized along the tokens (moe/ops/fp8_requantize.h) against the CPU's
+// dequantize-then-quantize, bit for bit (no transcendental functions: the GPU writes the CPU's bits).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "moe/core/rng.h"
+#include "moe/ops/activation.h"
+#include "moe/ops/fp8.h"
+#include "moe/ops/fp8_requantize.h"
+#include "moe/ops/fp8_swiglu.h"
+
+namespace moe {
+namespace {
+
+#if defined(MOE_HAVE_CUDA)
+using testing::DeviceBuffer;
+
+std::vector<float> normal_values(int64_t n, float sigma, uint64_t seed, bool bf16) {
+  Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = static_cast<float>(rng.normal() * sigma);
+  return bf16 ? testing::round_bf16(v) : v;
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& t, int64_t count = -1) {
+  std::vector<uint8_t> out(count < 0 ? t.nbytes() : static_cast<size_t>(count));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  if (!out.empty()) CUDA_CHECK(cudaMemcpy(out.data(), t.data, out.size(), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+void expect_same_bytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i] && ++bad <= 5)
+      ADD_FAILURE() << what << ": byte " << i << " is " << int(got[i]) << ", the unfused path's " << int(want[i]);
+  EXPECT_EQ(bad, 0) << what << ": bytes differing from the unfused path's";
+}
+
+struct DeviceFp8 {
+  DeviceBuffer codes, scales;
+  explicit DeviceFp8(Shape shape)
+      : codes(DType::FP8_E4M3, shape), scales(DType::F32, fp8_scale_shape(shape, Fp8Tiles::Rows)) {}
+  Fp8Tensor t() const { return {codes.tensor(), scales.tensor(), Fp8Tiles::Rows}; }
+};
+
+// The first `rows` rows of a Rows-tiled operand of `cols` features: codes and scales bytes.
+void expect_same_rows(const DeviceFp8& got, const DeviceFp8& want, int64_t rows, int64_t cols,
+                      const std::string& what) {
+  const int64_t row_tiles = (cols + kFp8Tile - 1) / kFp8Tile;
+  expect_same_bytes(bytes_of(got.codes.tensor(), rows * cols), bytes_of(want.codes.tensor(), rows * cols),
+                    what + " codes");
+  const int64_t scale_bytes = rows * row_tiles * static_cast<int64_t>(sizeof(float));
+  expect_same_bytes(bytes_of(got.scales.tensor(), scale_bytes), bytes_of(want.scales.tensor(), scale_bytes),
+                    what + " scales");
+}
+
+std::string describe(DType dtype, int64_t R, int64_t H, const std::vector<int32_t>& counts) {
+  std::string s = std::string(dtype_name(dtype)) + " R=" + std::to_string(R) + " H=" + std::to_string(H) + " counts=";
+  for (int32_t c : counts) s += std::to_string(c) + ",";
+  return s;
+}
+
+void check_forward(DType dtype, int64_t R, int64_t H, uint64_t seed) {
+  const bool bf16 = dtype == DType::BF16;
+  DeviceBuffer gate_up(dtype, {R, 2 * H});
+  gate_up.upload(normal_values(R * 2 * H, 3.0f, seed, bf16));
+  DeviceBuffer out(dtype, {R, H}), ref_out(dtype, {R, H});
+  DeviceFp8 rows({R, H}), ref_rows({R, H});
+  fp8_swiglu_forward(out, rows.t(), gate_up);
+  swiglu_forward(ref_out, gate_up);
+  fp8_quantize_rows(ref_rows.t(), ref_out);
+  const std::string what = "forward " + describe(dtype, R, H, {});
+  expect_same_bytes(bytes_of(out.tensor()), bytes_of(ref_out.tensor()), what + " output");
+  expect_same_rows(rows, ref_rows, R, H, what + " rows");
+}
+
+// counts empty: one segment of all R rows.
+void check_backward(DType dtype, const std::vector<int32_t>& counts, int64_t R, int64_t H, uint64_t seed) {
+  const bool bf16 = dtype == DType::BF16;
+  std::vector<int32_t> offsets{0};
+  for (int32_t c : counts) offsets.push_back(offsets.back() + c);
+  const int64_t G = counts.empty() ? 1 : static_cast<int64_t>(counts.size());
+  const int64_t covered = counts.empty() ? R : offsets.back();
+  const int64_t Mp = fp8_columns_capacity(R, G);
+  DeviceBuffer gate_up(dtype, {R, 2 * H}), dout(dtype, {R, H}), doff(DType::I32, {G + 1});
+  gate_up.upload(normal_values(R * 2 * H, 3.0f, seed, bf16));
+  std::vector<float> dy = normal_values(R * H, 0.01f, seed + 1, bf16);
+  if (R > 9 && H > 3) {
+    dy[3 * H + 2] = std::numeric_limits<float>::quiet_NaN();  // a NaN tile in both layouts
+    dy[9 * H + H - 1] = -std::numeric_limits<float>::infinity();
+  }
+  dout.upload(dy);
+  if (!counts.empty()) doff.upload_i32(offsets);
+  const Tensor segments = counts.empty() ? Tensor() : doff.tensor();
+
+  DeviceFp8 rows({R, 2 * H}), columns({2 * H, Mp}), ref_rows({R, 2 * H}), ref_columns({2 * H, Mp});
+  fp8_swiglu_backward(rows.t(), columns.t(), dout, gate_up, segments);
+  DeviceBuffer dgate_up(dtype, {R, 2 * H});
+  swiglu_backward(dgate_up, dout, gate_up);
+  fp8_quantize_rows_and_columns(ref_rows.t(), ref_columns.t(), dgate_up, segments);
+  const std::string what = "backward " + describe(dtype, R, H, counts);
+  expect_same_bytes(bytes_of(columns.codes.tensor()), bytes_of(ref_columns.codes.tensor()), what + " columns codes");
+  expect_same_bytes(bytes_of(columns.scales.tensor()), bytes_of(ref_columns.scales.tensor()),
+                    what + " columns scales");
+  expect_same_rows(rows, ref_rows, covered, 2 * H, what + " rows");
+}
+
+// x: F32 values quantized on the CPU into Rows tiles (a NaN tile and a zero tile among them), then
+// re-quantized along the tokens on both devices.
+void check_requantize(DType values, const std::vector<int32_t>& counts, int64_t M, int64_t K, uint64_t seed) {
+  std::vector<int32_t> offsets{0};
+  for (int32_t c : counts) offsets.push_back(offsets.back() + c);
+  const int64_t G = counts.empty() ? 1 : static_cast<int64_t>(counts.size());
+  const int64_t Mp = fp8_columns_capacity(M, G);
+  std::vector<float> x = normal_values(M * K, 1.0f, seed, false);
+  for (int64_t m = 0; m < M; ++m)  // a binade per row, so the rows' scales differ
+    for (int64_t k = 0; k < K; ++k) x[m * K + k] = std::ldexp(x[m * K + k], static_cast<int>(m % 31) - 15);
+  if (M > 4 && K > 2) x[4 * K + 1] = std::numeric_limits<float>::quiet_NaN();
+  if (M > 6) std::fill(x.begin() + 6 * K, x.begin() + std::min<int64_t>(7 * K, 6 * K + 128), 0.0f);
+  const Shape scale_shape = fp8_scale_shape({M, K}, Fp8Tiles::Rows);
+  std::vector<uint8_t> codes(static_cast<size_t>(M * K));
+  std::vector<float> scales(static_cast<size_t>(scale_shape.numel()));
+  const Fp8Tensor host_rows{Tensor(codes.data(), DType::FP8_E4M3, {M, K}), f32_tensor(scales.data(), scale_shape),
+                            Fp8Tiles::Rows};
+  fp8_quantize_rows(host_rows, f32_tensor(x.data(), {M, K}));
+  const Tensor host_offsets = counts.empty() ? Tensor() : i32_tensor(offsets.data(), {G + 1});
+  std::vector<uint8_t> want_codes(static_cast<size_t>(K * Mp));
+  std::vector<float> want_scales(static_cast<size_t>(fp8_scale_shape({K, Mp}, Fp8Tiles::Rows).numel()));
+  fp8_requantize_columns({Tensor(want_codes.data(), DType::FP8_E4M3, {K, Mp}),
+                          f32_tensor(want_scales.data(), fp8_scale_shape({K, Mp}, Fp8Tiles::Rows)), Fp8Tiles::Rows},
+                         host_rows, values, host_offsets);
+
+  DeviceFp8 rows({M, K}), columns({K, Mp});
+  CUDA_CHECK(cudaMemcpy(rows.codes.tensor().data, codes.data(), codes.size(), cudaMemcpyHostToDevice));
+  rows.scales.upload(scales);
+  DeviceBuffer doff(DType::I32, {G + 1});
+  if (!counts.empty()) doff.upload_i32(offsets);
+  fp8_requantize_columns(columns.t(), rows.t(), values, counts.empty() ? Tensor() : doff.tensor());
+  const std::string what = "requantize " + describe(values, M, K, counts);
+  std::vector<uint8_t> want_scale_bytes(want_scales.size() * sizeof(float));
+  std::memcpy(want_scale_bytes.data(), want_scales.data(), want_scale_bytes.size());
+  expect_same_bytes(bytes_of(columns.codes.tensor()), want_codes, what + " codes");
+  expect_same_bytes(bytes_of(columns.scales.tensor()), want_scale_bytes, what + " scales");
+}
+
+TEST(CudaFp8Swiglu, ForwardWritesTheOutputAndItsRowsTilesOfTheUnfusedPath) {
+  MOE_SKIP_WITHOUT_GPU();
+  uint64_t seed = 300;
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    check_forward(dtype, 300, 1024, ++seed);  // the model's expert width
+    check_forward(dtype, 37, 200, ++seed);    // a partial row tile
+    check_forward(dtype, 5, 7, ++seed);       // odd H: scalar loads and stores
+  }
+}
+
+TEST(CudaFp8Swiglu, BackwardWritesTheRowsAndColumnsTilesOfTheUnfusedPath) {
+  MOE_SKIP_WITHOUT_GPU();
+  uint64_t seed = 400;
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    check_backward(dtype, {}, 300, 1024, ++seed);
+    check_backward(dtype, {257, 0, 0, 3, 128, 127, 0, 1000}, 1600, 1024, ++seed);  // rows past offsets[G]
+    check_backward(dtype, {0, 130, 0, 1, 250}, 400, 40, ++seed);  // H % 16 != 0: runs straddle gate/up
+    check_backward(dtype, {5, 60}, 70, 7, ++seed);                 // odd H
+  }
+}
+TEST(CudaFp8Requantize, RowsToColumnsMatchTheCpuDequantizeThenQuantizeBitForBit) {
+  MOE_SKIP_WITHOUT_GPU();
+  uint64_t seed = 500;
+  for (DType values : {DType::BF16, DType::F32}) {
+    check_requantize(values, {}, 300, 2048, ++seed);
+    check_requantize(values, {257, 0, 0, 3, 128, 127, 0, 1000}, 1600, 512, ++seed);  // rows past offsets[G]
+    check_requantize(values, {0, 130, 0, 1, 250}, 400, 40, ++seed);  // K % 16 != 0: byte loads
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace moe
