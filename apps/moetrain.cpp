@@ -466,8 +466,8 @@ int main(int argc, char** argv) {
       std::vector<std::string> o = {"data.path=synthetic", "data.sources=[]", "eval.sets=[]", "parallel.mode=ddp"};
       if (eval_data != "synthetic") o.insert(o.end(), {"data.synthetic_tokens=65536", "data.synthetic_eval_tokens=8192"});
       o.insert(o.end(), eval_overrides.begin(), eval_overrides.end());
-      moe::Config cfg =
-          moe::parse_config(ckpt->train_state_string("config"), dir + "/train_state.json", o, /*validate=*/false);
+      moe::Config cfg = moe::parse_stored_config(ckpt->train_state_string("config"), dir + "/train_state.json", o,
+                                                 /*validate=*/false);
       cfg.train.global_batch_size = cfg.train.micro_batch_size * world.size();
       if (cfg.parallel.ep > world.size() || world.size() % cfg.parallel.ep != 0) cfg.parallel.ep = 1;
       cfg.validate();

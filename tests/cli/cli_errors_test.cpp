@@ -96,6 +96,30 @@ TEST_F(CliTest, wrong_type_in_file_and_via_set_names_the_key) {
   EXPECT_FALSE(fs::exists(run_dir()));
 }
 
+TEST_F(CliTest, pp_layers_as_a_string_in_file_and_via_set_shows_the_array_to_write) {
+  write_file(path("old.toml"), tiny_toml_with("[run]", "[parallel]\npp_layers = \"1,1\"\n\n[run]"));
+  const CliRun from_file = moetrain(tiny_train({"--config", path("old.toml")}));
+  expect_error(from_file, {"config key 'parallel.pp_layers' in " + path("old.toml"), "not the string \"1,1\"",
+                           "parallel.pp_layers = [1, 1]"});
+  const CliRun from_set = moetrain(tiny_train({"--set", "parallel.pp_layers=\"1,1\""}));
+  expect_error(from_set, {"parallel.pp_layers", "--set 'parallel.pp_layers=[1,1]'"});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, pp_layers_array_via_set_trains_and_the_written_config_reads_back) {
+  // The positive control of the case above: the array form runs, and the run directory's config
+  // dump (the resolved config, array included) is a config the binary reads again.
+  const CliRun r = moetrain(tiny_train({"--set", "parallel.pp_layers=[2]"}));
+  ASSERT_EQ(r.exit_code, 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  const std::string written = read_file(run_dir() + "/config.toml");
+  EXPECT_TRUE(std::regex_search(written, std::regex(R"(\npp_layers = \[ ?2 ?\]\n)"))) << written;
+  const CliRun again = moetrain({"plan", "--device", "cpu", "--config", run_dir() + "/config.toml"});
+  EXPECT_EQ(again.exit_code, 0) << "stdout:\n" << again.out << "\nstderr:\n" << again.err;
+  const CliRun wrong = moetrain({"plan", "--device", "cpu", "--config", run_dir() + "/config.toml", "--set",
+                                 "parallel.pp_layers=[1,1,1]"});
+  expect_error(wrong, {"parallel.pp_layers = [1, 1, 1] gives 3 chunk sizes", "e.g. parallel.pp_layers = [2]"});
+}
+
 TEST_F(CliTest, heads_not_dividing_hidden_size_is_named) {
   const CliRun r = moetrain(tiny_train({"--set", "model.num_attention_heads=3", "--set", "model.num_key_value_heads=3"}));
   expect_error(r, {"model.num_attention_heads", "model.hidden_size"});

@@ -1,7 +1,7 @@
 // ranks: 2
-// Ranks given different configs (another --steps, another hidden_size) must not crash in a
-// collective or wait forever: the first collective of the Trainer compares the configs and every
-// rank ends with the same error naming the first differing key and both values.
+// Ranks given different configs (another --steps, another hidden_size, other pipeline chunk sizes)
+// must not crash in a collective or wait forever: the first collective of the Trainer compares the
+// configs and every rank ends with the same error naming the first differing key and both values.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -53,6 +53,13 @@ TEST(ConfigAgreement, DifferentModelShapeIsNamedBeforeAnyBufferIsPlanned) {
   const std::string hidden = world.rank() == 0 ? "model.hidden_size=64" : "model.hidden_size=32";
   const std::string e = trainer_error(tiny({hidden, "parallel.ep=2"}), world);
   EXPECT_NE(e.find("model.hidden_size = 64 on rank 0 but 32 on rank 1"), std::string::npos) << e;
+}
+
+TEST(ConfigAgreement, DifferentPipelineChunkSizesAreNamedWithBothArrays) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const std::string layers = world.rank() == 0 ? "parallel.pp_layers=[3,1]" : "parallel.pp_layers=[2,2]";
+  const std::string e = trainer_error(tiny({"model.num_hidden_layers=4", "parallel.pp=2", layers}), world);
+  EXPECT_NE(e.find("parallel.pp_layers = [3, 1] on rank 0 but [2, 2] on rank 1"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // The config key table (train/config_keys.h) drives reading, writing, the listing and the
 // comparisons: what is written reads back to the same values for every key, a value outside a
 // key's range or a size product that would overflow is refused naming the keys (never showing a
-// wrapped number), and the README's key table is the listing the binary prints.
+// wrapped number), and the README's key table is the listing the binary prints. The integer array
+// parallel.pp_layers is read from a file and from --set, refused as a string (its former form) with
+// the array to write, and resolves to exactly the given pipeline chunk sizes.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -11,6 +13,7 @@
 
 #include "moe/core/error.h"
 #include "moe/train/config.h"
+#include "moe/train/pipeline_layout.h"
 
 namespace moe {
 namespace {
@@ -30,7 +33,8 @@ TEST(Config, WrittenConfigReadsBackToTheSameValueForEveryKey) {
                                         "train.lr=0.1", "model.rope_theta=3.0000000000000004", "data.seed=0",
                                         "train.seed=9223372036854775807", "run.resume=\"auto\"",
                                         "model.qk_norm=\"per_head\"", "parallel.mode=\"ddp\"",
-                                        "optim.moment_dtype=\"bf16\""});
+                                        "optim.moment_dtype=\"bf16\"", "model.num_hidden_layers=8", "parallel.pp=2",
+                                        "parallel.pp_layers=[3, 5]"});
   EXPECT_EQ(c.name, "plain-name_1.0");
   EXPECT_EQ(c.run.dir, "dir \"quoted\" \\with\nnewline = [x]");
   const std::string text = config_to_toml(c);
@@ -40,6 +44,10 @@ TEST(Config, WrittenConfigReadsBackToTheSameValueForEveryKey) {
   EXPECT_EQ(back.model.rope_theta, 3.0000000000000004);
   EXPECT_EQ(back.train.seed, 9223372036854775807ull);
   EXPECT_EQ(back.optim.moment_dtype, DType::BF16);
+  EXPECT_EQ(back.parallel.pp_layers, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(parse_config(config_to_toml(load_config("tiny")), "written default").parallel.pp_layers,
+            std::vector<int64_t>{})
+      << "the default (balanced) is written as an empty array and reads back as one";
   EXPECT_EQ(load_config("tiny").optim.moment_dtype, DType::F32) << "moments default to FP32";
   EXPECT_EQ(config_differences(back, c, "", "a", "b"), "");
 }
@@ -52,6 +60,14 @@ TEST(Config, DifferencesNameEachDifferingKeyWithBothValues) {
   EXPECT_NE(model_only.find("checkpoint: model.num_experts = 8"), std::string::npos) << model_only;
   EXPECT_EQ(model_only.find("train.lr"), std::string::npos) << model_only;
   EXPECT_NE(config_differences(a, b, "", "x", "y").find("x: train.lr = 0.5"), std::string::npos);
+  // What the rank-agreement and resume messages show for an array key: both arrays as written.
+  const std::vector<std::string> eight = {"model.num_hidden_layers=8", "parallel.pp=2"};
+  std::vector<std::string> given = eight;
+  given.push_back("parallel.pp_layers=[3,5]");
+  const std::string layers = config_differences(load_config("tiny", given), load_config("tiny", eight), "parallel",
+                                                "rank 0", "rank 1");
+  EXPECT_NE(layers.find("rank 0: parallel.pp_layers = [3, 5]"), std::string::npos) << layers;
+  EXPECT_NE(layers.find("rank 1: parallel.pp_layers = []"), std::string::npos) << layers;
   // A layout change of the same values is no difference: values are compared, not text.
   const Config reordered = parse_config("[train]\nlr = 5e-1\n[model]\nnum_experts = 4\n" +
                                             std::string("vocab_size = 512\nhidden_size = 64\n"),
@@ -90,6 +106,158 @@ TEST(Config, ValuesOutsideAKeysRangeAreRefusedNamingTheKeyAndTheRange) {
     const std::string e = error_of([&] { load_config("tiny", {c.set}); });
     EXPECT_NE(e.find(c.needle), std::string::npos) << c.set << " -> " << e;
   }
+}
+
+// tiny with 8 layers on `pp` pipeline stages (1F1B) and the given extra overrides.
+Config pipelined(int64_t pp, std::vector<std::string> extra) {
+  std::vector<std::string> o = {"model.num_hidden_layers=8", "parallel.pp=" + std::to_string(pp)};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return load_config("tiny", o);
+}
+
+// The written tiny config with 8 layers, its [parallel] table replaced by `lines`.
+std::string tiny_toml_with_parallel(const std::string& lines) {
+  std::string text = config_to_toml(load_config("tiny", {"model.num_hidden_layers=8"}));
+  const size_t begin = text.find("[parallel]"), end = text.find("\n[", begin + 1);
+  if (begin == std::string::npos || end == std::string::npos) return "no [parallel] table followed by another in:\n" + text;
+  return text.replace(begin, end - begin, "[parallel]\n" + lines + "\n");
+}
+
+TEST(Config, PpLayersArrayIsReadFromAFileAndFromSet) {
+  const std::string text = tiny_toml_with_parallel("pp = 2\npp_layers = [ 3, 5 ]");
+  EXPECT_EQ(parse_config(text, "file.toml").parallel.pp_layers, (std::vector<int64_t>{3, 5})) << text;
+  EXPECT_EQ(pipelined(2, {"parallel.pp_layers=[3,5]"}).parallel.pp_layers, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(pipelined(2, {"parallel.pp_layers=[ 3, 5 ]"}).parallel.pp_layers, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(pipelined(2, {"parallel.pp_layers=[3,5]", "parallel.pp_layers=[]"}).parallel.pp_layers,
+            std::vector<int64_t>{})
+      << "a later --set replaces the array; [] asks for the balanced split";
+}
+
+TEST(Config, PpLayersAsAStringIsRefusedShowingTheArrayToWrite) {
+  // Quoted, bare (taken as a string) and the empty default of the old form.
+  const struct {
+    const char* set;
+    const char* array;
+    const char* flag;
+  } cases[] = {
+      {"parallel.pp_layers=\"3,5\"", "parallel.pp_layers = [3, 5]", "--set 'parallel.pp_layers=[3,5]'"},
+      {"parallel.pp_layers=3,5", "parallel.pp_layers = [3, 5]", "--set 'parallel.pp_layers=[3,5]'"},
+      {"parallel.pp_layers=\" 3, 5 \"", "parallel.pp_layers = [3, 5]", "--set 'parallel.pp_layers=[3,5]'"},
+      {"parallel.pp_layers=\"\"", "parallel.pp_layers = []", "--set 'parallel.pp_layers=[]'"},
+      {"parallel.pp_layers=\"three\"", "parallel.pp_layers = [1, 2]", "--set 'parallel.pp_layers=[1,2]'"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of([&] { pipelined(2, {c.set}); });
+    EXPECT_NE(e.find("config key 'parallel.pp_layers'"), std::string::npos) << c.set << " -> " << e;
+    EXPECT_NE(e.find("must be an array of integers, not the string"), std::string::npos) << c.set << " -> " << e;
+    EXPECT_NE(e.find(c.array), std::string::npos) << c.set << " -> " << e;
+    EXPECT_NE(e.find(c.flag), std::string::npos) << c.set << " -> " << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << "one line: " << e;
+  }
+  const std::string file = error_of([] { parse_config(tiny_toml_with_parallel("pp_layers = \"3,5\""), "old.toml"); });
+  EXPECT_NE(file.find("config key 'parallel.pp_layers' in old.toml must be an array of integers, not the string "
+                      "\"3,5\": write parallel.pp_layers = [3, 5]"),
+            std::string::npos)
+      << file;
+}
+
+TEST(Config, PpLayersElementsThatAreNotPositiveIntegersAreRefusedNamingTheKey) {
+  const struct {
+    const char* set;
+    const char* needle;
+  } cases[] = {
+      {"parallel.pp_layers=[3,1.5]", "must be an integer, got 1.5"},
+      {"parallel.pp_layers=[3,\"5\"]", "must be an integer"},
+      {"parallel.pp_layers=[[3],5]", "must be an integer"},
+      {"parallel.pp_layers=[8,0]", "must be in [1, 65536], got 0"},
+      {"parallel.pp_layers=[9,-1]", "must be in [1, 65536], got -1"},
+      {"parallel.pp_layers=8", "must be an array of integers such as [1, 2], got 8"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of([&] { pipelined(2, {c.set}); });
+    EXPECT_NE(e.find("config key 'parallel.pp_layers'"), std::string::npos) << c.set << " -> " << e;
+    EXPECT_NE(e.find(c.needle), std::string::npos) << c.set << " -> " << e;
+  }
+  // A config built in code is held to the same element range.
+  Config c = pipelined(2, {});
+  c.parallel.pp_layers = {9, -1};
+  const std::string built = error_of([&] { c.validate(); });
+  EXPECT_NE(built.find("parallel.pp_layers = [9, -1]: element 1 must be in [1, 65536], got -1"), std::string::npos)
+      << built;
+}
+
+// The "e.g. parallel.pp_layers = [...]" a refusal offers, as a --set override.
+std::string offered_split(const std::string& error) {
+  std::smatch m;
+  if (!std::regex_search(error, m, std::regex(R"(e\.g\. parallel\.pp_layers = (\[[0-9, ]*\]))"))) return "";
+  return "parallel.pp_layers=" + m[1].str();
+}
+
+TEST(Config, PpLayersOfTheWrongCountOrSumAreRefusedOfferingASplitThatWorks) {
+  const struct {
+    int64_t pp;
+    std::vector<std::string> extra;
+    const char* needle;
+  } cases[] = {
+      {2, {"parallel.pp_layers=[3,4]"}, "parallel.pp_layers = [3, 4] gives 2 chunk sizes adding up to 7"},
+      {2, {"parallel.pp_layers=[3,3,2]"}, "parallel.pp x parallel.pp_virtual = 2 sizes"},
+      {1, {"parallel.pp_layers=[3,5]"}, "parallel.pp x parallel.pp_virtual = 1 sizes"},
+      {2,
+       {"parallel.pp_schedule=\"interleaved\"", "parallel.pp_virtual=2", "parallel.pp_layers=[3,5]"},
+       "parallel.pp x parallel.pp_virtual = 4 sizes of at least 1 adding up to model.num_hidden_layers = 8"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of([&] { pipelined(c.pp, c.extra); });
+    EXPECT_NE(e.find(c.needle), std::string::npos) << e;
+    const std::string split = offered_split(e);
+    ASSERT_NE(split, "") << "no working split offered: " << e;
+    std::vector<std::string> fixed = c.extra;
+    fixed.back() = split;
+    EXPECT_NO_THROW(pipelined(c.pp, fixed)) << split << " offered by: " << e;
+  }
+}
+
+TEST(Config, GivenPpLayersAreTheResolvedPipelineChunks) {
+  const struct {
+    int64_t pp, virtual_stages;
+    std::vector<int64_t> sizes;
+  } cases[] = {{2, 1, {3, 5}}, {2, 1, {7, 1}}, {4, 1, {1, 1, 1, 5}}, {2, 2, {1, 3, 2, 2}}};
+  for (const auto& c : cases) {
+    std::string array = "parallel.pp_layers=[";
+    for (size_t i = 0; i < c.sizes.size(); ++i) array.append(i ? "," : "").append(std::to_string(c.sizes[i]));
+    array += ']';
+    std::vector<std::string> extra = {array};
+    if (c.virtual_stages > 1)
+      extra.insert(extra.end(), {"parallel.pp_schedule=\"interleaved\"",
+                                 "parallel.pp_virtual=" + std::to_string(c.virtual_stages)});
+    const Config cfg = pipelined(c.pp, extra);
+    const PipelineLayout layout =
+        plan_pipeline_layout(cfg.model, cfg.train.seq_len, static_cast<int>(cfg.parallel.pp),
+                             static_cast<int>(cfg.parallel.pp_virtual), cfg.parallel.pp_layers);
+    ASSERT_EQ(layout.chunks(), static_cast<int>(c.sizes.size())) << array;
+    std::vector<int64_t> resolved;
+    for (int k = 0; k < layout.chunks(); ++k) resolved.push_back(layout.end_layer(k) - layout.first_layer(k));
+    EXPECT_EQ(resolved, c.sizes) << array;
+    EXPECT_EQ(layout.first_layer(0), 0) << array;
+    EXPECT_EQ(layout.end_layer(layout.chunks() - 1), 8) << array;
+  }
+}
+
+TEST(Config, AStoredConfigOfTheStringFormReadsAsTheArray) {
+  // Checkpoints written before pp_layers became an array store it as a string ("" by default).
+  const std::string old_default = tiny_toml_with_parallel("pp_layers = \"\"");
+  const std::string old_given = tiny_toml_with_parallel("pp = 2\npp_layers = \"3, 5\"");
+  EXPECT_EQ(parse_stored_config(old_default, "train_state.json").parallel.pp_layers, std::vector<int64_t>{});
+  EXPECT_EQ(parse_stored_config(old_given, "train_state.json").parallel.pp_layers, (std::vector<int64_t>{3, 5}));
+  EXPECT_NE(error_of([&] { parse_config(old_given, "run.toml"); }).find("not the string"), std::string::npos)
+      << "only stored configs are read in the old form";
+  EXPECT_NE(error_of([&] { parse_stored_config(old_default, "train_state.json", {"parallel.pp_layers=\"3,5\""}); })
+                .find("not the string"),
+            std::string::npos)
+      << "overrides are read in today's form only";
+  EXPECT_NE(error_of([&] { parse_stored_config(tiny_toml_with_parallel("pp_layers = \"x\""), "s.json"); })
+                .find("config key 'parallel.pp_layers' in s.json"),
+            std::string::npos);
 }
 
 TEST(Config, SizeProductsThatWouldOverflowAreRefusedWithoutWrappedNumbers) {

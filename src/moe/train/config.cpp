@@ -1,9 +1,11 @@
 #include "moe/train/config.h"
 
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <toml++/toml.h>
@@ -11,6 +13,7 @@
 #include "moe/core/error.h"
 #include "moe/train/builtin_configs.h"
 #include "moe/train/config_keys.h"
+#include "moe/train/pipeline_layout.h"
 
 namespace moe {
 namespace {
@@ -62,6 +65,33 @@ const std::string& choice_name(const Choices<E>& choices, const E& value) {
   for (const auto& c : choices)
     if (c.second == value) return c.first;
   MOE_FAIL("config: a value has no name among the choices ", choice_names(choices));
+}
+
+// [3, 1]: an integer array as TOML writes it (without toml++'s inner padding), for messages and comparisons.
+std::string integers_text(const std::vector<int64_t>& values, const char* separator = ", ") {
+  std::string s = "[";
+  for (size_t i = 0; i < values.size(); ++i) s += (i ? separator : "") + std::to_string(values[i]);
+  return s + "]";
+}
+
+// "3, 1" -> {3, 1}; "" -> {}; nullopt when a piece is not an integer. Reads the comma-separated
+// string form an integer array once had, to show it as an array or to read an older stored config.
+std::optional<std::vector<int64_t>> integers_in_string(const std::string& text) {
+  std::vector<int64_t> out;
+  if (text.find_first_not_of(' ') == std::string::npos) return out;
+  std::stringstream in(text);
+  std::string piece;
+  while (std::getline(in, piece, ',')) {
+    const size_t first = piece.find_first_not_of(' '), last = piece.find_last_not_of(' ');
+    if (first == std::string::npos) return std::nullopt;
+    int64_t v = 0;
+    const char* end = piece.data() + last + 1;
+    const auto [ptr, ec] = std::from_chars(piece.data() + first, end, v);
+    if (ec != std::errc() || ptr != end) return std::nullopt;
+    out.push_back(v);
+  }
+  if (text.back() == ',') return std::nullopt;
+  return out;
 }
 
 std::string describe(const toml::node& n) {
@@ -150,6 +180,29 @@ class TomlReader {
       }
     MOE_FAIL(dotted(section, name), " = \"", text, "\" is not one of: ", choice_names(choices), " (config key in ", source_,
              ")");
+  }
+
+  void integer_array(const char* section, const char* name, std::vector<int64_t>& out, const Range<int64_t>& range,
+                     const char*) {
+    const toml::node* node = take(section, name);
+    if (!node) return;
+    const std::string key = dotted(section, name);
+    if (node->is_string()) {
+      // The form some keys had before they became arrays: one message showing the array to write.
+      const std::string text = *node->value<std::string>();
+      const auto values = integers_in_string(text);
+      const std::vector<int64_t> example = values ? *values : std::vector<int64_t>{1, 2};
+      MOE_FAIL(where(section, name), " must be an array of integers, not the string \"", text, "\": write ", key,
+               " = ", integers_text(example), " (on the command line: --set '", key, "=", integers_text(example, ","),
+               "')");
+    }
+    const toml::array* array = node->as_array();
+    MOE_CHECK(array, where(section, name), " must be an array of integers such as [1, 2], got ", describe(*node));
+    std::vector<int64_t> values(array->size());
+    for (size_t i = 0; i < array->size(); ++i)
+      read_value(*array->get(i), values[i], range,
+                 where(section, name) + " (element " + std::to_string(i) + " of " + describe(*node) + ")");
+    out = std::move(values);
   }
 
   template <typename E, typename Fields>
@@ -249,6 +302,13 @@ class TomlWriter {
   void choice(const char* section, const char* name, const E& value, const Choices<E>& choices, const char*) {
     if (wanted(section)) put(section, name, choice_name(choices, value));
   }
+  void integer_array(const char* section, const char* name, const std::vector<int64_t>& values,
+                     const Range<int64_t>&, const char*) {
+    if (!wanted(section)) return;
+    toml::array array;
+    for (int64_t v : values) array.push_back(v);
+    put(section, name, std::move(array));
+  }
   template <typename E, typename Fields>
   void table_array(const char* section, const char* name, const std::vector<E>& items, const char*, Fields fields) {
     if (!wanted(section) || items.empty()) return;
@@ -314,6 +374,10 @@ class ValueLister {
   void choice(const char* section, const char* name, const E& value, const Choices<E>& choices, const char*) {
     values.emplace_back(dotted(section, name), "\"" + choice_name(choices, value) + "\"");
   }
+  void integer_array(const char* section, const char* name, const std::vector<int64_t>& items, const Range<int64_t>&,
+                     const char*) {
+    values.emplace_back(dotted(section, name), integers_text(items));
+  }
   template <typename E, typename Fields>
   void table_array(const char* section, const char* name, const std::vector<E>& items, const char*, Fields fields) {
     values.emplace_back(dotted(section, name), std::to_string(items.size()) + " entries");
@@ -348,6 +412,10 @@ class KeyDocumenter {
   void choice(const char* section, const char* name, const E& value, const Choices<E>& choices, const char* doc) {
     row(section, name, "string", "\"" + choice_name(choices, value) + "\"", "one of: " + choice_names(choices), doc);
   }
+  void integer_array(const char* section, const char* name, const std::vector<int64_t>& value,
+                     const Range<int64_t>& range, const char* doc) {
+    row(section, name, "array of integers", integers_text(value), "each " + range_text(range), doc);
+  }
   template <typename E, typename Fields>
   void table_array(const char* section, const char* name, const std::vector<E>&, const char* doc, Fields fields) {
     row(section, name, "array of tables", "[]", "[[" + dotted(section, name) + "]] entries with the keys below", doc);
@@ -377,6 +445,12 @@ struct RangeCheck {
     bool found = false;
     for (const auto& c : choices) found = found || c.second == v;
     MOE_CHECK(found, dotted(section, name), " is not one of: ", choice_names(choices));
+  }
+  void integer_array(const char* section, const char* name, const std::vector<int64_t>& v, const Range<int64_t>& r,
+                     const char*) {
+    for (size_t i = 0; i < v.size(); ++i)
+      MOE_CHECK(in_range(r, v[i]), dotted(section, name), " = ", integers_text(v), ": element ", i, " must be ",
+                range_text(r), ", got ", v[i]);
   }
   template <typename E, typename Fields>
   void table_array(const char* section, const char* name, const std::vector<E>& items, const char*, Fields fields) {
@@ -439,11 +513,24 @@ int64_t checked_product(const std::vector<std::pair<std::string, int64_t>>& fact
   return p;
 }
 
-}  // namespace
+// A stored config's keys in the form older versions wrote, rewritten to today's form:
+// parallel.pp_layers = "3,1" (a comma-separated string before it became an array). A string that
+// is not a list of integers is left for the reader to refuse.
+void read_older_stored_forms(toml::table& root) {
+  toml::table* parallel = root.get_as<toml::table>("parallel");
+  toml::node* layers = parallel ? parallel->get("pp_layers") : nullptr;
+  if (!layers || !layers->is_string()) return;
+  const auto values = integers_in_string(*layers->value<std::string>());
+  if (!values) return;
+  toml::array array;
+  for (int64_t v : *values) array.push_back(v);
+  parallel->insert_or_assign("pp_layers", std::move(array));
+}
 
-Config parse_config(const std::string& toml_text, const std::string& source_name,
-                    const std::vector<std::string>& overrides, bool validate) {
+Config parse_config_text(const std::string& toml_text, const std::string& source_name,
+                         const std::vector<std::string>& overrides, bool validate, bool stored) {
   toml::table root = parse_toml(toml_text, source_name);
+  if (stored) read_older_stored_forms(root);
   for (const auto& o : overrides) apply_override(root, o);
   const std::string source = overrides.empty() ? source_name : source_name + " (with --set overrides)";
   TomlReader reader(root, source);
@@ -458,6 +545,18 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
   reader.reject_unknown();
   if (validate) c.validate();
   return c;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& toml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides, bool validate) {
+  return parse_config_text(toml_text, source_name, overrides, validate, /*stored=*/false);
+}
+
+Config parse_stored_config(const std::string& toml_text, const std::string& source_name,
+                           const std::vector<std::string>& overrides, bool validate) {
+  return parse_config_text(toml_text, source_name, overrides, validate, /*stored=*/true);
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
@@ -513,27 +612,6 @@ int64_t ParallelConfig::dp(int64_t world) const {
     MOE_FAIL("parallel.pp = ", pp, " does not divide the ", world, " ranks; use one of ", divisors);
   }
   return world / pp;
-}
-
-std::vector<int64_t> parse_layer_counts(const std::string& text) {
-  std::vector<int64_t> out;
-  if (text.empty()) return out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    size_t used = 0;
-    int64_t n = 0;
-    try {
-      n = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    while (used < item.size() && item[used] == ' ') ++used;
-    MOE_CHECK(used == item.size() && !item.empty() && n >= 1, "parallel.pp_layers = \"", text,
-              "\": '", item, "' is not a layer count; write positive integers separated by commas, e.g. \"3,1\"");
-    out.push_back(n);
-  }
-  return out;
 }
 
 void Config::validate(int64_t dp) const {
@@ -608,7 +686,9 @@ void Config::validate(int64_t dp) const {
             "parallel.pp_virtual = 1");
   MOE_CHECK(par.pp_schedule != "interleaved" || par.pp > 1, "parallel.pp_schedule = \"interleaved\" needs "
             "parallel.pp >= 2 (one stage has nothing to interleave); use parallel.pp_schedule = \"1f1b\"");
-  parse_layer_counts(par.pp_layers);
+  // Given chunk sizes must match the chunk count and the layers: refused here, before any rank starts.
+  if (!par.pp_layers.empty())
+    plan_pipeline_layout(model, t.seq_len, static_cast<int>(par.pp), static_cast<int>(par.pp_virtual), par.pp_layers);
   MOE_CHECK(t.precision != Precision::FP8 || parallel.mode != "fsdp",
             "train.precision = \"fp8\" is built for parallel.mode = \"ddp\" (resident weights with their FP8 "
             "caches), not for \"fsdp\"; use parallel.mode = \"ddp\" or train.precision = \"bf16\"");

@@ -61,7 +61,7 @@ struct ParallelConfig {
   int64_t pp = 1;                      // pipeline stages; world = pp x data-parallel ranks
   std::string pp_schedule = "1f1b";    // 1f1b | interleaved
   int64_t pp_virtual = 1;              // model chunks per pipeline rank (interleaved)
-  std::string pp_layers;               // layers per chunk, "3,1" (pp x pp_virtual numbers); "" = balanced by cost
+  std::vector<int64_t> pp_layers;      // layers per chunk, {3, 1} (pp x pp_virtual numbers); {} = balanced by cost
   // The data-parallel ranks of a stage for a job of `world` ranks; throws naming parallel.pp and
   // the values that would work when pp does not divide the world.
   int64_t dp(int64_t world) const;
@@ -113,8 +113,11 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
 double parse_duration(const std::string& text, const std::string& key);
 // Reads the file; path "tiny" (or empty) selects the built-in tiny config.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
-// parallel.pp_layers as numbers ("3,1" -> {3, 1}; "" -> {}); throws naming the key on anything else.
-std::vector<int64_t> parse_layer_counts(const std::string& text);
+// A config a checkpoint stored (train_state.json): as parse_config, and keys whose form changed since
+// are also read in the form older checkpoints wrote (parallel.pp_layers = "3,1", now [3, 1]).
+// Overrides are read in today's form only.
+Config parse_stored_config(const std::string& toml_text, const std::string& source_name,
+                           const std::vector<std::string>& overrides = {}, bool validate = true);
 // The model section and the whole resolved config as TOML text (written by the TOML library,
 // so any string value reads back unchanged).
 std::string model_config_toml(const ModelConfig& m);

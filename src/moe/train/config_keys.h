@@ -9,6 +9,9 @@
 //       for T in {int64_t, uint64_t, double, bool, std::string};
 //   void choice(const char* section, const char* name, E& field, const Choices<E>& choices, const char* doc)
 //       for enumerations and fixed string sets;
+//   void integer_array(const char* section, const char* name, std::vector<int64_t>& field,
+//                      Range<int64_t> element_range, const char* doc)
+//       for arrays of integers ([3, 1]), each element in element_range;
 //   void table_array(const char* section, const char* name, std::vector<E>& items, const char* doc, Fields fields)
 //       for arrays of tables ([[data.sources]]): fields(item, f) calls f.key(name, field, range, doc)
 //       for each field of one item (f is the visitor's per-item adapter).
@@ -191,9 +194,10 @@ void visit_config_keys(C& c, V&& v) {
            "of pp)");
   v.key("parallel", "pp_virtual", c.parallel.pp_virtual, between<int64_t>(1, 1 << 10),
         "model chunks per pipeline rank (interleaved schedule)");
-  v.key("parallel", "pp_layers", c.parallel.pp_layers, any_value<std::string>(),
-        "layers per pipeline chunk, comma-separated (\"3,1\"; pp x pp_virtual numbers); empty = balanced by a "
-        "per-layer cost with the embedding and LM head counted");
+  v.integer_array("parallel", "pp_layers", c.parallel.pp_layers, between<int64_t>(1, 1 << 16),
+                  "layers per pipeline chunk, an array ([3, 1]; pp x pp_virtual numbers adding up to "
+                  "model.num_hidden_layers); empty = balanced by a per-layer cost with the embedding and LM head "
+                  "counted");
   v.key("parallel", "overlap_grad_reduce", c.parallel.overlap_grad_reduce, any_value<bool>(),
         "ddp: start each gradient bucket's reduce-scatter during the last microbatch's backward, once the bucket "
         "is final (same results); false: all buckets after the backward");

@@ -104,7 +104,7 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   }
   const std::string dir = resolve_checkpoint(checkpoint);
   CheckpointReader ckpt(dir);
-  const Config cfg = parse_config(ckpt.train_state_string("config"), dir + "/train_state.json");
+  const Config cfg = parse_stored_config(ckpt.train_state_string("config"), dir + "/train_state.json");
   nlohmann::json hf_config = olmoe_hf_config(cfg.model);
   std::string note;
   if (!cfg.model.dropless)

@@ -73,6 +73,14 @@ std::vector<int64_t> balanced_boundaries(const std::vector<double>& cost, double
   return bounds;
 }
 
+std::string sizes_text(const std::vector<int64_t>& sizes) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < sizes.size(); ++i) os << (i ? ", " : "") << sizes[i];
+  os << "]";
+  return os.str();
+}
+
 std::string divisors_up_to(int64_t n) {
   std::ostringstream os;
   for (int64_t d = 1; d <= n; ++d) os << (d == 1 ? "" : ", ") << d;
@@ -93,18 +101,28 @@ PipelineLayout plan_pipeline_layout(const ModelConfig& cfg, int64_t seq_len, int
   PipelineLayout out;
   out.stages = stages;
   out.virtual_stages = virtual_stages;
-  if (layers_per_chunk.empty()) {
+  const auto balanced = [&] {
     std::vector<double> cost;
     for (int64_t l = 0; l < L; ++l) cost.push_back(layer_cost(cfg, seq_len, l));
-    out.chunk_begin = balanced_boundaries(cost, embedding_cost(cfg), head_cost(cfg), C);
+    return balanced_boundaries(cost, embedding_cost(cfg), head_cost(cfg), C);
+  };
+  if (layers_per_chunk.empty()) {
+    out.chunk_begin = balanced();
     return out;
   }
   int64_t sum = 0;
   bool positive = true;
   for (int64_t n : layers_per_chunk) sum += n, positive = positive && n >= 1;
-  MOE_CHECK(static_cast<int>(layers_per_chunk.size()) == C && sum == L && positive, "parallel.pp_layers gives ",
-            layers_per_chunk.size(), " chunk sizes adding up to ", sum, "; it needs parallel.pp x parallel.pp_virtual = ",
-            C, " sizes of at least 1 adding up to model.num_hidden_layers = ", L, " (or leave it empty to balance)");
+  if (static_cast<int>(layers_per_chunk.size()) != C || sum != L || !positive) {
+    // The balanced split as an example of sizes that work.
+    const std::vector<int64_t> bounds = balanced();
+    std::vector<int64_t> example;
+    for (int c = 0; c < C; ++c) example.push_back(bounds[c + 1] - bounds[c]);
+    MOE_FAIL("parallel.pp_layers = ", sizes_text(layers_per_chunk), " gives ", layers_per_chunk.size(),
+             " chunk sizes adding up to ", sum, "; it needs parallel.pp x parallel.pp_virtual = ", C,
+             " sizes of at least 1 adding up to model.num_hidden_layers = ", L, ", e.g. parallel.pp_layers = ",
+             sizes_text(example), " (the balanced split, also what an empty array gives)");
+  }
   out.chunk_begin.push_back(0);
   for (int64_t n : layers_per_chunk) out.chunk_begin.push_back(out.chunk_begin.back() + n);
   return out;

@@ -19,7 +19,7 @@ std::unique_ptr<PipelinePlan> plan_pipeline(const Config& cfg, const Mesh& mesh,
   const ParallelConfig& par = cfg.parallel;
   auto plan = std::make_unique<PipelinePlan>();
   plan->layout = plan_pipeline_layout(cfg.model, cfg.train.seq_len, static_cast<int>(par.pp),
-                                      static_cast<int>(par.pp_virtual), parse_layer_counts(par.pp_layers));
+                                      static_cast<int>(par.pp_virtual), par.pp_layers);
   plan->schedule = par.pp_schedule == "interleaved" ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB;
   plan->shape = PipelineShape{static_cast<int>(par.pp), static_cast<int>(par.pp_virtual), accum};
   plan->ops = schedule_ops(plan->schedule, plan->shape, mesh.stage);
