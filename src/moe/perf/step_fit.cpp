@@ -54,10 +54,11 @@ InStepFit fit(EfficiencyCurve& curve, const char* key, std::initializer_list<Ker
   const bool flops = std::string(work_unit) == "FLOP";
   char how[400];
   std::snprintf(how, sizeof how,
-                "fitted: %s's %s kernels in the step split, %.2f ms per step%s, over the model's %.2f %s (%.1f%% of "
-                "the peak at %s %.0f, where the points give %.1f%%)",
+                "fitted: %s's %s kernels in the step split, %.2f ms per step%s, over the model's %.2f %s: %.1f%% of "
+                "the %s, where the points give %.1f%% at %s %.4g",
                 ref.name.c_str(), f.groups.c_str(), f.ms, less.c_str(), work / (flops ? kTera : 1e9),
-                flops ? "TFLOP" : "GB", 100 * f.efficiency, curve.x.c_str(), x, 100 * f.alone);
+                flops ? "TFLOP" : "GB", 100 * f.efficiency, flops ? "peak" : "memory bandwidth", 100 * f.alone,
+                curve.x.c_str(), x);
   curve.in_step = f.factor;
   curve.in_step_source = how;
   return f;
