@@ -132,8 +132,9 @@ int main(int argc, char** argv) {
                     "also write the run's numbers (throughput, MFU, step split) to this JSON file (rank 0)");
   std::string bench_calibrate, bench_base = "h200";
   bench->add_option("--calibrate", bench_calibrate,
-                    "measure this GPU's efficiencies (GEMMs, attention, memory; the links under mpirun) into a new "
-                    "hardware profile JSON file for plan --hardware, instead of training");
+                    "measure this GPU's efficiencies (GEMMs, attention, memory; the links under mpirun) alone and "
+                    "inside profiled steps of the built-in bench-olmoe-4l into a new hardware profile JSON file for "
+                    "plan --hardware, instead of training");
   bench->add_option("--hardware", bench_base,
                     "with --calibrate: the profile whose peaks and unmeasured curves the result keeps (built-in name or "
                     "file)")

@@ -2,8 +2,11 @@
 # Runs on the H200 machine from the repo root (binaries in .devrun, as for device_check.sh): the
 # performance model's calibration and its validation.
 #   1. `moetrain bench --calibrate`: this GPU's efficiencies (GEMMs by shape, attention, memory-bound
-#      kernels) into $OUT/h200-calibrated.json; with NP >= 2 (nvidia-h200-x2 and up) under mpirun, so
-#      the NCCL collectives and the rowwise dispatch between the GPUs are measured too;
+#      kernels, each alone), then 8 profiled steps of the built-in bench-olmoe-4l in BF16 and in FP8
+#      whose step split sets each curve's in-step factor (src/moe/perf/step_fit.h; the split and the
+#      fitted factors are in $OUT/calibrate.log), into $OUT/h200-calibrated.json; with NP >= 2
+#      (nvidia-h200-x2 and up) under mpirun, so the NCCL collectives and the rowwise dispatch between
+#      the GPUs are measured too;
 #   2. `moetrain bench --json` of every case in bench/model_cases.json that fits on NP GPUs
 #      (bench/validate_model.py run; reports and logs in $OUT/measured);
 #   3. the table predicted (plan, with the new profile) vs measured (step 2), and the same with the

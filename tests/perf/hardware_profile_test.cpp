@@ -1,5 +1,6 @@
-// Hardware profiles: the shipped ones load, a profile survives save and load unchanged, a bad file
-// is one error naming the file and the key, and efficiency curves interpolate in log x.
+// Hardware profiles: the shipped ones load, a profile survives save and load unchanged (in-step
+// factors included), a bad file is one error naming the file and the key, and efficiency curves
+// interpolate in log x and scale by their in-step factor.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -47,6 +48,8 @@ TEST(HardwareProfile, a_saved_profile_loads_back_unchanged) {
   p.name = "test GPU";
   p.gemm_grouped_bf16.points = {{256, 0.31}, {1024, 0.52}, {16384, 0.66}};
   p.gemm_grouped_bf16.source = "made up for the test";
+  p.elementwise.in_step = 0.757;
+  p.elementwise.in_step_source = "fitted to a made-up step";
   const std::string path = testing::TempDir() + "/profile_round_trip.json";
   std::filesystem::remove(path);
   save_hardware_profile(p, path);
@@ -54,6 +57,10 @@ TEST(HardwareProfile, a_saved_profile_loads_back_unchanged) {
   EXPECT_EQ(hardware_profile_json(q), hardware_profile_json(p));
   EXPECT_EQ(q.gemm_grouped_bf16.points, p.gemm_grouped_bf16.points);
   EXPECT_EQ(q.name, "test GPU");
+  EXPECT_EQ(q.elementwise.in_step, 0.757);
+  EXPECT_EQ(q.elementwise.in_step_source, "fitted to a made-up step");
+  EXPECT_EQ(q.attention.in_step, 1);  // left out of the file: 1
+  EXPECT_EQ(nlohmann::json::parse(hardware_profile_json(q))["efficiency"]["attention"].count("in_step"), 0u);
   // Never overwritten.
   const std::string again = error_of([&] { save_hardware_profile(p, path); });
   EXPECT_NE(again.find("exists"), std::string::npos) << again;
@@ -81,6 +88,12 @@ TEST(HardwareProfile, bad_files_are_one_error_naming_the_file_and_the_key) {
       {edited_h200([](nlohmann::json& j) { j["efficiency"]["optimizer"]["points"] = {{1e9, 2.5}}; }), "optimizer"},
       {edited_h200([](nlohmann::json& j) { j["efficiency"].erase("dispatch_intra"); }), "dispatch_intra"},
       {edited_h200([](nlohmann::json& j) { j["runtime_reserve_gib"] = 500; }), "runtime_reserve_gib"},
+      {edited_h200([](nlohmann::json& j) { j["efficiency"]["elementwise"]["in_step"] = {{"factor", 0}}; }),
+       "elementwise/in_step/factor"},
+      {edited_h200([](nlohmann::json& j) { j["efficiency"]["elementwise"]["in_step"] = {{"factor", 3}}; }),
+       "elementwise/in_step/factor"},
+      {edited_h200([](nlohmann::json& j) { j["efficiency"]["elementwise"]["in_step"] = {{"factr", 0.7}}; }),
+       "factr is not a known key"},
   };
   for (const Case& c : cases) {
     const std::string msg = error_of([&] { parse_hardware_profile(c.text, "my-gpu.json"); });
@@ -92,6 +105,23 @@ TEST(HardwareProfile, bad_files_are_one_error_naming_the_file_and_the_key) {
   EXPECT_NE(unknown.find("h200, h100, b200, b300"), std::string::npos) << unknown;
   const std::string missing = error_of([] { load_hardware_profile("/nonexistent/gpu.json"); });
   EXPECT_NE(missing.find("/nonexistent/gpu.json"), std::string::npos) << missing;
+}
+
+TEST(EfficiencyCurve, the_in_step_factor_scales_the_points_until_new_points_are_measured) {
+  EfficiencyCurve c;
+  c.x = "bytes";
+  c.points = {{1e6, 0.4}, {1e9, 0.8}};
+  c.in_step = 0.75;
+  c.in_step_source = "fitted";
+  EXPECT_DOUBLE_EQ(c.points_at(1e9), 0.8);
+  EXPECT_DOUBLE_EQ(c.at(1e9), 0.6);
+  EXPECT_DOUBLE_EQ(c.at(1e6), 0.3);
+  // Points measured now replace what the factor was fitted against.
+  c.set_points({{1e9, 0.9}}, "measured alone");
+  EXPECT_EQ(c.in_step, 1);
+  EXPECT_EQ(c.in_step_source, "");
+  EXPECT_EQ(c.source, "measured alone");
+  EXPECT_DOUBLE_EQ(c.at(1e9), 0.9);
 }
 
 TEST(EfficiencyCurve, interpolates_linearly_in_log_x_and_holds_beyond_the_ends) {

@@ -3,11 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <ctime>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "moe/core/error.h"
@@ -27,7 +30,13 @@
 #include "moe/ops/grouped_gemm.h"
 #include "moe/ops/norm.h"
 #include "moe/parallel/dispatch_timing.h"
+#include "moe/perf/step_fit.h"
+#include "moe/perf/step_model.h"
+#include "moe/train/builtin_configs.h"
+#include "moe/train/config.h"
 #include "moe/train/step_split.h"
+#include "moe/train/step_work.h"
+#include "moe/train/trainer.h"
 #endif
 
 namespace moe {
@@ -73,11 +82,9 @@ void measure_dense(HardwareProfile& p, const Ceilings& ceil, Communicator& world
   }
   points.emplace_back(8192, ceil.gemm_tflops / p.peak_bf16_tflops);
   say(world, "dense BF16 GEMM 8192^3", 8192, ceil.gemm_tflops, "TFLOP/s", points.back().second);
-  p.gemm_dense_bf16.points = points;
-  p.gemm_dense_bf16.source = "cuBLASLt x[16384, d] W[d, d]^T and the 8192^3 ceiling";
+  p.gemm_dense_bf16.set_points(points, "cuBLASLt x[16384, d] W[d, d]^T and the 8192^3 ceiling, alone");
   if (ceil.fp8_gemm_tflops > 0) {
-    p.gemm_dense_fp8.points = {{8192, ceil.fp8_gemm_tflops / p.peak_fp8_tflops}};
-    p.gemm_dense_fp8.source = "cuBLASLt block-scaled FP8 8192^3";
+    p.gemm_dense_fp8.set_points({{8192, ceil.fp8_gemm_tflops / p.peak_fp8_tflops}}, "cuBLASLt block-scaled FP8 8192^3, alone");
     say(world, "dense FP8 GEMM 8192^3", 8192, ceil.fp8_gemm_tflops, "TFLOP/s", p.gemm_dense_fp8.points[0].second);
   }
 }
@@ -109,9 +116,8 @@ void measure_grouped(HardwareProfile& p, Communicator& world) {
     points.emplace_back(rows_per_expert, eff);
   }
   std::sort(points.begin(), points.end());
-  p.gemm_grouped_bf16.points = points;
-  p.gemm_grouped_bf16.source = "CUTLASS grouped gate/up product 2048 -> 2048: forward, data gradient, weight gradient "
-                               "(F32, written)";
+  p.gemm_grouped_bf16.set_points(points, "CUTLASS grouped gate/up product 2048 -> 2048: forward, data gradient, weight "
+                                         "gradient (F32, written), alone");
 }
 
 // cuDNN SDPA forward + backward at the MFU's full-square FLOP count.
@@ -137,8 +143,8 @@ void measure_attention(HardwareProfile& p, Communicator& world) {
     say(world, "attention fwd+bwd, seq_len", static_cast<double>(seq), eff * p.peak_bf16_tflops, "TFLOP/s", eff);
     points.emplace_back(static_cast<double>(seq), eff);
   }
-  p.attention.points = points;
-  p.attention.source = "cuDNN SDPA forward + backward, 32768 tokens, 16 heads of 128, full-square FLOPs";
+  p.attention.set_points(points, "cuDNN SDPA forward + backward, 32768 tokens, 16 heads of 128, full-square FLOPs, "
+                                 "alone");
 }
 
 // Element-wise kernels at OLMoE sizes (their bytes as step_work.h counts them), FP8 row quantization.
@@ -161,9 +167,8 @@ void measure_memory_bound(HardwareProfile& p, const Ceilings& ceil, Communicator
     const double bytes = 2.0 * (2 * M * d + 3 * R * h + 5 * R * h);
     const double eff = bytes / (ms * 1e-3) / mem;
     say(world, "RMSNorm + SwiGLU fwd/bwd, bytes", bytes, bytes / (ms * 1e-3) / 1e9, "GB/s", eff);
-    p.elementwise.points = {{bytes, eff}};
-    p.elementwise.source = "RMSNorm forward [32768, 2048], SwiGLU forward and backward [131072, 2048] in isolation "
-                           "(the step's smaller kernels and launch gaps run slower)";
+    p.elementwise.set_points({{bytes, eff}}, "RMSNorm forward [32768, 2048], SwiGLU forward and backward [131072, 2048], "
+                                             "alone");
   }
   if (ceil.fp8_gemm_tflops > 0) {
     Arena a("calibrate.fp8", Device::CUDA);
@@ -177,12 +182,84 @@ void measure_memory_bound(HardwareProfile& p, const Ceilings& ceil, Communicator
     const double bytes = 3.0 * M * d;
     const double eff = bytes / (ms * 1e-3) / mem;
     say(world, "FP8 quantize rows, bytes", bytes, bytes / (ms * 1e-3) / 1e9, "GB/s", eff);
-    p.fp8_quantize.points = {{bytes, eff}};
-    p.fp8_quantize.source = "FP8 row quantization of [32768, 2048] BF16 in isolation";
+    p.fp8_quantize.set_points({{bytes, eff}}, "FP8 row quantization of [32768, 2048] BF16, alone");
   }
-  p.optimizer.points = {{1e9, ceil.copy_tb_s / p.memory_tb_s}};
-  p.optimizer.source = "device-to-device copy of 1 GiB (AdamW runs at it)";
+  p.optimizer.set_points({{1e9, ceil.copy_tb_s / p.memory_tb_s}}, "device-to-device copy of 1 GiB (AdamW runs near it), "
+                                                                  "alone");
   say(world, "device copy (optimizer), bytes", 2.0 * (1 << 30), ceil.copy_tb_s * 1e3, "GB/s", p.optimizer.points[0].second);
+}
+
+// Steps of the reference model timed per precision: the first is not profiled (it builds the
+// cuBLASLt and cuDNN plans), the second captures the CUDA graph that the others replay.
+constexpr int kReferenceSteps = 8;
+
+// kReferenceSteps training steps of the built-in bench-olmoe-4l in `precision` on this rank's GPU
+// alone (as `moetrain bench --config configs/bench-olmoe-4l.toml --set train.cuda_graph=true`), the
+// kernel profiler recording all steps but the first: their split and work. Prints the split and
+// the measured step time on rank 0.
+ReferenceStep time_reference_step(Communicator& world, const char* precision, const Ceilings& ceil) {
+  const Config cfg = parse_config(builtin::kBenchOlmoe4lToml, "built-in config 'bench-olmoe-4l'",
+                                  {"train.steps=" + std::to_string(kReferenceSteps), "train.cuda_graph=true",
+                                   std::string("train.precision=\"") + precision + "\""});
+  const std::unique_ptr<Communicator> alone = world.split(world.rank(), 0);  // one step per GPU, no collectives
+  KernelProfiler profiler;
+  MOE_CHECK(profiler.available(), "bench --calibrate times a training step with the kernel profiler, which is not "
+            "available: ", profiler.why());
+  TrainOptions opts;
+  opts.bench = true, opts.quiet = true, opts.profiler = &profiler;
+  ReferenceStep ref;
+  ref.work = step_work(cfg, rank_layout(cfg, 1));
+  ref.d_model = static_cast<double>(cfg.model.hidden_size);
+  ref.seq_len = static_cast<double>(cfg.train.seq_len);
+  double step_s = 0;
+  int timed = 0;
+  {
+    Trainer trainer(cfg, opts, *alone);
+    const TrainSummary s = trainer.run();
+    timed = static_cast<int>(s.steps.size()) - 1;
+    MOE_CHECK(timed >= 1, "bench --calibrate: the reference step ran ", s.steps.size(), " steps, expected ",
+              kReferenceSteps);
+    step_s = s.mean_step_time_s;
+    ref.split = split_step(profiler.top(SIZE_MAX), timed, ref.work, ceil);
+  }  // the trainer's memory is free again
+  ref.name = std::string("bench-olmoe-4l ") + precision + " (" + std::to_string(timed) + " profiled steps)";
+  if (world.rank() == 0) {
+    double gpu_ms = 0;
+    for (const SplitRow& r : ref.split) gpu_ms += r.ms_per_step;
+    std::printf("  %s: %.4f s per step, %.2f ms of GPU time\n%s", ref.name.c_str(), step_s, gpu_ms,
+                format_step_split(ref.split, ceil).c_str());
+  }
+  return ref;
+}
+
+void say_fits(Communicator& world, const std::vector<InStepFit>& fits) {
+  if (world.rank() != 0) return;
+  for (const InStepFit& f : fits)
+    std::printf("  in the step: %-18s %-30s %8.2f ms = %5.1f%% of the peak (alone %5.1f%%): factor %.3f\n",
+                f.curve.c_str(), f.groups.c_str(), f.ms, 100 * f.efficiency, 100 * f.alone, f.factor);
+}
+
+// Fits the in-step factors (step_fit.h) to a BF16 reference step and, on Hopper, an FP8 one; says
+// what the fitted profile predicts for each.
+void fit_to_reference_steps(HardwareProfile& p, const Ceilings& ceil, Communicator& world) {
+  std::vector<std::pair<const char*, ReferenceStep>> steps;
+  steps.emplace_back("bf16", time_reference_step(world, "bf16", ceil));
+  say_fits(world, fit_bf16_step(p, steps.back().second));
+  if (ceil.fp8_gemm_tflops > 0) {  // FP8 runs on Hopper only
+    steps.emplace_back("fp8", time_reference_step(world, "fp8", ceil));
+    say_fits(world, fit_fp8_step(p, steps.back().second));
+  }
+  if (world.rank() != 0) return;
+  for (const auto& [precision, ref] : steps) {
+    const Config cfg = parse_config(builtin::kBenchOlmoe4lToml, "built-in config 'bench-olmoe-4l'",
+                                    {std::string("train.precision=\"") + precision + "\""});
+    Topology one;
+    one.layout = rank_layout(cfg, 1);
+    double gpu_ms = 0;
+    for (const SplitRow& r : ref.split) gpu_ms += r.ms_per_step;
+    std::printf("  the fitted profile predicts %.4f s per step for %s (its GPU time: %.4f s)\n",
+                predict_step(cfg, one, p).step_s, ref.name.c_str(), gpu_ms * 1e-3);
+  }
 }
 
 // NCCL reduce-scatter and all-gather by message size; rowwise dispatch and combine.
@@ -212,9 +289,8 @@ void measure_links(HardwareProfile& p, Communicator& world) {
     points.emplace_back(bytes, bus / link);
   }
   EfficiencyCurve& curve = across ? p.collective_inter : p.collective_intra;
-  curve.points = points;
-  curve.source = "NCCL reduce-scatter and all-gather of F32 buffers on " + std::to_string(n) + " ranks" +
-                 (across ? " across hosts" : " of one host") + ", bus bandwidth over the link bandwidth";
+  curve.set_points(points, "NCCL reduce-scatter and all-gather of F32 buffers on " + std::to_string(n) + " ranks" +
+                               (across ? " across hosts" : " of one host") + ", bus bandwidth over the link bandwidth");
   if (across) return;  // EP groups stay inside one node
   std::vector<std::pair<double, double>> dispatch;
   for (int64_t tokens : {2048, 16384}) {
@@ -226,9 +302,8 @@ void measure_links(HardwareProfile& p, Communicator& world) {
     say(world, "rowwise dispatch + combine", crossing, rate / 1e9, "GB/s", rate / link);
     dispatch.emplace_back(crossing, rate / link);
   }
-  p.dispatch_intra.points = dispatch;
-  p.dispatch_intra.source = "rowwise dispatch and combine (dispatch_timing.h) on " + std::to_string(n) +
-                            " GPUs, bytes crossing NVLink per rank over the time";
+  p.dispatch_intra.set_points(dispatch, "rowwise dispatch and combine (dispatch_timing.h) on " + std::to_string(n) +
+                                            " GPUs, bytes crossing NVLink per rank over the time");
 }
 
 }  // namespace
@@ -251,6 +326,7 @@ HardwareProfile calibrate_hardware(const HardwareProfile& base, Communicator& wo
   measure_grouped(p, world);
   measure_attention(p, world);
   measure_memory_bound(p, ceil, world);
+  fit_to_reference_steps(p, ceil, world);
   if (world.size() > 1) measure_links(p, world);
   const std::time_t now = std::time(nullptr);
   char date[32];

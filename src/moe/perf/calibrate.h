@@ -10,10 +10,16 @@
 //                       4096, 8192 (fraction of peak at the full-square FLOP count)
 //   elementwise         RMSNorm forward, SwiGLU forward and backward at OLMoE sizes (bytes moved)
 //   fp8_quantize        FP8 row quantization of [32768, 2048] BF16 (Hopper)
-//   optimizer           the device-to-device copy ceiling (AdamW runs at it)
+//   optimizer           the device-to-device copy ceiling
 // and, under mpirun with several ranks (one per GPU), the links: NCCL reduce-scatter and
 // all-gather of 1 MiB to 1 GiB (bus bandwidth; collective_inter when the ranks span several hosts,
 // else collective_intra) and the rowwise dispatch and combine of routed rows (dispatch_intra).
+// Those are the curves' points: what the kernels reach alone. Inside a training step they run
+// slower, so it also times 8 steps of the built-in bench-olmoe-4l (the reference model) on each
+// GPU alone with the kernel profiler, in BF16 and, on Hopper, in FP8, and fits the in-step factors
+// of the compute curves to the step split (step_fit.h): element-wise ("other"), optimizer, expert
+// and dense GEMMs and attention from the BF16 step; FP8 quantization and the FP8 GEMMs from the
+// FP8 step.
 // Everything else (peaks, memory, curves not measured) is kept from the base profile; the result
 // is marked measured and its source says what was measured, where and when.
 #pragma once

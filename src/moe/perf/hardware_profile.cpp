@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
 
 #include "moe/ckpt/durable_file.h"
 #include "moe/ckpt/json_field.h"
@@ -42,7 +43,7 @@ void only_known_keys(const JsonField& obj, const std::set<std::string>& known) {
 }
 
 EfficiencyCurve parse_curve(const JsonField& f, const std::string& key) {
-  only_known_keys(f, {"x", "points", "source"});
+  only_known_keys(f, {"x", "points", "source", "in_step"});
   EfficiencyCurve c;
   c.x = f["x"].as_string();
   if (c.x != expected_x(key)) f["x"].fail(std::string("\"") + expected_x(key) + "\" (what this curve is keyed by)");
@@ -56,18 +57,26 @@ EfficiencyCurve parse_curve(const JsonField& f, const std::string& key) {
     if (!c.points.empty() && x <= c.points.back().first) xy[0].fail("larger than the previous point's x (increasing x)");
     c.points.emplace_back(x, e);
   }
+  if (f.has("in_step")) {
+    const JsonField in_step = f["in_step"];
+    only_known_keys(in_step, {"factor", "source"});
+    c.in_step = positive_number(in_step["factor"], 2);
+    c.in_step_source = in_step.has("source") ? in_step["source"].as_string() : "";
+  }
   return c;
 }
 
 nlohmann::ordered_json curve_json(const EfficiencyCurve& c) {
   nlohmann::ordered_json points = nlohmann::ordered_json::array();
   for (const auto& [x, e] : c.points) points.push_back({x, e});
-  return {{"x", c.x}, {"points", points}, {"source", c.source}};
+  nlohmann::ordered_json j = {{"x", c.x}, {"points", points}, {"source", c.source}};
+  if (c.in_step != 1 || !c.in_step_source.empty()) j["in_step"] = {{"factor", c.in_step}, {"source", c.in_step_source}};
+  return j;
 }
 
 }  // namespace
 
-double EfficiencyCurve::at(double x_value) const {
+double EfficiencyCurve::points_at(double x_value) const {
   MOE_CHECK(!points.empty(), "efficiency curve keyed by ", x, " has no points");
   if (x_value <= points.front().first) return points.front().second;
   if (x_value >= points.back().first) return points.back().second;
@@ -76,6 +85,13 @@ double EfficiencyCurve::at(double x_value) const {
   const auto lo = hi - 1;
   const double t = std::log(x_value / lo->first) / std::log(hi->first / lo->first);
   return lo->second + t * (hi->second - lo->second);
+}
+
+void EfficiencyCurve::set_points(std::vector<std::pair<double, double>> measured, std::string how) {
+  points = std::move(measured);
+  source = std::move(how);
+  in_step = 1;
+  in_step_source.clear();
 }
 
 std::vector<std::pair<const char*, EfficiencyCurve*>> HardwareProfile::curves() {

@@ -14,6 +14,10 @@
 //   collective_intra, collective_inter   x = message_bytes (bus bandwidth over the link bandwidth)
 //   dispatch_intra                       x = message_bytes (rowwise dispatch/combine: bytes that cross
 //                                        to other GPUs over the time, per rank, over the link bandwidth)
+// A curve may also carry an in-step factor that its points are multiplied by: kernels timed alone
+// run faster than inside a training step, so `bench --calibrate` keeps what it measured alone as
+// the points and fits the factor to a whole step (step_fit.h); 1 where the points themselves come
+// from whole steps (JSON: "in_step": {"factor": f, "source": "..."}, left out when f is 1).
 #pragma once
 
 #include <string>
@@ -26,7 +30,14 @@ struct EfficiencyCurve {
   std::string x;                                   // what x is (the list above)
   std::vector<std::pair<double, double>> points;   // (x, fraction of the peak), x increasing
   std::string source;                              // how the points were obtained
-  double at(double x_value) const;
+  double in_step = 1;                              // the factor inside a training step
+  std::string in_step_source;                      // how it was obtained ("" when 1)
+  // The fraction of the peak inside a step: the points at x_value, times in_step.
+  double at(double x_value) const { return points_at(x_value) * in_step; }
+  // The points alone, interpolated in log x.
+  double points_at(double x_value) const;
+  // New points (measured now): the factor fitted to other points no longer applies.
+  void set_points(std::vector<std::pair<double, double>> measured, std::string how);
 };
 
 struct HardwareProfile {
