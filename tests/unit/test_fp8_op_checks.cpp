@@ -1,12 +1,13 @@
-// The argument checks of the FP8 ops (ops/fp8.cpp, ops/fp8_swiglu.cpp): each bad argument is refused with a message
-// naming the op, the argument and what was expected, before any data is touched; and the two
-// layout helpers (fp8_scale_shape, fp8_columns_capacity).
+// The argument checks of the FP8 ops (ops/fp8.cpp, ops/fp8_swiglu.cpp, ops/fp8_requantize.cpp):
+// each bad argument is refused with a message naming the op, the argument and what was expected,
+// before any data is touched; and the two layout helpers (fp8_scale_shape, fp8_columns_capacity).
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "moe/ops/fp8.h"
+#include "moe/ops/fp8_requantize.h"
 #include "moe/ops/fp8_swiglu.h"
 
 namespace moe {
@@ -185,20 +186,22 @@ TEST(Fp8OpChecks, cuda_calls_are_checked_before_dispatch) {
                   {"fp8_matmul", "c must be F32 or BF16 on cuda"});
 }
 
-TEST(Fp8OpChecks, swiglu_ops_refuse_operands_that_do_not_match_gate_up) {
+TEST(Fp8OpChecks, swiglu_forward_refuses_operands_that_do_not_match_gate_up) {
   // gate_up [8, 64] is [R, 2H] for H = 32.
   expect_contains(error_of([] { fp8_swiglu_forward(f32({8, 31}), rows({8, 31}), f32({8, 64})); }),
                   {"fp8_swiglu_forward", "gate_up [8, 64] must be [R, 2H] for out [8, 31]"});
   expect_contains(error_of([] { fp8_swiglu_forward(f32({8, 32}), rows({8, 64}), f32({8, 64})); }),
                   {"fp8_swiglu_forward", "out_rows.codes"});
-  // The backward's operands hold dgate_up [R, 2H]: the output's width is refused.
-  expect_contains(error_of([] { fp8_swiglu_backward(rows({8, 32}), rows({64, 128}), f32({8, 32}), f32({8, 64}), {}); }),
-                  {"fp8_swiglu_backward", "rows.codes"});
-  expect_contains(error_of([] { fp8_swiglu_backward(rows({8, 64}), rows({32, 128}), f32({8, 32}), f32({8, 64}), {}); }),
-                  {"fp8_swiglu_backward", "columns.codes", "expected [64, Mp]"});
-  expect_contains(error_of([] { fp8_swiglu_backward(rows({8, 64}), rows({64, 128}), f32({8, 30}), f32({8, 64}), {}); }),
-                  {"fp8_swiglu_backward", "dout [8, 30]"});
-  EXPECT_EQ(error_of([] { fp8_swiglu_backward(rows({8, 64}), rows({64, 128}), f32({8, 32}), f32({8, 64}), {}); }), "");
+}
+
+TEST(Fp8OpChecks, requantize_columns_refuses_a_values_type_and_columns_that_do_not_fit) {
+  // x: 300 rows of 40 features as Rows tiles; its columns operand is [40, Mp >= 384].
+  expect_contains(error_of([] { fp8_requantize_columns(rows({40, 384}), rows({300, 40}), DType::I32, {}); }),
+                  {"fp8_requantize_columns", "values must be F32 or BF16"});
+  expect_contains(error_of([] { fp8_requantize_columns(rows({40, 256}), rows({300, 40}), DType::BF16, {}); }),
+                  {"fp8_requantize_columns", "out.codes", "Mp >= 384"});
+  expect_contains(error_of([] { fp8_requantize_columns(rows({40, 384}), blocks({300, 40}), DType::BF16, {}); }),
+                  {"fp8_requantize_columns", "x has Blocks"});
 }
 
 }  // namespace

@@ -164,20 +164,6 @@ void Projections::experts_swiglu_forward(Tensor c, Tensor act, Tensor gu, Tensor
   fp8_grouped_matmul(c, act_rows, f_down.w, offsets);
 }
 
-ExpertOutputGrad Projections::experts_swiglu_data_grad(Tensor dx, Tensor dgu, Tensor dact, Tensor gu,
-                                                       Tensor w_gate_up, const Fp8Weight& f_gate_up, Tensor offsets) {
-  if (f_gate_up.empty()) {
-    swiglu_backward(dgu, dact, gu);
-    return experts_data_grad(dx, dgu, w_gate_up, f_gate_up, offsets);
-  }
-  const int64_t rows = gu.dim(0), cols = gu.dim(1);
-  const Fp8Tensor dgu_rows = operand(rows_, rows, cols);
-  const Fp8Tensor dgu_columns = operand(grad_columns_, cols, fp8_columns_capacity(rows, offsets.numel() - 1));
-  fp8_swiglu_backward(dgu_rows, dgu_columns, dact, gu, offsets);
-  fp8_grouped_matmul(dx, dgu_rows, f_gate_up.w_t, offsets);
-  return {Tensor(), dgu_columns};
-}
-
 void Projections::experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Tensor x, const Fp8Weight& f,
                                       Tensor offsets, bool accumulate) {
   if (f.empty()) return grouped_matmul_wgrad(dw, dy.dy, x, offsets, {}, accumulate);

@@ -60,17 +60,11 @@ class Projections {
   void experts_forward(Tensor c, Fp8Tensor a, const Fp8Weight& f, Tensor offsets);
   // dx = dy w[e] (data gradient); returns dy for the weight gradient.
   ExpertOutputGrad experts_data_grad(Tensor dx, Tensor dy, Tensor w, const Fp8Weight& f, Tensor offsets);
-  // The SwiGLU between the experts' gate/up and down products, with the products next to it:
-  // forward: act = swiglu(gu) (kept for the backward), then c = act w_down[e]^T; backward:
-  // dgu = swiglu_backward(dact, gu), then dx = dgu w_gate_up[e], returning dgu for the weight
-  // gradient. In FP8 the SwiGLU kernels quantize what they produce (moe/ops/fp8_swiglu.h): act's
-  // Rows operand, and dgu's Rows and columns operands, dgu itself never stored (the scratch `dgu`
-  // is written in BF16 only). The backward overwrites the operand scratch of the last
-  // experts_data_grad: finish that product's weight gradient first.
+  // The SwiGLU between the experts' gate/up and down products, with the down product:
+  // act = swiglu(gu) (kept for the backward), then c = act w_down[e]^T. In FP8 the SwiGLU kernel
+  // writes act's Rows operand as it computes act (moe/ops/fp8_swiglu.h).
   void experts_swiglu_forward(Tensor c, Tensor act, Tensor gu, Tensor w_down, const Fp8Weight& f_down,
                               Tensor offsets);
-  ExpertOutputGrad experts_swiglu_data_grad(Tensor dx, Tensor dgu, Tensor dact, Tensor gu, Tensor w_gate_up,
-                                            const Fp8Weight& f_gate_up, Tensor offsets);
   // dw[e] (+= or =, per accumulate) dy^T x (weight gradient; = zeroes experts without rows).
   void experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Tensor x, const Fp8Weight& f, Tensor offsets,
                            bool accumulate);

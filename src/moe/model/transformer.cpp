@@ -567,16 +567,13 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
   const ExpertOutputGrad dye = proj_->experts_data_grad(s.dact, d.expert_out, w.experts_down, f.experts_down,
                                                         A.offsets);
   const bool accumulate = !scales.gradients_zeroed;  // equal results: 0 + x == x
-  if (recompute_experts) swiglu_backward_with_output(s.dgu, A.act, s.dact, A.gu);
+  if (recompute_experts)
+    swiglu_backward_with_output(s.dgu, A.act, s.dact, A.gu);
+  else
+    swiglu_backward(s.dgu, s.dact, A.gu);
   proj_->experts_weight_grad(g.experts_down, dye, A.act, f.experts_down, A.offsets, accumulate);
-  // dgu and the gate/up data gradient, after the down weight gradient (which reads the operand
-  // scratch the fused SwiGLU backward writes). With recompute = experts, dgu came with the SwiGLU
-  // output above.
   const auto gate_up_data_grad = [&](Tensor dx) {
-    if (recompute_experts)
-      return proj_->experts_data_grad(dx, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
-    return proj_->experts_swiglu_data_grad(dx, s.dgu, s.dact, A.gu, w.experts_gate_up, f.experts_gate_up,
-                                           A.offsets);
+    return proj_->experts_data_grad(dx, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
   };
   if (payload_ == Payload::FP8) {
     // The weight gradient reads the expert input along the tokens: re-quantized from the moved FP8

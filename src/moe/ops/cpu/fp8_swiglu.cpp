@@ -1,9 +1,6 @@
-// The CPU's fused SwiGLU + FP8 ops are the composition they are defined as (moe/ops/fp8_swiglu.h):
-// the CPU gains nothing from fusing, and the composition is their meaning.
+// The CPU's fused SwiGLU + FP8 op is the composition it is defined as (moe/ops/fp8_swiglu.h): the
+// CPU gains nothing from fusing, and the composition is its meaning.
 #include "moe/ops/cpu/fp8_swiglu.h"
-
-#include <cstddef>
-#include <vector>
 
 #include "moe/ops/cpu/activation.h"
 #include "moe/ops/cpu/fp8.h"
@@ -13,14 +10,6 @@ namespace moe::cpu {
 void fp8_swiglu_forward(Tensor out, Fp8Tensor out_rows, Tensor gate_up, Stream stream) {
   cpu::swiglu_forward(out, gate_up, stream);
   cpu::fp8_quantize_rows(out_rows, out, stream);
-}
-
-void fp8_swiglu_backward(Fp8Tensor rows, Fp8Tensor columns, Tensor dout, Tensor gate_up, Tensor offsets,
-                         Stream stream) {
-  std::vector<std::byte> storage(gate_up.nbytes());
-  const Tensor dgate_up(storage.data(), gate_up.dtype, gate_up.shape, Device::CPU);
-  cpu::swiglu_backward(dgate_up, dout, gate_up, stream);
-  cpu::fp8_quantize_rows_and_columns(rows, columns, dgate_up, offsets, stream);
 }
 
 }  // namespace moe::cpu

@@ -1,4 +1,4 @@
-// CPU SwiGLU with FP8 outputs. Semantics: moe/ops/fp8_swiglu.h.
+// CPU SwiGLU forward with FP8 output. Semantics: moe/ops/fp8_swiglu.h.
 #pragma once
 
 #include "moe/core/stream.h"
@@ -8,7 +8,5 @@
 namespace moe::cpu {
 
 void fp8_swiglu_forward(Tensor out, Fp8Tensor out_rows, Tensor gate_up, Stream stream);
-void fp8_swiglu_backward(Fp8Tensor rows, Fp8Tensor columns, Tensor dout, Tensor gate_up, Tensor offsets,
-                         Stream stream);
 
 }  // namespace moe::cpu
