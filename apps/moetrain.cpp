@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -89,6 +90,11 @@ void print_summary(const moe::TrainSummary& s, bool bench) {
   if (s.skipped_steps > 0) std::printf("  skipped steps (non-finite gradients): %ld\n", static_cast<long>(s.skipped_steps));
 }
 
+// Counts on the command line, with errors that state their range in plain integers (CLI11's
+// NonNegativeNumber / PositiveNumber print it as doubles up to 1.8e308).
+const CLI::Range kCountFromZero(int64_t{0}, std::numeric_limits<int64_t>::max());
+const CLI::Range kCountFromOne(int64_t{1}, std::numeric_limits<int64_t>::max());
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -114,10 +120,10 @@ int main(int argc, char** argv) {
                     "start a new run (step 0, fresh optimizer state) from the weights of a checkpoint dir, a run dir "
                     "(its newest checkpoint) or a Hugging Face OLMoE folder; the model config must match");
   train->add_option("--save-every", save_every, "checkpoint every N steps (train.save_every)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kCountFromZero);
   train->add_option("--keep-last", keep_last, "keep only the newest K checkpoints (train.keep_last)")
-      ->check(CLI::NonNegativeNumber);
-  train->add_option("--steps", steps, "total optimizer steps (train.steps)")->check(CLI::NonNegativeNumber);
+      ->check(kCountFromZero);
+  train->add_option("--steps", steps, "total optimizer steps (train.steps)")->check(kCountFromZero);
   train->add_flag("--overwrite", overwrite,
                   "run.dir holds another run: move its files into <run.dir>/replaced/ and start afresh");
 
@@ -125,7 +131,7 @@ int main(int argc, char** argv) {
   int64_t bench_steps = 10;
   CLI::App* bench = app.add_subcommand("bench", "time N training steps; prints tokens/s, MFU and the step-time split");
   bench_args.add_to(bench);
-  bench->add_option("--steps", bench_steps, "steps to run")->capture_default_str()->check(CLI::PositiveNumber);
+  bench->add_option("--steps", bench_steps, "steps to run")->capture_default_str()->check(kCountFromOne);
   bool bench_check = false;
   std::string bench_json;
   bench->add_option("--json", bench_json,
@@ -142,7 +148,7 @@ int main(int argc, char** argv) {
   size_t bench_top_kernels = 20;
   bench->add_option("--top-kernels", bench_top_kernels, "rows of the GPU kernel table (the heaviest kernels first)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(size_t{1}, size_t{1000}));
   bench->add_flag("--check", bench_check,
                   "first compare one batch's loss between the fast and the reference kernels; fail if they differ");
 
@@ -164,7 +170,7 @@ int main(int argc, char** argv) {
   eval->add_option("--data", eval_data, "token file, folder or glob (in the checkpoint's data.format), or 'synthetic'")
       ->required();
   eval->add_option("--tokens", eval_tokens, "evaluate at most N predicted tokens (0 = all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kCountFromZero);
   eval->add_option("--logits", eval_logits, "write the first microbatch's logits to this .npy (float32)");
   eval->add_option("--set", eval_overrides, "override a key of the checkpoint's config (e.g. train.seq_len)");
 

@@ -103,6 +103,18 @@ TEST_F(CliTest, a_fresh_run_into_a_directory_holding_a_run_is_refused_and_change
   EXPECT_FALSE(fs::exists(run_dir() + "/.lock"));
 }
 
+TEST_F(CliTest, a_fresh_run_into_a_run_without_a_checkpoint_is_told_what_starts_it_not_to_resume_it) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--set", "run.save_final=false"})).exit_code, 0);
+  ASSERT_TRUE(step_dirs(run_dir()).empty());
+  const CliRun r = moetrain(tiny_train({"--steps", "2"}));
+  expect_error(r, {run_dir(), "already holds a run", "without a complete checkpoint", "run.resume = \"auto\"",
+                   "--overwrite"});
+  EXPECT_EQ(r.err.find("--resume latest"), std::string::npos) << r.err;
+  std::vector<std::string> fresh = tiny_train({"--steps", "2"});
+  fresh.insert(fresh.end(), {"--set", "run.resume=\"auto\""});
+  ASSERT_EQ(moetrain(fresh).exit_code, 0) << "the advice must work";
+}
+
 TEST_F(CliTest, overwrite_moves_the_previous_run_aside_and_starts_afresh) {
   ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
   const std::string metrics = read_file(run_dir() + "/metrics.jsonl");

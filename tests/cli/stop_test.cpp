@@ -60,6 +60,9 @@ TEST_F(StopTest, sigusr1_and_ctrl_c_stop_the_same_way) {
     ASSERT_EQ(r.exit_code, 0) << signal << "\n" << r.out << r.err;
     EXPECT_NE(r.out.find(std::string("(SIG") + signal + ")"), std::string::npos) << r.out;
     EXPECT_EQ(step_dirs(dir).size(), 1u) << signal;
+    // Ctrl-C says at once what a second one would do (it stops without a checkpoint).
+    const bool warned = r.err.find("Ctrl-C again stops at once, without one") != std::string::npos;
+    EXPECT_EQ(warned, std::string(signal) == "INT") << signal << "\n" << r.err;
   }
 }
 

@@ -101,6 +101,12 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
   // records, which a fresh start sets aside.
   const bool auto_fresh = start.resumed_from.empty() && start.auto_resume && (!fs::is_directory(dir_, ec) || list_checkpoints(dir_).empty());
   if (!held.empty() && !continues_this_run && !start.overwrite && !auto_fresh) {
+    // Without a complete checkpoint there is nothing for --resume latest to continue: say what works.
+    if (start.resumed_from.empty() && list_checkpoints(dir_).empty())
+      MOE_FAIL("run.dir '", dir_, "' already holds a run (", held,
+               ") without a complete checkpoint to continue from; start it afresh with run.resume = \"auto\" (its "
+               "records are set aside in the directory) or --overwrite (its files move into ", dir_,
+               "/replaced/), or choose another run.dir");
     if (start.resumed_from.empty())
       MOE_FAIL("run.dir '", dir_, "' already holds a run (", held,
                "); continue it with --resume latest (or run.resume = \"auto\"), choose another run.dir, or pass "

@@ -1,5 +1,7 @@
 #include "moe/train/stop_request.h"
 
+#include <unistd.h>
+
 #include <csignal>
 #include <initializer_list>
 
@@ -9,10 +11,17 @@ namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
 
+constexpr char kFirstInterrupt[] =
+    "\nmoetrain: stopping after this step and saving a checkpoint; Ctrl-C again stops at once, without one\n";
+
 extern "C" void record_stop(int signo) {
   if (g_stop_signal == 0) g_stop_signal = signo;
-  // A second Ctrl-C is an emergency stop: back to the default action for the next one.
-  if (signo == SIGINT) std::signal(SIGINT, SIG_DFL);
+  // A second Ctrl-C is an emergency stop: back to the default action for the next one. The user
+  // is told so now (write is async-signal-safe; its result does not matter here).
+  if (signo == SIGINT) {
+    std::signal(SIGINT, SIG_DFL);
+    [[maybe_unused]] const ssize_t n = write(STDERR_FILENO, kFirstInterrupt, sizeof(kFirstInterrupt) - 1);
+  }
 }
 
 }  // namespace
