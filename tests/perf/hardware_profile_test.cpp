@@ -92,6 +92,15 @@ TEST(HardwareProfile, bad_files_are_one_error_naming_the_file_and_the_key) {
        "elementwise/in_step/factor"},
       {edited_h200([](nlohmann::json& j) { j["efficiency"]["elementwise"]["in_step"] = {{"factor", 3}}; }),
        "elementwise/in_step/factor"},
+      // A factor may not lift a curve past the peak: 0.8 x 1.5 = 1.2 of the GEMM peak.
+      {edited_h200([](nlohmann::json& j) {
+         j["efficiency"]["gemm_dense_bf16"]["points"] = {{2048, 0.8}};
+         j["efficiency"]["gemm_dense_bf16"]["in_step"] = {{"factor", 1.5}};
+       }),
+       "gemm_dense_bf16/in_step/factor must be a factor that keeps every point at most 1 of the peak (the point at "
+       "x = 2048 is 0.8)"},
+      {edited_h200([](nlohmann::json& j) { j["efficiency"]["gemm_grouped_fp8"]["points"] = {{4096, 1.2}}; }),
+       "gemm_grouped_fp8/points/0/1 must be a number above 0 and at most 1"},
       {edited_h200([](nlohmann::json& j) { j["efficiency"]["elementwise"]["in_step"] = {{"factr", 0.7}}; }),
        "factr is not a known key"},
   };

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <utility>
 
 #include "moe/ckpt/durable_file.h"
@@ -25,11 +26,26 @@ const char* expected_x(const std::string& key) {
   return "message_bytes";
 }
 
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
 double positive_number(const JsonField& f, double max) {
   const nlohmann::json& v = f.value();
   if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0 || v.get<double>() > max)
-    f.fail("a number above 0 and at most " + std::to_string(static_cast<long long>(max)));
+    f.fail("a number above 0 and at most " + number_text(max));
   return v.get<double>();
+}
+
+// The largest fraction of the peak a curve may reach, alone or inside a step: products and
+// memory-bound kernels cannot beat their peak; attention counts the full square of FLOPs (a causal
+// kernel does about half of them) and the link curves count bytes over a nominal link rate, so
+// those may pass 1.
+double fraction_bound(const std::string& key) {
+  const std::string x = expected_x(key);
+  return x == "seq_len" || x == "message_bytes" ? 1.5 : 1.0;
 }
 
 // Every member of `obj` must be one of `known` (a misspelt key is an error, not a default).
@@ -53,7 +69,7 @@ EfficiencyCurve parse_curve(const JsonField& f, const std::string& key) {
   for (const JsonField& p : points) {
     const std::vector<JsonField> xy = p.elements();
     if (xy.size() != 2) p.fail("an [x, efficiency] pair");
-    const double x = positive_number(xy[0], 1e18), e = positive_number(xy[1], 1.5);
+    const double x = positive_number(xy[0], 1e18), e = positive_number(xy[1], fraction_bound(key));
     if (!c.points.empty() && x <= c.points.back().first) xy[0].fail("larger than the previous point's x (increasing x)");
     c.points.emplace_back(x, e);
   }
@@ -62,6 +78,11 @@ EfficiencyCurve parse_curve(const JsonField& f, const std::string& key) {
     only_known_keys(in_step, {"factor", "source"});
     c.in_step = positive_number(in_step["factor"], 2);
     c.in_step_source = in_step.has("source") ? in_step["source"].as_string() : "";
+    for (const auto& [x, e] : c.points)
+      if (e * c.in_step > fraction_bound(key))
+        in_step["factor"].fail("a factor that keeps every point at most " + number_text(fraction_bound(key)) +
+                               " of the peak (the point at x = " + number_text(x) + " is " + number_text(e) +
+                               ")");
   }
   return c;
 }
