@@ -27,24 +27,11 @@ namespace {
 constexpr int kSteps = 3;
 
 std::vector<std::string> overrides(int world, int ep, bool overlap, int64_t bucket_bytes) {
-  return {"run.device=\"cpu\"",
-          "model.hidden_size=32",
-          "model.intermediate_size=16",
-          "model.num_experts=8",
-          "model.num_experts_per_tok=2",
-          "train.seq_len=16",
-          "train.micro_batch_size=1",
-          "train.global_batch_size=" + std::to_string(2 * world),  // 2 microbatches per rank
-          "train.warmup_steps=1",
-          "train.steps=" + std::to_string(kSteps),
-          "train.eval_every=0",
-          "train.eval_batches=0",
-          "run.save_final=false",
-          "data.synthetic_tokens=20000",
-          "data.synthetic_eval_tokens=2000",
-          "parallel.ep=" + std::to_string(ep),
-          std::string("parallel.overlap_grad_reduce=") + (overlap ? "true" : "false"),
-          "parallel.grad_bucket_bytes=" + std::to_string(bucket_bytes)};
+  std::vector<std::string> o = testing::tiny_moe_cpu_run(world, kSteps);
+  o.insert(o.end(), {"parallel.ep=" + std::to_string(ep),
+                     std::string("parallel.overlap_grad_reduce=") + (overlap ? "true" : "false"),
+                     "parallel.grad_bucket_bytes=" + std::to_string(bucket_bytes)});
+  return o;
 }
 
 struct RunResult {

@@ -26,22 +26,9 @@ namespace moe {
 namespace {
 
 std::vector<std::string> base_overrides(const std::string& run_dir, int world) {
-  return {"run.device=\"cpu\"",
-          "model.hidden_size=32",
-          "model.intermediate_size=16",
-          "model.num_experts=8",
-          "model.num_experts_per_tok=2",
-          "train.seq_len=16",
-          "train.micro_batch_size=1",
-          "train.global_batch_size=" + std::to_string(2 * world),  // 2 microbatches per rank
-          "train.warmup_steps=1",
-          "train.steps=2",
-          "train.eval_every=0",
-          "train.eval_batches=0",
-          "run.save_final=false",
-          "data.synthetic_tokens=20000",
-          "data.synthetic_eval_tokens=2000",
-          "run.dir=\"" + run_dir + "\""};
+  std::vector<std::string> o = testing::tiny_moe_cpu_run(world, /*steps=*/2);
+  o.push_back("run.dir=\"" + run_dir + "\"");
+  return o;
 }
 
 struct RunResult {

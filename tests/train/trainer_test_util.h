@@ -11,6 +11,27 @@
 
 namespace moe::testing {
 
+// A tiny CPU MoE run (d 32, 8 experts, top-2, seq 16) of `steps` steps with 2 microbatches per rank
+// of a `world`-rank job, no evaluation and no final checkpoint: the multi-rank equivalence tests'
+// config, before the keys each test varies.
+inline std::vector<std::string> tiny_moe_cpu_run(int world, int steps) {
+  return {"run.device=\"cpu\"",
+          "model.hidden_size=32",
+          "model.intermediate_size=16",
+          "model.num_experts=8",
+          "model.num_experts_per_tok=2",
+          "train.seq_len=16",
+          "train.micro_batch_size=1",
+          "train.global_batch_size=" + std::to_string(2 * world),
+          "train.warmup_steps=1",
+          "train.steps=" + std::to_string(steps),
+          "train.eval_every=0",
+          "train.eval_batches=0",
+          "run.save_final=false",
+          "data.synthetic_tokens=20000",
+          "data.synthetic_eval_tokens=2000"};
+}
+
 // Nothing written to disk, nothing printed.
 inline TrainOptions quiet_bench() {
   TrainOptions opts;

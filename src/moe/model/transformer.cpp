@@ -572,18 +572,15 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
   else
     swiglu_backward(s.dgu, s.dact, A.gu);
   proj_->experts_weight_grad(g.experts_down, dye, A.act, f.experts_down, A.offsets, accumulate);
-  const auto gate_up_data_grad = [&](Tensor dx) {
-    return proj_->experts_data_grad(dx, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
-  };
+  const ExpertOutputGrad dgu =
+      proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
   if (payload_ == Payload::FP8) {
     // The weight gradient reads the expert input along the tokens: re-quantized from the moved FP8
     // rows. All reads of the moved rows stay before dispatch_backward's syncs, after which a peer
     // may store into them again.
     const Fp8Tensor x_columns = proj_->expert_input_columns(A.experts.fp8_expert_in(), act_, A.offsets);
-    const ExpertOutputGrad dgu = gate_up_data_grad(d.expert_in);
     proj_->experts_weight_grad(g.experts_gate_up, dgu, x_columns, f.experts_gate_up, A.offsets, accumulate);
   } else {
-    const ExpertOutputGrad dgu = gate_up_data_grad(d.expert_in);
     proj_->experts_weight_grad(g.experts_gate_up, dgu, A.experts.expert_in, f.experts_gate_up, A.offsets,
                                accumulate);
   }
