@@ -1,5 +1,6 @@
 // Selective activation recompute (train.recompute) on the GPU: every mode's gradients equal those
-// of no recompute within the GPU's run-to-run nondeterminism (cuDNN's attention backward), and a
+// of no recompute within the GPU's run-to-run nondeterminism (cuDNN's attention backward), in BF16
+// and (experts) in FP8 with either dispatch payload (the FP8 tests need Hopper), and a
 // recomputing step captured as one CUDA graph (the re-dispatch and the recomputed blocks make no
 // host read) replays with the losses of eager execution; the GPU plan shrinks by exactly the
 // dropped buffers. Skipped with the reason where no GPU is usable (the plan test needs none).
@@ -123,6 +124,40 @@ TEST(GpuRecompute, RecomputingStepCapturedAsOneGraphGivesTheEagerLosses) {
       EXPECT_NEAR(graph.steps[i].grad_norm, eager.steps[i].grad_norm, 1e-3 * eager.steps[i].grad_norm);
       EXPECT_NEAR(eager.steps[i].loss, none.steps[i].loss, kReplayRelTol * none.steps[i].loss);
     }
+  }
+}
+
+// recompute = experts in FP8: the recomputed gate/up product quantizes the kept BF16 expert input
+// again (ep.payload = "bf16") or reads the kept FP8 rows (ep.payload = "fp8"). Either way the
+// gradients are those of no recompute in the same precision (the FP8 products are deterministic;
+// cuDNN's attention backward bounds the difference as above), and the step captured as one graph
+// replays the eager losses.
+TEST(GpuRecompute, ExpertsRecomputeInFp8GivesTheNoRecomputeGradientsAndCaptures) {
+  MOE_SKIP_WITHOUT_GPU();
+  TempDir dir;
+  constexpr double kGradRelTol = 1e-5, kReplayRelTol = 1e-4;
+  for (const std::string payload : {"bf16", "fp8"}) {
+    SCOPED_TRACE("ep.payload = " + payload);
+    auto config = [&](const std::string& recompute, std::vector<std::string> extra) {
+      extra.insert(extra.end(), {"model.hidden_size=128", "model.intermediate_size=128",
+                                 "model.dense_intermediate_size=256", "model.shared_expert_intermediate_size=128",
+                                 "train.precision=\"fp8\"", "ep.payload=\"" + payload + "\""});
+      return gpu_config(dir.path, recompute, extra);
+    };
+    Trainer none(config("none", {}), quiet_bench(), local_world());
+    const auto want = first_step_gradients(none);
+    Trainer experts(config("experts", {}), quiet_bench(), local_world());
+    const auto got = first_step_gradients(experts);
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, g] : want) EXPECT_LE(rel_l2(got.at(name), g), kGradRelTol) << name;
+
+    const TrainSummary eager = Trainer(config("experts", {"train.steps=4"}), quiet_bench(), local_world()).run();
+    const TrainSummary graph =
+        Trainer(config("experts", {"train.steps=4", "train.cuda_graph=true"}), quiet_bench(), local_world()).run();
+    EXPECT_GT(graph.graph_nodes, 0u);
+    ASSERT_EQ(graph.steps.size(), eager.steps.size());
+    for (size_t i = 0; i < eager.steps.size(); ++i)
+      EXPECT_NEAR(graph.steps[i].loss, eager.steps[i].loss, kReplayRelTol * eager.steps[i].loss) << "step " << i + 1;
   }
 }
 
