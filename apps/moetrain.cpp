@@ -363,6 +363,7 @@ int main(int argc, char** argv) {
       opts.resume = resume;
       opts.init_from = init_from;
       opts.overwrite = overwrite;
+      opts.config_file = train_args.config;
       opts.stop_on_signals = true;  // SIGTERM / SIGUSR1 / SIGHUP / Ctrl-C: checkpoint at the next step, then stop
       moe::Trainer trainer(cfg, opts, world);
       const moe::TrainSummary s = trainer.run();

@@ -417,7 +417,7 @@ TrainSummary Trainer::run() {
   std::unique_ptr<RunDirectory> run_dir;
   if (!opts_.bench && leader()) {
     run_dir = std::make_unique<RunDirectory>(
-        cfg_, RunStart{resumed_from_, start_step_, opts_.overwrite, cfg_.run.resume == "auto"});
+        cfg_, RunStart{resumed_from_, start_step_, opts_.overwrite, cfg_.run.resume == "auto", opts_.config_file});
     if (!run_dir->set_aside().empty() && !opts_.quiet)
       std::printf("moved what came after step %ld in %s aside to %s\n", static_cast<long>(start_step_),
                   run_dir->path().c_str(), run_dir->set_aside().c_str());

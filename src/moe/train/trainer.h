@@ -46,6 +46,7 @@ struct TrainOptions {
   // only, step 0, fresh optimizer state (init_source.h). Excludes `resume`.
   std::string init_from;
   bool overwrite = false;  // a fresh run may set aside the run that run.dir holds (run_dir.h)
+  std::string config_file;  // the --config file ("" or "tiny": the built-in): an input --overwrite leaves in place
   bool stop_on_signals = false;  // from the first step on, stop signals save a checkpoint and end run()
   // An opened checkpoint to start from instead of `resume` (its files stay readable while open,
   // even if a running job prunes them: `moetrain eval` opens it once).
