@@ -78,8 +78,13 @@ void print_summary(const moe::TrainSummary& s, bool bench) {
   for (const auto& [name, loss] : s.eval_sets) std::printf("  eval loss on %s: %.4f\n", name.c_str(), loss);
   if (s.attainable_loss)
     std::printf("  attainable loss: %.4f (entropy rate of the synthetic corpus)\n", *s.attainable_loss);
-  std::printf("  throughput: %s tokens/s, MFU %.2f%% per device, %.3f s/step (mean over steps after the first)\n",
-              moe::format_count(s.mean_tokens_per_s).c_str(), 100 * s.mean_mfu, s.mean_step_time_s);
+  // Which steps the means are over, true for any count: the first (start-up work) is left out when others ran.
+  const std::string timed = s.first_step_timed    ? "the only step run, its start-up work included"
+                            : s.timed_steps == 1 ? "the one step after the first"
+                                                 : "mean over the " + std::to_string(s.timed_steps) +
+                                                       " steps after the first";
+  std::printf("  throughput: %s tokens/s, MFU %.2f%% per device, %.3f s/step (%s)\n",
+              moe::format_count(s.mean_tokens_per_s).c_str(), 100 * s.mean_mfu, s.mean_step_time_s, timed.c_str());
   std::printf("  memory: arena %s, peak resident (host) %s", moe::format_bytes(static_cast<double>(s.arena_bytes)).c_str(),
               moe::format_bytes(static_cast<double>(s.peak_rss_bytes)).c_str());
   if (s.device == moe::Device::CUDA)

@@ -1,6 +1,7 @@
 // `moetrain plan` as a user runs it: without a GPU and without allocating, it prints each rank's
 // plan by role, the same bytes the run's start-up printout and metrics.jsonl report for that
-// config; a config that does not fit gets the planned options; bad arguments get one error.
+// config; a config that does not fit gets the planned options; bad arguments get one error. Also
+// what bench prints about its timed steps, and the performance model's flags.
 #include <regex>
 
 #include "cli_test_util.h"
@@ -167,6 +168,35 @@ TEST_F(PlanCli, plan_predicts_gpu_step_time_and_refuses_bad_model_flags) {
   const CliRun gpu = moetrain({"plan", "--hardware", "h200"});  // run.device auto: a CPU plan in this build
   EXPECT_EQ(gpu.exit_code, 2) << gpu.err;
 #endif
+}
+
+// The throughput line says which steps its means are over, true for every step count: the only
+// step (start-up work included), the one after the first, or the N after the first; the JSON
+// report carries the same count.
+TEST_F(PlanCli, bench_says_which_steps_its_means_are_over_for_every_step_count) {
+  const struct {
+    int steps;
+    const char* words;
+    int timed;
+  } cases[] = {{1, "(the only step run, its start-up work included)", 1},
+               {2, "(the one step after the first)", 1},
+               {4, "(mean over the 3 steps after the first)", 3}};
+  for (const auto& c : cases) {
+    const std::string json = path("bench-" + std::to_string(c.steps) + ".json");
+    std::vector<std::string> args = {"bench", "--steps", std::to_string(c.steps), "--json", json};
+    for (const std::string& s : tiny_sets())
+      if (s.rfind("train.steps=", 0) != 0) args.insert(args.end(), {"--set", s});
+    const CliRun r = moetrain(args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find(std::string("s/step ") + c.words), std::string::npos) << c.steps << " steps:\n" << r.out;
+    const auto report = nlohmann::json::parse(read_file(json));
+    EXPECT_EQ(report.at("steps_timed"), c.timed) << c.steps;
+    EXPECT_EQ(report.at("first_step_timed"), c.steps == 1) << c.steps;
+    EXPECT_GT(report.at("step_s").get<double>(), 0) << c.steps;
+  }
+  const CliRun train = moetrain(tiny_train());  // train.steps = 1: the same printer
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  EXPECT_NE(train.out.find("(the only step run, its start-up work included)"), std::string::npos) << train.out;
 }
 
 TEST_F(PlanCli, bench_calibrate_refuses_config_flags_and_existing_files) {
