@@ -330,14 +330,20 @@ int main(int argc, char** argv) {
         if (!plan_json.empty()) moe::write_prediction_json(plan_json, ranked, hw);
         return 0;
       }
-      std::printf("%s", moe::plan_report(cfg, plan_gpus, gpu ? moe::Device::CUDA : moe::Device::CPU,
-                                         static_cast<size_t>(gib * (1u << 30)))
-                            .c_str());
+      moe::TopologyCandidate c;
       if (gpu) {
-        moe::TopologyCandidate c;
+        // Checked first: a layout the hardware cannot hold (an EP group across nodes, more GPUs per
+        // node than a node has) is refused before anything prints, never after a "fits" line.
         c.topo.gpus = plan_gpus, c.topo.nodes = plan_nodes, c.topo.layout = moe::rank_layout(cfg, plan_gpus);
         c.cfg = cfg;
-        c.prediction = moe::predict_step(cfg, c.topo, hw);
+        moe::check_topology(c.topo, hw);
+      }
+      // Built whole before printing: a config this size cannot run is an error with nothing printed.
+      const std::string memory_plan = moe::plan_report(cfg, plan_gpus, gpu ? moe::Device::CUDA : moe::Device::CPU,
+                                                       static_cast<size_t>(gib * (1u << 30)));
+      if (gpu) c.prediction = moe::predict_step(cfg, c.topo, hw);
+      std::printf("%s", memory_plan.c_str());
+      if (gpu) {
         c.memory = moe::plan_largest_rank(cfg, plan_gpus, moe::Device::CUDA);
         c.memory_gib = static_cast<double>(c.memory.total()) / (1u << 30) + hw.runtime_reserve_gib;
         c.feasible = c.memory_gib <= hw.memory_gib;
