@@ -206,6 +206,7 @@ TEST_F(PlanCli, a_gpu_plan_whose_ep_group_spans_nodes_prints_only_the_error) {
     EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
     EXPECT_EQ(r.out, "") << "nothing but the error: " << r.out;
     EXPECT_NE(r.err.find("parallel.ep = 16 spans more than one node"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("set parallel.ep to at most 8"), std::string::npos) << r.err;
     EXPECT_EQ(count_lines(r.err), 1) << r.err;
   }
 }

@@ -33,7 +33,8 @@ void check_topology(const Topology& t, const HardwareProfile& hw) {
             ": use --nodes ", (t.gpus + hw.gpus_per_node - 1) / hw.gpus_per_node, " or more");
   MOE_CHECK(t.layout.world == t.gpus, "topology: the layout has ", t.layout.world, " ranks for ", t.gpus, " GPUs");
   MOE_CHECK(t.layout.mode == "fsdp" || t.layout.ep <= t.gpus_per_node(), "parallel.ep = ", t.layout.ep,
-            " spans more than one node (", t.gpus_per_node(), " GPUs per node): an EP group must stay inside a node");
+            " spans more than one node (", t.gpus_per_node(), " GPUs per node): an EP group must stay inside a node; "
+            "set parallel.ep to at most ", t.gpus_per_node());
 }
 
 StepPrediction predict_step(const Config& cfg, const Topology& topo, const HardwareProfile& hw) {
