@@ -109,7 +109,8 @@ TEST_F(CliTest, pp_layers_as_a_string_in_file_and_via_set_shows_the_array_to_wri
 
 TEST_F(CliTest, an_unclosed_array_via_set_is_named_as_an_array_that_does_not_parse) {
   const CliRun r = moetrain(tiny_train({"--set", "parallel.pp_layers=[1,1"}));
-  expect_error(r, {"--set parallel.pp_layers=[1,1:", "the array [1,1 given for parallel.pp_layers could not be parsed"});
+  expect_error(r,
+               {"--set parallel.pp_layers=[1,1:", "the array [1,1 given for parallel.pp_layers could not be parsed"});
   EXPECT_EQ(r.err.find("string"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(run_dir()));
 }

@@ -170,8 +170,8 @@ TEST_F(CliTest, overwrite_refuses_to_move_an_input_of_the_new_run_and_moves_noth
   const std::string metrics = read_file(run_dir() + "/metrics.jsonl");
   const std::string config = read_file(run_dir() + "/config.toml");
   const CliRun own_config = moetrain({"train", "--config", "run/config.toml", "--steps", "1", "--overwrite"});
-  expect_error(own_config, {"--overwrite would move " + run_dir() + "/config.toml", "this run's --config run/config.toml",
-                            "copy that out of run.dir", "nothing was moved"});
+  expect_error(own_config, {"--overwrite would move " + run_dir() + "/config.toml",
+                            "this run's --config run/config.toml", "copy that out of run.dir", "nothing was moved"});
   EXPECT_EQ(read_file(run_dir() + "/config.toml"), config);
 
   fs::create_directories(run_dir() + "/abandoned");

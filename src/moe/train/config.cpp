@@ -284,8 +284,8 @@ class TomlReader {
 // An example value for an integer-array key that is valid for config `c`: for parallel.pp_layers
 // the layer counts of the user's string when they split this model, else the balanced split (none
 // when pp x pp_virtual chunks cannot split the layers); for another key, the string's integers.
-std::optional<std::vector<int64_t>> array_example(const std::string& key, const std::optional<std::vector<int64_t>>& own,
-                                                  const Config& c) {
+std::optional<std::vector<int64_t>> array_example(const std::string& key,
+                                                  const std::optional<std::vector<int64_t>>& own, const Config& c) {
   if (key != "parallel.pp_layers") return own;
   const int64_t chunks = c.parallel.pp * c.parallel.pp_virtual, layers = c.model.num_hidden_layers;
   if (c.parallel.pp < 1 || c.parallel.pp_virtual < 1 || chunks > layers) return std::nullopt;

@@ -195,9 +195,9 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
   // The resolved config needs a name that holds none of the user's files.
   MOE_CHECK(!exists_not_by_moetrain(dir_ + "/" + kConfigName) ||
                 !exists_not_by_moetrain(dir_ + "/" + kResolvedConfigName),
-            "run.dir '", dir_, "' holds a ", kConfigName, " and a ", kResolvedConfigName, " that moetrain did not write "
-            "(their first line is not its header); it writes the run's resolved config under one of these names and "
-            "never over a file of yours: move one of them out of run.dir");
+            "run.dir '", dir_, "' holds a ", kConfigName, " and a ", kResolvedConfigName,
+            " that moetrain did not write (their first line is not its header); it writes the run's resolved config "
+            "under one of these names and never over a file of yours: move one of them out of run.dir");
   if (start.overwrite && !held.empty())
     refuse_moving_inputs(dir_, previous_run_entries(dir_), run_inputs(cfg, start.config_file));
   fs::create_directories(dir_, ec);
