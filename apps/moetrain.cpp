@@ -78,8 +78,13 @@ void print_summary(const moe::TrainSummary& s, bool bench) {
   for (const auto& [name, loss] : s.eval_sets) std::printf("  eval loss on %s: %.4f\n", name.c_str(), loss);
   if (s.attainable_loss)
     std::printf("  attainable loss: %.4f (entropy rate of the synthetic corpus)\n", *s.attainable_loss);
-  std::printf("  throughput: %s tokens/s, MFU %.2f%% per device, %.3f s/step (mean over steps after the first)\n",
-              moe::format_count(s.mean_tokens_per_s).c_str(), 100 * s.mean_mfu, s.mean_step_time_s);
+  // Which steps the means are over, true for any count: the first (start-up work) is left out when others ran.
+  const std::string timed = s.first_step_timed    ? "the only step run, its start-up work included"
+                            : s.timed_steps == 1 ? "the one step after the first"
+                                                 : "mean over the " + std::to_string(s.timed_steps) +
+                                                       " steps after the first";
+  std::printf("  throughput: %s tokens/s, MFU %.2f%% per device, %.3f s/step (%s)\n",
+              moe::format_count(s.mean_tokens_per_s).c_str(), 100 * s.mean_mfu, s.mean_step_time_s, timed.c_str());
   std::printf("  memory: arena %s, peak resident (host) %s", moe::format_bytes(static_cast<double>(s.arena_bytes)).c_str(),
               moe::format_bytes(static_cast<double>(s.peak_rss_bytes)).c_str());
   if (s.device == moe::Device::CUDA)
@@ -325,14 +330,20 @@ int main(int argc, char** argv) {
         if (!plan_json.empty()) moe::write_prediction_json(plan_json, ranked, hw);
         return 0;
       }
-      std::printf("%s", moe::plan_report(cfg, plan_gpus, gpu ? moe::Device::CUDA : moe::Device::CPU,
-                                         static_cast<size_t>(gib * (1u << 30)))
-                            .c_str());
+      moe::TopologyCandidate c;
       if (gpu) {
-        moe::TopologyCandidate c;
+        // Checked first: a layout the hardware cannot hold (an EP group across nodes, more GPUs per
+        // node than a node has) is refused before anything prints, never after a "fits" line.
         c.topo.gpus = plan_gpus, c.topo.nodes = plan_nodes, c.topo.layout = moe::rank_layout(cfg, plan_gpus);
         c.cfg = cfg;
-        c.prediction = moe::predict_step(cfg, c.topo, hw);
+        moe::check_topology(c.topo, hw);
+      }
+      // Built whole before printing: a config this size cannot run is an error with nothing printed.
+      const std::string memory_plan = moe::plan_report(cfg, plan_gpus, gpu ? moe::Device::CUDA : moe::Device::CPU,
+                                                       static_cast<size_t>(gib * (1u << 30)));
+      if (gpu) c.prediction = moe::predict_step(cfg, c.topo, hw);
+      std::printf("%s", memory_plan.c_str());
+      if (gpu) {
         c.memory = moe::plan_largest_rank(cfg, plan_gpus, moe::Device::CUDA);
         c.memory_gib = static_cast<double>(c.memory.total()) / (1u << 30) + hw.runtime_reserve_gib;
         c.feasible = c.memory_gib <= hw.memory_gib;
@@ -363,6 +374,7 @@ int main(int argc, char** argv) {
       opts.resume = resume;
       opts.init_from = init_from;
       opts.overwrite = overwrite;
+      opts.config_file = train_args.config;
       opts.stop_on_signals = true;  // SIGTERM / SIGUSR1 / SIGHUP / Ctrl-C: checkpoint at the next step, then stop
       moe::Trainer trainer(cfg, opts, world);
       const moe::TrainSummary s = trainer.run();

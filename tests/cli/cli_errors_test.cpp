@@ -99,10 +99,19 @@ TEST_F(CliTest, wrong_type_in_file_and_via_set_names_the_key) {
 TEST_F(CliTest, pp_layers_as_a_string_in_file_and_via_set_shows_the_array_to_write) {
   write_file(path("old.toml"), tiny_toml_with("[run]", "[parallel]\npp_layers = \"1,1\"\n\n[run]"));
   const CliRun from_file = moetrain(tiny_train({"--config", path("old.toml")}));
+  // tiny has 2 layers on one stage: the array that works is [2], not the string's [1, 1].
   expect_error(from_file, {"config key 'parallel.pp_layers' in " + path("old.toml"), "not the string \"1,1\"",
-                           "parallel.pp_layers = [1, 1]"});
+                           "write parallel.pp_layers = [2]"});
   const CliRun from_set = moetrain(tiny_train({"--set", "parallel.pp_layers=\"1,1\""}));
-  expect_error(from_set, {"parallel.pp_layers", "--set 'parallel.pp_layers=[1,1]'"});
+  expect_error(from_set, {"parallel.pp_layers", "--set 'parallel.pp_layers=[2]'"});
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+TEST_F(CliTest, an_unclosed_array_via_set_is_named_as_an_array_that_does_not_parse) {
+  const CliRun r = moetrain(tiny_train({"--set", "parallel.pp_layers=[1,1"}));
+  expect_error(r,
+               {"--set parallel.pp_layers=[1,1:", "the array [1,1 given for parallel.pp_layers could not be parsed"});
+  EXPECT_EQ(r.err.find("string"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(run_dir()));
 }
 

@@ -1,6 +1,7 @@
 // `moetrain plan` as a user runs it: without a GPU and without allocating, it prints each rank's
 // plan by role, the same bytes the run's start-up printout and metrics.jsonl report for that
-// config; a config that does not fit gets the planned options; bad arguments get one error.
+// config; a config that does not fit gets the planned options; bad arguments get one error. Also
+// what bench prints about its timed steps, and the performance model's flags.
 #include <regex>
 
 #include "cli_test_util.h"
@@ -96,6 +97,24 @@ TEST_F(PlanCli, plan_refuses_bad_arguments_with_one_error) {
   EXPECT_NE(cpu_config.out.find("on 1 CPU rank"), std::string::npos) << cpu_config.out;
 }
 
+// The header states the whole layout and precision the plan is for: pipeline stages (schedule,
+// chunks, given layer split), EP with its dispatch and payload, besides mode and precision.
+TEST_F(PlanCli, plan_header_states_pipeline_stages_and_the_ep_payload) {
+  const CliRun pipeline = moetrain(plan_args({"--gpus", "4", "--set", "parallel.pp=2", "--set", "parallel.ep=2",
+                                              "--set", "parallel.pp_layers=[1,1]", "--set",
+                                              "train.global_batch_size=8"}));
+  ASSERT_EQ(pipeline.exit_code, 0) << pipeline.err;
+  EXPECT_NE(pipeline.out.find("on 4 CPU ranks (ddp, pp 2 (1f1b, layers per chunk [1, 1]), ep 2 (rowwise, bf16 "
+                              "payload); "),
+            std::string::npos)
+      << pipeline.out;
+  const CliRun fp8 = moetrain(plan_args({"--gpus", "2", "--set", "parallel.ep=2", "--set", "train.precision=fp8",
+                                         "--set", "ep.payload=fp8", "--set", "train.global_batch_size=4"}));
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.err;
+  EXPECT_NE(fp8.out.find("(ddp, pp 1, ep 2 (rowwise, fp8 payload); "), std::string::npos) << fp8.out;
+  EXPECT_NE(fp8.out.find("precision fp8)"), std::string::npos) << fp8.out;
+}
+
 // Options are every smaller microbatch that divides the current one (5 -> 1) and every larger EP
 // that divides the ranks and the experts (3 and 6 of 6 ranks and 12 experts, not only doublings).
 TEST_F(PlanCli, plan_offers_every_dividing_microbatch_and_ep) {
@@ -167,6 +186,55 @@ TEST_F(PlanCli, plan_predicts_gpu_step_time_and_refuses_bad_model_flags) {
   const CliRun gpu = moetrain({"plan", "--hardware", "h200"});  // run.device auto: a CPU plan in this build
   EXPECT_EQ(gpu.exit_code, 2) << gpu.err;
 #endif
+}
+
+// The throughput line says which steps its means are over, true for every step count: the only
+// step (start-up work included), the one after the first, or the N after the first; the JSON
+// report carries the same count.
+// 16 GPUs are two nodes of 8 (the h200 profile): an EP group of 16 would span both, which the trainer
+// does not run. The plan refuses it with the error alone (no memory table, no "fits" line), exit 1,
+// before planning anything, whether --nodes is given or follows from the GPUs.
+TEST_F(PlanCli, a_gpu_plan_whose_ep_group_spans_nodes_prints_only_the_error) {
+#if !defined(MOE_HAVE_CUDA)
+  GTEST_SKIP() << "GPU plans need a build with the CUDA backend (no GPU needed)";
+#endif
+  for (const std::vector<std::string>& nodes : {std::vector<std::string>{}, {"--nodes", "2"}}) {
+    std::vector<std::string> args = {"plan", "--device", "cuda", "--gpus", "16", "--set", "parallel.ep=16",
+                                     "--set", "model.num_experts=16", "--set", "train.global_batch_size=128"};
+    args.insert(args.end(), nodes.begin(), nodes.end());
+    const CliRun r = moetrain(args);
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_EQ(r.out, "") << "nothing but the error: " << r.out;
+    EXPECT_NE(r.err.find("parallel.ep = 16 spans more than one node"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("set parallel.ep to at most 8"), std::string::npos) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  }
+}
+
+TEST_F(PlanCli, bench_says_which_steps_its_means_are_over_for_every_step_count) {
+  const struct {
+    int steps;
+    const char* words;
+    int timed;
+  } cases[] = {{1, "(the only step run, its start-up work included)", 1},
+               {2, "(the one step after the first)", 1},
+               {4, "(mean over the 3 steps after the first)", 3}};
+  for (const auto& c : cases) {
+    const std::string json = path("bench-" + std::to_string(c.steps) + ".json");
+    std::vector<std::string> args = {"bench", "--steps", std::to_string(c.steps), "--json", json};
+    for (const std::string& s : tiny_sets())
+      if (s.rfind("train.steps=", 0) != 0) args.insert(args.end(), {"--set", s});
+    const CliRun r = moetrain(args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find(std::string("s/step ") + c.words), std::string::npos) << c.steps << " steps:\n" << r.out;
+    const auto report = nlohmann::json::parse(read_file(json));
+    EXPECT_EQ(report.at("steps_timed"), c.timed) << c.steps;
+    EXPECT_EQ(report.at("first_step_timed"), c.steps == 1) << c.steps;
+    EXPECT_GT(report.at("step_s").get<double>(), 0) << c.steps;
+  }
+  const CliRun train = moetrain(tiny_train());  // train.steps = 1: the same printer
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  EXPECT_NE(train.out.find("(the only step run, its start-up work included)"), std::string::npos) << train.out;
 }
 
 TEST_F(PlanCli, bench_calibrate_refuses_config_flags_and_existing_files) {

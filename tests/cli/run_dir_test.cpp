@@ -126,6 +126,64 @@ TEST_F(CliTest, overwrite_moves_the_previous_run_aside_and_starts_afresh) {
   ASSERT_NE(old, "");
   EXPECT_EQ(read_file(old + "/metrics.jsonl"), metrics);
   EXPECT_EQ(step_dirs(old), std::vector<std::string>{"step-000002"});
+  EXPECT_TRUE(fs::exists(old + "/config.toml"));  // the config moetrain wrote for that run goes with it
+}
+
+// The reported case: the user's config.toml lives in run.dir (run.dir = "."). It is not the
+// previous run's: --overwrite leaves it in place, byte for byte, and moves only what moetrain wrote.
+TEST_F(CliTest, overwrite_leaves_the_users_own_config_toml_in_run_dir_in_place_and_unchanged) {
+  const std::string user_config = read_file(MOE_SOURCE_DIR "/configs/tiny.toml");
+  write_file(path("config.toml"), user_config);
+  std::vector<std::string> args = {"train", "--config", "config.toml", "--set", "run.dir=."};
+  for (const std::string& s : tiny_sets()) args.insert(args.end(), {"--set", s});
+  ASSERT_EQ(moetrain(args).exit_code, 0);
+  const std::string resolved = read_file(path("config.resolved.toml"));
+  EXPECT_EQ(resolved.rfind("# moetrain: the resolved config", 0), 0u) << resolved;
+  args.push_back("--overwrite");
+  const CliRun r = moetrain(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(read_file(path("config.toml")), user_config);
+  EXPECT_EQ(step_dirs(tmp_), std::vector<std::string>{"step-000001"});
+  const std::string old = only_subdir(path("replaced"));
+  ASSERT_NE(old, "");
+  EXPECT_FALSE(fs::exists(old + "/config.toml"));
+  EXPECT_EQ(read_file(old + "/config.resolved.toml"), resolved);  // moetrain's own, moved with its run
+  EXPECT_TRUE(fs::exists(path("config.resolved.toml")));
+}
+
+// With both names the resolved config could take held by files of the user's, the run is refused
+// before anything is written instead of overwriting one.
+TEST_F(CliTest, a_run_dir_holding_the_users_config_toml_and_config_resolved_toml_is_refused_and_both_kept) {
+  fs::create_directories(run_dir());
+  write_file(run_dir() + "/config.toml", "# mine\n");
+  write_file(run_dir() + "/config.resolved.toml", "# also mine\n");
+  expect_error(moetrain(tiny_train()), {run_dir(), "config.resolved.toml", "moetrain did not write"});
+  EXPECT_EQ(read_file(run_dir() + "/config.toml"), "# mine\n");
+  EXPECT_EQ(read_file(run_dir() + "/config.resolved.toml"), "# also mine\n");
+  EXPECT_FALSE(fs::exists(run_dir() + "/metrics.jsonl"));
+}
+
+// Inputs of the new run that lie among what --overwrite would move (moetrain's config.toml given
+// back as --config, token data under abandoned/) are refused naming both paths; nothing moves.
+TEST_F(CliTest, overwrite_refuses_to_move_an_input_of_the_new_run_and_moves_nothing) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
+  const std::string metrics = read_file(run_dir() + "/metrics.jsonl");
+  const std::string config = read_file(run_dir() + "/config.toml");
+  const CliRun own_config = moetrain({"train", "--config", "run/config.toml", "--steps", "1", "--overwrite"});
+  expect_error(own_config, {"--overwrite would move " + run_dir() + "/config.toml",
+                            "this run's --config run/config.toml", "copy that out of run.dir", "nothing was moved"});
+  EXPECT_EQ(read_file(run_dir() + "/config.toml"), config);
+
+  fs::create_directories(run_dir() + "/abandoned");
+  write_file(run_dir() + "/abandoned/tokens.npy", npy_u16(valid_tokens(3000)));
+  const CliRun data = moetrain(tiny_train({"--steps", "1", "--overwrite", "--set",
+                                           "data.path=\"" + run_dir() + "/abandoned/*.npy\""}));
+  expect_error(data, {"--overwrite would move " + run_dir() + "/abandoned",
+                      "this run's data.path " + run_dir() + "/abandoned/tokens.npy", "nothing was moved"});
+  EXPECT_TRUE(fs::exists(run_dir() + "/abandoned/tokens.npy"));
+  EXPECT_FALSE(fs::exists(run_dir() + "/replaced"));
+  EXPECT_EQ(read_file(run_dir() + "/metrics.jsonl"), metrics);
+  EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000002"});
 }
 
 TEST_F(CliTest, run_resume_auto_starts_when_there_is_nothing_and_continues_when_there_is) {

@@ -80,6 +80,19 @@ TEST_F(StopTest, max_duration_stops_with_a_checkpoint_before_the_budget_runs_out
   expect_error(bad, {"train.max_duration", "is not a duration"});
 }
 
+// A run stopped after its first step times that step (its start-up work included) and says so,
+// instead of printing zeros as a mean "over steps after the first".
+TEST_F(StopTest, a_stop_after_the_first_step_reports_that_steps_time_and_says_it_is_the_only_one) {
+  std::vector<std::string> args = long_run(run_dir(), 50);
+  args.insert(args.end(), {"--set", "train.max_duration=\"0.0001s\""});  // past at the first step boundary
+  const CliRun r = moetrain(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_NE(r.out.find("stopped after step 1 of the run's 50"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("s/step (the only step run, its start-up work included)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("after the first"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" 0.000 s/step"), std::string::npos) << r.out;
+}
+
 }  // namespace
 
 namespace {

@@ -146,5 +146,24 @@ TEST(StepModel, topologies_the_hardware_cannot_hold_are_refused_with_what_to_cha
       << message(topology(4, 1, "ddp", 1));  // 16 sequences cannot be 8 per rank on 4 ranks
 }
 
+// The first line of a prediction names the shipped profile and says whether its efficiencies were
+// measured on that GPU, as one phrase (it once read "(datasheet, efficiencies not measured on it
+// profile)").
+TEST(StepModel, every_shipped_profile_is_printed_by_its_name_and_how_far_it_is_measured) {
+  const struct {
+    const char* builtin;
+    const char* label;
+  } cases[] = {{"h200", "predicted step on H200 (measured profile): "},
+               {"h100", "predicted step on H100 (datasheet profile, efficiencies not measured on this GPU): "},
+               {"b200", "predicted step on B200 (datasheet profile, efficiencies not measured on this GPU): "},
+               {"b300", "predicted step on B300 (datasheet profile, efficiencies not measured on this GPU): "}};
+  ASSERT_EQ(builtin_hardware_names().size(), std::size(cases));
+  for (const auto& c : cases) {
+    const HardwareProfile hw = load_hardware_profile(c.builtin);
+    const std::string text = format_prediction(predict_step(tiny(), topology(1, 1, "ddp", 1), hw), hw);
+    EXPECT_EQ(text.rfind(c.label, 0), 0u) << c.builtin << ":\n" << text;
+  }
+}
+
 }  // namespace
 }  // namespace moe

@@ -43,7 +43,12 @@ TEST(TopologySearch, ranks_every_layout_that_fits_by_predicted_tokens_per_gpu) {
   };
   EXPECT_LT(by("ddp ep 4").memory.parameters, by("ddp ep 1").memory.parameters);
   const std::string table = format_search(ranked, tiny(8), 4, 1, gpu(64));
-  EXPECT_NE(table.find("ranked by predicted tokens/s per GPU"), std::string::npos) << table;
+  EXPECT_NE(table.find("ranked by predicted tokens/s per GPU (measured profile)\n"), std::string::npos) << table;
+  HardwareProfile datasheet = gpu(64);
+  datasheet.measured = false;
+  EXPECT_NE(format_search(ranked, tiny(8), 4, 1, datasheet)
+                .find("(datasheet profile, efficiencies not measured on this GPU)\n"),
+            std::string::npos);
   EXPECT_NE(table.find("1    "), std::string::npos) << table;
 }
 

@@ -21,6 +21,7 @@ TrainSummary two_steps() {
   s.mean_tokens_per_s = 80000;
   s.mean_mfu = 0.4;
   s.mean_step_time_s = 0.5;
+  s.timed_steps = 1;
   s.device = Device::CUDA;
   s.graph_nodes = 12;
   return s;
@@ -49,6 +50,7 @@ TEST(BenchReport, carries_the_runs_numbers_per_gpu) {
   EXPECT_DOUBLE_EQ(j["tokens_per_s_per_gpu"].get<double>(), 20000);
   EXPECT_DOUBLE_EQ(j["final_loss"].get<double>(), 3.25);
   EXPECT_EQ(j["steps_timed"], 1);
+  EXPECT_EQ(j["first_step_timed"], false);
   EXPECT_GT(j["total_params"].get<double>(), j["active_params"].get<double>());  // 16 experts, top-k of them
   ASSERT_EQ(j["split"].size(), 1u);
   EXPECT_EQ(j["split"][0]["kind"], "expert GEMMs");

@@ -2,8 +2,10 @@
 // comparisons: what is written reads back to the same values for every key, a value outside a
 // key's range or a size product that would overflow is refused naming the keys (never showing a
 // wrapped number), and the README's key table is the listing the binary prints. The integer array
-// parallel.pp_layers is read from a file and from --set, refused as a string (its former form) with
-// the array to write, and resolves to exactly the given pipeline chunk sizes.
+// parallel.pp_layers is read from a file and from --set, refused as a string (its former form) or any
+// other non-array with an array to write that splits the configured model, and resolves to exactly
+// the given pipeline chunk sizes. A --set value that opens an array, table or string but does not
+// parse is refused as such, never taken as a bare string.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -144,7 +146,6 @@ TEST(Config, PpLayersAsAStringIsRefusedShowingTheArrayToWrite) {
       {"parallel.pp_layers=3,5", "parallel.pp_layers = [3, 5]", "--set 'parallel.pp_layers=[3,5]'"},
       {"parallel.pp_layers=\" 3, 5 \"", "parallel.pp_layers = [3, 5]", "--set 'parallel.pp_layers=[3,5]'"},
       {"parallel.pp_layers=\"\"", "parallel.pp_layers = []", "--set 'parallel.pp_layers=[]'"},
-      {"parallel.pp_layers=\"three\"", "parallel.pp_layers = [1, 2]", "--set 'parallel.pp_layers=[1,2]'"},
   };
   for (const auto& c : cases) {
     const std::string e = error_of([&] { pipelined(2, {c.set}); });
@@ -154,11 +155,13 @@ TEST(Config, PpLayersAsAStringIsRefusedShowingTheArrayToWrite) {
     EXPECT_NE(e.find(c.flag), std::string::npos) << c.set << " -> " << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << "one line: " << e;
   }
-  const std::string file = error_of([] { parse_config(tiny_toml_with_parallel("pp_layers = \"3,5\""), "old.toml"); });
+  const std::string file =
+      error_of([] { parse_config(tiny_toml_with_parallel("pp = 2\npp_layers = \"3,5\""), "old.toml"); });
   EXPECT_NE(file.find("config key 'parallel.pp_layers' in old.toml must be an array of integers, not the string "
-                      "\"3,5\": write parallel.pp_layers = [3, 5]"),
+                      "\"3,5\"; it takes one layer count per pipeline chunk"),
             std::string::npos)
       << file;
+  EXPECT_NE(file.find("write parallel.pp_layers = [3, 5]"), std::string::npos) << file;
 }
 
 TEST(Config, PpLayersElementsThatAreNotPositiveIntegersAreRefusedNamingTheKey) {
@@ -171,7 +174,7 @@ TEST(Config, PpLayersElementsThatAreNotPositiveIntegersAreRefusedNamingTheKey) {
       {"parallel.pp_layers=[[3],5]", "must be an integer"},
       {"parallel.pp_layers=[8,0]", "must be in [1, 65536], got 0"},
       {"parallel.pp_layers=[9,-1]", "must be in [1, 65536], got -1"},
-      {"parallel.pp_layers=8", "must be an array of integers such as [1, 2], got 8"},
+      {"parallel.pp_layers=8", "must be an array of integers, got 8"},
   };
   for (const auto& c : cases) {
     const std::string e = error_of([&] { pipelined(2, {c.set}); });
@@ -184,6 +187,66 @@ TEST(Config, PpLayersElementsThatAreNotPositiveIntegersAreRefusedNamingTheKey) {
   const std::string built = error_of([&] { c.validate(); });
   EXPECT_NE(built.find("parallel.pp_layers = [9, -1]: element 1 must be in [1, 65536], got -1"), std::string::npos)
       << built;
+}
+
+// The "write parallel.pp_layers = [...]" a refusal of a value that is not an array offers, as a --set override.
+std::string offered_array(const std::string& error) {
+  std::smatch m;
+  if (!std::regex_search(error, m, std::regex(R"(write parallel\.pp_layers = (\[[0-9, ]*\]))"))) return "";
+  return "parallel.pp_layers=" + m[1].str();
+}
+
+// A value that is not an array gets an example that splits the configured model (8 layers here):
+// the user's own numbers only when they do, else the balanced split; none where no split exists.
+TEST(Config, PpLayersThatIsNotAnArrayIsRefusedWithAnExampleThatSplitsThisModel) {
+  const struct {
+    int64_t pp;
+    std::vector<std::string> extra;  // the last one is the bad pp_layers
+  } cases[] = {
+      {2, {"parallel.pp_layers=\"three\""}},
+      {2, {"parallel.pp_layers=8"}},
+      {2, {"parallel.pp_layers=3,1"}},  // two numbers, but not 8 layers
+      {1, {"parallel.pp_layers=4,4"}},  // 8 layers, but one stage
+      {2, {"parallel.pp_schedule=\"interleaved\"", "parallel.pp_virtual=2", "parallel.pp_layers=\"x\""}},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of([&] { pipelined(c.pp, c.extra); });
+    EXPECT_NE(e.find("must be an array of integers"), std::string::npos) << c.extra.back() << " -> " << e;
+    EXPECT_NE(e.find("adding up to model.num_hidden_layers = 8"), std::string::npos) << e;
+    const std::string example = offered_array(e);
+    ASSERT_NE(example, "") << "no example offered: " << e;
+    std::vector<std::string> fixed = c.extra;
+    fixed.back() = example;
+    EXPECT_NO_THROW(pipelined(c.pp, fixed)) << example << " offered by: " << e;
+  }
+  // 16 stages cannot split 8 layers: no example, the keys to lower instead.
+  const std::string none = error_of([] { pipelined(16, {"parallel.pp_layers=\"x\""}); });
+  EXPECT_NE(none.find("exceed model.num_hidden_layers = 8: lower parallel.pp"), std::string::npos) << none;
+  EXPECT_EQ(offered_array(none), "") << none;
+}
+
+// A --set value that opens an array, an inline table or a quoted string and does not parse is
+// refused as that (naming the key and the text), not taken as a bare string; bare words still are.
+TEST(Config, UnparsableSetValuesAreRefusedAsWhatTheyOpenNotTakenAsStrings) {
+  const struct {
+    const char* set;
+    const char* needle;
+  } cases[] = {
+      {"parallel.pp_layers=[1,1", "the array [1,1 given for parallel.pp_layers could not be parsed"},
+      {"parallel.pp_layers= [3,", "the array  [3, given for parallel.pp_layers could not be parsed"},
+      {"data.sources=[{path=\"a.npy\"}", "the array [{path=\"a.npy\"} given for data.sources could not be parsed"},
+      {"eval.sets={name=\"a\"", "the inline table {name=\"a\" given for eval.sets could not be parsed"},
+      {"run.dir=\"out", "the quoted string \"out given for run.dir could not be parsed"},
+      {"name='tiny", "the quoted string 'tiny given for name could not be parsed"},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of([&] { load_config("tiny", {c.set}); });
+    EXPECT_NE(e.find(std::string("--set ") + c.set + ":"), std::string::npos) << c.set << " -> " << e;
+    EXPECT_NE(e.find(c.needle), std::string::npos) << c.set << " -> " << e;
+    EXPECT_EQ(e.find("not the string"), std::string::npos) << "reported as a string value: " << e;
+  }
+  EXPECT_EQ(load_config("tiny", {"run.dir=runs/a b"}).run.dir, "runs/a b");
+  EXPECT_EQ(load_config("tiny", {"data.path=data/*.npy"}).data.path, "data/*.npy");
 }
 
 // The "e.g. parallel.pp_layers = [...]" a refusal offers, as a --set override.

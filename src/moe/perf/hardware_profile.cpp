@@ -185,6 +185,10 @@ std::string hardware_profile_json(const HardwareProfile& p) {
   return j.dump(2) + "\n";
 }
 
+std::string profile_kind(const HardwareProfile& p) {
+  return p.measured ? "measured profile" : "datasheet profile, efficiencies not measured on this GPU";
+}
+
 std::vector<std::string> builtin_hardware_names() {
   std::vector<std::string> names;
   for (const auto& [name, text] : builtin::kHardwareProfiles) names.emplace_back(name);

@@ -70,5 +70,8 @@ HardwareProfile load_hardware_profile(const std::string& name_or_file);
 // Writes `p` to `path` (temp name, then rename); refuses an existing file.
 void save_hardware_profile(const HardwareProfile& p, const std::string& path);
 std::vector<std::string> builtin_hardware_names();
+// "measured profile" or "datasheet profile, efficiencies not measured on this GPU": printed beside a
+// prediction, to say how far its numbers are measured.
+std::string profile_kind(const HardwareProfile& p);
 
 }  // namespace moe

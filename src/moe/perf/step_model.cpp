@@ -33,7 +33,8 @@ void check_topology(const Topology& t, const HardwareProfile& hw) {
             ": use --nodes ", (t.gpus + hw.gpus_per_node - 1) / hw.gpus_per_node, " or more");
   MOE_CHECK(t.layout.world == t.gpus, "topology: the layout has ", t.layout.world, " ranks for ", t.gpus, " GPUs");
   MOE_CHECK(t.layout.mode == "fsdp" || t.layout.ep <= t.gpus_per_node(), "parallel.ep = ", t.layout.ep,
-            " spans more than one node (", t.gpus_per_node(), " GPUs per node): an EP group must stay inside a node");
+            " spans more than one node (", t.gpus_per_node(), " GPUs per node): an EP group must stay inside a node; "
+            "set parallel.ep to at most ", t.gpus_per_node());
 }
 
 StepPrediction predict_step(const Config& cfg, const Topology& topo, const HardwareProfile& hw) {
@@ -126,10 +127,10 @@ StepPrediction predict_step(const Config& cfg, const Topology& topo, const Hardw
 std::string format_prediction(const StepPrediction& p, const HardwareProfile& hw) {
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof line, "predicted step on %s (%s profile): %.4f s, %.1fK tokens/s per GPU, MFU %.1f%% of %.0f TFLOP/s\n",
-                hw.name.c_str(), hw.measured ? "measured" : "datasheet, efficiencies not measured on it",
-                p.step_s, p.tokens_per_s_per_gpu / 1e3, 100 * p.mfu, hw.peak_bf16_tflops);
-  out += line;
+  std::snprintf(line, sizeof line, ": %.4f s, %.1fK tokens/s per GPU, MFU %.1f%% of %.0f TFLOP/s\n", p.step_s,
+                p.tokens_per_s_per_gpu / 1e3, 100 * p.mfu, hw.peak_bf16_tflops);
+  // Not through the fixed buffer: the name may be long (a calibrated file's).
+  out += "predicted step on " + hw.name + " (" + profile_kind(hw) + ")" + line;
   for (const PredictedPart& part : p.parts) {
     if (part.seconds <= 0) continue;
     int n = std::snprintf(line, sizeof line, "    %-22s %9.2f ms %6.1f%%", part.name.c_str(), 1e3 * part.seconds,

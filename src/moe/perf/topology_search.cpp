@@ -118,7 +118,7 @@ std::string format_search(const std::vector<TopologyCandidate>& ranked, const Co
   std::ostringstream os;
   os << "topologies for '" << cfg.name << "' on " << gpus << " x " << hw.name << " (" << nodes
      << (nodes == 1 ? " node" : " nodes") << "; " << format_bytes(hw.memory_gib * double(size_t{1} << 30))
-     << " per GPU), ranked by predicted tokens/s per GPU (" << (hw.measured ? "measured" : "datasheet") << " profile)\n";
+     << " per GPU), ranked by predicted tokens/s per GPU (" << profile_kind(hw) << ")\n";
   char line[320];
   std::snprintf(line, sizeof line, "%-4s %-44s %12s %10s %14s %7s\n", "rank", "layout", "GPU memory", "step", "tokens/s/GPU",
                 "MFU");

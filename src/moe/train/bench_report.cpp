@@ -30,7 +30,8 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
   j["seq_len"] = cfg.train.seq_len;
   j["precision"] = to_string(cfg.train.precision);
   j["recompute"] = to_string(cfg.train.recompute);
-  j["steps_timed"] = s.steps.size() > 1 ? s.steps.size() - 1 : s.steps.size();
+  j["steps_timed"] = s.timed_steps;
+  j["first_step_timed"] = s.first_step_timed;
   j["tokens_per_s"] = s.mean_tokens_per_s;
   j["tokens_per_s_per_gpu"] = s.mean_tokens_per_s / world_size;
   j["mfu"] = s.mean_mfu;

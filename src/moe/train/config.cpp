@@ -1,10 +1,12 @@
 #include "moe/train/config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -186,24 +188,29 @@ class TomlReader {
                      const char*) {
     const toml::node* node = take(section, name);
     if (!node) return;
-    const std::string key = dotted(section, name);
-    if (node->is_string()) {
-      // The form some keys had before they became arrays: one message showing the array to write.
-      const std::string text = *node->value<std::string>();
-      const auto values = integers_in_string(text);
-      const std::vector<int64_t> example = values ? *values : std::vector<int64_t>{1, 2};
-      MOE_FAIL(where(section, name), " must be an array of integers, not the string \"", text, "\": write ", key,
-               " = ", integers_text(example), " (on the command line: --set '", key, "=", integers_text(example, ","),
-               "')");
+    if (!node->is_array()) {
+      // Reported once every key is read, with an example that is valid for the configured model.
+      if (!not_an_array_) {
+        not_an_array_ = NotAnArray{dotted(section, name), where(section, name), node->is_string(), describe(*node)};
+        if (node->is_string()) not_an_array_->text = *node->value<std::string>();
+      }
+      return;
     }
     const toml::array* array = node->as_array();
-    MOE_CHECK(array, where(section, name), " must be an array of integers such as [1, 2], got ", describe(*node));
     std::vector<int64_t> values(array->size());
     for (size_t i = 0; i < array->size(); ++i)
       read_value(*array->get(i), values[i], range,
                  where(section, name) + " (element " + std::to_string(i) + " of " + describe(*node) + ")");
     out = std::move(values);
   }
+
+  // The first integer-array key whose value is not an array (a string, a number...), if any.
+  struct NotAnArray {
+    std::string key, where;
+    bool is_string = false;
+    std::string text;  // the string's text, or the value as TOML
+  };
+  const std::optional<NotAnArray>& not_an_array() const { return not_an_array_; }
 
   template <typename E, typename Fields>
   void table_array(const char* section, const char* name, std::vector<E>& items, const char*, Fields fields) {
@@ -271,7 +278,49 @@ class TomlReader {
   std::string source_;
   std::map<std::string, std::set<std::string>> known_;
   std::set<std::string> present_;
+  std::optional<NotAnArray> not_an_array_;
 };
+
+// An example value for an integer-array key that is valid for config `c`: for parallel.pp_layers
+// the layer counts of the user's string when they split this model, else the balanced split (none
+// when pp x pp_virtual chunks cannot split the layers); for another key, the string's integers.
+std::optional<std::vector<int64_t>> array_example(const std::string& key,
+                                                  const std::optional<std::vector<int64_t>>& own, const Config& c) {
+  if (key != "parallel.pp_layers") return own;
+  const int64_t chunks = c.parallel.pp * c.parallel.pp_virtual, layers = c.model.num_hidden_layers;
+  if (c.parallel.pp < 1 || c.parallel.pp_virtual < 1 || chunks > layers) return std::nullopt;
+  if (own && own->empty()) return own;  // [], the balanced split
+  if (own && static_cast<int64_t>(own->size()) == chunks &&
+      std::all_of(own->begin(), own->end(), [](int64_t n) { return n >= 1; }) &&
+      std::accumulate(own->begin(), own->end(), int64_t{0}) == layers)
+    return own;
+  const PipelineLayout balanced = plan_pipeline_layout(c.model, c.train.seq_len, static_cast<int>(c.parallel.pp),
+                                                       static_cast<int>(c.parallel.pp_virtual));
+  std::vector<int64_t> sizes;
+  for (int k = 0; k < balanced.chunks(); ++k) sizes.push_back(balanced.end_layer(k) - balanced.first_layer(k));
+  return sizes;
+}
+
+// An integer-array key given something else: what it got, what it takes and a valid example.
+std::string not_an_array_message(const TomlReader::NotAnArray& bad, const Config& c) {
+  std::string msg = bad.where + " must be an array of integers, " +
+                    (bad.is_string ? "not the string \"" + bad.text + "\"" : "got " + bad.text);
+  if (bad.key == "parallel.pp_layers") {
+    const int64_t chunks = c.parallel.pp * c.parallel.pp_virtual, layers = c.model.num_hidden_layers;
+    msg += "; it takes one layer count per pipeline chunk (parallel.pp x parallel.pp_virtual = " +
+           std::to_string(chunks) + ")";
+    msg += chunks <= layers ? " adding up to model.num_hidden_layers = " + std::to_string(layers) +
+                                  ", or [] for the split balanced by cost"
+                            : ", but the " + std::to_string(chunks) + " chunks exceed model.num_hidden_layers = " +
+                                  std::to_string(layers) + ": lower parallel.pp or parallel.pp_virtual";
+  }
+  const auto example =
+      array_example(bad.key, bad.is_string ? integers_in_string(bad.text) : std::nullopt, c);
+  if (example)
+    msg += ": write " + bad.key + " = " + integers_text(*example) + " (on the command line: --set '" + bad.key + "=" +
+           integers_text(*example, ",") + "')";
+  return msg;
+}
 
 // One item of an array of tables as a TOML table.
 struct ItemWriter {
@@ -481,8 +530,21 @@ void apply_override(toml::table& root, const std::string& assignment) {
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + value);
-  } catch (const toml::parse_error&) {
-    parsed.insert_or_assign("v", value);  // a bare word: take it as a string
+  } catch (const toml::parse_error& e) {
+    // A bare word (a path, a name) is taken as a string. A value that opens an array, an inline
+    // table or a quoted string but does not parse is a typo: as a string it would be reported as
+    // the wrong kind of value, or kept with its stray quote.
+    const size_t first = value.find_first_not_of(" \t");
+    const char opener = first == std::string::npos ? ' ' : value[first];
+    const bool array = opener == '[', table = opener == '{';
+    const std::string closer = array ? "]" : table ? "}" : std::string(1, opener);
+    const char shell_quote = opener == '\'' ? '"' : '\'';
+    MOE_CHECK(!array && !table && opener != '"' && opener != '\'', "--set ", assignment, ": the ",
+              array ? "array " : table ? "inline table " : "quoted string ", value, " given for ", path,
+              " could not be parsed (TOML: ", std::string(e.description()), "); end it with ", closer,
+              " and quote the whole assignment for the shell, as in --set ", shell_quote, path, "=", opener, "...",
+              closer, shell_quote);
+    parsed.insert_or_assign("v", value);
   }
   toml::node* v = parsed.get("v");
   if (dot == std::string::npos) {
@@ -543,6 +605,7 @@ Config parse_config_text(const std::string& toml_text, const std::string& source
             " gives both data.path and [[data.sources]]: use data.path for one source or [[data.sources]] for several, "
             "not both");
   reader.reject_unknown();
+  if (reader.not_an_array()) MOE_FAIL(not_an_array_message(*reader.not_an_array(), c));
   if (validate) c.validate();
   return c;
 }

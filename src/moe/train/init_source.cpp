@@ -20,12 +20,6 @@ std::string absolute_path(const std::string& path) {
   return ec ? fs::absolute(path).lexically_normal().string() : p.string();
 }
 
-// True when `inner` is `outer` or lies below it (after resolving symlinks where they exist).
-bool lies_inside(const std::string& inner, const std::string& outer) {
-  const fs::path rel = fs::path(absolute_path(inner)).lexically_relative(absolute_path(outer));
-  return !rel.empty() && *rel.begin() != "..";
-}
-
 }  // namespace
 
 const std::vector<std::string>& fine_tuning_model_keys() {
@@ -41,7 +35,7 @@ std::string init_from_conflict(const std::string& init_from, const std::string& 
     return "--init-from starts a new run from other weights and --resume continues a run; give one of them (a "
            "resumed run keeps the weights its own checkpoint holds)";
   const std::string run_dir = cfg.run_dir();
-  if (lies_inside(init_from, run_dir))
+  if (path_lies_inside(init_from, run_dir))
     return "--init-from " + init_from + " lies inside run.dir '" + run_dir +
            "', but a new run does not start from weights in its own directory (--overwrite would move them aside); "
            "to continue that run use --resume, to fine-tune from it choose another run.dir";

@@ -41,6 +41,30 @@ int recompute_cost(Recompute r) {
   return 0;
 }
 
+// "ddp, pp 2 (1f1b, layers per chunk [3, 1]), ep 2 (rowwise, bf16 payload)": the layout a plan is for.
+std::string topology_text(const Config& cfg) {
+  const ParallelConfig& par = cfg.parallel;
+  std::ostringstream os;
+  os << par.mode << ", pp " << par.pp;
+  if (par.pp > 1 || !par.pp_layers.empty()) {
+    os << " (" << par.pp_schedule;
+    if (par.pp_virtual > 1) os << ", " << par.pp_virtual << " chunks per rank";
+    if (par.pp_layers.empty()) {
+      os << ", layers balanced by cost";
+    } else {
+      os << ", layers per chunk [";
+      for (size_t i = 0; i < par.pp_layers.size(); ++i) os << (i ? ", " : "") << par.pp_layers[i];
+      os << "]";
+    }
+    os << ")";
+  }
+  // EP = 1 always runs the local dispatcher; FSDP has no expert parallelism.
+  if (par.mode == "ddp")
+    os << ", ep " << par.ep << " (" << (par.ep == 1 ? "local" : cfg.ep.backend.c_str()) << ", "
+       << to_string(cfg.ep.payload) << " payload)";
+  return os.str();
+}
+
 }  // namespace
 
 MemoryRoles memory_roles(const Arena& state, const Arena& acts, const TokenDispatcher& dispatcher) {
@@ -211,8 +235,7 @@ std::string plan_report(const Config& cfg, int world_size, Device device, size_t
   for (int r = 0; r < world_size; ++r) ranks.push_back(plan_rank(cfg, world_size, r, device));
   std::ostringstream os;
   os << "plan of '" << cfg.name << "' on " << world_size << " " << (device == Device::CUDA ? "GPU" : "CPU rank")
-     << (world_size == 1 ? "" : "s") << " (" << cfg.parallel.mode;
-  if (cfg.parallel.mode == "ddp") os << ", ep " << cfg.parallel.ep;
+     << (world_size == 1 ? "" : "s") << " (" << topology_text(cfg);
   os << "; " << cfg.train.micro_batch_size << " x " << cfg.train.seq_len << " tokens per microbatch; recompute "
      << to_string(cfg.train.recompute) << "; AdamW moments " << dtype_name(cfg.optim.moment_dtype) << ", "
      << 2 * dtype_size(cfg.optim.moment_dtype) << " bytes per parameter; precision " << to_string(cfg.train.precision)

@@ -8,10 +8,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "moe/ckpt/durable_file.h"
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/core/error.h"
+#include "moe/data/token_sources.h"
 #include "moe/train/run_lock.h"
 
 namespace moe {
@@ -51,20 +54,89 @@ bool same_directory(const std::string& a, const std::string& b) {
   return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
 }
 
+// The resolved config goes to config.toml; beside a user's own config.toml, to config.resolved.toml.
+constexpr const char* kConfigName = "config.toml";
+constexpr const char* kResolvedConfigName = "config.resolved.toml";
+
+std::string absolute_path(const std::string& path) {
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(path), ec);
+  return ec ? fs::absolute(path).lexically_normal().string() : p.string();
+}
+
+// True when the file at `path` is a config moetrain wrote: its first line is kConfigHeader.
+bool written_by_moetrain(const std::string& path) {
+  std::ifstream in(path);
+  std::string first;
+  std::getline(in, first);
+  return first == kConfigHeader;
+}
+
+bool exists_not_by_moetrain(const std::string& path) {
+  std::error_code ec;
+  return fs::exists(path, ec) && !written_by_moetrain(path);
+}
+
+// What --overwrite moves aside: the previous run's checkpoints (and unfinished saves), its records,
+// what it had set aside itself, and the configs moetrain wrote. A config.toml of the user's own is
+// not the previous run's: it stays.
+std::vector<fs::path> previous_run_entries(const std::string& dir) {
+  std::vector<fs::path> entries;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const bool run_file = name.rfind("step-", 0) == 0 || name.rfind(".tmp-step-", 0) == 0 ||
+                          name == "metrics.jsonl" || name == "metrics.jsonl.partial" || name == ".set-aside.json" ||
+                          name == "abandoned" || name == "tensorboard" ||
+                          ((name == kConfigName || name == kResolvedConfigName) && written_by_moetrain(e.path()));
+    if (run_file) entries.push_back(e.path());
+  }
+  return entries;
+}
+
+// The files this run reads, each with the flag or key that names it: the --config file and the
+// token data (a glob's matches; a file or folder as given). The synthetic corpus and the built-in
+// config have no file.
+std::vector<std::pair<std::string, std::string>> run_inputs(const Config& cfg, const std::string& config_file) {
+  std::vector<std::pair<std::string, std::string>> inputs;
+  if (!config_file.empty() && config_file != "tiny") inputs.emplace_back("--config", config_file);
+  const auto data = [&](const std::string& key, const std::string& path) {
+    if (path.find_first_of("*?[") == std::string::npos) {
+      inputs.emplace_back(key, path);
+      return;
+    }
+    for (const TokenFile& f : source_files(path, cfg.data.format, key)) inputs.emplace_back(key, f.path);
+  };
+  if (cfg.data.sources.empty() && cfg.data.path != "synthetic") data("data.path", cfg.data.path);
+  for (size_t i = 0; i < cfg.data.sources.size(); ++i)
+    data("data.sources[" + std::to_string(i) + "].path", cfg.data.sources[i].path);
+  for (size_t i = 0; i < cfg.eval.sets.size(); ++i)
+    data("eval.sets[" + std::to_string(i) + "].path", cfg.eval.sets[i].path);
+  return inputs;
+}
+
+// --overwrite must not carry away what this very run reads: refused naming both paths.
+void refuse_moving_inputs(const std::string& dir, const std::vector<fs::path>& entries,
+                          const std::vector<std::pair<std::string, std::string>>& inputs) {
+  for (const fs::path& entry : entries)
+    for (const auto& [key, input] : inputs) {
+      if (!path_lies_inside(input, entry.string())) continue;
+      const bool same = absolute_path(input) == absolute_path(entry.string());
+      MOE_FAIL("--overwrite would move ", entry.string(), " into ", dir, "/replaced/ with the rest of the previous "
+               "run, but ", same ? "it is" : "it holds", " this run's ", key, " ", input,
+               "; copy that out of run.dir and point ", key, " at the copy, or choose another run.dir (nothing was "
+               "moved)");
+    }
+}
+
 // Moves the previous run's files into <dir>/replaced/<time>/ (--overwrite: nothing is deleted).
 std::string move_previous_run(const std::string& dir) {
   const std::string dest = dir + "/replaced/" + unused_timestamped_name(dir + "/replaced", "");
   std::error_code ec;
   fs::create_directories(dest, ec);
   MOE_CHECK(!ec, "cannot create ", dest, ": ", ec.message());
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    const bool run_file = name.rfind("step-", 0) == 0 || name.rfind(".tmp-step-", 0) == 0 ||
-                          name == "metrics.jsonl" || name == "metrics.jsonl.partial" || name == "config.toml" ||
-                          name == ".set-aside.json" || name == "abandoned" || name == "tensorboard";
-    if (!run_file) continue;
-    const std::string to = dest + "/" + name;
-    MOE_CHECK(std::rename(e.path().c_str(), to.c_str()) == 0, "cannot move ", e.path().string(), " to ", to, ": ",
+  for (const fs::path& entry : previous_run_entries(dir)) {
+    const std::string to = dest + "/" + entry.filename().string();
+    MOE_CHECK(std::rename(entry.c_str(), to.c_str()) == 0, "cannot move ", entry.string(), " to ", to, ": ",
               errno_text());
   }
   fsync_dir(dest);
@@ -73,6 +145,11 @@ std::string move_previous_run(const std::string& dir) {
 }
 
 }  // namespace
+
+bool path_lies_inside(const std::string& inner, const std::string& outer) {
+  const fs::path rel = fs::path(absolute_path(inner)).lexically_relative(absolute_path(outer));
+  return !rel.empty() && *rel.begin() != "..";
+}
 
 std::string resume_source(const std::string& resume, const Config& cfg) {
   if (resume == "latest") return resolve_checkpoint(cfg.run_dir());
@@ -88,7 +165,7 @@ std::string resume_source(const std::string& resume, const Config& cfg) {
 RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.run_dir()) {
   std::error_code ec;
   MOE_CHECK(!fs::exists(dir_, ec) || fs::is_directory(dir_, ec), "run.dir '", dir_, "' exists and is not a directory");
-  for (const char* name : {"metrics.jsonl", "config.toml", ".lock"})
+  for (const char* name : {"metrics.jsonl", kConfigName, kResolvedConfigName, ".lock"})
     MOE_CHECK(!fs::exists(dir_ + "/" + name, ec) || fs::is_regular_file(dir_ + "/" + name, ec), "run.dir '", dir_,
               "' holds '", name, "', which is not a file: moetrain writes that name; move it away or choose another "
               "run.dir");
@@ -115,6 +192,14 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
              " belongs to another directory; choose another run.dir, or pass --overwrite to move the run's files into ",
              dir_, "/replaced/ first");
   }
+  // The resolved config needs a name that holds none of the user's files.
+  MOE_CHECK(!exists_not_by_moetrain(dir_ + "/" + kConfigName) ||
+                !exists_not_by_moetrain(dir_ + "/" + kResolvedConfigName),
+            "run.dir '", dir_, "' holds a ", kConfigName, " and a ", kResolvedConfigName,
+            " that moetrain did not write (their first line is not its header); it writes the run's resolved config "
+            "under one of these names and never over a file of yours: move one of them out of run.dir");
+  if (start.overwrite && !held.empty())
+    refuse_moving_inputs(dir_, previous_run_entries(dir_), run_inputs(cfg, start.config_file));
   fs::create_directories(dir_, ec);
   MOE_CHECK(!ec, "cannot create run directory '", dir_, "' (run.dir): ", ec.message());
   lock_ = std::make_unique<RunLock>(dir_ + "/.lock");
@@ -144,15 +229,9 @@ void RunDirectory::claim(const Config& cfg, const RunStart& start, const std::st
   }
   // config.toml: the resolved config of this start, unless the user keeps a config.toml of their
   // own there (moetrain's carries its header line), which is never overwritten.
-  config_path_ = dir_ + "/config.toml";
+  config_path_ = dir_ + "/" + kConfigName;
+  if (exists_not_by_moetrain(config_path_)) config_path_ = dir_ + "/" + kResolvedConfigName;
   const std::string header = std::string(kConfigHeader) + "\n";
-  std::error_code ec;
-  if (fs::exists(config_path_, ec)) {
-    std::ifstream in(config_path_);
-    std::string first;
-    std::getline(in, first);
-    if (first + "\n" != header) config_path_ = dir_ + "/config.resolved.toml";
-  }
   write_file_atomic(config_path_, header + config_to_toml(cfg));
   metrics_ = std::make_unique<MetricsLog>(metrics_path);
   if (cfg.run.tensorboard) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);

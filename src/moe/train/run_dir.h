@@ -2,12 +2,14 @@
 //
 //   <run>/.lock             held by the job's rank 0 while it runs (pid, host, start time)
 //   <run>/config.toml       the resolved config of the latest start (every key); config.resolved.toml
-//                           when the user keeps a config.toml of their own there
+//                           when the user keeps a config.toml of their own there (never moved or
+//                           overwritten: moetrain's carry kConfigHeader as their first line)
 //   <run>/metrics.jsonl     one record per logged step of the current line
 //   <run>/tensorboard/      the same records as TensorBoard events, with run.tensorboard (train/tensorboard_writer.h)
 //   <run>/step-XXXXXX/      checkpoints of the current line (ckpt/run_checkpoints.h)
 //   <run>/abandoned/...     what a resume from an older step set aside (never deleted)
-//   <run>/replaced/...      a previous run's files moved aside by --overwrite (never deleted)
+//   <run>/replaced/...      a previous run's files moved aside by --overwrite (never deleted); an
+//                           input of the new run (its --config, a data file) among them is refused
 //
 // Rules: a fresh run into a directory that holds a run is refused, unless told to continue it
 // (--resume latest, run.resume = "auto") or to set it aside (--overwrite); a resume from a
@@ -37,10 +39,14 @@ struct RunStart {
   int64_t step = 0;          // the step the run starts after
   bool overwrite = false;    // set a previous run in the directory aside instead of refusing
   bool auto_resume = false;  // run.resume = "auto": with no checkpoint to continue, start afresh
+  std::string config_file;   // the --config file the config was read from ("" or "tiny": the built-in)
 };
 
 // The first line of the config.toml moetrain writes (a user's own config.toml lacks it).
 constexpr const char* kConfigHeader = "# moetrain: the resolved config of this run's latest start (every key)";
+
+// True when `inner` is `outer` or lies below it (after resolving symlinks where they exist).
+bool path_lies_inside(const std::string& inner, const std::string& outer);
 
 class RunDirectory {
  public:

@@ -417,7 +417,7 @@ TrainSummary Trainer::run() {
   std::unique_ptr<RunDirectory> run_dir;
   if (!opts_.bench && leader()) {
     run_dir = std::make_unique<RunDirectory>(
-        cfg_, RunStart{resumed_from_, start_step_, opts_.overwrite, cfg_.run.resume == "auto"});
+        cfg_, RunStart{resumed_from_, start_step_, opts_.overwrite, cfg_.run.resume == "auto", opts_.config_file});
     if (!run_dir->set_aside().empty() && !opts_.quiet)
       std::printf("moved what came after step %ld in %s aside to %s\n", static_cast<long>(start_step_),
                   run_dir->path().c_str(), run_dir->set_aside().c_str());
@@ -442,7 +442,7 @@ TrainSummary Trainer::run() {
     if (profile && step == start_step_ + 1) opts_.profiler->start();  // the first step builds plans: not timed
     StepRecord r = train_step(step);
     summary.steps.push_back(r);
-    if (step > start_step_ || t.steps - start_step_ == 1) {
+    if (step > start_step_) {
       timed_s += r.step_time_s, comm_s += r.comm_time_s, opt_s += r.optimizer_time_s;
       reduce_wait_s += r.reduction_wait_time_s;
       ++timed_steps;
@@ -521,6 +521,16 @@ TrainSummary Trainer::run() {
     summary.eval_sets = evaluate_sets(t.eval_batches);
   }
   summary.skipped_steps = skipped_steps_;
+  // The first step builds plans and workspaces, so it is timed only when it is the only step run
+  // (train.steps one past the start, or a stop after it).
+  if (timed_steps == 0 && !summary.steps.empty()) {
+    const StepRecord& first = summary.steps.front();
+    timed_s = first.step_time_s, comm_s = first.comm_time_s, opt_s = first.optimizer_time_s;
+    reduce_wait_s = first.reduction_wait_time_s;
+    timed_steps = 1;
+    summary.first_step_timed = true;
+  }
+  summary.timed_steps = timed_steps;
   if (timed_steps > 0) {
     summary.mean_step_time_s = timed_s / static_cast<double>(timed_steps);
     summary.mean_tokens_per_s = tokens_per_step / summary.mean_step_time_s;

@@ -46,6 +46,7 @@ struct TrainOptions {
   // only, step 0, fresh optimizer state (init_source.h). Excludes `resume`.
   std::string init_from;
   bool overwrite = false;  // a fresh run may set aside the run that run.dir holds (run_dir.h)
+  std::string config_file;  // the --config file ("" or "tiny": the built-in): an input --overwrite leaves in place
   bool stop_on_signals = false;  // from the first step on, stop signals save a checkpoint and end run()
   // An opened checkpoint to start from instead of `resume` (its files stay readable while open,
   // even if a running job prunes them: `moetrain eval` opens it once).
@@ -65,7 +66,9 @@ struct TrainSummary {
   std::vector<std::pair<std::string, double>> eval_sets;  // at the end: (name, loss) of each [[eval.sets]]
   std::optional<double> attainable_loss;  // synthetic corpus only
   int64_t skipped_steps = 0;
-  double mean_tokens_per_s = 0, mean_mfu = 0, mean_step_time_s = 0;  // over steps after the first
+  double mean_tokens_per_s = 0, mean_mfu = 0, mean_step_time_s = 0;  // over the timed steps
+  int64_t timed_steps = 0;        // the steps after the first, or the first when it is the only one run
+  bool first_step_timed = false;  // only one step ran: the means include its start-up work (plans, workspaces)
   double mean_comm_time_s = 0, mean_optimizer_time_s = 0;
   double mean_reduction_wait_time_s = 0;  // CPU: gradient reduction after the backward (not hidden by it)
   size_t arena_bytes = 0, peak_rss_bytes = 0;
