@@ -171,19 +171,16 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int r = 4 * t.rq + s, c = t.column(i);
-      uint8_t q[4];
+      const uint32_t q = quantize.word(v[i][s][0], v[i][s][1], v[i][s][2], v[i][s][3]);
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        q[x] = quantize(v[i][s][x]);
-        column_words[x] |= static_cast<uint32_t>(q[x]) << (8 * s);
-      }
+      for (int x = 0; x < 4; ++x) column_words[x] |= ((q >> (8 * x)) & 0xffu) << (8 * s);
       if (r < rows) {
         const int valid = min(max(cols - c, 0), 4);
         uint8_t* p = dst + (n0 + r) * K + k0 + c;
         if (word_ok && valid == 4) {
-          *reinterpret_cast<uint32_t*>(p) = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<uint32_t>(q[3]) << 24);
+          *reinterpret_cast<uint32_t*>(p) = q;
         } else {
-          for (int x = 0; x < valid; ++x) p[x] = q[x];
+          for (int x = 0; x < valid; ++x) p[x] = static_cast<uint8_t>(q >> (8 * x));
         }
       }
     }

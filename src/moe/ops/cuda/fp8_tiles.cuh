@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "moe/core/cuda_check.h"
 #include "moe/core/fp8.h"
@@ -28,17 +29,19 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 __device__ __forceinline__ uint32_t magnitude_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
 
-// fp8::e4m3_from_f32 for the finite values a tile quantizer converts (a tile holding a NaN or an
-// infinity never reaches the conversion: its codes are all NaN). From SM89 on, the hardware
-// conversion (cvt.rn.satfinite.e4m3x2.f32: round to nearest even, saturating to +-448) gives the
-// same bits in one instruction where the portable function takes about twenty; the quantize
-// kernels were bound by that arithmetic, not by memory. The bit-equality tests of
+// fp8::e4m3_from_f32 of two values, lo in the low byte, for the finite values a tile quantizer
+// converts (a tile holding a NaN or an infinity never reaches the conversion: its codes are all
+// NaN). From SM89 on, the hardware conversion (cvt.rn.satfinite.e4m3x2.f32: round to nearest
+// even, saturating to +-448) gives the same bits in one instruction for the pair where the
+// portable function takes about twenty per value. It converts pairs: one value at a time spends an
+// instruction on a zero partner and more on moving bytes, and the quantizers were bound by
+// instruction issue, not by memory (ncu, 2026-12-02). The bit-equality tests of
 // tests/cuda/test_cuda_fp8.cpp compare every kernel's codes with the CPU's.
-__device__ __forceinline__ uint8_t e4m3_code(float x) {
+__device__ __forceinline__ uint32_t e4m3x2_code(float lo, float hi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 #else
-  return fp8::e4m3_from_f32(x);
+  return fp8::e4m3_from_f32(lo) | static_cast<uint32_t>(fp8::e4m3_from_f32(hi)) << 8;
 #endif
 }
 
@@ -51,16 +54,33 @@ struct TileQuantizer {
     nan = !(scale == scale);
     if (!nan) inverse = fp8::pow2(-(static_cast<int>((fp8::float_bits(scale) >> 23) & 0xffu) - 127));
   }
-  __device__ __forceinline__ uint8_t operator()(float x) const {
-    return nan ? fp8::kE4m3NanCode : e4m3_code(x * inverse);
+  // The codes of a, b, c, d packed in a word, a in the low byte (a NaN tile's: all NaN codes).
+  __device__ __forceinline__ uint32_t word(float a, float b, float c, float d) const {
+    constexpr uint32_t kNanWord = 0x01010101u * fp8::kE4m3NanCode;
+    if (nan) return kNanWord;
+    return e4m3x2_code(a * inverse, b * inverse) | e4m3x2_code(c * inverse, d * inverse) << 16;
   }
 };
-
-
 
 inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 inline int64_t tiles(int64_t n) { return (n + kTile - 1) / kTile; }
+
+// n / d and n % d for 0 <= n < 2^31 by a multiply-high and a shift (Granlund and Montgomery), d
+// fixed per launch: the Rows kernel maps each tile index to its row and tile column, and a 64-bit
+// division there cost as many instructions as quantizing the tile's values.
+struct FastDivmod {
+  uint32_t d = 1, mul = 0, shift = 0;
+  FastDivmod() = default;
+  explicit FastDivmod(uint32_t divisor) : d(divisor) {
+    if (d <= 1) return;
+    uint32_t log2_ceil = 0;
+    while ((uint64_t{1} << log2_ceil) < d) ++log2_ceil;
+    mul = static_cast<uint32_t>(((uint64_t{1} << (31 + log2_ceil)) + d - 1) / d);
+    shift = log2_ceil - 1;
+  }
+  __device__ __forceinline__ uint32_t quotient(uint32_t n) const { return d == 1 ? n : __umulhi(n, mul) >> shift; }
+};
 
 // ---------------------------------------------------------------------------------------------
 // Rows: 1 x 128 tiles.
@@ -77,13 +97,10 @@ __device__ __forceinline__ void load_run(const T* p, int valid, bool vector, flo
   }
 }
 
+// kVec codes packed in words (4 per word, the first in the low byte) -> p; valid: how many to store.
 template <int kVec>
-__device__ __forceinline__ void store_codes(uint8_t* p, int valid, bool vector, const uint8_t (&q)[kVec]) {
+__device__ __forceinline__ void store_codes(uint8_t* p, int valid, bool vector, const uint32_t (&w)[kVec / 4]) {
   if (vector && valid == kVec) {
-    uint32_t w[kVec / 4];
-#pragma unroll
-    for (int j = 0; j < kVec / 4; ++j)
-      w[j] = q[4 * j] | (q[4 * j + 1] << 8) | (q[4 * j + 2] << 16) | (static_cast<uint32_t>(q[4 * j + 3]) << 24);
     if constexpr (kVec == 4) {
       *reinterpret_cast<uint32_t*>(p) = w[0];
     } else {
@@ -92,7 +109,7 @@ __device__ __forceinline__ void store_codes(uint8_t* p, int valid, bool vector, 
   } else {
 #pragma unroll
     for (int e = 0; e < kVec; ++e)
-      if (e < valid) p[e] = q[e];
+      if (e < valid) p[e] = static_cast<uint8_t>(w[e / 4] >> (8 * (e % 4)));
   }
 }
 
@@ -113,15 +130,14 @@ struct TensorRows {
 // kVec-byte code stores are aligned (cols % kVec == 0, aligned bases).
 template <typename T, class Source>
 __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(Source src, uint8_t* codes, float* scales,
-                                                                 int64_t rows, int64_t cols, int64_t row_tiles,
-                                                                 bool vector) {
+                                                                 int64_t cols, FastDivmod row_tiles,
+                                                                 int32_t tiles, bool vector) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per lane
   constexpr int kGroup = kTile / kVec;                    // lanes per tile: 32 (F32) or 16 (BF16)
   constexpr int kTilesPerWarp = 32 / kGroup;
   constexpr int kTilesPerStep = kTilesPerWarp * kRowsUnroll;
   const int lane = threadIdx.x & 31;
   const int member = lane % kGroup;
-  const int64_t tiles = rows * row_tiles;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   for (int64_t first = warp * kTilesPerStep; first < tiles; first += warps * kTilesPerStep) {
@@ -135,8 +151,8 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(Source src, uin
       int64_t row = 0, col = 0;
       valid[u] = 0;
       if (tile < tiles) {
-        row = tile / row_tiles;
-        col = (tile - row * row_tiles) * kTile + member * kVec;
+        row = row_tiles.quotient(static_cast<uint32_t>(tile));
+        col = (tile - row * row_tiles.d) * kTile + member * kVec;
         valid[u] = static_cast<int>(min(max(cols - col, int64_t{0}), int64_t{kVec}));
       }
       offset[u] = row * cols + col;
@@ -154,9 +170,9 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(Source src, uin
       const float scale = fp8::tile_scale(__uint_as_float(amax));
       if (member == 0) scales[tile] = scale;  // scales [rows, row_tiles] row-major: index = tile
       const TileQuantizer quantize(scale);
-      uint8_t q[kVec];
+      uint32_t q[kVec / 4];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) q[e] = quantize(v[u][e]);
+      for (int j = 0; j < kVec / 4; ++j) q[j] = quantize.word(v[u][4 * j], v[u][4 * j + 1], v[u][4 * j + 2], v[u][4 * j + 3]);
       store_codes<kVec>(codes + offset[u], valid[u], vector, q);
     }
   }
@@ -350,11 +366,8 @@ __global__ void __launch_bounds__(kThreads, 3)
       const TileQuantizer quantize(scale);
       uint32_t words[kRun / 4];
 #pragma unroll
-      for (int j = 0; j < kRun / 4; ++j) {
-        words[j] = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) words[j] |= static_cast<uint32_t>(quantize(run[s].get(4 * j + e))) << (8 * e);
-      }
+      for (int j = 0; j < kRun / 4; ++j)
+        words[j] = quantize.word(run[s].get(4 * j), run[s].get(4 * j + 1), run[s].get(4 * j + 2), run[s].get(4 * j + 3));
       uint8_t* p = rows_out.codes + row * K + kw;
       if (rows_out.vector && features == kRun) {
         *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
@@ -379,15 +392,15 @@ __global__ void __launch_bounds__(kThreads, 3)
   // Padding tiles (no rows) get tile_scale(0) = 1, as the CPU writes them.
   if (lane % 2 == 0 && own < features) scales[(kw + own) * ((Mp + kTile - 1) / kTile) + column_tile] = scale;
   const int valid = min(max(width - 4 * lane, 0), 4);
+  const int own_rows = min(max(tile.rows - 4 * lane, 0), 4);  // this lane's 4 rows inside the segment
+  const uint32_t own_rows_mask = own_rows == 4 ? 0xffffffffu : (1u << (8 * own_rows)) - 1u;
 #pragma unroll
   for (int f = 0; f < kRun; ++f) {
     const TileQuantizer quantize(__shfl_sync(kFullMask, scale, 2 * f));
     if (f >= features) continue;
     // Codes of rows past the segment (padding columns) are 0, even in a NaN tile.
-    uint32_t word = 0;
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-      if (4 * lane + s < tile.rows) word |= static_cast<uint32_t>(quantize(run[s].get(f))) << (8 * s);
+    const uint32_t word =
+        quantize.word(run[0].get(f), run[1].get(f), run[2].get(f), run[3].get(f)) & own_rows_mask;
     uint8_t* p = codes + (kw + f) * Mp + c0 + 4 * lane;
     if (word_ok && valid == 4) {
       *reinterpret_cast<uint32_t*>(p) = word;
@@ -404,11 +417,14 @@ void launch_rows(const Fp8Tensor& out, const Source& src, int64_t rows, int64_t 
                  cudaStream_t s) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   const bool vector = src_vector && cols % kVec == 0 && aligned(out.codes.data, kVec);
-  const int64_t row_tiles = tiles(cols);
+  const int64_t row_tiles = tiles(cols), all_tiles = rows * row_tiles;
+  MOE_CHECK(all_tiles <= std::numeric_limits<int32_t>::max(), "FP8 quantize rows: [", rows, ", ", cols, "] has ",
+            all_tiles, " tiles, more than one launch indexes (2^31 - 1)");
   const int64_t tiles_per_step = (32 / (kTile / kVec)) * kRowsUnroll;
-  const int64_t warps = (rows * row_tiles + tiles_per_step - 1) / tiles_per_step;
+  const int64_t warps = (all_tiles + tiles_per_step - 1) / tiles_per_step;
   quantize_rows_kernel<T, Source><<<grid_stride_blocks(warps * 32, kThreads), kThreads, 0, s>>>(
-      src, out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), rows, cols, row_tiles, vector);
+      src, out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), cols, FastDivmod(static_cast<uint32_t>(row_tiles)),
+      static_cast<int32_t>(all_tiles), vector);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -245,9 +245,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int d = kWarp / 2; d > 0; d >>= 1) amax = max(amax, __shfl_xor_sync(kFullMask, amax, d));
       const float scale = fp8::tile_scale(__uint_as_float(amax));
       const fp8_tiles::TileQuantizer quantize(scale);
-      uint32_t word = 0;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) word |= static_cast<uint32_t>(quantize(v[e])) << (8 * e);
+      const uint32_t word = quantize.word(v[0], v[1], v[2], v[3]);
       for (int k = 0; k < top_k; ++k) {
         uint8_t* codes = s_codes[k];
         if (codes == nullptr) continue;  // dropped routes move nothing
