@@ -3,7 +3,8 @@
 # layers, for 1F1B and the interleaved schedule. Prints, per run, the measured bubble (each rank's
 # idle share of the pipeline phase, mean over ranks and over the steps after the first, from
 # metrics.jsonl) next to the schedule's theoretical bubble ((P-1)/(m+P-1) for 1F1B,
-# (P-1)/(V m+P-1) interleaved) and the step time.
+# (P-1)/(V m+P-1) interleaved) and the step time. PP2_ONLY=1: only the 2-rank runs (a 2-core machine
+# runs the 4-rank ones oversubscribed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${BIN:-build/moetrain}
@@ -30,5 +31,6 @@ run pp2-1f1b-m4 2 4 --set parallel.pp=2
 run pp2-1f1b-m8 2 8 --set parallel.pp=2
 run pp2-interleaved-v2-m8 2 8 --set parallel.pp=2 --set parallel.pp_schedule=interleaved --set parallel.pp_virtual=2
 run pp2-interleaved-v4-m8 2 8 --set parallel.pp=2 --set parallel.pp_schedule=interleaved --set parallel.pp_virtual=4
+[ -n "${PP2_ONLY:-}" ] && exit 0
 run pp4-1f1b-m8 4 8 --set parallel.pp=4
 run pp4-interleaved-v2-m8 4 8 --set parallel.pp=4 --set parallel.pp_schedule=interleaved --set parallel.pp_virtual=2

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "moe/comm/local_communicator.h"
@@ -202,6 +204,31 @@ TEST(MpiCommunicator, split_orders_by_key_and_collectives_stay_inside_groups) {
   auto single = group->split(group->rank(), 0);
   EXPECT_EQ(single->size(), 1);
   EXPECT_EQ(single->rank(), 0);
+}
+
+// A message above the shared-memory eager limit moves only while its sender is inside MPI. The
+// send queue's progress thread keeps it moving while the sender computes (here: sleeps, making no
+// MPI call for 1.5 s), so the receiver has it long before the sender's next call. Without the thread
+// the receive would return only after that sleep. The bound (0.75 s) leaves a loaded machine room.
+TEST(MpiCommunicator, a_queued_send_reaches_its_receiver_while_the_sender_makes_no_mpi_call) {
+  if (!world().threads_may_call_concurrently()) GTEST_SKIP() << "MPI does not provide MPI_THREAD_MULTIPLE";
+  constexpr int64_t kFloats = 1 << 20;  // 4 MiB: far above any eager limit
+  const int r = world().rank();
+  std::vector<float> buf(kFloats, r == 0 ? 3.0f : 0.0f);
+  world().barrier();
+  if (r == 0) {
+    world().send(f32(buf), 1, 7);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    world().wait_sends();
+  } else if (r == 1) {
+    const auto t0 = std::chrono::steady_clock::now();
+    world().recv(f32(buf), 0, 7);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(seconds, 0.75) << "the receive waited for the sender's next MPI call";
+    EXPECT_EQ(buf.front(), 3.0f);
+    EXPECT_EQ(buf.back(), 3.0f);
+  }
+  world().barrier();
 }
 
 TEST(MpiCommunicator, mismatched_sizes_and_types_are_errors) {

@@ -4,10 +4,15 @@
 // Argument checks run before any MPI call and need no communication (collective_checks.h).
 #include "moe/comm/mpi_communicator.h"
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
+#include <thread>
+#include <utility>
 
 #include "moe/comm/collective_checks.h"
 
@@ -38,7 +43,64 @@ bool mpi_active() {
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+struct MpiCommunicator::SendQueue {
+  struct QueuedSend {
+    MPI_Request request;
+    std::vector<char> copy;
+  };
+  std::mutex mu;
+  std::condition_variable wake;
+  std::vector<QueuedSend> sends;
+  std::exception_ptr error;  // the progress thread's failure, rethrown by the next send or wait_sends
+  bool stop = false;
+  std::thread thread;
+
+  // Frees the copies of completed sends. Under mu: a request is tested by one thread at a time.
+  void reap() {
+    for (size_t i = 0; i < sends.size();) {
+      int done = 0;
+      MPI_CHECK(MPI_Test(&sends[i].request, &done, MPI_STATUS_IGNORE));
+      if (done) {
+        sends[i] = std::move(sends.back());
+        sends.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+  // Tests the queued sends every 100 us while there are any (asleep otherwise).
+  void loop() {
+    std::unique_lock lock(mu);
+    for (;;) {
+      wake.wait(lock, [&] { return stop || (!sends.empty() && !error); });
+      if (stop) return;
+      try {
+        reap();
+      } catch (...) {
+        error = std::current_exception();
+        continue;
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      lock.lock();
+    }
+  }
+  void rethrow() {
+    if (error) std::rethrow_exception(std::exchange(error, nullptr));
+  }
+  ~SendQueue() {
+    if (!thread.joinable()) return;
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+    }
+    wake.notify_all();
+    thread.join();
+  }
+};
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool owned)
+    : comm_(comm), sends_(std::make_unique<SendQueue>()), owned_(owned) {
   MOE_CHECK(comm != MPI_COMM_NULL, "MpiCommunicator: MPI_COMM_NULL is not a communicator");
   MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -46,6 +108,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  sends_.reset();  // the progress thread stops before the communicator goes
   // No throwing here; after MPI_Finalize the handle is already gone.
   // Not while an exception unwinds: peers may be blocked elsewhere, and the job is being aborted.
   if (owned_ && comm_ != MPI_COMM_NULL && mpi_active() && std::uncaught_exceptions() == 0) MPI_Comm_free(&comm_);
@@ -114,29 +177,22 @@ void MpiCommunicator::check_peer(const char* op, int peer) const {
             " must be another rank of this group of ", size_);
 }
 
-void MpiCommunicator::reap_sends() {
-  for (size_t i = 0; i < sends_.size();) {
-    int done = 0;
-    MPI_CHECK(MPI_Test(&sends_[i].request, &done, MPI_STATUS_IGNORE));
-    if (done) {
-      sends_[i] = std::move(sends_.back());
-      sends_.pop_back();
-    } else {
-      ++i;
-    }
-  }
-}
-
 void MpiCommunicator::send(Tensor buf, int peer, int tag, Stream) {
   check_cpu_tensor("send", "buf", buf, rank_);
   check_peer("send", peer);
   MOE_CHECK(tag >= 0 && tag <= 32767, "send (rank ", rank_, "): tag ", tag, " outside 0..32767");
   const int n = checked_count("send", buf.numel(), rank_);
-  reap_sends();
-  QueuedSend q{MPI_REQUEST_NULL, std::vector<char>(buf.nbytes())};
+  SendQueue& queue = *sends_;
+  std::lock_guard lock(queue.mu);
+  queue.rethrow();
+  queue.reap();
+  SendQueue::QueuedSend q{MPI_REQUEST_NULL, std::vector<char>(buf.nbytes())};
   std::memcpy(q.copy.data(), buf.data, buf.nbytes());
   MPI_CHECK(MPI_Isend(q.copy.data(), n, mpi_type(buf.dtype), peer, tag, comm_, &q.request));
-  sends_.push_back(std::move(q));  // the vector's heap block does not move with it
+  queue.sends.push_back(std::move(q));  // the vector's heap block does not move with it
+  if (!queue.thread.joinable() && threads_may_call_concurrently())
+    queue.thread = std::thread([&queue] { queue.loop(); });
+  queue.wake.notify_one();
 }
 
 void MpiCommunicator::recv(Tensor buf, int peer, int tag, Stream) {
@@ -151,8 +207,11 @@ void MpiCommunicator::recv(Tensor buf, int peer, int tag, Stream) {
 }
 
 void MpiCommunicator::wait_sends() {
-  for (QueuedSend& q : sends_) MPI_CHECK(MPI_Wait(&q.request, MPI_STATUS_IGNORE));
-  sends_.clear();
+  SendQueue& queue = *sends_;
+  std::lock_guard lock(queue.mu);
+  queue.rethrow();
+  for (SendQueue::QueuedSend& q : queue.sends) MPI_CHECK(MPI_Wait(&q.request, MPI_STATUS_IGNORE));
+  queue.sends.clear();
 }
 
 bool MpiCommunicator::threads_may_call_concurrently() const {

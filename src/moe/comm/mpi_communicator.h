@@ -28,6 +28,9 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override;
   // send is an MPI_Isend of a copy (kept until it completes), recv a blocking MPI_Recv: a rank that
   // sends never waits for its peer to reach the matching recv, so stages cannot deadlock on a send.
+  // Under MPI_THREAD_MULTIPLE a thread tests the queued sends while the caller computes: over
+  // shared memory a message above the eager limit moves only while its sender is inside MPI, so
+  // without it the receiving stage waits for the sender's next MPI call, a whole pass later.
   void send(Tensor buf, int peer, int tag, Stream stream = {}) override;
   void recv(Tensor buf, int peer, int tag, Stream stream = {}) override;
   void wait_sends() override;
@@ -38,12 +41,8 @@ class MpiCommunicator final : public Communicator {
  private:
   void check_peer(const char* op, int peer) const;
   MPI_Comm comm_;
-  void reap_sends();  // frees the copies of completed sends
-  struct QueuedSend {
-    MPI_Request request;
-    std::vector<char> copy;
-  };
-  std::vector<QueuedSend> sends_;
+  struct SendQueue;  // the queued sends (copies kept until they complete) and their progress thread
+  std::unique_ptr<SendQueue> sends_;
   bool owned_;
   int rank_ = 0, size_ = 1;
 };
