@@ -7,7 +7,8 @@ has no W&B client).
 Logs every record of RUN_DIR/metrics.jsonl at its step, with the tags of moetrain's TensorBoard
 events (loss, lm_loss, lb_loss, z_loss, grad_norm, lr, tokens_per_s, mfu, step_time_s,
 dropped_fraction, expert_load_max_over_mean, expert_load/layer_<i>, eval_loss, ...; "nan"/"inf"
-strings become non-finite floats), and RUN_DIR/config.toml as the W&B run's config.
+strings become non-finite floats), and the run's resolved config (RUN_DIR/config.toml, or
+config.resolved.toml where config.toml is the user's own) as the W&B run's config.
 
 --follow keeps reading as the training appends records and ends after the last one, once the
 job holding RUN_DIR (its .lock) has ended; started before the job, it waits for it. Ctrl-C or
@@ -38,6 +39,7 @@ import moe_metrics  # noqa: E402  (next to this script)
 
 STATE_FILE = "wandb_sidecar.json"
 LOCK_FILE = ".wandb_sidecar.lock"
+CONFIG_HEADER = "# moetrain: the resolved config"  # the first line of the configs moetrain writes (run_dir.h)
 
 
 def record_digest(record):
@@ -108,7 +110,15 @@ class Sidecar:
         os.replace(tmp, self.state_path)
 
     def _config(self):
+        """The run's resolved config: config.toml, or config.resolved.toml where config.toml is the user's
+        own (moetrain never overwrites that; its own files begin with CONFIG_HEADER)."""
         path = os.path.join(self.run_dir, "config.toml")
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                if not f.readline().startswith(CONFIG_HEADER):
+                    path = os.path.join(self.run_dir, "config.resolved.toml")
+        except OSError:
+            pass
         try:
             with open(path, "rb") as f:
                 config = tomllib.load(f)

@@ -175,6 +175,23 @@ class WandbSidecar(unittest.TestCase):
         self.assert_logged(metrics(self.run_dir), init["run"])
         self.assertEqual(self.logged_steps(), list(range(1, 41)))
 
+    def test_the_wandb_config_is_the_resolved_one_not_a_users_own_config_toml_in_the_run_dir(self):
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
+        with open(os.path.join(self.run_dir, "config.toml"), "w") as f:
+            f.write("# my own settings\n[mine]\nx = 1\n")
+        with open(os.path.join(self.run_dir, "config.resolved.toml"), "w") as f:
+            f.write("# moetrain: the resolved config of this run's latest start (every key)\n[train]\nsteps = 5\n")
+        self.sidecar()
+        keys = [c["keys"] for c in self.calls("config")]
+        self.assertEqual(keys, [["run_dir", "train"]])
+
+    def test_the_wandb_config_is_config_toml_when_moetrain_wrote_it(self):
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
+        with open(os.path.join(self.run_dir, "config.toml"), "w") as f:
+            f.write("# moetrain: the resolved config of this run's latest start (every key)\n[model]\nhidden_size = 8\n")
+        self.sidecar()
+        self.assertEqual([c["keys"] for c in self.calls("config")], [["model", "run_dir"]])
+
     def test_a_second_sidecar_on_the_same_run_is_refused(self):
         write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
         with open(os.path.join(self.run_dir, ".wandb_sidecar.lock"), "w") as held:
