@@ -188,7 +188,8 @@ class WandbSidecar(unittest.TestCase):
     def test_the_wandb_config_is_config_toml_when_moetrain_wrote_it(self):
         write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
         with open(os.path.join(self.run_dir, "config.toml"), "w") as f:
-            f.write("# moetrain: the resolved config of this run's latest start (every key)\n[model]\nhidden_size = 8\n")
+            f.write("# moetrain: the resolved config of this run's latest start (every key)\n"
+                    "[model]\nhidden_size = 8\n")
         self.sidecar()
         self.assertEqual([c["keys"] for c in self.calls("config")], [["model", "run_dir"]])
 

@@ -66,8 +66,8 @@ inline bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintp
 
 inline int64_t tiles(int64_t n) { return (n + kTile - 1) / kTile; }
 
-// n / d and n % d for 0 <= n < 2^31 by a multiply-high and a shift (Granlund and Montgomery), d
-// fixed per launch: the Rows kernel maps each tile index to its row and tile column, and a 64-bit
+// n / d for 0 <= n < 2^31 by a multiply-high and a shift (Granlund and Montgomery; the remainder is
+// n - quotient * d), d fixed per launch: the Rows kernel maps each tile index to its row and tile column, and a 64-bit
 // division there cost as many instructions as quantizing the tile's values.
 struct FastDivmod {
   uint32_t d = 1, mul = 0, shift = 0;
@@ -172,7 +172,8 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(Source src, uin
       const TileQuantizer quantize(scale);
       uint32_t q[kVec / 4];
 #pragma unroll
-      for (int j = 0; j < kVec / 4; ++j) q[j] = quantize.word(v[u][4 * j], v[u][4 * j + 1], v[u][4 * j + 2], v[u][4 * j + 3]);
+      for (int j = 0; j < kVec / 4; ++j)
+        q[j] = quantize.word(v[u][4 * j], v[u][4 * j + 1], v[u][4 * j + 2], v[u][4 * j + 3]);
       store_codes<kVec>(codes + offset[u], valid[u], vector, q);
     }
   }
@@ -367,7 +368,8 @@ __global__ void __launch_bounds__(kThreads, 3)
       uint32_t words[kRun / 4];
 #pragma unroll
       for (int j = 0; j < kRun / 4; ++j)
-        words[j] = quantize.word(run[s].get(4 * j), run[s].get(4 * j + 1), run[s].get(4 * j + 2), run[s].get(4 * j + 3));
+        words[j] =
+            quantize.word(run[s].get(4 * j), run[s].get(4 * j + 1), run[s].get(4 * j + 2), run[s].get(4 * j + 3));
       uint8_t* p = rows_out.codes + row * K + kw;
       if (rows_out.vector && features == kRun) {
         *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
