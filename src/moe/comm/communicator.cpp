@@ -1,6 +1,5 @@
 // The default point-to-point calls: refused, naming the backend's missing support, for
-// communicators that have none (the NCCL one, so a pipeline run on the GPU is refused before it
-// starts; see Trainer).
+// communicators that have none (the in-process one and the planning stand-in).
 #include "moe/comm/communicator.h"
 
 #include "moe/core/error.h"
@@ -9,12 +8,12 @@ namespace moe {
 
 void Communicator::send(Tensor, int peer, int, Stream) {
   MOE_FAIL("send to rank ", peer, ": this communicator has no point-to-point messages (pipeline parallelism runs "
-           "on MPI CPU ranks)");
+           "on MPI ranks or NCCL GPUs)");
 }
 
 void Communicator::recv(Tensor, int peer, int, Stream) {
   MOE_FAIL("recv from rank ", peer, ": this communicator has no point-to-point messages (pipeline parallelism "
-           "runs on MPI CPU ranks)");
+           "runs on MPI ranks or NCCL GPUs)");
 }
 
 }  // namespace moe

@@ -37,13 +37,21 @@ class Communicator {
   virtual void barrier() = 0;
   // Ranks with the same color form a new group, ordered by key (then by rank).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
-  // Point-to-point (pipeline stages). send copies buf, queues the copy for rank `peer` and returns
-  // at once (buf may be written again right away). recv returns when buf holds the oldest message
-  // from `peer` with the same tag that it has not received yet (tags: 0 .. 32767). A backend
-  // without point-to-point refuses (the default).
+  // Point-to-point (pipeline stages). Where sends_wait_for_receivers() is false (MPI), send copies
+  // buf, queues the copy for rank `peer` and returns at once (buf may be written again right away),
+  // and recv returns when buf holds the oldest message from `peer` with the same tag that it has not
+  // received yet (tags: 0 .. 32767). Where it is true (NCCL), both are queued on the stream: a send
+  // completes only once its receiver receives it, messages between two ranks are matched in the
+  // order they are issued (tags are not sent), and the sends and receives a rank must have in flight
+  // at once go between begin_group and end_group (parallel/pipeline_messages.h plans them). A
+  // backend without point-to-point refuses (the default).
   virtual void send(Tensor buf, int peer, int tag, Stream stream = {});
   virtual void recv(Tensor buf, int peer, int tag, Stream stream = {});
-  // Waits until every message this rank queued has been received.
+  virtual void begin_group() {}
+  virtual void end_group() {}
+  virtual bool sends_wait_for_receivers() const { return false; }
+  // Waits until every message this rank queued has been received (stream-ordered backends: nothing
+  // to wait for on the host).
   virtual void wait_sends() {}
   // True for a stand-in that only plans memory (plan_communicator.h): the objects built on it
   // reserve their buffers but allocate no shared memory and make no collective.

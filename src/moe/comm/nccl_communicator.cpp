@@ -161,6 +161,29 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   return std::make_unique<NcclCommunicator>(sub, rank, size);
 }
 
+void NcclCommunicator::send(Tensor buf, int peer, int /*tag*/, Stream stream) {
+  check_gpu("send", "buf", buf, rank_);
+  check_peer("send", peer);
+  NCCL_CHECK(ncclSend(buf.data, static_cast<size_t>(buf.numel()), nccl_type(buf, "send", rank_), peer,
+                      as_comm(comm_), cuda_stream(stream)));
+}
+
+void NcclCommunicator::recv(Tensor buf, int peer, int /*tag*/, Stream stream) {
+  check_gpu("recv", "buf", buf, rank_);
+  check_peer("recv", peer);
+  NCCL_CHECK(ncclRecv(buf.data, static_cast<size_t>(buf.numel()), nccl_type(buf, "recv", rank_), peer,
+                      as_comm(comm_), cuda_stream(stream)));
+}
+
+void NcclCommunicator::begin_group() { NCCL_CHECK(ncclGroupStart()); }
+
+void NcclCommunicator::end_group() { NCCL_CHECK(ncclGroupEnd()); }
+
+void NcclCommunicator::check_peer(const char* op, int peer) const {
+  MOE_CHECK(peer >= 0 && peer < size_ && peer != rank_, op, " (rank ", rank_, "): peer ", peer,
+            " is not another rank of this group of ", size_);
+}
+
 #else  // no NCCL in this build
 
 bool nccl_available(std::string* why) {

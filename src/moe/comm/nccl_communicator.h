@@ -42,10 +42,17 @@ class NcclCommunicator final : public Communicator {
   void broadcast(Tensor buf, int root, Stream stream = {}) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
+  // Pipeline messages: ncclSend / ncclRecv on the stream (tags only name them for the caller).
+  void send(Tensor buf, int peer, int tag, Stream stream = {}) override;
+  void recv(Tensor buf, int peer, int tag, Stream stream = {}) override;
+  void begin_group() override;
+  void end_group() override;
+  bool sends_wait_for_receivers() const override { return true; }
 
   void* handle() const { return comm_; }  // ncclComm_t, for the symmetric heap
 
  private:
+  void check_peer(const char* op, int peer) const;
   void* comm_ = nullptr;  // ncclComm_t
   int rank_ = 0, size_ = 1;
   void* barrier_scratch_ = nullptr;  // one device float for barrier()

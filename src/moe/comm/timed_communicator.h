@@ -34,6 +34,9 @@ class TimedCommunicator final : public Communicator {
   void barrier() override { timed([&] { inner_.barrier(); }); }
   void send(Tensor buf, int peer, int tag, Stream s = {}) override { timed([&] { inner_.send(buf, peer, tag, s); }); }
   void recv(Tensor buf, int peer, int tag, Stream s = {}) override { timed([&] { inner_.recv(buf, peer, tag, s); }); }
+  void begin_group() override { inner_.begin_group(); }
+  void end_group() override { timed([&] { inner_.end_group(); }); }
+  bool sends_wait_for_receivers() const override { return inner_.sends_wait_for_receivers(); }
   void wait_sends() override { timed([&] { inner_.wait_sends(); }); }
   std::unique_ptr<Communicator> split(int color, int key) override {
     std::unique_ptr<Communicator> group = inner_.split(color, key);

@@ -30,6 +30,15 @@ bool cuda_available(std::string* why) {
 #endif
 }
 
+int cuda_device_count() {
+#if defined(MOE_HAVE_CUDA)
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+#else
+  return 0;
+#endif
+}
+
 #if defined(MOE_HAVE_CUDA)
 cudaStream_t compute_stream() {
   static cudaStream_t stream = [] {

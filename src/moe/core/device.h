@@ -12,6 +12,9 @@ namespace moe {
 // the reason in *why (no CUDA in this build, no driver, no device).
 bool cuda_available(std::string* why = nullptr);
 
+// The CUDA devices this process sees (0 where cuda_available is false).
+int cuda_device_count();
+
 // With several ranks per host: makes GPU (local rank mod GPU count) current, the local rank read
 // from the launcher (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or LOCAL_RANK; 0 without one).
 void select_local_gpu();

@@ -18,7 +18,7 @@ std::string multiples(int64_t step, int64_t limit) {
 
 std::vector<PipelineOp> one_f_one_b(const PipelineShape& s, int rank) {
   const int64_t m = s.microbatches;
-  const int64_t warmup = std::min<int64_t>(s.stages - 1 - rank, m);
+  const int64_t warmup = warmup_passes(PipelineSchedule::OneFOneB, s, rank);
   std::vector<PipelineOp> ops;
   for (int64_t i = 0; i < warmup; ++i) ops.push_back({true, i, rank});
   for (int64_t i = 0; i < m - warmup; ++i) {
@@ -40,11 +40,7 @@ PipelineOp interleaved_pass(const PipelineShape& s, int rank, int64_t k, bool fo
 
 std::vector<PipelineOp> interleaved(const PipelineShape& s, int rank) {
   const int64_t total = s.microbatches * s.virtual_stages;
-  // With m = P every forward runs first (Megatron's rule): there is no steady state to fill.
-  int64_t warmup = s.microbatches == s.stages
-                       ? total
-                       : int64_t{2} * (s.stages - 1 - rank) + int64_t{s.virtual_stages - 1} * s.stages;
-  warmup = std::min(warmup, total);
+  const int64_t warmup = warmup_passes(PipelineSchedule::Interleaved, s, rank);
   std::vector<PipelineOp> ops;
   for (int64_t k = 0; k < warmup; ++k) ops.push_back(interleaved_pass(s, rank, k, true));
   for (int64_t k = 0; k < total - warmup; ++k) {
@@ -56,6 +52,14 @@ std::vector<PipelineOp> interleaved(const PipelineShape& s, int rank) {
 }
 
 }  // namespace
+
+int64_t warmup_passes(PipelineSchedule schedule, const PipelineShape& s, int rank) {
+  if (schedule == PipelineSchedule::OneFOneB) return std::min<int64_t>(s.stages - 1 - rank, s.microbatches);
+  const int64_t total = s.microbatches * s.virtual_stages;
+  // With m = P every forward runs first (Megatron's rule): there is no steady state to fill.
+  if (s.microbatches == s.stages) return total;
+  return std::min(int64_t{2} * (s.stages - 1 - rank) + int64_t{s.virtual_stages - 1} * s.stages, total);
+}
 
 std::string schedule_problem(PipelineSchedule schedule, const PipelineShape& s) {
   std::ostringstream os;

@@ -42,6 +42,9 @@ struct PipelineShape {
 std::string schedule_problem(PipelineSchedule schedule, const PipelineShape& shape);
 // The ops rank `rank` runs, in order. Throws with schedule_problem's message.
 std::vector<PipelineOp> schedule_ops(PipelineSchedule schedule, const PipelineShape& shape, int rank);
+// The forward passes rank `rank` runs before its first backward (the warm-up); the passes after
+// them alternate one forward and one backward (the steady state) until the forwards run out.
+int64_t warmup_passes(PipelineSchedule schedule, const PipelineShape& shape, int rank);
 // Most microbatches whose forward through `chunk` has run and whose backward has not, at once,
 // on the chunk's rank: the activation sets and lease slots the chunk needs.
 int in_flight(const std::vector<PipelineOp>& ops, int chunk);

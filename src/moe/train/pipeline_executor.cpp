@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "moe/core/wall_clock.h"
+#include "moe/parallel/pipeline_messages.h"
 
 namespace moe {
 namespace {
@@ -26,50 +26,60 @@ class SetTracker {
   std::vector<std::vector<int64_t>> owner_;
 };
 
-// The tag of the message across the boundary after chunk `boundary` for microbatch i (activation
-// forward, gradient backward): a rank receives each from the right pass whatever order its
-// neighbour sent them in (interleaved ranks exchange several chunks' messages both ways).
-int message_tag(int64_t microbatch, int boundary, bool forward, int chunks) {
-  return static_cast<int>(((microbatch * chunks + boundary) * 2 + (forward ? 0 : 1)) % 32768);
+// The buffer a message of the step's plan reads (send) or fills (receive): a forward's input or
+// output activation, a backward's output-gradient input (the shared residual-gradient scratch) or
+// its input gradient.
+Tensor message_buffer(const PipelinePlan& plan, Transformer& model, const SetTracker& sets, const PipelineMessage& m) {
+  const PipelineOp& op = plan.ops[m.op];
+  const int k = plan.model_chunk(op.chunk), set = sets.set_of(op.microbatch);
+  if (op.forward) return m.send ? model.chunk_output(k, set) : model.chunk_input(k, set);
+  return m.send ? model.input_grad(k, set) : model.output_grad();
+}
+
+void issue(const std::vector<PipelineMessage>& group, const PipelinePlan& plan, Communicator& pipeline,
+           Transformer& model, const SetTracker& sets) {
+  if (group.empty()) return;
+  pipeline.begin_group();
+  for (const PipelineMessage& m : group) {
+    const Tensor buf = message_buffer(plan, model, sets, m);
+    if (m.send)
+      pipeline.send(buf, m.peer, m.tag);
+    else
+      pipeline.recv(buf, m.peer, m.tag);
+  }
+  pipeline.end_group();
 }
 
 }  // namespace
 
-PipelineStepTimes run_pipeline_step(const PipelinePlan& plan, Communicator& pipeline, Transformer& model,
-                                    ParamStore& store, const PipelineStepInput& in) {
-  const int P = plan.shape.stages, C = plan.layout.chunks();
-  const auto t_start = SteadyClock::now();
-  PipelineStepTimes times;
+void run_pipeline_step(const PipelinePlan& plan, Communicator& pipeline, Transformer& model, ParamStore& store,
+                       const PipelineStepInput& in, PassTimer& timer) {
+  MOE_CHECK(plan.messages.size() == plan.ops.size() + 1, "pipeline: ", plan.messages.size(),
+            " message groups for ", plan.ops.size(), " passes");
+  timer.start();
   SetTracker sets(model.chunks(), plan.activation_sets);
   const ModelWeights& w = store.weights();
   const ModelWeights& g = store.grads();
-  for (const PipelineOp& op : plan.ops) {
+  for (size_t j = 0; j < plan.ops.size(); ++j) {
+    const PipelineOp& op = plan.ops[j];
     const int k = plan.model_chunk(op.chunk), set = sets.set_of(op.microbatch);
     const int64_t i = op.microbatch, R = in.rows;
     const Tensor tokens = in.tokens.rows(i * R, (i + 1) * R), targets = in.targets.rows(i * R, (i + 1) * R);
+    issue(plan.messages[j], plan, pipeline, model, sets);
+    timer.begin_pass();
     if (op.forward) {
       sets.begin(k, i);
-      if (op.chunk > 0)
-        pipeline.recv(model.chunk_input(k, set), (op.chunk - 1) % P, message_tag(i, op.chunk - 1, true, C));
-      const auto t0 = SteadyClock::now();
       model.chunk_forward(k, set, w, tokens, in.routing_seed(i), in.routing);
-      times.compute_s += seconds_since(t0);
-      if (op.chunk < C - 1)
-        pipeline.send(model.chunk_output(k, set), (op.chunk + 1) % P, message_tag(i, op.chunk, true, C));
     } else {
-      if (op.chunk < C - 1) pipeline.recv(model.output_grad(), (op.chunk + 1) % P, message_tag(i, op.chunk, false, C));
-      const auto t0 = SteadyClock::now();
       model.chunk_backward(k, set, w, g, tokens, targets, in.scales);
       model.add_chunk_stats(in.stats, k, set);
-      times.compute_s += seconds_since(t0);
-      if (op.chunk > 0)
-        pipeline.send(model.input_grad(k, set), (op.chunk - 1) % P, message_tag(i, op.chunk - 1, false, C));
       sets.end(k, i);
     }
+    timer.end_pass();
   }
+  issue(plan.messages.back(), plan, pipeline, model, sets);
   pipeline.wait_sends();  // every message of the step has been received: nothing crosses into the next one
-  times.wall_s = seconds_since(t_start);
-  return times;
+  timer.stop();
 }
 
 void run_pipeline_forward(const PipelinePlan& plan, Communicator& pipeline, Transformer& model, ParamStore& store,
@@ -83,10 +93,10 @@ void run_pipeline_forward(const PipelinePlan& plan, Communicator& pipeline, Tran
     for (int c = 0; c < C; ++c) {
       if (plan.layout.rank_of(c) != plan.layout.rank_of(plan.chunks[0])) continue;
       const int k = plan.model_chunk(c);
-      if (c > 0) pipeline.recv(model.chunk_input(k, 0), (c - 1) % P, message_tag(i, c - 1, true, C));
+      if (c > 0) pipeline.recv(model.chunk_input(k, 0), (c - 1) % P, pipeline_message_tag(i, c - 1, true, C));
       model.chunk_forward_loss(k, 0, w, tokens, targets, in.routing_seed(i), in.routing);
       if (model.has_head(k)) model.add_chunk_stats(in.stats, k, 0);
-      if (c < C - 1) pipeline.send(model.chunk_output(k, 0), (c + 1) % P, message_tag(i, c, true, C));
+      if (c < C - 1) pipeline.send(model.chunk_output(k, 0), (c + 1) % P, pipeline_message_tag(i, c, true, C));
     }
   }
   pipeline.wait_sends();

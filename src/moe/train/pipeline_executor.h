@@ -1,15 +1,19 @@
 // Runs one optimizer step's pipeline op list (parallel/pipeline_schedule.h) on this rank: each
 // forward and backward of a microbatch through one of the rank's model chunks, with the chunk
 // boundary's activations and their gradients as point-to-point messages to the neighbouring
-// stages (Mesh::pipeline). A send is a queued copy (Communicator::send): no rank waits on a send,
-// only on the receives the schedule's order makes it wait for, which cannot deadlock
-// (simulate_pipeline checks every schedule); the step ends once its messages are received.
+// stages (Mesh::pipeline), issued in the groups of the plan's message list
+// (parallel/pipeline_messages.h). Over MPI a send is a queued copy: no rank waits on a send, only
+// on the receives the schedule's order makes it wait for, which cannot deadlock (simulate_pipeline
+// checks every schedule). Over NCCL sends and receives are queued on the compute stream and a send
+// waits for its receiver; the groups make that deadlock-free too (message_order_problem checks
+// every schedule, and the plan of each run). The step ends once its messages are received.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 
 #include "moe/comm/mesh.h"
+#include "moe/core/pass_timer.h"
 #include "moe/model/transformer.h"
 #include "moe/parallel/param_store.h"
 #include "moe/train/run_model.h"
@@ -25,15 +29,10 @@ struct PipelineStepInput {
   Tensor stats;  // F32 [kNumMicrobatchStats+]: each chunk's statistics are added after its backward
 };
 
-struct PipelineStepTimes {
-  double compute_s = 0;  // inside forward and backward passes
-  double wall_s = 0;     // the whole op list, waits included
-  // This rank's idle share of the pipeline phase: 1 - compute / wall.
-  double bubble() const { return wall_s > 0 ? 1.0 - compute_s / wall_s : 0.0; }
-};
-
-PipelineStepTimes run_pipeline_step(const PipelinePlan& plan, Communicator& pipeline, Transformer& model,
-                                    ParamStore& store, const PipelineStepInput& in);
+// `timer` brackets the op list and each pass (read it once the device has finished the step: the
+// bubble is its idle share).
+void run_pipeline_step(const PipelinePlan& plan, Communicator& pipeline, Transformer& model, ParamStore& store,
+                       const PipelineStepInput& in, PassTimer& timer);
 
 // Forward only, microbatch after microbatch (evaluation): the last stage adds each microbatch's LM
 // loss sum into stats[kStatLmSum].

@@ -3,6 +3,7 @@
 #include "moe/parallel/ddp_store.h"
 #include "moe/parallel/dispatcher_factory.h"
 #include "moe/parallel/fsdp_store.h"
+#include "moe/parallel/pipeline_messages.h"
 
 namespace moe {
 
@@ -23,6 +24,20 @@ std::unique_ptr<PipelinePlan> plan_pipeline(const Config& cfg, const Mesh& mesh,
   plan->schedule = par.pp_schedule == "interleaved" ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB;
   plan->shape = PipelineShape{static_cast<int>(par.pp), static_cast<int>(par.pp_virtual), accum};
   plan->ops = schedule_ops(plan->schedule, plan->shape, mesh.stage);
+  // Over NCCL a send waits for its receiver and messages are matched by order: the groups of every
+  // stage must deliver under those rules (the schedule tests check every accepted shape; this
+  // checks the run's own, which costs microseconds).
+  const bool rendezvous = mesh.pipeline && mesh.pipeline->sends_wait_for_receivers();
+  plan->messages = pipeline_message_groups(plan->schedule, plan->ops, plan->shape, mesh.stage, rendezvous);
+  if (rendezvous) {
+    std::vector<std::vector<std::vector<PipelineMessage>>> all;
+    for (int r = 0; r < plan->shape.stages; ++r)
+      all.push_back(pipeline_message_groups(plan->schedule, schedule_ops(plan->schedule, plan->shape, r), plan->shape,
+                                            r, rendezvous));
+    const std::string problem = message_order_problem(all);
+    MOE_CHECK(problem.empty(), "parallel.pp_schedule = \"", par.pp_schedule, "\" with parallel.pp = ", par.pp,
+              ", parallel.pp_virtual = ", par.pp_virtual, " and ", accum, " microbatches: ", problem);
+  }
   plan->chunks = plan->layout.chunks_of(mesh.stage);
   for (int c : plan->chunks) plan->activation_sets = std::max(plan->activation_sets, in_flight(plan->ops, c));
   MOE_CHECK(par.lease_slots == 0 || par.lease_slots >= plan->activation_sets, "parallel.lease_slots = ",

@@ -15,6 +15,7 @@
 #include "moe/model/weights.h"
 #include "moe/model/transformer.h"
 #include "moe/parallel/param_store.h"
+#include "moe/parallel/pipeline_messages.h"
 #include "moe/parallel/pipeline_schedule.h"
 #include "moe/train/config.h"
 #include "moe/train/pipeline_layout.h"
@@ -53,6 +54,9 @@ struct PipelinePlan {
   std::vector<PipelineOp> ops;
   std::vector<int> chunks;  // this rank's layout chunks, in the model's chunk order
   int activation_sets = 1;  // the most microbatches in flight in one of this rank's chunks
+  // This rank's message groups: messages[j] before ops[j], the last after every pass
+  // (parallel/pipeline_messages.h), for the pipeline communicator's kind of sends.
+  std::vector<std::vector<PipelineMessage>> messages;
   int model_chunk(int layout_chunk) const;
 };
 

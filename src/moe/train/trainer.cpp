@@ -61,11 +61,12 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       flops_(count_flops(cfg.model, cfg.train.seq_len)),
       data_(TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id)),
       state_("model state", dev_),
-      acts_("activations", dev_) {
+      acts_("activations", dev_),
+      pipeline_timer_(dev_) {
   const int64_t dp = cfg_.parallel.dp(world_.size());
   cfg_.validate(dp);
-  MOE_CHECK(cfg_.parallel.pp == 1 || dev_ == Device::CPU, "parallel.pp = ", cfg_.parallel.pp,
-            " runs on MPI CPU ranks (point-to-point messages over NCCL are not built), but this run uses ",
+  MOE_CHECK(cfg_.parallel.pp == 1 || dev_ == Device::CPU || run_device_.gpu_world, "parallel.pp = ",
+            cfg_.parallel.pp, " on GPUs sends its stages' messages through NCCL, but this run uses ",
             run_device_.note, "; set run.device = \"cpu\" or parallel.pp = 1");
   // Before anything is written: files too short for one window are left out (with a warning),
   // every named validation set is opened and checked.
@@ -243,7 +244,9 @@ void Trainer::queue_gradients(int64_t step) {
   // On the GPU the first microbatch writes the expert gradients instead of adding them (the CPU
   // keeps its bit-exact accumulation order: 0 + (-0) is +0), so only the dense ones need zeros.
   // One flag for both decisions: a store that skips the zeros relies on that write.
-  const bool first_microbatch_writes_experts = dev_ == Device::CUDA;
+  // A pipeline's microbatches pass through a stage's layers in the schedule's order, not one after
+  // another, so its gradients are always added to zeros.
+  const bool first_microbatch_writes_experts = dev_ == Device::CUDA && !run_->pipeline;
   run_->store->zero_grads(first_microbatch_writes_experts);
   Tensor load = state_.get(run_->buffers.expert_load), stats = state_.get(run_->buffers.step_stats);
   fill_zero(load);
@@ -255,11 +258,11 @@ void Trainer::queue_gradients(int64_t step) {
     in.tokens = tokens;
     in.targets = targets;
     in.rows = rows;
-    in.scales = scales;  // pipelines run on the CPU: gradients are always added (gradients_zeroed = false)
+    in.scales = scales;  // gradients are always added (gradients_zeroed = false)
     in.routing_seed = [&](int64_t micro) { return routing_seed(t.seed, step, micro * dp + rank); };
     in.routing = rs;
     in.stats = stats;
-    pipeline_times_ = run_pipeline_step(*run_->pipeline, *run_->mesh->pipeline, *run_->model, *run_->store, in);
+    run_pipeline_step(*run_->pipeline, *run_->mesh->pipeline, *run_->model, *run_->store, in, pipeline_timer_);
     return;
   }
   for (int64_t micro = 0; micro < accum; ++micro) {
@@ -354,7 +357,7 @@ StepRecord Trainer::train_step(int64_t step) {
   st[kStopSignals] = stop_signal() != 0 ? 1.0f : 0.0f;
   // Rank 0's clock decides for everyone: stop when the next step would end past the budget.
   st[kStopDeadline] = leader() && deadline_ && Clock::now() + (Clock::now() - t0) > *deadline_ ? 1.0f : 0.0f;
-  st[kPipelineBubble] = run_->pipeline ? static_cast<float>(pipeline_times_.bubble()) : 0.0f;
+  st[kPipelineBubble] = run_->pipeline ? static_cast<float>(pipeline_timer_.read().idle()) : 0.0f;
   const ParamStore::StepResult opt = run_->store->last_step();
   all_reduce_host(st);
   const Tensor load = state_.get(run_->buffers.expert_load);

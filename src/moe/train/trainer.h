@@ -23,6 +23,7 @@
 #include "moe/comm/timed_communicator.h"
 #include "moe/core/arena.h"
 #include "moe/core/kernel_profiler.h"
+#include "moe/core/pass_timer.h"
 #include "moe/core/step_graph.h"
 #include "moe/data/dataset.h"
 #include "moe/data/eval_windows.h"
@@ -151,7 +152,6 @@ class Trainer {
   // This rank's part of one microbatch's LM loss sum, forward only (pipeline: the last stage's).
   double forward_loss_sum(Tensor tokens, Tensor targets, uint64_t seed, const RoutingState& rs);
   // The pipeline's step times of the last step on this rank (parallel.pp > 1).
-  PipelineStepTimes pipeline_times_;
 
   Config cfg_;
   TrainOptions opts_;
@@ -166,6 +166,7 @@ class Trainer {
   std::vector<std::unique_ptr<EvalWindows>> eval_sets_;  // [[eval.sets]], in config order
   Arena state_;
   Arena acts_;
+  PassTimer pipeline_timer_;  // the pipeline phase of the last step (its bubble)
   std::vector<int32_t> host_tokens_, host_targets_;
   std::vector<float> host_bias_, host_load_;  // host copies of the router_bias and expert_load buffers
   std::unique_ptr<StepGraph> graph_;          // train.cuda_graph: the captured step

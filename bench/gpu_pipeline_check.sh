@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs on an H200 machine from the repo root, binaries in .devrun (as for device_check.sh): pipeline
+# parallelism on GPUs. With one GPU the ranks share it: each gets its own NCCL_HOSTID, so NCCL
+# treats them as separate hosts and moves the stages' messages over its socket transport on the
+# loopback interface (NCCL refuses two ranks of one host on one GPU). That checks correctness; its
+# throughput is not a pipeline's (two stages share one GPU, messages go through host sockets).
+#   1. tests/dist/gpu_pipeline_test.cpp under mpirun with 2 and 4 ranks;
+#   2. `moetrain train` on bench-olmoe-4l (4 microbatches of 2 x 4096 tokens per step) with
+#      pp = 1, pp = 2 (1F1B) and pp = 2 interleaved (2 chunks per rank), STEPS steps each: the
+#      losses side by side and the largest relative difference from pp = 1.
+set -uo pipefail
+. bench/device_mpi_env.sh
+out=${OUT:-/tmp}
+steps=${STEPS:-8}
+limit=${RUN_LIMIT_S:-240}  # per run: a hang ends as a failure, not as the call's time limit
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+status=0
+for np in 2 4; do
+  read -ra mpi <<< "$(mpi_launch "$np")"
+  if timeout "$limit" "${mpi[@]}" .devrun/bin/gpu_pipeline_test > "$out/gpu_pipeline_test_np$np.log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
+  echo "gpu_pipeline_test np $np: $r"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |worst relative" "$out/gpu_pipeline_test_np$np.log" | sort | uniq
+done
+# Shared-GPU ranks: a host id per rank (mpirun's rank variable, read by a shell in each rank).
+shared=()
+[ "$gpus" -lt 2 ] && shared=(-x NCCL_SOCKET_IFNAME=lo -x NCCL_IB_DISABLE=1)
+launch() {  # launch NP CMD...: CMD on NP ranks, each with its own NCCL host id where they share a GPU
+  local np="$1"; shift
+  read -ra mpi <<< "$(mpi_launch "$np")"
+  if [ "$gpus" -lt "$np" ]; then
+    timeout "$limit" "${mpi[@]}" "${shared[@]}" bash -c 'NCCL_HOSTID=moetrain-rank-$OMPI_COMM_WORLD_RANK exec "$@"' _ "$@"
+  else
+    timeout "$limit" "${mpi[@]}" "$@"
+  fi
+}
+common=(--config configs/bench-olmoe-4l.toml --steps "$steps" --set train.micro_batch_size=2
+        --set run.device='"cuda"' --set train.log_every=1)
+run() {  # run NAME NP [--set ...]
+  local name="$1" np="$2"; shift 2
+  rm -rf "/tmp/pp-$name"
+  echo "== $name (np $np): $*"
+  launch "$np" .devrun/bin/moetrain train "${common[@]}" --set run.dir="\"/tmp/pp-$name\"" "$@" \
+    > "$out/pp_$name.log" 2>&1 || { status=1; tail -5 "$out/pp_$name.log"; }
+  grep -E "^  (device|parallel|pipeline)|throughput|bubble|high-water" "$out/pp_$name.log" | head -8
+  cp "/tmp/pp-$name/metrics.jsonl" "$out/pp_$name.metrics.jsonl" 2> /dev/null
+}
+run pp1 1
+run pp2_1f1b 2 --set parallel.pp=2
+run pp2_interleaved 2 --set parallel.pp=2 --set parallel.pp_schedule='"interleaved"' --set parallel.pp_virtual=2
+python3 - "$out" pp1 pp2_1f1b pp2_interleaved <<'PY'
+import json, sys
+out, names = sys.argv[1], sys.argv[2:]
+def losses(name):
+    try:
+        rows = [json.loads(l) for l in open(f"{out}/pp_{name}.metrics.jsonl")]
+    except OSError:
+        return []
+    return [r["loss"] for r in rows if "loss" in r and r.get("kind", "train") == "train"]
+ref = losses(names[0])
+for n in names:
+    l = losses(n)
+    worst = max((abs(a - b) / abs(b) for a, b in zip(l, ref)), default=float("nan"))
+    print(f"{n:18s} " + " ".join(f"{v:.5f}" for v in l) + f"   max rel diff vs pp1 {worst:.2e}")
+PY
+exit $status
