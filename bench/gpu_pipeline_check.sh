@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs on an H200 machine from the repo root, binaries in .devrun (as for device_check.sh): pipeline
-# parallelism on GPUs. With one GPU the ranks share it: each gets its own NCCL_HOSTID, so NCCL
+# parallelism and the overlapped gradient reduction on GPUs. With one GPU the ranks share it: each gets its own NCCL_HOSTID, so NCCL
 # treats them as separate hosts and moves the stages' messages over its socket transport on the
 # loopback interface (NCCL refuses two ranks of one host on one GPU). That checks correctness; its
 # throughput is not a pipeline's (two stages share one GPU, messages go through host sockets).
-#   1. tests/dist/gpu_pipeline_test.cpp under mpirun with 2 and 4 ranks;
+#   1. tests/dist/gpu_pipeline_test.cpp under mpirun with 2 and 4 ranks, and
+#      tests/dist/gpu_overlap_grad_reduce_test.cpp (the overlapped reduction on GPUs) with 2;
 #   2. `moetrain train` on bench-olmoe-4l (4 microbatches of 2 x 4096 tokens per step) with
 #      pp = 1, pp = 2 (1F1B) and pp = 2 interleaved (2 chunks per rank), STEPS steps each: the
 #      losses side by side and the largest relative difference from pp = 1.
@@ -15,11 +16,12 @@ steps=${STEPS:-8}
 limit=${RUN_LIMIT_S:-240}  # per run: a hang ends as a failure, not as the call's time limit
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 status=0
-for np in 2 4; do
+for t in gpu_pipeline_test:2 gpu_pipeline_test:4 gpu_overlap_grad_reduce_test:2; do
+  name=${t%:*} np=${t#*:}
   read -ra mpi <<< "$(mpi_launch "$np")"
-  if timeout "$limit" "${mpi[@]}" .devrun/bin/gpu_pipeline_test > "$out/gpu_pipeline_test_np$np.log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
-  echo "gpu_pipeline_test np $np: $r"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |worst relative" "$out/gpu_pipeline_test_np$np.log" | sort | uniq
+  if timeout "$limit" "${mpi[@]}" ".devrun/bin/$name" > "$out/${name}_np$np.log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
+  echo "$name np $np: $r"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |relative L2" "$out/${name}_np$np.log" | sort | uniq
 done
 # Shared-GPU ranks: a host id per rank (mpirun's rank variable, read by a shell in each rank).
 shared=()

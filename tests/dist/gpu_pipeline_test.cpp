@@ -8,15 +8,13 @@
 // microbatches than stages, so its steady state exchanges in pairs), pp = 4, and pp = 2 x dp = 2.
 //
 // Where the job has more ranks than GPUs (the one-H200 machine: bench/gpu_pipeline_check.sh), the
-// ranks share a GPU: NCCL refuses two ranks of one host on one GPU, so each rank is given its own
-// NCCL_HOSTID and NCCL moves the messages over its socket transport on the loopback interface.
+// ranks share a GPU (shared_gpu.h).
 // Skipped with the reason where no GPU or no NCCL is usable.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -26,6 +24,7 @@
 #include "../gpu/gpu_test_util.h"
 #include "../train/train_test_util.h"
 #include "job_temp_dir_test.h"
+#include "shared_gpu.h"
 #include "moe/comm/mpi_communicator.h"
 #include "moe/core/device.h"
 #include "moe/train/trainer.h"
@@ -94,12 +93,7 @@ class GpuPipeline : public testing::JobTempDirTest {
     JobTempDirTest::SetUp();
     std::string why;
     if (!cuda_available(&why) || !nccl_available(&why)) GTEST_SKIP() << why;
-    // Ranks sharing a GPU look like separate hosts to NCCL (set before its first call reads them).
-    if (cuda_device_count() < world_->size()) {
-      setenv("NCCL_HOSTID", ("moetrain-gpu-pipeline-test-rank-" + std::to_string(world_->rank())).c_str(), 0);
-      setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-      setenv("NCCL_IB_DISABLE", "1", 0);
-    }
+    testing::share_gpu_if_needed(world_->rank(), world_->size());
   }
 
   const RunResult& reference() {

@@ -187,7 +187,7 @@ void visit_config_keys(C& c, V&& v) {
         "expert-buffer slots per MoE layer (microbatches alive at once); 0 = what the pipeline schedule needs, "
         "a smaller value is refused");
   v.key("parallel", "pp", c.parallel.pp, between<int64_t>(1, 1 << 10),
-        "pipeline stages (MPI CPU ranks); world = pp x data-parallel ranks, the EP mesh inside each stage");
+        "pipeline stages (MPI CPU ranks or NCCL GPUs); world = pp x data-parallel ranks, the EP mesh inside each stage");
   v.choice("parallel", "pp_schedule", c.parallel.pp_schedule,
            Choices<std::string>{{"1f1b", "1f1b"}, {"interleaved", "interleaved"}},
            "pipeline schedule: 1f1b, or interleaved (parallel.pp_virtual chunks per rank; microbatches a multiple "

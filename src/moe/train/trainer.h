@@ -169,11 +169,15 @@ class Trainer {
   PassTimer pipeline_timer_;  // the pipeline phase of the last step (its bubble)
   std::vector<int32_t> host_tokens_, host_targets_;
   std::vector<float> host_bias_, host_load_;  // host copies of the router_bias and expert_load buffers
-  std::unique_ptr<StepGraph> graph_;          // train.cuda_graph: the captured step
   size_t device_peak_bytes_ = 0;
   // The mesh, registry, store, dispatcher, model and step buffers (run_model.h); declared after
   // the arenas it reserves in, so it is destroyed before them.
   std::unique_ptr<RunModel> run_;
+  // train.cuda_graph: the captured step. Declared after run_ (and the communicators before it) so
+  // it is destroyed first: a graph holds NCCL's persistent plans of the collectives it captured,
+  // and over NCCL's network transport ncclCommDestroy waits for them to be released (a job that
+  // destroyed its communicators first hung at exit; bench/RESULTS.md, 2026-12-02 fourth session).
+  std::unique_ptr<StepGraph> graph_;
   int64_t start_step_ = 0;
   int64_t skipped_steps_ = 0;      // in the whole run, resumes included
   std::string resumed_from_;       // the checkpoint this process started from ("" = fresh)
