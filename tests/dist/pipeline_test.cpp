@@ -2,7 +2,8 @@
 // Pipeline parallelism computes what the single-process run computes: for the same global batch
 // and seed (learned routing, no drops, 4 layers), the reduced gradients of 3 optimizer steps and
 // their losses match the single-process run within the FP32 tolerance of equivalence_test, under
-// 1F1B with pp = 2 (2 ranks), pp = 4, pp = 2 x ep = 2, pp = 2 x dp = 2, given stage sizes (each
+// 1F1B with pp = 2 (2 ranks), pp = 4, pp = 2 x ep = 2, pp = 2 x dp = 2 (with gradient buckets
+// reduced during the last microbatch's backward passes), given stage sizes (each
 // stage then holds exactly the layers the sizes give it), and the interleaved schedule with pp = 2
 // and 2 chunks per rank. A checkpoint saved under
 // pp = 2 x ep = 2 resumes under pp = 1 and pp = 4 with the uninterrupted run's losses.
@@ -21,6 +22,7 @@
 #include "job_temp_dir_test.h"
 #include "../train/trainer_test_util.h"
 #include "moe/comm/mpi_communicator.h"
+#include "moe/parallel/ddp_store.h"
 #include "moe/train/trainer.h"
 
 namespace moe {
@@ -42,6 +44,7 @@ std::vector<std::string> base_overrides(const std::string& run_dir) {
 struct RunResult {
   std::vector<std::map<std::string, std::vector<float>>> grads;  // per step; NaN = not held here
   std::vector<double> losses;
+  int64_t buckets_started_in_backward = 0;  // the overlapped reduction (parallel.overlap_grad_reduce, on)
 };
 
 RunResult run(Communicator& world, std::vector<std::string> overrides) {
@@ -52,6 +55,8 @@ RunResult run(Communicator& world, std::vector<std::string> overrides) {
     out.grads.push_back(testing::step_gradients(t, step, std::nanf("")));
     out.losses.push_back(t.train_step(step).loss);
   }
+  if (const auto* ddp = dynamic_cast<const DdpStore*>(&t.store()))
+    out.buckets_started_in_backward = ddp->buckets_started_in_backward();
   return out;
 }
 
@@ -70,7 +75,7 @@ class Pipeline : public testing::JobTempDirTest {
   // some rank. layers_of_stage, when given, lists the layers each pipeline stage must hold (those
   // whose gradients its ranks report).
   void expect_matches(int ranks, const std::vector<std::string>& topology,
-                      const std::vector<std::set<int64_t>>& layers_of_stage = {}) {
+                      const std::vector<std::set<int64_t>>& layers_of_stage = {}, bool overlaps = false) {
     const RunResult& ref = reference();
     const int me = world_->rank();
     MPI_Comm part = MPI_COMM_NULL;
@@ -83,6 +88,11 @@ class Pipeline : public testing::JobTempDirTest {
       std::vector<std::string> o = base_overrides(dir_ + "/dist");
       o.insert(o.end(), topology.begin(), topology.end());
       const RunResult got = run(group, o);
+      // With data-parallel ranks in a stage, some gradient buckets are reduced during the last
+      // microbatch's backward passes, not after the pipeline phase.
+      if (overlaps) {
+        EXPECT_GT(got.buckets_started_in_backward, 0) << "no bucket overlapped the backward under " << label;
+      }
       if (!layers_of_stage.empty()) {
         const std::string prefix = "model.layers.";
         std::set<int64_t> held;
@@ -128,7 +138,7 @@ TEST_F(Pipeline, TwoStagesTimesExpertParallelTwoMatchesOneProcess) {
   expect_matches(4, {"parallel.pp=2", "parallel.ep=2"});
 }
 TEST_F(Pipeline, TwoStagesTimesDataParallelTwoMatchesOneProcess) {
-  expect_matches(4, {"parallel.pp=2", "parallel.ep=1"});
+  expect_matches(4, {"parallel.pp=2", "parallel.ep=1", "parallel.grad_bucket_bytes=4096"}, {}, /*overlaps=*/true);
 }
 TEST_F(Pipeline, GivenStageSizesMatchOneProcess) {
   // Not the balanced split ([3, 1]: the LM head weighs on the last stage), so the layout is the given one.

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <set>
 #include <tuple>
 
@@ -98,6 +100,34 @@ TEST(PipelineSchedule, RefusesLayoutsItCannotRunNamingWhatWould) {
     EXPECT_NE(msg.find("4, 8, 12"), std::string::npos) << msg;
   }
   EXPECT_THROW(schedule_ops(PipelineSchedule::OneFOneB, PipelineShape{2, 2, 4}, 0), Error);
+}
+
+// The overlapped gradient reduction under pp starts a bucket during the backward of the window's
+// last microbatch, once its lowest block is done: that needs each chunk's backwards in microbatch
+// order (the last one, m - 1, finishes the chunk's gradients) and a rank's chunks finishing from
+// the highest down (so a block's last backward comes after every higher block's).
+TEST(PipelineSchedule, EachChunksLastBackwardIsTheLastMicrobatchAndChunksFinishFromTheTop) {
+  for (int P : {2, 3, 4})
+    for (int V : {1, 2, 3})
+      for (int64_t m : {int64_t{P}, int64_t{2 * P}, int64_t{4 * P}}) {
+        const PipelineShape shape{P, V, m};
+        const auto schedule = V == 1 ? PipelineSchedule::OneFOneB : PipelineSchedule::Interleaved;
+        for (int r = 0; r < P; ++r) {
+          std::map<int, int64_t> last_microbatch;  // chunk -> microbatch of its latest backward so far
+          std::vector<int> finish_order;
+          for (const PipelineOp& op : schedule_ops(schedule, shape, r)) {
+            if (op.forward) continue;
+            auto it = last_microbatch.find(op.chunk);
+            if (it != last_microbatch.end()) {
+              EXPECT_GT(op.microbatch, it->second) << "P " << P << " V " << V;
+            }
+            last_microbatch[op.chunk] = op.microbatch;
+            if (op.microbatch == m - 1) finish_order.push_back(op.chunk);
+          }
+          ASSERT_EQ(finish_order.size(), static_cast<size_t>(V));
+          EXPECT_TRUE(std::is_sorted(finish_order.rbegin(), finish_order.rend())) << "P " << P << " V " << V << " m " << m;
+        }
+      }
 }
 
 TEST(PipelineSchedule, SimulationDetectsADeadlockedOrder) {

@@ -58,7 +58,10 @@ const std::vector<int>& DdpStore::buckets_started_after(int block) const {
 void DdpStore::after_backward(int block) {
   if (!reduce_in_backward_) return;
   const Tensor g = grads_flat();
-  for (int b : buckets_completed_by_block_.at(static_cast<size_t>(block))) optimizer_->start_reduction(b, g);
+  for (int b : buckets_completed_by_block_.at(static_cast<size_t>(block))) {
+    optimizer_->start_reduction(b, g);
+    ++started_in_backward_;
+  }
 }
 
 void DdpStore::bind() {

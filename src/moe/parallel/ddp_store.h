@@ -59,6 +59,8 @@ class DdpStore final : public ParamStore, public BlockHooks {
   void before_backward(int) override {}
   void after_backward(int block) override;
   void after_forward_only(int) override {}
+  // Buckets started by after_backward (inside a backward, not after it), summed over the run.
+  int64_t buckets_started_in_backward() const { return started_in_backward_; }
 
   // FP32 main weights. The model reads weights(): on the CPU the FP32 weights, on the GPU a BF16
   // copy refreshed after every update (in FP8, of the tensors that are not quantized only).
@@ -90,6 +92,7 @@ class DdpStore final : public ParamStore, public BlockHooks {
   // a block whose backward ran before (a higher one).
   std::vector<std::vector<int>> buckets_completed_by_block_;
   bool reduce_in_backward_ = false;  // the current microbatch is the last of its window
+  int64_t started_in_backward_ = 0;
 };
 
 }  // namespace moe

@@ -66,6 +66,10 @@ void run_pipeline_step(const PipelinePlan& plan, Communicator& pipeline, Transfo
     const int64_t i = op.microbatch, R = in.rows;
     const Tensor tokens = in.tokens.rows(i * R, (i + 1) * R), targets = in.targets.rows(i * R, (i + 1) * R);
     issue(plan.messages[j], plan, pipeline, model, sets);
+    // The window's last microbatch ends each chunk's backward passes (every schedule runs a
+    // chunk's backwards in microbatch order), and the rank's chunks finish from the highest down,
+    // so the blocks complete in the order the store's overlapped reduction plans for.
+    store.begin_microbatch(!op.forward && i == plan.shape.microbatches - 1);
     timer.begin_pass();
     if (op.forward) {
       sets.begin(k, i);
