@@ -4,10 +4,13 @@
 // parallelism on one node, across two nodes, and with a pipeline.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "moe/core/error.h"
 #include "moe/perf/step_model.h"
+#include "moe/train/pipeline_layout.h"
+#include "moe/train/step_work.h"
 
 namespace moe {
 namespace {
@@ -127,6 +130,41 @@ TEST(StepModel, a_pipeline_idles_p_minus_1_over_m_of_its_forward_and_backward) {
   EXPECT_NEAR(part(p, "pipeline bubble"), compute * (2 - 1) / 2.0, 1e-15);
   // Per GPU: the replica's 2048 tokens over two GPUs.
   EXPECT_NEAR(p.tokens_per_s_per_gpu, 1024 / p.step_s, 1e-6);
+}
+
+// A run's own layout (rank_layout): the trainer's stage boundaries, balanced by per-layer cost with
+// the embedding and the LM head counted, are uneven (the head weighs on the last stage), and the
+// pipeline runs at its heaviest stage's pace; the interleaved schedule's bubble is (P - 1) / (V m).
+TEST(StepModel, a_run_with_pipeline_stages_is_predicted_at_its_heaviest_stages_share) {
+  Config c = tiny();
+  c.model.num_hidden_layers = 4;
+  c.parallel.pp = 2;
+  const RankLayout layout = rank_layout(c, 2);
+  EXPECT_EQ(layout.pp, 2);
+  const PipelineLayout stages = plan_pipeline_layout(c.model, S, 2, 1);
+  double cost[2] = {embedding_cost(c.model), head_cost(c.model)};
+  for (int64_t l = 0; l < 4; ++l) cost[l < stages.end_layer(0) ? 0 : 1] += layer_cost(c.model, S, l);
+  const double share = std::max(cost[0], cost[1]) / (cost[0] + cost[1]);
+  EXPECT_GT(share, 0.5);
+  EXPECT_NEAR(layout.stage_share, share, 1e-12);
+  Config whole = c;
+  whole.parallel.pp = 1;
+  Topology t = topology(2, 1, "ddp", 1);
+  t.layout = layout;
+  const StepPrediction p = predict_step(c, t, round_gpu());
+  const StepPrediction one = predict_step(whole, topology(1, 1, "ddp", 1), round_gpu());
+  EXPECT_NEAR(part(p, "expert GEMMs"), part(one, "expert GEMMs") * share, 1e-12 * part(one, "expert GEMMs"));
+  EXPECT_NEAR(part(p, "attention"), part(one, "attention") * share, 1e-12 * part(one, "attention"));
+  EXPECT_EQ(part(p, "gradient reduction"), 0);  // one data-parallel rank per stage
+
+  c.parallel.pp_schedule = "interleaved";
+  c.parallel.pp_virtual = 2;
+  t.layout = rank_layout(c, 2);
+  const StepPrediction v = predict_step(c, t, round_gpu());
+  double compute = 0;
+  for (const PredictedPart& x : v.parts)
+    if (x.name != "optimizer" && x.name != "gradient reduction" && x.name != "pipeline bubble") compute += x.seconds;
+  EXPECT_NEAR(part(v, "pipeline bubble"), compute * (2 - 1) / (2 * 2.0), 1e-15);
 }
 
 TEST(StepModel, topologies_the_hardware_cannot_hold_are_refused_with_what_to_change) {

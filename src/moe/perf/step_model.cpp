@@ -113,9 +113,11 @@ StepPrediction predict_step(const Config& cfg, const Topology& topo, const Hardw
   add("FSDP gathers", fsdp_s, fsdp_bytes, "B", e_fsdp);
   compute += fsdp_s;
 
-  // 1F1B: (P - 1) idle slots of a microbatch's forward and backward on every stage.
+  // 1F1B: (P - 1) idle slots of a microbatch's forward and backward on every stage; interleaved
+  // with V chunks per stage: of a chunk's, (P - 1) / (V m). Not modelled: the stage messages.
   const double stages = static_cast<double>(w.pipeline_stages);
-  add("pipeline bubble", stages > 1 ? compute * (stages - 1) / w.microbatches : 0, 0, "", 0);
+  const double chunks_per_stage = static_cast<double>(w.pipeline_virtual_stages);
+  add("pipeline bubble", stages > 1 ? compute * (stages - 1) / (chunks_per_stage * w.microbatches) : 0, 0, "", 0);
 
   for (const PredictedPart& part : p.parts) p.step_s += part.seconds;
   const double tokens_per_gpu = w.tokens / stages;

@@ -1,6 +1,9 @@
 #include "moe/train/step_work.h"
 
+#include <algorithm>
+
 #include "moe/core/error.h"
+#include "moe/train/pipeline_layout.h"
 
 namespace moe {
 
@@ -62,6 +65,25 @@ RankLayout rank_layout(const Config& cfg, int64_t world) {
   l.world = world;
   l.mode = cfg.parallel.mode;
   l.ep = cfg.parallel.mode == "fsdp" ? 1 : cfg.parallel.ep;
+  l.pp = cfg.parallel.pp;
+  l.virtual_stages = cfg.parallel.pp_virtual;
+  if (l.pp > 1) {
+    const ModelConfig& m = cfg.model;
+    const PipelineLayout layout = plan_pipeline_layout(m, cfg.train.seq_len, static_cast<int>(l.pp),
+                                                       static_cast<int>(l.virtual_stages), cfg.parallel.pp_layers);
+    std::vector<double> stage(static_cast<size_t>(l.pp), 0.0);
+    double total = 0;
+    for (int c = 0; c < layout.chunks(); ++c) {
+      double cost = 0;
+      for (int64_t layer = layout.first_layer(c); layer < layout.end_layer(c); ++layer)
+        cost += layer_cost(m, cfg.train.seq_len, layer);
+      if (c == 0) cost += embedding_cost(m);
+      if (c == layout.chunks() - 1) cost += head_cost(m);
+      stage[static_cast<size_t>(layout.rank_of(c))] += cost;
+      total += cost;
+    }
+    l.stage_share = *std::max_element(stage.begin(), stage.end()) / total;
+  }
   return l;
 }
 
@@ -69,8 +91,8 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
   const ModelConfig& c = cfg.model;
   MOE_CHECK(layout.world >= 1 && layout.pp >= 1 && layout.world % layout.pp == 0, "rank layout: ", layout.world,
             " ranks cannot form ", layout.pp, " pipeline stages");
-  MOE_CHECK(c.num_hidden_layers % layout.pp == 0, "rank layout: ", c.num_hidden_layers, " layers cannot be split into ",
-            layout.pp, " equal pipeline stages");
+  MOE_CHECK(layout.stage_share > 0 || c.num_hidden_layers % layout.pp == 0, "rank layout: ", c.num_hidden_layers,
+            " layers cannot be split into ", layout.pp, " equal pipeline stages");
   const int64_t dp = layout.dp();
   const bool fsdp = layout.mode == "fsdp";
   const int64_t ep = fsdp ? 1 : layout.ep;
@@ -88,10 +110,11 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
   const bool qk_norm = c.qk_norm != QkNorm::None;
   const bool fp8 = cfg.train.precision == Precision::FP8;
   const Recompute rc = cfg.train.recompute;
-  const double pp = static_cast<double>(layout.pp);
+  const double stage_share = layout.stage_share > 0 ? layout.stage_share : 1.0 / static_cast<double>(layout.pp);
 
   StepWork s;
   s.pipeline_stages = layout.pp;
+  s.pipeline_virtual_stages = layout.virtual_stages;
   s.microbatches = static_cast<double>(cfg.train.global_batch_size / per_step);
   s.tokens_per_microbatch = static_cast<double>(cfg.train.micro_batch_size * cfg.train.seq_len);
   s.tokens = s.microbatches * s.tokens_per_microbatch;
@@ -179,14 +202,16 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
   }
   s.grad_norm_bytes = 4 * s.params_updated;
 
-  // A pipeline stage holds 1 / pp of the layers (and, in this count, of the embedding and head).
+  // A pipeline stage holds its share of the layers (with the embedding or the LM head): the
+  // heaviest stage's, whose pace the pipeline runs at, counted by forward FLOPs for every kind of
+  // work (an approximation: the embedding's parameters cost memory traffic, not FLOPs).
   if (layout.pp > 1) {
     for (double* x : {&s.expert_flops, &s.dense_flops, &s.attention_flops, &s.recompute_flops, &s.fp8_dense_flops,
                       &s.elementwise_bytes, &s.expert_grad_accumulate_bytes, &s.fp8_quantize_bytes, &s.fp8_cache_bytes,
                       &s.adamw_bytes, &s.grad_norm_bytes, &s.optimizer_other_bytes, &s.params_updated,
                       &s.dispatch_bytes, &s.dense_grad_params, &s.expert_grad_params, &s.fsdp_gather_bytes,
                       &s.fsdp_reduce_bytes})
-      *x /= pp;
+      *x *= stage_share;
   }
   return s;
 }

@@ -27,14 +27,19 @@ namespace moe {
 // How the ranks of a run are laid out, as far as one rank's work depends on it.
 struct RankLayout {
   int64_t world = 1;          // ranks (GPUs)
-  int64_t pp = 1;             // pipeline stages, each with num_hidden_layers / pp layers (the trainer
-                              // does not run pipelines yet; the model can predict them)
+  int64_t pp = 1;             // pipeline stages
+  int64_t virtual_stages = 1; // model chunks per stage (the interleaved schedule)
+  // The heaviest stage's share of the model's work (the pipeline runs at its pace); 0: an equal
+  // split, num_hidden_layers / pp layers per stage.
+  double stage_share = 0;
   std::string mode = "ddp";   // ddp (resident weights, EP) or fsdp
   int64_t ep = 1;             // ranks per EP group (ddp)
   int64_t dp() const { return world / pp; }
 };
 
-// The layout a run of `cfg` on `world` ranks has: mode and ep from the config, no pipeline.
+// The layout a run of `cfg` on `world` ranks has: mode, ep and the pipeline from the config, the
+// stage share from the trainer's own stage boundaries (train/pipeline_layout.h: given or balanced by
+// per-layer cost, the embedding and LM head counted).
 RankLayout rank_layout(const Config& cfg, int64_t world);
 
 struct StepWork {
@@ -71,6 +76,7 @@ struct StepWork {
   double fsdp_reduce_bytes = 0;      // one rank copies them); full F32 block gradients reduce-scattered per step
   int64_t fsdp_group = 1;
   int64_t pipeline_stages = 1;       // layout.pp
+  int64_t pipeline_virtual_stages = 1;  // layout.virtual_stages
   double total_flops() const { return expert_flops + dense_flops + attention_flops; }
 };
 
