@@ -4,6 +4,7 @@
 
 #include "moe/core/error.h"
 #include "moe/optim/distributed_adamw.h"
+#include "moe/train/metrics.h"
 
 namespace moe {
 
@@ -129,8 +130,9 @@ StepPrediction predict_step(const Config& cfg, const Topology& topo, const Hardw
 std::string format_prediction(const StepPrediction& p, const HardwareProfile& hw) {
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof line, ": %.4f s, %.1fK tokens/s per GPU, MFU %.1f%% of %.0f TFLOP/s\n", p.step_s,
-                p.tokens_per_s_per_gpu / 1e3, 100 * p.mfu, hw.peak_bf16_tflops);
+  std::snprintf(line, sizeof line, ": %s, %s tokens/s per GPU, MFU %.1f%% of %.0f TFLOP/s\n",
+                format_step_time(p.step_s).c_str(), format_count(p.tokens_per_s_per_gpu).c_str(), 100 * p.mfu,
+                hw.peak_bf16_tflops);
   // Not through the fixed buffer: the name may be long (a calibrated file's).
   out += "predicted step on " + hw.name + " (" + profile_kind(hw) + ")" + line;
   for (const PredictedPart& part : p.parts) {

@@ -6,6 +6,7 @@
 
 #include "moe/core/arena.h"
 #include "moe/core/error.h"
+#include "moe/train/metrics.h"
 
 namespace moe {
 
@@ -126,9 +127,10 @@ std::string format_search(const std::vector<TopologyCandidate>& ranked, const Co
   int rank = 0;
   for (const TopologyCandidate& c : ranked) {
     if (!c.feasible) continue;
-    std::snprintf(line, sizeof line, "%-4d %-44s %12s %8.3f s %13.1fK %6.1f%%\n", ++rank, c.describe().c_str(),
-                  format_bytes(c.memory_gib * double(size_t{1} << 30)).c_str(), c.prediction.step_s,
-                  c.prediction.tokens_per_s_per_gpu / 1e3, 100 * c.prediction.mfu);
+    std::snprintf(line, sizeof line, "%-4d %-44s %12s %10s %14s %6.1f%%\n", ++rank, c.describe().c_str(),
+                  format_bytes(c.memory_gib * double(size_t{1} << 30)).c_str(),
+                  format_step_time(c.prediction.step_s).c_str(), format_count(c.prediction.tokens_per_s_per_gpu).c_str(),
+                  100 * c.prediction.mfu);
     os << line;
   }
   if (rank == 0) os << "no layout fits on " << gpus << " GPUs\n";

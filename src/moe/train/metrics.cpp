@@ -158,6 +158,17 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
+std::string format_step_time(double seconds) {
+  char buf[32];
+  if (seconds >= 0.01)
+    std::snprintf(buf, sizeof(buf), "%.4f s", seconds);
+  else if (seconds >= 1e-5)
+    std::snprintf(buf, sizeof(buf), "%.3f ms", seconds * 1e3);
+  else
+    std::snprintf(buf, sizeof(buf), "%.1f us", seconds * 1e6);
+  return buf;
+}
+
 std::string format_count(double v) {
   char buf[32];
   if (v >= 1e9)

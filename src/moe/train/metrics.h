@@ -76,5 +76,8 @@ bool metrics_after(const std::string& path, int64_t step);
 std::string format_duration(double seconds);
 // "12.3K", "1.20M".
 std::string format_count(double value);
+// A step time: "0.1306 s" from 10 ms up, "1.234 ms" below, "12.3 us" below 10 us (a tiny model's
+// predicted step is not "0.0000 s").
+std::string format_step_time(double seconds);
 
 }  // namespace moe
