@@ -7,7 +7,7 @@
 // gradient norms within 1e-4 relative, the final FP32 weights within 1e-4 relative L2 (two GPU runs
 // differ by cuDNN's attention backward, which is not bitwise deterministic; the same reduction on
 // CPU ranks is bit-equal, tests/dist/overlap_grad_reduce_test.cpp). Ranks sharing a GPU:
-// shared_gpu.h. Skipped with the reason where no GPU or no NCCL is usable.
+// gpu_job_test.h. Skipped with the reason where no GPU or no NCCL is usable.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -18,11 +18,11 @@
 
 #include "../gpu/gpu_test_util.h"
 #include "../train/train_test_util.h"
-#include "job_temp_dir_test.h"
+#include "../train/trainer_test_util.h"
+#include "gpu_job_test.h"
 #include "moe/core/device.h"
 #include "moe/parallel/ddp_store.h"
 #include "moe/train/trainer.h"
-#include "shared_gpu.h"
 
 namespace moe {
 namespace {
@@ -38,18 +38,11 @@ struct RunResult {
 };
 
 RunResult run(Communicator& world, const std::string& dir, bool overlap, int64_t bucket_bytes, bool graph) {
-  const Config cfg = testing::small_config(
-      "", {"run.device=\"cuda\"", "model.hidden_size=64", "model.intermediate_size=64", "model.num_hidden_layers=4",
-           "model.first_k_dense_replace=1", "model.dense_intermediate_size=128",
-           "model.shared_expert_intermediate_size=64", "model.dropless=true", "train.seq_len=64",
-           "train.micro_batch_size=2", "train.global_batch_size=8", "train.lr=3e-3",
-           "train.steps=" + std::to_string(kSteps), std::string("train.cuda_graph=") + (graph ? "true" : "false"),
-           std::string("parallel.overlap_grad_reduce=") + (overlap ? "true" : "false"),
-           "parallel.grad_bucket_bytes=" + std::to_string(bucket_bytes), "run.dir=\"" + dir + "\""});
-  TrainOptions opts;
-  opts.bench = true;
-  opts.quiet = true;
-  Trainer t(cfg, opts, world);
+  std::vector<std::string> o = testing::gpu_model_overrides(kSteps);
+  o.insert(o.end(), {std::string("train.cuda_graph=") + (graph ? "true" : "false"),
+                     std::string("parallel.overlap_grad_reduce=") + (overlap ? "true" : "false"),
+                     "parallel.grad_bucket_bytes=" + std::to_string(bucket_bytes), "run.dir=\"" + dir + "\""});
+  Trainer t(testing::small_config("", o), testing::quiet_bench(), world);
   EXPECT_EQ(t.device(), Device::CUDA);
   RunResult out;
   const TrainSummary s = t.run();
@@ -65,24 +58,8 @@ RunResult run(Communicator& world, const std::string& dir, bool overlap, int64_t
   return out;
 }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-class GpuOverlapGradReduce : public testing::JobTempDirTest {
+class GpuOverlapGradReduce : public testing::GpuJobTest {
  protected:
-  void SetUp() override {
-    JobTempDirTest::SetUp();
-    std::string why;
-    if (!cuda_available(&why) || !nccl_available(&why)) GTEST_SKIP() << why;
-    testing::share_gpu_if_needed(world_->rank(), world_->size());
-  }
-
   void expect_same(int64_t bucket_bytes, bool graph) {
     const RunResult after = run(*world_, dir_ + "/after", false, bucket_bytes, graph);
     const RunResult overlapped = run(*world_, dir_ + "/overlap", true, bucket_bytes, graph);
@@ -98,7 +75,7 @@ class GpuOverlapGradReduce : public testing::JobTempDirTest {
       EXPECT_NEAR(overlapped.grad_norms[s], after.grad_norms[s], kRelTol * after.grad_norms[s])
           << "gradient norm of step " << s + 1;
     }
-    const double w = rel_l2(overlapped.weights, after.weights);
+    const double w = testing::rel_l2(overlapped.weights, after.weights);
     EXPECT_LE(w, kRelTol) << "weights after " << kSteps << " steps, rank " << world_->rank();
     std::printf("  rank %d, buckets of %ld bytes%s: weights relative L2 %.2e, losses %.6f .. %.6f\n", world_->rank(),
                 static_cast<long>(bucket_bytes), graph ? ", CUDA graph" : "", w, overlapped.losses.front(),

@@ -8,7 +8,7 @@
 // microbatches than stages, so its steady state exchanges in pairs), pp = 4, and pp = 2 x dp = 2.
 //
 // Where the job has more ranks than GPUs (the one-H200 machine: bench/gpu_pipeline_check.sh), the
-// ranks share a GPU (shared_gpu.h).
+// ranks share a GPU (gpu_job_test.h).
 // Skipped with the reason where no GPU or no NCCL is usable.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -23,8 +23,8 @@
 
 #include "../gpu/gpu_test_util.h"
 #include "../train/train_test_util.h"
-#include "job_temp_dir_test.h"
-#include "shared_gpu.h"
+#include "../train/trainer_test_util.h"
+#include "gpu_job_test.h"
 #include "moe/comm/mpi_communicator.h"
 #include "moe/core/device.h"
 #include "moe/train/trainer.h"
@@ -36,23 +36,10 @@ constexpr double kGradRelTol = 1e-5;
 constexpr double kLossRelTol = 1e-4;
 constexpr int kSteps = 4;
 
-// Head dim 16 (cuDNN needs a multiple of 8); 4 layers, the first dense, then MoE layers of 8
-// experts top-2 with a shared expert; 4 microbatches of 2 sequences per step on one rank.
 std::vector<std::string> gpu_overrides(const std::string& dir) {
-  return {"run.device=\"cuda\"",
-          "model.hidden_size=64",
-          "model.intermediate_size=64",
-          "model.num_hidden_layers=4",
-          "model.first_k_dense_replace=1",
-          "model.dense_intermediate_size=128",
-          "model.shared_expert_intermediate_size=64",
-          "model.dropless=true",
-          "train.seq_len=64",
-          "train.micro_batch_size=2",
-          "train.global_batch_size=8",
-          "train.lr=3e-3",
-          "train.steps=" + std::to_string(kSteps),
-          "run.dir=\"" + dir + "\""};
+  std::vector<std::string> o = testing::gpu_model_overrides(kSteps);
+  o.push_back("run.dir=\"" + dir + "\"");
+  return o;
 }
 
 struct RunResult {
@@ -62,10 +49,7 @@ struct RunResult {
 
 RunResult run(Communicator& world, const std::vector<std::string>& overrides) {
   const Config cfg = testing::small_config("", overrides);
-  TrainOptions opts;
-  opts.bench = true;
-  opts.quiet = true;
-  Trainer t(cfg, opts, world);
+  Trainer t(cfg, testing::quiet_bench(), world);
   EXPECT_EQ(t.device(), Device::CUDA);
   RunResult out;
   t.accumulate_gradients(0);
@@ -78,24 +62,8 @@ RunResult run(Communicator& world, const std::vector<std::string>& overrides) {
   return out;
 }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-class GpuPipeline : public testing::JobTempDirTest {
+class GpuPipeline : public testing::GpuJobTest {
  protected:
-  void SetUp() override {
-    JobTempDirTest::SetUp();
-    std::string why;
-    if (!cuda_available(&why) || !nccl_available(&why)) GTEST_SKIP() << why;
-    testing::share_gpu_if_needed(world_->rank(), world_->size());
-  }
-
   const RunResult& reference() {
     if (!reference_) {
       LocalCommunicator local;
@@ -121,7 +89,7 @@ class GpuPipeline : public testing::JobTempDirTest {
       double worst = 0;
       for (const auto& [name, g] : got.grads) {
         ASSERT_TRUE(ref.grads.count(name)) << name << " under " << label;
-        const double err = rel_l2(g, ref.grads.at(name));
+        const double err = testing::rel_l2(g, ref.grads.at(name));
         worst = std::max(worst, err);
         EXPECT_LE(err, kGradRelTol) << "gradient of " << name << " under " << label;
       }

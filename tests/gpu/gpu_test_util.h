@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "moe/comm/nccl_communicator.h"
 #include "moe/core/device.h"
@@ -21,3 +23,18 @@
     if (!::moe::cuda_available(&moe_why_)) GTEST_SKIP() << moe_why_; \
     if (!::moe::nccl_available(&moe_why_)) GTEST_SKIP() << moe_why_; \
   } while (0)
+
+namespace moe::testing {
+
+// ||a - ref|| / ||ref|| (||a - ref|| where ref is zero): how the GPU tests bound two runs whose
+// kernels are not bitwise deterministic.
+inline double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+}  // namespace moe::testing

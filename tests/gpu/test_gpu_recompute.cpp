@@ -62,15 +62,6 @@ std::map<std::string, std::vector<float>> first_step_gradients(Trainer& t) {
   return out;
 }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
 // The recomputed forward runs the same kernels on the same inputs, so it reproduces the saved
 // activations; the routing is the saved one. What remains is cuDNN's attention backward, which is
 // not bitwise deterministic: every parameter's gradient within 1e-5 relative L2 (the bound the
@@ -93,7 +84,7 @@ TEST(GpuRecompute, EveryModesGradientsMatchNoRecomputeWithinTheGpusNondeterminis
       const std::vector<float>& h = got.at(name);
       ASSERT_EQ(h.size(), g.size()) << mode << ": " << name;
       ASSERT_TRUE(std::all_of(h.begin(), h.end(), [](float v) { return std::isfinite(v); })) << mode << ": " << name;
-      const double err = rel_l2(h, g);
+      const double err = testing::rel_l2(h, g);
       worst = std::max(worst, err);
       EXPECT_LE(err, kGradRelTol) << "recompute = " << mode << ": gradient of " << name;
     }
@@ -149,7 +140,7 @@ TEST(GpuRecompute, ExpertsRecomputeInFp8GivesTheNoRecomputeGradientsAndCaptures)
     Trainer experts(config("experts", {}), quiet_bench(), local_world());
     const auto got = first_step_gradients(experts);
     ASSERT_EQ(got.size(), want.size());
-    for (const auto& [name, g] : want) EXPECT_LE(rel_l2(got.at(name), g), kGradRelTol) << name;
+    for (const auto& [name, g] : want) EXPECT_LE(testing::rel_l2(got.at(name), g), kGradRelTol) << name;
 
     const TrainSummary eager = Trainer(config("experts", {"train.steps=4"}), quiet_bench(), local_world()).run();
     const TrainSummary graph =

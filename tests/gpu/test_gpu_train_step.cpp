@@ -55,15 +55,6 @@ std::map<std::string, std::vector<float>> first_step_gradients(Trainer& t) {
   return out;
 }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
 TEST(GpuTrainStep, PicksTheGpuAndPlansItsMemoryThere) {
   MOE_SKIP_WITHOUT_GPU();
   TempDir dir;
@@ -81,7 +72,7 @@ double worst_gradient_error(const std::map<std::string, std::vector<float>>& ref
       ADD_FAILURE() << "gradient of " << name << " missing or of another size";
       continue;
     }
-    const double err = rel_l2(got.at(name), g);
+    const double err = testing::rel_l2(got.at(name), g);
     std::printf("  [%s] %-44s relative L2 error %.2e\n", label, name.c_str(), err);
     worst = std::max(worst, err);
   }
@@ -133,7 +124,7 @@ TEST(GpuTrainStep, LearnedRoutingGradientsStayClose) {
     all_got.insert(all_got.end(), got.at(name).begin(), got.at(name).end());
   }
   constexpr double kWholeGradRelTol = 1e-1;
-  const double err = rel_l2(all_got, all_ref);
+  const double err = testing::rel_l2(all_got, all_ref);
   std::printf("  whole gradient: relative L2 error %.2e\n", err);
   EXPECT_LE(err, kWholeGradRelTol);
 }
@@ -164,7 +155,7 @@ TEST(GpuTrainStep, StaleExpertGradientsBeforeAStepChangeNothing) {
   for (const auto& [name, g] : want) {
     const std::vector<float>& s = got.at(name);
     ASSERT_TRUE(std::all_of(s.begin(), s.end(), [](float v) { return std::isfinite(v); })) << name;
-    EXPECT_LE(rel_l2(s, g), 1e-5) << name;
+    EXPECT_LE(testing::rel_l2(s, g), 1e-5) << name;
   }
 #endif
 }
