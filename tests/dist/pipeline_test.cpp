@@ -162,6 +162,40 @@ std::vector<double> losses(Communicator& world, std::vector<std::string> o, cons
   return out;
 }
 
+// Evaluation runs forward passes through the stages (the last one holds the loss): the held-out
+// loss at the end of a run equals the single-process run's under 1F1B, interleaved and pp = 4.
+TEST_F(Pipeline, HeldOutLossThroughTheStagesMatchesOneProcess) {
+  auto eval_loss = [&](Communicator& world, const std::string& dir, std::vector<std::string> extra) {
+    std::vector<std::string> o = base_overrides(dir);
+    o.insert(o.end(), {"train.eval_batches=2", "train.eval_every=2", "train.steps=2"});
+    o.insert(o.end(), extra.begin(), extra.end());
+    TrainOptions opts;  // not a bench: a bench run skips evaluations
+    opts.quiet = true;
+    const TrainSummary s = Trainer(load_config("tiny", o), opts, world).run();
+    EXPECT_TRUE(s.eval_loss.has_value());
+    return s.eval_loss.value_or(0.0);
+  };
+  LocalCommunicator one;
+  const double want = eval_loss(one, dir_ + "/eval-one-" + std::to_string(world_->rank()), {});
+  EXPECT_GT(want, 0);
+  const std::vector<std::vector<std::string>> layouts = {
+      {"parallel.pp=2"}, {"parallel.pp=2", "parallel.pp_schedule=\"interleaved\"", "parallel.pp_virtual=2"},
+      {"parallel.pp=4"}};
+  for (size_t n = 0; n < layouts.size(); ++n) {
+    const std::vector<std::string>& layout = layouts[n];
+    const int ranks = layout[0] == "parallel.pp=4" ? 4 : 2;
+    MPI_Comm part = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, world_->rank() < ranks ? 0 : MPI_UNDEFINED, world_->rank(), &part);
+    if (part == MPI_COMM_NULL) continue;
+    {
+      MpiCommunicator group(part);
+      EXPECT_NEAR(eval_loss(group, dir_ + "/eval-pp-" + std::to_string(n), layout), want, kLossTol * want)
+          << layout.back();
+    }
+    MPI_Comm_free(&part);
+  }
+}
+
 TEST_F(Pipeline, CheckpointSavedUnderTwoStagesTimesEp2ResumesUnderOneAndFourStages) {
   auto with = [&](const std::string& dir, std::vector<std::string> extra) {
     std::vector<std::string> o = base_overrides(dir);

@@ -75,6 +75,26 @@ TEST(PipelineMessages, EveryAcceptedScheduleDeliversWithRendezvousAndNoTags) {
   EXPECT_NE(message_order_problem(plan(PipelineSchedule::Interleaved, {2, 2, 4}, false)), "");
 }
 
+// Evaluation's forward-only passes (microbatch after microbatch, each rank's chunks in model
+// order), in per-pass groups.
+TEST(PipelineMessages, ForwardOnlyPassesDeliverWithRendezvousAndNoTags) {
+  for (int P : {2, 3, 4, 8})
+    for (int V : {1, 2, 3})
+      for (int64_t m : {1, 2, 3, 5}) {
+        const PipelineShape shape{P, V, m};
+        Groups g;
+        size_t messages = 0;
+        for (int r = 0; r < P; ++r) {
+          const auto ops = forward_only_ops(shape, r);
+          ASSERT_EQ(ops.size(), static_cast<size_t>(V * m));
+          g.push_back(pipeline_message_groups(PipelineSchedule::OneFOneB, ops, shape, r, false));
+          for (const auto& group : g.back()) messages += group.size();
+        }
+        EXPECT_EQ(messages, static_cast<size_t>(2 * (shape.chunks() - 1) * m));  // each sent and received once
+        EXPECT_EQ(message_order_problem(g), "") << "P " << P << " V " << V << " m " << m;
+      }
+}
+
 TEST(PipelineMessages, FindsGroupsThatDeadlockWhenSendsWaitForReceivers) {
   // Both ranks send before they receive, each in its own group: each send waits for a receive the
   // other rank only posts after its own send has completed.

@@ -85,6 +85,13 @@ std::vector<PipelineOp> schedule_ops(PipelineSchedule schedule, const PipelineSh
   return schedule == PipelineSchedule::OneFOneB ? one_f_one_b(shape, rank) : interleaved(shape, rank);
 }
 
+std::vector<PipelineOp> forward_only_ops(const PipelineShape& shape, int rank) {
+  std::vector<PipelineOp> ops;
+  for (int64_t i = 0; i < shape.microbatches; ++i)
+    for (int c = rank; c < shape.chunks(); c += shape.stages) ops.push_back({true, i, c});
+  return ops;
+}
+
 int in_flight(const std::vector<PipelineOp>& ops, int chunk) {
   int alive = 0, most = 0;
   for (const PipelineOp& op : ops) {

@@ -42,6 +42,9 @@ struct PipelineShape {
 std::string schedule_problem(PipelineSchedule schedule, const PipelineShape& shape);
 // The ops rank `rank` runs, in order. Throws with schedule_problem's message.
 std::vector<PipelineOp> schedule_ops(PipelineSchedule schedule, const PipelineShape& shape, int rank);
+// Forward passes only (evaluation), microbatch after microbatch, each through rank `rank`'s chunks
+// in model order.
+std::vector<PipelineOp> forward_only_ops(const PipelineShape& shape, int rank);
 // The forward passes rank `rank` runs before its first backward (the warm-up); the passes after
 // them alternate one forward and one backward (the steady state) until the forwards run out.
 int64_t warmup_passes(PipelineSchedule schedule, const PipelineShape& shape, int rank);

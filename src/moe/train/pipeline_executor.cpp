@@ -26,22 +26,23 @@ class SetTracker {
   std::vector<std::vector<int64_t>> owner_;
 };
 
-// The buffer a message of the step's plan reads (send) or fills (receive): a forward's input or
+// The buffer a message of pass list `ops` reads (send) or fills (receive): a forward's input or
 // output activation, a backward's output-gradient input (the shared residual-gradient scratch) or
 // its input gradient.
-Tensor message_buffer(const PipelinePlan& plan, Transformer& model, const SetTracker& sets, const PipelineMessage& m) {
-  const PipelineOp& op = plan.ops[m.op];
+Tensor message_buffer(const PipelinePlan& plan, const std::vector<PipelineOp>& ops, Transformer& model,
+                      const SetTracker& sets, const PipelineMessage& m) {
+  const PipelineOp& op = ops[m.op];
   const int k = plan.model_chunk(op.chunk), set = sets.set_of(op.microbatch);
   if (op.forward) return m.send ? model.chunk_output(k, set) : model.chunk_input(k, set);
   return m.send ? model.input_grad(k, set) : model.output_grad();
 }
 
-void issue(const std::vector<PipelineMessage>& group, const PipelinePlan& plan, Communicator& pipeline,
-           Transformer& model, const SetTracker& sets) {
+void issue(const std::vector<PipelineMessage>& group, const PipelinePlan& plan, const std::vector<PipelineOp>& ops,
+           Communicator& pipeline, Transformer& model, const SetTracker& sets) {
   if (group.empty()) return;
   pipeline.begin_group();
   for (const PipelineMessage& m : group) {
-    const Tensor buf = message_buffer(plan, model, sets, m);
+    const Tensor buf = message_buffer(plan, ops, model, sets, m);
     if (m.send)
       pipeline.send(buf, m.peer, m.tag);
     else
@@ -65,7 +66,7 @@ void run_pipeline_step(const PipelinePlan& plan, Communicator& pipeline, Transfo
     const int k = plan.model_chunk(op.chunk), set = sets.set_of(op.microbatch);
     const int64_t i = op.microbatch, R = in.rows;
     const Tensor tokens = in.tokens.rows(i * R, (i + 1) * R), targets = in.targets.rows(i * R, (i + 1) * R);
-    issue(plan.messages[j], plan, pipeline, model, sets);
+    issue(plan.messages[j], plan, plan.ops, pipeline, model, sets);
     // The window's last microbatch ends each chunk's backward passes (every schedule runs a
     // chunk's backwards in microbatch order), and the rank's chunks finish from the highest down,
     // so the blocks complete in the order the store's overlapped reduction plans for.
@@ -81,28 +82,31 @@ void run_pipeline_step(const PipelinePlan& plan, Communicator& pipeline, Transfo
     }
     timer.end_pass();
   }
-  issue(plan.messages.back(), plan, pipeline, model, sets);
+  issue(plan.messages.back(), plan, plan.ops, pipeline, model, sets);
   pipeline.wait_sends();  // every message of the step has been received: nothing crosses into the next one
   timer.stop();
 }
 
 void run_pipeline_forward(const PipelinePlan& plan, Communicator& pipeline, Transformer& model, ParamStore& store,
                           const PipelineStepInput& in, int64_t microbatches) {
-  const int P = plan.shape.stages, C = plan.layout.chunks();
+  // Microbatch after microbatch through this rank's chunks, in activation set 0; the messages in
+  // per-pass groups (pipeline_messages_test checks that they deliver without tags or buffering).
+  PipelineShape shape = plan.shape;
+  shape.microbatches = microbatches;
+  const int rank = plan.layout.rank_of(plan.chunks[0]);
+  const std::vector<PipelineOp> ops = forward_only_ops(shape, rank);
+  const auto groups = pipeline_message_groups(PipelineSchedule::OneFOneB, ops, shape, rank, /*rendezvous=*/false);
+  const SetTracker sets(model.chunks(), 1);
   const ModelWeights& w = store.weights();
-  for (int64_t i = 0; i < microbatches; ++i) {
-    const int64_t R = in.rows;
+  for (size_t j = 0; j < ops.size(); ++j) {
+    const int64_t i = ops[j].microbatch, R = in.rows;
+    const int k = plan.model_chunk(ops[j].chunk);
     const Tensor tokens = in.tokens.rows(i * R, (i + 1) * R), targets = in.targets.rows(i * R, (i + 1) * R);
-    // Chunks in model order: on this rank, each waits for the previous rank's output of microbatch i.
-    for (int c = 0; c < C; ++c) {
-      if (plan.layout.rank_of(c) != plan.layout.rank_of(plan.chunks[0])) continue;
-      const int k = plan.model_chunk(c);
-      if (c > 0) pipeline.recv(model.chunk_input(k, 0), (c - 1) % P, pipeline_message_tag(i, c - 1, true, C));
-      model.chunk_forward_loss(k, 0, w, tokens, targets, in.routing_seed(i), in.routing);
-      if (model.has_head(k)) model.add_chunk_stats(in.stats, k, 0);
-      if (c < C - 1) pipeline.send(model.chunk_output(k, 0), (c + 1) % P, pipeline_message_tag(i, c, true, C));
-    }
+    issue(groups[j], plan, ops, pipeline, model, sets);
+    model.chunk_forward_loss(k, 0, w, tokens, targets, in.routing_seed(i), in.routing);
+    if (model.has_head(k)) model.add_chunk_stats(in.stats, k, 0);
   }
+  issue(groups.back(), plan, ops, pipeline, model, sets);
   pipeline.wait_sends();
 }
 
