@@ -325,6 +325,12 @@ int main(int argc, char** argv) {
                                             : static_cast<double>(moe::physical_memory_bytes()) / (1u << 30) / plan_gpus;
       if (gpu && plan_memory_gib > 0) hw.memory_gib = plan_memory_gib;
       if (plan_search) {
+        if (cfg.parallel.pp > 1) {
+          std::fprintf(stderr, "error: --search ranks layouts without pipeline stages (DDP with each EP, FSDP), but "
+                               "parallel.pp = %ld; drop --search to predict this pipeline, or set parallel.pp = 1\n",
+                       static_cast<long>(cfg.parallel.pp));
+          return kUsageError;
+        }
         const auto ranked = moe::search_topologies(cfg, plan_gpus, plan_nodes, hw, moe::Device::CUDA);
         std::printf("%s", moe::format_search(ranked, cfg, plan_gpus, plan_nodes, hw).c_str());
         if (!plan_json.empty()) moe::write_prediction_json(plan_json, ranked, hw);
@@ -455,7 +461,8 @@ int main(int argc, char** argv) {
             std::printf("%s", moe::format_kernel_table(profiler.top(bench_top_kernels), profiler.total_ms(), timed).c_str());
             // Each kind of kernel against its ceiling, measured now on the same GPU.
             ceilings = moe::measure_ceilings(cfg.train.precision == moe::Precision::FP8);
-            const moe::StepWork work = moe::step_work(cfg, moe::rank_layout(cfg, world.size()));
+            // The printing rank's own work: under pp, stage 0's (job rank 0 is in stage 0).
+            const moe::StepWork work = moe::step_work(cfg, moe::rank_layout(cfg, world.size(), /*stage=*/0));
             split = moe::split_step(profiler.top(SIZE_MAX), timed, work, ceilings);
             std::printf("%s", moe::format_step_split(split, ceilings).c_str());
           }

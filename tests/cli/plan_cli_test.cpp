@@ -182,6 +182,16 @@ TEST_F(PlanCli, plan_predicts_gpu_step_time_and_refuses_bad_model_flags) {
   EXPECT_NE(search.out.find("ranked by predicted tokens/s per GPU"), std::string::npos) << search.out;
   EXPECT_NE(search.out.find("ddp ep 2"), std::string::npos) << search.out;
   EXPECT_NE(search.out.find("fsdp"), std::string::npos) << search.out;
+  // The search has no pipeline layouts: a pipeline config is refused rather than ranked as if pp = 1.
+  const CliRun pipeline_search = with({"--search", "--gpus", "2", "--set", "parallel.pp=2"});
+  EXPECT_EQ(pipeline_search.exit_code, 2) << pipeline_search.out;
+  EXPECT_NE(pipeline_search.err.find("parallel.pp = 2"), std::string::npos) << pipeline_search.err;
+  // Without --search the pipeline is predicted: no gradient reduction (one data-parallel rank per
+  // stage), a bubble.
+  const CliRun pipeline = with({"--gpus", "2", "--set", "parallel.pp=2"});
+  ASSERT_EQ(pipeline.exit_code, 0) << pipeline.err;
+  EXPECT_NE(pipeline.out.find("pipeline bubble"), std::string::npos) << pipeline.out;
+  EXPECT_EQ(pipeline.out.find("gradient reduction"), std::string::npos) << pipeline.out;
 #else
   const CliRun gpu = moetrain({"plan", "--hardware", "h200"});  // run.device auto: a CPU plan in this build
   EXPECT_EQ(gpu.exit_code, 2) << gpu.err;

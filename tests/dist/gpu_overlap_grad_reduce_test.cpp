@@ -34,6 +34,7 @@ struct RunResult {
   std::vector<double> losses, grad_norms;
   std::vector<float> weights;
   bool overlapped = false;
+  int64_t started_in_backward = 0;  // buckets started by the block hooks, not after the backward
   size_t graph_nodes = 0;
 };
 
@@ -55,6 +56,7 @@ RunResult run(Communicator& world, const std::string& dir, bool overlap, int64_t
   out.weights.resize(static_cast<size_t>(store.params().numel()));
   copy_from_tensor(out.weights.data(), store.params());
   out.overlapped = store.optimizer().overlaps_reduction();
+  out.started_in_backward = store.buckets_started_in_backward();
   return out;
 }
 
@@ -67,6 +69,10 @@ class GpuOverlapGradReduce : public testing::GpuJobTest {
     EXPECT_TRUE(overlapped.overlapped) << "the overlapped reduction did not run on a second stream";
     if (graph) {
       EXPECT_GT(overlapped.graph_nodes, 0u) << "the overlapped step was not captured";
+    }
+    // 4 KiB buckets: most complete before the backward's last block, so they start inside it.
+    if (bucket_bytes == 4096) {
+      EXPECT_GT(overlapped.started_in_backward, 0) << "no bucket started during the backward";
     }
     ASSERT_EQ(after.losses.size(), static_cast<size_t>(kSteps));
     ASSERT_EQ(overlapped.losses.size(), static_cast<size_t>(kSteps));

@@ -5,7 +5,8 @@
 // relative L2 of the one-GPU run's (the bound the GPU train-step tests use for two runs of one
 // step: cuDNN's attention backward is not bitwise deterministic), and 4 steps of losses within
 // 1e-4, under 1F1B with pp = 2, the interleaved schedule with pp = 2 and 2 chunks per rank (more
-// microbatches than stages, so its steady state exchanges in pairs), pp = 4, and pp = 2 x dp = 2.
+// microbatches than stages, so its steady state exchanges in pairs), pp = 4, and pp = 2 x dp = 2
+// (with gradient buckets reduced during the last microbatch's backward passes).
 //
 // Where the job has more ranks than GPUs (the one-H200 machine: bench/gpu_pipeline_check.sh), the
 // ranks share a GPU (gpu_job_test.h).
@@ -27,6 +28,7 @@
 #include "gpu_job_test.h"
 #include "moe/comm/mpi_communicator.h"
 #include "moe/core/device.h"
+#include "moe/parallel/ddp_store.h"
 #include "moe/train/trainer.h"
 
 namespace moe {
@@ -45,6 +47,7 @@ std::vector<std::string> gpu_overrides(const std::string& dir) {
 struct RunResult {
   std::map<std::string, std::vector<float>> grads;  // the first step's, parameters this rank holds
   std::vector<double> losses;
+  int64_t buckets_started_in_backward = 0;  // the overlapped reduction (on by default)
 };
 
 RunResult run(Communicator& world, const std::vector<std::string>& overrides) {
@@ -59,6 +62,8 @@ RunResult run(Communicator& world, const std::vector<std::string>& overrides) {
     std::copy(data, data + (end - begin), g.begin() + begin);
   });
   for (int64_t step = 0; step < cfg.train.steps; ++step) out.losses.push_back(t.train_step(step).loss);
+  if (const auto* ddp = dynamic_cast<const DdpStore*>(&t.store()))
+    out.buckets_started_in_backward = ddp->buckets_started_in_backward();
   return out;
 }
 
@@ -72,7 +77,7 @@ class GpuPipeline : public testing::GpuJobTest {
     return *reference_;
   }
 
-  void expect_matches(int ranks, const std::vector<std::string>& topology) {
+  void expect_matches(int ranks, const std::vector<std::string>& topology, bool overlaps = false) {
     if (world_->size() < ranks) GTEST_SKIP() << "needs " << ranks << " ranks";
     const RunResult& ref = reference();
     MPI_Comm part = MPI_COMM_NULL;
@@ -86,6 +91,9 @@ class GpuPipeline : public testing::GpuJobTest {
       o.insert(o.end(), topology.begin(), topology.end());
       const RunResult got = run(group, o);
       EXPECT_FALSE(got.grads.empty()) << label;
+      if (overlaps) {
+        EXPECT_GT(got.buckets_started_in_backward, 0) << "no bucket overlapped the backward under " << label;
+      }
       double worst = 0;
       for (const auto& [name, g] : got.grads) {
         ASSERT_TRUE(ref.grads.count(name)) << name << " under " << label;
@@ -112,7 +120,10 @@ TEST_F(GpuPipeline, InterleavedTwoStagesTwoChunksMatchesOneGpu) {
   expect_matches(2, {"parallel.pp=2", "parallel.pp_schedule=\"interleaved\"", "parallel.pp_virtual=2"});
 }
 TEST_F(GpuPipeline, OneFOneBFourStagesMatchesOneGpu) { expect_matches(4, {"parallel.pp=4"}); }
-TEST_F(GpuPipeline, TwoStagesTimesDataParallelTwoMatchesOneGpu) { expect_matches(4, {"parallel.pp=2"}); }
+// 4 KiB gradient buckets: the stage's dp pair reduces some of them during its last backward passes.
+TEST_F(GpuPipeline, TwoStagesTimesDataParallelTwoMatchesOneGpu) {
+  expect_matches(4, {"parallel.pp=2", "parallel.grad_bucket_bytes=4096"}, /*overlaps=*/true);
+}
 
 }  // namespace
 }  // namespace moe

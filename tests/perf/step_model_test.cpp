@@ -133,9 +133,11 @@ TEST(StepModel, a_pipeline_idles_p_minus_1_over_m_of_its_forward_and_backward) {
 }
 
 // A run's own layout (rank_layout): the trainer's stage boundaries, balanced by per-layer cost with
-// the embedding and the LM head counted, are uneven (the head weighs on the last stage), and the
-// pipeline runs at its heaviest stage's pace; the interleaved schedule's bubble is (P - 1) / (V m).
-TEST(StepModel, a_run_with_pipeline_stages_is_predicted_at_its_heaviest_stages_share) {
+// the embedding and the LM head counted, are uneven (the head weighs on the last stage). The
+// passes scale with the heaviest stage's share of the forward FLOPs, the optimizer and the
+// reduction with the largest share of the parameters (the embedding's on the first stage, the
+// head's on the last); the interleaved schedule's bubble is (P - 1) / (V m).
+TEST(StepModel, a_run_with_pipeline_stages_is_predicted_at_its_heaviest_stages_shares) {
   Config c = tiny();
   c.model.num_hidden_layers = 4;
   c.parallel.pp = 2;
@@ -147,14 +149,25 @@ TEST(StepModel, a_run_with_pipeline_stages_is_predicted_at_its_heaviest_stages_s
   const double share = std::max(cost[0], cost[1]) / (cost[0] + cost[1]);
   EXPECT_GT(share, 0.5);
   EXPECT_NEAR(layout.stage_share, share, 1e-12);
+  // Parameters per layer: attention d (q + 2 kv) + q d, two norms, router d N, experts N 3 d h.
+  const double per_layer = d * (q + 2 * kv) + q * d + 2 * d + d * N + N * 3 * d * h;
+  const double layers0 = static_cast<double>(stages.end_layer(0));
+  const double params[2] = {V * d + layers0 * per_layer, (4 - layers0) * per_layer + V * d + d};
+  const double param_share = std::max(params[0], params[1]) / (params[0] + params[1]);
+  EXPECT_NEAR(layout.stage_param_share, param_share, 1e-12);
+  EXPECT_NEAR(rank_layout(c, 2, /*stage=*/0).stage_share, cost[0] / (cost[0] + cost[1]), 1e-12);
+
   Config whole = c;
   whole.parallel.pp = 1;
+  RankLayout one_rank = rank_layout(whole, 1);
+  const StepWork w = step_work(c, layout), w1 = step_work(whole, one_rank);
+  EXPECT_NEAR(w.expert_flops, w1.expert_flops * share, 1e-9 * w1.expert_flops);
+  EXPECT_NEAR(w.attention_flops, w1.attention_flops * share, 1e-9 * w1.attention_flops);
+  EXPECT_NEAR(w.adamw_bytes, w1.adamw_bytes * param_share, 1e-9 * w1.adamw_bytes);
+  EXPECT_NEAR(w.params_updated, w1.params_updated * param_share, 1e-9 * w1.params_updated);
   Topology t = topology(2, 1, "ddp", 1);
   t.layout = layout;
   const StepPrediction p = predict_step(c, t, round_gpu());
-  const StepPrediction one = predict_step(whole, topology(1, 1, "ddp", 1), round_gpu());
-  EXPECT_NEAR(part(p, "expert GEMMs"), part(one, "expert GEMMs") * share, 1e-12 * part(one, "expert GEMMs"));
-  EXPECT_NEAR(part(p, "attention"), part(one, "attention") * share, 1e-12 * part(one, "attention"));
   EXPECT_EQ(part(p, "gradient reduction"), 0);  // one data-parallel rank per stage
 
   c.parallel.pp_schedule = "interleaved";

@@ -59,8 +59,8 @@ TEST(PipelineMessages, OneFOneBExchangesAroundEveryPassWithOrWithoutRendezvous) 
 }
 
 TEST(PipelineMessages, EveryAcceptedScheduleDeliversWithRendezvousAndNoTags) {
-  for (int P : {2, 3, 4, 8})
-    for (int64_t m : {1, 2, 3, 4, 8, 16}) {
+  for (int P = 2; P <= 8; ++P)
+    for (int64_t m = 1; m <= 16; ++m) {
       const PipelineShape one{P, 1, m};
       EXPECT_EQ(message_order_problem(plan(PipelineSchedule::OneFOneB, one)), "") << "1f1b P " << P << " m " << m;
       for (int V : {2, 3, 4}) {

@@ -742,7 +742,8 @@ void Config::validate(int64_t dp) const {
               "built (the FP8 weight caches hold the whole model); use train.precision = \"bf16\" or parallel.pp = 1");
     // The executor follows its op list on the host (which chunk, which activation set, which
     // message): a captured step would have to be one graph per rank, built from that list (not built).
-    MOE_CHECK(!t.cuda_graph, "parallel.pp = ", par.pp, " runs its schedule eagerly; set train.cuda_graph = false");
+    MOE_CHECK(!t.cuda_graph, "parallel.pp = ", par.pp, " runs its schedule eagerly; set train.cuda_graph = false or "
+              "parallel.pp = 1");
   }
   MOE_CHECK(par.pp_virtual == 1 || (par.pp_schedule == "interleaved" && par.pp > 1), "parallel.pp_virtual = ",
             par.pp_virtual, " needs parallel.pp_schedule = \"interleaved\" and parallel.pp >= 2; use "

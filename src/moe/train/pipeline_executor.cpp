@@ -7,8 +7,8 @@
 namespace moe {
 namespace {
 
-// Which activation set each (chunk, microbatch) uses, and which sets' sent buffers may still be
-// read by a queued send.
+// Which activation set each (chunk, microbatch) uses, and that no set is started while another
+// microbatch still holds it.
 class SetTracker {
  public:
   SetTracker(int chunks, int sets) : sets_(sets), owner_(chunks, std::vector<int64_t>(sets, -1)) {}

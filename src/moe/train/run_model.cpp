@@ -26,7 +26,7 @@ std::unique_ptr<PipelinePlan> plan_pipeline(const Config& cfg, const Mesh& mesh,
   plan->ops = schedule_ops(plan->schedule, plan->shape, mesh.stage);
   // Over NCCL a send waits for its receiver and messages are matched by order: the groups of every
   // stage must deliver under those rules (the schedule tests check every accepted shape; this
-  // checks the run's own, which costs microseconds).
+  // checks the run's own, in milliseconds).
   const bool rendezvous = mesh.pipeline && mesh.pipeline->sends_wait_for_receivers();
   plan->messages = pipeline_message_groups(plan->schedule, plan->ops, plan->shape, mesh.stage, rendezvous);
   if (rendezvous) {

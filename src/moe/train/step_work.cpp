@@ -60,7 +60,25 @@ double fp8_quantized_elements(const Widths& w, bool moe_layer) {
 
 }  // namespace
 
-RankLayout rank_layout(const Config& cfg, int64_t world) {
+namespace {
+
+// Parameters of layer l (attention projections, norms, router, experts, shared expert or dense
+// MLP; the q/k norms left out): what a stage's optimizer and gradient reduction move.
+double layer_params(const ModelConfig& m, int64_t l) {
+  const double d = static_cast<double>(m.hidden_size), hd = static_cast<double>(m.head_dim());
+  const double q = static_cast<double>(m.num_attention_heads) * hd, kv = static_cast<double>(m.num_key_value_heads) * hd;
+  double p = d * (q + 2 * kv) + q * d + 2 * d;
+  if (m.is_moe_layer(l))
+    p += static_cast<double>(m.num_experts) * (3 * d * static_cast<double>(m.intermediate_size) + d) +
+         3 * d * static_cast<double>(m.shared_expert_intermediate_size);
+  else
+    p += 3 * d * static_cast<double>(m.dense_intermediate_size);
+  return p;
+}
+
+}  // namespace
+
+RankLayout rank_layout(const Config& cfg, int64_t world, int stage) {
   RankLayout l;
   l.world = world;
   l.mode = cfg.parallel.mode;
@@ -71,18 +89,25 @@ RankLayout rank_layout(const Config& cfg, int64_t world) {
     const ModelConfig& m = cfg.model;
     const PipelineLayout layout = plan_pipeline_layout(m, cfg.train.seq_len, static_cast<int>(l.pp),
                                                        static_cast<int>(l.virtual_stages), cfg.parallel.pp_layers);
-    std::vector<double> stage(static_cast<size_t>(l.pp), 0.0);
-    double total = 0;
+    const double vd = static_cast<double>(m.vocab_size * m.hidden_size);
+    std::vector<double> cost(static_cast<size_t>(l.pp), 0.0), params(static_cast<size_t>(l.pp), 0.0);
     for (int c = 0; c < layout.chunks(); ++c) {
-      double cost = 0;
-      for (int64_t layer = layout.first_layer(c); layer < layout.end_layer(c); ++layer)
-        cost += layer_cost(m, cfg.train.seq_len, layer);
-      if (c == 0) cost += embedding_cost(m);
-      if (c == layout.chunks() - 1) cost += head_cost(m);
-      stage[static_cast<size_t>(layout.rank_of(c))] += cost;
-      total += cost;
+      const auto r = static_cast<size_t>(layout.rank_of(c));
+      for (int64_t layer = layout.first_layer(c); layer < layout.end_layer(c); ++layer) {
+        cost[r] += layer_cost(m, cfg.train.seq_len, layer);
+        params[r] += layer_params(m, layer);
+      }
+      if (c == 0) cost[r] += embedding_cost(m), params[r] += vd;
+      if (c == layout.chunks() - 1) cost[r] += head_cost(m), params[r] += vd + static_cast<double>(m.hidden_size);
     }
-    l.stage_share = *std::max_element(stage.begin(), stage.end()) / total;
+    const auto share = [&](const std::vector<double>& v) {
+      double total = 0;
+      for (double x : v) total += x;
+      MOE_CHECK(stage < static_cast<int>(v.size()), "rank_layout: stage ", stage, " of ", v.size());
+      return (stage >= 0 ? v[static_cast<size_t>(stage)] : *std::max_element(v.begin(), v.end())) / total;
+    };
+    l.stage_share = share(cost);
+    l.stage_param_share = share(params);
   }
   return l;
 }
@@ -110,7 +135,9 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
   const bool qk_norm = c.qk_norm != QkNorm::None;
   const bool fp8 = cfg.train.precision == Precision::FP8;
   const Recompute rc = cfg.train.recompute;
-  const double stage_share = layout.stage_share > 0 ? layout.stage_share : 1.0 / static_cast<double>(layout.pp);
+  const double equal_share = 1.0 / static_cast<double>(layout.pp);
+  const double stage_share = layout.stage_share > 0 ? layout.stage_share : equal_share;
+  const double param_share = layout.stage_param_share > 0 ? layout.stage_param_share : equal_share;
 
   StepWork s;
   s.pipeline_stages = layout.pp;
@@ -202,16 +229,17 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
   }
   s.grad_norm_bytes = 4 * s.params_updated;
 
-  // A pipeline stage holds its share of the layers (with the embedding or the LM head): the
-  // heaviest stage's, whose pace the pipeline runs at, counted by forward FLOPs for every kind of
-  // work (an approximation: the embedding's parameters cost memory traffic, not FLOPs).
+  // A pipeline stage holds its share of the layers (with the embedding or the LM head): its passes
+  // scale with its share of the forward FLOPs, its optimizer, reduction and caches with its share
+  // of the parameters.
   if (layout.pp > 1) {
     for (double* x : {&s.expert_flops, &s.dense_flops, &s.attention_flops, &s.recompute_flops, &s.fp8_dense_flops,
-                      &s.elementwise_bytes, &s.expert_grad_accumulate_bytes, &s.fp8_quantize_bytes, &s.fp8_cache_bytes,
-                      &s.adamw_bytes, &s.grad_norm_bytes, &s.optimizer_other_bytes, &s.params_updated,
-                      &s.dispatch_bytes, &s.dense_grad_params, &s.expert_grad_params, &s.fsdp_gather_bytes,
-                      &s.fsdp_reduce_bytes})
+                      &s.elementwise_bytes, &s.fp8_quantize_bytes, &s.dispatch_bytes})
       *x *= stage_share;
+    for (double* x : {&s.expert_grad_accumulate_bytes, &s.fp8_cache_bytes, &s.adamw_bytes, &s.grad_norm_bytes,
+                      &s.optimizer_other_bytes, &s.params_updated, &s.dense_grad_params, &s.expert_grad_params,
+                      &s.fsdp_gather_bytes, &s.fsdp_reduce_bytes})
+      *x *= param_share;
   }
   return s;
 }

@@ -29,18 +29,22 @@ struct RankLayout {
   int64_t world = 1;          // ranks (GPUs)
   int64_t pp = 1;             // pipeline stages
   int64_t virtual_stages = 1; // model chunks per stage (the interleaved schedule)
-  // The heaviest stage's share of the model's work (the pipeline runs at its pace); 0: an equal
-  // split, num_hidden_layers / pp layers per stage.
+  // A stage's share of the model's forward FLOPs (its passes) and of its parameters (its optimizer,
+  // gradient reduction and caches): by default the heaviest stage's of each, whose pace the
+  // pipeline runs at (they may be two different stages: an upper bound); 0: an equal split,
+  // num_hidden_layers / pp layers per stage.
   double stage_share = 0;
+  double stage_param_share = 0;
   std::string mode = "ddp";   // ddp (resident weights, EP) or fsdp
   int64_t ep = 1;             // ranks per EP group (ddp)
   int64_t dp() const { return world / pp; }
 };
 
 // The layout a run of `cfg` on `world` ranks has: mode, ep and the pipeline from the config, the
-// stage share from the trainer's own stage boundaries (train/pipeline_layout.h: given or balanced by
-// per-layer cost, the embedding and LM head counted).
-RankLayout rank_layout(const Config& cfg, int64_t world);
+// stage shares from the trainer's own stage boundaries (train/pipeline_layout.h: given or balanced
+// by per-layer cost, the embedding and LM head counted): the heaviest stage's, or stage `stage`'s
+// when given (a rank that splits its own measured step).
+RankLayout rank_layout(const Config& cfg, int64_t world, int stage = -1);
 
 struct StepWork {
   double tokens = 0;                 // tokens this rank trains per step

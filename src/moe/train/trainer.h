@@ -151,7 +151,6 @@ class Trainer {
   int64_t data_rank() const { return run_->mesh ? run_->mesh->rank : world_.rank(); }
   // This rank's part of one microbatch's LM loss sum, forward only (pipeline: the last stage's).
   double forward_loss_sum(Tensor tokens, Tensor targets, uint64_t seed, const RoutingState& rs);
-  // The pipeline's step times of the last step on this rank (parallel.pp > 1).
 
   Config cfg_;
   TrainOptions opts_;
