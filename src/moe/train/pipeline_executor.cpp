@@ -88,22 +88,17 @@ void run_pipeline_step(const PipelinePlan& plan, Communicator& pipeline, Transfo
 }
 
 void run_pipeline_forward(const PipelinePlan& plan, Communicator& pipeline, Transformer& model, ParamStore& store,
-                          const PipelineStepInput& in, int64_t microbatches) {
-  // Microbatch after microbatch through this rank's chunks, in activation set 0; the messages in
-  // per-pass groups (pipeline_messages_test checks that they deliver without tags or buffering).
-  PipelineShape shape = plan.shape;
-  shape.microbatches = microbatches;
-  const int rank = plan.layout.rank_of(plan.chunks[0]);
-  const std::vector<PipelineOp> ops = forward_only_ops(shape, rank);
-  const auto groups = pipeline_message_groups(PipelineSchedule::OneFOneB, ops, shape, rank, /*rendezvous=*/false);
+                          const PipelineStepInput& in) {
+  // One microbatch through this rank's chunks, in activation set 0; the messages in per-pass
+  // groups (pipeline_messages_test checks that they deliver without tags or buffering).
+  const std::vector<PipelineOp>& ops = plan.eval_ops;
+  const auto& groups = plan.eval_messages;
   const SetTracker sets(model.chunks(), 1);
   const ModelWeights& w = store.weights();
   for (size_t j = 0; j < ops.size(); ++j) {
-    const int64_t i = ops[j].microbatch, R = in.rows;
     const int k = plan.model_chunk(ops[j].chunk);
-    const Tensor tokens = in.tokens.rows(i * R, (i + 1) * R), targets = in.targets.rows(i * R, (i + 1) * R);
     issue(groups[j], plan, ops, pipeline, model, sets);
-    model.chunk_forward_loss(k, 0, w, tokens, targets, in.routing_seed(i), in.routing);
+    model.chunk_forward_loss(k, 0, w, in.tokens, in.targets, in.routing_seed(0), in.routing);
     if (model.has_head(k)) model.add_chunk_stats(in.stats, k, 0);
   }
   issue(groups.back(), plan, ops, pipeline, model, sets);

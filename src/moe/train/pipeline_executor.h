@@ -34,9 +34,9 @@ struct PipelineStepInput {
 void run_pipeline_step(const PipelinePlan& plan, Communicator& pipeline, Transformer& model, ParamStore& store,
                        const PipelineStepInput& in, PassTimer& timer);
 
-// Forward only, microbatch after microbatch (evaluation): the last stage adds each microbatch's LM
+// Forward only, one microbatch (evaluation; in.tokens holds its rows): the last stage adds its LM
 // loss sum into stats[kStatLmSum].
 void run_pipeline_forward(const PipelinePlan& plan, Communicator& pipeline, Transformer& model, ParamStore& store,
-                          const PipelineStepInput& in, int64_t microbatches);
+                          const PipelineStepInput& in);
 
 }  // namespace moe

@@ -29,6 +29,10 @@ std::unique_ptr<PipelinePlan> plan_pipeline(const Config& cfg, const Mesh& mesh,
   // checks the run's own, in milliseconds).
   const bool rendezvous = mesh.pipeline && mesh.pipeline->sends_wait_for_receivers();
   plan->messages = pipeline_message_groups(plan->schedule, plan->ops, plan->shape, mesh.stage, rendezvous);
+  PipelineShape one = plan->shape;
+  one.microbatches = 1;
+  plan->eval_ops = forward_only_ops(one, mesh.stage);
+  plan->eval_messages = pipeline_message_groups(PipelineSchedule::OneFOneB, plan->eval_ops, one, mesh.stage, false);
   if (rendezvous) {
     std::vector<std::vector<std::vector<PipelineMessage>>> all;
     for (int r = 0; r < plan->shape.stages; ++r)

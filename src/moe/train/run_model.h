@@ -57,6 +57,10 @@ struct PipelinePlan {
   // This rank's message groups: messages[j] before ops[j], the last after every pass
   // (parallel/pipeline_messages.h), for the pipeline communicator's kind of sends.
   std::vector<std::vector<PipelineMessage>> messages;
+  // Evaluation: one microbatch's forward passes through this rank's chunks (forward_only_ops) and
+  // their message groups, per pass.
+  std::vector<PipelineOp> eval_ops;
+  std::vector<std::vector<PipelineMessage>> eval_messages;
   int model_chunk(int layout_chunk) const;
 };
 

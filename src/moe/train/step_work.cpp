@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "moe/core/error.h"
+#include "moe/model/weights.h"
 #include "moe/train/pipeline_layout.h"
 
 namespace moe {
@@ -60,24 +61,6 @@ double fp8_quantized_elements(const Widths& w, bool moe_layer) {
 
 }  // namespace
 
-namespace {
-
-// Parameters of layer l (attention projections, norms, router, experts, shared expert or dense
-// MLP; the q/k norms left out): what a stage's optimizer and gradient reduction move.
-double layer_params(const ModelConfig& m, int64_t l) {
-  const double d = static_cast<double>(m.hidden_size), hd = static_cast<double>(m.head_dim());
-  const double q = static_cast<double>(m.num_attention_heads) * hd, kv = static_cast<double>(m.num_key_value_heads) * hd;
-  double p = d * (q + 2 * kv) + q * d + 2 * d;
-  if (m.is_moe_layer(l))
-    p += static_cast<double>(m.num_experts) * (3 * d * static_cast<double>(m.intermediate_size) + d) +
-         3 * d * static_cast<double>(m.shared_expert_intermediate_size);
-  else
-    p += 3 * d * static_cast<double>(m.dense_intermediate_size);
-  return p;
-}
-
-}  // namespace
-
 RankLayout rank_layout(const Config& cfg, int64_t world, int stage) {
   RankLayout l;
   l.world = world;
@@ -89,17 +72,23 @@ RankLayout rank_layout(const Config& cfg, int64_t world, int stage) {
     const ModelConfig& m = cfg.model;
     const PipelineLayout layout = plan_pipeline_layout(m, cfg.train.seq_len, static_cast<int>(l.pp),
                                                        static_cast<int>(l.virtual_stages), cfg.parallel.pp_layers);
-    const double vd = static_cast<double>(m.vocab_size * m.hidden_size);
+    // Each stage's forward FLOPs (the layout's per-layer cost) and parameters (the registry's, by
+    // block: 0 the embedding, 1 + l layer l, L + 1 the final norm and LM head).
+    const int64_t L = m.num_hidden_layers;
+    std::vector<size_t> stage_of_block(static_cast<size_t>(L + 2));
     std::vector<double> cost(static_cast<size_t>(l.pp), 0.0), params(static_cast<size_t>(l.pp), 0.0);
     for (int c = 0; c < layout.chunks(); ++c) {
       const auto r = static_cast<size_t>(layout.rank_of(c));
       for (int64_t layer = layout.first_layer(c); layer < layout.end_layer(c); ++layer) {
         cost[r] += layer_cost(m, cfg.train.seq_len, layer);
-        params[r] += layer_params(m, layer);
+        stage_of_block[static_cast<size_t>(layer + 1)] = r;
       }
-      if (c == 0) cost[r] += embedding_cost(m), params[r] += vd;
-      if (c == layout.chunks() - 1) cost[r] += head_cost(m), params[r] += vd + static_cast<double>(m.hidden_size);
+      if (c == 0) cost[r] += embedding_cost(m), stage_of_block[0] = r;
+      if (c == layout.chunks() - 1) cost[r] += head_cost(m), stage_of_block[static_cast<size_t>(L + 1)] = r;
     }
+    const ParamRegistry reg = build_registry(m, 0, m.num_experts);
+    for (const ParamEntry& e : reg.entries())
+      params[stage_of_block[static_cast<size_t>(param_block(m, e.name))]] += static_cast<double>(e.numel());
     const auto share = [&](const std::vector<double>& v) {
       double total = 0;
       for (double x : v) total += x;

@@ -65,9 +65,6 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       pipeline_timer_(dev_) {
   const int64_t dp = cfg_.parallel.dp(world_.size());
   cfg_.validate(dp);
-  MOE_CHECK(cfg_.parallel.pp == 1 || dev_ == Device::CPU || run_device_.gpu_world, "parallel.pp = ",
-            cfg_.parallel.pp, " on GPUs sends its stages' messages through NCCL, but this run uses ",
-            run_device_.note, "; set run.device = \"cpu\" or parallel.pp = 1");
   // Before anything is written: files too short for one window are left out (with a warning),
   // every named validation set is opened and checked.
   std::vector<std::string> warnings = data_.warnings();

@@ -23,11 +23,10 @@ double Trainer::forward_loss_sum(Tensor tokens, Tensor targets, uint64_t seed, c
   PipelineStepInput in;
   in.tokens = tokens;
   in.targets = targets;
-  in.rows = tokens.numel();
   in.routing_seed = [seed](int64_t) { return seed; };
   in.routing = rs;
   in.stats = stats;
-  run_pipeline_forward(*run_->pipeline, *run_->mesh->pipeline, *run_->model, *run_->store, in, 1);
+  run_pipeline_forward(*run_->pipeline, *run_->mesh->pipeline, *run_->model, *run_->store, in);
   float sum = 0;
   copy_from_tensor(&sum, stats.rows(kStatLmSum, kStatLmSum + 1));
   return sum;
