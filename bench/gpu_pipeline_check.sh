@@ -8,7 +8,8 @@
 #      tests/dist/gpu_overlap_grad_reduce_test.cpp (the overlapped reduction on GPUs) with 2;
 #   2. `moetrain train` on bench-olmoe-4l (4 microbatches of 2 x 4096 tokens per step) with
 #      pp = 1, pp = 2 (1F1B) and pp = 2 interleaved (2 chunks per rank), STEPS steps each: the
-#      losses side by side and the largest relative difference from pp = 1.
+#      losses side by side and the largest relative difference from pp = 1, and the held-out loss
+#      (train.eval_every = 4: evaluation through the stages) against pp = 1's.
 set -uo pipefail
 . bench/device_mpi_env.sh
 out=${OUT:-/tmp}
@@ -36,7 +37,7 @@ launch() {  # launch NP CMD...: CMD on NP ranks, each with its own NCCL host id 
   fi
 }
 common=(--config configs/bench-olmoe-4l.toml --steps "$steps" --set train.micro_batch_size=2
-        --set run.device='"cuda"' --set train.log_every=1)
+        --set run.device='"cuda"' --set train.log_every=1 --set train.eval_every=4 --set train.eval_batches=2)
 run() {  # run NAME NP [--set ...]
   local name="$1" np="$2"; shift 2
   rm -rf "/tmp/pp-$name"
@@ -52,16 +53,17 @@ run pp2_interleaved 2 --set parallel.pp=2 --set parallel.pp_schedule='"interleav
 python3 - "$out" pp1 pp2_1f1b pp2_interleaved <<'PY'
 import json, sys
 out, names = sys.argv[1], sys.argv[2:]
-def losses(name):
+def losses(name, key):
     try:
         rows = [json.loads(l) for l in open(f"{out}/pp_{name}.metrics.jsonl")]
     except OSError:
         return []
-    return [r["loss"] for r in rows if "loss" in r and r.get("kind", "train") == "train"]
-ref = losses(names[0])
-for n in names:
-    l = losses(n)
-    worst = max((abs(a - b) / abs(b) for a, b in zip(l, ref)), default=float("nan"))
-    print(f"{n:18s} " + " ".join(f"{v:.5f}" for v in l) + f"   max rel diff vs pp1 {worst:.2e}")
+    return [r[key] for r in rows if key in r]
+for key in ("loss", "eval_loss"):
+    ref = losses(names[0], key)
+    for n in names:
+        l = losses(n, key)
+        worst = max((abs(a - b) / abs(b) for a, b in zip(l, ref)), default=float("nan"))
+        print(f"{key:9s} {n:18s} " + " ".join(f"{v:.5f}" for v in l) + f"   max rel diff vs pp1 {worst:.2e}")
 PY
 exit $status

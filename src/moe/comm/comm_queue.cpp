@@ -10,10 +10,6 @@
 
 #include "moe/core/error.h"
 
-#if defined(MOE_HAVE_CUDA)
-#include "moe/core/cuda_check.h"
-#endif
-
 namespace moe {
 
 struct CommQueue::Worker {
@@ -50,25 +46,10 @@ struct CommQueue::Worker {
   }
 };
 
-struct CommQueue::Side {
-#if defined(MOE_HAVE_CUDA)
-  cudaStream_t stream = nullptr;
-  cudaEvent_t fork = nullptr, done = nullptr;
-#endif
-};
-
 CommQueue::CommQueue(Device device, bool threaded, std::shared_ptr<double> clock)
     : clock_(std::move(clock)) {
   if (device == Device::CUDA) {
-#if defined(MOE_HAVE_CUDA)
-    side_ = std::make_unique<Side>();
-    // Non-blocking: the side stream must not serialize with the legacy default stream either.
-    CUDA_CHECK(cudaStreamCreateWithFlags(&side_->stream, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreateWithFlags(&side_->fork, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&side_->done, cudaEventDisableTiming));
-#else
-    MOE_FAIL("CommQueue: a CUDA queue needs the CUDA backend, which this build does not have");
-#endif
+    side_ = std::make_unique<SideStream>(device);
     return;
   }
   if (!threaded) return;
@@ -90,25 +71,15 @@ CommQueue::~CommQueue() {
     else
       worker_->thread.join();
   }
-#if defined(MOE_HAVE_CUDA)
-  if (side_) {  // no throwing from a destructor
-    cudaEventDestroy(side_->done);
-    cudaEventDestroy(side_->fork);
-    cudaStreamDestroy(side_->stream);
-  }
-#endif
 }
 
 bool CommQueue::overlaps() const { return worker_ != nullptr || side_ != nullptr; }
 
 void CommQueue::submit(Task task) {
-#if defined(MOE_HAVE_CUDA)
   if (side_) {
-    CUDA_CHECK(cudaEventRecord(side_->fork, compute_stream()));
-    CUDA_CHECK(cudaStreamWaitEvent(side_->stream, side_->fork, 0));
-    return task(Stream{side_->stream});
+    side_->follow_compute();
+    return task(side_->stream());
   }
-#endif
   if (!worker_) return task(Stream{});
   {
     std::lock_guard lock(worker_->mu);
@@ -120,13 +91,7 @@ void CommQueue::submit(Task task) {
 }
 
 void CommQueue::join() {
-#if defined(MOE_HAVE_CUDA)
-  if (side_) {
-    CUDA_CHECK(cudaEventRecord(side_->done, side_->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), side_->done, 0));
-    return;
-  }
-#endif
+  if (side_) return side_->join();
   if (!worker_) return;
   const auto t0 = std::chrono::steady_clock::now();
   std::exception_ptr error;

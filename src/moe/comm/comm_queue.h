@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 
+#include "moe/core/side_stream.h"
 #include "moe/core/stream.h"
 #include "moe/core/tensor.h"
 
@@ -40,10 +41,9 @@ class CommQueue {
 
  private:
   struct Worker;  // the CPU worker thread and its task list
-  struct Side;    // the GPU side stream and its events
   std::shared_ptr<double> clock_;
   std::shared_ptr<Worker> worker_;  // shared with the thread, which may outlive an unwinding queue
-  std::unique_ptr<Side> side_;
+  std::unique_ptr<SideStream> side_;  // the GPU's second stream
 };
 
 }  // namespace moe

@@ -4,9 +4,10 @@
 // stages (Mesh::pipeline), issued in the groups of the plan's message list
 // (parallel/pipeline_messages.h). Over MPI a send is a queued copy: no rank waits on a send, only
 // on the receives the schedule's order makes it wait for, which cannot deadlock (simulate_pipeline
-// checks every schedule). Over NCCL sends and receives are queued on the compute stream and a send
-// waits for its receiver; the groups make that deadlock-free too (message_order_problem checks
-// every schedule, and the plan of each run). The step ends once its messages are received.
+// checks every schedule). Over NCCL sends and receives are queued on a stream of their own
+// (`messages`), and a send waits for its receiver; the groups make that deadlock-free too
+// (message_order_problem checks every schedule, and the plan of each run), and the compute stream
+// waits for a group only where a pass needs it. The step ends once its messages are received.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 
 #include "moe/comm/mesh.h"
 #include "moe/core/pass_timer.h"
+#include "moe/core/side_stream.h"
 #include "moe/model/transformer.h"
 #include "moe/parallel/param_store.h"
 #include "moe/train/run_model.h"
@@ -31,12 +33,12 @@ struct PipelineStepInput {
 
 // `timer` brackets the op list and each pass (read it once the device has finished the step: the
 // bubble is its idle share).
-void run_pipeline_step(const PipelinePlan& plan, Communicator& pipeline, Transformer& model, ParamStore& store,
-                       const PipelineStepInput& in, PassTimer& timer);
+void run_pipeline_step(const PipelinePlan& plan, Communicator& pipeline, SideStream& messages, Transformer& model,
+                       ParamStore& store, const PipelineStepInput& in, PassTimer& timer);
 
 // Forward only, one microbatch (evaluation; in.tokens holds its rows): the last stage adds its LM
 // loss sum into stats[kStatLmSum].
-void run_pipeline_forward(const PipelinePlan& plan, Communicator& pipeline, Transformer& model, ParamStore& store,
-                          const PipelineStepInput& in);
+void run_pipeline_forward(const PipelinePlan& plan, Communicator& pipeline, SideStream& messages, Transformer& model,
+                          ParamStore& store, const PipelineStepInput& in);
 
 }  // namespace moe

@@ -62,7 +62,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       data_(TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id)),
       state_("model state", dev_),
       acts_("activations", dev_),
-      pipeline_timer_(dev_) {
+      pipeline_timer_(dev_),
+      pipeline_messages_(cfg.parallel.pp > 1 ? dev_ : Device::CPU) {
   const int64_t dp = cfg_.parallel.dp(world_.size());
   cfg_.validate(dp);
   // Before anything is written: files too short for one window are left out (with a warning),
@@ -259,7 +260,8 @@ void Trainer::queue_gradients(int64_t step) {
     in.routing_seed = [&](int64_t micro) { return routing_seed(t.seed, step, micro * dp + rank); };
     in.routing = rs;
     in.stats = stats;
-    run_pipeline_step(*run_->pipeline, *run_->mesh->pipeline, *run_->model, *run_->store, in, pipeline_timer_);
+    run_pipeline_step(*run_->pipeline, *run_->mesh->pipeline, pipeline_messages_, *run_->model, *run_->store, in,
+                      pipeline_timer_);
     return;
   }
   for (int64_t micro = 0; micro < accum; ++micro) {

@@ -24,6 +24,7 @@
 #include "moe/core/arena.h"
 #include "moe/core/kernel_profiler.h"
 #include "moe/core/pass_timer.h"
+#include "moe/core/side_stream.h"
 #include "moe/core/step_graph.h"
 #include "moe/data/dataset.h"
 #include "moe/data/eval_windows.h"
@@ -166,6 +167,7 @@ class Trainer {
   Arena state_;
   Arena acts_;
   PassTimer pipeline_timer_;  // the pipeline phase of the last step (its bubble)
+  SideStream pipeline_messages_;  // on the GPU, the stream the pipeline's stage messages run on
   std::vector<int32_t> host_tokens_, host_targets_;
   std::vector<float> host_bias_, host_load_;  // host copies of the router_bias and expert_load buffers
   size_t device_peak_bytes_ = 0;

@@ -26,7 +26,7 @@ double Trainer::forward_loss_sum(Tensor tokens, Tensor targets, uint64_t seed, c
   in.routing_seed = [seed](int64_t) { return seed; };
   in.routing = rs;
   in.stats = stats;
-  run_pipeline_forward(*run_->pipeline, *run_->mesh->pipeline, *run_->model, *run_->store, in);
+  run_pipeline_forward(*run_->pipeline, *run_->mesh->pipeline, pipeline_messages_, *run_->model, *run_->store, in);
   float sum = 0;
   copy_from_tensor(&sum, stats.rows(kStatLmSum, kStatLmSum + 1));
   return sum;
