@@ -9,15 +9,19 @@
 #   2. `moetrain train` on bench-olmoe-4l (4 microbatches of 2 x 4096 tokens per step) with
 #      pp = 1, pp = 2 (1F1B) and pp = 2 interleaved (2 chunks per rank), STEPS steps each: the
 #      losses side by side and the largest relative difference from pp = 1, and the held-out loss
-#      (train.eval_every = 4: evaluation through the stages) against pp = 1's.
+#      (train.eval_every = 4: evaluation through the stages) against pp = 1's;
+#   3. a failing stage: pp = 2 on GPUs with rank 1 failing in step 2 (MOE_TEST_FAIL_ON_RANK) must
+#      end the job with that rank's error and a non-zero exit within RUN_LIMIT_S, not hang in NCCL.
+# PARTS (default "tests train fail") picks which of the three run.
 set -uo pipefail
 . bench/device_mpi_env.sh
 out=${OUT:-/tmp}
 steps=${STEPS:-8}
 limit=${RUN_LIMIT_S:-240}  # per run: a hang ends as a failure, not as the call's time limit
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+parts=" ${PARTS:-tests train fail} "
 status=0
-for t in gpu_pipeline_test:2 gpu_pipeline_test:4 gpu_overlap_grad_reduce_test:2; do
+[[ $parts == *" tests "* ]] && for t in gpu_pipeline_test:2 gpu_pipeline_test:4 gpu_overlap_grad_reduce_test:2; do
   name=${t%:*} np=${t#*:}
   read -ra mpi <<< "$(mpi_launch "$np")"
   if timeout "$limit" "${mpi[@]}" ".devrun/bin/$name" > "$out/${name}_np$np.log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
@@ -47,6 +51,23 @@ run() {  # run NAME NP [--set ...]
   grep -E "^  (device|parallel|pipeline)|throughput|bubble|high-water" "$out/pp_$name.log" | head -8
   cp "/tmp/pp-$name/metrics.jsonl" "$out/pp_$name.metrics.jsonl" 2> /dev/null
 }
+if [[ $parts == *" fail "* ]]; then
+  echo "== failing stage (np 2, pp = 2, rank 1 fails in step 2)"
+  rm -rf /tmp/pp-fail
+  t0=$(date +%s)
+  export MOE_TEST_FAIL_ON_RANK=1
+  launch 2 .devrun/bin/moetrain train "${common[@]}" --set parallel.pp=2 --set run.dir='"/tmp/pp-fail"' \
+    > "$out/pp_fail.log" 2>&1
+  rc=$?
+  unset MOE_TEST_FAIL_ON_RANK
+  echo "  exit $rc after $(( $(date +%s) - t0 )) s; $(grep -c 'error (rank 1): test hook MOE_TEST_FAIL_ON_RANK' "$out/pp_fail.log") line(s) with rank 1's error"
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || ! grep -q 'error (rank 1): test hook MOE_TEST_FAIL_ON_RANK' "$out/pp_fail.log"; then
+    echo "  FAIL: expected rank 1's error and a non-zero exit before the time limit"; status=1
+  else
+    echo "  PASS"
+  fi
+fi
+[[ $parts == *" train "* ]] || exit $status
 run pp1 1
 run pp2_1f1b 2 --set parallel.pp=2
 run pp2_interleaved 2 --set parallel.pp=2 --set parallel.pp_schedule='"interleaved"' --set parallel.pp_virtual=2

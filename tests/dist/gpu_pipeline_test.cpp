@@ -5,8 +5,10 @@
 // relative L2 of the one-GPU run's (the bound the GPU train-step tests use for two runs of one
 // step: cuDNN's attention backward is not bitwise deterministic), and 4 steps of losses within
 // 1e-4, under 1F1B with pp = 2, the interleaved schedule with pp = 2 and 2 chunks per rank (more
-// microbatches than stages, so its steady state exchanges in pairs), pp = 4, and pp = 2 x dp = 2
-// (with gradient buckets reduced during the last microbatch's backward passes).
+// microbatches than stages, so its steady state exchanges in pairs), pp = 4, pp = 2 x dp = 2
+// (with gradient buckets reduced during the last microbatch's backward passes), and pp = 2 with
+// recompute = "block" and "experts" (recomputed blocks of several microbatches in flight share one
+// scratch; the reference does not recompute).
 //
 // Where the job has more ranks than GPUs (the one-H200 machine: bench/gpu_pipeline_check.sh), the
 // ranks share a GPU (gpu_job_test.h).
@@ -123,6 +125,10 @@ TEST_F(GpuPipeline, OneFOneBFourStagesMatchesOneGpu) { expect_matches(4, {"paral
 // 4 KiB gradient buckets: the stage's dp pair reduces some of them during its last backward passes.
 TEST_F(GpuPipeline, TwoStagesTimesDataParallelTwoMatchesOneGpu) {
   expect_matches(4, {"parallel.pp=2", "parallel.grad_bucket_bytes=4096"}, /*overlaps=*/true);
+}
+TEST_F(GpuPipeline, RecomputedBlocksInFlightMatchOneGpu) {
+  expect_matches(2, {"parallel.pp=2", "train.recompute=\"block\""});
+  expect_matches(2, {"parallel.pp=2", "train.recompute=\"experts\""});
 }
 
 }  // namespace
