@@ -2,7 +2,8 @@
 // gives the gradients of no recompute bit for bit, for configs that reach every recomputed path
 // (learned routing with drops, a shared expert and a dense first layer, GQA, per-head and no
 // qk-norm, random routing whose choice must be replayed, the balancing bias), the same losses
-// over several optimizer steps, and an activation plan smaller by exactly the buffers it drops.
+// over several optimizer steps, and an activation plan smaller by exactly the buffers it drops;
+// experts and attention compute again every layer but the top one of each microbatch.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -88,9 +89,19 @@ TEST_P(RecomputeCase, EveryModeGivesTheGradientsOfNoRecomputeBitForBit) {
     for (float v : g) nonzero += v != 0.0f;
   ASSERT_GT(nonzero, 0) << "the reference gradient is all zero";
   for (Recompute r : kRecomputeModes) {
-    Trainer t(case_config(dir.path, c, r), quiet_bench(), local_world());
+    const Config cfg = case_config(dir.path, c, r);
+    Trainer t(cfg, quiet_bench(), local_world());
     ASSERT_EQ(t.model().recompute(), r);
     expect_bit_equal(want, step_gradients(t, 0), c.name + ", recompute = " + to_string(r));
+    // Per microbatch: block recomputes every layer; experts and attention every layer that drops
+    // activations but the last one forward ran, whose backward follows at once (model/recompute.h).
+    const ModelConfig& m = cfg.model;
+    const int64_t moe_layers = m.num_hidden_layers - m.first_k_dense_replace;
+    const int64_t per_microbatch = r == Recompute::Block     ? m.num_hidden_layers
+                                   : r == Recompute::Experts ? moe_layers - 1
+                                                             : m.num_hidden_layers - 1;
+    EXPECT_EQ(t.model().recomputed_layers(), per_microbatch * cfg.accumulation_steps(1))
+        << c.name << ", recompute = " << to_string(r);
   }
 }
 

@@ -19,6 +19,14 @@
 //              rows are dispatched again with the saved route index into the dispatcher's shared
 //              recompute buffers (no lease), and every rank re-dispatches the same layers in the
 //              same order, so under EP > 1 the collective calls line up.
+//
+// experts and attention: a layer whose backward runs right after its own forward (the top layer
+// of a microbatch without pipeline, the top layer of the last stage's chunk under 1F1B) finds its
+// dropped activations still in the shared buffers, which no other pass has written since, and
+// does not compute them again. Nothing else changes: the buffers hold the forward's bits either
+// way, and the memory is the same. The model tracks which layer and activation set last wrote the
+// shared buffers (Transformer::scratch_holds_), so any schedule gets it only where it holds. Not
+// in block mode, whose recompute also dispatches again (a collective every rank must make).
 #pragma once
 
 namespace moe {

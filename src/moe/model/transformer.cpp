@@ -386,6 +386,7 @@ void Transformer::forward_layers(int chunk, const ModelWeights& w, Tensor tokens
       moe_forward_layer(l, lw, lf, A, h(l + 1), routing_seed, rs);
     else
       mlp_forward_layer(lw, lf, A, h(l + 1));
+    if (drops_activations(l)) scratch_holds_ = {set_, l};
     leave(static_cast<int>(l) + 1);
   }
 }
@@ -438,6 +439,10 @@ Tensor Transformer::input_grad(int chunk, int set) {
   select(chunk, set);
   MOE_CHECK(!has_embedding(chunk), "Transformer::input_grad: chunk ", chunk, " starts with the embedding");
   return dh_in_[set][chunk];
+}
+
+bool Transformer::drops_activations(int64_t l) const {
+  return recompute_ == Recompute::Attention || (recompute_ == Recompute::Experts && cfg_.is_moe_layer(l));
 }
 
 int64_t Transformer::moe_layers() const {
@@ -518,11 +523,11 @@ void Transformer::forward_logits(const ModelWeights& w, Tensor tokens, Tensor lo
 // Backward
 
 void Transformer::attention_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g,
-                                           LayerActs& A, Tensor h_in) {
+                                           LayerActs& A, Tensor h_in, bool recompute) {
   // s_.dres holds d(h_mid); it flows unchanged into d(h_in) plus the attention branch.
   const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim();
   Scratch& s = s_;
-  if (recompute_ == Recompute::Attention) attention_internals(w, f, A, h_in);
+  if (recompute && recompute_ == Recompute::Attention) attention_internals(w, f, A, h_in);
   proj_->linear_backward(s.datt, g.o_proj, s.dres, A.att, w.o_proj, f.o_proj, false);
   const bool normed = cfg_.qk_norm != QkNorm::None;
   Tensor q = normed ? A.q : A.q_raw, k = normed ? A.k : A.k_raw;
@@ -551,12 +556,12 @@ void Transformer::attention_backward_layer(const LayerWeights& w, const Fp8Layer
 }
 
 void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g,
-                                     LayerActs& A, const StepScales& scales) {
+                                     LayerActs& A, const StepScales& scales, bool recompute) {
   const int K = static_cast<int>(cfg_.num_experts_per_tok);
   Scratch& s = s_;
   // recompute = experts: gate/up again from the kept expert input (the lease's); the SwiGLU output
   // comes out of the SwiGLU backward below, in the same pass, with the forward's bits.
-  const bool recompute_experts = recompute_ == Recompute::Experts;
+  const bool recompute_experts = recompute && recompute_ == Recompute::Experts;
   if (recompute_experts) {
     experts_gate_up(w, f, A);
     if (!w.shared_gate_up.empty()) shared_expert_internals(w, f, A);  // from the kept FFN norm output
@@ -643,13 +648,18 @@ void Transformer::backward_layers(int chunk, const ModelWeights& w, const ModelW
     const LayerWeights &lw = w.layers[l], &lg = g.layers[l];
     const Fp8LayerWeights& lf = fp8_layer(l);
     if (recompute_ == Recompute::Block) recompute_layer(l, lw, lf, A);
+    // Experts and attention modes: the shared buffers may still hold this layer's forward.
+    const bool fresh = scratch_holds_.set == set_ && scratch_holds_.layer == l;
+    const bool recompute = drops_activations(l) && !fresh;
+    if (recompute_ == Recompute::Block || recompute) ++recomputed_layers_;
+    if (drops_activations(l)) scratch_holds_ = {};  // read, or written again below
     // s.dres = d(h_{l+1}); the feed-forward branch adds into d(h_mid) through its norm.
     if (cfg_.is_moe_layer(l))
-      moe_backward_layer(lw, lf, lg, A, scales);
+      moe_backward_layer(lw, lf, lg, A, scales, recompute);
     else
       mlp_backward_layer(lw, lf, lg, A);
     rmsnorm_backward(s.dres, lg.post_norm, s.dm, A.h_mid, lw.post_norm, A.rstd2, /*accumulate_dx=*/true);
-    attention_backward_layer(lw, lf, lg, A, h(l));
+    attention_backward_layer(lw, lf, lg, A, h(l), recompute);
     if (hooks_) hooks_->after_backward(static_cast<int>(l) + 1);
   }
   if (first == 0) {

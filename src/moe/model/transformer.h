@@ -137,6 +137,9 @@ class Transformer {
   int64_t rows() const { return rows_; }
   int64_t expert_rows() const { return capacity_; }
   Recompute recompute() const { return recompute_; }
+  // Layers whose backward computed dropped activations again, since construction (model/recompute.h:
+  // a layer whose backward follows its own forward skips it).
+  int64_t recomputed_layers() const { return recomputed_layers_; }
   Precision precision() const { return precision_; }
   Payload payload() const { return payload_; }
 
@@ -189,10 +192,14 @@ class Transformer {
   void mlp_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out);
   void recompute_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void backward_layers(int chunk, const ModelWeights& w, const ModelWeights& g, Tensor tokens, const StepScales& scales);
+  // recompute: compute the layer's dropped activations again first (false where the shared
+  // buffers still hold this layer's forward: recompute.h).
   void attention_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g, LayerActs& A,
-                                Tensor h_in);
+                                Tensor h_in, bool recompute);
   void moe_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g, LayerActs& A,
-                          const StepScales& scales);
+                          const StepScales& scales, bool recompute);
+  // Whether layer l writes dropped activations into the shared buffers (experts and attention modes).
+  bool drops_activations(int64_t l) const;
   void mlp_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g, LayerActs& A);
   const Fp8LayerWeights& fp8_layer(int64_t l) const;
   int64_t moe_layers() const;
@@ -216,6 +223,13 @@ class Transformer {
   std::vector<std::vector<LayerActs>> layers_;
   std::vector<std::vector<Tensor>> dh_in_;
   int set_ = 0;
+  // The layer and activation set whose forward last wrote the shared recompute buffers and whose
+  // backward has not run since ({-1, -1}: none, or they have been written again).
+  struct ScratchOwner {
+    int set = -1;
+    int64_t layer = -1;
+  } scratch_holds_;
+  int64_t recomputed_layers_ = 0;
   Scratch s_;
   Arena::Slot stats_slot_;  // losses(): one microbatch's statistics
   std::vector<std::pair<Tensor*, Arena::Slot>> pending_;

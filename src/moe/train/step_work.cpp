@@ -147,14 +147,20 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
   if (fp8) s.fp8_dense_flops = 6 * T * (L * attn_proj + moe_layers * 3 * w.d * w.s + dense_layers * mlp);
   const double attention_forward_flops = 4 * w.seq * w.q;  // a third of the 12 S q convention, per layer and token
   double recompute_expert = 0, recompute_dense = 0, recompute_attention = 0, recompute_bytes = 0;
+  // Experts and attention: the top layer that drops activations reads its forward's (its backward
+  // follows at once: model/recompute.h). Counted without pipeline; a stage's chunks may or may not
+  // get it depending on the schedule, so under pp every layer is counted (an upper bound).
+  const double skipped = layout.pp == 1 ? 1 : 0;
   if (rc == Recompute::Experts) {
-    recompute_expert = moe_layers * 2 * w.k * w.d * 2 * w.h;
-    recompute_dense = moe_layers * 2 * w.d * 2 * w.s;
-    recompute_bytes = moe_layers * kActBytes * w.k * w.h;  // the SwiGLU backward also writes the output
+    const double recomputed = std::max(0.0, moe_layers - skipped);
+    recompute_expert = recomputed * 2 * w.k * w.d * 2 * w.h;
+    recompute_dense = recomputed * 2 * w.d * 2 * w.s;
+    recompute_bytes = recomputed * kActBytes * w.k * w.h;  // the SwiGLU backward also writes the output
   } else if (rc == Recompute::Attention) {
-    recompute_dense = L * 2 * w.d * (w.q + 2 * w.kv);
-    recompute_attention = L * attention_forward_flops;
-    recompute_bytes = L * kActBytes * (2 * w.d + (qk_norm ? 2 * (w.q + w.kv) : 0) + 2 * (w.q + w.kv));
+    const double recomputed = L - skipped;
+    recompute_dense = recomputed * 2 * w.d * (w.q + 2 * w.kv);
+    recompute_attention = recomputed * attention_forward_flops;
+    recompute_bytes = recomputed * kActBytes * (2 * w.d + (qk_norm ? 2 * (w.q + w.kv) : 0) + 2 * (w.q + w.kv));
   } else if (rc == Recompute::Block) {
     recompute_expert = moe_layers * 2 * w.k * 3 * w.d * w.h;
     recompute_dense = 2 * (L * attn_proj + moe_layers * moe_dense + dense_layers * mlp);

@@ -13,7 +13,8 @@
 //   SwiGLU backward 5 K h (5 s, 5 h_d), gather backward K d + d, router backward 12 N bytes.
 //   Head: final RMSNorm 2d + 4d, the LM head's F32 logits written, read and their gradient
 //   written (12 V bytes), the embedding row read and written 2d and its F32 gradient row 10 d bytes.
-// Recompute adds the forward passes (FLOPs and bytes) it repeats.
+// Recompute adds the forward passes (FLOPs and bytes) it repeats (experts and attention: not the
+// top layer's without pipeline, model/recompute.h).
 #pragma once
 
 #include <cstdint>
