@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "cuda_test_util.h"
@@ -43,78 +44,60 @@ int read_int(const void* device) {
   return v;
 }
 
-struct Buffers {
+// Holds `producer` at a gate, queues there a memset of a device word to bytes `byte`, calls
+// order(), then queues on `consumer` a copy of that word: the copy must not run while the gate is
+// shut, and must read the memset's value once it opens.
+void expect_copy_waits(cudaStream_t producer, cudaStream_t consumer, int byte, const std::function<void()>& order,
+                       const char* what) {
   int *a = nullptr, *b = nullptr;
   cudaEvent_t done = nullptr;
-  Buffers() {
-    CUDA_CHECK(cudaMalloc(&a, sizeof(int)));
-    CUDA_CHECK(cudaMalloc(&b, sizeof(int)));
-    CUDA_CHECK(cudaMemset(a, 0, sizeof(int)));
-    CUDA_CHECK(cudaMemset(b, 0, sizeof(int)));
-    CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  CUDA_CHECK(cudaMalloc(&a, sizeof(int)));
+  CUDA_CHECK(cudaMalloc(&b, sizeof(int)));
+  CUDA_CHECK(cudaMemset(a, 0, sizeof(int)));
+  CUDA_CHECK(cudaMemset(b, 0, sizeof(int)));
+  CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  {
+    HostGate gate(producer);
+    CUDA_CHECK(cudaMemsetAsync(a, byte, sizeof(int), producer));
+    order();
+    CUDA_CHECK(cudaMemcpyAsync(b, a, sizeof(int), cudaMemcpyDeviceToDevice, consumer));
+    CUDA_CHECK(cudaEventRecord(done, consumer));
+    EXPECT_FALSE(finished_after_50ms(done)) << what;
+    gate.open();
     CUDA_CHECK(cudaDeviceSynchronize());
   }
-  ~Buffers() {
-    cudaEventDestroy(done);
-    cudaFree(a);
-    cudaFree(b);
-  }
-};
+  EXPECT_EQ(read_int(b), byte * 0x01010101) << what;
+  cudaEventDestroy(done);
+  cudaFree(a);
+  cudaFree(b);
+}
 #endif
 
-TEST(CudaSideStream, ComputeWaitsForAMarkOnly) {
+TEST(CudaSideStream, ComputeWaitsForAMark) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
-  Buffers buf;
   SideStream side(Device::CUDA);
-  const auto s = static_cast<cudaStream_t>(side.stream().handle);
-  HostGate gate(s);
-  CUDA_CHECK(cudaMemsetAsync(buf.a, 1, sizeof(int), s));  // bytes 0x01: 0x01010101
-  const int m = side.mark();
-  CUDA_CHECK(cudaMemcpyAsync(buf.b, buf.a, sizeof(int), cudaMemcpyDeviceToDevice, compute_stream()));
-  side.compute_waits(m);  // queued after the copy above: that copy does not wait
-  CUDA_CHECK(cudaMemcpyAsync(buf.b, buf.a, sizeof(int), cudaMemcpyDeviceToDevice, compute_stream()));
-  CUDA_CHECK(cudaEventRecord(buf.done, compute_stream()));
-  EXPECT_FALSE(finished_after_50ms(buf.done)) << "the compute stream ran past a mark the side stream has not reached";
-  gate.open();
-  CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_EQ(read_int(buf.b), 0x01010101);
+  expect_copy_waits(static_cast<cudaStream_t>(side.stream().handle), compute_stream(), 1,
+                    [&] { side.compute_waits(side.mark()); }, "the compute stream ran past a mark not yet reached");
 #endif
 }
 
 TEST(CudaSideStream, JoinWaitsForEverythingQueued) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
-  Buffers buf;
   SideStream side(Device::CUDA);
-  const auto s = static_cast<cudaStream_t>(side.stream().handle);
-  HostGate gate(s);
-  CUDA_CHECK(cudaMemsetAsync(buf.a, 2, sizeof(int), s));
-  side.join();
-  CUDA_CHECK(cudaMemcpyAsync(buf.b, buf.a, sizeof(int), cudaMemcpyDeviceToDevice, compute_stream()));
-  CUDA_CHECK(cudaEventRecord(buf.done, compute_stream()));
-  EXPECT_FALSE(finished_after_50ms(buf.done)) << "the compute stream ran past a join";
-  gate.open();
-  CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_EQ(read_int(buf.b), 0x02020202);
+  expect_copy_waits(static_cast<cudaStream_t>(side.stream().handle), compute_stream(), 2, [&] { side.join(); },
+                    "the compute stream ran past a join");
 #endif
 }
 
 TEST(CudaSideStream, FollowComputeWaitsForTheComputeStream) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
-  Buffers buf;
   SideStream side(Device::CUDA);
-  const auto s = static_cast<cudaStream_t>(side.stream().handle);
-  HostGate gate(compute_stream());
-  CUDA_CHECK(cudaMemsetAsync(buf.a, 3, sizeof(int), compute_stream()));
-  side.follow_compute();
-  CUDA_CHECK(cudaMemcpyAsync(buf.b, buf.a, sizeof(int), cudaMemcpyDeviceToDevice, s));
-  CUDA_CHECK(cudaEventRecord(buf.done, s));
-  EXPECT_FALSE(finished_after_50ms(buf.done)) << "the side stream ran ahead of the compute stream it follows";
-  gate.open();
-  CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_EQ(read_int(buf.b), 0x03030303);
+  expect_copy_waits(compute_stream(), static_cast<cudaStream_t>(side.stream().handle), 3,
+                    [&] { side.follow_compute(); }, "the side stream ran ahead of the compute stream it follows");
 #endif
 }
 
