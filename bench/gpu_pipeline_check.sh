@@ -20,6 +20,9 @@ steps=${STEPS:-8}
 limit=${RUN_LIMIT_S:-240}  # per run: a hang ends as a failure, not as the call's time limit
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 parts=" ${PARTS:-tests train fail} "
+for p in $parts; do
+  case "$p" in tests|train|fail) ;; *) echo "PARTS: '$p' is not one of: tests train fail" >&2; exit 2 ;; esac
+done
 status=0
 [[ $parts == *" tests "* ]] && for t in gpu_pipeline_test:2 gpu_pipeline_test:4 gpu_overlap_grad_reduce_test:2; do
   name=${t%:*} np=${t#*:}
@@ -44,7 +47,7 @@ common=(--config configs/bench-olmoe-4l.toml --steps "$steps" --set train.micro_
         --set run.device='"cuda"' --set train.log_every=1 --set train.eval_every=4 --set train.eval_batches=2)
 run() {  # run NAME NP [--set ...]
   local name="$1" np="$2"; shift 2
-  rm -rf "/tmp/pp-$name"
+  rm -rf "/tmp/pp-$name" "$out/pp_$name.metrics.jsonl"  # a run that writes none is not compared with an old file
   echo "== $name (np $np): $*"
   launch "$np" .devrun/bin/moetrain train "${common[@]}" --set run.dir="\"/tmp/pp-$name\"" "$@" \
     > "$out/pp_$name.log" 2>&1 || { status=1; tail -5 "$out/pp_$name.log"; }

@@ -17,19 +17,24 @@ namespace moe {
 namespace {
 
 #if defined(MOE_HAVE_CUDA)
-// Blocks `stream` until open() is called.
+// Blocks `stream` until open() is called. The destructor opens it and waits for the stream, so
+// the host function never outlives the flag it reads (also when a failed check throws).
 class HostGate {
  public:
-  explicit HostGate(cudaStream_t stream) {
+  explicit HostGate(cudaStream_t stream) : stream_(stream) {
     CUDA_CHECK(cudaLaunchHostFunc(stream, [](void* p) {
       auto* open = static_cast<std::atomic<bool>*>(p);
       while (!open->load()) std::this_thread::sleep_for(std::chrono::microseconds(100));
     }, &open_));
   }
-  ~HostGate() { open(); }
+  ~HostGate() {
+    open();
+    cudaStreamSynchronize(stream_);  // no throwing from a destructor
+  }
   void open() { open_.store(true); }
 
  private:
+  cudaStream_t stream_;
   std::atomic<bool> open_{false};
 };
 

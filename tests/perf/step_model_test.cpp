@@ -132,6 +132,25 @@ TEST(StepModel, a_pipeline_idles_p_minus_1_over_m_of_its_forward_and_backward) {
   EXPECT_NEAR(p.tokens_per_s_per_gpu, 1024 / p.step_s, 1e-6);
 }
 
+// Recompute repeats the forward products of what it drops, except the top layer's without a
+// pipeline (its backward follows its own forward: model/recompute.h): of tiny's 2 MoE layers,
+// experts repeats one layer's gate/up products (2 K d 2h per token) and attention one layer's
+// q/k/v products and attention scores (2 d (q + 2 kv) + 4 S q per token); under pp = 2 every layer
+// is counted, scaled by the stage's share.
+TEST(StepModel, recompute_repeats_every_layer_but_the_top_one_without_pipeline) {
+  const double T = 16 * S;
+  Config c = tiny();
+  c.train.recompute = Recompute::Experts;
+  EXPECT_DOUBLE_EQ(step_work(c, rank_layout(c, 1)).recompute_flops, (L - 1) * 2 * K * d * 2 * h * T);
+  c.train.recompute = Recompute::Attention;
+  EXPECT_DOUBLE_EQ(step_work(c, rank_layout(c, 1)).recompute_flops,
+                   (L - 1) * (2 * d * (q + 2 * kv) + 4 * S * q) * T);
+  c.train.recompute = Recompute::Experts;
+  c.parallel.pp = 2;
+  const RankLayout stages = rank_layout(c, 2);
+  EXPECT_NEAR(step_work(c, stages).recompute_flops, L * 2 * K * d * 2 * h * T * stages.stage_share, 1e-6);
+}
+
 // A run's own layout (rank_layout): the trainer's stage boundaries, balanced by per-layer cost with
 // the embedding and the LM head counted, are uneven (the head weighs on the last stage). The
 // passes scale with the heaviest stage's share of the forward FLOPs, the optimizer and the
