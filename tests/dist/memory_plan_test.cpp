@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -143,6 +144,22 @@ TEST_F(MemoryPlan, Fp8OnTheGpuKeepsABf16CopyOfTheUnquantizedTensorsOnly) {
   EXPECT_EQ(gpu.compute_weights - cpu.compute_weights, static_cast<size_t>(2 * unquantized));
   const Config bf16 = load_config("tiny", base(P));
   EXPECT_EQ(plan_rank(bf16, 1, 0, Device::CUDA).compute_weights, static_cast<size_t>(2 * all));
+}
+
+// The largest rank of a pipeline is whichever stage holds the most: 1F1B keeps the most
+// microbatches in flight on the first stage, but a middle stage may hold more layers (here 5 of
+// the 8). plan_largest_rank, which fit_options and the topology search rely on, plans every stage
+// (it planned only the first and the last rank).
+TEST_F(MemoryPlan, TheLargestRankOfAPipelineIsTheLargestOfEveryStage) {
+  std::vector<std::string> o = base(4);
+  o.insert(o.end(), {"model.num_hidden_layers=8", "parallel.pp=4", "parallel.pp_layers=[1,5,1,1]"});
+  const Config cfg = load_config("tiny", o);
+  std::vector<size_t> stage(4);
+  for (int r = 0; r < 4; ++r) stage[static_cast<size_t>(r)] = plan_rank(cfg, 4, r, Device::CPU).total();
+  const size_t largest = *std::max_element(stage.begin(), stage.end());
+  EXPECT_EQ(plan_largest_rank(cfg, 4, Device::CPU).total(), largest);
+  EXPECT_GT(std::max(stage[1], stage[2]), std::max(stage[0], stage[3]))
+      << "this config no longer makes a middle stage the largest; the test needs one that does";
 }
 
 }  // namespace

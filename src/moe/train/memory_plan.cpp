@@ -92,11 +92,17 @@ MemoryRoles plan_rank(const Config& cfg, int world_size, int rank, Device device
 
 MemoryRoles plan_largest_rank(const Config& cfg, int world_size, Device device) {
   MemoryRoles largest;
-  // Shards differ by at most one remainder, which the first or the last rank holds.
-  for (int rank : {0, world_size - 1}) {
-    const MemoryRoles m = plan_rank(cfg, world_size, rank, device);
-    if (m.total() > largest.total()) largest = m;
-  }
+  // Pipeline stages differ in their layers and in the microbatches they keep in flight (1F1B: the
+  // first stage the most, a middle stage may hold the most layers): every stage is planned. Within
+  // a stage, shards differ by at most one remainder, which its first or its last rank holds.
+  const int pp = static_cast<int>(std::max<int64_t>(1, cfg.parallel.pp));
+  if (world_size % pp != 0) return plan_rank(cfg, world_size, 0, device);  // throws what the run would
+  const int per_stage = world_size / pp;
+  for (int stage = 0; stage < pp; ++stage)
+    for (int rank : {stage * per_stage, (stage + 1) * per_stage - 1}) {
+      const MemoryRoles m = plan_rank(cfg, world_size, rank, device);
+      if (m.total() > largest.total()) largest = m;
+    }
   return largest;
 }
 

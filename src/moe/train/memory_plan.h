@@ -40,7 +40,8 @@ MemoryRoles memory_roles(const Arena& state, const Arena& acts, const TokenDispa
 // collective. Throws what a run would throw for a config that cannot run at this size.
 MemoryRoles plan_rank(const Config& cfg, int world_size, int rank, Device device);
 
-// The largest plan over the ranks of `world_size` (ranks differ only by the remainders of shards).
+// The largest plan over the ranks of `world_size`: every pipeline stage's, and within a stage the
+// larger of its first and last rank (they differ only by the remainders of shards).
 MemoryRoles plan_largest_rank(const Config& cfg, int world_size, Device device);
 
 // One way to change the config, planned.
