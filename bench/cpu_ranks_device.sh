@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the H200 machine (16 cores, otherwise idle) from the repo root, binaries in .devrun: the
+# Runs on the H200 machine (16 cores; check the load it prints) from the repo root, binaries in .devrun: the
 # CPU-rank benchmarks that the 2-core build machine runs oversubscribed, with a core per rank:
 #   bench/pipeline_bubble.sh        1F1B and interleaved, pp = 2 and pp = 4: bubble against theory
 #   bench/overlap_grad_reduce_cpu.sh the reduction after the backward against the overlapped one
