@@ -4,6 +4,10 @@
 // host's in the last bit, so the reference is the GPU's own unfused path; the CPU side of the fused
 // op is that composition by definition), at the model's H = 1024, a partial row tile and odd H
 // (scalar loads), F32 and BF16. Outputs start poisoned, so every element must be written.
+// RMSNorm forward (moe/ops/fp8_norm.h): output, rstd and the output's Rows tiles bit for bit equal to
+// rmsnorm_forward followed by fp8_quantize_rows on the same GPU, at the model's C = 2048 (the fused
+// kernel, BF16 and F32, with a row of zeros and a row far above E4M3's range), a row longer than the
+// kernel keeps in registers (C = 4096), and C = 200 (not whole accesses: the unfused fallback).
 // FP8 rows re-quantized along the tokens (moe/ops/fp8_requantize.h) against the CPU's
 // dequantize-then-quantize, bit for bit, with expert segments (empty ones, rows past offsets[G]),
 // K not a multiple of 16, a NaN tile and a zero tile.
@@ -20,8 +24,10 @@
 #include "moe/core/rng.h"
 #include "moe/ops/activation.h"
 #include "moe/ops/fp8.h"
+#include "moe/ops/fp8_norm.h"
 #include "moe/ops/fp8_requantize.h"
 #include "moe/ops/fp8_swiglu.h"
+#include "moe/ops/norm.h"
 
 namespace moe {
 namespace {
@@ -90,6 +96,29 @@ void check_forward(DType dtype, int64_t R, int64_t H, uint64_t seed) {
   expect_same_rows(rows, ref_rows, R, H, what + " rows");
 }
 
+void check_rmsnorm(DType dtype, int64_t R, int64_t C, uint64_t seed) {
+  const bool bf16 = dtype == DType::BF16;
+  auto xv = normal_values(R * C, 2.0f, seed, bf16);
+  for (int64_t c = 0; c < C; ++c) {
+    xv[static_cast<size_t>(c)] = 0.0f;                                  // row 0: zeros
+    xv[static_cast<size_t>(C + c)] = bf16 ? 1.0e4f * (1 + c % 3) : 3.0e4f;  // row 1: large, equal-ish
+  }
+  auto wv = normal_values(C, 1.0f, seed + 1, bf16);
+  wv[0] = 600.0f;  // one weight past E4M3's largest value: that tile's scale grows
+  DeviceBuffer x(dtype, {R, C}), w(dtype, {C}), out(dtype, {R, C}), ref_out(dtype, {R, C});
+  DeviceBuffer rstd(DType::F32, {R}), ref_rstd(DType::F32, {R});
+  x.upload(xv);
+  w.upload(wv);
+  DeviceFp8 rows({R, C}), ref_rows({R, C});
+  fp8_rmsnorm_forward(out, rstd, rows.t(), x, w, 1e-5f);
+  rmsnorm_forward(ref_out, ref_rstd, x, w, 1e-5f);
+  fp8_quantize_rows(ref_rows.t(), ref_out);
+  const std::string what = "rmsnorm " + describe(dtype, R, C, {});
+  expect_same_bytes(bytes_of(out.tensor()), bytes_of(ref_out.tensor()), what + " output");
+  expect_same_bytes(bytes_of(rstd.tensor()), bytes_of(ref_rstd.tensor()), what + " rstd");
+  expect_same_rows(rows, ref_rows, R, C, what + " rows");
+}
+
 // x: F32 values quantized on the CPU into Rows tiles (a NaN tile and a zero tile among them), then
 // re-quantized along the tokens on both devices.
 void check_requantize(DType values, const std::vector<int32_t>& counts, int64_t M, int64_t K, uint64_t seed) {
@@ -135,6 +164,16 @@ TEST(CudaFp8Swiglu, ForwardWritesTheOutputAndItsRowsTilesOfTheUnfusedPath) {
     check_forward(dtype, 300, 1024, ++seed);  // the model's expert width
     check_forward(dtype, 37, 200, ++seed);    // a partial row tile
     check_forward(dtype, 5, 7, ++seed);       // odd H: scalar loads and stores
+  }
+}
+
+TEST(CudaFp8Rmsnorm, ForwardWritesTheOutputAndItsRowsTilesOfTheUnfusedPath) {
+  MOE_SKIP_WITHOUT_GPU();
+  uint64_t seed = 400;
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    check_rmsnorm(dtype, 1000, 2048, ++seed);  // the model's hidden size: the fused kernel
+    check_rmsnorm(dtype, 37, 4096, ++seed);    // past the registers' chunks
+    check_rmsnorm(dtype, 9, 200, ++seed);      // not whole accesses: the unfused fallback
   }
 }
 

@@ -13,6 +13,8 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "moe/comm/local_communicator.h"
@@ -23,6 +25,7 @@
 #include "moe/model/params.h"
 #include "moe/optim/adamw.h"
 #include "moe/optim/distributed_adamw.h"
+#include "moe/ops/fp8.h"
 
 namespace moe {
 namespace {
@@ -490,7 +493,8 @@ TEST(DistributedOptimizer, the_bf16_compute_copy_is_written_by_one_rank_only) {
     const Tensor copy_t(copy.data(), DType::BF16, {n});
     for (int64_t step = 1; step <= 2; ++step) {
       c->fill_grads(step);
-      const bool wrote = c->opt->enqueue_step(c->params(), c->grads(), test_config(), kMaxNorm, step, {}, copy_t);
+      const bool wrote = c->opt->enqueue_step(c->params(), c->grads(), test_config(), kMaxNorm, step, {},
+                                              {.bf16 = {{c->params(), copy_t}}, .fp8 = {}});
       EXPECT_EQ(wrote, comm->size() == 1) << "ranks " << comm->size();
     }
     const float* p = c->params().f32();
@@ -500,9 +504,84 @@ TEST(DistributedOptimizer, the_bf16_compute_copy_is_written_by_one_rank_only) {
     }
     std::vector<uint16_t> short_copy(static_cast<size_t>(n - 1));
     EXPECT_THROW(c->opt->enqueue_step(c->params(), c->grads(), test_config(), kMaxNorm, 3, {},
-                                      Tensor(short_copy.data(), DType::BF16, {n - 1})),
+                                      {.bf16 = {{c->params(), Tensor(short_copy.data(), DType::BF16, {n - 1})}},
+                                       .fp8 = {}}),
                  Error);
   }
+}
+
+// An FP8 weight cache in host memory (codes and Blocks scales of `shape`, both orientations).
+struct HostCache {
+  std::vector<uint8_t> codes, codes_t;
+  std::vector<float> scales, scales_t;
+  Fp8Tensor w, w_t;
+  explicit HostCache(Shape shape) {
+    Shape t = shape;
+    std::swap(t.dims[t.ndim - 1], t.dims[t.ndim - 2]);
+    codes.assign(static_cast<size_t>(shape.numel()), 0xa5);
+    codes_t.assign(codes.size(), 0xa5);
+    scales.assign(static_cast<size_t>(fp8_scale_shape(shape, Fp8Tiles::Blocks).numel()), -1.0f);
+    scales_t.assign(scales.size(), -1.0f);
+    w = {Tensor(codes.data(), DType::FP8_E4M3, shape), f32_tensor(scales.data(), fp8_scale_shape(shape, Fp8Tiles::Blocks)),
+         Fp8Tiles::Blocks};
+    w_t = {Tensor(codes_t.data(), DType::FP8_E4M3, t), f32_tensor(scales_t.data(), fp8_scale_shape(t, Fp8Tiles::Blocks)),
+           Fp8Tiles::Blocks};
+  }
+};
+
+// Update outputs with one rank: the FP8 caches of the quantized matrices (q_proj, the experts'
+// gate_up) and the BF16 copies of other tensors (embedding, norm), written in the update's own pass,
+// equal the plain update followed by fp8_quantize_blocks and the BF16 rounding of the new weights,
+// bit for bit, and the tensors without an output (down_proj) are updated the same. A target that
+// splits a parameter, or a matrix mixing weight decay settings, is refused.
+TEST(DistributedOptimizer, update_outputs_equal_a_refresh_after_the_update) {
+  LocalCommunicator local;
+  auto fused = make_case(local, 1, DistributedAdamW::kDefaultBucketBytes);
+  auto plain = make_case(local, 1, DistributedAdamW::kDefaultBucketBytes);
+  auto view = [](const Case& c, const char* name) { return c.reg.view(c.params(), c.reg.index(name)); };
+  const char* q = "model.layers.0.self_attn.q_proj.weight";
+  const char* gate_up = "model.layers.0.mlp.experts.gate_up_proj";
+  const char* embed = "model.embed_tokens.weight";
+  const char* norm = "model.norm.weight";
+  HostCache q_cache(view(*fused, q).shape), gu_cache(view(*fused, gate_up).shape);
+  HostCache q_want(view(*fused, q).shape), gu_want(view(*fused, gate_up).shape);
+  std::vector<uint16_t> embed_copy(static_cast<size_t>(view(*fused, embed).numel())),
+      norm_copy(static_cast<size_t>(view(*fused, norm).numel()));
+  DistributedAdamW::UpdateOutputs outputs;
+  outputs.fp8 = {{view(*fused, q), q_cache.w, q_cache.w_t}, {view(*fused, gate_up), gu_cache.w, gu_cache.w_t}};
+  outputs.bf16 = {{view(*fused, embed), Tensor(embed_copy.data(), DType::BF16, view(*fused, embed).shape)},
+                  {view(*fused, norm), Tensor(norm_copy.data(), DType::BF16, view(*fused, norm).shape)}};
+  for (int64_t step = 1; step <= 3; ++step) {
+    fused->fill_grads(step);
+    plain->fill_grads(step);
+    EXPECT_TRUE(fused->opt->enqueue_step(fused->params(), fused->grads(), test_config(), kMaxNorm, step, {}, outputs));
+    plain->opt->enqueue_step(plain->params(), plain->grads(), test_config(), kMaxNorm, step);
+  }
+  const int64_t n = fused->reg.total_numel();
+  ASSERT_EQ(std::memcmp(fused->params().data, plain->params().data, static_cast<size_t>(n) * 4), 0)
+      << "the weights differ from the plain update";
+  fp8_quantize_blocks(q_want.w, q_want.w_t, view(*plain, q));
+  fp8_quantize_blocks(gu_want.w, gu_want.w_t, view(*plain, gate_up));
+  for (auto [got, want, what] : {std::tuple{&q_cache, &q_want, "q_proj"}, std::tuple{&gu_cache, &gu_want, "gate_up"}}) {
+    EXPECT_EQ(got->codes, want->codes) << what;
+    EXPECT_EQ(got->codes_t, want->codes_t) << what;
+    EXPECT_EQ(got->scales, want->scales) << what;
+    EXPECT_EQ(got->scales_t, want->scales_t) << what;
+  }
+  for (auto [copy, name] : {std::pair{&embed_copy, embed}, std::pair{&norm_copy, norm}}) {
+    const float* p = view(*plain, name).f32();
+    for (size_t i = 0; i < copy->size(); ++i) ASSERT_EQ((*copy)[i], f32_to_bf16(p[i])) << name << " element " << i;
+  }
+
+  // embed (decay) and norm (no decay) are adjacent: one matrix over both mixes the settings; a
+  // matrix over part of embed splits it.
+  const Tensor e = view(*fused, embed);
+  HostCache mixed({4, 12}), part({2, 5});
+  DistributedAdamW::UpdateOutputs bad;
+  bad.fp8 = {{Tensor(e.data, DType::F32, {4, 12}), mixed.w, mixed.w_t}};
+  EXPECT_THROW(fused->opt->enqueue_step(fused->params(), fused->grads(), test_config(), kMaxNorm, 4, {}, bad), Error);
+  bad.fp8 = {{Tensor(e.data, DType::F32, {2, 5}), part.w, part.w_t}};
+  EXPECT_THROW(fused->opt->enqueue_step(fused->params(), fused->grads(), test_config(), kMaxNorm, 4, {}, bad), Error);
 }
 
 }  // namespace

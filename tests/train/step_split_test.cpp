@@ -15,6 +15,9 @@ namespace {
 
 TEST(StepSplit, kernels_are_grouped_by_name) {
   EXPECT_EQ(kernel_group("_ZN4moe4cuda12_GLOBAL__N_112adamw_kernelILb1EEEvPfPKfS3_S3_"), KernelGroup::AdamW);
+  // The update that writes the FP8 caches in its pass is AdamW's; the caches' own pass is not.
+  EXPECT_EQ(kernel_group("_ZN4moe4cuda12_GLOBAL__N_128adamw_quantize_blocks_kernelIfEEvPfPKf"), KernelGroup::AdamW);
+  EXPECT_EQ(kernel_group("_ZN4moe4cuda12_GLOBAL__N_122quantize_blocks_kernelEPKfPhPfS3_S4_"), KernelGroup::Fp8Cache);
   EXPECT_EQ(kernel_group("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<...>>(...)"),
             KernelGroup::ExpertGemm);
   EXPECT_EQ(kernel_group("_ZN4moe4cuda15cutlass_grouped18zero_empty_expertsEPfPKill"), KernelGroup::Other);

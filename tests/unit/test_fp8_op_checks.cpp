@@ -1,4 +1,5 @@
-// The argument checks of the FP8 ops (ops/fp8.cpp, ops/fp8_swiglu.cpp, ops/fp8_requantize.cpp):
+// The argument checks of the FP8 ops (ops/fp8.cpp, ops/fp8_swiglu.cpp, ops/fp8_norm.cpp,
+// ops/fp8_adamw.cpp, ops/fp8_requantize.cpp):
 // each bad argument is refused with a message naming the op, the argument and what was expected,
 // before any data is touched; and the two layout helpers (fp8_scale_shape, fp8_columns_capacity).
 #include <gtest/gtest.h>
@@ -7,8 +8,11 @@
 #include <vector>
 
 #include "moe/ops/fp8.h"
+#include "moe/ops/fp8_adamw.h"
+#include "moe/ops/fp8_norm.h"
 #include "moe/ops/fp8_requantize.h"
 #include "moe/ops/fp8_swiglu.h"
+#include "moe/ops/norm.h"
 
 namespace moe {
 namespace {
@@ -192,6 +196,64 @@ TEST(Fp8OpChecks, swiglu_forward_refuses_operands_that_do_not_match_gate_up) {
                   {"fp8_swiglu_forward", "gate_up [8, 64] must be [R, 2H] for out [8, 31]"});
   expect_contains(error_of([] { fp8_swiglu_forward(f32({8, 32}), rows({8, 64}), f32({8, 64})); }),
                   {"fp8_swiglu_forward", "out_rows.codes"});
+}
+
+TEST(Fp8OpChecks, rmsnorm_forward_refuses_rows_operands_that_do_not_match_x) {
+  // x [2, 4, 64] is 8 rows of 64: out_rows must be [8, 64].
+  const Tensor x = f32({2, 4, 64}), w = f32({64}), rstd = f32({8});
+  expect_contains(error_of([&] { fp8_rmsnorm_forward(f32({2, 4, 64}), rstd, rows({4, 64}), x, w, 1e-5f); }),
+                  {"fp8_rmsnorm_forward", "out_rows.codes"});
+  expect_contains(error_of([&] { fp8_rmsnorm_forward(f32({2, 4, 64}), rstd, blocks({8, 64}), x, w, 1e-5f); }),
+                  {"fp8_rmsnorm_forward", "out_rows"});
+  expect_contains(error_of([&] { fp8_rmsnorm_forward(f32({2, 4, 64}), f32({4}), rows({8, 64}), x, w, 1e-5f); }),
+                  {"fp8_rmsnorm_forward", "rstd"});
+}
+
+TEST(Fp8OpChecks, adamw_quantize_refuses_caches_of_another_shape_and_bad_state) {
+  const Tensor p = f32({2, 128, 64}), norm = f32({1});
+  AdamWConfig cfg;
+  expect_contains(error_of([&] {
+                    adamw_step_quantize_blocks(p, f32({2, 128, 64}), f32({2, 128, 64}), f32({2, 128, 64}), norm, 1.0f,
+                                               cfg, 1, blocks({2, 64, 128}), blocks({2, 64, 128}));
+                  }),
+                  {"adamw_step_quantize_blocks", "out.codes"});
+  expect_contains(error_of([&] {
+                    adamw_step_quantize_blocks(p, f32({2, 128, 64}), f32({2, 128, 64}), f32({2, 128, 64}), norm, 1.0f,
+                                               cfg, 1, blocks({2, 128, 64}), blocks({2, 128, 64}));
+                  }),
+                  {"adamw_step_quantize_blocks", "out_t.codes"});
+  expect_contains(error_of([&] {
+                    adamw_step_quantize_blocks(p, f32({2, 128, 32}), f32({2, 128, 64}), f32({2, 128, 64}), norm, 1.0f,
+                                               cfg, 1, blocks({2, 128, 64}), blocks({2, 64, 128}));
+                  }),
+                  {"adamw_step_quantize_blocks", "grad"});
+  expect_contains(error_of([&] {
+                    adamw_step_quantize_blocks(p, f32({2, 128, 64}), f32({2, 128, 64}), f32({2, 128, 64}), norm, 1.0f,
+                                               cfg, 0, blocks({2, 128, 64}), blocks({2, 64, 128}));
+                  }),
+                  {"adamw_step_quantize_blocks", "step = 0"});
+}
+
+// On the CPU the fused ops are, by definition, the plain ops one after the other: the update and
+// then the caches of the new weights; the norm and then the rows of its output (3-D x included).
+TEST(Fp8FusedOps, cpu_fused_ops_equal_their_two_steps) {
+  std::vector<float> x(3 * 5 * 256), w(256);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((static_cast<int>(i * 37 % 101) - 50) * 0.01);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f + static_cast<float>(i % 7) * 0.1f;
+  std::vector<float> out(x.size()), ref(x.size()), rstd(15), ref_rstd(15), scales(15 * 2), ref_scales(15 * 2);
+  std::vector<uint8_t> codes(x.size()), ref_codes(x.size());
+  const Shape xs{3, 5, 256};
+  fp8_rmsnorm_forward(f32_tensor(out.data(), xs), f32_tensor(rstd.data(), {15}),
+                      {Tensor(codes.data(), DType::FP8_E4M3, {15, 256}), f32_tensor(scales.data(), {15, 2})},
+                      f32_tensor(x.data(), xs), f32_tensor(w.data(), {256}), 1e-5f);
+  rmsnorm_forward(f32_tensor(ref.data(), xs), f32_tensor(ref_rstd.data(), {15}), f32_tensor(x.data(), xs),
+                  f32_tensor(w.data(), {256}), 1e-5f);
+  fp8_quantize_rows({Tensor(ref_codes.data(), DType::FP8_E4M3, {15, 256}), f32_tensor(ref_scales.data(), {15, 2})},
+                    f32_tensor(ref.data(), {15, 256}));
+  EXPECT_EQ(out, ref);
+  EXPECT_EQ(rstd, ref_rstd);
+  EXPECT_EQ(codes, ref_codes);
+  EXPECT_EQ(scales, ref_scales);
 }
 
 TEST(Fp8OpChecks, requantize_columns_refuses_a_values_type_and_columns_that_do_not_fit) {

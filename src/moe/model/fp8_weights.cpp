@@ -104,16 +104,22 @@ void Fp8WeightCache::bind() {
 }
 
 void Fp8WeightCache::refresh(const ModelWeights& master, Stream stream) {
+  for (const auto& [w, cache] : targets(master)) fp8_quantize_blocks(cache.w, cache.w_t, w, stream);
+}
+
+std::vector<std::pair<Tensor, Fp8Weight>> Fp8WeightCache::targets(const ModelWeights& master) {
   bind();
-  MOE_CHECK(master.layers.size() == layers_.size(), "Fp8WeightCache::refresh: ", master.layers.size(),
+  MOE_CHECK(master.layers.size() == layers_.size(), "Fp8WeightCache: ", master.layers.size(),
             " layers of weights for a cache of ", layers_.size());
+  std::vector<std::pair<Tensor, Fp8Weight>> out;
   for (size_t l = 0; l < layers_.size(); ++l) {
     for_each_quantized(master.layers[l], layers_[l], [&](const char* name, const Tensor& w, Fp8Weight& fw) {
       if (fw.empty()) return;
-      MOE_CHECK(!w.empty(), "Fp8WeightCache::refresh: layer ", l, " has no ", name, " weight to quantize");
-      fp8_quantize_blocks(fw.w, fw.w_t, w, stream);
+      MOE_CHECK(!w.empty(), "Fp8WeightCache: layer ", l, " has no ", name, " weight to quantize");
+      out.emplace_back(w, fw);
     });
   }
+  return out;
 }
 
 const Fp8LayerWeights& Fp8WeightCache::layer(int64_t l) const {

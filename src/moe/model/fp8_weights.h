@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moe/core/arena.h"
@@ -46,6 +47,9 @@ class Fp8WeightCache {
   // Quantizes every cached matrix from `master` (FP32 views, e.g. bind_weights over the FP32
   // parameters). Queued on `stream`; nothing read back.
   void refresh(const ModelWeights& master, Stream stream = {});
+  // Every cached matrix of `master` with its cache, in layer order: what refresh() quantizes, for
+  // an optimizer that writes the caches as it updates the weights (adamw_step_quantize_blocks).
+  std::vector<std::pair<Tensor, Fp8Weight>> targets(const ModelWeights& master);
 
   const Fp8LayerWeights& layer(int64_t l) const;
 

@@ -4,6 +4,7 @@
 #include <initializer_list>
 
 #include "moe/ops/activation.h"
+#include "moe/ops/fp8_norm.h"
 #include "moe/ops/fp8_requantize.h"
 #include "moe/ops/fp8_swiglu.h"
 #include "moe/ops/gemm.h"
@@ -109,11 +110,22 @@ void Projections::linear_shared_input(Tensor x, std::initializer_list<SharedInpu
     for (const SharedInputLinear& l : layers) linear(l.y, x, l.w, *l.f);
     return;
   }
-  const Fp8Tensor xq = quantize_rows(rows_, x);
+  linear_shared_input(quantize_rows(rows_, x), layers);
+}
+
+void Projections::linear_shared_input(const Fp8Tensor& xq, std::initializer_list<SharedInputLinear> layers) {
   for (const SharedInputLinear& l : layers) {
+    MOE_CHECK(!l.f->empty(), "linear_shared_input: an FP8 input operand needs the FP8 weight cache");
     const int64_t out = l.y.dim(-1);
     fp8_matmul(l.y.view({l.y.numel() / out, out}), xq, l.f->w, /*accumulate=*/false);
   }
+}
+
+Fp8Tensor Projections::rmsnorm_rows(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
+  const int64_t cols = out.dim(-1), rows = out.numel() / cols;
+  Fp8Tensor q = operand(rows_, rows, cols);
+  fp8_rmsnorm_forward(out, rstd, q, x, weight, eps);
+  return q;
 }
 
 void Projections::linear_backward_shared_input(Tensor dx, Tensor x,

@@ -48,6 +48,12 @@ class Projections {
   void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, const Fp8Weight& f, bool accumulate_dx);
   // linear() for each layer, all reading x.
   void linear_shared_input(Tensor x, std::initializer_list<SharedInputLinear> layers);
+  // The same from x's FP8 rows operand (FP8 weights only), e.g. what rmsnorm_rows returned.
+  void linear_shared_input(const Fp8Tensor& xq, std::initializer_list<SharedInputLinear> layers);
+  // rmsnorm_forward(out, rstd, x, weight, eps) that also quantizes out as the rows operand of the FP8
+  // products reading it next, in the same pass (fp8_rmsnorm_forward); the operand lives in this
+  // object's scratch until the next quantization. FP8 only.
+  Fp8Tensor rmsnorm_rows(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps);
   // linear_backward() for each layer, all reading x: dx (= or +=, per accumulate_dx) sum_i dy_i W_i.
   void linear_backward_shared_input(Tensor dx, Tensor x, std::initializer_list<SharedInputLinearGrad> layers,
                                     bool accumulate_dx);

@@ -236,9 +236,14 @@ void Transformer::bind() {
 void Transformer::attention_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_in) {
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim();
-  rmsnorm_forward(A.a, A.rstd1, h_in, w.input_norm, eps);
-  proj_->linear_shared_input(
-      A.a, {{A.q_raw, w.q_proj, &f.q_proj}, {A.k_raw, w.k_proj, &f.k_proj}, {A.v, w.v_proj, &f.v_proj}});
+  const std::initializer_list<SharedInputLinear> qkv = {
+      {A.q_raw, w.q_proj, &f.q_proj}, {A.k_raw, w.k_proj, &f.k_proj}, {A.v, w.v_proj, &f.v_proj}};
+  if (f.q_proj.empty()) {
+    rmsnorm_forward(A.a, A.rstd1, h_in, w.input_norm, eps);
+    proj_->linear_shared_input(A.a, qkv);
+  } else {  // FP8: the norm quantizes the projections' input as it writes it
+    proj_->linear_shared_input(proj_->rmsnorm_rows(A.a, A.rstd1, h_in, w.input_norm, eps), qkv);
+  }
   Tensor q = A.q_raw, k = A.k_raw;  // with qk_norm = none, rope rotates the projections in place
   if (cfg_.qk_norm == QkNorm::Full) {
     rmsnorm_forward(A.q, A.q_rstd, A.q_raw, w.q_norm, eps);

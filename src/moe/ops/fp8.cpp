@@ -91,6 +91,22 @@ void check_columns_operand(const OpCheck& check, const char* name, const Fp8Tens
   check_columns_layout(check, name, out, x.dim(0), x.dim(1), offsets);
 }
 
+void check_block_caches(const OpCheck& check, const Fp8Tensor& out, const Fp8Tensor& out_t, const Tensor& w,
+                        const char* w_name) {
+  check.tensor(w_name, w, DType::F32);
+  MOE_CHECK(w.ndim() == 2 || w.ndim() == 3, check.op(), ": ", w_name, " must be [N, K] or [E, N, K], got ",
+            w.shape.str());
+  check_fp8(check, "out", out, Fp8Tiles::Blocks, 2, 3);
+  check.same_shape("out.codes", out.codes, w_name, w);
+  if (!(out_t.codes.ndim() == 0 && out_t.codes.data == nullptr)) {  // the transposed orientation is asked for
+    check_fp8(check, "out_t", out_t, Fp8Tiles::Blocks, 2, 3);
+    Shape transposed = w.shape;
+    transposed.dims[w.ndim() - 2] = w.dim(-1);
+    transposed.dims[w.ndim() - 1] = w.dim(-2);
+    check.shape("out_t.codes", out_t.codes, transposed);
+  }
+}
+
 Shape fp8_scale_shape(const Shape& codes, Fp8Tiles tiles) {
   MOE_CHECK(codes.ndim >= 2, "fp8_scale_shape: codes must have rank >= 2, got ", codes.str());
   Shape s = codes;
@@ -131,17 +147,7 @@ void fp8_quantize_rows_and_columns(Fp8Tensor rows, Fp8Tensor columns, Tensor x, 
 
 void fp8_quantize_blocks(Fp8Tensor out, Fp8Tensor out_t, Tensor w, Stream stream) {
   const OpCheck check("fp8_quantize_blocks", w.device);
-  check.tensor("w", w, DType::F32);
-  MOE_CHECK(w.ndim() == 2 || w.ndim() == 3, check.op(), ": w must be [N, K] or [E, N, K], got ", w.shape.str());
-  check_fp8(check, "out", out, Fp8Tiles::Blocks, 2, 3);
-  check.same_shape("out.codes", out.codes, "w", w);
-  if (!(out_t.codes.ndim() == 0 && out_t.codes.data == nullptr)) {  // the transposed orientation is asked for
-    check_fp8(check, "out_t", out_t, Fp8Tiles::Blocks, 2, 3);
-    Shape transposed = w.shape;
-    transposed.dims[w.ndim() - 2] = w.dim(-1);
-    transposed.dims[w.ndim() - 1] = w.dim(-2);
-    check.shape("out_t.codes", out_t.codes, transposed);
-  }
+  check_block_caches(check, out, out_t, w);
   MOE_OP_DISPATCH(w.device, fp8_quantize_blocks, out, out_t, w, stream);
 }
 

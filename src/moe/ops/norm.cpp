@@ -2,6 +2,7 @@
 
 #include "moe/ops/cpu/norm.h"
 #include "moe/ops/dispatch.h"
+#include "moe/ops/norm_checks.h"
 #include "moe/ops/op_checks.h"
 
 #if defined(MOE_HAVE_CUDA) && __has_include("moe/ops/cuda/norm.h")
@@ -15,11 +16,7 @@
 
 namespace moe {
 
-namespace {
-
-// What forward and backward share: x [R, C] (any leading dims) and weight [C] of the call's dtype,
-// rstd F32 with one element per row.
-void check_rows(const OpCheck& check, const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+void check_rmsnorm_rows(const OpCheck& check, const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   check.compute_dtype("x", x);
   check.same_dtype("weight", weight, "x", x);
   check.tensor("rstd", rstd, DType::F32);
@@ -30,11 +27,9 @@ void check_rows(const OpCheck& check, const Tensor& x, const Tensor& weight, con
   check.numel("rstd", rstd, C == 0 ? 0 : x.numel() / C, "one per row of x");
 }
 
-}  // namespace
-
 void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps, Stream stream) {
   const OpCheck check("rmsnorm_forward", x.device);
-  check_rows(check, x, weight, rstd);
+  check_rmsnorm_rows(check, x, weight, rstd);
   check.same_dtype("out", out, "x", x);
   check.same_shape("out", out, "x", x);
   MOE_OP_DISPATCH(x.device, rmsnorm_forward, out, rstd, x, weight, eps, stream);
@@ -43,7 +38,7 @@ void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps
 void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight, Tensor rstd,
                       bool accumulate_dx, Stream stream) {
   const OpCheck check("rmsnorm_backward", x.device);
-  check_rows(check, x, weight, rstd);
+  check_rmsnorm_rows(check, x, weight, rstd);
   check.same_dtype("dout", dout, "x", x);
   check.same_dtype("dx", dx, "x", x);
   check.tensor("dweight", dweight, DType::F32, "an FP32 gradient accumulator");

@@ -6,6 +6,7 @@
 #include "moe/ops/cpu/optim.h"
 #include "moe/ops/dispatch.h"
 #include "moe/ops/op_checks.h"
+#include "moe/ops/optim_checks.h"
 
 #if defined(MOE_HAVE_CUDA) && __has_include("moe/ops/cuda/optim.h")
 #include "moe/ops/cuda/optim.h"
@@ -33,9 +34,8 @@ void sum_squares_accumulate(Tensor out, Tensor x, Tensor workspace, Stream strea
   MOE_OP_DISPATCH(x.device, sum_squares_accumulate, out, x, workspace, stream);
 }
 
-void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
-                const AdamWConfig& cfg, int64_t step, Stream stream, Tensor schedule, Tensor param_bf16) {
-  const OpCheck check("adamw_step", param.device);
+void check_adamw_step(const OpCheck& check, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                      const Tensor& grad_norm_sq, int64_t step, const Tensor& schedule) {
   const char* op = check.op();
   check.tensor("param", param, DType::F32);
   check.tensor("grad", grad, DType::F32);
@@ -47,10 +47,6 @@ void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_
   check.same_shape("m", m, "param", param);
   check.same_shape("v", v, "param", param);
   check.numel("grad_norm_sq", grad_norm_sq, 1);
-  if (!param_bf16.empty()) {
-    check.tensor("param_bf16", param_bf16, DType::BF16, "the BF16 copy of param");
-    check.numel("param_bf16", param_bf16, param.numel(), "one per element of param");
-  }
   if (schedule.empty()) {
     MOE_CHECK(step >= 1, op, ": step = ", step, " must count from 1");
   } else {
@@ -62,6 +58,16 @@ void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_
       MOE_CHECK(std::isfinite(step_count) && step_count >= 1 && step_count == std::floor(step_count), op,
                 ": schedule[1] = ", step_count, " is not a step counting from 1");
     }
+  }
+}
+
+void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_sq, float max_norm,
+                const AdamWConfig& cfg, int64_t step, Stream stream, Tensor schedule, Tensor param_bf16) {
+  const OpCheck check("adamw_step", param.device);
+  check_adamw_step(check, param, grad, m, v, grad_norm_sq, step, schedule);
+  if (!param_bf16.empty()) {
+    check.tensor("param_bf16", param_bf16, DType::BF16, "the BF16 copy of param");
+    check.numel("param_bf16", param_bf16, param.numel(), "one per element of param");
   }
   MOE_OP_DISPATCH(param.device, adamw_step, param, grad, m, v, grad_norm_sq, max_norm, cfg, step, stream, schedule,
                   param_bf16);

@@ -7,6 +7,7 @@
 #include "moe/comm/timed_communicator.h"
 #include "moe/core/device.h"
 #include "moe/ops/elementwise.h"
+#include "moe/ops/fp8_adamw.h"
 
 namespace moe {
 
@@ -20,7 +21,65 @@ Tensor flat_range(const Tensor& t, int64_t begin, int64_t n) {
                 t.device);
 }
 
+// Where view (a range of `buffer`, same dtype) starts in buffer, in elements.
+int64_t flat_offset(const Tensor& buffer, const Tensor& view) {
+  const auto elem = static_cast<int64_t>(dtype_size(buffer.dtype));
+  const int64_t bytes = static_cast<const char*>(view.data) - static_cast<const char*>(buffer.data);
+  MOE_CHECK(view.dtype == buffer.dtype && view.device == buffer.device && bytes >= 0 && bytes % elem == 0 &&
+                bytes / elem + view.numel() <= buffer.numel(),
+            "DistributedAdamW: an update output's master tensor ", view.shape.str(), " is not a range of the params");
+  return bytes / elem;
+}
+
 }  // namespace
+
+// Each piece's output: the FP8 target whose master holds it (every piece of a target must be
+// inside it, all with one weight decay, and together cover it), else the slice of the BF16 copy
+// target that holds it.
+std::vector<DistributedAdamW::PieceOutput> DistributedAdamW::map_outputs(const Tensor& params,
+                                                                        const UpdateOutputs& outputs) const {
+  struct Range {
+    int64_t begin, end;
+  };
+  auto range_of = [&](const Tensor& master) {
+    const int64_t b = flat_offset(params, master);
+    return Range{b, b + master.numel()};
+  };
+  std::vector<Range> fp8_ranges, copy_ranges;
+  for (const Fp8Target& t : outputs.fp8) fp8_ranges.push_back(range_of(t.master));
+  for (const CopyTarget& t : outputs.bf16) copy_ranges.push_back(range_of(t.master));
+  std::vector<PieceOutput> out(pieces_.size());
+  std::vector<int64_t> covered(fp8_ranges.size(), 0);
+  std::vector<int> decay_of(fp8_ranges.size(), -1);
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const Piece& pc = pieces_[i];
+    const int64_t b = pc.flat_begin, e = pc.flat_begin + pc.n;
+    auto find = [&](const std::vector<Range>& ranges, const char* what) -> int {
+      for (size_t t = 0; t < ranges.size(); ++t) {
+        if (b >= ranges[t].begin && e <= ranges[t].end) return static_cast<int>(t);
+        MOE_CHECK(e <= ranges[t].begin || b >= ranges[t].end, "DistributedAdamW: parameter ",
+                  reg_.entry(pc.param).name, " is split between ", what, " and the rest of the update");
+      }
+      return -1;
+    };
+    if (const int t = find(fp8_ranges, "an FP8 cache's weight"); t >= 0) {
+      const int decay = reg_.entry(pc.param).decay ? 1 : 0;
+      MOE_CHECK(decay_of[t] < 0 || decay_of[t] == decay, "DistributedAdamW: the FP8-cached matrix holding ",
+                reg_.entry(pc.param).name, " mixes parameters with and without weight decay");
+      out[i].fp8 = &outputs.fp8[static_cast<size_t>(t)];
+      out[i].first_of_fp8 = decay_of[t] < 0;
+      decay_of[t] = decay;
+      covered[t] += pc.n;
+      continue;
+    }
+    if (const int t = find(copy_ranges, "a BF16 copy's range"); t >= 0)
+      out[i].copy = flat_range(outputs.bf16[static_cast<size_t>(t)].copy, b - copy_ranges[t].begin, pc.n);
+  }
+  for (size_t t = 0; t < fp8_ranges.size(); ++t)
+    MOE_CHECK(covered[t] == fp8_ranges[t].end - fp8_ranges[t].begin, "DistributedAdamW: an FP8-cached matrix of ",
+              fp8_ranges[t].end - fp8_ranges[t].begin, " elements holds ", covered[t], " elements of parameters");
+  return out;
+}
 
 DistributedAdamW::DistributedAdamW(const ParamRegistry& reg, const Mesh& mesh, Arena& arena, DType moment_dtype,
                                    size_t bucket_bytes, bool overlap_reduction)
@@ -189,18 +248,19 @@ DistributedAdamW::Result DistributedAdamW::step(Tensor params, Tensor grads, con
 }
 
 bool DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm, int64_t step,
-                                    Tensor schedule, Tensor compute_copy) {
+                                    Tensor schedule, const UpdateOutputs& outputs) {
   MOE_CHECK(params.numel() == reg_.total_numel() && grads.numel() == reg_.total_numel(),
             "DistributedAdamW::step: params has ", params.numel(), " and grads ", grads.numel(),
             " elements, the registry needs ", reg_.total_numel());
   params.check_dtype(DType::F32);
   grads.check_dtype(DType::F32);
-  const bool write_copy = single_rank_ && !compute_copy.empty();
-  if (!compute_copy.empty()) {
-    compute_copy.check_dtype(DType::BF16);
-    MOE_CHECK(compute_copy.numel() == params.numel(), "DistributedAdamW::step: compute_copy has ",
-              compute_copy.numel(), " elements, params ", params.numel());
+  for (const CopyTarget& t : outputs.bf16) {  // checked on every rank, written by one
+    t.copy.check_dtype(DType::BF16);
+    MOE_CHECK(t.copy.numel() == t.master.numel(), "DistributedAdamW: a BF16 copy of ", t.copy.numel(),
+              " elements for a master tensor of ", t.master.numel());
   }
+  const bool write_outputs = single_rank_ && (!outputs.bf16.empty() || !outputs.fp8.empty());
+  const std::vector<PieceOutput> piece_outputs = write_outputs ? map_outputs(params, outputs) : std::vector<PieceOutput>();
 
   // 1. Gradient reduction over each replica group into this rank's shards (one rank: the
   // gradient buffer already is the whole shard, in the same order).
@@ -236,12 +296,26 @@ bool DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConf
   const Tensor m = arena_.get(m_), v = arena_.get(v_);
   AdamWConfig no_decay = cfg;
   no_decay.weight_decay = 0.0f;
-  for (const Piece& pc : pieces_) {
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const Piece& pc = pieces_[i];
     const int64_t grad_at = single_rank_ ? pc.flat_begin : pc.buffer_offset;
+    const AdamWConfig& piece_cfg = reg_.entry(pc.param).decay ? cfg : no_decay;
+    const PieceOutput out = write_outputs ? piece_outputs[i] : PieceOutput{};
+    if (out.fp8 != nullptr) {
+      // One call per quantized matrix, made at its first piece (a fused gate/up matrix spans two
+      // parameters); one rank: the moments sit at the same flat offsets as the params.
+      if (!out.first_of_fp8) continue;
+      const Tensor& w = out.fp8->master;
+      MOE_CHECK(flat_offset(params, w) == pc.flat_begin, "DistributedAdamW: an FP8-cached matrix starts before its first parameter");
+      auto like_w = [&](const Tensor& buffer, int64_t at) { return flat_range(buffer, at, w.numel()).view(w.shape); };
+      adamw_step_quantize_blocks(w, like_w(grad_shard, grad_at), like_w(m, pc.buffer_offset),
+                                 like_w(v, pc.buffer_offset), norm_sq, max_norm, piece_cfg, step, out.fp8->w,
+                                 out.fp8->w_t, {}, schedule);
+      continue;
+    }
     adamw_step(flat_range(params, pc.flat_begin, pc.n), flat_range(grad_shard, grad_at, pc.n),
                flat_range(m, pc.buffer_offset, pc.n), flat_range(v, pc.buffer_offset, pc.n), norm_sq, max_norm,
-               reg_.entry(pc.param).decay ? cfg : no_decay, step, {}, schedule,
-               write_copy ? flat_range(compute_copy, pc.flat_begin, pc.n) : Tensor());
+               piece_cfg, step, {}, schedule, out.copy);
   }
 
   // 4. Every replica gets the updated shards back.
@@ -249,7 +323,7 @@ bool DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConf
     all_gather_params(dense_, mesh_.world, params);
     all_gather_params(expert_, mesh_.expert_replicas.get(), params);
   }
-  return write_copy;
+  return write_outputs;
 }
 
 DistributedAdamW::Result DistributedAdamW::last_result() const {

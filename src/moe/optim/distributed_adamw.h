@@ -37,6 +37,7 @@
 #include "moe/comm/mesh.h"
 #include "moe/core/arena.h"
 #include "moe/model/params.h"
+#include "moe/ops/fp8.h"
 #include "moe/ops/optim.h"
 
 namespace moe {
@@ -59,14 +60,29 @@ class DistributedAdamW {
   // grads holds this rank's local gradient sum and is only read. params is updated everywhere
   // (every replica ends with identical values). Collective over the world.
   Result step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm, int64_t step);
+  // What the update also writes from the new FP32 weights, in its own pass, in a world of one rank:
+  // BF16 copies of ranges of params (the model's compute copy), and the FP8 caches of the matrices
+  // train.precision = "fp8" quantizes (adamw_step_quantize_blocks). Each `master` is a view into the
+  // params buffer given to enqueue_step; no parameter may be split between a target and the rest.
+  struct CopyTarget {
+    Tensor master;  // F32, a range of params
+    Tensor copy;    // BF16, master's element count
+  };
+  struct Fp8Target {
+    Tensor master;  // F32 [N, K] or [E, N, K], a range of params
+    Fp8Tensor w, w_t;
+  };
+  struct UpdateOutputs {
+    std::vector<CopyTarget> bf16;
+    std::vector<Fp8Target> fp8;
+  };
   // The same without reading the result back (capturable in a CUDA graph); a non-empty schedule
   // (F32 [2]: lr, step, on the buffers' device) overrides cfg.lr and step (see adamw_step).
-  // compute_copy: empty, or the BF16 copy of params (same element count). In a world of one rank
-  // the update writes it in the same pass (adamw_step's param_bf16) and this returns true; with
-  // several ranks the gathered params arrive after the update, so it returns false and the caller
-  // refreshes the copy itself.
+  // In a world of one rank the update writes `outputs` in the same pass and this returns true; with
+  // several ranks the gathered params arrive after the update, so it writes none of them and
+  // returns false: the caller refreshes them itself.
   bool enqueue_step(Tensor params, Tensor grads, const AdamWConfig& cfg, float max_norm, int64_t step,
-                    Tensor schedule = {}, Tensor compute_copy = {});
+                    Tensor schedule = {}, const UpdateOutputs& outputs = {});
   // The result of the last step (reads the norm from the device).
   Result last_result() const;
 
@@ -140,6 +156,14 @@ class DistributedAdamW {
     int64_t flat_begin = 0, n = 0, buffer_offset = 0;
   };
   Shard plan_shard(ReplicaGroup group, Communicator* comm, int64_t buffer_offset);
+  // What the update of one piece also writes (one rank): the FP8 target holding it (its call made at
+  // the target's first piece), else its slice of a BF16 copy (empty: none).
+  struct PieceOutput {
+    const Fp8Target* fp8 = nullptr;
+    bool first_of_fp8 = false;
+    Tensor copy;
+  };
+  std::vector<PieceOutput> map_outputs(const Tensor& params, const UpdateOutputs& outputs) const;
   // Stages bucket b's input and reduce-scatters it into the gradient shard, on `stream`.
   void reduce_bucket(const Bucket& b, Communicator* comm, const Tensor& grads, Stream stream) const;
   void all_gather_params(const Shard& s, Communicator* comm, const Tensor& params);

@@ -141,12 +141,19 @@ void DdpStore::zero_grads(bool experts_written) {
 
 void DdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule) {
   reduce_in_backward_ = false;
-  // One rank: the update writes the BF16 compute copy in its own pass over the weights (when the
-  // copy has every weight's place; in FP8 the copy's few tensors are cast after the update).
-  const Tensor copy = has_compute_copy_ && !compact_compute_ ? arena_.get(compute_) : Tensor();
-  if (optimizer_->enqueue_step(params(), grads_flat(), cfg, max_norm, step, schedule, copy))
-    refresh_fp8_weights();  // once per step, from the updated FP32 weights
-  else
+  bind();
+  // One rank: the update writes the compute weights in its own pass over the FP32 weights (the BF16
+  // copy, and in FP8 the quantized matrices' caches), once per step. Several ranks: the gathered
+  // weights arrive after the update, so they are refreshed from them here.
+  DistributedAdamW::UpdateOutputs outputs;
+  if (compact_compute_) {
+    for (const auto& [master, copy] : compute_copies_) outputs.bf16.push_back({master, copy});
+  } else if (has_compute_copy_) {
+    outputs.bf16.push_back({params(), arena_.get(compute_)});
+  }
+  if (fp8_)
+    for (const auto& [master, cache] : fp8_->targets(master_)) outputs.fp8.push_back({master, cache.w, cache.w_t});
+  if (!optimizer_->enqueue_step(params(), grads_flat(), cfg, max_norm, step, schedule, outputs))
     refresh_compute_weights();
 }
 

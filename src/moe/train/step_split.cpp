@@ -102,11 +102,12 @@ KernelGroup kernel_group(std::string_view name) {
   std::transform(n.begin(), n.end(), n.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   // Order matters: CUTLASS kernel names also contain "gemm"; the zeroing kernel of empty experts
   // lives in the CUTLASS wrapper's namespace but moves bytes, not FLOPs.
+  // The AdamW update that writes the FP8 caches in its pass (adamw_quantize_blocks_kernel) is AdamW.
+  if (contains(n, "adamw")) return KernelGroup::AdamW;
   if (contains(n, "quantize_blocks")) return KernelGroup::Fp8Cache;
   if (contains(n, "quantize_rows") || contains(n, "quantize_columns") || contains(n, "stage_scales"))
     return KernelGroup::Fp8Quantize;
   if (contains(n, "cutlass") && !contains(n, "zero_empty") && !contains(n, "zero_skipped")) return KernelGroup::ExpertGemm;
-  if (contains(n, "adamw")) return KernelGroup::AdamW;
   if (contains(n, "sum_squares")) return KernelGroup::GradNorm;
   if (contains(n, "cudnn") || contains(n, "sdpa") || contains(n, "fmha") || contains(n, "flash"))
     return KernelGroup::Attention;

@@ -185,7 +185,9 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
     s.fp8_quantize_bytes =
         3 * T * (moe_layers * fp8_quantized_elements(w, true) + dense_layers * fp8_quantized_elements(w, false));
     const double fp8_params = L * attn_proj + moe_layers * (w.n * 3 * w.d * w.h + 3 * w.d * w.s) + dense_layers * mlp;
-    s.fp8_cache_bytes = 6 * fp8_params / static_cast<double>(ep);  // this rank's experts only
+    // One rank: AdamW writes the caches in its pass (2 bytes per parameter, counted in adamw_bytes
+    // in place of the BF16 copy). ZeRO-1: a pass over the gathered weights, this rank's experts only.
+    s.fp8_cache_bytes = dp == 1 ? 0 : 6 * fp8_params / static_cast<double>(ep);
   }
 
   // Parameters: the experts' and the rest, this rank's.

@@ -30,82 +30,15 @@
 
 #include "moe/core/cuda_check.h"
 #include "moe/ops/cuda/element.cuh"
+#include "moe/ops/cuda/rmsnorm_rows.cuh"
 
 namespace moe::cuda {
 namespace {
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
+using namespace rmsnorm_rows;
 
-constexpr int kWarpsPerBlock = 8;
-constexpr int kRowThreads = 32 * kWarpsPerBlock;
-// Accesses per lane held in registers between a row kernel's two passes: a BF16 row of 2048
-// columns; F32 rows keep 4 (512 columns), so that the dx kernel fits 128 registers unspilled.
-template <int kVec>
-constexpr int kCachedChunks = kVec == 4 ? 4 : 8;
 constexpr int kDweightThreads = 1024;
 constexpr int kDweightColumns = 16;  // columns per dweight block
-
-// Columns per 16-byte access of T.
-template <typename T>
-constexpr int kVecOf = static_cast<int>(16 / sizeof(T));
-
-// Lane `lane`'s columns of access i of a row: [i 32 kVec + lane kVec, + kVec). C % kVec == 0, so
-// an access that starts inside the row lies inside it.
-template <int kVec>
-__device__ __forceinline__ int64_t access_column(int i, int lane) {
-  return static_cast<int64_t>(i) * (32 * kVec) + lane * kVec;
-}
-
-template <typename T, int kVec>
-__global__ void __launch_bounds__(kRowThreads)
-    rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* weight, float eps, int64_t R, int64_t C) {
-  using A = VecAccess<T, kVec>;
-  constexpr int kStride = 32 * kVec;  // columns of one warp-wide access
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= R) return;  // whole warps leave together
-  const T* xr = x + r * C;
-  T* yr = out + r * C;
-  // The first kCachedChunks accesses stay in registers between the passes (their indices are
-  // compile-time after unrolling); columns beyond are read again.
-  typename A::Raw x_cached[kCachedChunks<kVec>] = {};
-#pragma unroll
-  for (int i = 0; i < kCachedChunks<kVec>; ++i)
-    if (access_column<kVec>(i, lane) < C) x_cached[i] = A::load(xr + access_column<kVec>(i, lane));
-  float sum_sq = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kCachedChunks<kVec>; ++i) {
-    if (access_column<kVec>(i, lane) >= C) continue;
-    float v[kVec];
-    A::unpack(x_cached[i], v);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) sum_sq += v[j] * v[j];
-  }
-  for (int64_t c = access_column<kVec>(kCachedChunks<kVec>, lane); c < C; c += kStride) {
-    float v[kVec];
-    A::unpack(A::load(xr + c), v);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) sum_sq += v[j] * v[j];
-  }
-  sum_sq = warp_sum(sum_sq);
-  const float rs = 1.0f / sqrtf(sum_sq / static_cast<float>(C) + eps);
-  if (lane == 0) rstd[r] = rs;
-  auto write = [&](int64_t c, typename A::Raw x_raw) {
-    float xv[kVec], wv[kVec], y[kVec];
-    A::unpack(x_raw, xv);
-    A::unpack(A::load(weight + c), wv);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) y[j] = xv[j] * rs * wv[j];
-    A::store(yr + c, y);
-  };
-#pragma unroll
-  for (int i = 0; i < kCachedChunks<kVec>; ++i)
-    if (access_column<kVec>(i, lane) < C) write(access_column<kVec>(i, lane), x_cached[i]);
-  for (int64_t c = access_column<kVec>(kCachedChunks<kVec>, lane); c < C; c += kStride) write(c, A::load(xr + c));
-}
 
 // dx_j = rstd * w_j * g_j - x_j * rstd^3 * (1/C) * sum_c w_c g_c x_c (derivation in cpu/norm.cpp).
 // x and dout of the first kCachedChunks accesses stay in registers; a lane reads its columns of
@@ -227,7 +160,7 @@ template <typename T, int kVec>
 void launch_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps, int64_t R, int64_t C,
                     cudaStream_t s) {
   rmsnorm_forward_kernel<T, kVec><<<row_blocks(R), kRowThreads, 0, s>>>(
-      out.ptr<T>(), rstd.ptr<float>(), x.ptr<const T>(), weight.ptr<const T>(), eps, R, C);
+      StoreRows<T, kVec>{out.ptr<T>(), C}, rstd.ptr<float>(), x.ptr<const T>(), weight.ptr<const T>(), eps, R, C);
   CUDA_CHECK_LAUNCH();
 }
 
