@@ -298,8 +298,25 @@ void Transformer::shared_expert_internals(const LayerWeights& w, const Fp8LayerW
   swiglu_forward(A.shared_act, A.shared_gu);
 }
 
-void Transformer::mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
-  proj_->linear(A.mlp_gu, A.m, w.mlp_gate_up, f.mlp_gate_up);
+// The post-attention norm. In an FP8 dense layer it also quantizes its output as the MLP's gate/up
+// rows operand (returned, for mlp_internals next; empty otherwise). A MoE layer's readers of it are
+// the router (BF16) and, through the dispatch, the experts; the shared expert reads it after the
+// routed experts have reused the rows scratch, so it quantizes its own copy.
+Fp8Tensor Transformer::ffn_norm(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  if (cfg_.is_moe_layer(l) || f.mlp_gate_up.empty()) {
+    rmsnorm_forward(A.m, A.rstd2, A.h_mid, w.post_norm, eps);
+    return {};
+  }
+  return proj_->rmsnorm_rows(A.m, A.rstd2, A.h_mid, w.post_norm, eps);
+}
+
+void Transformer::mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A,
+                                const Fp8Tensor& m_rows) {
+  if (m_rows.codes.empty())
+    proj_->linear(A.mlp_gu, A.m, w.mlp_gate_up, f.mlp_gate_up);
+  else
+    proj_->linear_shared_input(m_rows, {{A.mlp_gu, w.mlp_gate_up, &f.mlp_gate_up}});
   swiglu_forward(A.mlp_act, A.mlp_gu);
 }
 
@@ -333,8 +350,9 @@ void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, const Fp8L
   }
 }
 
-void Transformer::mlp_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out) {
-  mlp_internals(w, f, A);
+void Transformer::mlp_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out,
+                                    const Fp8Tensor& m_rows) {
+  mlp_internals(w, f, A, m_rows);
   copy(h_out, A.h_mid);
   proj_->linear(h_out, A.mlp_act, w.mlp_down, f.mlp_down, /*accumulate=*/true);
 }
@@ -348,9 +366,9 @@ void Transformer::mlp_forward_layer(const LayerWeights& w, const Fp8LayerWeights
 // rank of the EP group in the same order.
 void Transformer::recompute_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
   attention_forward_layer(w, f, A, h(l));
-  rmsnorm_forward(A.m, A.rstd2, A.h_mid, w.post_norm, static_cast<float>(cfg_.rms_norm_eps));
+  const Fp8Tensor m_rows = ffn_norm(l, w, f, A);
   if (!cfg_.is_moe_layer(l)) {
-    mlp_internals(w, f, A);
+    mlp_internals(w, f, A, m_rows);
     return;
   }
   linear(A.logits, A.m, w.router);
@@ -379,18 +397,17 @@ void Transformer::forward_layers(int chunk, const ModelWeights& w, Tensor tokens
     embedding_forward(h(0), w.embed, tokens);
     leave(0);
   }
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
   for (int64_t l = first; l < end; ++l) {
     LayerActs& A = layer(l);
     const LayerWeights& lw = w.layers[l];
     const Fp8LayerWeights& lf = fp8_layer(l);
     enter(static_cast<int>(l) + 1);
     attention_forward_layer(lw, lf, A, h(l));
-    rmsnorm_forward(A.m, A.rstd2, A.h_mid, lw.post_norm, eps);
+    const Fp8Tensor m_rows = ffn_norm(l, lw, lf, A);
     if (cfg_.is_moe_layer(l))
       moe_forward_layer(l, lw, lf, A, h(l + 1), routing_seed, rs);
     else
-      mlp_forward_layer(lw, lf, A, h(l + 1));
+      mlp_forward_layer(lw, lf, A, h(l + 1), m_rows);
     if (drops_activations(l)) scratch_holds_ = {set_, l};
     leave(static_cast<int>(l) + 1);
   }

@@ -186,10 +186,12 @@ class Transformer {
   void experts_gate_up(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void shared_expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
-  void mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
+  Fp8Tensor ffn_norm(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
+  void mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, const Fp8Tensor& m_rows);
   void moe_forward_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out,
                          uint64_t routing_seed, const RoutingState& rs);
-  void mlp_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out);
+  void mlp_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out,
+                         const Fp8Tensor& m_rows);
   void recompute_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void backward_layers(int chunk, const ModelWeights& w, const ModelWeights& g, Tensor tokens, const StepScales& scales);
   // recompute: compute the layer's dropped activations again first (false where the shared

@@ -8,7 +8,8 @@
 //   1. reduce-scatter (sum) of the gradients over each group, in buckets, into this rank's shard;
 //   2. global squared norm: this rank's dense + expert shard, all-reduced over the world;
 //   3. AdamW on the shard, one call per parameter piece (own weight decay), with clipping and
-//      the non-finite skip decided from the norm in memory (the same on every rank);
+//      the non-finite skip decided from the norm in memory (the same on every rank); with one rank
+//      the same pass also writes the caller's update outputs (BF16 copies, FP8 weight caches);
 //   4. all-gather of the updated shards back into the full params buffer, per group.
 //
 // The main weights of a shard are that slice of the trainer's FP32 params buffer: only moments (F32

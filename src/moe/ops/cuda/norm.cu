@@ -3,7 +3,8 @@
 // Kernels (kVec = columns per access: 8 BF16 or 4 F32 in one 16-byte access when C % kVec == 0
 // and every row tensor's base is 16-byte aligned, so that each row x + r * C is too; kVec = 1
 // otherwise, any C and alignment):
-//   rmsnorm_forward_kernel  one warp per row (8 rows per 256-thread block): lane l reads columns
+//   rmsnorm_forward_kernel  (rmsnorm_rows.cuh, templated on its output: fp8_norm.cu's also
+//                           quantizes) one warp per row (8 rows per 256-thread block): lane l reads columns
 //                           [l kVec, l kVec + kVec) of every 32 kVec; the first kCachedChunks
 //                           accesses stay in registers (a BF16 row of 2048), further ones are read
 //                           again. The warp sums x^2 (each lane in column order, then a shuffle
