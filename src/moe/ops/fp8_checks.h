@@ -26,9 +26,9 @@ void check_columns_layout(const OpCheck& check, const char* name, const Fp8Tenso
 void check_columns_operand(const OpCheck& check, const char* name, const Fp8Tensor& out, const Tensor& x,
                            const Tensor& offsets);
 
-// The weight caches of w (named w_name in errors; [N, K] or [E, N, K], F32): out Blocks tiles with w's shape and, unless
-// out_t.codes is a default Tensor (the transposed orientation not asked for), out_t Blocks tiles
-// with w's last two dims swapped.
+// The weight caches of w (named w_name in errors; [N, K] or [E, N, K], F32): out Blocks tiles with
+// w's shape and, unless out_t.codes is a default Tensor (the transposed orientation not asked for),
+// out_t Blocks tiles with w's last two dims swapped.
 void check_block_caches(const OpCheck& check, const Fp8Tensor& out, const Fp8Tensor& out_t, const Tensor& w,
                         const char* w_name = "w");
 

@@ -260,7 +260,8 @@ bool DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConf
               " elements for a master tensor of ", t.master.numel());
   }
   const bool write_outputs = single_rank_ && (!outputs.bf16.empty() || !outputs.fp8.empty());
-  const std::vector<PieceOutput> piece_outputs = write_outputs ? map_outputs(params, outputs) : std::vector<PieceOutput>();
+  const std::vector<PieceOutput> piece_outputs =
+      write_outputs ? map_outputs(params, outputs) : std::vector<PieceOutput>();
 
   // 1. Gradient reduction over each replica group into this rank's shards (one rank: the
   // gradient buffer already is the whole shard, in the same order).
@@ -306,7 +307,8 @@ bool DistributedAdamW::enqueue_step(Tensor params, Tensor grads, const AdamWConf
       // parameters); one rank: the moments sit at the same flat offsets as the params.
       if (!out.first_of_fp8) continue;
       const Tensor& w = out.fp8->master;
-      MOE_CHECK(flat_offset(params, w) == pc.flat_begin, "DistributedAdamW: an FP8-cached matrix starts before its first parameter");
+      MOE_CHECK(flat_offset(params, w) == pc.flat_begin,
+                "DistributedAdamW: an FP8-cached matrix starts before its first parameter");
       auto like_w = [&](const Tensor& buffer, int64_t at) { return flat_range(buffer, at, w.numel()).view(w.shape); };
       adamw_step_quantize_blocks(w, like_w(grad_shard, grad_at), like_w(m, pc.buffer_offset),
                                  like_w(v, pc.buffer_offset), norm_sq, max_norm, piece_cfg, step, out.fp8->w,

@@ -64,7 +64,8 @@ class DistributedAdamW {
   // What the update also writes from the new FP32 weights, in its own pass, in a world of one rank:
   // BF16 copies of ranges of params (the model's compute copy), and the FP8 caches of the matrices
   // train.precision = "fp8" quantizes (adamw_step_quantize_blocks). Each `master` is a view into the
-  // params buffer given to enqueue_step; no parameter may be split between a target and the rest.
+  // params buffer given to enqueue_step; no parameter may be split between a target and the rest,
+  // and a parameter inside an FP8 target gets no BF16 copy (its model reads the caches).
   struct CopyTarget {
     Tensor master;  // F32, a range of params
     Tensor copy;    // BF16, master's element count

@@ -175,8 +175,8 @@ void adamw_step(Tensor param, Tensor grad, Tensor m, Tensor v, Tensor grad_norm_
   // With a schedule the kernel computes the scalars instead, and these are unused.
   const HostScalars h = schedule.empty() ? host_scalars(cfg, step) : HostScalars{};
   if (m.dtype == DType::BF16)
-    launch_adamw<__nv_bfloat16>(param, grad, m, v, grad_norm_sq, max_norm, cfg, h.step_size, h.bias2_sqrt, h.decay, stream,
-                                schedule, param_bf16);
+    launch_adamw<__nv_bfloat16>(param, grad, m, v, grad_norm_sq, max_norm, cfg, h.step_size, h.bias2_sqrt, h.decay,
+                                stream, schedule, param_bf16);
   else
     launch_adamw<float>(param, grad, m, v, grad_norm_sq, max_norm, cfg, h.step_size, h.bias2_sqrt, h.decay, stream,
                         schedule, param_bf16);
