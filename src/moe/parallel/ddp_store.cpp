@@ -68,11 +68,24 @@ void DdpStore::bind() {
   if (bound_) return;
   grads_ = bind_weights(cfg_, reg_, grads_flat());
   master_ = bind_weights(cfg_, reg_, params());
-  if (!compact_compute_) {
+  if (compact_compute_)
+    bind_compact_copy();
+  else
     weights_ = bind_weights(cfg_, reg_, has_compute_copy_ ? arena_.get(compute_) : params());
-    bound_ = true;
-    return;
+  // What the one-rank update writes in its own pass, fixed once the views are: the BF16 copy (whole,
+  // or the unquantized tensors' pieces) and the FP8 caches.
+  if (compact_compute_) {
+    for (const auto& [master, copy] : compute_copies_) update_outputs_.bf16.push_back({master, copy});
+  } else if (has_compute_copy_) {
+    update_outputs_.bf16.push_back({params(), arena_.get(compute_)});
   }
+  if (fp8_)
+    for (const auto& [master, cache] : fp8_->targets(master_))
+      update_outputs_.fp8.push_back({master, cache.w, cache.w_t});
+  bound_ = true;
+}
+
+void DdpStore::bind_compact_copy() {
   // The quantized matrices' model views stay on the FP32 weights (their shapes, and the fused
   // gate/up adjacency, are what the model reads; a BF16 read of them would fail the ops' dtype
   // checks instead of reading stale values); every other tensor gets the next piece of the copy.
@@ -104,7 +117,6 @@ void DdpStore::bind() {
   MOE_CHECK(used == compact.numel(), "DdpStore: the unquantized weights hold ", used,
             " elements, the BF16 compute copy was planned for ", compact.numel());
   weights_ = bind_weights(cfg_, reg_, [&](int i) { return views[i]; });
-  bound_ = true;
 }
 
 void DdpStore::init(uint64_t seed) {
@@ -145,15 +157,7 @@ void DdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step
   // One rank: the update writes the compute weights in its own pass over the FP32 weights (the BF16
   // copy, and in FP8 the quantized matrices' caches), once per step. Several ranks: the gathered
   // weights arrive after the update, so they are refreshed from them here.
-  DistributedAdamW::UpdateOutputs outputs;
-  if (compact_compute_) {
-    for (const auto& [master, copy] : compute_copies_) outputs.bf16.push_back({master, copy});
-  } else if (has_compute_copy_) {
-    outputs.bf16.push_back({params(), arena_.get(compute_)});
-  }
-  if (fp8_)
-    for (const auto& [master, cache] : fp8_->targets(master_)) outputs.fp8.push_back({master, cache.w, cache.w_t});
-  if (!optimizer_->enqueue_step(params(), grads_flat(), cfg, max_norm, step, schedule, outputs))
+  if (!optimizer_->enqueue_step(params(), grads_flat(), cfg, max_norm, step, schedule, update_outputs_))
     refresh_compute_weights();
 }
 

@@ -73,6 +73,7 @@ class DdpStore final : public ParamStore, public BlockHooks {
  private:
   void bind();
   void plan_bucket_starts();
+  void bind_compact_copy();        // FP8 on the GPU: the copy holds the unquantized tensors only
   void refresh_compute_weights();  // and the FP8 caches
   void refresh_fp8_weights();
 
@@ -84,6 +85,7 @@ class DdpStore final : public ParamStore, public BlockHooks {
   bool has_compute_copy_ = false;
   bool compact_compute_ = false;  // the copy holds the unquantized tensors only (FP8 on the GPU)
   std::vector<std::pair<Tensor, Tensor>> compute_copies_;  // compact: (FP32 source, BF16 copy) per tensor
+  DistributedAdamW::UpdateOutputs update_outputs_;         // what a one-rank update writes (bind())
   std::unique_ptr<DistributedAdamW> optimizer_;
   std::unique_ptr<Fp8WeightCache> fp8_;  // precision fp8 only
   ModelWeights weights_, grads_, master_;  // master_: FP32 views, what the FP8 caches are quantized from

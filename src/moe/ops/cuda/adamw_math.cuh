@@ -30,6 +30,14 @@ __device__ __forceinline__ float adamw_update(float p, float grad, float& m, flo
   return __fsub_rn(__fmul_rn(p, s.decay), __fmul_rn(s.step_size, __fdiv_rn(m, denom)));
 }
 
+// adamw_update of four consecutive elements (a float4 run of each operand).
+__device__ __forceinline__ void adamw_update4(float4& p, const float4& g, float4& m, float4& v, const AdamWScalars& s) {
+  p.x = adamw_update(p.x, g.x, m.x, v.x, s);
+  p.y = adamw_update(p.y, g.y, m.y, v.y, s);
+  p.z = adamw_update(p.z, g.z, m.z, v.z, s);
+  p.w = adamw_update(p.w, g.w, m.w, v.w, s);
+}
+
 // Moments stored as FP32 or BF16 (optim.moment_dtype): loads widen exactly, stores round to
 // nearest even (__float2bfloat16_rn, the CPU's f32_to_bf16 for every non-NaN value). load4/store4
 // move elements [4j, 4j + 4) as one 16-byte float4 (FP32) or one 8-byte uint2 of two bfloat162

@@ -45,10 +45,7 @@ __device__ __forceinline__ void update_run(float* param, const float* grad, Mome
     float4 p = *reinterpret_cast<const float4*>(param + at);
     const float4 g = *reinterpret_cast<const float4*>(grad + at);
     float4 mm = load4(m + at, 0), vv = load4(v + at, 0);
-    p.x = adamw_update(p.x, g.x, mm.x, vv.x, s);
-    p.y = adamw_update(p.y, g.y, mm.y, vv.y, s);
-    p.z = adamw_update(p.z, g.z, mm.z, vv.z, s);
-    p.w = adamw_update(p.w, g.w, mm.w, vv.w, s);
+    adamw_update4(p, g, mm, vv, s);
     *reinterpret_cast<float4*>(param + at) = p;
     store4(m + at, 0, mm);
     store4(v + at, 0, vv);
@@ -98,10 +95,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        p[u].x = adamw_update(p[u].x, g[u].x, mm[u].x, vv[u].x, s);
-        p[u].y = adamw_update(p[u].y, g[u].y, mm[u].y, vv[u].y, s);
-        p[u].z = adamw_update(p[u].z, g[u].z, mm[u].z, vv[u].z, s);
-        p[u].w = adamw_update(p[u].w, g[u].w, mm[u].w, vv[u].w, s);
+        adamw_update4(p[u], g[u], mm[u], vv[u], s);
         *reinterpret_cast<float4*>(param + at[u]) = p[u];
         store4(m + at[u], 0, mm[u]);
         store4(v + at[u], 0, vv[u]);

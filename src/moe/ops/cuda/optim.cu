@@ -115,10 +115,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t j = tid; j < vecs; j += stride) {
       float4 p = p4[j], mm = load4(mh, j), vv = load4(vh, j);
       const float4 g = g4[j];
-      p.x = adamw_update(p.x, g.x, mm.x, vv.x, s);
-      p.y = adamw_update(p.y, g.y, mm.y, vv.y, s);
-      p.z = adamw_update(p.z, g.z, mm.z, vv.z, s);
-      p.w = adamw_update(p.w, g.w, mm.w, vv.w, s);
+      adamw_update4(p, g, mm, vv, s);
       p4[j] = p;
       store4(mh, j, mm);
       store4(vh, j, vv);
