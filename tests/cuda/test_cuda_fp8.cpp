@@ -291,6 +291,21 @@ TEST(CudaFp8Quantize, RowsAndColumnsInOnePassMatchCpuBitForBit) {
   }
 }
 
+// The staged BF16 rows-and-columns kernel keeps a grid of resident blocks (3 per SM) looping over
+// the tiles, two tiles in flight per block: ~1,900 tiles here, so every block takes several,
+// crossing segments (uneven, some empty, some under a tile) and both stages. The columns-only
+// quantizer (one block per tile) at the same shape too.
+TEST(CudaFp8Quantize, ColumnsOfManyTilesPerResidentBlockMatchCpuBitForBit) {
+  MOE_SKIP_WITHOUT_GPU();
+  std::vector<int32_t> counts;
+  Rng rng(91);
+  for (int g = 0; g < 24; ++g) counts.push_back(g % 7 == 3 ? 0 : static_cast<int32_t>(rng.below(2400)) + 1);
+  int64_t M = 0;
+  for (int32_t c : counts) M += c;
+  check_columns(DType::BF16, counts, M, 1024, 0, 92);
+  check_rows_and_columns(DType::BF16, counts, M, 1024, 93);
+}
+
 TEST(CudaFp8Quantize, BlocksMatchCpuBitForBitInBothOrientations) {
   MOE_SKIP_WITHOUT_GPU();
   uint64_t seed = 50;

@@ -12,6 +12,12 @@
 //                            step, kUnroll steps' loads in flight), amax by shuffles, codes stored
 //                            as 4- or 8-byte words. About 5 (F32) or 3 (BF16) bytes of traffic per
 //                            element; expected near HBM bandwidth (~3.5-4 TB/s on an H200).
+//   quantize_rows_and_columns_staged_kernel  both layouts of BF16 with 16-byte aligned rows (the
+//                            training step's output gradients): resident blocks looping over the
+//                            column tiles, each copied into one of two 32 KiB shared-memory stages
+//                            by cp.async while the other is quantized (fp8_rows_and_columns_staged.cuh says
+//                            why); the columns half is quantize_columns_kernel's, the Rows half
+//                            reads the stage row by row.
 //   quantize_columns_kernel  one 256-thread block per (128 tokens of one segment) x (128
 //                            features), each warp alone on 16 features (lane: 4 rows x 16
 //                            features in registers, loaded up front): column amax by a halving
@@ -19,14 +25,15 @@
 //                            tokens (a feature's 128 codes leave as one coalesced 128-byte row).
 //                            Each warp finds its segment itself from the device offsets (a warp
 //                            scan of round_up(M_g, 128)), so no host copy, extra launch or barrier
-//                            is needed. With the Rows output too (fp8_quantize_rows_and_columns),
-//                            one barrier shares each row's amax across the 8 warps.
+//                            is needed. With the Rows output too (fp8_quantize_rows_and_columns
+//                            of F32 or unaligned BF16), one barrier shares each row's amax across
+//                            the 8 warps.
 //   quantize_blocks_kernel   the same block shape over one 128 x 128 weight block: one amax, codes
 //                            written from registers ([N, K]) and, when asked, transposed through
 //                            shared memory ([K, N]). 1 read + 2 writes of a byte per F32 read.
 //   dequantize_kernel        one thread per element (tests and checks; not a hot path).
-// Measured on the H200 (MOE_BENCH=1 test_cuda_fp8, [16384, 2048] BF16): rows 2.5 TB/s; blocks (F32,
-// both orientations) 3.0 TB/s.
+// Measured on the H200 (MOE_BENCH=1 test_cuda_fp8, [16384, 2048] BF16, 2026-12-03): rows 2.7 TB/s,
+// columns 3.0, rows and columns (staged) 2.5; blocks (F32, both orientations) 3.2 TB/s.
 #include "moe/ops/cuda/fp8.h"
 
 #include <cuda_bf16.h>
@@ -40,6 +47,7 @@
 #include "moe/core/fp8.h"
 #include "moe/ops/cuda/element.cuh"
 #include "moe/ops/cuda/fp8_block_tile.cuh"
+#include "moe/ops/cuda/fp8_rows_and_columns_staged.cuh"
 #include "moe/ops/cuda/fp8_tiles.cuh"
 
 namespace moe::cuda {
@@ -114,11 +122,14 @@ void launch_dequantize(const Tensor& out, const Fp8Tensor& in, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-// x's values along the tokens (and with `rows` also as Rows tiles). 16-byte loads of a warp's
-// 16-feature runs need every row start aligned.
+// x's values along the tokens (and with `rows` also as Rows tiles: the staged kernel where it fits,
+// fp8_rows_and_columns_staged.cuh), else one block per tile. 16-byte loads of a warp's 16-feature runs need
+// every row start aligned.
 void quantize_tensor_columns(const Fp8Tensor& out, const Tensor& x, const Tensor& offsets, int64_t M, int64_t K,
                              int64_t Mp, const Fp8Tensor* rows, const char* op, cudaStream_t s) {
-  if (x.dtype == DType::BF16) {
+  if (rows != nullptr && rows_and_columns_staged_fit(x, K, *rows)) {
+    launch_rows_and_columns_staged(out, x, offsets, M, K, Mp, *rows, s);
+  } else if (x.dtype == DType::BF16) {
     const bool vector = K % 8 == 0 && aligned(x.data, 16);
     launch_columns<__nv_bfloat16>(out, TensorColumns<__nv_bfloat16>{x.ptr<const __nv_bfloat16>(), K}, offsets, M, K,
                                   Mp, vector, rows, op, s);

@@ -54,6 +54,15 @@ struct TileQuantizer {
     nan = !(scale == scale);
     if (!nan) inverse = fp8::pow2(-(static_cast<int>((fp8::float_bits(scale) >> 23) & 0xffu) - 127));
   }
+  // The quantizer as one float for handing between lanes (inverse(), NaN for a NaN tile) and back:
+  // a shuffle of it replaces each receiving lane's exponent arithmetic.
+  __device__ __forceinline__ float packed() const { return nan ? __uint_as_float(0x7fc00000u) : inverse; }
+  __device__ __forceinline__ static TileQuantizer unpack(float packed) {
+    TileQuantizer q(1.0f);
+    q.nan = !(packed == packed);
+    q.inverse = packed;
+    return q;
+  }
   // The codes of a, b, c, d packed in a word, a in the low byte (a NaN tile's: all NaN codes).
   __device__ __forceinline__ uint32_t word(float a, float b, float c, float d) const {
     constexpr uint32_t kNanWord = 0x01010101u * fp8::kE4m3NanCode;
@@ -281,24 +290,68 @@ struct Run16<float> {
   }
 };
 
-// m[f]: a lane's amax of feature f. Returns the warp's amax of feature (lane >> 1) & 15: four halving
-// exchanges (each lane keeps the half of the features its lane bit selects and takes the partner's
-// maxima of it), then the last pair: 16 shuffles where 16 separate reductions take 80.
-template <int kHalf, int kBit>
-__device__ __forceinline__ void keep_half(uint32_t (&m)[kRun], int lane) {
+// Per-halfword unsigned maximum: the magnitudes of two packed BF16 values order like their bits
+// (as FP32's do), so one instruction takes the amax of two values (PTX max.u16x2 from SM90 on).
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t r;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  return __vmaxu2(a, b);
+#endif
+}
+
+struct MaxU32 {
+  __device__ __forceinline__ uint32_t operator()(uint32_t a, uint32_t b) const { return max(a, b); }
+};
+struct MaxU16x2 {
+  __device__ __forceinline__ uint32_t operator()(uint32_t a, uint32_t b) const { return max_u16x2(a, b); }
+};
+
+// One halving exchange of per-lane maxima m[0 .. 2 kHalf): each lane keeps the half its lane bit kBit
+// selects and takes the partner's maxima of it (into m[0 .. kHalf)).
+template <int kHalf, int kBit, class Max, int N>
+__device__ __forceinline__ void keep_half(uint32_t (&m)[N], int lane, Max combine) {
   const bool upper = (lane & kBit) != 0;
 #pragma unroll
   for (int i = 0; i < kHalf; ++i) {
     const uint32_t keep = upper ? m[i + kHalf] : m[i], give = upper ? m[i] : m[i + kHalf];
-    m[i] = max(keep, __shfl_xor_sync(kFullMask, give, kBit));
+    m[i] = combine(keep, __shfl_xor_sync(kFullMask, give, kBit));
   }
 }
-__device__ __forceinline__ uint32_t warp_feature_amax(uint32_t (&m)[kRun], int lane) {
-  keep_half<8, 16>(m, lane);
-  keep_half<4, 8>(m, lane);
-  keep_half<2, 4>(m, lane);
-  keep_half<1, 2>(m, lane);
+
+// The warp's amax (as FP32 bits) of feature (lane >> 1) & 15 over every lane's run[0..3], by halving
+// exchanges then the last lane pairs: 16 shuffles where 16 separate reductions take 80. BF16 keeps
+// two features per word throughout (max.u16x2 on the magnitudes): 9 shuffles, and a quarter of the
+// comparisons.
+__device__ __forceinline__ uint32_t column_amax(const Run16<float> (&run)[4], int lane) {
+  uint32_t m[kRun];
+#pragma unroll
+  for (int f = 0; f < kRun; ++f) {
+    m[f] = 0;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) m[f] = max(m[f], magnitude_bits(run[s].get(f)));
+  }
+  keep_half<8, 16>(m, lane, MaxU32{});
+  keep_half<4, 8>(m, lane, MaxU32{});
+  keep_half<2, 4>(m, lane, MaxU32{});
+  keep_half<1, 2>(m, lane, MaxU32{});
   return max(m[0], __shfl_xor_sync(kFullMask, m[0], 1));
+}
+__device__ __forceinline__ uint32_t column_amax(const Run16<__nv_bfloat16> (&run)[4], int lane) {
+  constexpr uint32_t kMagnitudes = 0x7fff7fffu;
+  uint32_t m[kRun / 2];  // features 2 j (low half) and 2 j + 1 (high half)
+#pragma unroll
+  for (int j = 0; j < kRun / 2; ++j)
+    m[j] = max_u16x2(max_u16x2(run[0].w[j] & kMagnitudes, run[1].w[j] & kMagnitudes),
+                     max_u16x2(run[2].w[j] & kMagnitudes, run[3].w[j] & kMagnitudes));
+  keep_half<4, 16>(m, lane, MaxU16x2{});  // lane keeps word (lane >> 2) & 7: features 2 ((lane >> 2) & 7) + {0, 1}
+  keep_half<2, 8>(m, lane, MaxU16x2{});
+  keep_half<1, 4>(m, lane, MaxU16x2{});
+  m[0] = max_u16x2(m[0], __shfl_xor_sync(kFullMask, m[0], 2));
+  m[0] = max_u16x2(m[0], __shfl_xor_sync(kFullMask, m[0], 1));
+  return lane & 2 ? m[0] & 0xffff0000u : m[0] << 16;  // feature 2 ((lane >> 2) & 7) + ((lane >> 1) & 1)
 }
 
 // The Rows-tile output (kRows): codes [M, K], scales [M, ceil(K / 128)].
@@ -319,21 +372,60 @@ struct TensorColumns {
   }
 };
 
+// Where the columns quantizers write: codes [K, Mp], scales [K, ceil(Mp / 128)]; word_ok: 4-byte
+// code stores are aligned (Mp % 4 == 0, aligned base).
+struct ColumnsOutput {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  int64_t Mp = 0;
+  bool word_ok = false;
+};
+
+// The columns half of a column tile, shared by both columns kernels: the lane's run[s] holds
+// features kw .. kw + features - 1 of tile row 4 lane + s (zero past the tile's rows). Column amax of
+// each feature (warp-wide), its scale, then 4 codes (4 rows) per lane and feature.
+template <typename T>
+__device__ __forceinline__ void store_column_tile(const Run16<T> (&run)[4], const ColumnsOutput& out,
+                                                  int64_t column_tile, int64_t kw, int features, int tile_rows) {
+  const int lane = threadIdx.x & 31;
+  const int64_t c0 = column_tile * kTile;
+  const int width = static_cast<int>(min(out.Mp - c0, int64_t{kTile}));
+  const float scale = fp8::tile_scale(__uint_as_float(column_amax(run, lane)));  // feature (lane >> 1) & 15
+  const float own_quantizer = TileQuantizer(scale).packed();
+  const int own = (lane >> 1) & 15;
+  // Padding tiles (no rows) get tile_scale(0) = 1, as the CPU writes them.
+  if (lane % 2 == 0 && own < features) out.scales[(kw + own) * ((out.Mp + kTile - 1) / kTile) + column_tile] = scale;
+  const int valid = min(max(width - 4 * lane, 0), 4);
+  const int own_rows = min(max(tile_rows - 4 * lane, 0), 4);  // this lane's 4 rows inside the segment
+  const uint32_t own_rows_mask = own_rows == 4 ? 0xffffffffu : (1u << (8 * own_rows)) - 1u;
+#pragma unroll
+  for (int f = 0; f < kRun; ++f) {
+    const TileQuantizer quantize = TileQuantizer::unpack(__shfl_sync(kFullMask, own_quantizer, 2 * f));
+    if (f >= features) continue;
+    // Codes of rows past the segment (padding columns) are 0, even in a NaN tile.
+    const uint32_t word =
+        quantize.word(run[0].get(f), run[1].get(f), run[2].get(f), run[3].get(f)) & own_rows_mask;
+    uint8_t* p = out.codes + (kw + f) * out.Mp + c0 + 4 * lane;
+    if (out.word_ok && valid == 4) {
+      *reinterpret_cast<uint32_t*>(p) = word;
+    } else {
+      for (int e = 0; e < valid; ++e) p[e] = static_cast<uint8_t>(word >> (8 * e));
+    }
+  }
+}
+
 // The values of src [M, K] (T: their element type) -> columns codes [K, Mp] and scales, and with
 // kRows the Rows tiles of the same values into rows_out. Only rows inside a segment are loaded.
 template <typename T, bool kRows, class Source>
 __global__ void __launch_bounds__(kThreads, 3)
-    quantize_columns_kernel(Source src, const int32_t* offsets, int segments, uint8_t* codes, float* scales,
-                            int64_t M, int64_t K, int64_t Mp, int64_t feature_tiles, bool vector, bool word_ok,
-                            RowsOutput rows_out) {
+    quantize_columns_kernel(Source src, const int32_t* offsets, int segments, int64_t M, int64_t K,
+                            int64_t feature_tiles, bool vector, ColumnsOutput out, RowsOutput rows_out) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t column_tile = blockIdx.x / feature_tiles;
-  const int64_t c0 = column_tile * kTile;                         // first column of codes
-  const int64_t k0 = (blockIdx.x % feature_tiles) * kTile;       // the block's first feature
-  const int64_t kw = k0 + kRun * warp;                           // the warp's first feature
+  const int64_t k0 = (blockIdx.x % feature_tiles) * kTile;  // the block's first feature
+  const int64_t kw = k0 + kRun * warp;                      // the warp's first feature
   const int features = static_cast<int>(min(max(K - kw, int64_t{0}), int64_t{kRun}));
-  const int width = static_cast<int>(min(Mp - c0, int64_t{kTile}));
-  const TileRows tile = find_tile_rows(offsets, segments, M, c0);
+  const TileRows tile = find_tile_rows(offsets, segments, M, column_tile * kTile);
 
   Run16<T> run[4];
 #pragma unroll
@@ -380,36 +472,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       }
     }
   }
-
-  // Column amax of each feature (warp-wide), its scale, then 4 codes (4 rows) per lane and feature.
-  uint32_t m[kRun];
-#pragma unroll
-  for (int f = 0; f < kRun; ++f) {
-    m[f] = 0;
-#pragma unroll
-    for (int s = 0; s < 4; ++s) m[f] = max(m[f], magnitude_bits(run[s].get(f)));
-  }
-  const float scale = fp8::tile_scale(__uint_as_float(warp_feature_amax(m, lane)));  // feature (lane >> 1) & 15
-  const int own = (lane >> 1) & 15;
-  // Padding tiles (no rows) get tile_scale(0) = 1, as the CPU writes them.
-  if (lane % 2 == 0 && own < features) scales[(kw + own) * ((Mp + kTile - 1) / kTile) + column_tile] = scale;
-  const int valid = min(max(width - 4 * lane, 0), 4);
-  const int own_rows = min(max(tile.rows - 4 * lane, 0), 4);  // this lane's 4 rows inside the segment
-  const uint32_t own_rows_mask = own_rows == 4 ? 0xffffffffu : (1u << (8 * own_rows)) - 1u;
-#pragma unroll
-  for (int f = 0; f < kRun; ++f) {
-    const TileQuantizer quantize(__shfl_sync(kFullMask, scale, 2 * f));
-    if (f >= features) continue;
-    // Codes of rows past the segment (padding columns) are 0, even in a NaN tile.
-    const uint32_t word =
-        quantize.word(run[0].get(f), run[1].get(f), run[2].get(f), run[3].get(f)) & own_rows_mask;
-    uint8_t* p = codes + (kw + f) * Mp + c0 + 4 * lane;
-    if (word_ok && valid == 4) {
-      *reinterpret_cast<uint32_t*>(p) = word;
-    } else {
-      for (int e = 0; e < valid; ++e) p[e] = static_cast<uint8_t>(word >> (8 * e));
-    }
-  }
+  store_column_tile(run, out, column_tile, kw, features, tile.rows);
 }
 
 // Quantizes the values of src [rows, cols] (element type T) into Rows tiles `out`. src_vector: the
@@ -430,28 +493,31 @@ void launch_rows(const Fp8Tensor& out, const Source& src, int64_t rows, int64_t 
   CUDA_CHECK_LAUNCH();
 }
 
+// The columns output of `out` (codes [K, Mp]).
+inline ColumnsOutput columns_output(const Fp8Tensor& out, int64_t Mp) {
+  return {out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), Mp, Mp % 4 == 0 && aligned(out.codes.data, 4)};
+}
+
 // Quantizes the values of src [M, K] (element type T) along the tokens into `out` (codes [K, Mp]),
-// in the segments of `offsets` (empty: one), and with `rows` also into its Rows tiles. src_vector:
-// the source's 16-byte runs are aligned (its own condition).
+// in the segments of `offsets` (empty: one), and with `rows` also into its Rows tiles: one block per
+// column tile. src_vector: the source's 16-byte runs are aligned (its own condition).
 template <typename T, class Source>
 void launch_columns(const Fp8Tensor& out, const Source& src, const Tensor& offsets, int64_t M, int64_t K, int64_t Mp,
                     bool src_vector, const Fp8Tensor* rows, const char* op, cudaStream_t s) {
   const bool one_segment = offsets.empty() || offsets.numel() == 0;
   const int segments = one_segment ? 1 : static_cast<int>(offsets.numel() - 1);
-  const bool word_ok = Mp % 4 == 0 && aligned(out.codes.data, 4);
   const int64_t feature_tiles = tiles(K), blocks = tiles(Mp) * feature_tiles;
   MOE_CHECK(blocks <= 2147483647, op, ": ", blocks, " tiles exceed one launch");
   const int32_t* segment_offsets = one_segment ? nullptr : offsets.ptr<const int32_t>();
+  const ColumnsOutput columns = columns_output(out, Mp);
   if (rows == nullptr) {
     quantize_columns_kernel<T, false, Source><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
-        src, segment_offsets, segments, out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), M, K, Mp, feature_tiles,
-        src_vector, word_ok, RowsOutput{});
+        src, segment_offsets, segments, M, K, feature_tiles, src_vector, columns, RowsOutput{});
   } else {
     const RowsOutput rows_out{rows->codes.ptr<uint8_t>(), rows->scales.ptr<float>(),
                               K % 16 == 0 && aligned(rows->codes.data, 16)};
     quantize_columns_kernel<T, true, Source><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
-        src, segment_offsets, segments, out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), M, K, Mp, feature_tiles,
-        src_vector, word_ok, rows_out);
+        src, segment_offsets, segments, M, K, feature_tiles, src_vector, columns, rows_out);
   }
   CUDA_CHECK_LAUNCH();
 }
