@@ -54,7 +54,7 @@ struct TileQuantizer {
     nan = !(scale == scale);
     if (!nan) inverse = fp8::pow2(-(static_cast<int>((fp8::float_bits(scale) >> 23) & 0xffu) - 127));
   }
-  // The quantizer as one float for handing between lanes (inverse(), NaN for a NaN tile) and back:
+  // The quantizer as one float for handing between lanes (the inverse, NaN for a NaN tile) and back:
   // a shuffle of it replaces each receiving lane's exponent arithmetic.
   __device__ __forceinline__ float packed() const { return nan ? __uint_as_float(0x7fc00000u) : inverse; }
   __device__ __forceinline__ static TileQuantizer unpack(float packed) {
