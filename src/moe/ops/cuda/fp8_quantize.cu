@@ -15,9 +15,9 @@
 //   quantize_rows_and_columns_staged_kernel  both layouts of BF16 with 16-byte aligned rows (the
 //                            training step's output gradients): resident blocks looping over the
 //                            column tiles, each copied into one of two 32 KiB shared-memory stages
-//                            by cp.async while the other is quantized (fp8_rows_and_columns_staged.cuh says
-//                            why); the columns half is quantize_columns_kernel's, the Rows half
-//                            reads the stage row by row.
+//                            by cp.async while the other is quantized (why:
+//                            fp8_rows_and_columns_staged.cuh); the columns half is
+//                            quantize_columns_kernel's, the Rows half reads the stage row by row.
 //   quantize_columns_kernel  one 256-thread block per (128 tokens of one segment) x (128
 //                            features), each warp alone on 16 features (lane: 4 rows x 16
 //                            features in registers, loaded up front): column amax by a halving
@@ -122,9 +122,9 @@ void launch_dequantize(const Tensor& out, const Fp8Tensor& in, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-// x's values along the tokens (and with `rows` also as Rows tiles: the staged kernel where it fits,
-// fp8_rows_and_columns_staged.cuh), else one block per tile. 16-byte loads of a warp's 16-feature runs need
-// every row start aligned.
+// x's values along the tokens (and with `rows` also as Rows tiles: the staged kernel where it
+// fits, fp8_rows_and_columns_staged.cuh), else one block per tile. 16-byte loads of a warp's
+// 16-feature runs need every row start aligned.
 void quantize_tensor_columns(const Fp8Tensor& out, const Tensor& x, const Tensor& offsets, int64_t M, int64_t K,
                              int64_t Mp, const Fp8Tensor* rows, const char* op, cudaStream_t s) {
   if (rows != nullptr && rows_and_columns_staged_fit(x, K, *rows)) {

@@ -34,7 +34,9 @@ constexpr size_t kStagedSharedBytes = 2 * kStageWords * sizeof(uint4);  // two s
 // A chunk's place in a stage: row-major, the chunk index XOR-ed with bits 2..4 of the row, so the 8
 // lanes of a quarter-warp reading one chunk of rows 4 l + s (the columns half) and those reading 8
 // chunks of one row (the Rows half) hit 8 different 16-byte bank groups.
-__device__ __forceinline__ int stage_slot(int row, int chunk) { return row * kStageChunks + (chunk ^ ((row >> 2) & 7)); }
+__device__ __forceinline__ int stage_slot(int row, int chunk) {
+  return row * kStageChunks + (chunk ^ ((row >> 2) & 7));
+}
 
 // Starts copying x rows [tile.first_row, + tile.rows) x features [k0, k0 + 128) into `stage`;
 // chunks past the rows or past K are zero-filled (cp.async with source size 0 reads nothing).
@@ -64,7 +66,8 @@ __device__ __forceinline__ void store_staged_row_tiles(const uint4* stage, TileR
     const int r = static_cast<int>(threadIdx.x) / kStageChunks + j * (kThreads / kStageChunks);
     const uint4 q = stage[stage_slot(r, c)];
     constexpr uint32_t kMagnitudes = 0x7fff7fffu;  // two BF16 magnitudes, amax by max.u16x2
-    uint32_t m = max_u16x2(max_u16x2(q.x & kMagnitudes, q.y & kMagnitudes), max_u16x2(q.z & kMagnitudes, q.w & kMagnitudes));
+    uint32_t m = max_u16x2(max_u16x2(q.x & kMagnitudes, q.y & kMagnitudes),
+                           max_u16x2(q.z & kMagnitudes, q.w & kMagnitudes));
 #pragma unroll
     for (int d = kStageChunks / 2; d > 0; d >>= 1) m = max_u16x2(m, __shfl_xor_sync(kFullMask, m, d));
     if (r >= tile.rows) continue;  // after the shuffles: the 16 lanes of a row agree
@@ -72,9 +75,9 @@ __device__ __forceinline__ void store_staged_row_tiles(const uint4* stage, TileR
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
     float v[8];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      v[2 * j] = __uint_as_float(w[j] << 16);
-      v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    for (int e = 0; e < 4; ++e) {
+      v[2 * e] = __uint_as_float(w[e] << 16);
+      v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
     }
     const int64_t row = tile.first_row + r;
     if (c == 0) out.scales[row * row_tiles + k0 / kTile] = scale;
@@ -89,9 +92,9 @@ __device__ __forceinline__ void store_staged_row_tiles(const uint4* stage, TileR
 // tile t / feature_tiles, feature tile t % feature_tiles), tiles t = blockIdx.x, blockIdx.x +
 // gridDim.x, ... Dynamic shared memory: kStagedSharedBytes.
 __global__ void __launch_bounds__(kThreads, 3)
-    quantize_rows_and_columns_staged_kernel(const __nv_bfloat16* x, const int32_t* offsets, int segments, int64_t M, int64_t K,
-                                   int64_t feature_tiles, int64_t tile_count, ColumnsOutput out,
-                                   RowsOutput rows_out) {
+    quantize_rows_and_columns_staged_kernel(const __nv_bfloat16* x, const int32_t* offsets, int segments,
+                                            int64_t M, int64_t K, int64_t feature_tiles, int64_t tile_count,
+                                            ColumnsOutput out, RowsOutput rows_out) {
   extern __shared__ uint4 stages[];
   int64_t t = blockIdx.x;
   if (t >= tile_count) return;
@@ -142,7 +145,8 @@ inline int staged_grid() {
   static std::array<std::atomic<int>, 64> cached{};
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  MOE_CHECK(device < static_cast<int>(cached.size()), "FP8 columns quantizer: device ", device, " past the cache");
+  MOE_CHECK(device < static_cast<int>(cached.size()), "FP8 rows-and-columns quantizer: device ", device,
+            " past the cache");
   int grid = cached[device].load(std::memory_order_relaxed);
   if (grid > 0) return grid;
   const auto kernel = quantize_rows_and_columns_staged_kernel;
@@ -151,7 +155,8 @@ inline int staged_grid() {
   int per_sm = 0, sms = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kStagedSharedBytes));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  MOE_CHECK(per_sm > 0, "FP8 columns quantizer: no block of ", kStagedSharedBytes, " bytes of shared memory fits");
+  MOE_CHECK(per_sm > 0, "FP8 rows-and-columns quantizer: no block of ", kStagedSharedBytes,
+            " bytes of shared memory fits");
   grid = per_sm * sms;
   cached[device].store(grid, std::memory_order_relaxed);
   return grid;
@@ -161,15 +166,14 @@ inline int staged_grid() {
 // the Rows tiles of `rows`.
 inline void launch_rows_and_columns_staged(const Fp8Tensor& out, const Tensor& x, const Tensor& offsets, int64_t M,
                                            int64_t K, int64_t Mp, const Fp8Tensor& rows, cudaStream_t s) {
-  const bool one_segment = offsets.empty() || offsets.numel() == 0;
-  const int segments = one_segment ? 1 : static_cast<int>(offsets.numel() - 1);
-  const int32_t* segment_offsets = one_segment ? nullptr : offsets.ptr<const int32_t>();
+  const Segments segments = segments_of(offsets);
   const int64_t feature_tiles = tiles(K), tile_count = tiles(Mp) * feature_tiles;
   const ColumnsOutput columns = columns_output(out, Mp);
   const RowsOutput rows_out{rows.codes.ptr<uint8_t>(), rows.scales.ptr<float>(), true};
   const int grid = static_cast<int>(std::min<int64_t>(staged_grid(), tile_count));
   quantize_rows_and_columns_staged_kernel<<<grid, kThreads, kStagedSharedBytes, s>>>(
-      x.ptr<const __nv_bfloat16>(), segment_offsets, segments, M, K, feature_tiles, tile_count, columns, rows_out);
+      x.ptr<const __nv_bfloat16>(), segments.offsets, segments.count, M, K, feature_tiles, tile_count, columns,
+      rows_out);
   CUDA_CHECK_LAUNCH();
 }
 

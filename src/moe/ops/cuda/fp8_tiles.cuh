@@ -493,6 +493,17 @@ void launch_rows(const Fp8Tensor& out, const Source& src, int64_t rows, int64_t 
   CUDA_CHECK_LAUNCH();
 }
 
+// The segments of a columns quantizer: the device offsets [G + 1] (nullptr: one segment, from
+// empty offsets) and G.
+struct Segments {
+  const int32_t* offsets = nullptr;
+  int count = 1;
+};
+inline Segments segments_of(const Tensor& offsets) {
+  if (offsets.empty() || offsets.numel() == 0) return {};
+  return {offsets.ptr<const int32_t>(), static_cast<int>(offsets.numel() - 1)};
+}
+
 // The columns output of `out` (codes [K, Mp]).
 inline ColumnsOutput columns_output(const Fp8Tensor& out, int64_t Mp) {
   return {out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), Mp, Mp % 4 == 0 && aligned(out.codes.data, 4)};
@@ -504,20 +515,18 @@ inline ColumnsOutput columns_output(const Fp8Tensor& out, int64_t Mp) {
 template <typename T, class Source>
 void launch_columns(const Fp8Tensor& out, const Source& src, const Tensor& offsets, int64_t M, int64_t K, int64_t Mp,
                     bool src_vector, const Fp8Tensor* rows, const char* op, cudaStream_t s) {
-  const bool one_segment = offsets.empty() || offsets.numel() == 0;
-  const int segments = one_segment ? 1 : static_cast<int>(offsets.numel() - 1);
+  const Segments segments = segments_of(offsets);
   const int64_t feature_tiles = tiles(K), blocks = tiles(Mp) * feature_tiles;
   MOE_CHECK(blocks <= 2147483647, op, ": ", blocks, " tiles exceed one launch");
-  const int32_t* segment_offsets = one_segment ? nullptr : offsets.ptr<const int32_t>();
   const ColumnsOutput columns = columns_output(out, Mp);
   if (rows == nullptr) {
     quantize_columns_kernel<T, false, Source><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
-        src, segment_offsets, segments, M, K, feature_tiles, src_vector, columns, RowsOutput{});
+        src, segments.offsets, segments.count, M, K, feature_tiles, src_vector, columns, RowsOutput{});
   } else {
     const RowsOutput rows_out{rows->codes.ptr<uint8_t>(), rows->scales.ptr<float>(),
                               K % 16 == 0 && aligned(rows->codes.data, 16)};
     quantize_columns_kernel<T, true, Source><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
-        src, segment_offsets, segments, M, K, feature_tiles, src_vector, columns, rows_out);
+        src, segments.offsets, segments.count, M, K, feature_tiles, src_vector, columns, rows_out);
   }
   CUDA_CHECK_LAUNCH();
 }
