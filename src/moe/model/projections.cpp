@@ -128,6 +128,17 @@ Fp8Tensor Projections::rmsnorm_rows(Tensor out, Tensor rstd, Tensor x, Tensor we
   return q;
 }
 
+void Projections::swiglu_linear(Tensor y, Tensor act, Tensor gu, Tensor w, const Fp8Weight& f, bool accumulate) {
+  if (f.empty()) {
+    swiglu_forward(act, gu);
+    return linear(y, act, w, f, accumulate);
+  }
+  const int64_t cols = act.dim(-1), rows = act.numel() / cols, out = y.dim(-1);
+  const Fp8Tensor act_rows = operand(rows_, rows, cols);
+  fp8_swiglu_forward(act.view({rows, cols}), act_rows, gu.view({rows, 2 * cols}));
+  fp8_matmul(y.view({y.numel() / out, out}), act_rows, f.w, accumulate);
+}
+
 void Projections::linear_backward_shared_input(Tensor dx, Tensor x,
                                                std::initializer_list<SharedInputLinearGrad> layers,
                                                bool accumulate_dx) {

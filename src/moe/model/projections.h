@@ -54,6 +54,10 @@ class Projections {
   // products reading it next, in the same pass (fp8_rmsnorm_forward); the operand lives in this
   // object's scratch until the next quantization. FP8 only.
   Fp8Tensor rmsnorm_rows(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps);
+  // The SwiGLU of a dense MLP or the shared expert with its down product: act = swiglu(gu) (kept for
+  // the backward), then y (= or +=) act W^T. In FP8 the SwiGLU kernel writes act's Rows operand as
+  // it computes act (moe/ops/fp8_swiglu.h), as experts_swiglu_forward does for the routed experts.
+  void swiglu_linear(Tensor y, Tensor act, Tensor gu, Tensor w, const Fp8Weight& f, bool accumulate);
   // linear_backward() for each layer, all reading x: dx (= or +=, per accumulate_dx) sum_i dy_i W_i.
   void linear_backward_shared_input(Tensor dx, Tensor x, std::initializer_list<SharedInputLinearGrad> layers,
                                     bool accumulate_dx);

@@ -293,9 +293,14 @@ void Transformer::expert_internals(const LayerWeights& w, const Fp8LayerWeights&
   proj_->experts_swiglu_forward(A.experts.expert_out, A.act, A.gu, w.experts_down, f.experts_down, A.offsets);
 }
 
-void Transformer::shared_expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
+// The shared expert's gate/up and SwiGLU (what its backward reads; recompute stops there). With
+// h_out (the forward) also its down product, added into h_out: in FP8 the SwiGLU then writes that
+// product's rows operand in its pass (Projections::swiglu_linear). mlp_internals likewise.
+void Transformer::shared_expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A,
+                                          Tensor h_out) {
   proj_->linear(A.shared_gu, A.m, w.shared_gate_up, f.shared_gate_up);
-  swiglu_forward(A.shared_act, A.shared_gu);
+  if (h_out.empty()) return swiglu_forward(A.shared_act, A.shared_gu);
+  proj_->swiglu_linear(h_out, A.shared_act, A.shared_gu, w.shared_down, f.shared_down, /*accumulate=*/true);
 }
 
 // The post-attention norm. In an FP8 dense layer it also quantizes its output as the MLP's gate/up
@@ -312,12 +317,13 @@ Fp8Tensor Transformer::ffn_norm(int64_t l, const LayerWeights& w, const Fp8Layer
 }
 
 void Transformer::mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A,
-                                const Fp8Tensor& m_rows) {
+                                const Fp8Tensor& m_rows, Tensor h_out) {
   if (m_rows.codes.empty())
     proj_->linear(A.mlp_gu, A.m, w.mlp_gate_up, f.mlp_gate_up);
   else
     proj_->linear_shared_input(m_rows, {{A.mlp_gu, w.mlp_gate_up, &f.mlp_gate_up}});
-  swiglu_forward(A.mlp_act, A.mlp_gu);
+  if (h_out.empty()) return swiglu_forward(A.mlp_act, A.mlp_gu);
+  proj_->swiglu_linear(h_out, A.mlp_act, A.mlp_gu, w.mlp_down, f.mlp_down, /*accumulate=*/true);
 }
 
 void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A,
@@ -344,17 +350,13 @@ void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, const Fp8L
   expert_internals(w, f, A);
   copy(h_out, A.h_mid);
   dispatcher_.combine(h_out, A.experts.expert_out, A.topk_w, plan, static_cast<int>(K), {});
-  if (!w.shared_gate_up.empty()) {
-    shared_expert_internals(w, f, A);
-    proj_->linear(h_out, A.shared_act, w.shared_down, f.shared_down, /*accumulate=*/true);
-  }
+  if (!w.shared_gate_up.empty()) shared_expert_internals(w, f, A, h_out);
 }
 
 void Transformer::mlp_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out,
                                     const Fp8Tensor& m_rows) {
-  mlp_internals(w, f, A, m_rows);
   copy(h_out, A.h_mid);
-  proj_->linear(h_out, A.mlp_act, w.mlp_down, f.mlp_down, /*accumulate=*/true);
+  mlp_internals(w, f, A, m_rows, h_out);
 }
 
 // recompute = block: everything layer l's backward reads, computed again from its input h(l) and

@@ -185,9 +185,10 @@ class Transformer {
   void dispatch_rows(LayerActs& A, const RoutePlan& plan);
   void experts_gate_up(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
-  void shared_expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
+  void shared_expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out = {});
   Fp8Tensor ffn_norm(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
-  void mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, const Fp8Tensor& m_rows);
+  void mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, const Fp8Tensor& m_rows,
+                     Tensor h_out = {});
   void moe_forward_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out,
                          uint64_t routing_seed, const RoutingState& rs);
   void mlp_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out,
