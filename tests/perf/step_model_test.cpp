@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "moe/core/error.h"
 #include "moe/perf/step_model.h"
@@ -149,6 +150,50 @@ TEST(StepModel, recompute_repeats_every_layer_but_the_top_one_without_pipeline) 
   c.parallel.pp = 2;
   const RankLayout stages = rank_layout(c, 2);
   EXPECT_NEAR(step_work(c, stages).recompute_flops, L * 2 * K * d * 2 * h * T * stages.stage_share, 1e-6);
+}
+
+// The FP8 quantize kernels' bytes, listed kernel by kernel for one MoE layer of the tiny model
+// (2 bytes read and 1 written per element quantized by rows or by columns, 2 and 2 for an output
+// gradient in both layouts, 4 and 3 per unit of the quantizing SwiGLU forward, 1 and 1 re-quantizing
+// FP8 rows): what the step split's "FP8 quantize" row times. The element-wise bytes lose the
+// SwiGLU forward (timed there) and gain the FP8 codes the attention RMSNorm writes.
+TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
+  const double T = 16 * S;
+  Config c = tiny();
+  const StepWork bf16 = step_work(c, rank_layout(c, 1));
+  c.train.precision = Precision::FP8;
+  struct Pass {
+    const char* what;
+    double elements, bytes_per_element;
+  };
+  auto layer_bytes = [&](bool payload_fp8) {
+    const std::vector<Pass> passes = {
+        {"o's input rows (forward)", q, 3},
+        {"o's input columns", q, 3},
+        {"o's output gradient, rows and columns", d, 4},
+        {"q, k, v output gradients, rows and columns", q + 2 * kv, 4},
+        {"the attention norm output's columns (q, k, v)", d, 3},
+        {"the experts' input rows (payload bf16; the scatter quantizes at fp8)", payload_fp8 ? 0 : K * d, 3},
+        {"the experts' SwiGLU forward with its output's rows", K * h, 7},
+        {"down's output gradient, rows and columns", K * d, 4},
+        {"the SwiGLU output's columns", K * h, 3},
+        {"gate/up's output gradient, rows and columns", K * 2 * h, 4},
+        {"the experts' input columns (payload fp8: re-quantized from FP8 rows)", K * d, payload_fp8 ? 2.0 : 3.0},
+    };
+    double sum = 0;
+    for (const Pass& p : passes) sum += p.elements * p.bytes_per_element;
+    return sum;
+  };
+  const StepWork fp8 = step_work(c, rank_layout(c, 1));
+  EXPECT_DOUBLE_EQ(fp8.fp8_quantize_bytes, L * T * layer_bytes(false));
+  EXPECT_DOUBLE_EQ(fp8.elementwise_bytes, bf16.elementwise_bytes + L * T * d - L * T * 2 * 3 * K * h);
+  c.ep.payload = Payload::FP8;
+  EXPECT_DOUBLE_EQ(step_work(c, rank_layout(c, 1)).fp8_quantize_bytes, L * T * layer_bytes(true));
+  c.ep.payload = Payload::BF16;
+  // Recompute = experts: the gate/up input rows again in every MoE layer but the top one.
+  c.train.recompute = Recompute::Experts;
+  EXPECT_DOUBLE_EQ(step_work(c, rank_layout(c, 1)).fp8_quantize_bytes,
+                   L * T * layer_bytes(false) + (L - 1) * T * K * d * 3);
 }
 
 // A run's own layout (rank_layout): the trainer's stage boundaries, balanced by per-layer cost with

@@ -28,6 +28,15 @@ TEST(StepSplit, kernels_are_grouped_by_name) {
   EXPECT_EQ(kernel_group("_ZN4moe4cuda12_GLOBAL__N_126sum_squares_partial_kernelEPKfl"), KernelGroup::GradNorm);
   EXPECT_EQ(kernel_group("_ZN4moe4cuda12_GLOBAL__N_121rmsnorm_forward_kernelEv"), KernelGroup::Other);
   EXPECT_EQ(kernel_group("[memcpy DtoD]"), KernelGroup::Other);
+  // FP8: the quantizers, the SwiGLU forward that quantizes among them (its bytes are counted there,
+  // train/step_work.h); the RMSNorm and dispatch scatter that quantize stay element-wise.
+  EXPECT_EQ(kernel_group("moe::cuda::fp8_tiles::quantize_rows_and_columns_staged_kernel(...)"),
+            KernelGroup::Fp8Quantize);
+  EXPECT_EQ(kernel_group("moe::cuda::fp8_tiles::quantize_columns_kernel<__nv_bfloat16, true>"),
+            KernelGroup::Fp8Quantize);
+  EXPECT_EQ(kernel_group("moe::cuda::fp8_tiles::quantize_rows_kernel<__nv_bfloat16, moe::cuda::SwigluForwardRows<>>"),
+            KernelGroup::Fp8Quantize);
+  EXPECT_EQ(kernel_group("moe::cuda::route_rows::scatter_routes_fp8_kernel<__nv_bfloat16>"), KernelGroup::Other);
 }
 
 TEST(StepSplit, rates_come_from_the_step_work_and_the_time_per_step) {

@@ -186,6 +186,8 @@ std::string format_step_split(const std::vector<SplitRow>& rows, const Ceilings&
       n += std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n), "   %7.2f %s", r.rate, r.unit);
     if (r.group == KernelGroup::Attention)
       std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n), " (full-square FLOPs; causal runs ~half)");
+    else if (r.group == KernelGroup::Fp8Quantize)
+      std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n), " (with the SwiGLU forwards that quantize)");
     else if (r.group == KernelGroup::Other)
       std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n), " (element-wise, norms, routing, loss)");
     out += line;

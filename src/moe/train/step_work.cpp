@@ -45,18 +45,37 @@ double mlp_forward_bytes(const Widths& w) { return kActBytes * (3 * w.hd + 2 * w
 double mlp_backward_bytes(const Widths& w) { return kActBytes * 5 * w.hd; }
 double head_bytes(const Widths& w) { return kActBytes * (6 * w.d + 2 * w.d) + 12 * w.v + 10 * w.d; }
 
-// Elements per token quantized to FP8 in one layer: each FP8 product's input rows in forward, its
-// output-gradient rows for the data gradient, and both again by columns for the weight gradient.
-double fp8_quantized_elements(const Widths& w, bool moe_layer) {
-  double forward = w.d + w.q, dgrad = (w.q + 2 * w.kv) + w.d;  // q/k/v and o projections
-  if (moe_layer) {
-    forward += w.k * (w.d + w.h) + (w.s > 0 ? w.d + w.s : 0);
-    dgrad += w.k * (w.d + 2 * w.h) + (w.s > 0 ? w.d + 2 * w.s : 0);
-  } else {
-    forward += w.d + w.hd;
-    dgrad += w.d + 2 * w.hd;
-  }
-  return 2 * (forward + dgrad);
+// HBM bytes per token of one layer's FP8 quantize kernels: what the step split's "FP8 quantize" row
+// times (quantize_rows / quantize_columns kernels, train/step_split.h), each kernel's reads and
+// writes in full. Quantizing a BF16 operand by rows or by columns: 2 bytes read, 1 written; an output
+// gradient by rows and columns in one pass: 2 read, 2 written; re-quantizing moved FP8 rows by columns
+// (ep.payload = "fp8"): 1 and 1; the SwiGLU forward that quantizes its output: gate/up read (4 per
+// unit), the output written in BF16 and FP8 (3). Scales (4 bytes per 128 elements) are left out.
+// Quantization fused into RMSNorm or the dispatch scatter runs in those kernels ("other").
+//   attention: o's input by rows (forward) and columns; the output gradients of q, k, v and o; the
+//     norm output's columns (q, k and v share them). The norm writes the rows operand itself.
+//   a SwiGLU MLP of `units` (an expert per route, the shared expert, a dense MLP): its input by rows
+//     (`input_rows`: 0 where the norm or the scatter made them), the fused SwiGLU, the output
+//     gradients of down and gate/up, the SwiGLU output's columns, the input's columns.
+double fp8_quantize_bytes(const Widths& w, bool moe_layer, bool payload_fp8) {
+  const double attention = 3 * w.q + 3 * w.q + 4 * (w.q + 2 * w.kv) + 4 * w.d + 3 * w.d;
+  auto mlp = [&](double units, double input_rows, double input_columns) {
+    return input_rows + 7 * units + 4 * w.d + 8 * units + 3 * units + input_columns;
+  };
+  if (!moe_layer) return attention + mlp(w.hd, 0, 3 * w.d);
+  const double experts = w.k * mlp(w.h, payload_fp8 ? 0 : 3 * w.d, payload_fp8 ? 2 * w.d : 3 * w.d);
+  return attention + experts + (w.s > 0 ? mlp(w.s, 3 * w.d, 3 * w.d) : 0);
+}
+
+// The same for what recompute repeats of one layer's forward (model/recompute.h): block, the layer's
+// forward (o's input rows; the experts' input rows and fused SwiGLU; the shared expert's input rows,
+// its SwiGLU then plain, as a dense MLP's); experts, the gate/up inputs by rows again (the SwiGLU
+// output comes from the plain SwiGLU backward). Attention recompute quantizes only in the norm.
+double fp8_recompute_quantize_bytes(const Widths& w, Recompute rc, bool moe_layer, bool payload_fp8) {
+  const double expert_rows = payload_fp8 ? 0 : 3 * w.d, shared_rows = moe_layer && w.s > 0 ? 3 * w.d : 0;
+  if (rc == Recompute::Block) return 3 * w.q + (moe_layer ? w.k * (expert_rows + 7 * w.h) + shared_rows : 0);
+  if (rc == Recompute::Experts && moe_layer) return w.k * expert_rows + shared_rows;
+  return 0;
 }
 
 }  // namespace
@@ -182,8 +201,22 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
                            dense_layers * (mlp_forward_bytes(w) + mlp_backward_bytes(w)) + head_bytes(w);
   s.elementwise_bytes = (per_token + recompute_bytes) * T;
   if (fp8) {
-    s.fp8_quantize_bytes =
-        3 * T * (moe_layers * fp8_quantized_elements(w, true) + dense_layers * fp8_quantized_elements(w, false));
+    const bool payload_fp8 = cfg.ep.payload == Payload::FP8;
+    s.fp8_quantize_bytes = T * (moe_layers * fp8_quantize_bytes(w, true, payload_fp8) +
+                                dense_layers * fp8_quantize_bytes(w, false, false));
+    // Recompute (the layers counted as above); experts: every MoE layer but the skipped top one.
+    const double recomputed_moe = rc == Recompute::Block ? moe_layers : std::max(0.0, moe_layers - skipped);
+    s.fp8_quantize_bytes += T * (recomputed_moe * fp8_recompute_quantize_bytes(w, rc, true, payload_fp8) +
+                                 dense_layers * fp8_recompute_quantize_bytes(w, rc, false, payload_fp8));
+    // The element-wise row moves the SwiGLU forwards that quantize (the fused kernel is timed in the
+    // FP8 quantize row: counted above) and gains the FP8 codes the fused RMSNorms write (attention's
+    // input, and a dense layer's MLP input), in every forward and in the recomputed ones.
+    const double block = rc == Recompute::Block ? 1 : 0;
+    const double attention_norms = L + block * L + (rc == Recompute::Attention ? L - skipped : 0);
+    const double recomputed_swiglu = block * moe_layers * w.k * w.h;
+    const double fused_swiglu_units = moe_layers * (w.k * w.h + w.s) + dense_layers * w.hd + recomputed_swiglu;
+    s.elementwise_bytes += T * (attention_norms + (1 + block) * dense_layers) * w.d;
+    s.elementwise_bytes -= kActBytes * 3 * T * fused_swiglu_units;
     const double fp8_params = L * attn_proj + moe_layers * (w.n * 3 * w.d * w.h + 3 * w.d * w.s) + dense_layers * mlp;
     // One rank: AdamW writes the caches in its pass (2 bytes per parameter, counted in adamw_bytes
     // in place of the BF16 copy). ZeRO-1: a pass over the gathered weights, this rank's experts only.

@@ -63,7 +63,9 @@ struct StepWork {
   double elementwise_bytes = 0;      // norms, RoPE, SwiGLU, routing, gather/combine, loss, embedding, copies
   double expert_grad_accumulate_bytes = 0;  // F32 expert gradients read back by the weight-gradient products that
                                             // accumulate (DDP: microbatches after the first; FSDP: every one)
-  double fp8_quantize_bytes = 0;     // activation operands quantized before FP8 products (3 bytes per element)
+  double fp8_quantize_bytes = 0;     // the FP8 quantize kernels (activation operands and output gradients, by rows
+                                     // and by columns, the quantizing SwiGLU forward): all they read and write;
+                                     // quantization fused into RMSNorm and the dispatch is element-wise
   double fp8_cache_bytes = 0;        // the weights' FP8 caches' own pass, once per step with several ranks (F32 read, two FP8 orientations written); one rank: inside AdamW
   double adamw_bytes = 0;            // the AdamW kernels: 28 bytes per shard parameter (F32 moments), 30 with the BF16 copy
                                      // written in the same pass; 8 fewer with BF16 moments
