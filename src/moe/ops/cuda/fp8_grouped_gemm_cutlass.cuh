@@ -26,12 +26,14 @@
 // stored M-major ([columns / 128, rows], so a group's block is a packed [K / 128, rows] array).
 //
 // NOTES: schedule and tiles. KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise, 128x128x128
-// tiles (128 is the scale block: one promotion per K tile), 1x1x1 clusters: the configuration of
-// CUTLASS's Hopper FP8 grouped example, and the one that needs no cluster rounding of skewed
-// groups. Pingpong (64x128x128, measured 2026-12-02): equal in fwd/dgrad, slower in wgrad (625 vs 778
-// TFLOP/s at bench-olmoe-4l). To try: 2x1x1 clusters (B multicast, as in BF16) and M-major scales
-// (a K tile's 128 K-major row scales are a row stride apart: 128 scattered 4-byte loads per
-// operand and K tile, where M-major scales would be 4 contiguous 128-byte lines).
+// tiles (128 is the scale block: one promotion per K tile), 1x2x1 clusters (each A tile loaded once
+// for two N tiles, multicast), as in CUTLASS's Hopper FP8 grouped example. Measured at
+// bench-olmoe-4l (2026-12-03, bench/RESULTS.md): against 1x1x1, forward and data gradient 1.5-2.5%
+// faster alone, the weight gradient within 2%, the step 0.9% faster; 2x1x1 (B multicast) gained
+// 0.3%. Pingpong (64x128x128, measured 2026-12-02): equal in fwd/dgrad, slower in wgrad (625 vs 778
+// TFLOP/s). To try: M-major scales (a K tile's 128 K-major row scales are a row stride apart: 128
+// scattered 4-byte loads per operand and K tile, where M-major scales would be 4 contiguous 128-byte
+// lines; pointing them all at one row gained ~5% in the weight gradient alone, nothing in the step).
 //
 // NOTES: CUTLASS must be compiled with -DNDEBUG (grouped_gemm_cutlass.cuh stops a build without it).
 #pragma once
@@ -88,7 +90,7 @@ struct Fp8GroupedGemm {
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::_128>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;  // A multicast to the two N tiles (NOTES)
   using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 
