@@ -111,8 +111,14 @@ std::vector<InStepFit> fit_fp8_step(HardwareProfile& p, const ReferenceStep& ref
   using G = KernelGroup;
   std::vector<InStepFit> fits;
   const double fp8_bytes = w.fp8_quantize_bytes + w.fp8_cache_bytes;
-  fits.push_back(fit(p.fp8_quantize, "fp8_quantize", {G::Fp8Quantize, G::Fp8Cache},
-                     seconds_of(ref, {G::Fp8Quantize, G::Fp8Cache}), fp8_bytes, mem, fp8_bytes, "B", ref));
+  // One rank writes the caches inside AdamW (no cache kernels; their bytes are AdamW's); several
+  // ranks refresh them in a pass of their own, priced with the quantizers.
+  if (w.fp8_cache_bytes > 0)
+    fits.push_back(fit(p.fp8_quantize, "fp8_quantize", {G::Fp8Quantize, G::Fp8Cache},
+                       seconds_of(ref, {G::Fp8Quantize, G::Fp8Cache}), fp8_bytes, mem, fp8_bytes, "B", ref));
+  else
+    fits.push_back(fit(p.fp8_quantize, "fp8_quantize", {G::Fp8Quantize}, seconds_of(ref, {G::Fp8Quantize}),
+                       fp8_bytes, mem, fp8_bytes, "B", ref));
   const double accumulate_s = accumulate_seconds(p, w);
   fits.push_back(fit(p.gemm_grouped_fp8, "gemm_grouped_fp8", {G::ExpertGemm},
                      seconds_of(ref, {G::ExpertGemm}) - accumulate_s, w.expert_flops, fp8, w.rows_per_expert, "FLOP", ref,
