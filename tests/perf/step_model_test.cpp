@@ -188,12 +188,53 @@ TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
   EXPECT_DOUBLE_EQ(fp8.fp8_quantize_bytes, L * T * layer_bytes(false));
   EXPECT_DOUBLE_EQ(fp8.elementwise_bytes, bf16.elementwise_bytes + L * T * d - L * T * 2 * 3 * K * h);
   c.ep.payload = Payload::FP8;
-  EXPECT_DOUBLE_EQ(step_work(c, rank_layout(c, 1)).fp8_quantize_bytes, L * T * layer_bytes(true));
+  const StepWork payload = step_work(c, rank_layout(c, 1));
+  EXPECT_DOUBLE_EQ(payload.fp8_quantize_bytes, L * T * layer_bytes(true));
+  // The FP8 scatter writes K d one-byte codes where the BF16 one writes two bytes each.
+  EXPECT_DOUBLE_EQ(payload.elementwise_bytes, fp8.elementwise_bytes - L * T * K * d);
   c.ep.payload = Payload::BF16;
   // Recompute = experts: the gate/up input rows again in every MoE layer but the top one.
   c.train.recompute = Recompute::Experts;
   EXPECT_DOUBLE_EQ(step_work(c, rank_layout(c, 1)).fp8_quantize_bytes,
                    L * T * layer_bytes(false) + (L - 1) * T * K * d * 3);
+}
+
+// The same listing for a model with a dense first layer and a shared expert, with each recompute
+// mode: block repeats o's input rows and the experts' input rows, fused SwiGLU and the shared
+// expert's input rows; experts repeats the input rows (below the top MoE layer); attention
+// quantizes only inside its RMSNorm (element-wise: d codes per recomputed layer).
+TEST(StepModel, fp8_quantize_bytes_cover_shared_experts_dense_layers_and_recompute) {
+  const double T = 16 * S, Ls = 3, dense = 1, moe = Ls - dense, s = 32, hd = 96;
+  Config c = tiny();
+  c.model.num_hidden_layers = 3, c.model.first_k_dense_replace = 1;
+  c.model.shared_expert_intermediate_size = 32, c.model.dense_intermediate_size = 96;
+  const double attention = 3 * q + 3 * q + 4 * d + 4 * (q + 2 * kv) + 3 * d;
+  // input rows (forward), fused SwiGLU, down and gate/up output gradients, SwiGLU output columns,
+  // input columns.
+  auto mlp = [&](double units, double input_rows) {
+    return input_rows + 7 * units + 4 * d + 8 * units + 3 * units + 3 * d;
+  };
+  const double per_step = T * (Ls * attention + moe * (K * mlp(h, 3 * d) + mlp(s, 3 * d)) + dense * mlp(hd, 0));
+  for (Recompute rc : {Recompute::None, Recompute::Block, Recompute::Experts, Recompute::Attention}) {
+    c.train.recompute = rc;
+    c.train.precision = Precision::BF16;
+    const StepWork bf16 = step_work(c, rank_layout(c, 1));
+    c.train.precision = Precision::FP8;
+    const StepWork fp8 = step_work(c, rank_layout(c, 1));
+    double again = 0, norms = Ls + dense, swiglu = moe * (K * h + s) + dense * hd;
+    if (rc == Recompute::Block) {
+      again = T * (Ls * 3 * q + moe * (K * (3 * d + 7 * h) + 3 * d));
+      norms += Ls + dense, swiglu += moe * K * h;
+    } else if (rc == Recompute::Experts) {
+      again = T * (moe - 1) * (K * 3 * d + 3 * d);
+    } else if (rc == Recompute::Attention) {
+      norms += Ls - 1;
+    }
+    EXPECT_DOUBLE_EQ(fp8.fp8_quantize_bytes, per_step + again) << static_cast<int>(rc);
+    EXPECT_NEAR(fp8.elementwise_bytes, bf16.elementwise_bytes + T * norms * d - T * 2 * 3 * swiglu,
+                1e-9 * bf16.elementwise_bytes)
+        << static_cast<int>(rc);
+  }
 }
 
 // A run's own layout (rank_layout): the trainer's stage boundaries, balanced by per-layer cost with

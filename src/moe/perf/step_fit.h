@@ -18,7 +18,8 @@
 //   gemm_dense_bf16    dense GEMMs: dense FLOPs at the reference's d_model
 //   attention          attention: attention FLOPs (full square) at the reference's seq_len
 // FP8 step (train.precision = fp8), after the BF16 fit:
-//   fp8_quantize       FP8 quantize + FP8 cache groups: quantize and cache bytes (the model's one part)
+//   fp8_quantize       FP8 quantize (+ FP8 cache, where several ranks refresh the caches in a pass of
+//                      their own; one rank writes them inside AdamW): quantize and cache bytes
 //   gemm_grouped_fp8   expert GEMMs: routed-expert FLOPs, all FP8
 //   gemm_dense_fp8     dense GEMMs less the time of its BF16 products (router, LM head) at the fitted
 //                      gemm_dense_bf16 curve: the FP8 dense FLOPs

@@ -8,8 +8,9 @@
 //                   router, shared expert, dense MLPs, LM head)
 //   attention       cuDNN SDPA; 12 x layers x seq x d_q FLOPs per token, the MFU convention (the
 //                   full square: a causal kernel does about half of it)
-//   FP8 quantize    train.precision = "fp8": the activation operands quantized before each FP8
-//                   product (bytes: BF16 read, FP8 written)
+//   FP8 quantize    train.precision = "fp8": the quantize kernels (activation operands and output
+//                   gradients by rows and by columns, the SwiGLU forwards that quantize, the FP8
+//                   re-quantize, the dense products' scale staging); bytes as step_work.cpp lists them
 //   FP8 cache       the weights' FP8 caches quantized from the FP32 weights once per step (bytes)
 // With FP8 the GEMM groups are measured against an FP8 GEMM ceiling (the block-scaled dense FP8
 // matmul at 8192^3, same process); the dense group still holds the BF16 router and LM head.

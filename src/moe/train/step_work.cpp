@@ -47,7 +47,8 @@ double head_bytes(const Widths& w) { return kActBytes * (6 * w.d + 2 * w.d) + 12
 
 // HBM bytes per token of one layer's FP8 quantize kernels: what the step split's "FP8 quantize" row
 // times (quantize_rows / quantize_columns kernels, train/step_split.h), each kernel's reads and
-// writes in full. Quantizing a BF16 operand by rows or by columns: 2 bytes read, 1 written; an output
+// writes in full (per route: see step_work.h on capacity; the dense products' scale staging, a few
+// words per tile, is left out). Quantizing a BF16 operand by rows or by columns: 2 bytes read, 1 written; an output
 // gradient by rows and columns in one pass: 2 read, 2 written; re-quantizing moved FP8 rows by columns
 // (ep.payload = "fp8"): 1 and 1; the SwiGLU forward that quantizes its output: gate/up read (4 per
 // unit), the output written in BF16 and FP8 (3). Scales (4 bytes per 128 elements) are left out.
@@ -69,8 +70,9 @@ double fp8_quantize_bytes(const Widths& w, bool moe_layer, bool payload_fp8) {
 
 // The same for what recompute repeats of one layer's forward (model/recompute.h): block, the layer's
 // forward (o's input rows; the experts' input rows and fused SwiGLU; the shared expert's input rows,
-// its SwiGLU then plain, as a dense MLP's); experts, the gate/up inputs by rows again (the SwiGLU
-// output comes from the plain SwiGLU backward). Attention recompute quantizes only in the norm.
+// its SwiGLU then plain, as a dense MLP's); experts, the gate/up inputs by rows again (the routed
+// SwiGLU output comes from the plain SwiGLU backward, the shared expert's from a plain SwiGLU).
+// Attention recompute quantizes only in the norm.
 double fp8_recompute_quantize_bytes(const Widths& w, Recompute rc, bool moe_layer, bool payload_fp8) {
   const double expert_rows = payload_fp8 ? 0 : 3 * w.d, shared_rows = moe_layer && w.s > 0 ? 3 * w.d : 0;
   if (rc == Recompute::Block) return 3 * w.q + (moe_layer ? w.k * (expert_rows + 7 * w.h) + shared_rows : 0);
@@ -174,7 +176,8 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
     const double recomputed = std::max(0.0, moe_layers - skipped);
     recompute_expert = recomputed * 2 * w.k * w.d * 2 * w.h;
     recompute_dense = recomputed * 2 * w.d * 2 * w.s;
-    recompute_bytes = recomputed * kActBytes * w.k * w.h;  // the SwiGLU backward also writes the output
+    // The routed SwiGLU backward also writes the output; the shared expert's SwiGLU runs again.
+    recompute_bytes = recomputed * kActBytes * (w.k * w.h + 3 * w.s);
   } else if (rc == Recompute::Attention) {
     const double recomputed = L - skipped;
     recompute_dense = recomputed * 2 * w.d * (w.q + 2 * w.kv);
@@ -217,6 +220,8 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
     const double fused_swiglu_units = moe_layers * (w.k * w.h + w.s) + dense_layers * w.hd + recomputed_swiglu;
     s.elementwise_bytes += T * (attention_norms + (1 + block) * dense_layers) * w.d;
     s.elementwise_bytes -= kActBytes * 3 * T * fused_swiglu_units;
+    // The FP8 dispatch scatter writes 1-byte codes where the BF16 one writes 2 (again under block).
+    if (payload_fp8) s.elementwise_bytes -= T * (1 + block) * moe_layers * w.k * w.d;
     const double fp8_params = L * attn_proj + moe_layers * (w.n * 3 * w.d * w.h + 3 * w.d * w.s) + dense_layers * mlp;
     // One rank: AdamW writes the caches in its pass (2 bytes per parameter, counted in adamw_bytes
     // in place of the BF16 copy). ZeRO-1: a pass over the gathered weights, this rank's experts only.

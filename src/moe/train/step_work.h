@@ -15,6 +15,12 @@
 //   written (12 V bytes), the embedding row read and written 2d and its F32 gradient row 10 d bytes.
 // Recompute adds the forward passes (FLOPs and bytes) it repeats (experts and attention: not the
 // top layer's without pipeline, model/recompute.h).
+// FP8 (train.precision = fp8): the SwiGLU forwards quantize their output in the same kernel, which
+// the split times as FP8 quantize, so their bytes move there (fp8_quantize_bytes, listed per kernel
+// in step_work.cpp); the RMSNorms that quantize write d codes more; the FP8 dispatch scatter
+// (ep.payload = fp8) writes K d codes in place of BF16 rows. Rows of expert buffers are counted per
+// route (T K), not per slot: with a capacity factor above 1 the kernels that run over every slot
+// (the experts' input rows, the SwiGLU) move that much more.
 #pragma once
 
 #include <cstdint>

@@ -28,7 +28,7 @@
 // NOTES: schedule and tiles. KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise, 128x128x128
 // tiles (128 is the scale block: one promotion per K tile), 1x2x1 clusters (each A tile loaded once
 // for two N tiles, multicast), as in CUTLASS's Hopper FP8 grouped example. Measured at
-// bench-olmoe-4l (2026-12-03, bench/RESULTS.md): against 1x1x1, forward and data gradient 1.5-2.5%
+// bench-olmoe-4l (2026-12-03, bench/RESULTS.md): against 1x1x1, forward and data gradient 0.7-2.6%
 // faster alone, the weight gradient within 2%, the step 0.9% faster; 2x1x1 (B multicast) gained
 // 0.3%. Pingpong (64x128x128, measured 2026-12-02): equal in fwd/dgrad, slower in wgrad (625 vs 778
 // TFLOP/s). To try: M-major scales (a K tile's 128 K-major row scales are a row stride apart: 128
