@@ -4,6 +4,9 @@
 // host's in the last bit, so the reference is the GPU's own unfused path; the CPU side of the fused
 // op is that composition by definition), at the model's H = 1024, a partial row tile and odd H
 // (scalar loads), F32 and BF16. Outputs start poisoned, so every element must be written.
+// Its FP8-only form (both layouts over expert segments, no output stored) bit for bit equal to
+// swiglu_forward then fp8_quantize_rows_and_columns on the same GPU, with empty segments, rows past
+// offsets[G], a partial feature tile and odd H.
 // RMSNorm forward (moe/ops/fp8_norm.h): output, rstd and the output's Rows tiles bit for bit equal to
 // rmsnorm_forward followed by fp8_quantize_rows on the same GPU, at the model's C = 2048 (the fused
 // kernel, BF16 and F32, with a row of zeros and a row far above E4M3's range), a row longer than the
@@ -96,6 +99,34 @@ void check_forward(DType dtype, int64_t R, int64_t H, uint64_t seed) {
   expect_same_rows(rows, ref_rows, R, H, what + " rows");
 }
 
+// The SwiGLU forward that writes only FP8 (both layouts, over expert segments) against
+// swiglu_forward then fp8_quantize_rows_and_columns on the same GPU: every byte of both outputs,
+// including the rows past offsets[G] and the padding columns (both buffers start equal).
+void check_forward_rows_and_columns(DType dtype, const std::vector<int32_t>& counts, int64_t R, int64_t H,
+                                    uint64_t seed) {
+  const bool bf16 = dtype == DType::BF16;
+  std::vector<int32_t> offsets{0};
+  for (int32_t c : counts) offsets.push_back(offsets.back() + c);
+  const int64_t G = static_cast<int64_t>(counts.size()), Mp = fp8_columns_capacity(R, G);
+  DeviceBuffer gate_up(dtype, {R, 2 * H}), ref_out(dtype, {R, H}), doff(DType::I32, {G + 1});
+  gate_up.upload(normal_values(R * 2 * H, 3.0f, seed, bf16));
+  doff.upload_i32(offsets);
+  DeviceFp8 rows({R, H}), ref_rows({R, H}), columns({H, Mp}), ref_columns({H, Mp});
+  for (const DeviceFp8* b : {&rows, &ref_rows, &columns, &ref_columns}) {
+    CUDA_CHECK(cudaMemset(b->codes.tensor().data, 0x5a, b->codes.bytes()));
+    CUDA_CHECK(cudaMemset(b->scales.tensor().data, 0x5a, b->scales.bytes()));
+  }
+  fp8_swiglu_forward_rows_and_columns(rows.t(), columns.t(), gate_up, doff);
+  swiglu_forward(ref_out, gate_up);
+  fp8_quantize_rows_and_columns(ref_rows.t(), ref_columns.t(), ref_out, doff);
+  const std::string what = "forward rows and columns " + describe(dtype, R, H, counts);
+  expect_same_bytes(bytes_of(rows.codes.tensor()), bytes_of(ref_rows.codes.tensor()), what + " rows codes");
+  expect_same_bytes(bytes_of(rows.scales.tensor()), bytes_of(ref_rows.scales.tensor()), what + " rows scales");
+  expect_same_bytes(bytes_of(columns.codes.tensor()), bytes_of(ref_columns.codes.tensor()), what + " columns codes");
+  expect_same_bytes(bytes_of(columns.scales.tensor()), bytes_of(ref_columns.scales.tensor()),
+                    what + " columns scales");
+}
+
 void check_rmsnorm(DType dtype, int64_t R, int64_t C, uint64_t seed) {
   const bool bf16 = dtype == DType::BF16;
   auto xv = normal_values(R * C, 2.0f, seed, bf16);
@@ -164,6 +195,16 @@ TEST(CudaFp8Swiglu, ForwardWritesTheOutputAndItsRowsTilesOfTheUnfusedPath) {
     check_forward(dtype, 300, 1024, ++seed);  // the model's expert width
     check_forward(dtype, 37, 200, ++seed);    // a partial row tile
     check_forward(dtype, 5, 7, ++seed);       // odd H: scalar loads and stores
+  }
+}
+
+TEST(CudaFp8Swiglu, ForwardRowsAndColumnsAreThoseOfTheUnfusedPath) {
+  MOE_SKIP_WITHOUT_GPU();
+  uint64_t seed = 350;
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    check_forward_rows_and_columns(dtype, {257, 0, 0, 3, 128, 127, 0, 1000}, 1600, 1024, ++seed);  // rows past o_G
+    check_forward_rows_and_columns(dtype, {130, 0, 1, 250}, 381, 200, ++seed);  // a partial feature tile
+    check_forward_rows_and_columns(dtype, {5, 2}, 7, 7, ++seed);               // odd H: scalar loads
   }
 }
 

@@ -166,7 +166,11 @@ TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
     const char* what;
     double elements, bytes_per_element;
   };
-  auto layer_bytes = [&](bool payload_fp8) {
+  // act_columns (recompute is not experts): the routed SwiGLU forward writes its output's rows and
+  // columns in FP8 only (gate/up read, 4 bytes per unit; 2 written) and the backward has no columns
+  // pass of its own; under recompute = experts the forward keeps the BF16 output (7) and the
+  // backward quantizes its columns (3).
+  auto layer_bytes = [&](bool payload_fp8, bool act_columns = true) {
     const std::vector<Pass> passes = {
         {"o's input rows (forward)", q, 3},
         {"o's input columns", q, 3},
@@ -174,9 +178,9 @@ TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
         {"q, k, v output gradients, rows and columns", q + 2 * kv, 4},
         {"the attention norm output's columns (q, k, v)", d, 3},
         {"the experts' input rows (payload bf16; the scatter quantizes at fp8)", payload_fp8 ? 0 : K * d, 3},
-        {"the experts' SwiGLU forward with its output's rows", K * h, 7},
+        {"the experts' SwiGLU forward with its output's FP8 layouts", K * h, act_columns ? 6.0 : 7.0},
         {"down's output gradient, rows and columns", K * d, 4},
-        {"the SwiGLU output's columns", K * h, 3},
+        {"the SwiGLU output's columns", act_columns ? 0 : K * h, 3},
         {"gate/up's output gradient, rows and columns", K * 2 * h, 4},
         {"the experts' input columns (payload fp8: re-quantized from FP8 rows)", K * d, payload_fp8 ? 2.0 : 3.0},
     };
@@ -196,7 +200,7 @@ TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
   // Recompute = experts: the gate/up input rows again in every MoE layer but the top one.
   c.train.recompute = Recompute::Experts;
   EXPECT_DOUBLE_EQ(step_work(c, rank_layout(c, 1)).fp8_quantize_bytes,
-                   L * T * layer_bytes(false) + (L - 1) * T * K * d * 3);
+                   L * T * layer_bytes(false, false) + (L - 1) * T * K * d * 3);
 }
 
 // The same listing for a model with a dense first layer and a shared expert, with each recompute
@@ -210,12 +214,15 @@ TEST(StepModel, fp8_quantize_bytes_cover_shared_experts_dense_layers_and_recompu
   c.model.shared_expert_intermediate_size = 32, c.model.dense_intermediate_size = 96;
   const double attention = 3 * q + 3 * q + 4 * d + 4 * (q + 2 * kv) + 3 * d;
   // input rows (forward), fused SwiGLU, down and gate/up output gradients, SwiGLU output columns,
-  // input columns.
-  auto mlp = [&](double units, double input_rows) {
-    return input_rows + 7 * units + 4 * d + 8 * units + 3 * units + 3 * d;
+  // input columns; the routed experts' SwiGLU writes both FP8 layouts itself unless recompute =
+  // experts (act_columns).
+  auto mlp = [&](double units, double input_rows, bool act_columns = false) {
+    return input_rows + (act_columns ? 6 * units : 7 * units + 3 * units) + 4 * d + 8 * units + 3 * d;
   };
-  const double per_step = T * (Ls * attention + moe * (K * mlp(h, 3 * d) + mlp(s, 3 * d)) + dense * mlp(hd, 0));
   for (Recompute rc : {Recompute::None, Recompute::Block, Recompute::Experts, Recompute::Attention}) {
+    const bool act_columns = rc != Recompute::Experts;
+    const double per_step =
+        T * (Ls * attention + moe * (K * mlp(h, 3 * d, act_columns) + mlp(s, 3 * d)) + dense * mlp(hd, 0));
     c.train.recompute = rc;
     c.train.precision = Precision::BF16;
     const StepWork bf16 = step_work(c, rank_layout(c, 1));
@@ -223,7 +230,7 @@ TEST(StepModel, fp8_quantize_bytes_cover_shared_experts_dense_layers_and_recompu
     const StepWork fp8 = step_work(c, rank_layout(c, 1));
     double again = 0, norms = Ls + dense, swiglu = moe * (K * h + s) + dense * hd;
     if (rc == Recompute::Block) {
-      again = T * (Ls * 3 * q + moe * (K * (3 * d + 7 * h) + 3 * d));
+      again = T * (Ls * 3 * q + moe * (K * (3 * d + 6 * h) + 3 * d));
       norms += Ls + dense, swiglu += moe * K * h;
     } else if (rc == Recompute::Experts) {
       again = T * (moe - 1) * (K * 3 * d + 3 * d);

@@ -198,6 +198,25 @@ TEST(Fp8OpChecks, swiglu_forward_refuses_operands_that_do_not_match_gate_up) {
                   {"fp8_swiglu_forward", "out_rows.codes"});
 }
 
+TEST(Fp8OpChecks, swiglu_forward_rows_and_columns_refuses_outputs_that_do_not_fit_gate_up) {
+  // gate_up [300, 80]: H = 40; two segments of 300 rows need columns [40, Mp >= 512].
+  std::vector<int32_t> offsets{0, 100, 300};
+  const Tensor off = i32_tensor(offsets.data(), {3});
+  const char* op = "fp8_swiglu_forward_rows_and_columns";
+  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 40}), rows({40, 512}), f32({300, 81}),
+                                                                     off); }),
+                  {op, "gate_up [300, 81] must be [R, 2H]"});
+  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 41}), rows({40, 512}), f32({300, 80}),
+                                                                     off); }),
+                  {op, "out_rows.codes"});
+  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 40}), rows({40, 384}), f32({300, 80}),
+                                                                     off); }),
+                  {op, "out_columns.codes", "Mp >= 512"});
+  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 40}), rows({40, 512}), Tensor(g_f32.data(), DType::I32, {300, 80}),
+                                                                     off); }),
+                  {op, "gate_up"});
+}
+
 TEST(Fp8OpChecks, rmsnorm_forward_refuses_rows_operands_that_do_not_match_x) {
   // x [2, 4, 64] is 8 rows of 64: out_rows must be [8, 64].
   const Tensor x = f32({2, 4, 64}), w = f32({64}), rstd = f32({8});

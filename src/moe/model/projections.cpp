@@ -187,6 +187,15 @@ void Projections::experts_swiglu_forward(Tensor c, Tensor act, Tensor gu, Tensor
   fp8_grouped_matmul(c, act_rows, f_down.w, offsets);
 }
 
+void Projections::experts_swiglu_forward(Tensor c, Fp8Tensor act_columns, Tensor gu, const Fp8Weight& f_down,
+                                         Tensor offsets) {
+  MOE_CHECK(!f_down.empty(), "experts_swiglu_forward: an FP8 SwiGLU output needs the FP8 weight cache "
+            "(train.precision = \"fp8\")");
+  const Fp8Tensor act_rows = operand(rows_, gu.dim(0), gu.dim(1) / 2);
+  fp8_swiglu_forward_rows_and_columns(act_rows, act_columns, gu, offsets);
+  fp8_grouped_matmul(c, act_rows, f_down.w, offsets);
+}
+
 void Projections::experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Tensor x, const Fp8Weight& f,
                                       Tensor offsets, bool accumulate) {
   if (f.empty()) return grouped_matmul_wgrad(dw, dy.dy, x, offsets, {}, accumulate);

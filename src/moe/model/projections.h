@@ -75,6 +75,10 @@ class Projections {
   // writes act's Rows operand as it computes act (moe/ops/fp8_swiglu.h).
   void experts_swiglu_forward(Tensor c, Tensor act, Tensor gu, Tensor w_down, const Fp8Weight& f_down,
                               Tensor offsets);
+  // The same when the backward keeps the SwiGLU output in FP8: one kernel quantizes swiglu(gu) into
+  // the down product's rows operand (scratch) and into act_columns (codes [H, columns]), the down
+  // weight gradient's operand, and stores no act (moe/ops/fp8_swiglu.h). FP8 weights only.
+  void experts_swiglu_forward(Tensor c, Fp8Tensor act_columns, Tensor gu, const Fp8Weight& f_down, Tensor offsets);
   // dw[e] (+= or =, per accumulate) dy^T x (weight gradient; = zeroes experts without rows).
   void experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Tensor x, const Fp8Weight& f, Tensor offsets,
                            bool accumulate);

@@ -7,6 +7,7 @@
 #include "moe/ops/activation.h"
 #include "moe/ops/elementwise.h"
 #include "moe/ops/embedding.h"
+#include "moe/ops/fp8.h"
 #include "moe/ops/gemm.h"
 #include "moe/ops/loss.h"
 #include "moe/ops/norm.h"
@@ -46,6 +47,9 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       act_(arena.device() == Device::CUDA ? DType::BF16 : DType::F32),
       recompute_(recompute),
       precision_(precision),
+      // recompute = experts recomputes the SwiGLU output in its backward, where the BF16 values come
+      // out of the SwiGLU backward's pass: those are quantized there, as before.
+      fp8_act_columns_(precision == Precision::FP8 && recompute != Recompute::Experts),
       payload_(payload),
       arena_(arena),
       dispatcher_(dispatcher) {
@@ -136,7 +140,15 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       layer_buffer(A.route_index, "route_index", I, {R * K}, true);
       layer_buffer(A.offsets, "expert_offsets", I, {E + 1}, true);
       layer_buffer(A.gu, "expert_gate_up", X, {capacity_, 2 * H}, keep_experts);
-      layer_buffer(A.act, "expert_act", X, {capacity_, H}, keep_experts);
+      if (fp8_act_columns_) {
+        const int64_t columns = fp8_columns_capacity(capacity_, E);
+        layer_buffer(A.act_columns.codes, "expert_act_columns.codes", DType::FP8_E4M3, {H, columns}, keep_experts);
+        layer_buffer(A.act_columns.scales, "expert_act_columns.scales", F, {H, (columns + kFp8Tile - 1) / kFp8Tile},
+                     keep_experts);
+        A.act_columns.tiles = Fp8Tiles::Rows;
+      } else {
+        layer_buffer(A.act, "expert_act", X, {capacity_, H}, keep_experts);
+      }
       layer_buffer(A.lb, "lb_loss", F, {1}, true);
       layer_buffer(A.z, "z_loss", F, {1}, true);
       if (const int64_t S = cfg.shared_expert_intermediate_size; S > 0) {
@@ -290,7 +302,10 @@ void Transformer::experts_gate_up(const LayerWeights& w, const Fp8LayerWeights& 
 // projection into A.experts.expert_out. gu and act are what recompute = experts drops.
 void Transformer::expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
   experts_gate_up(w, f, A);
-  proj_->experts_swiglu_forward(A.experts.expert_out, A.act, A.gu, w.experts_down, f.experts_down, A.offsets);
+  if (fp8_act_columns_)
+    proj_->experts_swiglu_forward(A.experts.expert_out, A.act_columns, A.gu, f.experts_down, A.offsets);
+  else
+    proj_->experts_swiglu_forward(A.experts.expert_out, A.act, A.gu, w.experts_down, f.experts_down, A.offsets);
 }
 
 // The shared expert's gate/up and SwiGLU (what its backward reads; recompute stops there). With
@@ -600,7 +615,10 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
     swiglu_backward_with_output(s.dgu, A.act, s.dact, A.gu);
   else
     swiglu_backward(s.dgu, s.dact, A.gu);
-  proj_->experts_weight_grad(g.experts_down, dye, A.act, f.experts_down, A.offsets, accumulate);
+  if (fp8_act_columns_)
+    proj_->experts_weight_grad(g.experts_down, dye, A.act_columns, f.experts_down, A.offsets, accumulate);
+  else
+    proj_->experts_weight_grad(g.experts_down, dye, A.act, f.experts_down, A.offsets, accumulate);
   const ExpertOutputGrad dgu =
       proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
   if (payload_ == Payload::FP8) {

@@ -152,6 +152,9 @@ class Transformer {
     Tensor m, rstd2;
     // MoE
     Tensor logits, scores, topk_idx, topk_w, counts, route_index, offsets, gu, act, lb, z;
+    // FP8 unless recompute = experts: the SwiGLU output as the down weight gradient's columns operand,
+    // kept in place of act (which is then not reserved; fp8_act_columns_).
+    Fp8Tensor act_columns;
     ExpertBuffers experts;  // expert_in (xe; FP8 codes and scales with payload fp8) and expert_out (ye): the lease's,
                             // or the dispatcher's recompute pair
     Lease lease;            // held from forward to backward unless the block is recomputed
@@ -214,6 +217,7 @@ class Transformer {
   DType act_;  // activations: F32 on the CPU, BF16 on the GPU
   Recompute recompute_;
   Precision precision_;
+  bool fp8_act_columns_;  // the routed SwiGLU output is kept as FP8 columns (LayerActs::act_columns)
   Payload payload_;  // what dispatch moves to the experts (model/dispatch.h)
   AttentionShape attn_shape_;
   Arena& arena_;

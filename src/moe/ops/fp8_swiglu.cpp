@@ -39,4 +39,18 @@ void fp8_swiglu_forward(Tensor out, Fp8Tensor out_rows, Tensor gate_up, Stream s
   MOE_OP_DISPATCH(gate_up.device, fp8_swiglu_forward, out, out_rows, gate_up, stream);
 }
 
+void fp8_swiglu_forward_rows_and_columns(Fp8Tensor out_rows, Fp8Tensor out_columns, Tensor gate_up, Tensor offsets,
+                                         Stream stream) {
+  const OpCheck check("fp8_swiglu_forward_rows_and_columns", gate_up.device);
+  check_f32_or_bf16(check, "gate_up", gate_up);
+  check.ndim("gate_up", gate_up, 2);
+  MOE_CHECK(gate_up.dim(1) % 2 == 0, check.op(), ": gate_up ", gate_up.shape.str(), " must be [R, 2H]");
+  const int64_t R = gate_up.dim(0), H = gate_up.dim(1) / 2;
+  check_fp8(check, "out_rows", out_rows, Fp8Tiles::Rows, 2, 2);
+  check.shape("out_rows.codes", out_rows.codes, Shape{R, H});
+  check_columns_layout(check, "out_columns", out_columns, R, H, offsets);
+  MOE_OP_DISPATCH(gate_up.device, fp8_swiglu_forward_rows_and_columns, out_rows, out_columns, gate_up, offsets,
+                  stream);
+}
+
 }  // namespace moe

@@ -51,20 +51,23 @@ double head_bytes(const Widths& w) { return kActBytes * (6 * w.d + 2 * w.d) + 12
 // words per tile, is left out). Quantizing a BF16 operand by rows or by columns: 2 bytes read, 1 written; an output
 // gradient by rows and columns in one pass: 2 read, 2 written; re-quantizing moved FP8 rows by columns
 // (ep.payload = "fp8"): 1 and 1; the SwiGLU forward that quantizes its output: gate/up read (4 per
-// unit), the output written in BF16 and FP8 (3). Scales (4 bytes per 128 elements) are left out.
+// unit), the output written in BF16 and FP8 (3), or, for the routed experts when the backward keeps
+// the output in FP8 (act_columns: recompute is not "experts"), written only in FP8, by rows and by
+// columns (2), with no columns pass in the backward. Scales (4 bytes per 128 elements) are left out.
 // Quantization fused into RMSNorm or the dispatch scatter runs in those kernels ("other").
 //   attention: o's input by rows (forward) and columns; the output gradients of q, k, v and o; the
 //     norm output's columns (q, k and v share them). The norm writes the rows operand itself.
 //   a SwiGLU MLP of `units` (an expert per route, the shared expert, a dense MLP): its input by rows
 //     (`input_rows`: 0 where the norm or the scatter made them), the fused SwiGLU, the output
 //     gradients of down and gate/up, the SwiGLU output's columns, the input's columns.
-double fp8_quantize_bytes(const Widths& w, bool moe_layer, bool payload_fp8) {
+double fp8_quantize_bytes(const Widths& w, bool moe_layer, bool payload_fp8, bool act_columns) {
   const double attention = 3 * w.q + 3 * w.q + 4 * (w.q + 2 * w.kv) + 4 * w.d + 3 * w.d;
-  auto mlp = [&](double units, double input_rows, double input_columns) {
-    return input_rows + 7 * units + 4 * w.d + 8 * units + 3 * units + input_columns;
+  auto mlp = [&](double units, double input_rows, double input_columns, bool fp8_output = false) {
+    const double swiglu_and_output_columns = fp8_output ? 6 * units : 7 * units + 3 * units;
+    return input_rows + swiglu_and_output_columns + 4 * w.d + 8 * units + input_columns;
   };
   if (!moe_layer) return attention + mlp(w.hd, 0, 3 * w.d);
-  const double experts = w.k * mlp(w.h, payload_fp8 ? 0 : 3 * w.d, payload_fp8 ? 2 * w.d : 3 * w.d);
+  const double experts = w.k * mlp(w.h, payload_fp8 ? 0 : 3 * w.d, payload_fp8 ? 2 * w.d : 3 * w.d, act_columns);
   return attention + experts + (w.s > 0 ? mlp(w.s, 3 * w.d, 3 * w.d) : 0);
 }
 
@@ -72,10 +75,11 @@ double fp8_quantize_bytes(const Widths& w, bool moe_layer, bool payload_fp8) {
 // forward (o's input rows; the experts' input rows and fused SwiGLU; the shared expert's input rows,
 // its SwiGLU then plain, as a dense MLP's); experts, the gate/up inputs by rows again (the routed
 // SwiGLU output comes from the plain SwiGLU backward, the shared expert's from a plain SwiGLU).
-// Attention recompute quantizes only in the norm.
+// Attention recompute quantizes only in the norm. Under block the routed SwiGLU again writes both FP8
+// layouts (act_columns).
 double fp8_recompute_quantize_bytes(const Widths& w, Recompute rc, bool moe_layer, bool payload_fp8) {
   const double expert_rows = payload_fp8 ? 0 : 3 * w.d, shared_rows = moe_layer && w.s > 0 ? 3 * w.d : 0;
-  if (rc == Recompute::Block) return 3 * w.q + (moe_layer ? w.k * (expert_rows + 7 * w.h) + shared_rows : 0);
+  if (rc == Recompute::Block) return 3 * w.q + (moe_layer ? w.k * (expert_rows + 6 * w.h) + shared_rows : 0);
   if (rc == Recompute::Experts && moe_layer) return w.k * expert_rows + shared_rows;
   return 0;
 }
@@ -205,8 +209,9 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
   s.elementwise_bytes = (per_token + recompute_bytes) * T;
   if (fp8) {
     const bool payload_fp8 = cfg.ep.payload == Payload::FP8;
-    s.fp8_quantize_bytes = T * (moe_layers * fp8_quantize_bytes(w, true, payload_fp8) +
-                                dense_layers * fp8_quantize_bytes(w, false, false));
+    const bool act_columns = rc != Recompute::Experts;  // model/transformer.h: LayerActs::act_columns
+    s.fp8_quantize_bytes = T * (moe_layers * fp8_quantize_bytes(w, true, payload_fp8, act_columns) +
+                                dense_layers * fp8_quantize_bytes(w, false, false, false));
     // Recompute (the layers counted as above); experts: every MoE layer but the skipped top one.
     const double recomputed_moe = rc == Recompute::Block ? moe_layers : std::max(0.0, moe_layers - skipped);
     s.fp8_quantize_bytes += T * (recomputed_moe * fp8_recompute_quantize_bytes(w, rc, true, payload_fp8) +

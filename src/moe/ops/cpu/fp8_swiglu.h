@@ -8,5 +8,7 @@
 namespace moe::cpu {
 
 void fp8_swiglu_forward(Tensor out, Fp8Tensor out_rows, Tensor gate_up, Stream stream);
+void fp8_swiglu_forward_rows_and_columns(Fp8Tensor out_rows, Fp8Tensor out_columns, Tensor gate_up, Tensor offsets,
+                                         Stream stream);
 
 }  // namespace moe::cpu
