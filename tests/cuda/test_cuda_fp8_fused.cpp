@@ -6,7 +6,7 @@
 // (scalar loads), F32 and BF16. Outputs start poisoned, so every element must be written.
 // Its FP8-only form (both layouts over expert segments, no output stored) bit for bit equal to
 // swiglu_forward then fp8_quantize_rows_and_columns on the same GPU, with empty segments, rows past
-// offsets[G], a partial feature tile and odd H.
+// offsets[G], a partial feature tile, odd H and one segment without offsets.
 // RMSNorm forward (moe/ops/fp8_norm.h): output, rstd and the output's Rows tiles bit for bit equal to
 // rmsnorm_forward followed by fp8_quantize_rows on the same GPU, at the model's C = 2048 (the fused
 // kernel, BF16 and F32, with a row of zeros and a row far above E4M3's range), a row longer than the
@@ -107,18 +107,20 @@ void check_forward_rows_and_columns(DType dtype, const std::vector<int32_t>& cou
   const bool bf16 = dtype == DType::BF16;
   std::vector<int32_t> offsets{0};
   for (int32_t c : counts) offsets.push_back(offsets.back() + c);
-  const int64_t G = static_cast<int64_t>(counts.size()), Mp = fp8_columns_capacity(R, G);
+  // No counts: one segment, no offsets (the shared expert and the dense MLP).
+  const int64_t G = counts.empty() ? 1 : static_cast<int64_t>(counts.size()), Mp = fp8_columns_capacity(R, G);
   DeviceBuffer gate_up(dtype, {R, 2 * H}), ref_out(dtype, {R, H}), doff(DType::I32, {G + 1});
   gate_up.upload(normal_values(R * 2 * H, 3.0f, seed, bf16));
-  doff.upload_i32(offsets);
+  if (!counts.empty()) doff.upload_i32(offsets);
+  const Tensor segments = counts.empty() ? Tensor() : doff.tensor();
   DeviceFp8 rows({R, H}), ref_rows({R, H}), columns({H, Mp}), ref_columns({H, Mp});
   for (const DeviceFp8* b : {&rows, &ref_rows, &columns, &ref_columns}) {
     CUDA_CHECK(cudaMemset(b->codes.tensor().data, 0x5a, b->codes.bytes()));
     CUDA_CHECK(cudaMemset(b->scales.tensor().data, 0x5a, b->scales.bytes()));
   }
-  fp8_swiglu_forward_rows_and_columns(rows.t(), columns.t(), gate_up, doff);
+  fp8_swiglu_forward_rows_and_columns(rows.t(), columns.t(), gate_up, segments);
   swiglu_forward(ref_out, gate_up);
-  fp8_quantize_rows_and_columns(ref_rows.t(), ref_columns.t(), ref_out, doff);
+  fp8_quantize_rows_and_columns(ref_rows.t(), ref_columns.t(), ref_out, segments);
   const std::string what = "forward rows and columns " + describe(dtype, R, H, counts);
   expect_same_bytes(bytes_of(rows.codes.tensor()), bytes_of(ref_rows.codes.tensor()), what + " rows codes");
   expect_same_bytes(bytes_of(rows.scales.tensor()), bytes_of(ref_rows.scales.tensor()), what + " rows scales");
@@ -205,6 +207,7 @@ TEST(CudaFp8Swiglu, ForwardRowsAndColumnsAreThoseOfTheUnfusedPath) {
     check_forward_rows_and_columns(dtype, {257, 0, 0, 3, 128, 127, 0, 1000}, 1600, 1024, ++seed);  // rows past o_G
     check_forward_rows_and_columns(dtype, {130, 0, 1, 250}, 381, 200, ++seed);  // a partial feature tile
     check_forward_rows_and_columns(dtype, {5, 2}, 7, 7, ++seed);               // odd H: scalar loads
+    check_forward_rows_and_columns(dtype, {}, 300, 4096, ++seed);              // one segment, no offsets
   }
 }
 

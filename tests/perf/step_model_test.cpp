@@ -204,9 +204,10 @@ TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
 }
 
 // The same listing for a model with a dense first layer and a shared expert, with each recompute
-// mode: block repeats o's input rows and the experts' input rows, fused SwiGLU and the shared
-// expert's input rows; experts repeats the input rows (below the top MoE layer); attention
-// quantizes only inside its RMSNorm (element-wise: d codes per recomputed layer).
+// mode: block repeats o's input rows, the experts' input rows, every SwiGLU (FP8 layouts) and the
+// shared expert's input rows; experts repeats the input rows and the shared expert's SwiGLU (below
+// the top MoE layer); attention quantizes only inside its RMSNorm (element-wise: d codes per
+// recomputed layer).
 TEST(StepModel, fp8_quantize_bytes_cover_shared_experts_dense_layers_and_recompute) {
   const double T = 16 * S, Ls = 3, dense = 1, moe = Ls - dense, s = 32, hd = 96;
   Config c = tiny();
@@ -214,9 +215,9 @@ TEST(StepModel, fp8_quantize_bytes_cover_shared_experts_dense_layers_and_recompu
   c.model.shared_expert_intermediate_size = 32, c.model.dense_intermediate_size = 96;
   const double attention = 3 * q + 3 * q + 4 * d + 4 * (q + 2 * kv) + 3 * d;
   // input rows (forward), fused SwiGLU, down and gate/up output gradients, SwiGLU output columns,
-  // input columns; the routed experts' SwiGLU writes both FP8 layouts itself unless recompute =
-  // experts (act_columns).
-  auto mlp = [&](double units, double input_rows, bool act_columns = false) {
+  // input columns; every SwiGLU writes both FP8 layouts itself except the routed experts' under
+  // recompute = experts (act_columns).
+  auto mlp = [&](double units, double input_rows, bool act_columns = true) {
     return input_rows + (act_columns ? 6 * units : 7 * units + 3 * units) + 4 * d + 8 * units + 3 * d;
   };
   for (Recompute rc : {Recompute::None, Recompute::Block, Recompute::Experts, Recompute::Attention}) {
@@ -230,10 +231,11 @@ TEST(StepModel, fp8_quantize_bytes_cover_shared_experts_dense_layers_and_recompu
     const StepWork fp8 = step_work(c, rank_layout(c, 1));
     double again = 0, norms = Ls + dense, swiglu = moe * (K * h + s) + dense * hd;
     if (rc == Recompute::Block) {
-      again = T * (Ls * 3 * q + moe * (K * (3 * d + 6 * h) + 3 * d));
-      norms += Ls + dense, swiglu += moe * K * h;
+      again = T * (Ls * 3 * q + moe * (K * (3 * d + 6 * h) + 3 * d + 6 * s) + dense * 6 * hd);
+      norms += Ls + dense, swiglu += moe * (K * h + s) + dense * hd;
     } else if (rc == Recompute::Experts) {
-      again = T * (moe - 1) * (K * 3 * d + 3 * d);
+      again = T * (moe - 1) * (K * 3 * d + 3 * d + 6 * s);
+      swiglu += (moe - 1) * s;
     } else if (rc == Recompute::Attention) {
       norms += Ls - 1;
     }

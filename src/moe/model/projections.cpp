@@ -139,6 +139,25 @@ void Projections::swiglu_linear(Tensor y, Tensor act, Tensor gu, Tensor w, const
   fp8_matmul(y.view({y.numel() / out, out}), act_rows, f.w, accumulate);
 }
 
+void Projections::swiglu_linear(Tensor y, Fp8Tensor act_columns, Tensor gu, const Fp8Weight& f, bool accumulate) {
+  MOE_CHECK(!f.empty(), "swiglu_linear: an FP8 SwiGLU output needs the FP8 weight cache (train.precision = \"fp8\")");
+  const int64_t rows = gu.numel() / gu.dim(-1), cols = gu.dim(-1) / 2, out = y.dim(-1);
+  const Fp8Tensor act_rows = operand(rows_, rows, cols);
+  fp8_swiglu_forward_rows_and_columns(act_rows, act_columns, gu.view({rows, 2 * cols}), Tensor());
+  fp8_matmul(y.view({y.numel() / out, out}), act_rows, f.w, accumulate);
+}
+
+void Projections::swiglu_columns(Fp8Tensor act_columns, Tensor gu) {
+  const int64_t rows = gu.numel() / gu.dim(-1), cols = gu.dim(-1) / 2;
+  fp8_swiglu_forward_rows_and_columns(operand(rows_, rows, cols), act_columns, gu.view({rows, 2 * cols}), Tensor());
+}
+
+void Projections::linear_backward(Tensor dx, Tensor dw, Tensor dy, const Fp8Tensor& x_columns, const Fp8Weight& f,
+                                  bool accumulate_dx) {
+  MOE_CHECK(!f.empty(), "linear_backward: an FP8 columns input needs the FP8 weight cache");
+  fp8_linear_backward(dx, dw, dy, x_columns, f, accumulate_dx);
+}
+
 void Projections::linear_backward_shared_input(Tensor dx, Tensor x,
                                                std::initializer_list<SharedInputLinearGrad> layers,
                                                bool accumulate_dx) {

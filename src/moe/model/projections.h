@@ -58,6 +58,15 @@ class Projections {
   // the backward), then y (= or +=) act W^T. In FP8 the SwiGLU kernel writes act's Rows operand as
   // it computes act (moe/ops/fp8_swiglu.h), as experts_swiglu_forward does for the routed experts.
   void swiglu_linear(Tensor y, Tensor act, Tensor gu, Tensor w, const Fp8Weight& f, bool accumulate);
+  // The same when the backward keeps act in FP8 (FP8 weights only): one kernel writes act's Rows
+  // operand and act_columns (codes [act width, round_up(rows, 128)]), the down weight gradient's
+  // operand, and no act (moe/ops/fp8_swiglu.h); swiglu_columns writes only what the backward keeps
+  // (recompute: no product follows).
+  void swiglu_linear(Tensor y, Fp8Tensor act_columns, Tensor gu, const Fp8Weight& f, bool accumulate);
+  void swiglu_columns(Fp8Tensor act_columns, Tensor gu);
+  // linear_backward() with x kept as its FP8 columns operand (swiglu_linear's act_columns).
+  void linear_backward(Tensor dx, Tensor dw, Tensor dy, const Fp8Tensor& x_columns, const Fp8Weight& f,
+                       bool accumulate_dx);
   // linear_backward() for each layer, all reading x: dx (= or +=, per accumulate_dx) sum_i dy_i W_i.
   void linear_backward_shared_input(Tensor dx, Tensor x, std::initializer_list<SharedInputLinearGrad> layers,
                                     bool accumulate_dx);
@@ -89,10 +98,10 @@ class Projections {
   // experts_weight_grad then takes that operand. The operand is the
   // column tiles of the dequantized rows, not of the BF16 rows: the same values except for elements
   // in E4M3's subnormal range of a tile (docs/architecture.md, FP8 dispatch payload). FP8 weights only.
+  // The down weight gradient takes the SwiGLU output's kept columns operand the same way.
   Fp8Tensor expert_input_columns(Fp8Tensor x, DType values, Tensor offsets);
   void experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Fp8Tensor x_columns, const Fp8Weight& f,
-                           Tensor offsets,
-                           bool accumulate);
+                           Tensor offsets, bool accumulate);
 
  private:
   struct Buffer {

@@ -113,6 +113,19 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       MOE_CHECK(it->second.second == shape, "recompute buffer '", name, "' has another shape in layer ", l);
       pending_.emplace_back(&t, it->second.first);
     };
+    // What the backward keeps of a SwiGLU output of `width` over `rows`: in FP8 its columns operand
+    // (codes [width, round_up(rows, 128)] over `segments`), else the output.
+    auto fp8_columns = [&](Fp8Tensor& t, const std::string& name, int64_t width, int64_t rows, int64_t segments,
+                           bool keep) {
+      const int64_t columns = fp8_columns_capacity(rows, segments);
+      layer_buffer(t.codes, name + "_columns.codes", DType::FP8_E4M3, {width, columns}, keep);
+      layer_buffer(t.scales, name + "_columns.scales", F, {width, (columns + kFp8Tile - 1) / kFp8Tile}, keep);
+      t.tiles = Fp8Tiles::Rows;
+    };
+    auto ffn_act = [&](Tensor& act, Fp8Tensor& columns, const std::string& name, int64_t width, bool keep) {
+      if (precision == Precision::FP8) return fp8_columns(columns, name, width, R, 1, keep);
+      layer_buffer(act, name, X, {R, width}, keep);
+    };
     layer_buffer(A.h_mid, "h_mid", X, {R, D}, keep_block);
     layer_buffer(A.a, "attn_norm_out", X, {R, D}, keep_attention);
     layer_buffer(A.rstd1, "attn_norm_rstd", F, {R}, keep_attention);
@@ -140,26 +153,21 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       layer_buffer(A.route_index, "route_index", I, {R * K}, true);
       layer_buffer(A.offsets, "expert_offsets", I, {E + 1}, true);
       layer_buffer(A.gu, "expert_gate_up", X, {capacity_, 2 * H}, keep_experts);
-      if (fp8_act_columns_) {
-        const int64_t columns = fp8_columns_capacity(capacity_, E);
-        layer_buffer(A.act_columns.codes, "expert_act_columns.codes", DType::FP8_E4M3, {H, columns}, keep_experts);
-        layer_buffer(A.act_columns.scales, "expert_act_columns.scales", F, {H, (columns + kFp8Tile - 1) / kFp8Tile},
-                     keep_experts);
-        A.act_columns.tiles = Fp8Tiles::Rows;
-      } else {
+      if (fp8_act_columns_)
+        fp8_columns(A.act_columns, "expert_act", H, capacity_, E, keep_experts);
+      else
         layer_buffer(A.act, "expert_act", X, {capacity_, H}, keep_experts);
-      }
       layer_buffer(A.lb, "lb_loss", F, {1}, true);
       layer_buffer(A.z, "z_loss", F, {1}, true);
       if (const int64_t S = cfg.shared_expert_intermediate_size; S > 0) {
         layer_buffer(A.shared_gu, "shared_gate_up", X, {R, 2 * S}, keep_experts);
-        layer_buffer(A.shared_act, "shared_act", X, {R, S}, keep_experts);
+        ffn_act(A.shared_act, A.shared_act_columns, "shared_act", S, keep_experts);
         ffn_width = std::max(ffn_width, S);
       }
     } else {
       const int64_t Hd = cfg.dense_intermediate_size;
       layer_buffer(A.mlp_gu, "mlp_gate_up", X, {R, 2 * Hd}, keep_block);
-      layer_buffer(A.mlp_act, "mlp_act", X, {R, Hd}, keep_block);
+      ffn_act(A.mlp_act, A.mlp_act_columns, "mlp_act", Hd, keep_block);
       ffn_width = std::max(ffn_width, Hd);
     }
   }
@@ -314,8 +322,28 @@ void Transformer::expert_internals(const LayerWeights& w, const Fp8LayerWeights&
 void Transformer::shared_expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A,
                                           Tensor h_out) {
   proj_->linear(A.shared_gu, A.m, w.shared_gate_up, f.shared_gate_up);
-  if (h_out.empty()) return swiglu_forward(A.shared_act, A.shared_gu);
-  proj_->swiglu_linear(h_out, A.shared_act, A.shared_gu, w.shared_down, f.shared_down, /*accumulate=*/true);
+  ffn_swiglu(h_out, A.shared_act, A.shared_act_columns, A.shared_gu, w.shared_down, f.shared_down);
+}
+
+// In FP8 the SwiGLU writes its output's rows operand (for the down product) and its columns operand
+// (kept for the down weight gradient) in one kernel and stores no output; recompute (no h_out)
+// needs only the columns.
+void Transformer::ffn_swiglu(Tensor h_out, Tensor act, const Fp8Tensor& act_columns, Tensor gu, Tensor w_down,
+                             const Fp8Weight& f_down) {
+  if (precision_ == Precision::FP8) {
+    if (h_out.empty()) return proj_->swiglu_columns(act_columns, gu);
+    return proj_->swiglu_linear(h_out, act_columns, gu, f_down, /*accumulate=*/true);
+  }
+  if (h_out.empty()) return swiglu_forward(act, gu);
+  proj_->swiglu_linear(h_out, act, gu, w_down, f_down, /*accumulate=*/true);
+}
+
+void Transformer::ffn_down_backward(Tensor dact, Tensor dw, Tensor act, const Fp8Tensor& act_columns, Tensor w_down,
+                                    const Fp8Weight& f_down) {
+  if (precision_ == Precision::FP8)
+    proj_->linear_backward(dact, dw, s_.dres, act_columns, f_down, /*accumulate_dx=*/false);
+  else
+    proj_->linear_backward(dact, dw, s_.dres, act, w_down, f_down, /*accumulate_dx=*/false);
 }
 
 // The post-attention norm. In an FP8 dense layer it also quantizes its output as the MLP's gate/up
@@ -337,8 +365,7 @@ void Transformer::mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f,
     proj_->linear(A.mlp_gu, A.m, w.mlp_gate_up, f.mlp_gate_up);
   else
     proj_->linear_shared_input(m_rows, {{A.mlp_gu, w.mlp_gate_up, &f.mlp_gate_up}});
-  if (h_out.empty()) return swiglu_forward(A.mlp_act, A.mlp_gu);
-  proj_->swiglu_linear(h_out, A.mlp_act, A.mlp_gu, w.mlp_down, f.mlp_down, /*accumulate=*/true);
+  ffn_swiglu(h_out, A.mlp_act, A.mlp_act_columns, A.mlp_gu, w.mlp_down, f.mlp_down);
 }
 
 void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A,
@@ -640,7 +667,7 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
     const int64_t S = cfg_.shared_expert_intermediate_size;
     Tensor dact = Tensor(s.dffn_act.data, act_, {rows_, S}, dev_);
     Tensor dgu = Tensor(s.dffn_gu.data, act_, {rows_, 2 * S}, dev_);
-    proj_->linear_backward(dact, g.shared_down, s.dres, A.shared_act, w.shared_down, f.shared_down, false);
+    ffn_down_backward(dact, g.shared_down, A.shared_act, A.shared_act_columns, w.shared_down, f.shared_down);
     swiglu_backward(dgu, dact, A.shared_gu);
     proj_->linear_backward(s.dm, g.shared_gate_up, dgu, A.m, w.shared_gate_up, f.shared_gate_up, true);
   }
@@ -665,7 +692,7 @@ void Transformer::mlp_backward_layer(const LayerWeights& w, const Fp8LayerWeight
   Scratch& s = s_;
   Tensor dact = Tensor(s.dffn_act.data, act_, {rows_, Hd}, dev_);
   Tensor dgu = Tensor(s.dffn_gu.data, act_, {rows_, 2 * Hd}, dev_);
-  proj_->linear_backward(dact, g.mlp_down, s.dres, A.mlp_act, w.mlp_down, f.mlp_down, false);
+  ffn_down_backward(dact, g.mlp_down, A.mlp_act, A.mlp_act_columns, w.mlp_down, f.mlp_down);
   swiglu_backward(dgu, dact, A.mlp_gu);
   proj_->linear_backward(s.dm, g.mlp_gate_up, dgu, A.m, w.mlp_gate_up, f.mlp_gate_up, false);
 }

@@ -162,6 +162,9 @@ class Transformer {
     Tensor shared_gu, shared_act;
     // dense MLP
     Tensor mlp_gu, mlp_act;
+    // FP8: the shared expert's and the dense MLP's SwiGLU outputs as their down weight gradient's
+    // columns operand, kept in place of shared_act and mlp_act (which are then not reserved).
+    Fp8Tensor shared_act_columns, mlp_act_columns;
   };
   struct Scratch {
     Tensor dres, dm, datt, dq, dk, dv, dq_raw, dk_raw, da;
@@ -189,6 +192,13 @@ class Transformer {
   void experts_gate_up(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void shared_expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out = {});
+  // The SwiGLU of the shared expert or a dense MLP (act, or in FP8 act_columns, what its backward
+  // keeps) and with h_out its down product added into h_out; ffn_down_backward is its down backward
+  // from s_.dres.
+  void ffn_swiglu(Tensor h_out, Tensor act, const Fp8Tensor& act_columns, Tensor gu, Tensor w_down,
+                  const Fp8Weight& f_down);
+  void ffn_down_backward(Tensor dact, Tensor dw, Tensor act, const Fp8Tensor& act_columns, Tensor w_down,
+                         const Fp8Weight& f_down);
   Fp8Tensor ffn_norm(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, const Fp8Tensor& m_rows,
                      Tensor h_out = {});

@@ -51,9 +51,10 @@ double head_bytes(const Widths& w) { return kActBytes * (6 * w.d + 2 * w.d) + 12
 // words per tile, is left out). Quantizing a BF16 operand by rows or by columns: 2 bytes read, 1 written; an output
 // gradient by rows and columns in one pass: 2 read, 2 written; re-quantizing moved FP8 rows by columns
 // (ep.payload = "fp8"): 1 and 1; the SwiGLU forward that quantizes its output: gate/up read (4 per
-// unit), the output written in BF16 and FP8 (3), or, for the routed experts when the backward keeps
-// the output in FP8 (act_columns: recompute is not "experts"), written only in FP8, by rows and by
-// columns (2), with no columns pass in the backward. Scales (4 bytes per 128 elements) are left out.
+// unit), the output written only in FP8, by rows and by columns (2: the backward keeps the columns
+// and has no columns pass of its own), except for the routed experts under recompute = "experts"
+// (act_columns false): the output written in BF16 and FP8 rows (3), its columns quantized in the
+// backward (3). Scales (4 bytes per 128 elements) are left out.
 // Quantization fused into RMSNorm or the dispatch scatter runs in those kernels ("other").
 //   attention: o's input by rows (forward) and columns; the output gradients of q, k, v and o; the
 //     norm output's columns (q, k and v share them). The norm writes the rows operand itself.
@@ -62,7 +63,7 @@ double head_bytes(const Widths& w) { return kActBytes * (6 * w.d + 2 * w.d) + 12
 //     gradients of down and gate/up, the SwiGLU output's columns, the input's columns.
 double fp8_quantize_bytes(const Widths& w, bool moe_layer, bool payload_fp8, bool act_columns) {
   const double attention = 3 * w.q + 3 * w.q + 4 * (w.q + 2 * w.kv) + 4 * w.d + 3 * w.d;
-  auto mlp = [&](double units, double input_rows, double input_columns, bool fp8_output = false) {
+  auto mlp = [&](double units, double input_rows, double input_columns, bool fp8_output = true) {
     const double swiglu_and_output_columns = fp8_output ? 6 * units : 7 * units + 3 * units;
     return input_rows + swiglu_and_output_columns + 4 * w.d + 8 * units + input_columns;
   };
@@ -72,15 +73,16 @@ double fp8_quantize_bytes(const Widths& w, bool moe_layer, bool payload_fp8, boo
 }
 
 // The same for what recompute repeats of one layer's forward (model/recompute.h): block, the layer's
-// forward (o's input rows; the experts' input rows and fused SwiGLU; the shared expert's input rows,
-// its SwiGLU then plain, as a dense MLP's); experts, the gate/up inputs by rows again (the routed
-// SwiGLU output comes from the plain SwiGLU backward, the shared expert's from a plain SwiGLU).
-// Attention recompute quantizes only in the norm. Under block the routed SwiGLU again writes both FP8
-// layouts (act_columns).
+// forward (o's input rows; the experts' input rows and their SwiGLU's FP8 layouts; the shared
+// expert's input rows and SwiGLU; a dense MLP's SwiGLU, its input rows coming from the norm);
+// experts, the gate/up inputs by rows again and the shared expert's SwiGLU (the routed SwiGLU output
+// comes from the plain SwiGLU backward). Every recomputed SwiGLU writes the FP8 layouts (6 bytes per
+// unit; the rows operand unused). Attention recompute quantizes only in the norm.
 double fp8_recompute_quantize_bytes(const Widths& w, Recompute rc, bool moe_layer, bool payload_fp8) {
-  const double expert_rows = payload_fp8 ? 0 : 3 * w.d, shared_rows = moe_layer && w.s > 0 ? 3 * w.d : 0;
-  if (rc == Recompute::Block) return 3 * w.q + (moe_layer ? w.k * (expert_rows + 6 * w.h) + shared_rows : 0);
-  if (rc == Recompute::Experts && moe_layer) return w.k * expert_rows + shared_rows;
+  const double expert_rows = payload_fp8 ? 0 : 3 * w.d;
+  const double shared = moe_layer && w.s > 0 ? 3 * w.d + 6 * w.s : 0;  // input rows, SwiGLU
+  if (rc == Recompute::Block) return 3 * w.q + (moe_layer ? w.k * (expert_rows + 6 * w.h) + shared : 6 * w.hd);
+  if (rc == Recompute::Experts && moe_layer) return w.k * expert_rows + shared;
   return 0;
 }
 
@@ -221,7 +223,8 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
     // input, and a dense layer's MLP input), in every forward and in the recomputed ones.
     const double block = rc == Recompute::Block ? 1 : 0;
     const double attention_norms = L + block * L + (rc == Recompute::Attention ? L - skipped : 0);
-    const double recomputed_swiglu = block * moe_layers * w.k * w.h;
+    const double recomputed_swiglu = block * (moe_layers * (w.k * w.h + w.s) + dense_layers * w.hd) +
+                                     (rc == Recompute::Experts ? std::max(0.0, moe_layers - skipped) * w.s : 0);
     const double fused_swiglu_units = moe_layers * (w.k * w.h + w.s) + dense_layers * w.hd + recomputed_swiglu;
     s.elementwise_bytes += T * (attention_norms + (1 + block) * dense_layers) * w.d;
     s.elementwise_bytes -= kActBytes * 3 * T * fused_swiglu_units;
