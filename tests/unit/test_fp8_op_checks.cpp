@@ -212,7 +212,8 @@ TEST(Fp8OpChecks, swiglu_forward_rows_and_columns_refuses_outputs_that_do_not_fi
   expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 40}), rows({40, 384}), f32({300, 80}),
                                                                      off); }),
                   {op, "out_columns.codes", "Mp >= 512"});
-  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 40}), rows({40, 512}), Tensor(g_f32.data(), DType::I32, {300, 80}),
+  const Tensor i32_gate_up(g_f32.data(), DType::I32, {300, 80});
+  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 40}), rows({40, 512}), i32_gate_up,
                                                                      off); }),
                   {op, "gate_up"});
 }
