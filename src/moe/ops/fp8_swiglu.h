@@ -21,12 +21,13 @@ namespace moe {
 // codes [R, H]) = fp8_quantize_rows of out.
 void fp8_swiglu_forward(Tensor out, Fp8Tensor out_rows, Tensor gate_up, Stream stream = {});
 
-// The routed experts' SwiGLU when the backward keeps its output in FP8: swiglu(gate_up [R, 2H]) in
-// the activation dtype is never stored; out_rows (Rows tiles, codes [R, H]) and out_columns (Rows
-// tiles along the tokens in the segments of offsets, codes [H, Mp]) are what
-// fp8_quantize_rows_and_columns makes of swiglu_forward's output, bit for bit. out_columns is the down
-// product's weight-gradient operand: the backward reads it instead of the 2-byte output and its own
-// quantization pass (docs/architecture.md, FP8 saved activations).
+// The SwiGLU when the backward keeps its output in FP8 (every MLP in train.precision = "fp8" but the
+// routed experts under recompute = "experts"): swiglu(gate_up [R, 2H]) in the activation dtype is
+// never stored; out_rows (Rows tiles, codes [R, H]) and out_columns (Rows tiles along the tokens in
+// the segments of offsets, empty: one; codes [H, Mp]) are what fp8_quantize_rows_and_columns makes of
+// swiglu_forward's output, bit for bit. out_columns is the down product's weight-gradient operand: the
+// backward reads it instead of the 2-byte output and its own quantization pass (docs/architecture.md,
+// FP8 training).
 void fp8_swiglu_forward_rows_and_columns(Fp8Tensor out_rows, Fp8Tensor out_columns, Tensor gate_up, Tensor offsets,
                                          Stream stream = {});
 

@@ -59,8 +59,9 @@ double head_bytes(const Widths& w) { return kActBytes * (6 * w.d + 2 * w.d) + 12
 //   attention: o's input by rows (forward) and columns; the output gradients of q, k, v and o; the
 //     norm output's columns (q, k and v share them). The norm writes the rows operand itself.
 //   a SwiGLU MLP of `units` (an expert per route, the shared expert, a dense MLP): its input by rows
-//     (`input_rows`: 0 where the norm or the scatter made them), the fused SwiGLU, the output
-//     gradients of down and gate/up, the SwiGLU output's columns, the input's columns.
+//     (`input_rows`: 0 where the norm or the scatter made them), the fused SwiGLU (with its output's
+//     columns, or those quantized in the backward: act_columns, above), the output gradients of down
+//     and gate/up, the input's columns.
 double fp8_quantize_bytes(const Widths& w, bool moe_layer, bool payload_fp8, bool act_columns) {
   const double attention = 3 * w.q + 3 * w.q + 4 * (w.q + 2 * w.kv) + 4 * w.d + 3 * w.d;
   auto mlp = [&](double units, double input_rows, double input_columns, bool fp8_output = true) {
@@ -75,7 +76,7 @@ double fp8_quantize_bytes(const Widths& w, bool moe_layer, bool payload_fp8, boo
 // The same for what recompute repeats of one layer's forward (model/recompute.h): block, the layer's
 // forward (o's input rows; the experts' input rows and their SwiGLU's FP8 layouts; the shared
 // expert's input rows and SwiGLU; a dense MLP's SwiGLU, its input rows coming from the norm);
-// experts, the gate/up inputs by rows again and the shared expert's SwiGLU (the routed SwiGLU output
+// experts, the gate/up inputs by rows again, the shared expert's input rows and SwiGLU (the routed SwiGLU output
 // comes from the plain SwiGLU backward). Every recomputed SwiGLU writes the FP8 layouts (6 bytes per
 // unit; the rows operand unused). Attention recompute quantizes only in the norm.
 double fp8_recompute_quantize_bytes(const Widths& w, Recompute rc, bool moe_layer, bool payload_fp8) {
@@ -213,7 +214,7 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
     const bool payload_fp8 = cfg.ep.payload == Payload::FP8;
     const bool act_columns = rc != Recompute::Experts;  // model/transformer.h: LayerActs::act_columns
     s.fp8_quantize_bytes = T * (moe_layers * fp8_quantize_bytes(w, true, payload_fp8, act_columns) +
-                                dense_layers * fp8_quantize_bytes(w, false, false, false));
+                                dense_layers * fp8_quantize_bytes(w, false, false, true));
     // Recompute (the layers counted as above); experts: every MoE layer but the skipped top one.
     const double recomputed_moe = rc == Recompute::Block ? moe_layers : std::max(0.0, moe_layers - skipped);
     s.fp8_quantize_bytes += T * (recomputed_moe * fp8_recompute_quantize_bytes(w, rc, true, payload_fp8) +

@@ -20,7 +20,8 @@
 // in step_work.cpp); the RMSNorms that quantize write d codes more; the FP8 dispatch scatter
 // (ep.payload = fp8) writes K d codes in place of BF16 rows. Rows of expert buffers are counted per
 // route (T K), not per slot: with a capacity factor above 1 the kernels that run over every slot
-// (the experts' input rows, the SwiGLU) move that much more.
+// (the experts' input rows, the BF16 SwiGLU) move that much more (the FP8 SwiGLU that writes both
+// layouts loads only the rows inside the expert segments).
 #pragma once
 
 #include <cstdint>
