@@ -139,17 +139,21 @@ void Projections::swiglu_linear(Tensor y, Tensor act, Tensor gu, Tensor w, const
   fp8_matmul(y.view({y.numel() / out, out}), act_rows, f.w, accumulate);
 }
 
+Fp8Tensor Projections::swiglu_rows_and_columns(Fp8Tensor act_columns, Tensor gu, Tensor offsets) {
+  const int64_t rows = gu.numel() / gu.dim(-1), cols = gu.dim(-1) / 2;
+  const Fp8Tensor act_rows = operand(rows_, rows, cols);
+  fp8_swiglu_forward_rows_and_columns(act_rows, act_columns, gu.view({rows, 2 * cols}), offsets);
+  return act_rows;
+}
+
 void Projections::swiglu_linear(Tensor y, Fp8Tensor act_columns, Tensor gu, const Fp8Weight& f, bool accumulate) {
   MOE_CHECK(!f.empty(), "swiglu_linear: an FP8 SwiGLU output needs the FP8 weight cache (train.precision = \"fp8\")");
-  const int64_t rows = gu.numel() / gu.dim(-1), cols = gu.dim(-1) / 2, out = y.dim(-1);
-  const Fp8Tensor act_rows = operand(rows_, rows, cols);
-  fp8_swiglu_forward_rows_and_columns(act_rows, act_columns, gu.view({rows, 2 * cols}), Tensor());
-  fp8_matmul(y.view({y.numel() / out, out}), act_rows, f.w, accumulate);
+  const int64_t out = y.dim(-1);
+  fp8_matmul(y.view({y.numel() / out, out}), swiglu_rows_and_columns(act_columns, gu, Tensor()), f.w, accumulate);
 }
 
 void Projections::swiglu_columns(Fp8Tensor act_columns, Tensor gu) {
-  const int64_t rows = gu.numel() / gu.dim(-1), cols = gu.dim(-1) / 2;
-  fp8_swiglu_forward_rows_and_columns(operand(rows_, rows, cols), act_columns, gu.view({rows, 2 * cols}), Tensor());
+  swiglu_rows_and_columns(act_columns, gu, Tensor());
 }
 
 void Projections::linear_backward(Tensor dx, Tensor dw, Tensor dy, const Fp8Tensor& x_columns, const Fp8Weight& f,
@@ -210,9 +214,7 @@ void Projections::experts_swiglu_forward(Tensor c, Fp8Tensor act_columns, Tensor
                                          Tensor offsets) {
   MOE_CHECK(!f_down.empty(), "experts_swiglu_forward: an FP8 SwiGLU output needs the FP8 weight cache "
             "(train.precision = \"fp8\")");
-  const Fp8Tensor act_rows = operand(rows_, gu.dim(0), gu.dim(1) / 2);
-  fp8_swiglu_forward_rows_and_columns(act_rows, act_columns, gu, offsets);
-  fp8_grouped_matmul(c, act_rows, f_down.w, offsets);
+  fp8_grouped_matmul(c, swiglu_rows_and_columns(act_columns, gu, offsets), f_down.w, offsets);
 }
 
 void Projections::experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Tensor x, const Fp8Weight& f,

@@ -113,6 +113,9 @@ class Projections {
   Fp8Tensor quantize_columns(const Buffer& b, Tensor x, Tensor offsets, int64_t segments);
   // dy as the data gradient's rows (in rows_) and the weight gradient's columns (in grad_columns_), one pass.
   std::pair<Fp8Tensor, Fp8Tensor> quantize_output_grad(Tensor dy, Tensor offsets, int64_t segments);
+  // act = swiglu(gu) as its rows operand (in rows_, returned) and act_columns, over the segments of
+  // offsets (empty: one), in one kernel; act itself is not stored.
+  Fp8Tensor swiglu_rows_and_columns(Fp8Tensor act_columns, Tensor gu, Tensor offsets);
   // The FP8 products of linear_backward with x's columns operand given.
   void fp8_linear_backward(Tensor dx, Tensor dw, Tensor dy, const Fp8Tensor& x_columns, const Fp8Weight& f,
                            bool accumulate_dx);

@@ -47,9 +47,6 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       act_(arena.device() == Device::CUDA ? DType::BF16 : DType::F32),
       recompute_(recompute),
       precision_(precision),
-      // recompute = experts recomputes the SwiGLU output in its backward, where the BF16 values come
-      // out of the SwiGLU backward's pass: those are quantized there, as before.
-      fp8_act_columns_(precision == Precision::FP8 && recompute != Recompute::Experts),
       payload_(payload),
       arena_(arena),
       dispatcher_(dispatcher) {
@@ -119,7 +116,7 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
                            bool keep) {
       const int64_t columns = fp8_columns_capacity(rows, segments);
       layer_buffer(t.codes, name + "_columns.codes", DType::FP8_E4M3, {width, columns}, keep);
-      layer_buffer(t.scales, name + "_columns.scales", F, {width, (columns + kFp8Tile - 1) / kFp8Tile}, keep);
+      layer_buffer(t.scales, name + "_columns.scales", F, fp8_scale_shape({width, columns}, Fp8Tiles::Rows), keep);
       t.tiles = Fp8Tiles::Rows;
     };
     auto ffn_act = [&](Tensor& act, Fp8Tensor& columns, const std::string& name, int64_t width, bool keep) {
@@ -153,7 +150,7 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       layer_buffer(A.route_index, "route_index", I, {R * K}, true);
       layer_buffer(A.offsets, "expert_offsets", I, {E + 1}, true);
       layer_buffer(A.gu, "expert_gate_up", X, {capacity_, 2 * H}, keep_experts);
-      if (fp8_act_columns_)
+      if (fp8_act_columns())
         fp8_columns(A.act_columns, "expert_act", H, capacity_, E, keep_experts);
       else
         layer_buffer(A.act, "expert_act", X, {capacity_, H}, keep_experts);
@@ -310,7 +307,7 @@ void Transformer::experts_gate_up(const LayerWeights& w, const Fp8LayerWeights& 
 // projection into A.experts.expert_out. gu and act are what recompute = experts drops.
 void Transformer::expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
   experts_gate_up(w, f, A);
-  if (fp8_act_columns_)
+  if (fp8_act_columns())
     proj_->experts_swiglu_forward(A.experts.expert_out, A.act_columns, A.gu, f.experts_down, A.offsets);
   else
     proj_->experts_swiglu_forward(A.experts.expert_out, A.act, A.gu, w.experts_down, f.experts_down, A.offsets);
@@ -642,7 +639,7 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
     swiglu_backward_with_output(s.dgu, A.act, s.dact, A.gu);
   else
     swiglu_backward(s.dgu, s.dact, A.gu);
-  if (fp8_act_columns_)
+  if (fp8_act_columns())
     proj_->experts_weight_grad(g.experts_down, dye, A.act_columns, f.experts_down, A.offsets, accumulate);
   else
     proj_->experts_weight_grad(g.experts_down, dye, A.act, f.experts_down, A.offsets, accumulate);

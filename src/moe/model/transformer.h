@@ -153,7 +153,7 @@ class Transformer {
     // MoE
     Tensor logits, scores, topk_idx, topk_w, counts, route_index, offsets, gu, act, lb, z;
     // FP8 unless recompute = experts: the SwiGLU output as the down weight gradient's columns operand,
-    // kept in place of act (which is then not reserved; fp8_act_columns_).
+    // kept in place of act (which is then not reserved; fp8_act_columns()).
     Fp8Tensor act_columns;
     ExpertBuffers experts;  // expert_in (xe; FP8 codes and scales with payload fp8) and expert_out (ye): the lease's,
                             // or the dispatcher's recompute pair
@@ -199,6 +199,10 @@ class Transformer {
                   const Fp8Weight& f_down);
   void ffn_down_backward(Tensor dact, Tensor dw, Tensor act, const Fp8Tensor& act_columns, Tensor w_down,
                          const Fp8Weight& f_down);
+  // The routed SwiGLU output is kept as FP8 columns (LayerActs::act_columns): in FP8 unless recompute
+  // = experts recomputes it in the backward, where the BF16 values come out of the SwiGLU backward's
+  // pass and are quantized there.
+  bool fp8_act_columns() const { return precision_ == Precision::FP8 && recompute_ != Recompute::Experts; }
   Fp8Tensor ffn_norm(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, const Fp8Tensor& m_rows,
                      Tensor h_out = {});
@@ -227,7 +231,6 @@ class Transformer {
   DType act_;  // activations: F32 on the CPU, BF16 on the GPU
   Recompute recompute_;
   Precision precision_;
-  bool fp8_act_columns_;  // the routed SwiGLU output is kept as FP8 columns (LayerActs::act_columns)
   Payload payload_;  // what dispatch moves to the experts (model/dispatch.h)
   AttentionShape attn_shape_;
   Arena& arena_;
