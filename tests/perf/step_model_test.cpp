@@ -156,12 +156,12 @@ TEST(StepModel, recompute_repeats_every_layer_but_the_top_one_without_pipeline) 
 // (2 bytes read and 1 written per element quantized by rows or by columns, 2 and 2 for an output
 // gradient in both layouts, 4 and 3 per unit of the quantizing SwiGLU forward, 1 and 1 re-quantizing
 // FP8 rows): what the step split's "FP8 quantize" row times. The element-wise bytes lose the
-// SwiGLU forward (timed there) and gain the FP8 codes the attention RMSNorm writes.
+// SwiGLU forward (timed there) and gain the FP8 codes the attention RMSNorm writes. At EP 1 every
+// route stays on the rank: the scatter writes FP8 rows (as with payload fp8), the expert backward's
+// operands are gathered from the token rows (the same bytes as from stored rows) and the combine
+// backward stores no d(expert output); at EP 2 the experts quantize the BF16 rows they receive.
 TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
   const double T = 16 * S;
-  Config c = tiny();
-  const StepWork bf16 = step_work(c, rank_layout(c, 1));
-  c.train.precision = Precision::FP8;
   struct Pass {
     const char* what;
     double elements, bytes_per_element;
@@ -170,16 +170,16 @@ TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
   // columns in FP8 only (gate/up read, 4 bytes per unit; 2 written) and the backward has no columns
   // pass of its own; under recompute = experts the forward keeps the BF16 output (7) and the
   // backward quantizes its columns (3).
-  auto layer_bytes = [&](bool payload_fp8, bool act_columns = true) {
+  auto layer_bytes = [&](bool scatter_fp8, bool payload_fp8, bool act_columns = true) {
     const std::vector<Pass> passes = {
         {"o's input rows (forward)", q, 3},
         {"o's input columns", q, 3},
         {"o's output gradient, rows and columns", d, 4},
         {"q, k, v output gradients, rows and columns", q + 2 * kv, 4},
         {"the attention norm output's columns (q, k, v)", d, 3},
-        {"the experts' input rows (payload bf16; the scatter quantizes at fp8)", payload_fp8 ? 0 : K * d, 3},
+        {"the experts' input rows (BF16 rows received; an FP8 scatter quantizes itself)", scatter_fp8 ? 0 : K * d, 3},
         {"the experts' SwiGLU forward with its output's FP8 layouts", K * h, act_columns ? 6.0 : 7.0},
-        {"down's output gradient, rows and columns", K * d, 4},
+        {"down's output gradient, rows and columns (stored or gathered)", K * d, 4},
         {"the SwiGLU output's columns", act_columns ? 0 : K * h, 3},
         {"gate/up's output gradient, rows and columns", K * 2 * h, 4},
         {"the experts' input columns (payload fp8: re-quantized from FP8 rows)", K * d, payload_fp8 ? 2.0 : 3.0},
@@ -188,19 +188,35 @@ TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
     for (const Pass& p : passes) sum += p.elements * p.bytes_per_element;
     return sum;
   };
-  const StepWork fp8 = step_work(c, rank_layout(c, 1));
-  EXPECT_DOUBLE_EQ(fp8.fp8_quantize_bytes, L * T * layer_bytes(false));
-  EXPECT_DOUBLE_EQ(fp8.elementwise_bytes, bf16.elementwise_bytes + L * T * d - L * T * 2 * 3 * K * h);
-  c.ep.payload = Payload::FP8;
-  const StepWork payload = step_work(c, rank_layout(c, 1));
-  EXPECT_DOUBLE_EQ(payload.fp8_quantize_bytes, L * T * layer_bytes(true));
-  // The FP8 scatter writes K d one-byte codes where the BF16 one writes two bytes each.
-  EXPECT_DOUBLE_EQ(payload.elementwise_bytes, fp8.elementwise_bytes - L * T * K * d);
-  c.ep.payload = Payload::BF16;
-  // Recompute = experts: the gate/up input rows again in every MoE layer but the top one.
-  c.train.recompute = Recompute::Experts;
-  EXPECT_DOUBLE_EQ(step_work(c, rank_layout(c, 1)).fp8_quantize_bytes,
-                   L * T * layer_bytes(false, false) + (L - 1) * T * K * d * 3);
+  for (int64_t ep : {1, 2}) {
+    Config c = tiny();
+    c.parallel.ep = ep;
+    const double Tr = T / static_cast<double>(ep);  // tokens per rank: ep ranks of data parallelism
+    const bool local = ep == 1;
+    const StepWork bf16 = step_work(c, rank_layout(c, ep));
+    c.train.precision = Precision::FP8;
+    const StepWork fp8 = step_work(c, rank_layout(c, ep));
+    EXPECT_DOUBLE_EQ(fp8.fp8_quantize_bytes, L * Tr * layer_bytes(local, false)) << "ep " << ep;
+    // Locally: the FP8 scatter writes K d one-byte codes where the BF16 one writes two bytes each,
+    // and the combine backward no 2-byte d(expert output) rows.
+    EXPECT_DOUBLE_EQ(fp8.elementwise_bytes, bf16.elementwise_bytes + L * Tr * d - L * Tr * 2 * 3 * K * h -
+                                                (local ? L * Tr * (K * d + 2 * K * d) : 0))
+        << "ep " << ep;
+    c.ep.payload = Payload::FP8;
+    const StepWork payload = step_work(c, rank_layout(c, ep));
+    EXPECT_DOUBLE_EQ(payload.fp8_quantize_bytes, L * Tr * layer_bytes(true, true)) << "ep " << ep;
+    // The combine backward stores d(expert output) again (the payload moves it in BF16).
+    EXPECT_DOUBLE_EQ(payload.elementwise_bytes,
+                     bf16.elementwise_bytes + L * Tr * d - L * Tr * 2 * 3 * K * h - L * Tr * K * d)
+        << "ep " << ep;
+    c.ep.payload = Payload::BF16;
+    // Recompute = experts: the gate/up input rows again in every MoE layer but the top one (none
+    // locally: the FP8 rows are kept).
+    c.train.recompute = Recompute::Experts;
+    EXPECT_DOUBLE_EQ(step_work(c, rank_layout(c, ep)).fp8_quantize_bytes,
+                     L * Tr * layer_bytes(local, false, false) + (local ? 0 : (L - 1) * Tr * K * d * 3))
+        << "ep " << ep;
+  }
 }
 
 // The same listing for a model with a dense first layer and a shared expert, with each recompute
@@ -220,30 +236,37 @@ TEST(StepModel, fp8_quantize_bytes_cover_shared_experts_dense_layers_and_recompu
   auto mlp = [&](double units, double input_rows, bool act_columns = true) {
     return input_rows + (act_columns ? 6 * units : 7 * units + 3 * units) + 4 * d + 8 * units + 3 * d;
   };
-  for (Recompute rc : {Recompute::None, Recompute::Block, Recompute::Experts, Recompute::Attention}) {
-    const bool act_columns = rc != Recompute::Experts;
-    const double per_step =
-        T * (Ls * attention + moe * (K * mlp(h, 3 * d, act_columns) + mlp(s, 3 * d)) + dense * mlp(hd, 0));
-    c.train.recompute = rc;
-    c.train.precision = Precision::BF16;
-    const StepWork bf16 = step_work(c, rank_layout(c, 1));
-    c.train.precision = Precision::FP8;
-    const StepWork fp8 = step_work(c, rank_layout(c, 1));
-    double again = 0, norms = Ls + dense, swiglu = moe * (K * h + s) + dense * hd;
-    if (rc == Recompute::Block) {
-      again = T * (Ls * 3 * q + moe * (K * (3 * d + 6 * h) + 3 * d + 6 * s) + dense * 6 * hd);
-      norms += Ls + dense, swiglu += moe * (K * h + s) + dense * hd;
-    } else if (rc == Recompute::Experts) {
-      again = T * (moe - 1) * (K * 3 * d + 3 * d + 6 * s);
-      swiglu += (moe - 1) * s;
-    } else if (rc == Recompute::Attention) {
-      norms += Ls - 1;
+  // EP 1 (every route on the rank): the scatter writes the experts' FP8 input rows (no rows pass,
+  // none again under recompute; element-wise K d codes per dispatch) and the combine backward no
+  // d(expert output) (2 K d); EP 2: the experts quantize the rows they receive.
+  for (int64_t ep : {1, 2})
+    for (Recompute rc : {Recompute::None, Recompute::Block, Recompute::Experts, Recompute::Attention}) {
+      const bool act_columns = rc != Recompute::Experts, local = ep == 1;
+      const double Tr = T / static_cast<double>(ep), rows = local ? 0 : 3 * d;
+      const double per_step =
+          Tr * (Ls * attention + moe * (K * mlp(h, rows, act_columns) + mlp(s, 3 * d)) + dense * mlp(hd, 0));
+      c.parallel.ep = ep;
+      c.train.recompute = rc;
+      c.train.precision = Precision::BF16;
+      const StepWork bf16 = step_work(c, rank_layout(c, ep));
+      c.train.precision = Precision::FP8;
+      const StepWork fp8 = step_work(c, rank_layout(c, ep));
+      double again = 0, norms = Ls + dense, swiglu = moe * (K * h + s) + dense * hd, dispatches = 1;
+      if (rc == Recompute::Block) {
+        again = Tr * (Ls * 3 * q + moe * (K * (rows + 6 * h) + 3 * d + 6 * s) + dense * 6 * hd);
+        norms += Ls + dense, swiglu += moe * (K * h + s) + dense * hd, dispatches = 2;
+      } else if (rc == Recompute::Experts) {
+        again = Tr * (moe - 1) * (K * rows + 3 * d + 6 * s);
+        swiglu += (moe - 1) * s;
+      } else if (rc == Recompute::Attention) {
+        norms += Ls - 1;
+      }
+      const double local_bytes = local ? Tr * moe * (dispatches * K * d + 2 * K * d) : 0;
+      EXPECT_DOUBLE_EQ(fp8.fp8_quantize_bytes, per_step + again) << "ep " << ep << ", " << static_cast<int>(rc);
+      EXPECT_NEAR(fp8.elementwise_bytes, bf16.elementwise_bytes + Tr * norms * d - Tr * 2 * 3 * swiglu - local_bytes,
+                  1e-9 * bf16.elementwise_bytes)
+          << "ep " << ep << ", " << static_cast<int>(rc);
     }
-    EXPECT_DOUBLE_EQ(fp8.fp8_quantize_bytes, per_step + again) << static_cast<int>(rc);
-    EXPECT_NEAR(fp8.elementwise_bytes, bf16.elementwise_bytes + T * norms * d - T * 2 * 3 * swiglu,
-                1e-9 * bf16.elementwise_bytes)
-        << static_cast<int>(rc);
-  }
 }
 
 // A run's own layout (rank_layout): the trainer's stage boundaries, balanced by per-layer cost with

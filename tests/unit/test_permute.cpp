@@ -282,6 +282,44 @@ TEST(Permute, combine_rows_backward_matches_naive) {
   }
 }
 
+// The weights' gradient alone: combine_rows_backward's dweights, bit for bit, nothing else written.
+TEST(Permute, combine_rows_weight_grad_is_the_dweights_of_combine_rows_backward) {
+  uint64_t seed = 400;
+  for (const auto& s : kShapes) {
+    const int64_t cap = static_cast<int64_t>(s.capacity_factor * s.T * s.K);
+    Routing r(s.T, s.N, s.K, s.D, cap + 1, ++seed);
+    SCOPED_TRACE(testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " dropped=" << r.dropped());
+    auto y = random_vec(size_t(r.rows) * s.D, ++seed);
+    auto w = random_vec(size_t(s.T) * s.K, ++seed);
+    auto dout = random_vec(size_t(s.T) * s.D, ++seed);
+    std::vector<float> dy(size_t(r.rows) * s.D), want(size_t(s.T) * s.K, kSentinel), got(want.size(), kSentinel);
+    combine_rows_backward(f32_tensor(dy.data(), {r.rows, s.D}), f32_tensor(want.data(), {s.T, s.K}),
+                          f32_tensor(dout.data(), {s.T, s.D}), f32_tensor(y.data(), {r.rows, s.D}),
+                          f32_tensor(w.data(), {s.T, s.K}), r.index(), s.K);
+    combine_rows_weight_grad(f32_tensor(got.data(), {s.T, s.K}), f32_tensor(dout.data(), {s.T, s.D}),
+                             f32_tensor(y.data(), {r.rows, s.D}), r.index(), s.K);
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  }
+}
+
+// route_of_row names, for every buffer row, the route placed there, and -1 for rows none fills.
+TEST(Permute, invert_route_index_names_each_rows_route) {
+  uint64_t seed = 500;
+  for (const auto& s : kShapes) {
+    const int64_t cap = static_cast<int64_t>(s.capacity_factor * s.T * s.K);
+    Routing r(s.T, s.N, s.K, s.D, cap + 1, ++seed);
+    std::vector<int32_t> route_of_row(size_t(r.rows), 7);
+    invert_route_index(i32_tensor(route_of_row.data(), {r.rows}), r.index());
+    std::vector<int32_t> want(size_t(r.rows), -1);
+    for (int i = 0; i < s.T * s.K; ++i)
+      if (r.route_index[i] >= 0) want[size_t(r.route_index[i])] = i;
+    EXPECT_EQ(route_of_row, want) << "T=" << s.T << " K=" << s.K;
+  }
+  std::vector<int32_t> rows(4), twice = {0, 1, 1, -1}, past = {0, 4, -1, 2};
+  EXPECT_THROW(invert_route_index(i32_tensor(rows.data(), {4}), i32_tensor(twice.data(), {4})), Error);
+  EXPECT_THROW(invert_route_index(i32_tensor(rows.data(), {4}), i32_tensor(past.data(), {4})), Error);
+}
+
 TEST(Permute, rejects_bad_route_index) {
   std::vector<float> src(4 * 2), dst(4 * 2);
   std::vector<int32_t> ri = {0, 4, 1, 2};  // row 4 is past the 4-row buffer

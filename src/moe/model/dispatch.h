@@ -78,12 +78,19 @@ struct DispatchShape {
   bool recompute = false;
   // FP8: expert_in buffers (leases and the recompute pair) hold codes and scales, filled by dispatch_fp8.
   Payload payload = Payload::BF16;
+  // false: grad_buffers() has no expert_out (empty), for a model that never stores d(expert output)
+  // (it quantizes it from the token rows where routes_stay_local()); combine_backward is then not called.
+  bool grad_expert_out = true;
 };
 
 class TokenDispatcher {
  public:
   virtual ~TokenDispatcher() = default;
   virtual const char* name() const = 0;
+  // Every route's row is on this rank (EP = 1): route_index entries are rows of this rank's expert
+  // buffers, which the model may then read with local ops (moe/ops/permute.h, moe/ops/fp8_gather.h)
+  // in place of combine_backward. True only for backends that also run dispatch_fp8.
+  virtual bool routes_stay_local() const { return false; }
   // Rows of the expert buffer on this rank for microbatches of `tokens` tokens (fixed at start-up).
   virtual int64_t expert_rows(int64_t tokens, int64_t top_k) const = 0;
   // Experts held on this rank: [first_expert(), first_expert() + local_experts()).

@@ -199,6 +199,17 @@ ExpertOutputGrad Projections::experts_data_grad(Tensor dx, Tensor dy, Tensor w, 
   return {dy, dy_columns};
 }
 
+ExpertOutputGrad Projections::experts_data_grad(Tensor dx, const GatheredRows& dy, const Fp8Weight& f,
+                                                Tensor offsets) {
+  MOE_CHECK(!f.empty(), "experts_data_grad: gathered output gradients need the FP8 weight cache");
+  const int64_t rows = dy.route_of_row.dim(0), cols = dy.x.dim(1);
+  const Fp8Tensor r = operand(rows_, rows, cols);
+  const Fp8Tensor c = operand(grad_columns_, cols, fp8_columns_capacity(rows, offsets.numel() - 1));
+  fp8_quantize_gathered_rows_and_columns(r, c, dy, offsets);
+  fp8_grouped_matmul(dx, r, f.w_t, offsets);
+  return {Tensor(), c};
+}
+
 void Projections::experts_swiglu_forward(Tensor c, Tensor act, Tensor gu, Tensor w_down, const Fp8Weight& f_down,
                                          Tensor offsets) {
   if (f_down.empty()) {
@@ -229,6 +240,13 @@ Fp8Tensor Projections::expert_input_columns(Fp8Tensor x, DType values, Tensor of
   const int64_t rows = x.codes.dim(0), cols = x.codes.dim(1);
   Fp8Tensor q = operand(input_columns_, cols, fp8_columns_capacity(rows, offsets.numel() - 1));
   fp8_requantize_columns(q, x, values, offsets);
+  return q;
+}
+
+Fp8Tensor Projections::expert_input_columns(const GatheredRows& x, Tensor offsets) {
+  const int64_t rows = x.route_of_row.dim(0), cols = x.x.dim(1);
+  Fp8Tensor q = operand(input_columns_, cols, fp8_columns_capacity(rows, offsets.numel() - 1));
+  fp8_quantize_gathered_columns(q, x, offsets);
   return q;
 }
 

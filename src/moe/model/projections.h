@@ -13,6 +13,7 @@
 #include "moe/model/config.h"
 #include "moe/model/fp8_weights.h"
 #include "moe/model/precision.h"
+#include "moe/ops/fp8_gather.h"
 
 namespace moe {
 
@@ -79,6 +80,10 @@ class Projections {
   void experts_forward(Tensor c, Fp8Tensor a, const Fp8Weight& f, Tensor offsets);
   // dx = dy w[e] (data gradient); returns dy for the weight gradient.
   ExpertOutputGrad experts_data_grad(Tensor dx, Tensor dy, Tensor w, const Fp8Weight& f, Tensor offsets);
+  // The same with dy the weighted token rows of `dy` (every route on this rank: moe/ops/fp8_gather.h),
+  // quantized into both layouts from the token rows; dy itself is never stored (the result's dy is
+  // empty). FP8 weights only.
+  ExpertOutputGrad experts_data_grad(Tensor dx, const GatheredRows& dy, const Fp8Weight& f, Tensor offsets);
   // The SwiGLU between the experts' gate/up and down products, with the down product:
   // act = swiglu(gu) (kept for the backward), then c = act w_down[e]^T. In FP8 the SwiGLU kernel
   // writes act's Rows operand as it computes act (moe/ops/fp8_swiglu.h).
@@ -100,6 +105,9 @@ class Projections {
   // in E4M3's subnormal range of a tile (docs/architecture.md, FP8 dispatch payload). FP8 weights only.
   // The down weight gradient takes the SwiGLU output's kept columns operand the same way.
   Fp8Tensor expert_input_columns(Fp8Tensor x, DType values, Tensor offsets);
+  // The same operand when every route is on this rank: x's columns quantized from the token rows
+  // (moe/ops/fp8_gather.h), the bits of quantizing the expert input rows a BF16 dispatch stores.
+  Fp8Tensor expert_input_columns(const GatheredRows& x, Tensor offsets);
   void experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Fp8Tensor x_columns, const Fp8Weight& f,
                            Tensor offsets, bool accumulate);
 

@@ -8,9 +8,11 @@
 #include "moe/ops/elementwise.h"
 #include "moe/ops/embedding.h"
 #include "moe/ops/fp8.h"
+#include "moe/ops/fp8_gather.h"
 #include "moe/ops/gemm.h"
 #include "moe/ops/loss.h"
 #include "moe/ops/norm.h"
+#include "moe/ops/permute.h"
 #include "moe/ops/rope.h"
 #include "moe/ops/router.h"
 #include "moe/ops/route.h"
@@ -48,6 +50,7 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       recompute_(recompute),
       precision_(precision),
       payload_(payload),
+      gathered_expert_grads_(precision == Precision::FP8 && payload == Payload::BF16 && dispatcher.routes_stay_local()),
       arena_(arena),
       dispatcher_(dispatcher) {
   cfg_.validate();
@@ -192,6 +195,7 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
     reserve(s.dact, "grad.expert_act", X, {capacity_, H});
     reserve(s.dgu, "grad.expert_gate_up", X, {capacity_, 2 * H});
     if (X != F) reserve(s.dlogits_act, "grad.router_logits_" + std::string(dtype_name(X)), X, {R, N});
+    if (gathered_expert_grads_) reserve(s.route_of_row, "grad.route_of_row", I, {capacity_});
     reserve(s.router_ws, "router_losses_workspace", F, {router_losses_workspace_elems(dev_, R, N)});
   }
   if (ffn_width > 0) {
@@ -204,7 +208,9 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       reserve(s.recompute_topk_w, "recompute.router_topk_weight", F, {R, K});
     }
     dispatcher.reserve_buffers(DispatchShape{R, K, D, static_cast<int>(moe_end), lease_slots,
-                                             static_cast<int>(moe_first), X, !keep_block, payload},
+                                             static_cast<int>(moe_first), X, !keep_block,
+                                             fp8_expert_input() ? Payload::FP8 : Payload::BF16,
+                                             /*grad_expert_out=*/!gathered_expert_grads_},
                                arena);
   }
   // The CPU attention keeps its workspace here; cuDNN manages its own (docs/architecture.md).
@@ -285,19 +291,19 @@ void Transformer::attention_forward_layer(const LayerWeights& w, const Fp8LayerW
 }
 
 // Moves the rows of the FFN norm output A.m to the experts (A.experts.expert_in): in the activation
-// dtype, or with payload fp8 as the FP8 codes and scales the gate/up product reads.
+// dtype, or (fp8_expert_input()) as the FP8 codes and scales the gate/up product reads.
 void Transformer::dispatch_rows(LayerActs& A, const RoutePlan& plan) {
   const int K = static_cast<int>(cfg_.num_experts_per_tok);
-  if (payload_ == Payload::FP8)
+  if (fp8_expert_input())
     dispatcher_.dispatch_fp8(A.experts.fp8_expert_in(), A.m, plan, K, {});
   else
     dispatcher_.dispatch(A.experts.expert_in, A.m, plan, K, {});
 }
 
-// gate/up of the routed experts from the dispatched rows; with payload fp8 those rows are already
-// the product's FP8 operand.
+// gate/up of the routed experts from the dispatched rows; FP8 rows (fp8_expert_input()) are already
+// the product's operand.
 void Transformer::experts_gate_up(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
-  if (payload_ == Payload::FP8)
+  if (fp8_expert_input())
     proj_->experts_forward(A.gu, A.experts.fp8_expert_in(), f.experts_gate_up, A.offsets);
   else
     proj_->experts_forward(A.gu, A.experts.expert_in, w.experts_gate_up, f.experts_gate_up, A.offsets);
@@ -631,9 +637,18 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
   }
   const RoutePlan plan{A.route_index, A.offsets};
   const ExpertBuffers d = dispatcher_.grad_buffers();  // d.expert_out = dye, d.expert_in = dxe
-  dispatcher_.combine_backward(d.expert_out, s.dw, s.dres, A.experts.expert_out, A.topk_w, plan, K, {});
-  const ExpertOutputGrad dye = proj_->experts_data_grad(s.dact, d.expert_out, w.experts_down, f.experts_down,
-                                                        A.offsets);
+  ExpertOutputGrad dye;
+  if (gathered_expert_grads_) {
+    // Every route is this rank's: d(expert output) row r is topk_w[i] * dres[t] of its route i,
+    // quantized from dres into the down product's operands without being stored.
+    invert_route_index(s.route_of_row, A.route_index);
+    combine_rows_weight_grad(s.dw, s.dres, A.experts.expert_out, A.route_index, K);
+    dye = proj_->experts_data_grad(s.dact, GatheredRows{s.dres, s.route_of_row, A.topk_w, K}, f.experts_down,
+                                   A.offsets);
+  } else {
+    dispatcher_.combine_backward(d.expert_out, s.dw, s.dres, A.experts.expert_out, A.topk_w, plan, K, {});
+    dye = proj_->experts_data_grad(s.dact, d.expert_out, w.experts_down, f.experts_down, A.offsets);
+  }
   const bool accumulate = !scales.gradients_zeroed;  // equal results: 0 + x == x
   if (recompute_experts)
     swiglu_backward_with_output(s.dgu, A.act, s.dact, A.gu);
@@ -650,6 +665,10 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
     // rows. All reads of the moved rows stay before dispatch_backward's syncs, after which a peer
     // may store into them again.
     const Fp8Tensor x_columns = proj_->expert_input_columns(A.experts.fp8_expert_in(), act_, A.offsets);
+    proj_->experts_weight_grad(g.experts_gate_up, dgu, x_columns, f.experts_gate_up, A.offsets, accumulate);
+  } else if (gathered_expert_grads_) {
+    // The expert input rows are copies of the FFN norm output's: their columns come from A.m.
+    const Fp8Tensor x_columns = proj_->expert_input_columns(GatheredRows{A.m, s.route_of_row, {}, K}, A.offsets);
     proj_->experts_weight_grad(g.experts_gate_up, dgu, x_columns, f.experts_gate_up, A.offsets, accumulate);
   } else {
     proj_->experts_weight_grad(g.experts_gate_up, dgu, A.experts.expert_in, f.experts_gate_up, A.offsets,

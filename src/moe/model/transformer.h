@@ -155,7 +155,7 @@ class Transformer {
     // FP8 unless recompute = experts: the SwiGLU output as the down weight gradient's columns operand,
     // kept in place of act (which is then not reserved; fp8_act_columns()).
     Fp8Tensor act_columns;
-    ExpertBuffers experts;  // expert_in (xe; FP8 codes and scales with payload fp8) and expert_out (ye): the lease's,
+    ExpertBuffers experts;  // expert_in (xe; FP8 codes and scales: fp8_expert_input()) and expert_out (ye): the lease's,
                             // or the dispatcher's recompute pair
     Lease lease;            // held from forward to backward unless the block is recomputed
     bool leased = false;
@@ -173,6 +173,7 @@ class Transformer {
     Tensor attn_ws, head_ws, router_ws;  // router_ws: router_losses' workspace (empty on the CPU)
     Tensor hn, rstd_f, loss_sum;
     Tensor recompute_topk_idx, recompute_topk_w;  // recompute = block: the re-run router's choice (not used)
+    Tensor route_of_row;  // gathered_expert_grads_: the route each expert-buffer row holds (invert_route_index)
   };
 
   void reserve(Tensor& t, const std::string& name, DType dtype, Shape shape);
@@ -203,6 +204,9 @@ class Transformer {
   // = experts recomputes it in the backward, where the BF16 values come out of the SwiGLU backward's
   // pass and are quantized there.
   bool fp8_act_columns() const { return precision_ == Precision::FP8 && recompute_ != Recompute::Experts; }
+  // The expert input is held as FP8 rows (dispatch_fp8): with payload fp8, and in FP8 when every
+  // route stays on this rank (gathered_expert_grads_).
+  bool fp8_expert_input() const { return payload_ == Payload::FP8 || gathered_expert_grads_; }
   Fp8Tensor ffn_norm(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A);
   void mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, const Fp8Tensor& m_rows,
                      Tensor h_out = {});
@@ -232,6 +236,12 @@ class Transformer {
   Recompute recompute_;
   Precision precision_;
   Payload payload_;  // what dispatch moves to the experts (model/dispatch.h)
+  // FP8, payload bf16, every route on this rank (TokenDispatcher::routes_stay_local): the expert
+  // backward's FP8 operands of the expert input (columns) and of the expert output gradient (rows and
+  // columns) are quantized from the token rows (moe/ops/fp8_gather.h), so neither the BF16 expert
+  // input nor d(expert output) is stored; the dispatch stores the FP8 rows the gate/up product reads.
+  // The same bits as the BF16 payload through the dispatcher.
+  bool gathered_expert_grads_ = false;
   AttentionShape attn_shape_;
   Arena& arena_;
   TokenDispatcher& dispatcher_;

@@ -131,4 +131,23 @@ void combine_rows_backward(Tensor dy, Tensor dweights, Tensor dout, Tensor y, Te
   MOE_OP_DISPATCH(dout.device, combine_rows_backward, dy, dweights, dout, y, weights, route_index, top_k, stream);
 }
 
+void combine_rows_weight_grad(Tensor dweights, Tensor dout, Tensor y, Tensor route_index, int top_k, Stream stream) {
+  const OpCheck check("combine_rows_weight_grad", dout.device);
+  check_lead_rows(check, "dout", dout);
+  check_rows(check, "y", y, "dout", dout);
+  check_same_width(check, "y", y, "dout", dout);
+  const int64_t T = dout.dim(0);
+  check_weights(check, "dweights", dweights, T, top_k);
+  check_route_index(check, route_index, T, top_k, y.dim(0), /*injective=*/false);
+  MOE_OP_DISPATCH(dout.device, combine_rows_weight_grad, dweights, dout, y, route_index, top_k, stream);
+}
+
+void invert_route_index(Tensor route_of_row, Tensor route_index, Stream stream) {
+  const OpCheck check("invert_route_index", route_index.device);
+  check.tensor("route_index", route_index, DType::I32, 1);
+  check.tensor("route_of_row", route_of_row, DType::I32, 1);
+  check_route_index(check, route_index, route_index.numel(), 1, route_of_row.numel(), /*injective=*/true);
+  MOE_OP_DISPATCH(route_index.device, invert_route_index, route_of_row, route_index, stream);
+}
+
 }  // namespace moe

@@ -30,5 +30,13 @@ void combine_rows(Tensor out, Tensor y, Tensor weights, Tensor route_index, int 
 // untouched); dweights[t,k] = dot(dout[t], y[row]) for kept routes and 0 for dropped ones.
 void combine_rows_backward(Tensor dy, Tensor dweights, Tensor dout, Tensor y, Tensor weights, Tensor route_index,
                            int top_k, Stream stream = {});
+// dweights of combine_rows_backward alone, for a caller that never stores dy (it quantizes
+// weights[t,k] * dout[t] straight into FP8 operands: moe/ops/fp8_gather.h). The same bits.
+void combine_rows_weight_grad(Tensor dweights, Tensor dout, Tensor y, Tensor route_index, int top_k,
+                              Stream stream = {});
+
+// The inverse of an injective route_index: route_of_row[route_index[i]] = i for every kept route i,
+// -1 for every row no route names. route_of_row I32 [rows].
+void invert_route_index(Tensor route_of_row, Tensor route_index, Stream stream = {});
 
 }  // namespace moe

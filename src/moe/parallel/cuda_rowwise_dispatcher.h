@@ -55,6 +55,7 @@ class CudaRowwiseDispatcher final : public PooledDispatcher {
   CudaRowwiseDispatcher(Communicator& ep_group, int64_t num_experts, double capacity_factor, bool dropless);
 
   const char* name() const override { return "rowwise"; }
+  bool routes_stay_local() const override { return ep_group_.size() == 1; }
 
   // Collective over the EP group (allocates the heap; on a plans_only() group, only sizes it). `arena` must be a
   // CUDA arena; nothing is reserved in it (the peer table travels as a kernel parameter).

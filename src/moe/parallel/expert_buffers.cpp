@@ -52,7 +52,7 @@ void ExpertBufferPools::reserve(BufferMemory& memory, const ExpertPoolSizes& siz
   sizes_ = sizes;
   const Shape shape{sizes.rows, sizes.hidden};
   const Shape scales_shape = fp8_scale_shape(shape, Fp8Tiles::Rows);
-  auto pair = [&](const std::string& prefix, Payload payload) {
+  auto pair = [&](const std::string& prefix, Payload payload, bool with_out = true) {
     Slot s;
     if (payload == Payload::FP8) {
       s.in = memory.reserve(prefix + "expert_in", DType::FP8_E4M3, shape);
@@ -60,7 +60,7 @@ void ExpertBufferPools::reserve(BufferMemory& memory, const ExpertPoolSizes& siz
     } else {
       s.in = memory.reserve(prefix + "expert_in", sizes.dtype, shape);
     }
-    s.out = memory.reserve(prefix + "expert_out", sizes.dtype, shape);
+    if (with_out) s.out = memory.reserve(prefix + "expert_out", sizes.dtype, shape);
     return s;
   };
   if (sizes.recompute) {
@@ -72,11 +72,11 @@ void ExpertBufferPools::reserve(BufferMemory& memory, const ExpertPoolSizes& siz
         pools_[static_cast<size_t>(l - sizes.first_layer)].push_back(
             pair("dispatch.layer." + std::to_string(l) + ".slot." + std::to_string(s) + ".", sizes.payload));
   }
-  grad_ = pair("dispatch.grad.", Payload::BF16);  // gradients stay in the activation dtype
+  grad_ = pair("dispatch.grad.", Payload::BF16, sizes.grad_expert_out);  // gradients stay in the activation dtype
 }
 
 ExpertBuffers ExpertBufferPools::buffers_of(const Slot& s) const {
-  ExpertBuffers b{memory_->get(s.in), memory_->get(s.out), Tensor()};
+  ExpertBuffers b{memory_->get(s.in), s.out >= 0 ? memory_->get(s.out) : Tensor(), Tensor()};
   if (s.in_scales >= 0) b.expert_in_scales = memory_->get(s.in_scales);
   return b;
 }
@@ -166,7 +166,7 @@ void PooledDispatcher::reserve_pools(BufferMemory& memory, const DispatchShape& 
   payload_ = shape.payload;
   rows_ = expert_rows(shape.tokens, shape.top_k);
   pools_.reserve(memory, {shape.first_layer, shape.num_layers, shape.slots_per_layer, rows_, shape.hidden, dtype,
-                          shape.recompute, shape.payload});
+                          shape.recompute, shape.payload, shape.grad_expert_out});
 }
 
 void PooledDispatcher::require_host_f32_rows(const DispatchShape& shape, const Arena& arena) const {

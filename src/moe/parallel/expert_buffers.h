@@ -99,6 +99,8 @@ struct ExpertPoolSizes {
   // FP8: every expert_in (leases, recompute pair) is E4M3 codes [rows, hidden] plus F32 scales
   // [rows, ceil(hidden / 128)]; expert_out and the backward pair stay `dtype`.
   Payload payload = Payload::BF16;
+  // false: the backward pair has no expert_out (DispatchShape::grad_expert_out).
+  bool grad_expert_out = true;
 };
 
 class ExpertBufferPools {
@@ -126,7 +128,7 @@ class ExpertBufferPools {
 
  private:
   struct Slot {
-    int in = -1, out = -1, in_scales = -1;  // BufferMemory ids (in_scales: payload fp8 only)
+    int in = -1, out = -1, in_scales = -1;  // BufferMemory ids (in_scales: payload fp8 only; out: -1 when not reserved)
     bool busy = false;
   };
   ExpertBuffers buffers_of(const Slot& s) const;

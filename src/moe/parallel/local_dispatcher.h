@@ -16,6 +16,7 @@ class LocalDispatcher final : public PooledDispatcher {
       : PooledDispatcher("local dispatcher", /*ranks=*/1, /*rank=*/0, num_experts, capacity_factor, dropless) {}
 
   const char* name() const override { return "local"; }
+  bool routes_stay_local() const override { return true; }
   void reserve_buffers(const DispatchShape& shape, Arena& arena) override;
 
   void place_routes(int layer, const RoutePlan& plan, Tensor topk_idx, Tensor expert_counts, Stream stream) override;

@@ -33,6 +33,7 @@ class RowwiseDispatcher final : public PooledDispatcher {
   RowwiseDispatcher(Communicator& ep_group, int64_t num_experts, double capacity_factor, bool dropless);
 
   const char* name() const override { return "rowwise"; }
+  bool routes_stay_local() const override { return ep_group_.size() == 1; }
   // Collective over the EP group (allocates the heap; on a plans_only() group, only sizes it).
   void reserve_buffers(const DispatchShape& shape, Arena& arena) override;
   size_t heap_bytes() const override { return heap_ ? heap_->bytes_per_rank() : planned_heap_bytes_; }

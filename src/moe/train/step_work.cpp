@@ -50,7 +50,8 @@ double head_bytes(const Widths& w) { return kActBytes * (6 * w.d + 2 * w.d) + 12
 // writes in full (per route: see step_work.h on capacity; the dense products' scale staging, a few
 // words per tile, is left out). Quantizing a BF16 operand by rows or by columns: 2 bytes read, 1 written; an output
 // gradient by rows and columns in one pass: 2 read, 2 written; re-quantizing moved FP8 rows by columns
-// (ep.payload = "fp8"): 1 and 1; the SwiGLU forward that quantizes its output: gate/up read (4 per
+// (ep.payload = "fp8"): 1 and 1; gathered from the token rows (every route on the rank: the expert
+// input's columns, the expert output gradient's rows and columns) as from the stored rows; the SwiGLU forward that quantizes its output: gate/up read (4 per
 // unit), the output written only in FP8, by rows and by columns (2: the backward keeps the columns
 // and has no columns pass of its own), except for the routed experts under recompute = "experts"
 // (act_columns false): the output written in BF16 and FP8 rows (3), its columns quantized in the
@@ -59,17 +60,17 @@ double head_bytes(const Widths& w) { return kActBytes * (6 * w.d + 2 * w.d) + 12
 //   attention: o's input by rows (forward) and columns; the output gradients of q, k, v and o; the
 //     norm output's columns (q, k and v share them). The norm writes the rows operand itself.
 //   a SwiGLU MLP of `units` (an expert per route, the shared expert, a dense MLP): its input by rows
-//     (`input_rows`: 0 where the norm or the scatter made them), the fused SwiGLU (with its output's
-//     columns, or those quantized in the backward: act_columns, above), the output gradients of down
-//     and gate/up, the input's columns.
-double fp8_quantize_bytes(const Widths& w, bool moe_layer, bool payload_fp8, bool act_columns) {
+//     (`input_rows`: 0 where the norm or the scatter made them: scatter_fp8, with payload fp8 or
+//     every route on the rank), the fused SwiGLU (with its output's columns, or those quantized in
+//     the backward: act_columns, above), the output gradients of down and gate/up, the input's columns.
+double fp8_quantize_bytes(const Widths& w, bool moe_layer, bool scatter_fp8, bool payload_fp8, bool act_columns) {
   const double attention = 3 * w.q + 3 * w.q + 4 * (w.q + 2 * w.kv) + 4 * w.d + 3 * w.d;
   auto mlp = [&](double units, double input_rows, double input_columns, bool fp8_output = true) {
     const double swiglu_and_output_columns = fp8_output ? 6 * units : 7 * units + 3 * units;
     return input_rows + swiglu_and_output_columns + 4 * w.d + 8 * units + input_columns;
   };
   if (!moe_layer) return attention + mlp(w.hd, 0, 3 * w.d);
-  const double experts = w.k * mlp(w.h, payload_fp8 ? 0 : 3 * w.d, payload_fp8 ? 2 * w.d : 3 * w.d, act_columns);
+  const double experts = w.k * mlp(w.h, scatter_fp8 ? 0 : 3 * w.d, payload_fp8 ? 2 * w.d : 3 * w.d, act_columns);
   return attention + experts + (w.s > 0 ? mlp(w.s, 3 * w.d, 3 * w.d) : 0);
 }
 
@@ -79,8 +80,8 @@ double fp8_quantize_bytes(const Widths& w, bool moe_layer, bool payload_fp8, boo
 // experts, the gate/up inputs by rows again, the shared expert's input rows and SwiGLU (the routed SwiGLU output
 // comes from the plain SwiGLU backward). Every recomputed SwiGLU writes the FP8 layouts (6 bytes per
 // unit; the rows operand unused). Attention recompute quantizes only in the norm.
-double fp8_recompute_quantize_bytes(const Widths& w, Recompute rc, bool moe_layer, bool payload_fp8) {
-  const double expert_rows = payload_fp8 ? 0 : 3 * w.d;
+double fp8_recompute_quantize_bytes(const Widths& w, Recompute rc, bool moe_layer, bool scatter_fp8) {
+  const double expert_rows = scatter_fp8 ? 0 : 3 * w.d;
   const double shared = moe_layer && w.s > 0 ? 3 * w.d + 6 * w.s : 0;  // input rows, SwiGLU
   if (rc == Recompute::Block) return 3 * w.q + (moe_layer ? w.k * (expert_rows + 6 * w.h) + shared : 6 * w.hd);
   if (rc == Recompute::Experts && moe_layer) return w.k * expert_rows + shared;
@@ -212,13 +213,17 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
   s.elementwise_bytes = (per_token + recompute_bytes) * T;
   if (fp8) {
     const bool payload_fp8 = cfg.ep.payload == Payload::FP8;
+    // Every route on the rank (EP 1): the expert backward's operands come from the token rows
+    // (model/transformer.h, gathered_expert_grads_) and the dispatch stores FP8 rows, as payload fp8's.
+    const bool gathered = !payload_fp8 && ep == 1;
+    const bool scatter_fp8 = payload_fp8 || gathered;
     const bool act_columns = rc != Recompute::Experts;  // model/transformer.h: LayerActs::act_columns
-    s.fp8_quantize_bytes = T * (moe_layers * fp8_quantize_bytes(w, true, payload_fp8, act_columns) +
-                                dense_layers * fp8_quantize_bytes(w, false, false, true));
+    s.fp8_quantize_bytes = T * (moe_layers * fp8_quantize_bytes(w, true, scatter_fp8, payload_fp8, act_columns) +
+                                dense_layers * fp8_quantize_bytes(w, false, false, false, true));
     // Recompute (the layers counted as above); experts: every MoE layer but the skipped top one.
     const double recomputed_moe = rc == Recompute::Block ? moe_layers : std::max(0.0, moe_layers - skipped);
-    s.fp8_quantize_bytes += T * (recomputed_moe * fp8_recompute_quantize_bytes(w, rc, true, payload_fp8) +
-                                 dense_layers * fp8_recompute_quantize_bytes(w, rc, false, payload_fp8));
+    s.fp8_quantize_bytes += T * (recomputed_moe * fp8_recompute_quantize_bytes(w, rc, true, scatter_fp8) +
+                                 dense_layers * fp8_recompute_quantize_bytes(w, rc, false, scatter_fp8));
     // The element-wise row moves the SwiGLU forwards that quantize (the fused kernel is timed in the
     // FP8 quantize row: counted above) and gains the FP8 codes the fused RMSNorms write (attention's
     // input, and a dense layer's MLP input), in every forward and in the recomputed ones.
@@ -230,7 +235,9 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
     s.elementwise_bytes += T * (attention_norms + (1 + block) * dense_layers) * w.d;
     s.elementwise_bytes -= kActBytes * 3 * T * fused_swiglu_units;
     // The FP8 dispatch scatter writes 1-byte codes where the BF16 one writes 2 (again under block).
-    if (payload_fp8) s.elementwise_bytes -= T * (1 + block) * moe_layers * w.k * w.d;
+    if (scatter_fp8) s.elementwise_bytes -= T * (1 + block) * moe_layers * w.k * w.d;
+    // Gathered: the combine backward computes the weights' gradient only and stores no d(expert output).
+    if (gathered) s.elementwise_bytes -= T * moe_layers * kActBytes * w.k * w.d;
     const double fp8_params = L * attn_proj + moe_layers * (w.n * 3 * w.d * w.h + 3 * w.d * w.s) + dense_layers * mlp;
     // One rank: AdamW writes the caches in its pass (2 bytes per parameter, counted in adamw_bytes
     // in place of the BF16 copy). ZeRO-1: a pass over the gathered weights, this rank's experts only.

@@ -3,6 +3,9 @@
 // being injective (ops/permute.cpp checks it).
 #include "moe/ops/cpu/permute.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "moe/ops/cpu/route_rows.h"
 
 namespace moe::cpu {
@@ -59,6 +62,22 @@ void combine_rows_backward(Tensor dy, Tensor dweights, Tensor dout, Tensor y, Te
   route_rows::combine_backward_routes(dweights.f32(), dout.f32(), weights.f32(), dout.dim(0), top_k, D,
                                       LocalRowOf<const float>{y.f32(), static_cast<size_t>(D), route_index.i32()},
                                       LocalRowOf<float>{dy.f32(), static_cast<size_t>(D), route_index.i32()});
+}
+
+void combine_rows_weight_grad(Tensor dweights, Tensor dout, Tensor y, Tensor route_index, int top_k,
+                              Stream /*stream*/) {
+  const int64_t D = dout.dim(1);
+  route_rows::combine_backward_routes(dweights.f32(), dout.f32(), /*weights=*/nullptr, dout.dim(0), top_k, D,
+                                      LocalRowOf<const float>{y.f32(), static_cast<size_t>(D), route_index.i32()},
+                                      [](int64_t) -> float* { return nullptr; });
+}
+
+void invert_route_index(Tensor route_of_row, Tensor route_index, Stream /*stream*/) {
+  int32_t* routes = route_of_row.i32();
+  const int32_t* index = route_index.i32();
+  std::fill(routes, routes + route_of_row.numel(), -1);
+  for (int64_t i = 0; i < route_index.numel(); ++i)
+    if (index[i] >= 0) routes[index[i]] = static_cast<int32_t>(i);
 }
 
 }  // namespace moe::cpu

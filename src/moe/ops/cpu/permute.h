@@ -14,5 +14,8 @@ void combine_rows(Tensor out, Tensor y, Tensor weights, Tensor route_index, int 
                   Stream stream = {});
 void combine_rows_backward(Tensor dy, Tensor dweights, Tensor dout, Tensor y, Tensor weights, Tensor route_index,
                            int top_k, Stream stream = {});
+void combine_rows_weight_grad(Tensor dweights, Tensor dout, Tensor y, Tensor route_index, int top_k,
+                              Stream stream = {});
+void invert_route_index(Tensor route_of_row, Tensor route_index, Stream stream = {});
 
 }  // namespace moe::cpu

@@ -12,7 +12,8 @@
 //   sum_routes:              out[t] (+= or =) sum over kept k of w[t,k] * row_of(t*K+k): the
 //                            weighted combine and the gather / dispatch backward;
 //   combine_backward_routes: dy_of(i) = w[i] * dout[t] and dweights[i] = dot(dout[t], y_of(i))
-//                            for kept routes, dweights[i] = 0 for dropped ones.
+//                            for kept routes, dweights[i] = 0 for dropped ones; a null dy_of(i)
+//                            row is not written (weights may then be null).
 //
 // Every backend runs the same FP32 operations in the same order (column chunks, k ascending), so
 // rowwise, alltoall and the local dispatcher compute bit-identical results. Tokens are independent,
@@ -130,6 +131,7 @@ void combine_backward_routes(float* dweights, const float* dout, const float* we
       for (int64_t j = 0; j < D; ++j) dot += g[j] * y[j];
       dweights[i] = dot;
       float* dy = dy_of(i);
+      if (dy == nullptr) continue;  // dweights only (combine_rows_weight_grad)
       const float w = weights[i];
       for (int64_t j = 0; j < D; ++j) dy[j] = w * g[j];
     }

@@ -37,6 +37,20 @@ struct LocalRow {
   }
 };
 
+// No row (combine_rows_weight_grad stores no dy).
+template <typename Elem>
+struct NoRow {
+  __device__ __forceinline__ Elem* operator()(int32_t) const { return nullptr; }
+};
+
+// route_of_row[route_index[i]] = i for kept routes (rows out of range are dropped, as elsewhere).
+__global__ void invert_route_index_kernel(int32_t* route_of_row, const int32_t* route_index, int64_t routes,
+                                          int64_t rows) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < routes;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    if (kept(route_index[i], rows)) route_of_row[route_index[i]] = static_cast<int32_t>(i);
+}
+
 // out[t] (= or +=) sum over kept k, in k order, of (weights ? weights[t, k] : 1) * rows[route_index[t*K+k]]:
 // the combine, and without weights the scatter's gradient.
 void sum_routes(Tensor out, Tensor rows, const float* weights, Tensor route_index, int top_k, bool accumulate,
@@ -117,6 +131,32 @@ void combine_rows_backward(Tensor dy, Tensor dweights, Tensor dout, Tensor y, Te
         LocalRow<const Elem>{static_cast<const Elem*>(y.data), y.dim(0), D},
         LocalRow<Elem>{static_cast<Elem*>(dy.data), dy.dim(0), D}, route_index.i32(), top_k, T, D, s);
   });
+  CUDA_CHECK_LAUNCH();
+}
+
+void combine_rows_weight_grad(Tensor dweights, Tensor dout, Tensor y, Tensor route_index, int top_k,
+                              Stream stream) {
+  const int64_t T = dout.dim(0), D = dout.dim(1);
+  if (T == 0) return;
+  with_vec_width(dout.dtype, D, {dout.data, y.data}, [&](auto row_type) {
+    using Elem = typename decltype(row_type)::elem;
+    constexpr int V = decltype(row_type)::width;
+    route_rows::launch_combine_backward<Elem, V>(
+        dweights.f32(), static_cast<const Elem*>(dout.data), /*weights=*/nullptr,
+        LocalRow<const Elem>{static_cast<const Elem*>(y.data), y.dim(0), D}, NoRow<Elem>{}, route_index.i32(), top_k,
+        T, D, cuda_stream(stream));
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void invert_route_index(Tensor route_of_row, Tensor route_index, Stream stream) {
+  const int64_t rows = route_of_row.numel(), routes = route_index.numel();
+  if (rows == 0) return;
+  const cudaStream_t s = cuda_stream(stream);
+  CUDA_CHECK(cudaMemsetAsync(route_of_row.data, 0xff, static_cast<size_t>(rows) * sizeof(int32_t), s));  // -1
+  if (routes == 0) return;
+  invert_route_index_kernel<<<grid_stride_blocks(routes, 256), 256, 0, s>>>(route_of_row.i32(), route_index.i32(),
+                                                                          routes, rows);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -11,7 +11,8 @@
 //                            w[t,k] * row(t,k) (w = 1 when weights is null): the weighted combine
 //                            and the gather / dispatch backward;
 //   combine_backward_kernel: for each kept (t, k): dy_row(t,k) = w[t,k] * dout[t] and
-//                            dweights[t,k] = dot(dout[t], y_row(t,k)); dweights = 0 when dropped.
+//                            dweights[t,k] = dot(dout[t], y_row(t,k)); dweights = 0 when dropped;
+//                            a null dy row is not written (weights may then be null).
 //
 // One block per token, one thread per chunk of V elements (16 bytes when the caller could align
 // them). Rows are read at L2 (ld.global.cg), so a peer's rows are never served from a stale L1
@@ -278,7 +279,7 @@ __global__ void __launch_bounds__(kMaxThreads, min_blocks<G>())
       const int32_t v = route_index[t * top_k + k];
       s_y[k] = y_of(v);
       s_dy[k] = s_y[k] != nullptr ? dy_of(v) : nullptr;
-      s_w[k] = weights[t * top_k + k];
+      s_w[k] = weights != nullptr ? weights[t * top_k + k] : 0.0f;
     }
     __syncthreads();
     const P* g = reinterpret_cast<const P*>(dout + t * D);
@@ -306,7 +307,7 @@ __global__ void __launch_bounds__(kMaxThreads, min_blocks<G>())
             dot[j] = fmaf(gu, to_f32(y[j].e[u]), dot[j]);
             dyc.e[u] = from_f32<Elem>(__fmul_rn(wk, gu));
           }
-          reinterpret_cast<P*>(s_dy[k0 + j])[c] = dyc;
+          if (s_dy[k0 + j] != nullptr) reinterpret_cast<P*>(s_dy[k0 + j])[c] = dyc;
         }
       }
       block_sums(dot);
