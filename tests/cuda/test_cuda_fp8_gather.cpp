@@ -3,8 +3,8 @@
 // combine_rows_backward then fp8_quantize_rows_and_columns (the expert output gradient's rows and
 // columns), every byte of the columns (padding included) and of the rows inside the experts'
 // segments; and against the CPU's gathered op. BF16 and F32, with dropped routes, empty experts,
-// rows no route fills, the model's D = 2048 (BF16: the staged kernel) and D not a multiple of 16 or
-// of 8 (byte loads; the one-block-per-tile kernel). Also the two
+// rows no route fills, the model's D = 2048 and D not a multiple of 16 or of 8 (byte loads). Also
+// the two
 // permute ops this path adds: invert_route_index against the CPU's, combine_rows_weight_grad
 // against combine_rows_backward's dweights, bit for bit.
 #include <gtest/gtest.h>
@@ -162,7 +162,7 @@ TEST(CudaFp8Gather, GatheredOperandsAreThoseOfTheStoredRowsBitForBit) {
     check_gather(dtype, 1000, 16, 4, 160, 0.6, seed += 10);    // drops; a partial feature tile
     check_gather(dtype, 300, 8, 2, 264, 1.3, seed += 10);      // rows no route fills; D % 16 != 0
     check_gather(dtype, 77, 8, 3, 40, 1.0, seed += 10);        // byte loads
-    check_gather(dtype, 50, 8, 2, 36, 1.0, seed += 10);        // D % 8 != 0: the BF16 staged kernel does not fit
+    check_gather(dtype, 50, 8, 2, 36, 1.0, seed += 10);        // D % 8 != 0
   }
 }
 #endif

@@ -128,7 +128,7 @@ void launch_dequantize(const Tensor& out, const Fp8Tensor& in, cudaStream_t s) {
 void quantize_tensor_columns(const Fp8Tensor& out, const Tensor& x, const Tensor& offsets, int64_t M, int64_t K,
                              int64_t Mp, const Fp8Tensor* rows, const char* op, cudaStream_t s) {
   if (rows != nullptr && rows_and_columns_staged_fit(x, K, *rows)) {
-    launch_rows_and_columns_staged(out, StoredRows{x.ptr<const __nv_bfloat16>(), K}, offsets, M, K, Mp, *rows, s);
+    launch_rows_and_columns_staged(out, x, offsets, M, K, Mp, *rows, s);
   } else if (x.dtype == DType::BF16) {
     const bool vector = K % 8 == 0 && aligned(x.data, 16);
     launch_columns<__nv_bfloat16>(out, TensorColumns<__nv_bfloat16>{x.ptr<const __nv_bfloat16>(), K}, offsets, M, K,

@@ -38,54 +38,18 @@ __device__ __forceinline__ int stage_slot(int row, int chunk) {
   return row * kStageChunks + (chunk ^ ((row >> 2) & 7));
 }
 
-// Where the staged kernel's rows come from. StoredRows: row m of x [M, K]. GatheredStagedRows
-// (fp8_gather.cu) maps each row to a token row and scales it by the route's weight.
-struct StoredRows {
-  static constexpr bool kWeighted = false;
-  const __nv_bfloat16* x = nullptr;
-  int64_t K = 0;
-  __device__ __forceinline__ const __nv_bfloat16* row(int64_t m) const { return x + m * K; }
-  __device__ __forceinline__ float weight(int64_t) const { return 1.0f; }
-};
-
-// Starts copying the source's rows [tile.first_row, + tile.rows) x features [k0, k0 + 128) into
-// `stage`; chunks past the rows or past K, and rows the source has none for (nullptr), are
-// zero-filled (cp.async with source size 0 reads nothing).
-template <class Rows>
-__device__ __forceinline__ void copy_tile_async(uint4* stage, const Rows& rows, int64_t K, TileRows tile,
+// Starts copying x rows [tile.first_row, + tile.rows) x features [k0, k0 + 128) into `stage`;
+// chunks past the rows or past K are zero-filled (cp.async with source size 0 reads nothing).
+__device__ __forceinline__ void copy_tile_async(uint4* stage, const __nv_bfloat16* x, int64_t K, TileRows tile,
                                                 int64_t k0) {
 #pragma unroll
   for (int j = 0; j < kStageWords / kThreads; ++j) {
     const int i = static_cast<int>(threadIdx.x) + j * kThreads;
     const int r = i / kStageChunks, c = i % kStageChunks;
     const int64_t k = k0 + 8 * c;
-    const __nv_bfloat16* row = r < tile.rows && k < K ? rows.row(tile.first_row + r) : nullptr;  // K % 8 == 0
-    const bool inside = row != nullptr;
-    __pipeline_memcpy_async(stage + stage_slot(r, c), inside ? row + k : rows.x, sizeof(uint4),
-                            inside ? 0 : sizeof(uint4));
-  }
-}
-
-// A weighted source: every staged value v of row r becomes w(r) v, the FP32 product rounded to BF16
-// (as combine_rows_backward stores it), in place, before either half reads the stage.
-template <class Rows>
-__device__ __forceinline__ void weigh_stage(uint4* stage, const Rows& rows, TileRows tile) {
-#pragma unroll
-  for (int j = 0; j < kStageWords / kThreads; ++j) {
-    const int i = static_cast<int>(threadIdx.x) + j * kThreads;
-    const int r = i / kStageChunks, c = i % kStageChunks;
-    if (r >= tile.rows) continue;
-    const float w = rows.weight(tile.first_row + r);
-    uint4& q = stage[stage_slot(r, c)];
-    uint32_t words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float lo = __fmul_rn(w, __uint_as_float(words[e] << 16));
-      const float hi = __fmul_rn(w, __uint_as_float(words[e] & 0xffff0000u));
-      words[e] = static_cast<uint32_t>(__bfloat16_as_ushort(from_f32<__nv_bfloat16>(lo))) |
-                 static_cast<uint32_t>(__bfloat16_as_ushort(from_f32<__nv_bfloat16>(hi))) << 16;
-    }
-    q = make_uint4(words[0], words[1], words[2], words[3]);
+    const bool inside = r < tile.rows && k < K;  // K % 8 == 0: a chunk is all in or all out
+    const __nv_bfloat16* src = inside ? x + (tile.first_row + r) * K + k : x;
+    __pipeline_memcpy_async(stage + stage_slot(r, c), src, sizeof(uint4), inside ? 0 : sizeof(uint4));
   }
 }
 
@@ -124,14 +88,13 @@ __device__ __forceinline__ void store_staged_row_tiles(const uint4* stage, TileR
   }
 }
 
-// The source's rows [M, K] (BF16) -> columns codes and scales, and the Rows tiles into rows_out;
-// tile t = (column tile t / feature_tiles, feature tile t % feature_tiles), tiles t = blockIdx.x,
-// blockIdx.x + gridDim.x, ... Dynamic shared memory: kStagedSharedBytes.
-template <class Rows>
+// x [M, K] BF16 -> columns codes and scales, and the Rows tiles into rows_out; tile t = (column
+// tile t / feature_tiles, feature tile t % feature_tiles), tiles t = blockIdx.x, blockIdx.x +
+// gridDim.x, ... Dynamic shared memory: kStagedSharedBytes.
 __global__ void __launch_bounds__(kThreads, 3)
-    quantize_rows_and_columns_staged_kernel(Rows x, const int32_t* offsets, int segments, int64_t M, int64_t K,
-                                            int64_t feature_tiles, int64_t tile_count, ColumnsOutput out,
-                                            RowsOutput rows_out) {
+    quantize_rows_and_columns_staged_kernel(const __nv_bfloat16* x, const int32_t* offsets, int segments,
+                                            int64_t M, int64_t K, int64_t feature_tiles, int64_t tile_count,
+                                            ColumnsOutput out, RowsOutput rows_out) {
   extern __shared__ uint4 stages[];
   int64_t t = blockIdx.x;
   if (t >= tile_count) return;
@@ -149,10 +112,6 @@ __global__ void __launch_bounds__(kThreads, 3)
     __pipeline_commit();
     __pipeline_wait_prior(1);  // this tile's copies are done (the next tile's may be in flight)
     __syncthreads();
-    if constexpr (Rows::kWeighted) {
-      weigh_stage(stages + stage * kStageWords, x, tile);
-      __syncthreads();
-    }
     const uint4* current = stages + stage * kStageWords;
     const int64_t column_tile = t / feature_tiles, k0 = t % feature_tiles * kTile;
     store_staged_row_tiles(current, tile, k0, K, rows_out);
@@ -173,8 +132,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
 }
 
-// Whether the staged kernel takes x (or a source of x's rows): BF16 rows whose 16-byte chunks are
-// aligned, and 8-byte aligned Rows codes.
+// Whether the staged kernel takes x: BF16 rows whose 16-byte chunks are aligned, and 8-byte
+// aligned Rows codes.
 inline bool rows_and_columns_staged_fit(const Tensor& x, int64_t K, const Fp8Tensor& rows) {
   return x.dtype == DType::BF16 && K % 8 == 0 && aligned(x.data, 16) && aligned(rows.codes.data, 8);
 }
@@ -182,8 +141,7 @@ inline bool rows_and_columns_staged_fit(const Tensor& x, int64_t K, const Fp8Ten
 // Resident blocks of the staged kernel on the current device: SMs x blocks per SM (shared memory
 // bound). Asked of the runtime once per device (the kernel's dynamic shared memory limit is raised
 // there too), then cached: nothing but a launch on the later calls.
-template <class Rows>
-int staged_grid() {
+inline int staged_grid() {
   static std::array<std::atomic<int>, 64> cached{};
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
@@ -191,7 +149,7 @@ int staged_grid() {
             " past the cache");
   int grid = cached[device].load(std::memory_order_relaxed);
   if (grid > 0) return grid;
-  const auto kernel = quantize_rows_and_columns_staged_kernel<Rows>;
+  const auto kernel = quantize_rows_and_columns_staged_kernel;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kStagedSharedBytes)));
   int per_sm = 0, sms = 0;
@@ -204,18 +162,18 @@ int staged_grid() {
   return grid;
 }
 
-// The staged launch over M rows of `x` (rows_and_columns_staged_fit holds for the tensor its rows
-// are in): codes [K, Mp] of `out`, and the Rows tiles of `rows`.
-template <class Rows>
-void launch_rows_and_columns_staged(const Fp8Tensor& out, const Rows& x, const Tensor& offsets, int64_t M, int64_t K,
-                                    int64_t Mp, const Fp8Tensor& rows, cudaStream_t s) {
+// The staged launch (rows_and_columns_staged_fit(x, K, rows) holds): codes [K, Mp] of `out`, and
+// the Rows tiles of `rows`.
+inline void launch_rows_and_columns_staged(const Fp8Tensor& out, const Tensor& x, const Tensor& offsets, int64_t M,
+                                           int64_t K, int64_t Mp, const Fp8Tensor& rows, cudaStream_t s) {
   const Segments segments = segments_of(offsets);
   const int64_t feature_tiles = tiles(K), tile_count = tiles(Mp) * feature_tiles;
   const ColumnsOutput columns = columns_output(out, Mp);
   const RowsOutput rows_out{rows.codes.ptr<uint8_t>(), rows.scales.ptr<float>(), true};
-  const int grid = static_cast<int>(std::min<int64_t>(staged_grid<Rows>(), tile_count));
-  quantize_rows_and_columns_staged_kernel<Rows><<<grid, kThreads, kStagedSharedBytes, s>>>(
-      x, segments.offsets, segments.count, M, K, feature_tiles, tile_count, columns, rows_out);
+  const int grid = static_cast<int>(std::min<int64_t>(staged_grid(), tile_count));
+  quantize_rows_and_columns_staged_kernel<<<grid, kThreads, kStagedSharedBytes, s>>>(
+      x.ptr<const __nv_bfloat16>(), segments.offsets, segments.count, M, K, feature_tiles, tile_count, columns,
+      rows_out);
   CUDA_CHECK_LAUNCH();
 }
 
