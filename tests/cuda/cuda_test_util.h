@@ -1,5 +1,6 @@
 // Helpers for CUDA op tests: skip with a printed reason where no GPU is usable, device buffers,
-// host<->device copies (F32, BF16, I32) and the normalized error ||out - ref|| / ||ref||.
+// host<->device copies (F32, BF16, I32, raw bytes), byte-for-byte comparison and the normalized
+// error ||out - ref|| / ||ref||.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -87,7 +88,26 @@ class DeviceBuffer {
   Shape shape_;
   size_t bytes_ = 0;
 };
+
+// The first `count` bytes of a device tensor (all of them when count < 0), after the device is idle.
+inline std::vector<uint8_t> bytes_of(const Tensor& t, int64_t count = -1) {
+  std::vector<uint8_t> out(count < 0 ? t.nbytes() : static_cast<size_t>(count));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  if (!out.empty()) CUDA_CHECK(cudaMemcpy(out.data(), t.data, out.size(), cudaMemcpyDeviceToHost));
+  return out;
+}
 #endif
+
+// Every byte of got equals want's; names the first few that differ and counts them.
+inline void expect_same_bytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
+                              const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i] && ++bad <= 5)
+      ADD_FAILURE() << what << ": byte " << i << " is " << int(got[i]) << ", the reference's " << int(want[i]);
+  EXPECT_EQ(bad, 0) << what << ": bytes differing from the reference";
+}
 
 // ||out - ref||_2 / ||ref||_2 (NaN in out never passes: returns +inf).
 inline double normalized_error(const std::vector<float>& out, const std::vector<float>& ref) {

@@ -27,6 +27,7 @@ namespace moe {
 namespace {
 
 #if defined(MOE_HAVE_CUDA)
+using testing::bytes_of;
 using testing::DeviceBuffer;
 
 std::vector<float> normal_values(int64_t n, uint64_t seed, double scale) {
@@ -34,13 +35,6 @@ std::vector<float> normal_values(int64_t n, uint64_t seed, double scale) {
   std::vector<float> v(static_cast<size_t>(n));
   for (auto& x : v) x = static_cast<float>(scale * rng.normal());
   return v;
-}
-
-std::vector<uint8_t> bytes_of(const Tensor& t) {
-  std::vector<uint8_t> out(t.nbytes());
-  CUDA_CHECK(cudaDeviceSynchronize());
-  if (!out.empty()) CUDA_CHECK(cudaMemcpy(out.data(), t.data, out.size(), cudaMemcpyDeviceToHost));
-  return out;
 }
 
 Shape transposed(Shape s) {

@@ -36,29 +36,15 @@ namespace moe {
 namespace {
 
 #if defined(MOE_HAVE_CUDA)
+using testing::bytes_of;
 using testing::DeviceBuffer;
+using testing::expect_same_bytes;
 
 std::vector<float> normal_values(int64_t n, float sigma, uint64_t seed, bool bf16) {
   Rng rng(seed);
   std::vector<float> v(static_cast<size_t>(n));
   for (float& x : v) x = static_cast<float>(rng.normal() * sigma);
   return bf16 ? testing::round_bf16(v) : v;
-}
-
-std::vector<uint8_t> bytes_of(const Tensor& t, int64_t count = -1) {
-  std::vector<uint8_t> out(count < 0 ? t.nbytes() : static_cast<size_t>(count));
-  CUDA_CHECK(cudaDeviceSynchronize());
-  if (!out.empty()) CUDA_CHECK(cudaMemcpy(out.data(), t.data, out.size(), cudaMemcpyDeviceToHost));
-  return out;
-}
-
-void expect_same_bytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int64_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i)
-    if (got[i] != want[i] && ++bad <= 5)
-      ADD_FAILURE() << what << ": byte " << i << " is " << int(got[i]) << ", the unfused path's " << int(want[i]);
-  EXPECT_EQ(bad, 0) << what << ": bytes differing from the unfused path's";
 }
 
 struct DeviceFp8 {

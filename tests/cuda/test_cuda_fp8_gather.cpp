@@ -24,29 +24,15 @@ namespace moe {
 namespace {
 
 #if defined(MOE_HAVE_CUDA)
+using testing::bytes_of;
 using testing::DeviceBuffer;
-
-std::vector<uint8_t> bytes_of(const Tensor& t, int64_t count = -1) {
-  std::vector<uint8_t> out(count < 0 ? t.nbytes() : static_cast<size_t>(count));
-  CUDA_CHECK(cudaDeviceSynchronize());
-  if (!out.empty()) CUDA_CHECK(cudaMemcpy(out.data(), t.data, out.size(), cudaMemcpyDeviceToHost));
-  return out;
-}
+using testing::expect_same_bytes;
 
 template <typename T>
 std::vector<uint8_t> host_bytes(const std::vector<T>& v) {
   std::vector<uint8_t> out(v.size() * sizeof(T));
   std::memcpy(out.data(), v.data(), out.size());
   return out;
-}
-
-void expect_same_bytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int64_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i)
-    if (got[i] != want[i] && ++bad <= 5)
-      ADD_FAILURE() << what << ": byte " << i << " is " << int(got[i]) << ", the reference's " << int(want[i]);
-  EXPECT_EQ(bad, 0) << what << ": bytes differing from the reference";
 }
 
 struct DeviceFp8 {
@@ -112,7 +98,8 @@ void check_gather(DType dtype, int64_t T, int64_t N, int64_t K, int64_t D, doubl
   const int64_t kept = p.offsets.back(), row_tiles = (D + kFp8Tile - 1) / kFp8Tile;
   auto expect_same_rows = [&](const DeviceFp8& got, const DeviceFp8& want, const std::string& name) {
     expect_same_bytes(bytes_of(got.codes.tensor(), kept * D), bytes_of(want.codes.tensor(), kept * D), name + " codes");
-    expect_same_bytes(bytes_of(got.scales.tensor(), kept * row_tiles * 4), bytes_of(want.scales.tensor(), kept * row_tiles * 4),
+    const int64_t scale_bytes = kept * row_tiles * 4;
+    expect_same_bytes(bytes_of(got.scales.tensor(), scale_bytes), bytes_of(want.scales.tensor(), scale_bytes),
                       name + " scales");
   };
   auto expect_same = [&](const DeviceFp8& got, const DeviceFp8& want, const std::string& name) {
@@ -146,12 +133,12 @@ void check_gather(DType dtype, int64_t T, int64_t N, int64_t K, int64_t D, doubl
   std::vector<float> scales(static_cast<size_t>(fp8_scale_shape(columns, Fp8Tiles::Rows).numel()));
   const Fp8Tensor cpu_out{Tensor(codes.data(), DType::FP8_E4M3, columns),
                           f32_tensor(scales.data(), fp8_scale_shape(columns, Fp8Tiles::Rows)), Fp8Tiles::Rows};
-  fp8_quantize_gathered_columns(cpu_out,
-                                GatheredRows{f32_tensor(cpu_x.data(), {T, D}), i32_tensor(p.route_of_row.data(), {p.rows}),
-                                             f32_tensor(cpu_w.data(), {T, K}), static_cast<int>(K)},
-                                i32_tensor(p.offsets.data(), {N + 1}));
+  const GatheredRows cpu_src{f32_tensor(cpu_x.data(), {T, D}), i32_tensor(p.route_of_row.data(), {p.rows}),
+                             f32_tensor(cpu_w.data(), {T, K}), static_cast<int>(K)};
+  fp8_quantize_gathered_columns(cpu_out, cpu_src, i32_tensor(p.offsets.data(), {N + 1}));
   expect_same_bytes(bytes_of(out_got.codes.tensor()), codes, what + " output gradient columns codes (CPU)");
-  expect_same_bytes(bytes_of(out_got.scales.tensor()), host_bytes(scales), what + " output gradient columns scales (CPU)");
+  expect_same_bytes(bytes_of(out_got.scales.tensor()), host_bytes(scales),
+                    what + " output gradient columns scales (CPU)");
 }
 
 TEST(CudaFp8Gather, GatheredOperandsAreThoseOfTheStoredRowsBitForBit) {

@@ -144,7 +144,8 @@ TEST(Fp8Gather, Bf16TokenRowsRoundTheWeightedProductToBf16) {
     const int32_t i = p.route_of_row[static_cast<size_t>(r)];
     if (i < 0) continue;
     for (int64_t j = 0; j < c.D; ++j)
-      stored[static_cast<size_t>(r * c.D + j)] = f32_to_bf16(w[i] * bf16_to_f32(x[static_cast<size_t>(i / c.K * c.D + j)]));
+      stored[static_cast<size_t>(r * c.D + j)] =
+          f32_to_bf16(w[i] * bf16_to_f32(x[static_cast<size_t>(i / c.K * c.D + j)]));
   }
   const Shape columns{c.D, fp8_columns_capacity(p.rows, c.N)}, rows{p.rows, c.D};
   Operand want_c(columns), got_c(columns), want_r(rows), got_r(rows);

@@ -155,8 +155,8 @@ class Transformer {
     // FP8 unless recompute = experts: the SwiGLU output as the down weight gradient's columns operand,
     // kept in place of act (which is then not reserved; fp8_act_columns()).
     Fp8Tensor act_columns;
-    ExpertBuffers experts;  // expert_in (xe; FP8 codes and scales: fp8_expert_input()) and expert_out (ye): the lease's,
-                            // or the dispatcher's recompute pair
+    ExpertBuffers experts;  // expert_in (xe; FP8 codes and scales: fp8_expert_input()) and expert_out (ye):
+                            // the lease's, or the dispatcher's recompute pair
     Lease lease;            // held from forward to backward unless the block is recomputed
     bool leased = false;
     Tensor shared_gu, shared_act;

@@ -48,12 +48,13 @@ double head_bytes(const Widths& w) { return kActBytes * (6 * w.d + 2 * w.d) + 12
 // HBM bytes per token of one layer's FP8 quantize kernels: what the step split's "FP8 quantize" row
 // times (quantize_rows / quantize_columns kernels, train/step_split.h), each kernel's reads and
 // writes in full (per route: see step_work.h on capacity; the dense products' scale staging, a few
-// words per tile, is left out). Quantizing a BF16 operand by rows or by columns: 2 bytes read, 1 written; an output
-// gradient by rows and columns in one pass: 2 read, 2 written; re-quantizing moved FP8 rows by columns
-// (ep.payload = "fp8"): 1 and 1; gathered from the token rows (every route on the rank: the expert
-// input's columns, the expert output gradient's rows and columns) as from the stored rows; the SwiGLU forward that quantizes its output: gate/up read (4 per
-// unit), the output written only in FP8, by rows and by columns (2: the backward keeps the columns
-// and has no columns pass of its own), except for the routed experts under recompute = "experts"
+// words per tile, is left out). Quantizing a BF16 operand by rows or by columns: 2 bytes read, 1
+// written; an output gradient by rows and columns in one pass: 2 read, 2 written; re-quantizing
+// moved FP8 rows by columns (ep.payload = "fp8"): 1 and 1; gathered from the token rows (every route
+// on the rank: the expert input's columns, the expert output gradient's rows and columns) as from
+// the stored rows; the SwiGLU forward that quantizes its output: gate/up read (4 per unit), the
+// output written only in FP8, by rows and by columns (2: the backward keeps the columns and has no
+// columns pass of its own), except for the routed experts under recompute = "experts"
 // (act_columns false): the output written in BF16 and FP8 rows (3), its columns quantized in the
 // backward (3). Scales (4 bytes per 128 elements) are left out.
 // Quantization fused into RMSNorm or the dispatch scatter runs in those kernels ("other").
