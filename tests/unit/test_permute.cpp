@@ -282,7 +282,7 @@ TEST(Permute, combine_rows_backward_matches_naive) {
   }
 }
 
-// The weights' gradient alone: combine_rows_backward's dweights, bit for bit, nothing else written.
+// The weights' gradient alone: combine_rows_backward's dweights, bit for bit.
 TEST(Permute, combine_rows_weight_grad_is_the_dweights_of_combine_rows_backward) {
   uint64_t seed = 400;
   for (const auto& s : kShapes) {

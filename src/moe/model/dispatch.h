@@ -105,7 +105,8 @@ class TokenDispatcher {
   virtual Lease acquire(int layer) = 0;
   virtual void release(const Lease& lease) = 0;
   // Backward scratch shared by all layers: expert_out holds d(expert output) (combine-backward
-  // target), expert_in holds d(expert input) (dispatch-backward source).
+  // target; empty when reserved without grad_expert_out), expert_in holds d(expert input)
+  // (dispatch-backward source).
   virtual ExpertBuffers grad_buffers() = 0;
   // The (expert_in, expert_out) pair every MoE layer uses instead of a lease when the shape was
   // reserved with `recompute`: written in forward, and written again in backward by the
@@ -118,7 +119,8 @@ class TokenDispatcher {
                             Stream stream) = 0;
   // expert_in[rows] <- x[token] for every kept route (step 5).
   virtual void dispatch(Tensor expert_in, Tensor x, const RoutePlan& plan, int top_k, Stream stream) = 0;
-  // Payload fp8: dispatch with each token row of x quantized once at the source (1 x 128 tiles,
+  // Payload fp8, and FP8 with every route on this rank: dispatch with each token row of x quantized
+  // once at the source (1 x 128 tiles,
   // fp8_quantize_rows' bits); its codes and scales land in expert_in's rows (a lease's or the
   // recompute pair's fp8_expert_in()). A backend that does not move FP8 rows (alltoall) refuses the
   // payload in reserve_buffers already.

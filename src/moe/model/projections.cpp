@@ -184,7 +184,8 @@ void Projections::experts_forward(Tensor c, Tensor a, Tensor w, const Fp8Weight&
 }
 
 void Projections::experts_forward(Tensor c, Fp8Tensor a, const Fp8Weight& f, Tensor offsets) {
-  MOE_CHECK(!f.empty(), "experts_forward: FP8 expert inputs (ep.payload = \"fp8\") need the FP8 weight cache "
+  MOE_CHECK(!f.empty(), "experts_forward: FP8 expert input rows (ep.payload = \"fp8\", or FP8 with every route on the "
+            "rank) need the FP8 weight cache "
             "(train.precision = \"fp8\")");
   fp8_grouped_matmul(c, a, f.w, offsets);
 }
@@ -252,7 +253,8 @@ Fp8Tensor Projections::expert_input_columns(const GatheredRows& x, Tensor offset
 
 void Projections::experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Fp8Tensor x_columns, const Fp8Weight& f,
                                       Tensor offsets, bool accumulate) {
-  MOE_CHECK(!f.empty(), "experts_weight_grad: FP8 expert inputs (ep.payload = \"fp8\") need the FP8 weight cache "
+  MOE_CHECK(!f.empty(), "experts_weight_grad: FP8 expert input rows (ep.payload = \"fp8\", or FP8 with every route on the "
+            "rank) need the FP8 weight cache "
             "(train.precision = \"fp8\")");
   fp8_grouped_matmul_wgrad(dw, dy.columns, x_columns, offsets, accumulate);
 }

@@ -422,7 +422,7 @@ void Transformer::recompute_layer(int64_t l, const LayerWeights& w, const Fp8Lay
   router_forward(A.scores, s_.recompute_topk_idx, s_.recompute_topk_w, A.logits, Tensor(), cfg_.router_score,
                  cfg_.norm_topk_prob);
   dispatch_rows(A, RoutePlan{A.route_index, A.offsets});
-  expert_internals(w, f, A);  // combine_backward reads the expert outputs
+  expert_internals(w, f, A);  // the combine backward (weights' gradient) reads the expert outputs
   if (!w.shared_gate_up.empty()) shared_expert_internals(w, f, A);
 }
 
@@ -636,7 +636,8 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
     if (!w.shared_gate_up.empty()) shared_expert_internals(w, f, A);  // from the kept FFN norm output
   }
   const RoutePlan plan{A.route_index, A.offsets};
-  const ExpertBuffers d = dispatcher_.grad_buffers();  // d.expert_out = dye, d.expert_in = dxe
+  // d.expert_out = dye (empty when gathered_expert_grads_), d.expert_in = dxe
+  const ExpertBuffers d = dispatcher_.grad_buffers();
   ExpertOutputGrad dye;
   if (gathered_expert_grads_) {
     // Every route is this rank's: d(expert output) row r is topk_w[i] * dres[t] of its route i,

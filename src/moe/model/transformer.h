@@ -235,7 +235,7 @@ class Transformer {
   DType act_;  // activations: F32 on the CPU, BF16 on the GPU
   Recompute recompute_;
   Precision precision_;
-  Payload payload_;  // what dispatch moves to the experts (model/dispatch.h)
+  Payload payload_;  // ep.payload: what dispatch moves to other ranks' experts (model/dispatch.h)
   // FP8, payload bf16, every route on this rank (TokenDispatcher::routes_stay_local): the expert
   // backward's FP8 operands of the expert input (columns) and of the expert output gradient (rows and
   // columns) are quantized from the token rows (moe/ops/fp8_gather.h), so neither the BF16 expert

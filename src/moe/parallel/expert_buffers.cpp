@@ -180,8 +180,8 @@ void PooledDispatcher::check_f32_expert_rows(const Tensor& t, const char* op, co
 }
 
 void PooledDispatcher::check_fp8_expert_rows(const Fp8Tensor& t, const char* op) const {
-  MOE_CHECK(payload_ == Payload::FP8, what_, " ", op, ": its buffers were reserved for payload ", to_string(payload_),
-            " (ep.payload), not fp8");
+  MOE_CHECK(payload_ == Payload::FP8, what_, " ", op, ": its expert_in buffers were reserved for ", to_string(payload_),
+            " rows (ep.payload = \"fp8\", or FP8 with every route on the rank, reserves FP8 rows), not fp8");
   const Shape scales = fp8_scale_shape({rows_, hidden_}, Fp8Tiles::Rows);
   MOE_CHECK(t.tiles == Fp8Tiles::Rows && t.codes.dtype == DType::FP8_E4M3 && t.codes.ndim() == 2 &&
                 t.codes.dim(0) == rows_ && t.codes.dim(1) == hidden_ && t.scales.dtype == DType::F32 &&

@@ -97,7 +97,7 @@ struct ExpertPoolSizes {
   // Every MoE layer recomputes its expert rows in backward: no per-layer pools, one shared pair.
   bool recompute = false;
   // FP8: every expert_in (leases, recompute pair) is E4M3 codes [rows, hidden] plus F32 scales
-  // [rows, ceil(hidden / 128)]; expert_out and the backward pair stay `dtype`.
+  // [rows, ceil(hidden / 128)]; expert_out and the backward pair (if it has an expert_out) stay `dtype`.
   Payload payload = Payload::BF16;
   // false: the backward pair has no expert_out (DispatchShape::grad_expert_out).
   bool grad_expert_out = true;

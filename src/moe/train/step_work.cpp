@@ -216,6 +216,8 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
     const bool payload_fp8 = cfg.ep.payload == Payload::FP8;
     // Every route on the rank (EP 1): the expert backward's operands come from the token rows
     // (model/transformer.h, gathered_expert_grads_) and the dispatch stores FP8 rows, as payload fp8's.
+    // EP 1 is when the run's dispatcher keeps every route (make_run_dispatcher: the local one, or
+    // rowwise over a group of one; TokenDispatcher::routes_stay_local).
     const bool gathered = !payload_fp8 && ep == 1;
     const bool scatter_fp8 = payload_fp8 || gathered;
     const bool act_columns = rc != Recompute::Experts;  // model/transformer.h: LayerActs::act_columns

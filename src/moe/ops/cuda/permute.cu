@@ -134,6 +134,8 @@ void combine_rows_backward(Tensor dy, Tensor dweights, Tensor dout, Tensor y, Te
   CUDA_CHECK_LAUNCH();
 }
 
+// The dot products' order follows the vector width: the same as combine_rows_backward's (and the
+// rowwise dispatcher's) whenever dy and the heap are 16-byte aligned, as arena and heap buffers are.
 void combine_rows_weight_grad(Tensor dweights, Tensor dout, Tensor y, Tensor route_index, int top_k,
                               Stream stream) {
   const int64_t T = dout.dim(0), D = dout.dim(1);
