@@ -50,7 +50,8 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
       recompute_(recompute),
       precision_(precision),
       payload_(payload),
-      gathered_expert_grads_(precision == Precision::FP8 && payload == Payload::BF16 && dispatcher.routes_stay_local()),
+      gathered_expert_grads_(precision == Precision::FP8 && payload == Payload::BF16 &&
+                             dispatcher.routes_stay_local()),
       arena_(arena),
       dispatcher_(dispatcher) {
   cfg_.validate();
@@ -661,15 +662,14 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
     proj_->experts_weight_grad(g.experts_down, dye, A.act, f.experts_down, A.offsets, accumulate);
   const ExpertOutputGrad dgu =
       proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
-  if (payload_ == Payload::FP8) {
-    // The weight gradient reads the expert input along the tokens: re-quantized from the moved FP8
-    // rows. All reads of the moved rows stay before dispatch_backward's syncs, after which a peer
-    // may store into them again.
-    const Fp8Tensor x_columns = proj_->expert_input_columns(A.experts.fp8_expert_in(), act_, A.offsets);
-    proj_->experts_weight_grad(g.experts_gate_up, dgu, x_columns, f.experts_gate_up, A.offsets, accumulate);
-  } else if (gathered_expert_grads_) {
-    // The expert input rows are copies of the FFN norm output's: their columns come from A.m.
-    const Fp8Tensor x_columns = proj_->expert_input_columns(GatheredRows{A.m, s.route_of_row, {}, K}, A.offsets);
+  if (fp8_expert_input()) {
+    // The weight gradient reads the expert input along the tokens: quantized from the FFN norm
+    // output the rows copy (gathered_expert_grads_), or re-quantized from the moved FP8 rows (payload
+    // fp8). All reads of the moved rows stay before dispatch_backward's syncs, after which a peer may
+    // store into them again.
+    const Fp8Tensor x_columns =
+        gathered_expert_grads_ ? proj_->expert_input_columns(GatheredRows{A.m, s.route_of_row, {}, K}, A.offsets)
+                               : proj_->expert_input_columns(A.experts.fp8_expert_in(), act_, A.offsets);
     proj_->experts_weight_grad(g.experts_gate_up, dgu, x_columns, f.experts_gate_up, A.offsets, accumulate);
   } else {
     proj_->experts_weight_grad(g.experts_gate_up, dgu, A.experts.expert_in, f.experts_gate_up, A.offsets,
