@@ -7,6 +7,11 @@
 // Its FP8-only form (both layouts over expert segments, no output stored) bit for bit equal to
 // swiglu_forward then fp8_quantize_rows_and_columns on the same GPU, with empty segments, rows past
 // offsets[G], a partial feature tile, odd H and one segment without offsets.
+// SwiGLU backward (fp8_swiglu_backward: d(gate/up) in both layouts, never stored) bit for bit equal
+// to swiglu_backward then fp8_quantize_rows_and_columns on the same GPU: the staged kernel (BF16, H a
+// multiple of 128: the model's H = 1024 with empty segments, rows past offsets[G] and enough tiles
+// that every block loops over several; H = 128; one segment without offsets) and the general one
+// (H = 200 and odd H, and F32).
 // RMSNorm forward (moe/ops/fp8_norm.h): output, rstd and the output's Rows tiles bit for bit equal to
 // rmsnorm_forward followed by fp8_quantize_rows on the same GPU, at the model's C = 2048 (the fused
 // kernel, BF16 and F32, with a row of zeros and a row far above E4M3's range), a row longer than the
@@ -115,6 +120,48 @@ void check_forward_rows_and_columns(DType dtype, const std::vector<int32_t>& cou
                     what + " columns scales");
 }
 
+// fp8_swiglu_backward against swiglu_backward then fp8_quantize_rows_and_columns on the same GPU:
+// every byte of both outputs, including the rows past offsets[G] and the padding columns (all
+// buffers start equal).
+void check_backward_rows_and_columns(DType dtype, const std::vector<int32_t>& counts, int64_t R, int64_t H,
+                                     uint64_t seed) {
+  const bool bf16 = dtype == DType::BF16;
+  std::vector<int32_t> offsets{0};
+  for (int32_t c : counts) offsets.push_back(offsets.back() + c);
+  const int64_t G = counts.empty() ? 1 : static_cast<int64_t>(counts.size()), Mp = fp8_columns_capacity(R, G);
+  DeviceBuffer gate_up(dtype, {R, 2 * H}), dout(dtype, {R, H}), ref_dgu(dtype, {R, 2 * H}), doff(DType::I32, {G + 1});
+  gate_up.upload(normal_values(R * 2 * H, 3.0f, seed, bf16));
+  dout.upload(normal_values(R * H, 0.01f, seed + 1000, bf16));
+  if (!counts.empty()) doff.upload_i32(offsets);
+  const Tensor segments = counts.empty() ? Tensor() : doff.tensor();
+  DeviceFp8 rows({R, 2 * H}), ref_rows({R, 2 * H}), columns({2 * H, Mp}), ref_columns({2 * H, Mp});
+  for (const DeviceFp8* b : {&rows, &ref_rows, &columns, &ref_columns}) {
+    CUDA_CHECK(cudaMemset(b->codes.tensor().data, 0x5a, b->codes.bytes()));
+    CUDA_CHECK(cudaMemset(b->scales.tensor().data, 0x5a, b->scales.bytes()));
+  }
+  fp8_swiglu_backward(rows.t(), columns.t(), dout, gate_up, segments);
+  swiglu_backward(ref_dgu, dout, gate_up);
+  fp8_quantize_rows_and_columns(ref_rows.t(), ref_columns.t(), ref_dgu, segments);
+  const std::string what = "backward rows and columns " + describe(dtype, R, H, counts);
+  expect_same_bytes(bytes_of(rows.codes.tensor()), bytes_of(ref_rows.codes.tensor()), what + " rows codes");
+  expect_same_bytes(bytes_of(rows.scales.tensor()), bytes_of(ref_rows.scales.tensor()), what + " rows scales");
+  expect_same_bytes(bytes_of(columns.codes.tensor()), bytes_of(ref_columns.codes.tensor()), what + " columns codes");
+  expect_same_bytes(bytes_of(columns.scales.tensor()), bytes_of(ref_columns.scales.tensor()),
+                    what + " columns scales");
+}
+
+// 64 expert segments of random sizes (some empty) summing to at most R.
+std::vector<int32_t> random_counts(int64_t R, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> counts(64);
+  int64_t left = R - 50;  // rows past offsets[G]
+  for (int32_t& c : counts) {
+    c = rng.uniform() < 0.1 ? 0 : static_cast<int32_t>(std::min<double>(left, rng.uniform() * 2.0 * R / 64));
+    left -= c;
+  }
+  return counts;
+}
+
 void check_rmsnorm(DType dtype, int64_t R, int64_t C, uint64_t seed) {
   const bool bf16 = dtype == DType::BF16;
   auto xv = normal_values(R * C, 2.0f, seed, bf16);
@@ -194,6 +241,20 @@ TEST(CudaFp8Swiglu, ForwardRowsAndColumnsAreThoseOfTheUnfusedPath) {
     check_forward_rows_and_columns(dtype, {130, 0, 1, 250}, 381, 200, ++seed);  // a partial feature tile
     check_forward_rows_and_columns(dtype, {5, 2}, 7, 7, ++seed);               // odd H: scalar loads
     check_forward_rows_and_columns(dtype, {}, 300, 4096, ++seed);              // one segment, no offsets
+  }
+}
+
+TEST(CudaFp8Swiglu, BackwardRowsAndColumnsAreThoseOfTheUnfusedPath) {
+  MOE_SKIP_WITHOUT_GPU();
+  uint64_t seed = 370;
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    check_backward_rows_and_columns(dtype, {257, 0, 0, 3, 128, 127, 0, 1000}, 1600, 1024, ++seed);  // rows past o_G
+    const std::vector<int32_t> counts = random_counts(40000, ++seed);
+    check_backward_rows_and_columns(dtype, counts, 40000, 1024, ++seed);  // many tiles per block
+    check_backward_rows_and_columns(dtype, {130, 0, 1, 250}, 381, 128, ++seed);   // one unit tile
+    check_backward_rows_and_columns(dtype, {130, 0, 1, 250}, 381, 200, ++seed);   // H % 128 != 0: general kernel
+    check_backward_rows_and_columns(dtype, {5, 2}, 7, 7, ++seed);                 // odd H: scalar loads
+    check_backward_rows_and_columns(dtype, {}, 300, 1024, ++seed);                // one segment, no offsets
   }
 }
 

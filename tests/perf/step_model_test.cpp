@@ -154,9 +154,10 @@ TEST(StepModel, recompute_repeats_every_layer_but_the_top_one_without_pipeline) 
 
 // The FP8 quantize kernels' bytes, listed kernel by kernel for one MoE layer of the tiny model
 // (2 bytes read and 1 written per element quantized by rows or by columns, 2 and 2 for an output
-// gradient in both layouts, 4 and 3 per unit of the quantizing SwiGLU forward, 1 and 1 re-quantizing
-// FP8 rows): what the step split's "FP8 quantize" row times. The element-wise bytes lose the
-// SwiGLU forward (timed there) and gain the FP8 codes the attention RMSNorm writes. At EP 1 every
+// gradient in both layouts, 4 and 3 per unit of the quantizing SwiGLU forward, 6 and 4 per unit of
+// the SwiGLU backward that quantizes d(gate/up), 1 and 1 re-quantizing FP8 rows): what the step
+// split's "FP8 quantize" row times. The element-wise bytes lose the SwiGLU forward and the
+// quantizing SwiGLU backward (timed there) and gain the FP8 codes the attention RMSNorm writes. At EP 1 every
 // route stays on the rank: the scatter writes FP8 rows (as with payload fp8), the expert backward's
 // operands are gathered from the token rows (the same bytes as from stored rows) and the combine
 // backward stores no d(expert output); at EP 2 the experts quantize the BF16 rows they receive.
@@ -169,7 +170,8 @@ TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
   // act_columns (recompute is not experts): the routed SwiGLU forward writes its output's rows and
   // columns in FP8 only (gate/up read, 4 bytes per unit; 2 written) and the backward has no columns
   // pass of its own; under recompute = experts the forward keeps the BF16 output (7) and the
-  // backward quantizes its columns (3).
+  // backward quantizes its columns (3), and the plain SwiGLU backward (element-wise) writes
+  // d(gate/up) for its own rows-and-columns pass (4 per element of 2 h).
   auto layer_bytes = [&](bool scatter_fp8, bool payload_fp8, bool act_columns = true) {
     const std::vector<Pass> passes = {
         {"o's input rows (forward)", q, 3},
@@ -181,7 +183,8 @@ TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
         {"the experts' SwiGLU forward with its output's FP8 layouts", K * h, act_columns ? 6.0 : 7.0},
         {"down's output gradient, rows and columns (stored or gathered)", K * d, 4},
         {"the SwiGLU output's columns", act_columns ? 0 : K * h, 3},
-        {"gate/up's output gradient, rows and columns", K * 2 * h, 4},
+        {"gate/up's output gradient, rows and columns (act_columns: the SwiGLU backward writes them)",
+         K * h, act_columns ? 10.0 : 8.0},
         {"the experts' input columns (payload fp8: re-quantized from FP8 rows)", K * d, payload_fp8 ? 2.0 : 3.0},
     };
     double sum = 0;
@@ -199,15 +202,16 @@ TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
     EXPECT_DOUBLE_EQ(fp8.fp8_quantize_bytes, L * Tr * layer_bytes(local, false)) << "ep " << ep;
     // Locally: the FP8 scatter writes K d one-byte codes where the BF16 one writes two bytes each,
     // and the combine backward no 2-byte d(expert output) rows.
+    // The quantizing SwiGLU backward's 5 K h two-byte elements are timed as FP8 quantize.
     EXPECT_DOUBLE_EQ(fp8.elementwise_bytes, bf16.elementwise_bytes + L * Tr * d - L * Tr * 2 * 3 * K * h -
-                                                (local ? L * Tr * (K * d + 2 * K * d) : 0))
+                                                L * Tr * 2 * 5 * K * h - (local ? L * Tr * (K * d + 2 * K * d) : 0))
         << "ep " << ep;
     c.ep.payload = Payload::FP8;
     const StepWork payload = step_work(c, rank_layout(c, ep));
     EXPECT_DOUBLE_EQ(payload.fp8_quantize_bytes, L * Tr * layer_bytes(true, true)) << "ep " << ep;
     // The combine backward stores d(expert output) again (the payload moves it in BF16).
-    EXPECT_DOUBLE_EQ(payload.elementwise_bytes,
-                     bf16.elementwise_bytes + L * Tr * d - L * Tr * 2 * 3 * K * h - L * Tr * K * d)
+    EXPECT_DOUBLE_EQ(payload.elementwise_bytes, bf16.elementwise_bytes + L * Tr * d - L * Tr * 2 * 3 * K * h -
+                                                    L * Tr * 2 * 5 * K * h - L * Tr * K * d)
         << "ep " << ep;
     c.ep.payload = Payload::BF16;
     // Recompute = experts: the gate/up input rows again in every MoE layer but the top one (none
@@ -231,10 +235,11 @@ TEST(StepModel, fp8_quantize_bytes_cover_shared_experts_dense_layers_and_recompu
   c.model.shared_expert_intermediate_size = 32, c.model.dense_intermediate_size = 96;
   const double attention = 3 * q + 3 * q + 4 * d + 4 * (q + 2 * kv) + 3 * d;
   // input rows (forward), fused SwiGLU, down and gate/up output gradients, SwiGLU output columns,
-  // input columns; every SwiGLU writes both FP8 layouts itself except the routed experts' under
-  // recompute = experts (act_columns).
+  // input columns; every SwiGLU writes both FP8 layouts itself, forward and backward, except the
+  // routed experts' under recompute = experts (act_columns).
   auto mlp = [&](double units, double input_rows, bool act_columns = true) {
-    return input_rows + (act_columns ? 6 * units : 7 * units + 3 * units) + 4 * d + 8 * units + 3 * d;
+    return input_rows + (act_columns ? 6 * units : 7 * units + 3 * units) + 4 * d +
+           (act_columns ? 10 : 8) * units + 3 * d;
   };
   // EP 1 (every route on the rank): the scatter writes the experts' FP8 input rows (no rows pass,
   // none again under recompute; element-wise K d codes per dispatch) and the combine backward no
@@ -252,6 +257,8 @@ TEST(StepModel, fp8_quantize_bytes_cover_shared_experts_dense_layers_and_recompu
       c.train.precision = Precision::FP8;
       const StepWork fp8 = step_work(c, rank_layout(c, ep));
       double again = 0, norms = Ls + dense, swiglu = moe * (K * h + s) + dense * hd, dispatches = 1;
+      // The quantizing SwiGLU backwards (5 two-byte elements per unit) are timed as FP8 quantize.
+      const double swiglu_backward = moe * ((act_columns ? K * h : 0) + s) + dense * hd;
       if (rc == Recompute::Block) {
         again = Tr * (Ls * 3 * q + moe * (K * (rows + 6 * h) + 3 * d + 6 * s) + dense * 6 * hd);
         norms += Ls + dense, swiglu += moe * (K * h + s) + dense * hd, dispatches = 2;
@@ -263,7 +270,9 @@ TEST(StepModel, fp8_quantize_bytes_cover_shared_experts_dense_layers_and_recompu
       }
       const double local_bytes = local ? Tr * moe * (dispatches * K * d + 2 * K * d) : 0;
       EXPECT_DOUBLE_EQ(fp8.fp8_quantize_bytes, per_step + again) << "ep " << ep << ", " << static_cast<int>(rc);
-      EXPECT_NEAR(fp8.elementwise_bytes, bf16.elementwise_bytes + Tr * norms * d - Tr * 2 * 3 * swiglu - local_bytes,
+      EXPECT_NEAR(fp8.elementwise_bytes,
+                  bf16.elementwise_bytes + Tr * norms * d - Tr * 2 * 3 * swiglu - Tr * 2 * 5 * swiglu_backward -
+                      local_bytes,
                   1e-9 * bf16.elementwise_bytes)
           << "ep " << ep << ", " << static_cast<int>(rc);
     }

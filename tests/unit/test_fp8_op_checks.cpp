@@ -218,6 +218,25 @@ TEST(Fp8OpChecks, swiglu_forward_rows_and_columns_refuses_outputs_that_do_not_fi
                   {op, "gate_up"});
 }
 
+TEST(Fp8OpChecks, swiglu_backward_refuses_operands_that_do_not_fit_gate_up) {
+  // gate_up [300, 80]: H = 40, dout [300, 40]; rows [300, 80]; two segments need columns [80, Mp >= 512].
+  std::vector<int32_t> offsets{0, 100, 300};
+  const Tensor off = i32_tensor(offsets.data(), {3});
+  const char* op = "fp8_swiglu_backward";
+  expect_contains(error_of([&] { fp8_swiglu_backward(rows({300, 80}), rows({80, 512}), f32({300, 41}), f32({300, 80}),
+                                                     off); }),
+                  {op, "gate_up [300, 80] must be [R, 2H] for dout [300, 41]"});
+  expect_contains(error_of([&] { fp8_swiglu_backward(rows({300, 40}), rows({80, 512}), f32({300, 40}), f32({300, 80}),
+                                                     off); }),
+                  {op, "rows.codes"});
+  expect_contains(error_of([&] { fp8_swiglu_backward(rows({300, 80}), rows({80, 384}), f32({300, 40}), f32({300, 80}),
+                                                     off); }),
+                  {op, "columns.codes", "Mp >= 512"});
+  expect_contains(error_of([&] { fp8_swiglu_backward(rows({300, 80}), blocks({80, 512}), f32({300, 40}),
+                                                     f32({300, 80}), off); }),
+                  {op, "columns"});
+}
+
 TEST(Fp8OpChecks, rmsnorm_forward_refuses_rows_operands_that_do_not_match_x) {
   // x [2, 4, 64] is 8 rows of 64: out_rows must be [8, 64].
   const Tensor x = f32({2, 4, 64}), w = f32({64}), rstd = f32({8});

@@ -98,10 +98,35 @@ void Projections::linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Ten
 
 void Projections::fp8_linear_backward(Tensor dx, Tensor dw, Tensor dy, const Fp8Tensor& x_columns, const Fp8Weight& f,
                                       bool accumulate_dx) {
-  const int64_t in = dx.dim(-1);
   const auto [dy_rows, dy_columns] = quantize_output_grad(dy, Tensor(), 1);
+  fp8_linear_backward(dx, dw, dy_rows, dy_columns, x_columns, f, accumulate_dx);
+}
+
+void Projections::fp8_linear_backward(Tensor dx, Tensor dw, const Fp8Tensor& dy_rows, const Fp8Tensor& dy_columns,
+                                      const Fp8Tensor& x_columns, const Fp8Weight& f, bool accumulate_dx) {
+  const int64_t in = dx.dim(-1);
   fp8_matmul(dx.view({dx.numel() / in, in}), dy_rows, f.w_t, accumulate_dx);
   fp8_matmul(dw, dy_columns, x_columns, /*accumulate=*/true);
+}
+
+std::pair<Fp8Tensor, Fp8Tensor> Projections::swiglu_backward_operands(Tensor dact, Tensor gu, Tensor offsets) {
+  const int64_t cols = gu.dim(-1), rows = gu.numel() / cols;
+  const int64_t segments = offsets.empty() ? 1 : offsets.numel() - 1;
+  const Fp8Tensor r = operand(rows_, rows, cols);
+  const Fp8Tensor c = operand(grad_columns_, cols, fp8_columns_capacity(rows, segments));
+  fp8_swiglu_backward(r, c, dact.view({rows, cols / 2}), gu.view({rows, cols}), offsets);
+  return {r, c};
+}
+
+void Projections::swiglu_linear_backward(Tensor dx, Tensor dw, Tensor dgu, Tensor dact, Tensor gu, Tensor x,
+                                         Tensor w, const Fp8Weight& f, bool accumulate_dx) {
+  if (f.empty()) {
+    swiglu_backward(dgu, dact, gu);
+    return linear_backward(dx, dw, dgu, x, w, f, accumulate_dx);
+  }
+  const Fp8Tensor x_columns = quantize_columns(input_columns_, x, Tensor(), 1);
+  const auto [dgu_rows, dgu_columns] = swiglu_backward_operands(dact, gu, Tensor());
+  fp8_linear_backward(dx, dw, dgu_rows, dgu_columns, x_columns, f, accumulate_dx);
 }
 
 void Projections::linear_shared_input(Tensor x, std::initializer_list<SharedInputLinear> layers) {
@@ -209,6 +234,17 @@ ExpertOutputGrad Projections::experts_data_grad(Tensor dx, const GatheredRows& d
   fp8_quantize_gathered_rows_and_columns(r, c, dy, offsets);
   fp8_grouped_matmul(dx, r, f.w_t, offsets);
   return {Tensor(), c};
+}
+
+ExpertOutputGrad Projections::experts_swiglu_data_grad(Tensor dx, Tensor dgu, Tensor dact, Tensor gu, Tensor w,
+                                                       const Fp8Weight& f, Tensor offsets) {
+  if (f.empty()) {
+    swiglu_backward(dgu, dact, gu);
+    return experts_data_grad(dx, dgu, w, f, offsets);
+  }
+  const auto [dgu_rows, dgu_columns] = swiglu_backward_operands(dact, gu, offsets);
+  fp8_grouped_matmul(dx, dgu_rows, f.w_t, offsets);
+  return {Tensor(), dgu_columns};
 }
 
 void Projections::experts_swiglu_forward(Tensor c, Tensor act, Tensor gu, Tensor w_down, const Fp8Weight& f_down,

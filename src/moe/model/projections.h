@@ -68,6 +68,12 @@ class Projections {
   // linear_backward() with x kept as its FP8 columns operand (swiglu_linear's act_columns).
   void linear_backward(Tensor dx, Tensor dw, Tensor dy, const Fp8Tensor& x_columns, const Fp8Weight& f,
                        bool accumulate_dx);
+  // The SwiGLU backward of a dense MLP or the shared expert with the gate/up product's backward:
+  // dgu = swiglu_backward(dact, gu), then linear_backward(dx, dw, dgu, x, w, f, accumulate_dx). In
+  // FP8 one kernel quantizes dgu into both operands as it computes it (fp8_swiglu_backward) and
+  // `dgu` is not written (it may be empty).
+  void swiglu_linear_backward(Tensor dx, Tensor dw, Tensor dgu, Tensor dact, Tensor gu, Tensor x, Tensor w,
+                              const Fp8Weight& f, bool accumulate_dx);
   // linear_backward() for each layer, all reading x: dx (= or +=, per accumulate_dx) sum_i dy_i W_i.
   void linear_backward_shared_input(Tensor dx, Tensor x, std::initializer_list<SharedInputLinearGrad> layers,
                                     bool accumulate_dx);
@@ -93,6 +99,13 @@ class Projections {
   // the down product's rows operand (scratch) and into act_columns (codes [H, columns]), the down
   // weight gradient's operand, and stores no act (moe/ops/fp8_swiglu.h). FP8 weights only.
   void experts_swiglu_forward(Tensor c, Fp8Tensor act_columns, Tensor gu, const Fp8Weight& f_down, Tensor offsets);
+  // The experts' SwiGLU backward with the gate/up data gradient: dgu = swiglu_backward(dact, gu),
+  // then experts_data_grad(dx, dgu, ...). In FP8 one kernel quantizes dgu into both operands as it
+  // computes it (fp8_swiglu_backward): `dgu` is not written (it may be empty), the result's dy is
+  // empty, and the operand scratch of the last experts_data_grad is overwritten (finish that
+  // product's weight gradient first).
+  ExpertOutputGrad experts_swiglu_data_grad(Tensor dx, Tensor dgu, Tensor dact, Tensor gu, Tensor w,
+                                            const Fp8Weight& f, Tensor offsets);
   // dw[e] (+= or =, per accumulate) dy^T x (weight gradient; = zeroes experts without rows).
   void experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Tensor x, const Fp8Weight& f, Tensor offsets,
                            bool accumulate);
@@ -127,6 +140,12 @@ class Projections {
   // The FP8 products of linear_backward with x's columns operand given.
   void fp8_linear_backward(Tensor dx, Tensor dw, Tensor dy, const Fp8Tensor& x_columns, const Fp8Weight& f,
                            bool accumulate_dx);
+  // The same with dy's operands given (rows for the data gradient, columns for the weight gradient).
+  void fp8_linear_backward(Tensor dx, Tensor dw, const Fp8Tensor& dy_rows, const Fp8Tensor& dy_columns,
+                           const Fp8Tensor& x_columns, const Fp8Weight& f, bool accumulate_dx);
+  // dgu = swiglu_backward(dact, gu) as its rows operand (in rows_) and columns operand (in
+  // grad_columns_), over the segments of offsets (empty: one), in one kernel; dgu is not stored.
+  std::pair<Fp8Tensor, Fp8Tensor> swiglu_backward_operands(Tensor dact, Tensor gu, Tensor offsets);
 
   Arena& arena_;
   Buffer rows_;              // the forward's or data gradient's activation operand

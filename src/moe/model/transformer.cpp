@@ -194,14 +194,15 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
     reserve(s.dlogits, "grad.router_logits", F, {R, N});
     reserve(s.dw, "grad.topk_weight", F, {R, K});
     reserve(s.dact, "grad.expert_act", X, {capacity_, H});
-    reserve(s.dgu, "grad.expert_gate_up", X, {capacity_, 2 * H});
+    // FP8 quantizes d(gate/up) as the SwiGLU backward computes it (but with recompute = experts).
+    if (!fp8_act_columns()) reserve(s.dgu, "grad.expert_gate_up", X, {capacity_, 2 * H});
     if (X != F) reserve(s.dlogits_act, "grad.router_logits_" + std::string(dtype_name(X)), X, {R, N});
     if (gathered_expert_grads_) reserve(s.route_of_row, "grad.route_of_row", I, {capacity_});
     reserve(s.router_ws, "router_losses_workspace", F, {router_losses_workspace_elems(dev_, R, N)});
   }
   if (ffn_width > 0) {
     reserve(s.dffn_act, "grad.mlp_act", X, {R, ffn_width});
-    reserve(s.dffn_gu, "grad.mlp_gate_up", X, {R, 2 * ffn_width});
+    if (precision_ != Precision::FP8) reserve(s.dffn_gu, "grad.mlp_gate_up", X, {R, 2 * ffn_width});
   }
   if (holds_moe) {
     if (!keep_block) {
@@ -652,16 +653,19 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
     dye = proj_->experts_data_grad(s.dact, d.expert_out, w.experts_down, f.experts_down, A.offsets);
   }
   const bool accumulate = !scales.gradients_zeroed;  // equal results: 0 + x == x
-  if (recompute_experts)
-    swiglu_backward_with_output(s.dgu, A.act, s.dact, A.gu);
-  else
-    swiglu_backward(s.dgu, s.dact, A.gu);
+  if (recompute_experts) swiglu_backward_with_output(s.dgu, A.act, s.dact, A.gu);
   if (fp8_act_columns())
     proj_->experts_weight_grad(g.experts_down, dye, A.act_columns, f.experts_down, A.offsets, accumulate);
   else
     proj_->experts_weight_grad(g.experts_down, dye, A.act, f.experts_down, A.offsets, accumulate);
+  // d(gate/up) and its data gradient after the down weight gradient: in FP8 the SwiGLU backward
+  // quantizes d(gate/up) into the operand scratch that held dye's columns (s.dgu is then not
+  // reserved). With recompute = experts, d(gate/up) came with the SwiGLU output above.
   const ExpertOutputGrad dgu =
-      proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets);
+      recompute_experts
+          ? proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets)
+          : proj_->experts_swiglu_data_grad(d.expert_in, s.dgu, s.dact, A.gu, w.experts_gate_up, f.experts_gate_up,
+                                            A.offsets);
   if (fp8_expert_input()) {
     // The weight gradient reads the expert input along the tokens: quantized from the FFN norm
     // output the rows copy (gathered_expert_grads_), or re-quantized from the moved FP8 rows (payload
@@ -685,8 +689,8 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
     Tensor dact = Tensor(s.dffn_act.data, act_, {rows_, S}, dev_);
     Tensor dgu = Tensor(s.dffn_gu.data, act_, {rows_, 2 * S}, dev_);
     ffn_down_backward(dact, g.shared_down, A.shared_act, A.shared_act_columns, w.shared_down, f.shared_down);
-    swiglu_backward(dgu, dact, A.shared_gu);
-    proj_->linear_backward(s.dm, g.shared_gate_up, dgu, A.m, w.shared_gate_up, f.shared_gate_up, true);
+    proj_->swiglu_linear_backward(s.dm, g.shared_gate_up, dgu, dact, A.shared_gu, A.m, w.shared_gate_up,
+                                  f.shared_gate_up, /*accumulate_dx=*/true);
   }
   if (cfg_.routing == Routing::Learned) {
     const float lb_scale = static_cast<float>(cfg_.router_aux_loss_coef) * scales.aux_grad_scale;
@@ -710,8 +714,8 @@ void Transformer::mlp_backward_layer(const LayerWeights& w, const Fp8LayerWeight
   Tensor dact = Tensor(s.dffn_act.data, act_, {rows_, Hd}, dev_);
   Tensor dgu = Tensor(s.dffn_gu.data, act_, {rows_, 2 * Hd}, dev_);
   ffn_down_backward(dact, g.mlp_down, A.mlp_act, A.mlp_act_columns, w.mlp_down, f.mlp_down);
-  swiglu_backward(dgu, dact, A.mlp_gu);
-  proj_->linear_backward(s.dm, g.mlp_gate_up, dgu, A.m, w.mlp_gate_up, f.mlp_gate_up, false);
+  proj_->swiglu_linear_backward(s.dm, g.mlp_gate_up, dgu, dact, A.mlp_gu, A.m, w.mlp_gate_up, f.mlp_gate_up,
+                                /*accumulate_dx=*/false);
 }
 
 // d(final norm output) lands in s_.dm from the fused LM head and cross-entropy; its norm's backward

@@ -53,4 +53,14 @@ void fp8_swiglu_forward_rows_and_columns(Fp8Tensor out_rows, Fp8Tensor out_colum
                   stream);
 }
 
+void fp8_swiglu_backward(Fp8Tensor rows, Fp8Tensor columns, Tensor dout, Tensor gate_up, Tensor offsets,
+                         Stream stream) {
+  const OpCheck check("fp8_swiglu_backward", gate_up.device);
+  check_gate_up(check, "dout", dout, gate_up);
+  check_fp8(check, "rows", rows, Fp8Tiles::Rows, 2, 2);
+  check.same_shape("rows.codes", rows.codes, "gate_up", gate_up);
+  check_columns_layout(check, "columns", columns, gate_up.dim(0), gate_up.dim(1), offsets);
+  MOE_OP_DISPATCH(gate_up.device, fp8_swiglu_backward, rows, columns, dout, gate_up, offsets, stream);
+}
+
 }  // namespace moe

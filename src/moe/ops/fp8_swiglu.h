@@ -3,12 +3,8 @@
 // it. The codes and scales equal those of the plain SwiGLU op followed by the plain quantize op on
 // its (BF16 or F32) result, bit for bit on each device; the CPU computes exactly that, the GPU in
 // one kernel (moe/ops/cuda/fp8_swiglu.cu).
-// NOTES: the backward's fused form (dgate_up quantized into both layouts as the SwiGLU backward
-// computes it, never stored) was built and measured slower than the plain SwiGLU backward plus
-// fp8_quantize_rows_and_columns on the H200 (2.04 against 1.84 ms per bench-olmoe-4l layer): the
-// columns quantizer takes 128 features of one half per block, so the gate and the up blocks each
-// load gate, up and dout, six times the plain kernel's loads per output. It needs a kernel whose
-// warps produce a unit's gate and up gradients together (two row tiles per block).
+// The backward's fused form likewise quantizes dgate_up into both layouts and never stores it (the
+// CUDA kernel's design and history: moe/ops/cuda/fp8_swiglu_backward.cu).
 #pragma once
 
 #include "moe/core/stream.h"
@@ -30,5 +26,14 @@ void fp8_swiglu_forward(Tensor out, Fp8Tensor out_rows, Tensor gate_up, Stream s
 // FP8 training).
 void fp8_swiglu_forward_rows_and_columns(Fp8Tensor out_rows, Fp8Tensor out_columns, Tensor gate_up, Tensor offsets,
                                          Stream stream = {});
+
+// The SwiGLU backward when its output gradient feeds FP8 products (the gate/up projection's data and
+// weight gradients in train.precision = "fp8"): dgate_up = swiglu_backward(dout [R, H], gate_up
+// [R, 2H]) is never stored; rows (Rows tiles, codes [R, 2H]) and columns (Rows tiles along the
+// tokens in the segments of offsets, empty: one; codes [2H, Mp]) are what
+// fp8_quantize_rows_and_columns makes of it, bit for bit (rows outside the segments may be left
+// unwritten, as there).
+void fp8_swiglu_backward(Fp8Tensor rows, Fp8Tensor columns, Tensor dout, Tensor gate_up, Tensor offsets,
+                         Stream stream = {});
 
 }  // namespace moe

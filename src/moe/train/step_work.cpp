@@ -56,19 +56,24 @@ double head_bytes(const Widths& w) { return kActBytes * (6 * w.d + 2 * w.d) + 12
 // output written only in FP8, by rows and by columns (2: the backward keeps the columns and has no
 // columns pass of its own), except for the routed experts under recompute = "experts"
 // (act_columns false): the output written in BF16 and FP8 rows (3), its columns quantized in the
-// backward (3). Scales (4 bytes per 128 elements) are left out.
+// backward (3); the SwiGLU backward that quantizes d(gate/up) into both layouts (the same MLPs, with
+// act_columns): gate, up and d(output) read (6 per unit), 2 h codes written by rows and by columns
+// (4), in place of the plain backward and its output gradient's pass (8). Scales (4 bytes per 128
+// elements) are left out.
 // Quantization fused into RMSNorm or the dispatch scatter runs in those kernels ("other").
 //   attention: o's input by rows (forward) and columns; the output gradients of q, k, v and o; the
 //     norm output's columns (q, k and v share them). The norm writes the rows operand itself.
 //   a SwiGLU MLP of `units` (an expert per route, the shared expert, a dense MLP): its input by rows
 //     (`input_rows`: 0 where the norm or the scatter made them: scatter_fp8, with payload fp8 or
 //     every route on the rank), the fused SwiGLU (with its output's columns, or those quantized in
-//     the backward: act_columns, above), the output gradients of down and gate/up, the input's columns.
+//     the backward: act_columns, above), the output gradients of down and gate/up (the latter with
+//     the SwiGLU backward where it quantizes), the input's columns.
 double fp8_quantize_bytes(const Widths& w, bool moe_layer, bool scatter_fp8, bool payload_fp8, bool act_columns) {
   const double attention = 3 * w.q + 3 * w.q + 4 * (w.q + 2 * w.kv) + 4 * w.d + 3 * w.d;
   auto mlp = [&](double units, double input_rows, double input_columns, bool fp8_output = true) {
     const double swiglu_and_output_columns = fp8_output ? 6 * units : 7 * units + 3 * units;
-    return input_rows + swiglu_and_output_columns + 4 * w.d + 8 * units + input_columns;
+    const double gate_up_grad = fp8_output ? 10 * units : 8 * units;
+    return input_rows + swiglu_and_output_columns + 4 * w.d + gate_up_grad + input_columns;
   };
   if (!moe_layer) return attention + mlp(w.hd, 0, 3 * w.d);
   const double experts = w.k * mlp(w.h, scatter_fp8 ? 0 : 3 * w.d, payload_fp8 ? 2 * w.d : 3 * w.d, act_columns);
@@ -237,6 +242,10 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
     const double fused_swiglu_units = moe_layers * (w.k * w.h + w.s) + dense_layers * w.hd + recomputed_swiglu;
     s.elementwise_bytes += T * (attention_norms + (1 + block) * dense_layers) * w.d;
     s.elementwise_bytes -= kActBytes * 3 * T * fused_swiglu_units;
+    // So does the SwiGLU backward that quantizes d(gate/up) (every MLP but the routed experts under
+    // recompute = "experts"; counted above).
+    const double fused_backward_units = moe_layers * ((act_columns ? w.k * w.h : 0) + w.s) + dense_layers * w.hd;
+    s.elementwise_bytes -= kActBytes * 5 * T * fused_backward_units;
     // The FP8 dispatch scatter writes 1-byte codes where the BF16 one writes 2 (again under block).
     if (scatter_fp8) s.elementwise_bytes -= T * (1 + block) * moe_layers * w.k * w.d;
     // Gathered: the combine backward computes the weights' gradient only and stores no d(expert output).

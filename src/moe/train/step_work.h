@@ -17,13 +17,13 @@
 // top layer's without pipeline, model/recompute.h).
 // FP8 (train.precision = fp8): the SwiGLU forwards quantize their output in the same kernel, which
 // the split times as FP8 quantize, so their bytes move there (fp8_quantize_bytes, listed per kernel
-// in step_work.cpp); the RMSNorms that quantize write d codes more; the FP8 dispatch scatter
-// (ep.payload = fp8, and at EP 1, where the expert backward's FP8 operands are gathered from the
-// token rows) writes K d codes in place of BF16 rows; at EP 1 the combine backward writes no
-// d(expert output) (K d fewer). Rows of expert buffers are counted per
-// route (T K), not per slot: with a capacity factor above 1 the kernels that run over every slot
-// (the experts' input rows, the BF16 SwiGLU) move that much more (the FP8 SwiGLU that writes both
-// layouts loads only the rows inside the expert segments).
+// in step_work.cpp), and so do the SwiGLU backwards' that quantize d(gate/up); the RMSNorms that
+// quantize write d codes more; the FP8 dispatch scatter (ep.payload = fp8, and at EP 1, where the
+// expert backward's FP8 operands are gathered from the token rows) writes K d codes in place of BF16
+// rows; at EP 1 the combine backward writes no d(expert output) (K d fewer). Rows of expert buffers
+// are counted per route (T K), not per slot: with a capacity factor above 1 the kernels that run
+// over every slot (the experts' input rows, the BF16 SwiGLU) move that much more (the FP8 SwiGLU
+// kernels that write both layouts load only the rows inside the expert segments).
 #pragma once
 
 #include <cstdint>

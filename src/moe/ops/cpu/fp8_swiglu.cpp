@@ -1,5 +1,5 @@
-// The CPU's fused SwiGLU + FP8 op is the composition it is defined as (moe/ops/fp8_swiglu.h): the
-// CPU gains nothing from fusing, and the composition is its meaning.
+// The CPU's fused SwiGLU + FP8 ops are the compositions they are defined as (moe/ops/fp8_swiglu.h):
+// the CPU gains nothing from fusing, and the composition is their meaning.
 #include "moe/ops/cpu/fp8_swiglu.h"
 
 #include <cstddef>
@@ -22,6 +22,14 @@ void fp8_swiglu_forward_rows_and_columns(Fp8Tensor out_rows, Fp8Tensor out_colum
   const Tensor out(values.data(), gate_up.dtype, shape);
   cpu::swiglu_forward(out, gate_up, stream);
   cpu::fp8_quantize_rows_and_columns(out_rows, out_columns, out, offsets, stream);
+}
+
+void fp8_swiglu_backward(Fp8Tensor rows, Fp8Tensor columns, Tensor dout, Tensor gate_up, Tensor offsets,
+                         Stream stream) {
+  std::vector<std::byte> values(gate_up.nbytes());
+  const Tensor dgate_up(values.data(), gate_up.dtype, gate_up.shape);
+  cpu::swiglu_backward(dgate_up, dout, gate_up, stream);
+  cpu::fp8_quantize_rows_and_columns(rows, columns, dgate_up, offsets, stream);
 }
 
 }  // namespace moe::cpu

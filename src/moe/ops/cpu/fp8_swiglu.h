@@ -1,4 +1,4 @@
-// CPU SwiGLU forward with FP8 output. Semantics: moe/ops/fp8_swiglu.h.
+// CPU SwiGLU forward and backward with FP8 output. Semantics: moe/ops/fp8_swiglu.h.
 #pragma once
 
 #include "moe/core/stream.h"
@@ -10,5 +10,7 @@ namespace moe::cpu {
 void fp8_swiglu_forward(Tensor out, Fp8Tensor out_rows, Tensor gate_up, Stream stream);
 void fp8_swiglu_forward_rows_and_columns(Fp8Tensor out_rows, Fp8Tensor out_columns, Tensor gate_up, Tensor offsets,
                                          Stream stream);
+void fp8_swiglu_backward(Fp8Tensor rows, Fp8Tensor columns, Tensor dout, Tensor gate_up, Tensor offsets,
+                         Stream stream);
 
 }  // namespace moe::cpu

@@ -1,7 +1,8 @@
-// The rows-and-columns quantizer of a BF16 tensor with its column tiles staged in shared memory:
-// fp8_quantize_rows_and_columns's hot case (every FP8 layer's output gradient, both operands of its
-// data and weight gradients: 24 launches per bench-olmoe-4l step). Design notes: fp8_quantize.cu.
-// Include only from .cu files.
+// The pieces of the rows-and-columns quantizers that stage BF16 column tiles in shared memory: the
+// cp.async tile copy, the Rows and columns halves of a staged tile, the resident grid. Their kernels:
+// fp8_quantize_rows_and_columns's hot case (a stored BF16 tensor, every FP8 layer's output gradient;
+// fp8_quantize.cu, with the design notes) and the SwiGLU backward that quantizes d(gate/up)
+// (fp8_swiglu_backward.cu). Include only from .cu files.
 //
 // Why staged: the one-block-per-tile kernel (fp8_tiles.cuh) gives each lane 4 rows x 32 bytes, so
 // each of a warp's loads touches 32 rows' cache lines for 32 bytes each, and with the Rows output
@@ -38,32 +39,36 @@ __device__ __forceinline__ int stage_slot(int row, int chunk) {
   return row * kStageChunks + (chunk ^ ((row >> 2) & 7));
 }
 
-// Starts copying x rows [tile.first_row, + tile.rows) x features [k0, k0 + 128) into `stage`;
-// chunks past the rows or past K are zero-filled (cp.async with source size 0 reads nothing).
-__device__ __forceinline__ void copy_tile_async(uint4* stage, const __nv_bfloat16* x, int64_t K, TileRows tile,
-                                                int64_t k0) {
+// Starts copying x rows [tile.first_row, + tile.rows) x features [k0, k0 + 128) into `stage` (x's
+// rows `stride` elements apart, K features each); the kBlockThreads threads of the block share the
+// chunks, `thread` being the caller's index among them. Chunks past the rows or past K are
+// zero-filled (cp.async with source size 0 reads nothing).
+template <int kBlockThreads = kThreads>
+__device__ __forceinline__ void copy_tile_async(uint4* stage, const __nv_bfloat16* x, int64_t stride, int64_t K,
+                                                TileRows tile, int64_t k0, int thread) {
 #pragma unroll
-  for (int j = 0; j < kStageWords / kThreads; ++j) {
-    const int i = static_cast<int>(threadIdx.x) + j * kThreads;
+  for (int j = 0; j < kStageWords / kBlockThreads; ++j) {
+    const int i = thread + j * kBlockThreads;
     const int r = i / kStageChunks, c = i % kStageChunks;
     const int64_t k = k0 + 8 * c;
     const bool inside = r < tile.rows && k < K;  // K % 8 == 0: a chunk is all in or all out
-    const __nv_bfloat16* src = inside ? x + (tile.first_row + r) * K + k : x;
+    const __nv_bfloat16* src = inside ? x + (tile.first_row + r) * stride + k : x;
     __pipeline_memcpy_async(stage + stage_slot(r, c), src, sizeof(uint4), inside ? 0 : sizeof(uint4));
   }
 }
 
 // The Rows tiles of the staged tile: 16 threads per row (8 features each), the row amax by
-// shuffles within the 16 (two features per word), 8 codes (8 bytes) stored per thread. out.codes
-// must be 8-byte aligned and K % 8 == 0 (rows_and_columns_staged_fit).
+// shuffles within the 16 (two features per word), 8 codes (8 bytes) stored per thread; kThreads
+// threads take the tile, `thread` (0 .. kThreads - 1, whole warps) being the caller's index among
+// them. out.codes must be 8-byte aligned and K % 8 == 0 (rows_and_columns_staged_fit).
 __device__ __forceinline__ void store_staged_row_tiles(const uint4* stage, TileRows tile, int64_t k0, int64_t K,
-                                                       const RowsOutput& out) {
-  const int c = threadIdx.x % kStageChunks;
+                                                       const RowsOutput& out, int thread) {
+  const int c = thread % kStageChunks;
   const int64_t row_tiles = (K + kTile - 1) / kTile;
   const bool inside_k = k0 + 8 * c < K;
 #pragma unroll 2
   for (int j = 0; j < kStageWords / kThreads; ++j) {
-    const int r = static_cast<int>(threadIdx.x) / kStageChunks + j * (kThreads / kStageChunks);
+    const int r = thread / kStageChunks + j * (kThreads / kStageChunks);
     const uint4 q = stage[stage_slot(r, c)];
     constexpr uint32_t kMagnitudes = 0x7fff7fffu;  // two BF16 magnitudes, amax by max.u16x2
     uint32_t m = max_u16x2(max_u16x2(q.x & kMagnitudes, q.y & kMagnitudes),
@@ -88,93 +93,44 @@ __device__ __forceinline__ void store_staged_row_tiles(const uint4* stage, TileR
   }
 }
 
-// x [M, K] BF16 -> columns codes and scales, and the Rows tiles into rows_out; tile t = (column
-// tile t / feature_tiles, feature tile t % feature_tiles), tiles t = blockIdx.x, blockIdx.x +
-// gridDim.x, ... Dynamic shared memory: kStagedSharedBytes.
-__global__ void __launch_bounds__(kThreads, 3)
-    quantize_rows_and_columns_staged_kernel(const __nv_bfloat16* x, const int32_t* offsets, int segments,
-                                            int64_t M, int64_t K, int64_t feature_tiles, int64_t tile_count,
-                                            ColumnsOutput out, RowsOutput rows_out) {
-  extern __shared__ uint4 stages[];
-  int64_t t = blockIdx.x;
-  if (t >= tile_count) return;
-  TileRows tile = find_tile_rows(offsets, segments, M, t / feature_tiles * kTile);
-  copy_tile_async(stages, x, K, tile, t % feature_tiles * kTile);
-  __pipeline_commit();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int stage = 0; t < tile_count; t += gridDim.x, stage ^= 1) {
-    const int64_t next = t + gridDim.x;
-    TileRows next_tile{};
-    if (next < tile_count) {
-      next_tile = find_tile_rows(offsets, segments, M, next / feature_tiles * kTile);
-      copy_tile_async(stages + (stage ^ 1) * kStageWords, x, K, next_tile, next % feature_tiles * kTile);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);  // this tile's copies are done (the next tile's may be in flight)
-    __syncthreads();
-    const uint4* current = stages + stage * kStageWords;
-    const int64_t column_tile = t / feature_tiles, k0 = t % feature_tiles * kTile;
-    store_staged_row_tiles(current, tile, k0, K, rows_out);
-    // The columns half: rows 4 lane + s, features 16 warp .. + 15 (chunks 2 warp, 2 warp + 1).
-    Run16<__nv_bfloat16> run[4];
+// The columns half of the staged tile: warp `warp` (0 .. 7) takes features k0 + 16 warp .. + 15
+// (chunks 2 warp and 2 warp + 1), lane l rows 4 l .. 4 l + 3.
+__device__ __forceinline__ void store_staged_column_tile(const uint4* stage, TileRows tile, int64_t column_tile,
+                                                         int64_t k0, int64_t K, const ColumnsOutput& out, int warp) {
+  const int lane = threadIdx.x & 31;
+  Run16<__nv_bfloat16> run[4];
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int r = 4 * lane + s;
-      const uint4 a = current[stage_slot(r, 2 * warp)], b = current[stage_slot(r, 2 * warp + 1)];
-      run[s].w[0] = a.x, run[s].w[1] = a.y, run[s].w[2] = a.z, run[s].w[3] = a.w;
-      run[s].w[4] = b.x, run[s].w[5] = b.y, run[s].w[6] = b.z, run[s].w[7] = b.w;
-    }
-    const int64_t kw = k0 + kRun * warp;
-    const int features = static_cast<int>(min(max(K - kw, int64_t{0}), int64_t{kRun}));
-    store_column_tile(run, out, column_tile, kw, features, tile.rows);
-    __syncthreads();  // every thread is done with this stage before the next iteration refills it
-    tile = next_tile;
+  for (int s = 0; s < 4; ++s) {
+    const int r = 4 * lane + s;
+    const uint4 a = stage[stage_slot(r, 2 * warp)], b = stage[stage_slot(r, 2 * warp + 1)];
+    run[s].w[0] = a.x, run[s].w[1] = a.y, run[s].w[2] = a.z, run[s].w[3] = a.w;
+    run[s].w[4] = b.x, run[s].w[5] = b.y, run[s].w[6] = b.z, run[s].w[7] = b.w;
   }
+  const int64_t kw = k0 + kRun * warp;
+  const int features = static_cast<int>(min(max(K - kw, int64_t{0}), int64_t{kRun}));
+  store_column_tile(run, out, column_tile, kw, features, tile.rows);
 }
 
-// Whether the staged kernel takes x: BF16 rows whose 16-byte chunks are aligned, and 8-byte
-// aligned Rows codes.
-inline bool rows_and_columns_staged_fit(const Tensor& x, int64_t K, const Fp8Tensor& rows) {
-  return x.dtype == DType::BF16 && K % 8 == 0 && aligned(x.data, 16) && aligned(rows.codes.data, 8);
-}
-
-// Resident blocks of the staged kernel on the current device: SMs x blocks per SM (shared memory
-// bound). Asked of the runtime once per device (the kernel's dynamic shared memory limit is raised
-// there too), then cached: nothing but a launch on the later calls.
-inline int staged_grid() {
+// Resident blocks of kKernel (block_threads threads, `shared` bytes of dynamic shared memory) on
+// the current device: SMs x blocks per SM. Asked of the runtime once per device and kernel (the
+// kernel's dynamic shared memory limit is raised there too), then cached: nothing but a launch on
+// the later calls.
+template <auto kKernel>
+int resident_grid(int block_threads, size_t shared, const char* name) {
   static std::array<std::atomic<int>, 64> cached{};
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  MOE_CHECK(device < static_cast<int>(cached.size()), "FP8 rows-and-columns quantizer: device ", device,
-            " past the cache");
+  MOE_CHECK(device < static_cast<int>(cached.size()), name, ": device ", device, " past the cache");
   int grid = cached[device].load(std::memory_order_relaxed);
   if (grid > 0) return grid;
-  const auto kernel = quantize_rows_and_columns_staged_kernel;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kStagedSharedBytes)));
+  CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
   int per_sm = 0, sms = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kStagedSharedBytes));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, block_threads, shared));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  MOE_CHECK(per_sm > 0, "FP8 rows-and-columns quantizer: no block of ", kStagedSharedBytes,
-            " bytes of shared memory fits");
+  MOE_CHECK(per_sm > 0, name, ": no block of ", shared, " bytes of shared memory fits");
   grid = per_sm * sms;
   cached[device].store(grid, std::memory_order_relaxed);
   return grid;
-}
-
-// The staged launch (rows_and_columns_staged_fit(x, K, rows) holds): codes [K, Mp] of `out`, and
-// the Rows tiles of `rows`.
-inline void launch_rows_and_columns_staged(const Fp8Tensor& out, const Tensor& x, const Tensor& offsets, int64_t M,
-                                           int64_t K, int64_t Mp, const Fp8Tensor& rows, cudaStream_t s) {
-  const Segments segments = segments_of(offsets);
-  const int64_t feature_tiles = tiles(K), tile_count = tiles(Mp) * feature_tiles;
-  const ColumnsOutput columns = columns_output(out, Mp);
-  const RowsOutput rows_out{rows.codes.ptr<uint8_t>(), rows.scales.ptr<float>(), true};
-  const int grid = static_cast<int>(std::min<int64_t>(staged_grid(), tile_count));
-  quantize_rows_and_columns_staged_kernel<<<grid, kThreads, kStagedSharedBytes, s>>>(
-      x.ptr<const __nv_bfloat16>(), segments.offsets, segments.count, M, K, feature_tiles, tile_count, columns,
-      rows_out);
-  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace moe::cuda::fp8_tiles
