@@ -16,12 +16,13 @@
 // Every other case (F32, other widths, unaligned) takes the one-block-per-tile columns kernel of
 // fp8_tiles.cuh with a source that computes a run of the output from the inputs.
 //
-// NOTES (bench-olmoe-4l on one H200, ms per layer for the routed experts' [262144, 1024] units):
-// the backward's first fused form (2026-12-02) was the one-block kernel alone: its gate and up
-// blocks each loaded gate, up and dout, six loads per output pair, 2.04 against 1.84 for the plain
-// backward plus the staged quantizer. The staged form with two stages per block (192 KiB, one
-// 16-warp block per SM) took 1.54 against 1.61 for the plain pair (0.63 + 0.98) in the same call
-// (bench/RESULTS.md, 2026-12-03 twelfth session).
+// NOTES (bench-olmoe-4l on one H200, ms per layer for the routed experts' [262144, 1024] units;
+// bench/RESULTS.md, 2026-12-03 twelfth session): the backward's first fused form (2026-12-02) was the
+// one-block kernel alone, whose gate and up blocks each loaded gate, up and dout (six loads per
+// output pair): 2.04 against 1.84 for the plain backward plus the staged quantizer. The staged form
+// with two stages per block (192 KiB: one 16-warp block per SM) took 1.54 against 1.61 for the plain
+// pair in the same call; with one stage per block and two blocks per SM, 1.28 against 1.55 (0.62 +
+// 0.93). The forward: 0.76 staged against 0.87 for the one-block kernel, in the same call.
 #include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 
