@@ -6,12 +6,13 @@
 // (scalar loads), F32 and BF16. Outputs start poisoned, so every element must be written.
 // Its FP8-only form (both layouts over expert segments, no output stored) bit for bit equal to
 // swiglu_forward then fp8_quantize_rows_and_columns on the same GPU, with empty segments, rows past
-// offsets[G], a partial feature tile, odd H and one segment without offsets.
+// offsets[G], a partial feature tile, odd H, one segment without offsets, and 40000 rows (every
+// staged block refills its stage).
 // SwiGLU backward (fp8_swiglu_backward: d(gate/up) in both layouts, never stored) bit for bit equal
 // to swiglu_backward then fp8_quantize_rows_and_columns on the same GPU: the staged kernel (BF16, H a
 // multiple of 128: the model's H = 1024 with empty segments, rows past offsets[G] and enough tiles
 // that every block loops over several; H = 128; one segment without offsets) and the general one
-// (H = 200 and odd H, and F32).
+// (H = 192: 16-byte runs, H = 200 and odd H: scalar loads, and F32).
 // RMSNorm forward (moe/ops/fp8_norm.h): output, rstd and the output's Rows tiles bit for bit equal to
 // rmsnorm_forward followed by fp8_quantize_rows on the same GPU, at the model's C = 2048 (the fused
 // kernel, BF16 and F32, with a row of zeros and a row far above E4M3's range), a row longer than the
@@ -241,6 +242,8 @@ TEST(CudaFp8Swiglu, ForwardRowsAndColumnsAreThoseOfTheUnfusedPath) {
     check_forward_rows_and_columns(dtype, {130, 0, 1, 250}, 381, 200, ++seed);  // a partial feature tile
     check_forward_rows_and_columns(dtype, {5, 2}, 7, 7, ++seed);               // odd H: scalar loads
     check_forward_rows_and_columns(dtype, {}, 300, 4096, ++seed);              // one segment, no offsets
+    const std::vector<int32_t> counts = random_counts(40000, ++seed);
+    check_forward_rows_and_columns(dtype, counts, 40000, 1024, ++seed);  // every block refills its stage
   }
 }
 
@@ -253,6 +256,7 @@ TEST(CudaFp8Swiglu, BackwardRowsAndColumnsAreThoseOfTheUnfusedPath) {
     check_backward_rows_and_columns(dtype, counts, 40000, 1024, ++seed);  // many tiles per block
     check_backward_rows_and_columns(dtype, {130, 0, 1, 250}, 381, 128, ++seed);   // one unit tile
     check_backward_rows_and_columns(dtype, {130, 0, 1, 250}, 381, 200, ++seed);   // H % 128 != 0: general kernel
+    check_backward_rows_and_columns(dtype, {130, 0, 1, 250}, 381, 192, ++seed);   // general, 16-byte runs
     check_backward_rows_and_columns(dtype, {5, 2}, 7, 7, ++seed);                 // odd H: scalar loads
     check_backward_rows_and_columns(dtype, {}, 300, 1024, ++seed);                // one segment, no offsets
   }

@@ -172,7 +172,9 @@ TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
   // pass of its own; under recompute = experts the forward keeps the BF16 output (7) and the
   // backward quantizes its columns (3), and the plain SwiGLU backward (element-wise) writes
   // d(gate/up) for its own rows-and-columns pass (4 per element of 2 h).
-  auto layer_bytes = [&](bool scatter_fp8, bool payload_fp8, bool act_columns = true) {
+  // fused_backward: the SwiGLU backward quantizes d(gate/up) (act_columns, and the top MoE layer
+  // that recompute = experts does not recompute).
+  auto layer_bytes = [&](bool scatter_fp8, bool payload_fp8, bool act_columns = true, bool fused_backward = true) {
     const std::vector<Pass> passes = {
         {"o's input rows (forward)", q, 3},
         {"o's input columns", q, 3},
@@ -183,8 +185,8 @@ TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
         {"the experts' SwiGLU forward with its output's FP8 layouts", K * h, act_columns ? 6.0 : 7.0},
         {"down's output gradient, rows and columns (stored or gathered)", K * d, 4},
         {"the SwiGLU output's columns", act_columns ? 0 : K * h, 3},
-        {"gate/up's output gradient, rows and columns (act_columns: the SwiGLU backward writes them)",
-         K * h, act_columns ? 10.0 : 8.0},
+        {"gate/up's output gradient, rows and columns (fused_backward: the SwiGLU backward writes them)",
+         K * h, fused_backward ? 10.0 : 8.0},
         {"the experts' input columns (payload fp8: re-quantized from FP8 rows)", K * d, payload_fp8 ? 2.0 : 3.0},
     };
     double sum = 0;
@@ -215,10 +217,13 @@ TEST(StepModel, fp8_quantize_bytes_are_what_the_quantize_kernels_move) {
         << "ep " << ep;
     c.ep.payload = Payload::BF16;
     // Recompute = experts: the gate/up input rows again in every MoE layer but the top one (none
-    // locally: the FP8 rows are kept).
+    // locally: the FP8 rows are kept); the top one, not recomputed, runs the quantizing SwiGLU
+    // backward.
     c.train.recompute = Recompute::Experts;
-    EXPECT_DOUBLE_EQ(step_work(c, rank_layout(c, ep)).fp8_quantize_bytes,
-                     L * Tr * layer_bytes(local, false, false) + (local ? 0 : (L - 1) * Tr * K * d * 3))
+    const StepWork experts = step_work(c, rank_layout(c, ep));
+    EXPECT_DOUBLE_EQ(experts.fp8_quantize_bytes, (L - 1) * Tr * layer_bytes(local, false, false, false) +
+                                                     Tr * layer_bytes(local, false, false, true) +
+                                                     (local ? 0 : (L - 1) * Tr * K * d * 3))
         << "ep " << ep;
   }
 }
@@ -236,10 +241,11 @@ TEST(StepModel, fp8_quantize_bytes_cover_shared_experts_dense_layers_and_recompu
   const double attention = 3 * q + 3 * q + 4 * d + 4 * (q + 2 * kv) + 3 * d;
   // input rows (forward), fused SwiGLU, down and gate/up output gradients, SwiGLU output columns,
   // input columns; every SwiGLU writes both FP8 layouts itself, forward and backward, except the
-  // routed experts' under recompute = experts (act_columns).
-  auto mlp = [&](double units, double input_rows, bool act_columns = true) {
+  // routed experts' under recompute = experts (act_columns), whose backward quantizes d(gate/up)
+  // only in the top MoE layer, the one not recomputed (fused_backward).
+  auto mlp = [&](double units, double input_rows, bool act_columns = true, bool fused_backward = true) {
     return input_rows + (act_columns ? 6 * units : 7 * units + 3 * units) + 4 * d +
-           (act_columns ? 10 : 8) * units + 3 * d;
+           (fused_backward ? 10 : 8) * units + 3 * d;
   };
   // EP 1 (every route on the rank): the scatter writes the experts' FP8 input rows (no rows pass,
   // none again under recompute; element-wise K d codes per dispatch) and the combine backward no
@@ -248,8 +254,9 @@ TEST(StepModel, fp8_quantize_bytes_cover_shared_experts_dense_layers_and_recompu
     for (Recompute rc : {Recompute::None, Recompute::Block, Recompute::Experts, Recompute::Attention}) {
       const bool act_columns = rc != Recompute::Experts, local = ep == 1;
       const double Tr = T / static_cast<double>(ep), rows = local ? 0 : 3 * d;
-      const double per_step =
-          Tr * (Ls * attention + moe * (K * mlp(h, rows, act_columns) + mlp(s, 3 * d)) + dense * mlp(hd, 0));
+      const double routed = act_columns ? moe * mlp(h, rows)
+                                        : (moe - 1) * mlp(h, rows, false, false) + mlp(h, rows, false, true);
+      const double per_step = Tr * (Ls * attention + K * routed + moe * mlp(s, 3 * d) + dense * mlp(hd, 0));
       c.parallel.ep = ep;
       c.train.recompute = rc;
       c.train.precision = Precision::BF16;
@@ -258,7 +265,7 @@ TEST(StepModel, fp8_quantize_bytes_cover_shared_experts_dense_layers_and_recompu
       const StepWork fp8 = step_work(c, rank_layout(c, ep));
       double again = 0, norms = Ls + dense, swiglu = moe * (K * h + s) + dense * hd, dispatches = 1;
       // The quantizing SwiGLU backwards (5 two-byte elements per unit) are timed as FP8 quantize.
-      const double swiglu_backward = moe * ((act_columns ? K * h : 0) + s) + dense * hd;
+      const double swiglu_backward = moe * ((act_columns ? K * h : 0) + s) + (act_columns ? 0 : K * h) + dense * hd;
       if (rc == Recompute::Block) {
         again = Tr * (Ls * 3 * q + moe * (K * (rows + 6 * h) + 3 * d + 6 * s) + dense * 6 * hd);
         norms += Ls + dense, swiglu += moe * (K * h + s) + dense * hd, dispatches = 2;

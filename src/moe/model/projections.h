@@ -29,8 +29,9 @@ struct SharedInputLinearGrad {
 };
 
 // An expert output gradient as the weight gradient reads it: dy, and in FP8 its columns operand,
-// quantized in the same pass as the data gradient's rows (so dy is read once). The operand lives in
-// scratch that the next experts_data_grad overwrites: use it before then.
+// quantized in the same pass as the data gradient's rows (so dy is read once; dy is empty where it
+// was never stored). The operand lives in scratch that the next experts_data_grad or
+// experts_swiglu_data_grad overwrites: use it before then.
 struct ExpertOutputGrad {
   Tensor dy;
   Fp8Tensor columns;

@@ -194,7 +194,8 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
     reserve(s.dlogits, "grad.router_logits", F, {R, N});
     reserve(s.dw, "grad.topk_weight", F, {R, K});
     reserve(s.dact, "grad.expert_act", X, {capacity_, H});
-    // FP8 quantizes d(gate/up) as the SwiGLU backward computes it (but with recompute = experts).
+    // FP8 quantizes d(gate/up) as the SwiGLU backward computes it, but in the layers recompute =
+    // experts recomputes (their SwiGLU backward also writes the output).
     if (!fp8_act_columns()) reserve(s.dgu, "grad.expert_gate_up", X, {capacity_, 2 * H});
     if (X != F) reserve(s.dlogits_act, "grad.router_logits_" + std::string(dtype_name(X)), X, {R, N});
     if (gathered_expert_grads_) reserve(s.route_of_row, "grad.route_of_row", I, {capacity_});
@@ -687,7 +688,8 @@ void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeight
   if (!w.shared_gate_up.empty()) {
     const int64_t S = cfg_.shared_expert_intermediate_size;
     Tensor dact = Tensor(s.dffn_act.data, act_, {rows_, S}, dev_);
-    Tensor dgu = Tensor(s.dffn_gu.data, act_, {rows_, 2 * S}, dev_);
+    // Written only in BF16 (FP8 quantizes d(gate/up) as it computes it; the scratch is not planned).
+    const Tensor dgu = s.dffn_gu.empty() ? Tensor() : Tensor(s.dffn_gu.data, act_, {rows_, 2 * S}, dev_);
     ffn_down_backward(dact, g.shared_down, A.shared_act, A.shared_act_columns, w.shared_down, f.shared_down);
     proj_->swiglu_linear_backward(s.dm, g.shared_gate_up, dgu, dact, A.shared_gu, A.m, w.shared_gate_up,
                                   f.shared_gate_up, /*accumulate_dx=*/true);
@@ -712,7 +714,7 @@ void Transformer::mlp_backward_layer(const LayerWeights& w, const Fp8LayerWeight
   const int64_t Hd = cfg_.dense_intermediate_size;
   Scratch& s = s_;
   Tensor dact = Tensor(s.dffn_act.data, act_, {rows_, Hd}, dev_);
-  Tensor dgu = Tensor(s.dffn_gu.data, act_, {rows_, 2 * Hd}, dev_);
+  const Tensor dgu = s.dffn_gu.empty() ? Tensor() : Tensor(s.dffn_gu.data, act_, {rows_, 2 * Hd}, dev_);
   ffn_down_backward(dact, g.mlp_down, A.mlp_act, A.mlp_act_columns, w.mlp_down, f.mlp_down);
   proj_->swiglu_linear_backward(s.dm, g.mlp_gate_up, dgu, dact, A.mlp_gu, A.m, w.mlp_gate_up, f.mlp_gate_up,
                                 /*accumulate_dx=*/false);

@@ -4,7 +4,7 @@
 // its (BF16 or F32) result, bit for bit on each device; the CPU computes exactly that, the GPU in
 // one kernel (moe/ops/cuda/fp8_swiglu.cu).
 // The backward's fused form likewise quantizes dgate_up into both layouts and never stores it (the
-// CUDA kernel's design and history: moe/ops/cuda/fp8_swiglu_backward.cu).
+// CUDA kernel's design and history: moe/ops/cuda/fp8_swiglu_staged.cu).
 #pragma once
 
 #include "moe/core/stream.h"

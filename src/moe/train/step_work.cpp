@@ -232,6 +232,11 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
     const double recomputed_moe = rc == Recompute::Block ? moe_layers : std::max(0.0, moe_layers - skipped);
     s.fp8_quantize_bytes += T * (recomputed_moe * fp8_recompute_quantize_bytes(w, rc, true, scatter_fp8) +
                                  dense_layers * fp8_recompute_quantize_bytes(w, rc, false, scatter_fp8));
+    // Under recompute = "experts" the top MoE layer that is not recomputed (model/recompute.h) takes
+    // the routed SwiGLU backward that quantizes d(gate/up) (10 bytes per unit where the plain one's
+    // output gradient pass, counted above, moves 8).
+    const double fused_top_moe = act_columns ? 0 : moe_layers - recomputed_moe;
+    s.fp8_quantize_bytes += T * fused_top_moe * 2 * w.k * w.h;
     // The element-wise row moves the SwiGLU forwards that quantize (the fused kernel is timed in the
     // FP8 quantize row: counted above) and gains the FP8 codes the fused RMSNorms write (attention's
     // input, and a dense layer's MLP input), in every forward and in the recomputed ones.
@@ -242,9 +247,10 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
     const double fused_swiglu_units = moe_layers * (w.k * w.h + w.s) + dense_layers * w.hd + recomputed_swiglu;
     s.elementwise_bytes += T * (attention_norms + (1 + block) * dense_layers) * w.d;
     s.elementwise_bytes -= kActBytes * 3 * T * fused_swiglu_units;
-    // So does the SwiGLU backward that quantizes d(gate/up) (every MLP but the routed experts under
-    // recompute = "experts"; counted above).
-    const double fused_backward_units = moe_layers * ((act_columns ? w.k * w.h : 0) + w.s) + dense_layers * w.hd;
+    // So does the SwiGLU backward that quantizes d(gate/up) (every MLP but the routed experts of the
+    // layers recompute = "experts" recomputes; counted above).
+    const double fused_backward_units =
+        moe_layers * ((act_columns ? w.k * w.h : 0) + w.s) + fused_top_moe * w.k * w.h + dense_layers * w.hd;
     s.elementwise_bytes -= kActBytes * 5 * T * fused_backward_units;
     // The FP8 dispatch scatter writes 1-byte codes where the BF16 one writes 2 (again under block).
     if (scatter_fp8) s.elementwise_bytes -= T * (1 + block) * moe_layers * w.k * w.d;

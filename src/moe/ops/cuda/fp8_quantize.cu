@@ -162,13 +162,13 @@ __global__ void __launch_bounds__(kThreads, 3)
 
 // Whether the staged kernel takes x: BF16 rows whose 16-byte chunks are aligned, and 8-byte
 // aligned Rows codes.
-inline bool rows_and_columns_staged_fit(const Tensor& x, int64_t K, const Fp8Tensor& rows) {
+bool rows_and_columns_staged_fit(const Tensor& x, int64_t K, const Fp8Tensor& rows) {
   return x.dtype == DType::BF16 && K % 8 == 0 && aligned(x.data, 16) && aligned(rows.codes.data, 8);
 }
 
 // The staged launch (rows_and_columns_staged_fit(x, K, rows) holds): codes [K, Mp] of `out`, and
 // the Rows tiles of `rows`.
-inline void launch_rows_and_columns_staged(const Fp8Tensor& out, const Tensor& x, const Tensor& offsets, int64_t M,
+void launch_rows_and_columns_staged(const Fp8Tensor& out, const Tensor& x, const Tensor& offsets, int64_t M,
                                            int64_t K, int64_t Mp, const Fp8Tensor& rows, cudaStream_t s) {
   const Segments segments = segments_of(offsets);
   const int64_t feature_tiles = tiles(K), tile_count = tiles(Mp) * feature_tiles;

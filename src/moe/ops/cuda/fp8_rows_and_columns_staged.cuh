@@ -2,7 +2,7 @@
 // cp.async tile copy, the Rows and columns halves of a staged tile, the resident grid. Their kernels:
 // fp8_quantize_rows_and_columns's hot case (a stored BF16 tensor, every FP8 layer's output gradient;
 // fp8_quantize.cu, with the design notes) and the SwiGLU backward that quantizes d(gate/up)
-// (fp8_swiglu_backward.cu). Include only from .cu files.
+// (fp8_swiglu_staged.cu). Include only from .cu files.
 //
 // Why staged: the one-block-per-tile kernel (fp8_tiles.cuh) gives each lane 4 rows x 32 bytes, so
 // each of a warp's loads touches 32 rows' cache lines for 32 bytes each, and with the Rows output

@@ -1,6 +1,6 @@
-// The SwiGLU arithmetic of every CUDA kernel that computes it (activation.cu, and fp8_swiglu.cu,
-// which quantizes what it computes): one definition, so the fused FP8 kernel rounds to the same
-// BF16 bits as the plain kernels they replace. g: gate, u: up, d: the output's gradient,
+// The SwiGLU arithmetic of every CUDA kernel that computes it (activation.cu, and fp8_swiglu.cu and
+// fp8_swiglu_staged.cu, which quantize what they compute): one definition, so the fused FP8 kernels
+// round to the same BF16 bits as the plain kernels they replace. g: gate, u: up, d: the output's gradient,
 // s = sigmoid(g).
 #pragma once
 
