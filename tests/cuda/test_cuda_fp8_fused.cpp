@@ -77,6 +77,27 @@ std::string describe(DType dtype, int64_t R, int64_t H, const std::vector<int32_
   return s;
 }
 
+// A fused kernel's Rows and columns outputs (codes [R, K] and [K, Mp]) beside the reference path's,
+// all four starting with the same bytes, so every byte must match: the rows past offsets[G] and the
+// padding columns too.
+struct BothLayouts {
+  DeviceFp8 rows, ref_rows, columns, ref_columns;
+  BothLayouts(int64_t R, int64_t K, int64_t Mp)
+      : rows({R, K}), ref_rows({R, K}), columns({K, Mp}), ref_columns({K, Mp}) {
+    for (const DeviceFp8* b : {&rows, &ref_rows, &columns, &ref_columns}) {
+      CUDA_CHECK(cudaMemset(b->codes.tensor().data, 0x5a, b->codes.bytes()));
+      CUDA_CHECK(cudaMemset(b->scales.tensor().data, 0x5a, b->scales.bytes()));
+    }
+  }
+  void expect_same(const std::string& what) const {
+    expect_same_bytes(bytes_of(rows.codes.tensor()), bytes_of(ref_rows.codes.tensor()), what + " rows codes");
+    expect_same_bytes(bytes_of(rows.scales.tensor()), bytes_of(ref_rows.scales.tensor()), what + " rows scales");
+    expect_same_bytes(bytes_of(columns.codes.tensor()), bytes_of(ref_columns.codes.tensor()), what + " columns codes");
+    expect_same_bytes(bytes_of(columns.scales.tensor()), bytes_of(ref_columns.scales.tensor()),
+                      what + " columns scales");
+  }
+};
+
 void check_forward(DType dtype, int64_t R, int64_t H, uint64_t seed) {
   const bool bf16 = dtype == DType::BF16;
   DeviceBuffer gate_up(dtype, {R, 2 * H});
@@ -105,20 +126,11 @@ void check_forward_rows_and_columns(DType dtype, const std::vector<int32_t>& cou
   gate_up.upload(normal_values(R * 2 * H, 3.0f, seed, bf16));
   if (!counts.empty()) doff.upload_i32(offsets);
   const Tensor segments = counts.empty() ? Tensor() : doff.tensor();
-  DeviceFp8 rows({R, H}), ref_rows({R, H}), columns({H, Mp}), ref_columns({H, Mp});
-  for (const DeviceFp8* b : {&rows, &ref_rows, &columns, &ref_columns}) {
-    CUDA_CHECK(cudaMemset(b->codes.tensor().data, 0x5a, b->codes.bytes()));
-    CUDA_CHECK(cudaMemset(b->scales.tensor().data, 0x5a, b->scales.bytes()));
-  }
-  fp8_swiglu_forward_rows_and_columns(rows.t(), columns.t(), gate_up, segments);
+  const BothLayouts out(R, H, Mp);
+  fp8_swiglu_forward_rows_and_columns(out.rows.t(), out.columns.t(), gate_up, segments);
   swiglu_forward(ref_out, gate_up);
-  fp8_quantize_rows_and_columns(ref_rows.t(), ref_columns.t(), ref_out, segments);
-  const std::string what = "forward rows and columns " + describe(dtype, R, H, counts);
-  expect_same_bytes(bytes_of(rows.codes.tensor()), bytes_of(ref_rows.codes.tensor()), what + " rows codes");
-  expect_same_bytes(bytes_of(rows.scales.tensor()), bytes_of(ref_rows.scales.tensor()), what + " rows scales");
-  expect_same_bytes(bytes_of(columns.codes.tensor()), bytes_of(ref_columns.codes.tensor()), what + " columns codes");
-  expect_same_bytes(bytes_of(columns.scales.tensor()), bytes_of(ref_columns.scales.tensor()),
-                    what + " columns scales");
+  fp8_quantize_rows_and_columns(out.ref_rows.t(), out.ref_columns.t(), ref_out, segments);
+  out.expect_same("forward rows and columns " + describe(dtype, R, H, counts));
 }
 
 // fp8_swiglu_backward against swiglu_backward then fp8_quantize_rows_and_columns on the same GPU:
@@ -135,20 +147,11 @@ void check_backward_rows_and_columns(DType dtype, const std::vector<int32_t>& co
   dout.upload(normal_values(R * H, 0.01f, seed + 1000, bf16));
   if (!counts.empty()) doff.upload_i32(offsets);
   const Tensor segments = counts.empty() ? Tensor() : doff.tensor();
-  DeviceFp8 rows({R, 2 * H}), ref_rows({R, 2 * H}), columns({2 * H, Mp}), ref_columns({2 * H, Mp});
-  for (const DeviceFp8* b : {&rows, &ref_rows, &columns, &ref_columns}) {
-    CUDA_CHECK(cudaMemset(b->codes.tensor().data, 0x5a, b->codes.bytes()));
-    CUDA_CHECK(cudaMemset(b->scales.tensor().data, 0x5a, b->scales.bytes()));
-  }
-  fp8_swiglu_backward(rows.t(), columns.t(), dout, gate_up, segments);
+  const BothLayouts out(R, 2 * H, Mp);
+  fp8_swiglu_backward(out.rows.t(), out.columns.t(), dout, gate_up, segments);
   swiglu_backward(ref_dgu, dout, gate_up);
-  fp8_quantize_rows_and_columns(ref_rows.t(), ref_columns.t(), ref_dgu, segments);
-  const std::string what = "backward rows and columns " + describe(dtype, R, H, counts);
-  expect_same_bytes(bytes_of(rows.codes.tensor()), bytes_of(ref_rows.codes.tensor()), what + " rows codes");
-  expect_same_bytes(bytes_of(rows.scales.tensor()), bytes_of(ref_rows.scales.tensor()), what + " rows scales");
-  expect_same_bytes(bytes_of(columns.codes.tensor()), bytes_of(ref_columns.codes.tensor()), what + " columns codes");
-  expect_same_bytes(bytes_of(columns.scales.tensor()), bytes_of(ref_columns.scales.tensor()),
-                    what + " columns scales");
+  fp8_quantize_rows_and_columns(out.ref_rows.t(), out.ref_columns.t(), ref_dgu, segments);
+  out.expect_same("backward rows and columns " + describe(dtype, R, H, counts));
 }
 
 // 64 expert segments of random sizes (some empty) summing to at most R.
