@@ -317,6 +317,11 @@ TEST(CudaFp8Grouped, PartialTilesMatchCpu) {
   expect_product_matches_cpu(make_layout({130, 0, 77, 300}, 2, 3), Weights(4, 200, 144, 31).w, 32,
                              "forward n=200 k=144");
   expect_wgrad_matches_cpu({130, 0, 77, 300}, 9, 200, 144, 0, true, 33, "wgrad n=200 k=144");
+  // One and three 128-deep K tiles in the forward (the products above have even counts).
+  expect_product_matches_cpu(make_layout({130, 0, 77, 300}, 2, 3), Weights(4, 256, 112, 34).w, 35,
+                             "forward n=256 k=112 (one K tile)");
+  expect_product_matches_cpu(make_layout({130, 0, 77, 300}, 2, 3), Weights(4, 256, 384, 36).w, 37,
+                             "forward n=256 k=384 (three K tiles)");
 #endif
 }
 

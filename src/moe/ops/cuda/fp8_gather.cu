@@ -9,7 +9,10 @@
 // per layer here, where the staged quantizer (fp8_rows_and_columns_staged.cuh) takes 0.97 for the
 // stored gradient. A staged form with a row source that gathers the tile's rows by cp.async and
 // weighs the stage in place (its weights copied by cp.async with the rows) ran at 1.44 ms and made
-// the step 0.5% slower (bench/RESULTS.md, 2026-12-03 eleventh session), so it was not kept.
+// the step 0.5% slower (bench/RESULTS.md, 2026-12-03 eleventh session), so it was not kept. Nor
+// was the rows half moved into the FP8 dispatch's per-token scatter with the route weights (each
+// token row read once): weighted columns alone ~0.75 ms plus that scatter 0.55 ms, the same as this
+// one pass (thirteenth session): the kernel is bound by its per-element work, not by its reads.
 #include "moe/ops/cuda/fp8_gather.h"
 
 #include "moe/ops/cuda/fp8_tiles.cuh"

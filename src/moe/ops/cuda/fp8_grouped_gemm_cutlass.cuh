@@ -34,6 +34,10 @@
 // TFLOP/s). To try: M-major scales (a K tile's 128 K-major row scales are a row stride apart: 128
 // scattered 4-byte loads per operand and K tile, where M-major scales would be 4 contiguous 128-byte
 // lines; pointing them all at one row gained ~5% in the weight gradient alone, nothing in the step).
+// Tried and not kept (2026-12-03, thirteenth session): a mainloop with two temporary accumulators
+// that promotes K tile t - 1 while tile t's MMAs run (wait_group 1): every product within 1% of
+// the stock collective's, the step unchanged: the promotion already hides behind the other
+// consumer warp group's MMAs.
 //
 // NOTES: CUTLASS must be compiled with -DNDEBUG (grouped_gemm_cutlass.cuh stops a build without it).
 #pragma once

@@ -512,6 +512,12 @@ inline ColumnsOutput columns_output(const Fp8Tensor& out, int64_t Mp) {
 // Quantizes the values of src [M, K] (element type T) along the tokens into `out` (codes [K, Mp]),
 // in the segments of `offsets` (empty: one), and with `rows` also into its Rows tiles: one block per
 // column tile. src_vector: the source's 16-byte runs are aligned (its own condition).
+//
+// NOTES: block order. A block's feature tile varies fastest (a row tile's blocks run together). The
+// other order (all column tiles of one feature tile, so a gathered source's 8 reads of a token row
+// hit L2) made the gathered output gradient's rows and columns 1.29 -> 1.45 ms per bench-olmoe-4l
+// layer (its rows stores scatter) and saved 0.02 in the input columns (bench/RESULTS.md, thirteenth
+// session).
 template <typename T, class Source>
 void launch_columns(const Fp8Tensor& out, const Source& src, const Tensor& offsets, int64_t M, int64_t K, int64_t Mp,
                     bool src_vector, const Fp8Tensor* rows, const char* op, cudaStream_t s) {
