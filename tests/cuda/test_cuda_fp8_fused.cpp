@@ -12,7 +12,8 @@
 // to swiglu_backward then fp8_quantize_rows_and_columns on the same GPU: the staged kernel (BF16, H a
 // multiple of 128: the model's H = 1024 with empty segments, rows past offsets[G] and enough tiles
 // that every block loops over several; H = 128; one segment without offsets) and the general one
-// (H = 192: 16-byte runs, H = 200 and odd H: scalar loads, and F32).
+// (H = 192: 16-byte runs, H = 200 and odd H: scalar loads, and F32). Both SwiGLU forms also on
+// inputs 8 bytes off a 16-byte boundary, where the staged kernels' cp.async copies cannot run.
 // RMSNorm forward (moe/ops/fp8_norm.h): output, rstd and the output's Rows tiles bit for bit equal to
 // rmsnorm_forward followed by fp8_quantize_rows on the same GPU, at the model's C = 2048 (the fused
 // kernel, BF16 and F32, with a row of zeros and a row far above E4M3's range), a row longer than the
@@ -112,46 +113,62 @@ void check_forward(DType dtype, int64_t R, int64_t H, uint64_t seed) {
   expect_same_rows(rows, ref_rows, R, H, what + " rows");
 }
 
+// values as a [rows, cols] tensor whose data start `shift` bytes past a 256-byte-aligned allocation:
+// shift 8 keeps 8-byte alignment but takes the staged kernels' 16-byte cp.async copies away (their
+// general fallback runs).
+struct ShiftedBuffer {
+  DeviceBuffer buf;
+  Tensor t;
+  ShiftedBuffer(DType dtype, int64_t rows, int64_t cols, int64_t shift, const std::vector<float>& values)
+      : buf(dtype, {rows * cols + 16}) {
+    const int64_t lead = shift / static_cast<int64_t>(dtype_size(dtype));
+    std::vector<float> padded(static_cast<size_t>(rows * cols + 16), 0.0f);
+    std::copy(values.begin(), values.end(), padded.begin() + lead);
+    buf.upload(padded);
+    t = Tensor(static_cast<char*>(buf.tensor().data) + shift, dtype, {rows, cols}, Device::CUDA);
+  }
+};
+
 // The SwiGLU forward that writes only FP8 (both layouts, over expert segments) against
 // swiglu_forward then fp8_quantize_rows_and_columns on the same GPU: every byte of both outputs,
 // including the rows past offsets[G] and the padding columns (both buffers start equal).
 void check_forward_rows_and_columns(DType dtype, const std::vector<int32_t>& counts, int64_t R, int64_t H,
-                                    uint64_t seed) {
+                                    uint64_t seed, int64_t shift = 0) {
   const bool bf16 = dtype == DType::BF16;
   std::vector<int32_t> offsets{0};
   for (int32_t c : counts) offsets.push_back(offsets.back() + c);
   // No counts: one segment, no offsets (the shared expert and the dense MLP).
   const int64_t G = counts.empty() ? 1 : static_cast<int64_t>(counts.size()), Mp = fp8_columns_capacity(R, G);
-  DeviceBuffer gate_up(dtype, {R, 2 * H}), ref_out(dtype, {R, H}), doff(DType::I32, {G + 1});
-  gate_up.upload(normal_values(R * 2 * H, 3.0f, seed, bf16));
+  const ShiftedBuffer gate_up(dtype, R, 2 * H, shift, normal_values(R * 2 * H, 3.0f, seed, bf16));
+  DeviceBuffer ref_out(dtype, {R, H}), doff(DType::I32, {G + 1});
   if (!counts.empty()) doff.upload_i32(offsets);
   const Tensor segments = counts.empty() ? Tensor() : doff.tensor();
   const BothLayouts out(R, H, Mp);
-  fp8_swiglu_forward_rows_and_columns(out.rows.t(), out.columns.t(), gate_up, segments);
-  swiglu_forward(ref_out, gate_up);
+  fp8_swiglu_forward_rows_and_columns(out.rows.t(), out.columns.t(), gate_up.t, segments);
+  swiglu_forward(ref_out, gate_up.t);
   fp8_quantize_rows_and_columns(out.ref_rows.t(), out.ref_columns.t(), ref_out, segments);
-  out.expect_same("forward rows and columns " + describe(dtype, R, H, counts));
+  out.expect_same("forward rows and columns " + describe(dtype, R, H, counts) + " shift=" + std::to_string(shift));
 }
 
 // fp8_swiglu_backward against swiglu_backward then fp8_quantize_rows_and_columns on the same GPU:
 // every byte of both outputs, including the rows past offsets[G] and the padding columns (all
 // buffers start equal).
 void check_backward_rows_and_columns(DType dtype, const std::vector<int32_t>& counts, int64_t R, int64_t H,
-                                     uint64_t seed) {
+                                     uint64_t seed, int64_t shift = 0) {
   const bool bf16 = dtype == DType::BF16;
   std::vector<int32_t> offsets{0};
   for (int32_t c : counts) offsets.push_back(offsets.back() + c);
   const int64_t G = counts.empty() ? 1 : static_cast<int64_t>(counts.size()), Mp = fp8_columns_capacity(R, G);
-  DeviceBuffer gate_up(dtype, {R, 2 * H}), dout(dtype, {R, H}), ref_dgu(dtype, {R, 2 * H}), doff(DType::I32, {G + 1});
-  gate_up.upload(normal_values(R * 2 * H, 3.0f, seed, bf16));
-  dout.upload(normal_values(R * H, 0.01f, seed + 1000, bf16));
+  const ShiftedBuffer gate_up(dtype, R, 2 * H, shift, normal_values(R * 2 * H, 3.0f, seed, bf16));
+  const ShiftedBuffer dout(dtype, R, H, shift, normal_values(R * H, 0.01f, seed + 1000, bf16));
+  DeviceBuffer ref_dgu(dtype, {R, 2 * H}), doff(DType::I32, {G + 1});
   if (!counts.empty()) doff.upload_i32(offsets);
   const Tensor segments = counts.empty() ? Tensor() : doff.tensor();
   const BothLayouts out(R, 2 * H, Mp);
-  fp8_swiglu_backward(out.rows.t(), out.columns.t(), dout, gate_up, segments);
-  swiglu_backward(ref_dgu, dout, gate_up);
+  fp8_swiglu_backward(out.rows.t(), out.columns.t(), dout.t, gate_up.t, segments);
+  swiglu_backward(ref_dgu, dout.t, gate_up.t);
   fp8_quantize_rows_and_columns(out.ref_rows.t(), out.ref_columns.t(), ref_dgu, segments);
-  out.expect_same("backward rows and columns " + describe(dtype, R, H, counts));
+  out.expect_same("backward rows and columns " + describe(dtype, R, H, counts) + " shift=" + std::to_string(shift));
 }
 
 // 64 expert segments of random sizes (some empty) summing to at most R.
@@ -247,6 +264,7 @@ TEST(CudaFp8Swiglu, ForwardRowsAndColumnsAreThoseOfTheUnfusedPath) {
     check_forward_rows_and_columns(dtype, {}, 300, 4096, ++seed);              // one segment, no offsets
     const std::vector<int32_t> counts = random_counts(40000, ++seed);
     check_forward_rows_and_columns(dtype, counts, 40000, 1024, ++seed);  // every block refills its stage
+    check_forward_rows_and_columns(dtype, {257, 0, 3, 1000}, 1300, 1024, ++seed, 8);  // off 16 bytes: fallback
   }
 }
 
@@ -262,6 +280,7 @@ TEST(CudaFp8Swiglu, BackwardRowsAndColumnsAreThoseOfTheUnfusedPath) {
     check_backward_rows_and_columns(dtype, {130, 0, 1, 250}, 381, 192, ++seed);   // general, 16-byte runs
     check_backward_rows_and_columns(dtype, {5, 2}, 7, 7, ++seed);                 // odd H: scalar loads
     check_backward_rows_and_columns(dtype, {}, 300, 1024, ++seed);                // one segment, no offsets
+    check_backward_rows_and_columns(dtype, {257, 0, 3, 1000}, 1300, 1024, ++seed, 8);  // off 16 bytes: fallback
   }
 }
 
