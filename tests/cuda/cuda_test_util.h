@@ -89,6 +89,25 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// FP32 values uploaded as a device tensor of `shape` that starts `lead` elements into its allocation
+// (cudaMalloc's, 256-byte aligned): with lead * element size not a multiple of 16 the kernels reading
+// it lose their 16-byte paths and take their fallbacks.
+class OffsetInput {
+ public:
+  OffsetInput(DType dtype, Shape shape, int64_t lead, const std::vector<float>& values)
+      : buffer_(dtype, {shape.numel() + lead}) {
+    std::vector<float> padded(static_cast<size_t>(lead), 0.0f);
+    padded.insert(padded.end(), values.begin(), values.end());
+    buffer_.upload(padded);
+    tensor_ = Tensor(static_cast<char*>(buffer_.tensor().data) + lead * dtype_size(dtype), dtype, shape, Device::CUDA);
+  }
+  Tensor tensor() const { return tensor_; }
+
+ private:
+  DeviceBuffer buffer_;
+  Tensor tensor_;
+};
+
 // The first `count` bytes of a device tensor (all of them when count < 0), after the device is idle.
 inline std::vector<uint8_t> bytes_of(const Tensor& t, int64_t count = -1) {
   std::vector<uint8_t> out(count < 0 ? t.nbytes() : static_cast<size_t>(count));

@@ -152,13 +152,9 @@ void check_rows(DType dtype, int64_t M, int64_t K, uint64_t seed, int64_t misali
   HostFp8 cpu({M, K}, Fp8Tiles::Rows);
   fp8_quantize_rows(cpu.t, f32_tensor(const_cast<float*>(x.data()), {M, K}));
   // misalign > 0: x starts `misalign` elements into its buffer (no 16-byte vector loads).
-  std::vector<float> padded(static_cast<size_t>(misalign), 1.0f);
-  padded.insert(padded.end(), x.begin(), x.end());
-  DeviceInput dx(dtype, {M * K + misalign}, padded);
-  const Tensor xv(static_cast<char*>(dx.buffer.tensor().data) + misalign * dtype_size(dtype), dtype, {M, K},
-                  Device::CUDA);
+  const testing::OffsetInput dx(dtype, {M, K}, misalign, x);
   DeviceFp8 gpu({M, K}, Fp8Tiles::Rows);
-  fp8_quantize_rows(gpu.t(), xv);
+  fp8_quantize_rows(gpu.t(), dx.tensor());
   expect_same_fp8(gpu, cpu, "rows " + std::string(dtype_name(dtype)) + " M=" + std::to_string(M) +
                                 " K=" + std::to_string(K) + " misalign=" + std::to_string(misalign));
 }

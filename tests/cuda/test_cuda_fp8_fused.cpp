@@ -113,21 +113,11 @@ void check_forward(DType dtype, int64_t R, int64_t H, uint64_t seed) {
   expect_same_rows(rows, ref_rows, R, H, what + " rows");
 }
 
-// values as a [rows, cols] tensor whose data start `shift` bytes past a 256-byte-aligned allocation:
-// shift 8 keeps 8-byte alignment but takes the staged kernels' 16-byte cp.async copies away (their
-// general fallback runs).
-struct ShiftedBuffer {
-  DeviceBuffer buf;
-  Tensor t;
-  ShiftedBuffer(DType dtype, int64_t rows, int64_t cols, int64_t shift, const std::vector<float>& values)
-      : buf(dtype, {rows * cols + 16}) {
-    const int64_t lead = shift / static_cast<int64_t>(dtype_size(dtype));
-    std::vector<float> padded(static_cast<size_t>(rows * cols + 16), 0.0f);
-    std::copy(values.begin(), values.end(), padded.begin() + lead);
-    buf.upload(padded);
-    t = Tensor(static_cast<char*>(buf.tensor().data) + shift, dtype, {rows, cols}, Device::CUDA);
-  }
-};
+// Inputs `shift` bytes into their allocations (testing::OffsetInput): shift 8 keeps 8-byte alignment
+// but takes the staged kernels' 16-byte cp.async copies away (their general fallback runs).
+testing::OffsetInput shifted(DType dtype, int64_t rows, int64_t cols, int64_t shift, const std::vector<float>& values) {
+  return testing::OffsetInput(dtype, {rows, cols}, shift / static_cast<int64_t>(dtype_size(dtype)), values);
+}
 
 // The SwiGLU forward that writes only FP8 (both layouts, over expert segments) against
 // swiglu_forward then fp8_quantize_rows_and_columns on the same GPU: every byte of both outputs,
@@ -139,13 +129,13 @@ void check_forward_rows_and_columns(DType dtype, const std::vector<int32_t>& cou
   for (int32_t c : counts) offsets.push_back(offsets.back() + c);
   // No counts: one segment, no offsets (the shared expert and the dense MLP).
   const int64_t G = counts.empty() ? 1 : static_cast<int64_t>(counts.size()), Mp = fp8_columns_capacity(R, G);
-  const ShiftedBuffer gate_up(dtype, R, 2 * H, shift, normal_values(R * 2 * H, 3.0f, seed, bf16));
+  const testing::OffsetInput gate_up = shifted(dtype, R, 2 * H, shift, normal_values(R * 2 * H, 3.0f, seed, bf16));
   DeviceBuffer ref_out(dtype, {R, H}), doff(DType::I32, {G + 1});
   if (!counts.empty()) doff.upload_i32(offsets);
   const Tensor segments = counts.empty() ? Tensor() : doff.tensor();
   const BothLayouts out(R, H, Mp);
-  fp8_swiglu_forward_rows_and_columns(out.rows.t(), out.columns.t(), gate_up.t, segments);
-  swiglu_forward(ref_out, gate_up.t);
+  fp8_swiglu_forward_rows_and_columns(out.rows.t(), out.columns.t(), gate_up.tensor(), segments);
+  swiglu_forward(ref_out, gate_up.tensor());
   fp8_quantize_rows_and_columns(out.ref_rows.t(), out.ref_columns.t(), ref_out, segments);
   out.expect_same("forward rows and columns " + describe(dtype, R, H, counts) + " shift=" + std::to_string(shift));
 }
@@ -159,14 +149,14 @@ void check_backward_rows_and_columns(DType dtype, const std::vector<int32_t>& co
   std::vector<int32_t> offsets{0};
   for (int32_t c : counts) offsets.push_back(offsets.back() + c);
   const int64_t G = counts.empty() ? 1 : static_cast<int64_t>(counts.size()), Mp = fp8_columns_capacity(R, G);
-  const ShiftedBuffer gate_up(dtype, R, 2 * H, shift, normal_values(R * 2 * H, 3.0f, seed, bf16));
-  const ShiftedBuffer dout(dtype, R, H, shift, normal_values(R * H, 0.01f, seed + 1000, bf16));
+  const testing::OffsetInput gate_up = shifted(dtype, R, 2 * H, shift, normal_values(R * 2 * H, 3.0f, seed, bf16));
+  const testing::OffsetInput dout = shifted(dtype, R, H, shift, normal_values(R * H, 0.01f, seed + 1000, bf16));
   DeviceBuffer ref_dgu(dtype, {R, 2 * H}), doff(DType::I32, {G + 1});
   if (!counts.empty()) doff.upload_i32(offsets);
   const Tensor segments = counts.empty() ? Tensor() : doff.tensor();
   const BothLayouts out(R, 2 * H, Mp);
-  fp8_swiglu_backward(out.rows.t(), out.columns.t(), dout.t, gate_up.t, segments);
-  swiglu_backward(ref_dgu, dout.t, gate_up.t);
+  fp8_swiglu_backward(out.rows.t(), out.columns.t(), dout.tensor(), gate_up.tensor(), segments);
+  swiglu_backward(ref_dgu, dout.tensor(), gate_up.tensor());
   fp8_quantize_rows_and_columns(out.ref_rows.t(), out.ref_columns.t(), ref_dgu, segments);
   out.expect_same("backward rows and columns " + describe(dtype, R, H, counts) + " shift=" + std::to_string(shift));
 }
