@@ -1,8 +1,9 @@
 // CUDA routing metadata against the CPU: route_counts and route_index_local on random top-K
 // selections (T in {1, 37, 4096} and T*K = 262144; N in {8, 64, 128}; K in {1, 2, 8, N}), with an
 // expert that gets no route, capacities that force drops (down to 0) and ones that do not
-// (including one past the I32 range). The GPU pipeline runs device-only: its counts feed its route
-// index. Every output is integer and must equal the CPU's exactly; two runs must be identical.
+// (including one past the I32 range), and selections read off a 16-byte boundary. The GPU pipeline
+// runs device-only: its counts feed its route index. Every output is integer and must equal the
+// CPU's exactly; two runs must be identical.
 // accumulate_counts (FP32 sums of integer counts) must equal the CPU's exactly too.
 //
 // NOTES: DeviceBuffer's poison (0xff bytes) reads as -1 in I32, which is also the "dropped" value of
@@ -41,17 +42,23 @@ std::vector<int32_t> random_topk(int T, int N, int K, int empty_expert, uint64_t
   return idx;
 }
 
-// Runs both ops on the CPU and (twice) on the GPU for one selection and capacity.
-void check_route(const std::vector<int32_t>& topk, int T, int N, int K, int64_t capacity) {
-  SCOPED_TRACE(::testing::Message() << "T=" << T << " N=" << N << " K=" << K << " capacity=" << capacity);
+// Runs both ops on the CPU and (twice) on the GPU for one selection and capacity. lead: the device
+// selection starts that many I32 elements into its buffer (1: off a 16-byte boundary, so the route
+// index reads it without 16-byte loads).
+void check_route(const std::vector<int32_t>& topk, int T, int N, int K, int64_t capacity, int lead = 0) {
+  SCOPED_TRACE(::testing::Message() << "T=" << T << " N=" << N << " K=" << K << " capacity=" << capacity
+                                    << " lead=" << lead);
   const int routes = T * K;
   std::vector<int32_t> idx = topk, counts_ref(N), index_ref(routes), offsets_ref(N + 1);
   route_counts(i32_tensor(counts_ref.data(), {N}), i32_tensor(idx.data(), {T, K}));
   route_index_local(i32_tensor(index_ref.data(), {routes}), i32_tensor(offsets_ref.data(), {N + 1}),
                     i32_tensor(idx.data(), {T, K}), i32_tensor(counts_ref.data(), {N}), capacity);
 
-  DeviceBuffer topk_d(DType::I32, {T, K});
-  topk_d.upload_i32(topk);
+  DeviceBuffer topk_buffer(DType::I32, {lead + routes});
+  std::vector<int32_t> padded(static_cast<size_t>(lead), 0);
+  padded.insert(padded.end(), topk.begin(), topk.end());
+  topk_buffer.upload_i32(padded);
+  const Tensor topk_d(static_cast<int32_t*>(topk_buffer.tensor().data) + lead, DType::I32, {T, K}, Device::CUDA);
   std::vector<int32_t> first_counts, first_index, first_offsets;
   for (int run = 0; run < 2; ++run) {
     DeviceBuffer counts_d(DType::I32, {N}), index_d(DType::I32, {routes}), offsets_d(DType::I32, {N + 1});
@@ -108,6 +115,9 @@ TEST(CudaRoute, CountsAndIndexMatchCpuAtFullScale) {
   const std::vector<int32_t> topk = random_topk(T, N, K, 5, 77);
   for (int64_t capacity : {int64_t{T} * K, int64_t{T} * K * 5 / 4, int64_t{T} * K * 9 / 10, int64_t{1000}})
     check_route(topk, T, N, K, capacity);
+  for (int lead : {1, 4}) check_route(topk, T, N, K, T * K * 9 / 10, lead);  // scalar and 16-byte loads at an offset
+  // 37 tokens: one short warp segment, the rest empty; unaligned, so every load is scalar.
+  check_route(random_topk(37, 64, 8, 3, 78), 37, 64, 8, 200, 3);
 #endif
 }
 

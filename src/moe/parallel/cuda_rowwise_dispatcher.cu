@@ -46,7 +46,6 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 constexpr int kRouteThreads = 256;
-constexpr int kItems = 8;                         // consecutive routes per thread per chunk
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride loops beyond this many rows
 
 // Every rank's heap segment, passed by value to each kernel (no device table to keep filled).
@@ -136,12 +135,9 @@ __global__ void ep_route_index_kernel(int32_t* __restrict__ route_index, int32_t
     if (e == 0) expert_offsets[0] = 0;
   }
   const long long first_row = static_cast<long long>(d) * rows + start;
-  cuda::route_scan::assign_expert_rows<kRouteThreads, kItems>(route_index, topk_idx, routes, N, n, first_row, kept,
-                                                        /*mark_invalid=*/n == 0);
-
-  long long routed_part = 0;  // this rank's routes to n: what expert_counts[n] must be
-  for (int64_t i = threadIdx.x; i < routes; i += blockDim.x) routed_part += topk_idx[i] == n;
-  const long long routed = cuda::route_scan::block_sum<kRouteThreads>(routed_part);
+  // routed: this rank's routes to n, what expert_counts[n] must be.
+  const long long routed = cuda::route_scan::assign_expert_rows<kRouteThreads>(
+      route_index, topk_idx, routes, N, n, first_row, kept, /*mark_invalid=*/n == 0);
   if (n < ranks) {  // source n's agreed row
     long long sum_part = 0, negative_part = 0;
     for (int j = threadIdx.x; j < N; j += blockDim.x) {

@@ -1,7 +1,7 @@
 // CUDA routing metadata. One block per expert scans all T*K routes in (t, k) order:
 //   route_counts: the block counts the routes that select its expert;
-//   route_index_local: the block numbers the routes of its expert in (t, k) order with a
-//     block-wide exclusive scan per chunk of routes, so the j-th route to expert e gets the row
+//   route_index_local: the block numbers the routes of its expert in (t, k) order (each warp a
+//     contiguous segment, counted, then numbered by ballots), so the j-th route to expert e gets the row
 //     offsets_unclamped[e] + j (rows expert-major, then token, then k, as on the CPU), and the
 //     tail drop clamps at rank_capacity.
 // accumulate_counts: one thread per expert adds its count (grid-stride).
@@ -9,9 +9,9 @@
 // results are exact and deterministic. The routes (at most ~262144 I32 = 1 MiB) stay in L2 while
 // the N blocks read them.
 //
-// NOTES: N blocks each reading every route costs N * T * K loads from L2; fine at N <= 128 and
-// T * K ~ 262144. A faster form (one pass with per-block histograms and a decoupled look-back)
-// can replace it without changing results.
+// NOTES: N blocks each reading every route (twice in route_index_local) costs 2 N * T * K loads
+// from L2; fine at N <= 128 and T * K ~ 262144. A form with per-block histograms and a decoupled
+// look-back would read them once, without changing results.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,7 +27,6 @@ namespace moe::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kItems = 8;                     // consecutive routes per thread per chunk
 constexpr int64_t kMaxBlocks = 1 << 16;  // accumulate_counts grid cap
 
 // Block e: expert_counts[e] = number of routes with topk_idx == e.
@@ -55,7 +54,7 @@ __global__ void route_index_kernel(int32_t* __restrict__ route_index, int32_t* _
     if (e == 0) expert_offsets[0] = 0;
   }
   // Rows base, base + 1, ... in (t, k) order; those at or past capacity are dropped (tail drop).
-  route_scan::assign_expert_rows<kThreads, kItems>(route_index, topk_idx, routes, N, e, base, capacity - base,
+  route_scan::assign_expert_rows<kThreads>(route_index, topk_idx, routes, N, e, base, capacity - base,
                                                    /*mark_invalid=*/e == 0);
 }
 
