@@ -1,6 +1,7 @@
 // cuda::lm_head_cross_entropy against the CPU op on fresh random inputs: ignored rows, chunk sizes
-// that do not divide R, vocabularies that are not a multiple of the block, BF16 h/W with BF16 or
-// F32 gradients, loss only, all rows ignored, R = 0, determinism, out-of-range targets.
+// that do not divide R, vocabularies that are not a multiple of the block, vocabularies staged in
+// shared memory (V % 4 == 0: 1000, 12004, 50304), BF16 h/W with BF16 or F32 gradients, loss only,
+// all rows ignored, R = 0, determinism (plain and staged), out-of-range targets.
 // Tolerances: loss_sum relative error <= 1e-5 (logits are F32 for both dtypes); gradients by
 // normalized error, F32 <= 1e-4, BF16 inputs (rounded to BF16 before the CPU reference; the GPU
 // also rounds the logit gradient to BF16) <= 1e-2. Ignored rows of dh must be exactly 0.
@@ -117,6 +118,8 @@ TEST(CudaLoss, F32MatchesCpuAcrossChunkings) {
   expect_matches_cpu({37, 24, 1000, 64, 3, F, F, F}, seed += 5);  // one partial chunk
   expect_matches_cpu({300, 64, 5003, 128, 7, F, F, F}, seed += 5);
   expect_matches_cpu({600, 96, 32011, 256, 4, F, F, F}, seed += 5);  // more rows per chunk than loss blocks
+  // V % 4 == 0 with more than 4 words per staged-kernel thread (4 * 1024 logits): several words each.
+  expect_matches_cpu({40, 32, 12004, 16, 3, F, F, F}, seed += 5);
 #endif
 }
 
@@ -131,6 +134,7 @@ TEST(CudaLoss, Bf16MatchesCpuWithBf16OrF32Gradients) {
   expect_matches_cpu({300, 64, 5003, 128, 7, B, B, F}, seed += 5);
   expect_matches_cpu({600, 96, 32011, 256, 4, B, B, F}, seed += 5);
   expect_matches_cpu({70, 33, 513, 9, 2, B, B, B}, seed += 5);  // odd D: unaligned chunk pointers
+  expect_matches_cpu({300, 32, 50304, 64, 5, B, B, B}, seed += 5);  // OLMoE's vocabulary, staged rows
 #endif
 }
 
@@ -171,21 +175,23 @@ TEST(CudaLoss, NoRowsGiveZeroLoss) {
 TEST(CudaLoss, RepeatedRunsAreBitIdentical) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
-  const int64_t R = 333, D = 48, V = 4099, chunk = 100;
-  DeviceBuffer h(DType::BF16, {R, D}), w(DType::BF16, {V, D}), t(DType::I32, {R}), ws(DType::F32, {chunk, V});
-  h.upload(random_values(R * D, 1, 1.0f));
-  w.upload(random_values(V * D, 2, 0.5f));
-  t.upload_i32(random_targets(R, V, 9, 3));
-  std::vector<float> results[2][3];
-  for (auto& run : results) {
-    DeviceBuffer loss(DType::F32, {1}), dh(DType::BF16, {R, D}), dw(DType::F32, {V, D});
-    dw.upload(std::vector<float>(static_cast<size_t>(V * D), 0.0f));
-    lm_head_cross_entropy(loss, dh, dw, h, w, t, 0.01f, ws);
-    run[0] = loss.download();
-    run[1] = dh.download();
-    run[2] = dw.download();
+  for (const int64_t V : {int64_t{4099}, int64_t{12004}}) {  // the plain kernel, then the staged one
+    const int64_t R = 333, D = 48, chunk = 100;
+    DeviceBuffer h(DType::BF16, {R, D}), w(DType::BF16, {V, D}), t(DType::I32, {R}), ws(DType::F32, {chunk, V});
+    h.upload(random_values(R * D, 1, 1.0f));
+    w.upload(random_values(V * D, 2, 0.5f));
+    t.upload_i32(random_targets(R, V, 9, 3));
+    std::vector<float> results[2][3];
+    for (auto& run : results) {
+      DeviceBuffer loss(DType::F32, {1}), dh(DType::BF16, {R, D}), dw(DType::F32, {V, D});
+      dw.upload(std::vector<float>(static_cast<size_t>(V * D), 0.0f));
+      lm_head_cross_entropy(loss, dh, dw, h, w, t, 0.01f, ws);
+      run[0] = loss.download();
+      run[1] = dh.download();
+      run[2] = dw.download();
+    }
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(results[0][i], results[1][i]) << "V " << V << ", output " << i;
   }
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(results[0][i], results[1][i]) << "output " << i;
 #endif
 }
 

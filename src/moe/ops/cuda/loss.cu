@@ -4,6 +4,7 @@
 #include "moe/ops/cuda/loss.h"
 
 #include <cuda_bf16.h>
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -116,11 +117,18 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Rows whose F32 logits fit in shared memory (see staged_rows_fit): the block copies the row
-// there with one read of global memory (16-byte words); the max, the exponential sum and the
-// gradient then read the copy, and the gradient goes straight to global memory (BF16 into the
-// first half of the row, or F32 in place) with no strip barriers: every global read of the row
-// precedes block_max's barriers, every write follows them. Same results as
-// softmax_cross_entropy_rows but for the summation order of the FP64 exponential sum.
+// there with one read of global memory (16-byte words by cp.async, all of a thread's in flight at
+// once); the max and the exponential sum then read the copy, the sum pass leaves each word's
+// exponentials in its place, and the gradient scales them and goes straight to global memory (BF16
+// into the first half of the row, or F32 in place) with no strip barriers: every global read of
+// the row precedes block_max's barriers, every write follows them. Every pass gives thread `tid`
+// the same words (w = tid, tid + kStagedThreads, ...), so a thread reads back only what it wrote
+// and the passes need no barriers of their own. Same results as softmax_cross_entropy_rows but for
+// the summation order of the FP64 exponential sum.
+//
+// NOTES: the first staged form loaded each word with a plain load followed by its shared-memory
+// store (one load in flight per thread) and took the exponential twice (sum and gradient): 0.65 ms
+// per 4681-row chunk of bench-olmoe-4l, ~18 us per row and SM (bench/RESULTS.md, fourteenth session).
 template <bool kBf16Grad>
 __global__ void __launch_bounds__(kStagedThreads)
     softmax_cross_entropy_rows_staged(float* __restrict__ logits, int64_t n, int64_t V,
@@ -136,40 +144,47 @@ __global__ void __launch_bounds__(kStagedThreads)
     float* row = logits + i * V;
     const int32_t t = targets[i];
     const bool valid = t >= 0 && t < V;  // uniform across the block: the branches below may hold barriers
+    // Thread 0 keeps the target's logit (the sum pass overwrites the staged copy with exponentials).
+    const float target_logit = tid == 0 && valid ? row[t] : 0.0f;
+    for (int64_t w = tid; w < words; w += kStagedThreads)
+      __pipeline_memcpy_async(staged + w, reinterpret_cast<const float4*>(row) + w, sizeof(float4));
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
     float m = -INFINITY;
     for (int64_t w = tid; w < words; w += kStagedThreads) {
-      const float4 x = reinterpret_cast<const float4*>(row)[w];
-      staged[w] = x;
+      const float4 x = staged[w];
       m = fmaxf(fmaxf(m, fmaxf(x.x, x.y)), fmaxf(x.z, x.w));
     }
-    const float max_logit = block_max(m, max_shared);  // its barriers also publish `staged`
+    const float max_logit = block_max(m, max_shared);  // its barriers also order every read of the row
     float scale = 0.0f;
     double row_loss = t == -1 ? 0.0 : NAN;  // ignored row: no loss; out-of-range target: NaN
     if (valid) {
       double sum = 0.0;  // exponentials in FP32, their sum in FP64 (as on the CPU)
       for (int64_t w = tid; w < words; w += kStagedThreads) {
         const float4 x = staged[w];
-        sum += static_cast<double>(expf(x.x - max_logit));
-        sum += static_cast<double>(expf(x.y - max_logit));
-        sum += static_cast<double>(expf(x.z - max_logit));
-        sum += static_cast<double>(expf(x.w - max_logit));
+        const float4 e = make_float4(expf(x.x - max_logit), expf(x.y - max_logit), expf(x.z - max_logit),
+                                     expf(x.w - max_logit));
+        sum += static_cast<double>(e.x);
+        sum += static_cast<double>(e.y);
+        sum += static_cast<double>(e.z);
+        sum += static_cast<double>(e.w);
+        staged[w] = e;
       }
       const double sum_exp = block_sum(sum, sum_shared);
-      row_loss = static_cast<double>(max_logit) + log(sum_exp) -
-                 static_cast<double>(reinterpret_cast<const float*>(staged)[t]);
+      row_loss = static_cast<double>(max_logit) + log(sum_exp) - static_cast<double>(target_logit);
       scale = static_cast<float>(grad_scale / sum_exp);
     }
     if (want_grad) {
       for (int64_t w = tid; w < words; w += kStagedThreads) {
-        const float4 x = staged[w];
-        const float xs[4] = {x.x, x.y, x.z, x.w};
+        const float4 e = staged[w];
+        const float es[4] = {e.x, e.y, e.z, e.w};
         float g[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          g[e] = 0.0f;
+        for (int k = 0; k < 4; ++k) {
+          g[k] = 0.0f;
           if (valid) {
-            g[e] = scale * expf(xs[e] - max_logit);
-            if (4 * w + e == t) g[e] -= grad_scale;
+            g[k] = scale * es[k];
+            if (4 * w + k == t) g[k] -= grad_scale;
           }
         }
         if constexpr (kBf16Grad) {
@@ -184,7 +199,6 @@ __global__ void __launch_bounds__(kStagedThreads)
       }
     }
     if (tid == 0) block_loss += row_loss;
-    __syncthreads();  // the next row overwrites `staged`
   }
   if (tid == 0) partials[blockIdx.x] = block_loss;
 }
