@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -19,6 +20,7 @@
 #include "moe/ops/fp8_gather.h"
 #include "moe/ops/permute.h"
 #include "moe/ops/route.h"
+#include "../unit/routing_test_util.h"
 
 namespace moe {
 namespace {
@@ -51,21 +53,11 @@ struct Placement {
   int64_t T, N, K, rows;
   std::vector<int32_t> route_index, offsets, route_of_row;
   Placement(int64_t T_, int64_t N_, int64_t K_, int64_t capacity, uint64_t seed)
-      : T(T_), N(N_), K(K_), rows(capacity), route_index(T_ * K_), offsets(N_ + 1), route_of_row(capacity) {
-    Rng rng(seed);
-    std::vector<int32_t> topk(static_cast<size_t>(T * K)), counts(static_cast<size_t>(N)), pool;
-    for (int64_t t = 0; t < T; ++t) {
-      pool.clear();
-      for (int32_t e = 0; e < N; ++e)
-        if (e != 1) pool.push_back(e);  // expert 1 gets no route: an empty segment
-      for (int64_t k = 0; k < K; ++k) {
-        std::swap(pool[k], pool[k + rng.below(static_cast<int>(pool.size() - k))]);
-        topk[t * K + k] = pool[k];
-      }
-    }
-    route_counts(i32_tensor(counts.data(), {N}), i32_tensor(topk.data(), {T, K}));
-    route_index_local(i32_tensor(route_index.data(), {T * K}), i32_tensor(offsets.data(), {N + 1}),
-                      i32_tensor(topk.data(), {T, K}), i32_tensor(counts.data(), {N}), capacity);
+      : T(T_), N(N_), K(K_), rows(capacity), route_of_row(capacity) {
+    // Expert 1 gets no route: an empty segment.
+    testing::CpuPlacement p = testing::place_on_cpu(testing::random_topk(T, N, K, seed, 1), T, N, K, capacity);
+    route_index = std::move(p.route_index);
+    offsets = std::move(p.offsets);
     invert_route_index(i32_tensor(route_of_row.data(), {rows}), i32_tensor(route_index.data(), {T * K}));
   }
 };

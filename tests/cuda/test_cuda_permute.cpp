@@ -25,6 +25,7 @@
 #include "moe/core/rng.h"
 #include "moe/ops/permute.h"
 #include "moe/ops/route.h"
+#include "../unit/routing_test_util.h"
 
 namespace moe {
 namespace {
@@ -70,21 +71,10 @@ double sum_tolerance(DType dtype) { return dtype == DType::F32 ? 1e-6 : 1e-2; }
 
 // A route index over `rows` buffer rows from random distinct experts per token (CPU route ops).
 std::vector<int32_t> make_route_index(const Case& c, uint64_t seed, int64_t* rows) {
-  Rng rng(seed);
-  std::vector<int32_t> topk(static_cast<size_t>(c.T) * c.K), pool(c.N);
-  for (int e = 0; e < c.N; ++e) pool[e] = e;
-  for (int t = 0; t < c.T; ++t)
-    for (int k = 0; k < c.K; ++k) {
-      const int pick = k + static_cast<int>(rng.below(c.N - k));
-      std::swap(pool[k], pool[pick]);
-      topk[static_cast<size_t>(t) * c.K + k] = pool[k];
-    }
-  std::vector<int32_t> counts(c.N), index(topk.size()), offsets(c.N + 1);
-  route_counts(i32_tensor(counts.data(), {c.N}), i32_tensor(topk.data(), {c.T, c.K}));
-  route_index_local(i32_tensor(index.data(), {c.T * c.K}), i32_tensor(offsets.data(), {c.N + 1}),
-                    i32_tensor(topk.data(), {c.T, c.K}), i32_tensor(counts.data(), {c.N}), c.capacity);
-  *rows = offsets[c.N] + 2;  // two rows that no route uses: they must keep their poison
-  return index;
+  const testing::CpuPlacement p =
+      testing::place_on_cpu(testing::random_topk(c.T, c.N, c.K, seed), c.T, c.N, c.K, c.capacity);
+  *rows = p.offsets[c.N] + 2;  // two rows that no route uses: they must keep their poison
+  return p.route_index;
 }
 
 void check_permute(const Case& c, uint64_t seed) {

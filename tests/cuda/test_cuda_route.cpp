@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "cuda_test_util.h"
-#include "moe/core/rng.h"
 #include "moe/ops/route.h"
+#include "../unit/routing_test_util.h"
 
 namespace moe {
 namespace {
@@ -26,21 +26,6 @@ namespace {
 using testing::DeviceBuffer;
 
 constexpr int32_t kUnwritten = -7;
-
-// K distinct experts per token, uniformly at random, never `empty_expert` (when K < N).
-std::vector<int32_t> random_topk(int T, int N, int K, int empty_expert, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> pool, idx(static_cast<size_t>(T) * K);
-  for (int e = 0; e < N; ++e)
-    if (e != empty_expert || K == N) pool.push_back(e);
-  for (int t = 0; t < T; ++t)
-    for (int k = 0; k < K; ++k) {  // partial Fisher-Yates
-      const int pick = k + static_cast<int>(rng.below(pool.size() - k));
-      std::swap(pool[k], pool[pick]);
-      idx[static_cast<size_t>(t) * K + k] = pool[k];
-    }
-  return idx;
-}
 
 // Runs both ops on the CPU and (twice) on the GPU for one selection and capacity. lead: the device
 // selection starts that many I32 elements into its buffer (1: off a 16-byte boundary, so the route
@@ -98,7 +83,7 @@ TEST(CudaRoute, CountsAndIndexMatchCpuWithAndWithoutDrops) {
       for (int K : {1, 2, 8, N}) {
         if (K > N || (K == N && K == 8)) continue;
         const int empty_expert = N / 2;  // gets no route when K < N
-        const std::vector<int32_t> topk = random_topk(T, N, K, empty_expert, ++seed);
+        const std::vector<int32_t> topk = testing::random_topk(T, N, K, ++seed, empty_expert);
         const int64_t routes = static_cast<int64_t>(T) * K;
         for (int64_t capacity : {routes, (routes * 5 + 3) / 4, routes * 3 / 4, routes / 2, int64_t{1}, int64_t{0},
                                  int64_t{1} << 40})
@@ -112,12 +97,12 @@ TEST(CudaRoute, CountsAndIndexMatchCpuAtFullScale) {
 #if defined(MOE_HAVE_CUDA)
   // T*K = 262144 routes over 128 experts: many chunks per expert block.
   const int T = 32768, N = 128, K = 8;
-  const std::vector<int32_t> topk = random_topk(T, N, K, 5, 77);
+  const std::vector<int32_t> topk = testing::random_topk(T, N, K, 77, 5);
   for (int64_t capacity : {int64_t{T} * K, int64_t{T} * K * 5 / 4, int64_t{T} * K * 9 / 10, int64_t{1000}})
     check_route(topk, T, N, K, capacity);
   for (int lead : {1, 4}) check_route(topk, T, N, K, T * K * 9 / 10, lead);  // scalar and 16-byte loads at an offset
   // 37 tokens: one short warp segment, the rest empty; unaligned, so every load is scalar.
-  check_route(random_topk(37, 64, 8, 3, 78), 37, 64, 8, 200, 3);
+  check_route(testing::random_topk(37, 64, 8, 78, 3), 37, 64, 8, 200, 3);
 #endif
 }
 
@@ -161,7 +146,7 @@ TEST(CudaRoute, AccumulateCountsMatchesCpuExactly) {
     DeviceBuffer load_d(DType::F32, {N}), counts_d(DType::I32, {N}), topk_d(DType::I32, {T, K});
     load_d.upload(load);
     for (uint64_t microbatch = 0; microbatch < 3; ++microbatch) {
-      const std::vector<int32_t> topk = random_topk(T, N, K, N / 2, 500 + microbatch);
+      const std::vector<int32_t> topk = testing::random_topk(T, N, K, 500 + microbatch, N / 2);
       std::vector<int32_t> idx = topk, counts(N);
       route_counts(i32_tensor(counts.data(), {N}), i32_tensor(idx.data(), {T, K}));
       accumulate_counts(f32_tensor(load.data(), {N}), i32_tensor(counts.data(), {N}));

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moe/core/dtype.h"
@@ -17,6 +18,7 @@
 #include "moe/ops/fp8_gather.h"
 #include "moe/ops/permute.h"
 #include "moe/ops/route.h"
+#include "routing_test_util.h"
 
 namespace moe {
 namespace {
@@ -27,20 +29,11 @@ struct Placement {
   int64_t T, N, K, rows;
   std::vector<int32_t> topk, counts, route_index, offsets, route_of_row;
   Placement(int64_t T_, int64_t N_, int64_t K_, int64_t capacity, uint64_t seed)
-      : T(T_), N(N_), K(K_), rows(capacity), topk(T_ * K_), counts(N_), route_index(T_ * K_), offsets(N_ + 1),
-        route_of_row(capacity) {
-    Rng rng(seed);
-    std::vector<int32_t> pool(static_cast<size_t>(N));
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t e = 0; e < N; ++e) pool[e] = static_cast<int32_t>(e);
-      for (int64_t k = 0; k < K; ++k) {
-        std::swap(pool[k], pool[k + rng.below(static_cast<int>(N - k))]);
-        topk[t * K + k] = pool[k];
-      }
-    }
-    route_counts(Tensor(counts.data(), DType::I32, {N}), Tensor(topk.data(), DType::I32, {T, K}));
-    route_index_local(Tensor(route_index.data(), DType::I32, {T * K}), offsets_tensor(),
-                      Tensor(topk.data(), DType::I32, {T, K}), Tensor(counts.data(), DType::I32, {N}), capacity);
+      : T(T_), N(N_), K(K_), rows(capacity), topk(testing::random_topk(T_, N_, K_, seed)), route_of_row(capacity) {
+    testing::CpuPlacement p = testing::place_on_cpu(topk, T, N, K, capacity);
+    counts = std::move(p.counts);
+    route_index = std::move(p.route_index);
+    offsets = std::move(p.offsets);
     invert_route_index(Tensor(route_of_row.data(), DType::I32, {rows}), index());
   }
   Tensor index() { return Tensor(route_index.data(), DType::I32, {T * K}); }
@@ -91,7 +84,7 @@ const Case kCases[] = {{24, 4, 2, 32, 1.0}, {130, 8, 2, 160, 0.75}, {300, 16, 4,
 TEST(Fp8Gather, ColumnsOfGatheredTokenRowsAreThoseOfTheScatteredRows) {
   uint64_t seed = 10;
   for (const Case& c : kCases) {
-    SCOPED_TRACE(testing::Message() << "T " << c.T << " N " << c.N << " K " << c.K << " D " << c.D);
+    SCOPED_TRACE(::testing::Message() << "T " << c.T << " N " << c.N << " K " << c.K << " D " << c.D);
     Placement p(c.T, c.N, c.K, static_cast<int64_t>(c.capacity_factor * c.T * c.K), ++seed);
     std::vector<float> x = normal(static_cast<size_t>(c.T * c.D), ++seed, 3.0f);
     std::vector<float> stored(static_cast<size_t>(p.rows * c.D), 0.0f);
@@ -110,7 +103,7 @@ TEST(Fp8Gather, ColumnsOfGatheredTokenRowsAreThoseOfTheScatteredRows) {
 TEST(Fp8Gather, BothLayoutsOfWeightedTokenRowsAreThoseOfTheCombineGradient) {
   uint64_t seed = 20;
   for (const Case& c : kCases) {
-    SCOPED_TRACE(testing::Message() << "T " << c.T << " N " << c.N << " K " << c.K << " D " << c.D);
+    SCOPED_TRACE(::testing::Message() << "T " << c.T << " N " << c.N << " K " << c.K << " D " << c.D);
     Placement p(c.T, c.N, c.K, static_cast<int64_t>(c.capacity_factor * c.T * c.K), ++seed);
     std::vector<float> dout = normal(static_cast<size_t>(c.T * c.D), ++seed, 1e-3f);
     std::vector<float> w = normal(static_cast<size_t>(c.T * c.K), ++seed, 0.5f);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moe/core/error.h"
@@ -13,6 +14,7 @@
 #include "moe/ops/fp8.h"
 #include "moe/ops/permute.h"
 #include "moe/ops/route.h"
+#include "routing_test_util.h"
 
 namespace moe {
 namespace {
@@ -36,27 +38,11 @@ struct Routing {
   std::vector<int32_t> topk, route_index, offsets, counts;
 
   Routing(int T_, int N_, int K_, int D_, int64_t capacity, uint64_t seed)
-      : T(T_),
-        N(N_),
-        K(K_),
-        D(D_),
-        rows(capacity),
-        topk(size_t(T_) * K_),
-        route_index(size_t(T_) * K_),
-        offsets(N_ + 1),
-        counts(N_) {
-    Rng rng(seed);
-    std::vector<int32_t> pool(N);
-    for (int t = 0; t < T; ++t) {
-      for (int e = 0; e < N; ++e) pool[e] = e;
-      for (int k = 0; k < K; ++k) {
-        std::swap(pool[k], pool[k + rng.below(N - k)]);
-        topk[t * K + k] = pool[k];
-      }
-    }
-    route_counts(i32_tensor(counts.data(), {N}), i32_tensor(topk.data(), {T, K}));
-    route_index_local(i32_tensor(route_index.data(), {T * K}), i32_tensor(offsets.data(), {N + 1}),
-                      i32_tensor(topk.data(), {T, K}), i32_tensor(counts.data(), {N}), capacity);
+      : T(T_), N(N_), K(K_), D(D_), rows(capacity), topk(testing::random_topk(T_, N_, K_, seed)) {
+    testing::CpuPlacement p = testing::place_on_cpu(topk, T, N, K, capacity);
+    route_index = std::move(p.route_index);
+    offsets = std::move(p.offsets);
+    counts = std::move(p.counts);
   }
   Tensor index() { return i32_tensor(route_index.data(), {T * K}); }
   int64_t dropped() const {
@@ -80,7 +66,7 @@ TEST(Permute, scatter_rows_to_routes_is_exact_and_skips_drops) {
   for (const auto& s : kShapes) {
     const int64_t cap = static_cast<int64_t>(s.capacity_factor * s.T * s.K);
     Routing r(s.T, s.N, s.K, s.D, cap + 2, ++seed);  // +2 rows that no route may touch
-    SCOPED_TRACE(testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " dropped=" << r.dropped());
+    SCOPED_TRACE(::testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " dropped=" << r.dropped());
     auto src = random_vec(size_t(s.T) * s.D, ++seed);
     std::vector<float> dst(size_t(r.rows) * s.D, kSentinel);
     scatter_rows_to_routes(f32_tensor(dst.data(), {r.rows, s.D}), f32_tensor(src.data(), {s.T, s.D}), r.index(),
@@ -115,7 +101,7 @@ TEST(Permute, scatter_rows_to_routes_fp8_stores_the_quantized_token_rows) {
   for (const auto& s : kShapes) {
     const int64_t cap = static_cast<int64_t>(s.capacity_factor * s.T * s.K);
     Routing r(s.T, s.N, s.K, s.D, cap + 2, ++seed);
-    SCOPED_TRACE(testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " dropped=" << r.dropped());
+    SCOPED_TRACE(::testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " dropped=" << r.dropped());
     auto src = random_vec(size_t(s.T) * s.D, ++seed);
     for (size_t i = 0; i < src.size(); ++i) src[i] = std::ldexp(src[i], static_cast<int>(i % 23) - 11);
     const int64_t tiles = (s.D + kFp8Tile - 1) / kFp8Tile;
@@ -169,7 +155,7 @@ TEST(Permute, scatter_rows_to_routes_backward_matches_naive) {
     for (bool accumulate : {false, true}) {
       const int64_t cap = static_cast<int64_t>(s.capacity_factor * s.T * s.K);
       Routing r(s.T, s.N, s.K, s.D, cap, ++seed);
-      SCOPED_TRACE(testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " acc=" << accumulate);
+      SCOPED_TRACE(::testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " acc=" << accumulate);
       auto ddst = random_vec(size_t(r.rows) * s.D, ++seed);
       auto dsrc = random_vec(size_t(s.T) * s.D, ++seed);
       const auto before = dsrc;
@@ -202,7 +188,7 @@ TEST(Permute, combine_rows_matches_naive_with_drops) {
     for (bool accumulate : {false, true}) {
       const int64_t cap = static_cast<int64_t>(s.capacity_factor * s.T * s.K);
       Routing r(s.T, s.N, s.K, s.D, cap, ++seed);
-      SCOPED_TRACE(testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " acc=" << accumulate
+      SCOPED_TRACE(::testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " acc=" << accumulate
                                       << " dropped=" << r.dropped());
       auto y = random_vec(size_t(r.rows) * s.D, ++seed);
       auto w = random_vec(size_t(s.T) * s.K, ++seed);
@@ -252,7 +238,7 @@ TEST(Permute, combine_rows_backward_matches_naive) {
   for (const auto& s : kShapes) {
     const int64_t cap = static_cast<int64_t>(s.capacity_factor * s.T * s.K);
     Routing r(s.T, s.N, s.K, s.D, cap + 1, ++seed);
-    SCOPED_TRACE(testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " dropped=" << r.dropped());
+    SCOPED_TRACE(::testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " dropped=" << r.dropped());
     auto y = random_vec(size_t(r.rows) * s.D, ++seed);
     auto w = random_vec(size_t(s.T) * s.K, ++seed);
     auto dout = random_vec(size_t(s.T) * s.D, ++seed);
@@ -288,7 +274,7 @@ TEST(Permute, combine_rows_weight_grad_is_the_dweights_of_combine_rows_backward)
   for (const auto& s : kShapes) {
     const int64_t cap = static_cast<int64_t>(s.capacity_factor * s.T * s.K);
     Routing r(s.T, s.N, s.K, s.D, cap + 1, ++seed);
-    SCOPED_TRACE(testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " dropped=" << r.dropped());
+    SCOPED_TRACE(::testing::Message() << "T=" << s.T << " K=" << s.K << " D=" << s.D << " dropped=" << r.dropped());
     auto y = random_vec(size_t(r.rows) * s.D, ++seed);
     auto w = random_vec(size_t(s.T) * s.K, ++seed);
     auto dout = random_vec(size_t(s.T) * s.D, ++seed);
