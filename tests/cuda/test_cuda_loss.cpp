@@ -117,9 +117,11 @@ TEST(CudaLoss, F32MatchesCpuAcrossChunkings) {
   expect_matches_cpu({37, 24, 1000, 8, 5, F, F, F}, seed += 5);   // chunk does not divide R
   expect_matches_cpu({37, 24, 1000, 64, 3, F, F, F}, seed += 5);  // one partial chunk
   expect_matches_cpu({300, 64, 5003, 128, 7, F, F, F}, seed += 5);
-  expect_matches_cpu({600, 96, 32011, 256, 4, F, F, F}, seed += 5);  // more rows per chunk than loss blocks
-  // V % 4 == 0 with more than 4 words per staged-kernel thread (4 * 1024 logits): several words each.
+  expect_matches_cpu({600, 96, 32011, 300, 4, F, F, F}, seed += 5);  // more rows per chunk than loss blocks
+  // V % 4 == 0 with more than 4 words per staged-kernel thread (4 * 1024 logits): several words each;
+  // then more rows per chunk than loss blocks (256), so a block stages row after row.
   expect_matches_cpu({40, 32, 12004, 16, 3, F, F, F}, seed += 5);
+  expect_matches_cpu({600, 32, 12004, 600, 4, F, F, F}, seed += 5);
 #endif
 }
 
@@ -135,23 +137,25 @@ TEST(CudaLoss, Bf16MatchesCpuWithBf16OrF32Gradients) {
   expect_matches_cpu({600, 96, 32011, 256, 4, B, B, F}, seed += 5);
   expect_matches_cpu({70, 33, 513, 9, 2, B, B, B}, seed += 5);  // odd D: unaligned chunk pointers
   expect_matches_cpu({300, 32, 50304, 64, 5, B, B, B}, seed += 5);  // OLMoE's vocabulary, staged rows
+  expect_matches_cpu({700, 32, 12004, 700, 3, B, B, B}, seed += 5);  // staged, several rows per block
 #endif
 }
 
 TEST(CudaLoss, LossOnlyAndSingleGradients) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
-  for (DType in : {DType::F32, DType::BF16}) {
-    LossCase c{45, 32, 777, 16, 6, in, in, DType::F32};
-    c.want_dh = false;
-    c.want_dw = false;
-    expect_matches_cpu(c, 200);
-    c.want_dh = true;
-    expect_matches_cpu(c, 210);
-    c.want_dh = false;
-    c.want_dw = true;
-    expect_matches_cpu(c, 220);
-  }
+  for (DType in : {DType::F32, DType::BF16})
+    for (int64_t V : {int64_t{777}, int64_t{1000}}) {  // the plain kernel, then the staged one
+      LossCase c{45, 32, V, 16, 6, in, in, DType::F32};
+      c.want_dh = false;
+      c.want_dw = false;
+      expect_matches_cpu(c, 200);
+      c.want_dh = true;
+      expect_matches_cpu(c, 210);
+      c.want_dh = false;
+      c.want_dw = true;
+      expect_matches_cpu(c, 220);
+    }
 #endif
 }
 
@@ -176,7 +180,7 @@ TEST(CudaLoss, RepeatedRunsAreBitIdentical) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
   for (const int64_t V : {int64_t{4099}, int64_t{12004}}) {  // the plain kernel, then the staged one
-    const int64_t R = 333, D = 48, chunk = 100;
+    const int64_t R = 333, D = 48, chunk = 300;  // more rows per chunk than loss blocks
     DeviceBuffer h(DType::BF16, {R, D}), w(DType::BF16, {V, D}), t(DType::I32, {R}), ws(DType::F32, {chunk, V});
     h.upload(random_values(R * D, 1, 1.0f));
     w.upload(random_values(V * D, 2, 0.5f));
@@ -198,14 +202,18 @@ TEST(CudaLoss, RepeatedRunsAreBitIdentical) {
 TEST(CudaLoss, OutOfRangeTargetGivesNanLoss) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
-  const int64_t R = 4, D = 8, V = 10;
-  DeviceBuffer loss(DType::F32, {1}), h(DType::F32, {R, D}), w(DType::F32, {V, D}), t(DType::I32, {R}),
-      ws(DType::F32, {2, V});
-  h.upload(random_values(R * D, 4, 1.0f));
-  w.upload(random_values(V * D, 5, 1.0f));
-  t.upload_i32({1, 2, static_cast<int32_t>(V), 3});
-  lm_head_cross_entropy(loss, Tensor(), Tensor(), h, w, t, 1.0f, ws);
-  EXPECT_TRUE(std::isnan(loss.download()[0]));
+  for (const int64_t V : {int64_t{10}, int64_t{1000}}) {  // the plain kernel, then the staged one
+    const int64_t R = 4, D = 8;
+    DeviceBuffer loss(DType::F32, {1}), h(DType::F32, {R, D}), w(DType::F32, {V, D}), t(DType::I32, {R}),
+        ws(DType::F32, {2, V});
+    h.upload(random_values(R * D, 4, 1.0f));
+    w.upload(random_values(V * D, 5, 1.0f));
+    for (const int32_t bad : {static_cast<int32_t>(V), -5}) {
+      t.upload_i32({1, 2, bad, 3});
+      lm_head_cross_entropy(loss, Tensor(), Tensor(), h, w, t, 1.0f, ws);
+      EXPECT_TRUE(std::isnan(loss.download()[0])) << "V " << V << ", target " << bad;
+    }
+  }
 #endif
 }
 

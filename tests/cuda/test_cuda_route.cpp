@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -101,7 +102,7 @@ TEST(CudaRoute, CountsAndIndexMatchCpuAtFullScale) {
   for (int64_t capacity : {int64_t{T} * K, int64_t{T} * K * 5 / 4, int64_t{T} * K * 9 / 10, int64_t{1000}})
     check_route(topk, T, N, K, capacity);
   for (int lead : {1, 4}) check_route(topk, T, N, K, T * K * 9 / 10, lead);  // scalar and 16-byte loads at an offset
-  // 37 tokens: one short warp segment, the rest empty; unaligned, so every load is scalar.
+  // 37 x 8 = 296 routes: segments of 128, 128 and 40, the other five empty; every load scalar.
   check_route(testing::random_topk(37, 64, 8, 78, 3), 37, 64, 8, 200, 3);
 #endif
 }
@@ -130,6 +131,46 @@ TEST(CudaRoute, ExpertIdsOutsideTheRangeAreDroppedOnTheGpu) {
   EXPECT_EQ(counts_d.download_i32(), (std::vector<int32_t>{1, 2, 1, 0}));
   EXPECT_EQ(index_d.download_i32(), (std::vector<int32_t>{1, -1, -1, 2, 0, 3}));
   EXPECT_EQ(offsets_d.download_i32(), (std::vector<int32_t>{0, 1, 3, 4, 4}));
+#endif
+}
+
+TEST(CudaRoute, ExpertIdsOutsideTheRangeAtScale) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  // Ids outside [0, N) scattered through 4096 x 8 routes (every warp's segment), read with and
+  // without 16-byte loads. Reference: the CPU's placement of the same selection with every such id
+  // replaced by an extra expert N, whose rows come after every valid expert's and so move none of
+  // them; on the GPU those routes are dropped (-1) and counted nowhere.
+  const int T = 4096, N = 64, K = 8;
+  std::vector<int32_t> topk = testing::random_topk(T, N, K, 91), as_extra = topk;
+  const int32_t bad[] = {-1, N, INT32_MIN, INT32_MAX, -7, N + 5};
+  for (size_t i = 13, b = 0; i < topk.size(); i += 97, ++b) {
+    topk[i] = bad[b % 6];
+    as_extra[i] = N;
+  }
+  for (int64_t capacity : {int64_t{T} * K, int64_t{T} * K * 3 / 4}) {
+    const testing::CpuPlacement ref = testing::place_on_cpu(as_extra, T, N + 1, K, capacity);
+    std::vector<int32_t> index_ref = ref.route_index;
+    for (size_t i = 0; i < topk.size(); ++i)
+      if (as_extra[i] == N) index_ref[i] = -1;
+    const std::vector<int32_t> counts_ref(ref.counts.begin(), ref.counts.begin() + N),
+        offsets_ref(ref.offsets.begin(), ref.offsets.begin() + N + 1);
+    for (int lead : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << "capacity=" << capacity << " lead=" << lead);
+      DeviceBuffer topk_buffer(DType::I32, {lead + T * K}), counts_d(DType::I32, {N}), index_d(DType::I32, {T * K}),
+          offsets_d(DType::I32, {N + 1});
+      std::vector<int32_t> padded(static_cast<size_t>(lead), 0);
+      padded.insert(padded.end(), topk.begin(), topk.end());
+      topk_buffer.upload_i32(padded);
+      const Tensor topk_d(static_cast<int32_t*>(topk_buffer.tensor().data) + lead, DType::I32, {T, K}, Device::CUDA);
+      index_d.upload_i32(std::vector<int32_t>(T * K, kUnwritten));
+      route_counts(counts_d, topk_d);
+      route_index_local(index_d, offsets_d, topk_d, counts_d, capacity);
+      EXPECT_EQ(counts_d.download_i32(), counts_ref);
+      EXPECT_EQ(offsets_d.download_i32(), offsets_ref);
+      EXPECT_EQ(index_d.download_i32(), index_ref);
+    }
+  }
 #endif
 }
 

@@ -146,6 +146,8 @@ __global__ void __launch_bounds__(kStagedThreads)
     const bool valid = t >= 0 && t < V;  // uniform across the block: the branches below may hold barriers
     // Thread 0 keeps the target's logit (the sum pass overwrites the staged copy with exponentials).
     const float target_logit = tid == 0 && valid ? row[t] : 0.0f;
+    // Each copy overwrites words this thread alone read in the previous row's gradient pass (their
+    // values went into its global stores first), so no barrier stands before it.
     for (int64_t w = tid; w < words; w += kStagedThreads)
       __pipeline_memcpy_async(staged + w, reinterpret_cast<const float4*>(row) + w, sizeof(float4));
     __pipeline_commit();

@@ -55,7 +55,7 @@ __global__ void route_index_kernel(int32_t* __restrict__ route_index, int32_t* _
   }
   // Rows base, base + 1, ... in (t, k) order; those at or past capacity are dropped (tail drop).
   route_scan::assign_expert_rows<kThreads>(route_index, topk_idx, routes, N, e, base, capacity - base,
-                                                   /*mark_invalid=*/e == 0);
+                                           /*mark_invalid=*/e == 0);
 }
 
 // load[e] += counts[e], one thread per expert.
