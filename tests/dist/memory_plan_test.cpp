@@ -1,7 +1,8 @@
 // ranks: 1 2 4
 // `moetrain plan` is the run's own planning code on stand-in ranks: for several configs and
 // topologies (DDP at ep = 1, 2 and the world with rowwise and alltoall dispatch, the FSDP
-// baseline, every recompute mode, BF16 moments, several microbatches, FP8 precision and payload),
+// baseline, every recompute mode, BF16 moments, several microbatches, FP8 precision and payload,
+// FP8 pipeline stages),
 // each rank's plan equals, role by role and byte for byte, the arenas (and the rowwise heap) of a real CPU run of that
 // config on this job's ranks. And a config that does not fit names options that were planned:
 // each option's bytes are those of the config it names.
@@ -75,6 +76,7 @@ TEST_F(MemoryPlan, EachRanksPlanEqualsTheArenasOfTheRealRun) {
     variants.push_back({"parallel.ep=2", "train.precision=\"fp8\"", "ep.payload=\"fp8\""});  // in the heap
     variants.push_back({"parallel.ep=" + std::to_string(P), "train.precision=\"fp8\"", "ep.payload=\"fp8\"",
                         "train.recompute=\"block\""});
+    variants.push_back({"parallel.pp=2", "train.precision=\"fp8\""});  // each stage caches its own layers
   }
   TrainOptions quiet;
   quiet.quiet = true;
@@ -144,6 +146,22 @@ TEST_F(MemoryPlan, Fp8OnTheGpuKeepsABf16CopyOfTheUnquantizedTensorsOnly) {
   EXPECT_EQ(gpu.compute_weights - cpu.compute_weights, static_cast<size_t>(2 * unquantized));
   const Config bf16 = load_config("tiny", base(P));
   EXPECT_EQ(plan_rank(bf16, 1, 0, Device::CUDA).compute_weights, static_cast<size_t>(2 * all));
+}
+
+// In FP8 a pipeline stage caches the FP8 weights of its own layers only: the stages' caches add up
+// to the one-rank run's (on the CPU the compute weights are the caches alone), and neither stage
+// holds them all.
+TEST_F(MemoryPlan, Fp8PipelineStagesCacheTheirOwnLayers) {
+  std::vector<std::string> o = base(2);
+  o.push_back("train.precision=\"fp8\"");
+  const size_t whole = plan_rank(load_config("tiny", o), 1, 0, Device::CPU).compute_weights;
+  o.push_back("parallel.pp=2");
+  const Config pp = load_config("tiny", o);
+  const size_t first = plan_rank(pp, 2, 0, Device::CPU).compute_weights;
+  const size_t last = plan_rank(pp, 2, 1, Device::CPU).compute_weights;
+  EXPECT_GT(first, 0u);
+  EXPECT_GT(last, 0u);
+  EXPECT_EQ(first + last, whole);
 }
 
 // The largest rank of a pipeline is whichever stage holds the most: 1F1B keeps the most

@@ -5,7 +5,7 @@
 // 1F1B with pp = 2 (2 ranks), pp = 4, pp = 2 x ep = 2, pp = 2 x dp = 2 (with gradient buckets
 // reduced during the last microbatch's backward passes), given stage sizes (each
 // stage then holds exactly the layers the sizes give it), and the interleaved schedule with pp = 2
-// and 2 chunks per rank. A checkpoint saved under
+// and 2 chunks per rank, and in FP8. A checkpoint saved under
 // pp = 2 x ep = 2 resumes under pp = 1 and pp = 4 with the uninterrupted run's losses.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -62,21 +62,28 @@ RunResult run(Communicator& world, std::vector<std::string> overrides) {
 
 class Pipeline : public testing::JobTempDirTest {
  protected:
-  const RunResult& reference() {
-    if (!reference_) {
+  // The single-process run with `both` (the settings the compared runs share, e.g. the precision).
+  const RunResult& reference(const std::vector<std::string>& both) {
+    std::string key;
+    for (const auto& s : both) key += s + " ";
+    auto it = references_.find(key);
+    if (it == references_.end()) {
       LocalCommunicator local;
-      reference_ = std::make_unique<RunResult>(run(local, base_overrides(dir_ + "/ref")));
+      std::vector<std::string> o = base_overrides(dir_ + "/ref" + std::to_string(references_.size()));
+      o.insert(o.end(), both.begin(), both.end());
+      it = references_.emplace(key, run(local, o)).first;
     }
-    return *reference_;
+    return it->second;
   }
 
   // Runs `topology` on the first `ranks` ranks of the job (the others wait) and compares with the
   // single-process run: every gradient element a rank holds, every loss, and every element held by
   // some rank. layers_of_stage, when given, lists the layers each pipeline stage must hold (those
-  // whose gradients its ranks report).
+  // whose gradients its ranks report). `both`: settings of both runs (the reference is run with them).
   void expect_matches(int ranks, const std::vector<std::string>& topology,
-                      const std::vector<std::set<int64_t>>& layers_of_stage = {}, bool overlaps = false) {
-    const RunResult& ref = reference();
+                      const std::vector<std::set<int64_t>>& layers_of_stage = {}, bool overlaps = false,
+                      const std::vector<std::string>& both = {}) {
+    const RunResult& ref = reference(both);
     const int me = world_->rank();
     MPI_Comm part = MPI_COMM_NULL;
     MPI_Comm_split(MPI_COMM_WORLD, me < ranks ? 0 : MPI_UNDEFINED, me, &part);
@@ -86,6 +93,7 @@ class Pipeline : public testing::JobTempDirTest {
     {
       MpiCommunicator group(part);
       std::vector<std::string> o = base_overrides(dir_ + "/dist");
+      o.insert(o.end(), both.begin(), both.end());
       o.insert(o.end(), topology.begin(), topology.end());
       const RunResult got = run(group, o);
       // With data-parallel ranks in a stage, some gradient buckets are reduced during the last
@@ -129,7 +137,7 @@ class Pipeline : public testing::JobTempDirTest {
     MPI_Comm_free(&part);
   }
 
-  std::unique_ptr<RunResult> reference_;
+  std::map<std::string, RunResult> references_;
 };
 
 TEST_F(Pipeline, OneFOneBTwoStagesMatchesOneProcess) { expect_matches(2, {"parallel.pp=2"}); }
@@ -155,6 +163,20 @@ TEST_F(Pipeline, RecomputedBlocksInFlightMatchOneProcess) {
   expect_matches(2, {"parallel.pp=2", "train.recompute=\"experts\""});
   expect_matches(2, {"parallel.pp=2", "parallel.pp_schedule=\"interleaved\"", "parallel.pp_virtual=2",
                      "train.recompute=\"attention\""});
+}
+
+// FP8 (emulated on CPU ranks): each stage keeps the FP8 caches of its own layers only, refreshed
+// by its optimizer; the stages compute what one process computes in FP8 (the same quantized
+// operands: the caches come from the same weights, the activations from the same values), within
+// the FP32 tolerances above. Also with the experts split (payload fp8 moves FP8 rows) and with
+// two chunks per rank (a stage's layers are not contiguous).
+TEST_F(Pipeline, Fp8StagesMatchOneProcessInFp8) {
+  const std::vector<std::string> fp8 = {"train.precision=\"fp8\""};
+  EXPECT_NE(reference(fp8).losses, reference({}).losses) << "the FP8 reference computed the BF16 run's losses";
+  expect_matches(2, {"parallel.pp=2"}, {}, false, fp8);
+  expect_matches(4, {"parallel.pp=2", "parallel.ep=2", "ep.payload=\"fp8\""}, {}, false, fp8);
+  expect_matches(2, {"parallel.pp=2", "parallel.pp_schedule=\"interleaved\"", "parallel.pp_virtual=2"}, {}, false,
+                 fp8);
 }
 
 std::vector<double> losses(Communicator& world, std::vector<std::string> o, const std::string& resume, bool write) {

@@ -1,5 +1,6 @@
 #include "moe/model/fp8_weights.h"
 
+#include <string>
 #include <tuple>
 
 #include "moe/core/error.h"
@@ -49,6 +50,13 @@ LayerWeights shapes_of_layer(const ModelConfig& cfg, int64_t l, int64_t local_ex
   return s;
 }
 
+// Whether the rank holds layer l (held: flags per layer, empty = all).
+bool holds(const std::vector<bool>& held, int64_t l, const ModelConfig& cfg) {
+  MOE_CHECK(held.empty() || static_cast<int64_t>(held.size()) == cfg.num_hidden_layers, "FP8 weight cache: ",
+            held.size(), " held-layer flags for ", cfg.num_hidden_layers, " layers");
+  return held.empty() || held[static_cast<size_t>(l)];
+}
+
 Shape transposed(const Shape& s) {
   Shape t = s;
   std::swap(t.dims[t.ndim - 1], t.dims[t.ndim - 2]);
@@ -57,12 +65,20 @@ Shape transposed(const Shape& s) {
 
 }  // namespace
 
-int64_t fp8_quantized_numel(const ModelConfig& cfg, int64_t local_experts) {
+std::vector<bool> held_layers(const ModelConfig& cfg, const ParamRegistry& reg) {
+  std::vector<bool> held(static_cast<size_t>(cfg.num_hidden_layers));
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
+    held[static_cast<size_t>(l)] = reg.has("model.layers." + std::to_string(l) + ".input_layernorm.weight");
+  return held;
+}
+
+int64_t fp8_quantized_numel(const ModelConfig& cfg, int64_t local_experts, const std::vector<bool>& held) {
   int64_t n = 0;
   Fp8LayerWeights unused;
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
-    for_each_quantized(shapes_of_layer(cfg, l, local_experts), unused,
-                       [&](const char*, const Tensor& t, Fp8Weight&) { n += t.shape.ndim == 0 ? 0 : t.numel(); });
+    if (holds(held, l, cfg))
+      for_each_quantized(shapes_of_layer(cfg, l, local_experts), unused,
+                         [&](const char*, const Tensor& t, Fp8Weight&) { n += t.shape.ndim == 0 ? 0 : t.numel(); });
   return n;
 }
 
@@ -76,9 +92,11 @@ std::vector<Tensor> fp8_quantized_matrices(const ModelWeights& w) {
   return out;
 }
 
-Fp8WeightCache::Fp8WeightCache(const ModelConfig& cfg, int64_t local_experts, Arena& arena)
+Fp8WeightCache::Fp8WeightCache(const ModelConfig& cfg, int64_t local_experts, Arena& arena,
+                               const std::vector<bool>& held)
     : cfg_(cfg), arena_(arena), layers_(cfg.num_hidden_layers) {
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    if (!holds(held, l, cfg)) continue;  // another pipeline stage's layer: no caches
     for_each_quantized(shapes_of_layer(cfg, l, local_experts), layers_[l], [&](const char* name, const Tensor& t,
                                                                               Fp8Weight& fw) {
       const Shape shape = t.shape;
@@ -114,9 +132,9 @@ std::vector<std::pair<Tensor, Fp8Weight>> Fp8WeightCache::targets(const ModelWei
   std::vector<std::pair<Tensor, Fp8Weight>> out;
   for (size_t l = 0; l < layers_.size(); ++l) {
     for_each_quantized(master.layers[l], layers_[l], [&](const char* name, const Tensor& w, Fp8Weight& fw) {
-      if (fw.empty()) return;
-      MOE_CHECK(!w.empty(), "Fp8WeightCache: layer ", l, " has no ", name, " weight to quantize");
-      out.emplace_back(w, fw);
+      MOE_CHECK(fw.empty() || !w.empty(), "Fp8WeightCache: layer ", l, " has no ", name, " weight to quantize");
+      MOE_CHECK(!fw.empty() || w.empty(), "Fp8WeightCache: layer ", l, "'s ", name, " weight has no cache");
+      if (!fw.empty()) out.emplace_back(w, fw);
     });
   }
   return out;

@@ -20,10 +20,12 @@ DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh&
   has_compute_copy_ = arena.device() == Device::CUDA;
   const int64_t local_experts = cfg.num_experts / mesh.ep;
   compact_compute_ = has_compute_copy_ && precision == Precision::FP8;
-  const int64_t compute_numel = reg.total_numel() - (compact_compute_ ? fp8_quantized_numel(cfg, local_experts) : 0);
+  const std::vector<bool> held = held_layers(cfg, reg);  // a pipeline stage's layers
+  const int64_t compute_numel =
+      reg.total_numel() - (compact_compute_ ? fp8_quantized_numel(cfg, local_experts, held) : 0);
   if (has_compute_copy_) compute_ = arena.reserve("compute_weights", DType::BF16, {compute_numel});
   optimizer_ = std::make_unique<DistributedAdamW>(reg, mesh, arena, moment_dtype, reduce.bucket_bytes, reduce.overlap);
-  if (precision == Precision::FP8) fp8_ = std::make_unique<Fp8WeightCache>(cfg, local_experts, arena);
+  if (precision == Precision::FP8) fp8_ = std::make_unique<Fp8WeightCache>(cfg, local_experts, arena, held);
   buckets_completed_by_block_.assign(static_cast<size_t>(cfg.num_hidden_layers) + 2, {});
   if (optimizer_->overlaps_reduction()) plan_bucket_starts();
 }

@@ -738,8 +738,6 @@ void Config::validate(int64_t dp) const {
   if (par.pp > 1) {
     MOE_CHECK(par.mode == "ddp", "parallel.pp = ", par.pp, " is built for parallel.mode = \"ddp\", not \"",
               par.mode, "\"; use parallel.mode = \"ddp\" or parallel.pp = 1");
-    MOE_CHECK(t.precision != Precision::FP8, "parallel.pp = ", par.pp, " with train.precision = \"fp8\" is not "
-              "built (the FP8 weight caches hold the whole model); use train.precision = \"bf16\" or parallel.pp = 1");
     // The executor follows its op list on the host (which chunk, which activation set, which
     // message): a captured step would have to be one graph per rank, built from that list (not built).
     MOE_CHECK(!t.cuda_graph, "parallel.pp = ", par.pp, " runs its schedule eagerly; set train.cuda_graph = false or "
