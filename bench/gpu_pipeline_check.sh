@@ -12,7 +12,8 @@
 #      (train.eval_every = 4: evaluation through the stages) against pp = 1's;
 #   3. a failing stage: pp = 2 on GPUs with rank 1 failing in step 2 (MOE_TEST_FAIL_ON_RANK) must
 #      end the job with that rank's error and a non-zero exit within RUN_LIMIT_S, not hang in NCCL.
-# PARTS (default "tests train fail") picks which of the three run.
+# PARTS (default "tests train fail") picks which of the three run; PRECISION (bf16, the default, or
+# fp8) the runs' train.precision in 2 and 3.
 set -uo pipefail
 . bench/device_mpi_env.sh
 out=${OUT:-/tmp}
@@ -44,7 +45,8 @@ launch() {  # launch NP CMD...: CMD on NP ranks, each with its own NCCL host id 
   fi
 }
 common=(--config configs/bench-olmoe-4l.toml --steps "$steps" --set train.micro_batch_size=2
-        --set run.device='"cuda"' --set train.log_every=1 --set train.eval_every=4 --set train.eval_batches=2)
+        --set run.device='"cuda"' --set train.log_every=1 --set train.eval_every=4 --set train.eval_batches=2
+        --set train.precision="\"${PRECISION:-bf16}\"")
 run() {  # run NAME NP [--set ...]
   local name="$1" np="$2"; shift 2
   rm -rf "/tmp/pp-$name" "$out/pp_$name.metrics.jsonl"  # a run that writes none is not compared with an old file
