@@ -6,7 +6,7 @@
 // reduced during the last microbatch's backward passes), given stage sizes (each
 // stage then holds exactly the layers the sizes give it), and the interleaved schedule with pp = 2
 // and 2 chunks per rank, and in FP8. A checkpoint saved under
-// pp = 2 x ep = 2 resumes under pp = 1 and pp = 4 with the uninterrupted run's losses.
+// pp = 2 x ep = 2 resumes under pp = 1 and pp = 4 with the uninterrupted run's losses, in BF16 and FP8.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -224,29 +224,43 @@ TEST_F(Pipeline, HeldOutLossThroughTheStagesMatchesOneProcess) {
   }
 }
 
-TEST_F(Pipeline, CheckpointSavedUnderTwoStagesTimesEp2ResumesUnderOneAndFourStages) {
-  auto with = [&](const std::string& dir, std::vector<std::string> extra) {
-    std::vector<std::string> o = base_overrides(dir);
+// Saves under pp = 2 x ep = 2 after step 3 and resumes under pp = 4, pp = 1 x ep = 2 and one
+// process: each resumed run's last 3 losses are the uninterrupted run's. `both`: settings of every
+// run (FP8: the caches are not saved, each topology derives its stages' caches from the loaded
+// weights).
+void expect_resumes_under_other_topologies(Communicator& world, const std::string& dir,
+                                           const std::vector<std::string>& both) {
+  auto with = [&](const std::string& run_dir, std::vector<std::string> extra) {
+    std::vector<std::string> o = base_overrides(run_dir);
     o.push_back("train.steps=6");
+    o.insert(o.end(), both.begin(), both.end());
     o.insert(o.end(), extra.begin(), extra.end());
     return o;
   };
-  const std::vector<double> full = losses(*world_, with(dir_ + "/full", {}), "", false);
+  const std::vector<double> full = losses(world, with(dir + "/full", {}), "", false);
   ASSERT_EQ(full.size(), 6u);
-  const std::string saved = dir_ + "/saved";
-  losses(*world_, with(saved, {"parallel.pp=2", "parallel.ep=2", "train.save_every=3"}), "", true);
+  const std::string saved = dir + "/saved";
+  losses(world, with(saved, {"parallel.pp=2", "parallel.ep=2", "train.save_every=3"}), "", true);
   const std::string ckpt = saved + "/step-000003";
   ASSERT_TRUE(std::filesystem::exists(ckpt + "/index.json"));
   auto expect_tail = [&](const std::vector<double>& tail, const std::string& label) {
     ASSERT_EQ(tail.size(), 3u) << label;
-    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(tail[i], full[3 + i], kLossTol * full[3 + i]) << label << ", step " << 4 + i;
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(tail[i], full[3 + i], kLossTol * full[3 + i]) << label << ", step " << 4 + i;
   };
-  expect_tail(losses(*world_, with(saved, {"parallel.pp=4"}), ckpt, false), "pp=4");
-  expect_tail(losses(*world_, with(saved, {"parallel.pp=1", "parallel.ep=2"}), ckpt, false), "pp=1 x ep=2");
-  if (world_->rank() == 0) {
+  expect_tail(losses(world, with(saved, {"parallel.pp=4"}), ckpt, false), "pp=4");
+  expect_tail(losses(world, with(saved, {"parallel.pp=1", "parallel.ep=2"}), ckpt, false), "pp=1 x ep=2");
+  if (world.rank() == 0) {
     LocalCommunicator one;
     expect_tail(losses(one, with(saved, {}), ckpt, false), "pp=1, one process");
   }
+}
+
+TEST_F(Pipeline, CheckpointSavedUnderTwoStagesTimesEp2ResumesUnderOneAndFourStages) {
+  expect_resumes_under_other_topologies(*world_, dir_, {});
+}
+TEST_F(Pipeline, Fp8CheckpointSavedUnderTwoStagesTimesEp2ResumesUnderOneAndFourStages) {
+  expect_resumes_under_other_topologies(*world_, dir_, {"train.precision=\"fp8\""});
 }
 
 }  // namespace
