@@ -164,6 +164,32 @@ TEST_F(MemoryPlan, Fp8PipelineStagesCacheTheirOwnLayers) {
   EXPECT_EQ(first + last, whole);
 }
 
+// On the GPU each FP8 stage also keeps a BF16 copy of its own unquantized tensors only: stage s
+// (layers given as [2, 2]) plans two bytes per element of the tensors the stage's registry holds
+// outside the projections above its CPU plan (the same caches, no copy).
+TEST_F(MemoryPlan, Fp8PipelineStagesOnTheGpuKeepBf16CopiesOfTheirOwnUnquantizedTensors) {
+#if !MOE_HAVE_CUDA
+  GTEST_SKIP() << "GPU plans need a build with the CUDA backend (no GPU needed)";
+#endif
+  std::vector<std::string> o = base(2);
+  o.insert(o.end(),
+           {"train.precision=\"fp8\"", "model.num_hidden_layers=4", "parallel.pp=2", "parallel.pp_layers=[2,2]"});
+  const Config cfg = load_config("tiny", o);
+  const int64_t L = cfg.model.num_hidden_layers;
+  ASSERT_EQ(L, 4);
+  for (int stage = 0; stage < 2; ++stage) {
+    std::vector<bool> held(static_cast<size_t>(L + 2), false);  // blocks: embedding, layers, final norm + LM head
+    for (int64_t l = 2 * stage; l < 2 * stage + 2; ++l) held[static_cast<size_t>(l + 1)] = true;
+    held[stage == 0 ? 0 : static_cast<size_t>(L + 1)] = true;
+    const ParamRegistry reg = build_registry(cfg.model, 0, cfg.model.num_experts, ParamLayout::ByReplicaGroup, held);
+    int64_t unquantized = 0;
+    for (const ParamEntry& e : reg.entries())
+      if (e.name.find("_proj") == std::string::npos) unquantized += e.numel();
+    const MemoryRoles gpu = plan_rank(cfg, 2, stage, Device::CUDA), cpu = plan_rank(cfg, 2, stage, Device::CPU);
+    EXPECT_EQ(gpu.compute_weights - cpu.compute_weights, static_cast<size_t>(2 * unquantized)) << "stage " << stage;
+  }
+}
+
 // The largest rank of a pipeline is whichever stage holds the most: 1F1B keeps the most
 // microbatches in flight on the first stage, but a middle stage may hold more layers (here 5 of
 // the 8). plan_largest_rank, which fit_options and the topology search rely on, plans every stage

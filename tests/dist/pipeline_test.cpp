@@ -166,17 +166,26 @@ TEST_F(Pipeline, RecomputedBlocksInFlightMatchOneProcess) {
 }
 
 // FP8 (emulated on CPU ranks): each stage keeps the FP8 caches of its own layers only, refreshed
-// by its optimizer; the stages compute what one process computes in FP8 (the same quantized
-// operands: the caches come from the same weights, the activations from the same values), within
-// the FP32 tolerances above. Also with the experts split (payload fp8 moves FP8 rows) and with
-// two chunks per rank (a stage's layers are not contiguous).
+// by its optimizer (in the update with one rank per stage, after the ZeRO-1 gather with two); the
+// stages compute what one process computes in FP8 (the same quantized operands: the caches come
+// from the same weights, the activations from the same values), within the FP32 tolerances above.
+// Under pp = 2 and 4, pp = 2 x dp = 2 with the overlapped reduction, pp = 2 x ep = 2 with payload
+// fp8, two chunks per rank (a stage's layers are not contiguous), recomputed blocks, and a model
+// with a dense first layer and shared experts (their MLP caches on the stages).
 TEST_F(Pipeline, Fp8StagesMatchOneProcessInFp8) {
   const std::vector<std::string> fp8 = {"train.precision=\"fp8\""};
   EXPECT_NE(reference(fp8).losses, reference({}).losses) << "the FP8 reference computed the BF16 run's losses";
   expect_matches(2, {"parallel.pp=2"}, {}, false, fp8);
+  expect_matches(4, {"parallel.pp=4"}, {}, false, fp8);
+  expect_matches(4, {"parallel.pp=2", "parallel.ep=1", "parallel.grad_bucket_bytes=4096"}, {}, /*overlaps=*/true, fp8);
   expect_matches(4, {"parallel.pp=2", "parallel.ep=2", "ep.payload=\"fp8\""}, {}, false, fp8);
   expect_matches(2, {"parallel.pp=2", "parallel.pp_schedule=\"interleaved\"", "parallel.pp_virtual=2"}, {}, false,
                  fp8);
+  expect_matches(2, {"parallel.pp=2", "train.recompute=\"block\""}, {}, false, fp8);
+  std::vector<std::string> mixed = fp8;
+  mixed.insert(mixed.end(), {"model.first_k_dense_replace=1", "model.dense_intermediate_size=32",
+                             "model.shared_expert_intermediate_size=16"});
+  expect_matches(2, {"parallel.pp=2", "parallel.pp_layers=[2,2]"}, {{0, 1}, {2, 3}}, false, mixed);
 }
 
 std::vector<double> losses(Communicator& world, std::vector<std::string> o, const std::string& resume, bool write) {

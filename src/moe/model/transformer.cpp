@@ -240,7 +240,11 @@ const Fp8LayerWeights& Transformer::fp8_layer(int64_t l) const {
   static const Fp8LayerWeights bf16;  // empty caches: every product in the activation dtype
   if (precision_ != Precision::FP8) return bf16;
   MOE_CHECK(fp8_ != nullptr, "Transformer: precision fp8 without an FP8 weight cache (set_fp8_weights)");
-  return fp8_->layer(l);
+  // Every layer has q_proj: an empty cache here is a layer the cache was not built for (another
+  // pipeline stage's), which would otherwise run its products in BF16 without a word.
+  const Fp8LayerWeights& w = fp8_->layer(l);
+  MOE_CHECK(!w.q_proj.empty(), "Transformer: layer ", l, " has no FP8 weight cache (a layer this rank does not hold)");
+  return w;
 }
 
 void Transformer::reserve(Tensor& t, const std::string& name, DType dtype, Shape shape) {

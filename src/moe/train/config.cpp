@@ -732,8 +732,6 @@ void Config::validate(int64_t dp) const {
   MOE_CHECK(parallel.mode != "fsdp" || parallel.ep == 1,
             "parallel.mode = \"fsdp\" holds every expert on every rank (no expert parallelism); set parallel.ep = 1");
   MOE_CHECK(!t.cuda_graph || run.device != "cpu", "train.cuda_graph = true needs the GPU, but run.device = \"cpu\"");
-  // FSDP holds a block's weights only between its gather and its release: an FP8 cache per step
-  // would have to be gathered with them (not built).
   const ParallelConfig& par = parallel;
   if (par.pp > 1) {
     MOE_CHECK(par.mode == "ddp", "parallel.pp = ", par.pp, " is built for parallel.mode = \"ddp\", not \"",
@@ -751,6 +749,8 @@ void Config::validate(int64_t dp) const {
   // Given chunk sizes must match the chunk count and the layers: refused here, before any rank starts.
   if (!par.pp_layers.empty())
     plan_pipeline_layout(model, t.seq_len, static_cast<int>(par.pp), static_cast<int>(par.pp_virtual), par.pp_layers);
+  // FSDP holds a block's weights only between its gather and its release: an FP8 cache per step
+  // would have to be gathered with them (not built).
   MOE_CHECK(t.precision != Precision::FP8 || parallel.mode != "fsdp",
             "train.precision = \"fp8\" is built for parallel.mode = \"ddp\" (resident weights with their FP8 "
             "caches), not for \"fsdp\"; use parallel.mode = \"ddp\" or train.precision = \"bf16\"");
