@@ -85,6 +85,16 @@ void print_summary(const moe::TrainSummary& s, bool bench) {
                                                        " steps after the first";
   std::printf("  throughput: %s tokens/s, MFU %.2f%% per device, %.3f s/step (%s)\n",
               moe::format_count(s.mean_tokens_per_s).c_str(), 100 * s.mean_mfu, s.mean_step_time_s, timed.c_str());
+  if (bench && s.timed_steps > 1 && !s.first_step_timed) {
+    // The spread says whether the mean is steady (a GPU at its power limit varies from step to step).
+    std::vector<double> ms;
+    for (size_t i = 1; i < s.steps.size(); ++i) ms.push_back(1e3 * s.steps[i].step_time_s);
+    std::sort(ms.begin(), ms.end());
+    const size_t n = ms.size();
+    const double median = n % 2 == 1 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+    std::printf("  step time over those steps: min %.1f ms, median %.1f ms, max %.1f ms\n", ms.front(), median,
+                ms.back());
+  }
   std::printf("  memory: arena %s, peak resident (host) %s", moe::format_bytes(static_cast<double>(s.arena_bytes)).c_str(),
               moe::format_bytes(static_cast<double>(s.peak_rss_bytes)).c_str());
   if (s.device == moe::Device::CUDA)
@@ -424,6 +434,8 @@ int main(int argc, char** argv) {
       opts.bench = true;
       moe::KernelProfiler profiler;
       opts.profiler = &profiler;  // used on the GPU only
+      moe::PowerMonitor power;
+      opts.power = &power;  // used on the GPU only
       moe::Trainer trainer(cfg, opts, world);
       if (bench_check) {
         // The fast kernels must give the plain reference kernels' loss on the same batch (BF16
@@ -466,6 +478,14 @@ int main(int argc, char** argv) {
             split = moe::split_step(profiler.top(SIZE_MAX), timed, work, ceilings);
             std::printf("%s", moe::format_step_split(split, ceilings).c_str());
           }
+        }
+        if (s.power) {
+          const double tokens_per_gpu_step =
+              static_cast<double>(cfg.train.global_batch_size * cfg.train.seq_len) / world.size();
+          std::printf("%s", moe::format_power(*s.power, s.timed_steps, tokens_per_gpu_step,
+                                              world.size() > 1 ? "rank 0's GPU" : "the GPU").c_str());
+        } else if (s.device == moe::Device::CUDA && !power.available()) {
+          std::printf("  power: not recorded (%s)\n", power.why().c_str());
         }
         if (!bench_json.empty()) {
           moe::write_bench_report(bench_json, cfg, s, world.size(), split, ceilings);

@@ -56,6 +56,20 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
                     {"unit", r.unit},
                     {"ceiling", r.ceiling}});
   j["split"] = rows;
+  if (s.power) {  // rank 0's GPU over the timed steps
+    const PowerSummary& p = *s.power;
+    j["power"] = {{"energy_j_per_step", s.timed_steps > 0 ? p.energy_j / static_cast<double>(s.timed_steps) : 0.0},
+                  {"mean_w", p.mean_power_w()},
+                  {"limit_w", p.limit_w},
+                  {"sm_clock_mhz_mean", p.mean_sm_clock_mhz},
+                  {"sm_clock_mhz_max", p.max_sm_clock_mhz},
+                  {"samples", p.samples},
+                  {"power_capped_samples", p.power_capped},
+                  {"thermal_samples", p.thermal},
+                  {"hardware_slowdown_samples", p.hardware_slowdown}};
+  } else {
+    j["power"] = nullptr;
+  }
   return j.dump(2) + "\n";
 }
 

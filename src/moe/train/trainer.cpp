@@ -439,9 +439,12 @@ TrainSummary Trainer::run() {
   int64_t last_saved = start_step_;
   const bool profile = dev_ == Device::CUDA && opts_.profiler != nullptr && opts_.profiler->available() &&
                        t.steps - start_step_ > 1;
+  const bool watch_power = dev_ == Device::CUDA && opts_.power != nullptr && opts_.power->available() &&
+                           t.steps - start_step_ > 1;
   if (opts_.stop_on_signals) install_stop_handlers();
   for (int64_t step = start_step_; step < t.steps; ++step) {
     if (profile && step == start_step_ + 1) opts_.profiler->start();  // the first step builds plans: not timed
+    if (watch_power && step == start_step_ + 1) opts_.power->start();
     StepRecord r = train_step(step);
     summary.steps.push_back(r);
     if (step > start_step_) {
@@ -510,6 +513,11 @@ TrainSummary Trainer::run() {
     }
   }
   summary.last_step = summary.steps.empty() ? start_step_ : summary.steps.back().step;
+  if (watch_power && opts_.power->running()) {
+    device_synchronize();  // the window ends with its work (before the profiler's own flush)
+    opts_.power->stop();
+    summary.power = opts_.power->summary();
+  }
   if (profile && opts_.profiler->recording()) opts_.profiler->stop();
   MOE_CHECK(skipped_here == 0 || skipped_here < t.steps - start_step_, "every step of this run (", skipped_here,
             ") was skipped because its gradients were not finite: nothing was learned. Lower train.lr or tighten "

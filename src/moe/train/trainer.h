@@ -22,6 +22,7 @@
 #include "moe/comm/mesh.h"
 #include "moe/comm/timed_communicator.h"
 #include "moe/core/arena.h"
+#include "moe/core/gpu_power.h"
 #include "moe/core/kernel_profiler.h"
 #include "moe/core/pass_timer.h"
 #include "moe/core/side_stream.h"
@@ -57,6 +58,8 @@ struct TrainOptions {
   bool quiet = false;  // no progress lines (tests)
   // GPU runs: records kernel times from the second step run to the last (bench; not owned).
   KernelProfiler* profiler = nullptr;
+  // GPU runs: the GPU's energy, clock and its slowdown reasons over the same steps (bench; not owned).
+  PowerMonitor* power = nullptr;
 };
 
 struct TrainSummary {
@@ -77,6 +80,7 @@ struct TrainSummary {
   Device device = Device::CPU;
   size_t device_peak_bytes = 0;  // GPU: most device memory in use after a step (the process's high-water)
   size_t graph_nodes = 0;        // train.cuda_graph: nodes of the captured step
+  std::optional<PowerSummary> power;  // with TrainOptions::power: the steps after the first
 };
 
 struct EvalReport {
