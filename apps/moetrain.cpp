@@ -482,7 +482,7 @@ int main(int argc, char** argv) {
         if (s.power) {
           const double tokens_per_gpu_step =
               static_cast<double>(cfg.train.global_batch_size * cfg.train.seq_len) / world.size();
-          std::printf("%s", moe::format_power(*s.power, s.timed_steps, tokens_per_gpu_step,
+          std::printf("%s", moe::format_power(*s.power, s.mean_step_time_s, tokens_per_gpu_step,
                                               world.size() > 1 ? "rank 0's GPU" : "the GPU").c_str());
         } else if (s.device == moe::Device::CUDA && !power.available()) {
           std::printf("  power: not recorded (%s)\n", power.why().c_str());

@@ -14,35 +14,52 @@
 
 namespace moe {
 
-PowerSummary summarize_power(const std::vector<ClockSample>& samples, double seconds, double energy_j,
-                             double limit_w, double max_sm_clock_mhz) {
+EnergyWindow energy_window(const std::vector<EnergyReading>& readings, EnergyReading stop) {
+  EnergyWindow w;
+  if (readings.empty()) return w;
+  w.updates = static_cast<int64_t>(readings.size()) - 1;  // the first reading is the start's
+  const EnergyReading& first = w.updates >= 2 ? readings[1] : readings.front();
+  const EnergyReading& last = w.updates >= 2 ? readings.back() : stop;
+  w.seconds = last.time_s - first.time_s;
+  w.energy_j = last.energy_j - first.energy_j;
+  if (w.updates >= 2) w.updates -= 1;  // updates strictly after the window's first
+  return w;
+}
+
+PowerSummary summarize_power(const std::vector<ClockSample>& samples, const EnergyWindow& energy, double limit_w,
+                             double max_sm_clock_mhz) {
   PowerSummary s;
-  s.seconds = seconds;
-  s.energy_j = energy_j;
+  s.seconds = energy.seconds;
+  s.energy_j = energy.energy_j;
+  s.energy_updates = energy.updates;
   s.limit_w = limit_w;
   s.max_sm_clock_mhz = max_sm_clock_mhz;
   s.samples = static_cast<int64_t>(samples.size());
-  double clock_sum = 0;
+  double clock_sum = 0, power_sum = 0;
   for (const ClockSample& c : samples) {
     clock_sum += c.sm_clock_mhz;
+    power_sum += c.power_w;
     s.power_capped += (c.reasons & kClockReasonPowerCap) != 0 ? 1 : 0;
     s.thermal += (c.reasons & kClockReasonThermal) != 0 ? 1 : 0;
     s.hardware_slowdown += (c.reasons & kClockReasonHardwareSlowdown) != 0 ? 1 : 0;
   }
-  s.mean_sm_clock_mhz = samples.empty() ? 0 : clock_sum / static_cast<double>(samples.size());
+  const double n = static_cast<double>(samples.size());
+  s.mean_sm_clock_mhz = samples.empty() ? 0 : clock_sum / n;
+  s.mean_sampled_power_w = samples.empty() ? 0 : power_sum / n;
   return s;
 }
 
-std::string format_power(const PowerSummary& s, int64_t steps, double tokens_per_step, const std::string& gpu) {
-  const double per_step = steps > 0 ? s.energy_j / static_cast<double>(steps) : 0;
-  char line[512];
+std::string format_power(const PowerSummary& s, double step_s, double tokens_per_step, const std::string& gpu) {
+  const double per_step = s.mean_power_w() * step_s;
+  char line[640];
   std::snprintf(line, sizeof line,
-                "  power (%s, NVML): %.1f J per step (%.0f tokens/J), %.0f W mean against a %.0f W limit; SM clock "
-                "%.0f MHz mean of %.0f; held back by the power cap in %ld of %ld samples, thermal %ld, hardware "
-                "slowdown %ld\n",
-                gpu.c_str(), per_step, per_step > 0 ? tokens_per_step / per_step : 0.0, s.mean_power_w(), s.limit_w,
-                s.mean_sm_clock_mhz, s.max_sm_clock_mhz, static_cast<long>(s.power_capped),
-                static_cast<long>(s.samples), static_cast<long>(s.thermal), static_cast<long>(s.hardware_slowdown));
+                "  power (%s, NVML): %.1f J per step (%.0f tokens/J), %.0f W mean (energy counter; the driver's "
+                "averaged reading %.0f W) against a %.0f W limit; SM clock %.0f MHz mean of %.0f; held back by the "
+                "power cap in %ld of %ld samples, thermal %ld, hardware slowdown %ld\n",
+                gpu.c_str(), per_step, per_step > 0 ? tokens_per_step / per_step : 0.0, s.mean_power_w(),
+                s.mean_sampled_power_w, s.limit_w, s.mean_sm_clock_mhz, s.max_sm_clock_mhz,
+                static_cast<long>(s.power_capped), static_cast<long>(s.samples), static_cast<long>(s.thermal),
+                static_cast<long>(s.hardware_slowdown));
   return line;
 }
 
@@ -73,6 +90,7 @@ struct NvmlApi {
   NvmlReturn (*handle_by_pci_bus_id)(const char*, NvmlDevice*) = nullptr;
   NvmlReturn (*total_energy)(NvmlDevice, unsigned long long*) = nullptr;  // mJ since the driver loaded
   NvmlReturn (*enforced_power_limit)(NvmlDevice, unsigned int*) = nullptr;  // mW
+  NvmlReturn (*power_usage)(NvmlDevice, unsigned int*) = nullptr;           // mW
   NvmlReturn (*clock_info)(NvmlDevice, int, unsigned int*) = nullptr;      // MHz
   NvmlReturn (*max_clock_info)(NvmlDevice, int, unsigned int*) = nullptr;  // MHz
   NvmlReturn (*clock_reasons)(NvmlDevice, unsigned long long*) = nullptr;
@@ -100,6 +118,7 @@ NvmlApi load_nvml() {
                    resolve(handle, "nvmlDeviceGetHandleByPciBusId_v2", &api.handle_by_pci_bus_id, &api) &&
                    resolve(handle, "nvmlDeviceGetTotalEnergyConsumption", &api.total_energy, &api) &&
                    resolve(handle, "nvmlDeviceGetEnforcedPowerLimit", &api.enforced_power_limit, &api) &&
+                   resolve(handle, "nvmlDeviceGetPowerUsage", &api.power_usage, &api) &&
                    resolve(handle, "nvmlDeviceGetClockInfo", &api.clock_info, &api) &&
                    resolve(handle, "nvmlDeviceGetMaxClockInfo", &api.max_clock_info, &api) &&
                    (resolve(handle, "nvmlDeviceGetCurrentClocksEventReasons", &api.clock_reasons, &api) ||
@@ -146,12 +165,13 @@ PowerMonitor::PowerMonitor(double interval_s) : interval_s_(interval_s) {
     return;
   }
   unsigned long long energy = 0, reasons = 0;
-  unsigned int clock = 0;
+  unsigned int clock = 0, power = 0;
   // Every reading the window needs, tried once here: a GPU that lacks one is reported, not half-measured.
   for (const auto& [rc, call] : {std::pair{api.enforced_power_limit(handle, &limit_mw), "nvmlDeviceGetEnforcedPowerLimit"},
                                  std::pair{api.max_clock_info(handle, kNvmlClockSm, &max_mhz), "nvmlDeviceGetMaxClockInfo"},
                                  std::pair{api.total_energy(handle, &energy), "nvmlDeviceGetTotalEnergyConsumption"},
                                  std::pair{api.clock_info(handle, kNvmlClockSm, &clock), "nvmlDeviceGetClockInfo"},
+                                 std::pair{api.power_usage(handle, &power), "nvmlDeviceGetPowerUsage"},
                                  std::pair{api.clock_reasons(handle, &reasons), "nvmlDeviceGetCurrentClocksEventReasons"}}) {
     if (rc != kNvmlSuccess) {
       why_ = std::string(call) + " is not supported on the GPU at " + bus_id + ": " + api.error_string(rc);
@@ -180,13 +200,9 @@ PowerMonitor::~PowerMonitor() {
 void PowerMonitor::start() {
   MOE_CHECK(available_, "PowerMonitor::start: GPU power readings are not available: ", why_);
   MOE_CHECK(!running_, "PowerMonitor::start: already running");
-#if defined(MOE_HAVE_CUDA)
-  unsigned long long energy = 0;
-  check_nvml(nvml().total_energy(device_, &energy), "nvmlDeviceGetTotalEnergyConsumption");
-  energy_start_mj_ = energy;
-#endif
-  start_s_ = now_s();
   samples_.clear();
+  energy_.clear();
+  energy_.push_back(read_energy());
   stop_ = false;
   running_ = true;
   sampler_ = std::thread([this] { sample_loop(); });
@@ -201,26 +217,35 @@ void PowerMonitor::stop() {
   wake_.notify_all();
   sampler_.join();
   running_ = false;
-  const double seconds = now_s() - start_s_;
-  double energy_j = 0;
+  summary_ = summarize_power(samples_, energy_window(energy_, read_energy()), limit_w_, max_sm_clock_mhz_);
+}
+
+EnergyReading PowerMonitor::read_energy() const {
+  EnergyReading r;
+  r.time_s = now_s();
 #if defined(MOE_HAVE_CUDA)
-  unsigned long long energy = 0;
-  check_nvml(nvml().total_energy(device_, &energy), "nvmlDeviceGetTotalEnergyConsumption");
-  energy_j = static_cast<double>(energy - energy_start_mj_) / 1000.0;
+  unsigned long long mj = 0;
+  check_nvml(nvml().total_energy(static_cast<NvmlDevice>(device_), &mj), "nvmlDeviceGetTotalEnergyConsumption");
+  r.energy_j = static_cast<double>(mj) / 1000.0;
 #endif
-  summary_ = summarize_power(samples_, seconds, energy_j, limit_w_, max_sm_clock_mhz_);
+  return r;
 }
 
 void PowerMonitor::sample_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
 #if defined(MOE_HAVE_CUDA)
-    unsigned int clock = 0;
-    unsigned long long reasons = 0;
-    // A reading that fails mid-run (rare: the GPU was checked at construction) is skipped, not guessed.
-    if (nvml().clock_info(device_, kNvmlClockSm, &clock) == kNvmlSuccess &&
-        nvml().clock_reasons(device_, &reasons) == kNvmlSuccess)
-      samples_.push_back({static_cast<double>(clock), static_cast<uint64_t>(reasons)});
+    const NvmlDevice device = static_cast<NvmlDevice>(device_);
+    unsigned int clock = 0, power = 0;
+    unsigned long long reasons = 0, mj = 0;
+    // A reading that fails mid-run (rare: each was tried at construction) is skipped, not guessed.
+    if (nvml().clock_info(device, kNvmlClockSm, &clock) == kNvmlSuccess &&
+        nvml().clock_reasons(device, &reasons) == kNvmlSuccess && nvml().power_usage(device, &power) == kNvmlSuccess)
+      samples_.push_back({static_cast<double>(clock), static_cast<uint64_t>(reasons), power / 1000.0});
+    const double before = now_s();
+    const bool read = nvml().total_energy(device, &mj) == kNvmlSuccess;
+    const double t = 0.5 * (before + now_s());  // the reading's time: the middle of the call
+    if (read && static_cast<double>(mj) / 1000.0 > energy_.back().energy_j) energy_.push_back({t, mj / 1000.0});
 #endif
     wake_.wait_for(lock, std::chrono::duration<double>(interval_s_), [this] { return stop_; });
   }

@@ -6,8 +6,14 @@
 //
 // Readings come from NVML (the driver's management library), loaded at run time with dlopen, so
 // the binary needs no NVML to link or to run: where it is missing, available() is false and why()
-// says what was tried. The energy is NVML's cumulative counter (exact over the window); the clock
-// and the reasons it is held below its maximum are sampled every `interval` on a thread of their own.
+// says what was tried. A thread of its own polls every `interval`: the SM clock, the reasons it is
+// held below its maximum, NVML's (averaged) power reading, and the cumulative energy counter.
+//
+// NOTES: the energy counter advances in steps (on the H200 the window's mean power from a plain
+// start/stop difference moved by +-4% between equal runs of 1.4 s), so the window's energy and
+// time are taken between the first and the last moment the counter was seen to advance
+// (energy_window): the energy between two updates is exact, and their times are known to within
+// one poll.
 #pragma once
 
 #include <condition_variable>
@@ -27,11 +33,30 @@ constexpr uint64_t kClockReasonHardwareSlowdown = 0x8 | 0x80;    // hardware slo
 struct ClockSample {
   double sm_clock_mhz = 0;
   uint64_t reasons = 0;  // nvmlClocksEventReason* bits
+  double power_w = 0;    // NVML's power reading (averaged by the driver; the limit applies to it)
 };
 
+// The energy counter as polled: the first reading at or after each update.
+struct EnergyReading {
+  double time_s = 0;
+  double energy_j = 0;
+};
+
+struct EnergyWindow {
+  double seconds = 0, energy_j = 0;
+  int64_t updates = 0;  // counter updates inside the window
+};
+
+// Energy and time between the first and last polled readings where the counter had just advanced
+// (`readings` in time order, the first being the window's start). With fewer than two updates,
+// the whole span from the first reading to `stop` (time, energy).
+EnergyWindow energy_window(const std::vector<EnergyReading>& readings, EnergyReading stop);
+
 struct PowerSummary {
-  double seconds = 0;          // the window's wall time
-  double energy_j = 0;         // GPU energy over the window (NVML's counter)
+  double seconds = 0;          // the energy window's time (energy_window)
+  double energy_j = 0;         // GPU energy over it (NVML's counter)
+  int64_t energy_updates = 0;  // counter updates it spans
+  double mean_sampled_power_w = 0;  // NVML's averaged power reading, mean over the samples
   double limit_w = 0;          // the enforced power limit
   double max_sm_clock_mhz = 0;
   double mean_sm_clock_mhz = 0;  // over the samples
@@ -42,18 +67,18 @@ struct PowerSummary {
   double mean_power_w() const { return seconds > 0 ? energy_j / seconds : 0; }
 };
 
-PowerSummary summarize_power(const std::vector<ClockSample>& samples, double seconds, double energy_j,
-                             double limit_w, double max_sm_clock_mhz);
+PowerSummary summarize_power(const std::vector<ClockSample>& samples, const EnergyWindow& energy, double limit_w,
+                             double max_sm_clock_mhz);
 
-// One line for `bench`: energy per step and per token, mean power against the limit, the SM
-// clock against its maximum, and how many samples each slowdown reason held back. `gpu` names
-// whose GPU it is ("the GPU", "rank 0's GPU").
-std::string format_power(const PowerSummary& s, int64_t steps, double tokens_per_step, const std::string& gpu);
+// One line for `bench`: energy per step (the mean power times the mean step time) and per token,
+// the mean power against the limit, the SM clock against its maximum, and how many samples each
+// slowdown reason held back. `gpu` names whose GPU it is ("the GPU", "rank 0's GPU").
+std::string format_power(const PowerSummary& s, double step_s, double tokens_per_step, const std::string& gpu);
 
 class PowerMonitor {
  public:
   // Loads NVML and finds the current CUDA device; does not start sampling.
-  explicit PowerMonitor(double interval_s = 0.02);
+  explicit PowerMonitor(double interval_s = 0.005);
   ~PowerMonitor();  // stops sampling if started
   PowerMonitor(const PowerMonitor&) = delete;
   PowerMonitor& operator=(const PowerMonitor&) = delete;
@@ -73,6 +98,7 @@ class PowerMonitor {
 
  private:
   void sample_loop();
+  EnergyReading read_energy() const;  // the counter now (zero energy without the CUDA backend)
 
   double interval_s_;
   bool available_ = false;
@@ -80,13 +106,12 @@ class PowerMonitor {
   std::string why_;
   void* device_ = nullptr;  // nvmlDevice_t
   double limit_w_ = 0, max_sm_clock_mhz_ = 0;
-  uint64_t energy_start_mj_ = 0;
-  double start_s_ = 0;
   std::thread sampler_;
   std::mutex mutex_;  // guards samples_ and stop_
   std::condition_variable wake_;  // stop() wakes the sampler at once
   bool stop_ = false;
   std::vector<ClockSample> samples_;
+  std::vector<EnergyReading> energy_;  // the start's reading, then one per counter update
   PowerSummary summary_;
 };
 

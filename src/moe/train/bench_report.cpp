@@ -58,8 +58,11 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
   j["split"] = rows;
   if (s.power) {  // rank 0's GPU over the timed steps
     const PowerSummary& p = *s.power;
-    j["power"] = {{"energy_j_per_step", s.timed_steps > 0 ? p.energy_j / static_cast<double>(s.timed_steps) : 0.0},
+    j["power"] = {{"energy_j_per_step", p.mean_power_w() * s.mean_step_time_s},
                   {"mean_w", p.mean_power_w()},
+                  {"mean_sampled_w", p.mean_sampled_power_w},
+                  {"energy_window_s", p.seconds},
+                  {"energy_updates", p.energy_updates},
                   {"limit_w", p.limit_w},
                   {"sm_clock_mhz_mean", p.mean_sm_clock_mhz},
                   {"sm_clock_mhz_max", p.max_sm_clock_mhz},
