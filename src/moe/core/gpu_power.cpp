@@ -35,17 +35,14 @@ PowerSummary summarize_power(const std::vector<ClockSample>& samples, const Ener
   s.limit_w = limit_w;
   s.max_sm_clock_mhz = max_sm_clock_mhz;
   s.samples = static_cast<int64_t>(samples.size());
-  double clock_sum = 0, power_sum = 0;
+  double clock_sum = 0;
   for (const ClockSample& c : samples) {
     clock_sum += c.sm_clock_mhz;
-    power_sum += c.power_w;
     s.power_capped += (c.reasons & kClockReasonPowerCap) != 0 ? 1 : 0;
     s.thermal += (c.reasons & kClockReasonThermal) != 0 ? 1 : 0;
     s.hardware_slowdown += (c.reasons & kClockReasonHardwareSlowdown) != 0 ? 1 : 0;
   }
-  const double n = static_cast<double>(samples.size());
-  s.mean_sm_clock_mhz = samples.empty() ? 0 : clock_sum / n;
-  s.mean_sampled_power_w = samples.empty() ? 0 : power_sum / n;
+  s.mean_sm_clock_mhz = samples.empty() ? 0 : clock_sum / static_cast<double>(samples.size());
   return s;
 }
 
@@ -53,11 +50,9 @@ std::string format_power(const PowerSummary& s, double step_s, double tokens_per
   const double per_step = s.mean_power_w() * step_s;
   char line[640];
   std::snprintf(line, sizeof line,
-                "  power (%s, NVML): %.1f J per step (%.0f tokens/J), %.0f W mean (energy counter; the driver's "
-                "averaged reading %.0f W) against a %.0f W limit; SM clock %.0f MHz mean of %.0f; held back by the "
+                "  power (%s, NVML): %.1f J per step (%.0f tokens/J), %.0f W mean against a %.0f W limit; SM clock %.0f MHz mean of %.0f; held back by the "
                 "power cap in %ld of %ld samples, thermal %ld, hardware slowdown %ld\n",
-                gpu.c_str(), per_step, per_step > 0 ? tokens_per_step / per_step : 0.0, s.mean_power_w(),
-                s.mean_sampled_power_w, s.limit_w, s.mean_sm_clock_mhz, s.max_sm_clock_mhz,
+                gpu.c_str(), per_step, per_step > 0 ? tokens_per_step / per_step : 0.0, s.mean_power_w(), s.limit_w, s.mean_sm_clock_mhz, s.max_sm_clock_mhz,
                 static_cast<long>(s.power_capped), static_cast<long>(s.samples), static_cast<long>(s.thermal),
                 static_cast<long>(s.hardware_slowdown));
   return line;
@@ -90,7 +85,6 @@ struct NvmlApi {
   NvmlReturn (*handle_by_pci_bus_id)(const char*, NvmlDevice*) = nullptr;
   NvmlReturn (*total_energy)(NvmlDevice, unsigned long long*) = nullptr;  // mJ since the driver loaded
   NvmlReturn (*enforced_power_limit)(NvmlDevice, unsigned int*) = nullptr;  // mW
-  NvmlReturn (*power_usage)(NvmlDevice, unsigned int*) = nullptr;           // mW
   NvmlReturn (*clock_info)(NvmlDevice, int, unsigned int*) = nullptr;      // MHz
   NvmlReturn (*max_clock_info)(NvmlDevice, int, unsigned int*) = nullptr;  // MHz
   NvmlReturn (*clock_reasons)(NvmlDevice, unsigned long long*) = nullptr;
@@ -118,7 +112,6 @@ NvmlApi load_nvml() {
                    resolve(handle, "nvmlDeviceGetHandleByPciBusId_v2", &api.handle_by_pci_bus_id, &api) &&
                    resolve(handle, "nvmlDeviceGetTotalEnergyConsumption", &api.total_energy, &api) &&
                    resolve(handle, "nvmlDeviceGetEnforcedPowerLimit", &api.enforced_power_limit, &api) &&
-                   resolve(handle, "nvmlDeviceGetPowerUsage", &api.power_usage, &api) &&
                    resolve(handle, "nvmlDeviceGetClockInfo", &api.clock_info, &api) &&
                    resolve(handle, "nvmlDeviceGetMaxClockInfo", &api.max_clock_info, &api) &&
                    (resolve(handle, "nvmlDeviceGetCurrentClocksEventReasons", &api.clock_reasons, &api) ||
@@ -165,13 +158,12 @@ PowerMonitor::PowerMonitor(double interval_s) : interval_s_(interval_s) {
     return;
   }
   unsigned long long energy = 0, reasons = 0;
-  unsigned int clock = 0, power = 0;
+  unsigned int clock = 0;
   // Every reading the window needs, tried once here: a GPU that lacks one is reported, not half-measured.
   for (const auto& [rc, call] : {std::pair{api.enforced_power_limit(handle, &limit_mw), "nvmlDeviceGetEnforcedPowerLimit"},
                                  std::pair{api.max_clock_info(handle, kNvmlClockSm, &max_mhz), "nvmlDeviceGetMaxClockInfo"},
                                  std::pair{api.total_energy(handle, &energy), "nvmlDeviceGetTotalEnergyConsumption"},
                                  std::pair{api.clock_info(handle, kNvmlClockSm, &clock), "nvmlDeviceGetClockInfo"},
-                                 std::pair{api.power_usage(handle, &power), "nvmlDeviceGetPowerUsage"},
                                  std::pair{api.clock_reasons(handle, &reasons), "nvmlDeviceGetCurrentClocksEventReasons"}}) {
     if (rc != kNvmlSuccess) {
       why_ = std::string(call) + " is not supported on the GPU at " + bus_id + ": " + api.error_string(rc);
@@ -236,12 +228,12 @@ void PowerMonitor::sample_loop() {
   while (!stop_) {
 #if defined(MOE_HAVE_CUDA)
     const NvmlDevice device = static_cast<NvmlDevice>(device_);
-    unsigned int clock = 0, power = 0;
+    unsigned int clock = 0;
     unsigned long long reasons = 0, mj = 0;
     // A reading that fails mid-run (rare: each was tried at construction) is skipped, not guessed.
     if (nvml().clock_info(device, kNvmlClockSm, &clock) == kNvmlSuccess &&
-        nvml().clock_reasons(device, &reasons) == kNvmlSuccess && nvml().power_usage(device, &power) == kNvmlSuccess)
-      samples_.push_back({static_cast<double>(clock), static_cast<uint64_t>(reasons), power / 1000.0});
+        nvml().clock_reasons(device, &reasons) == kNvmlSuccess)
+      samples_.push_back({static_cast<double>(clock), static_cast<uint64_t>(reasons)});
     const double before = now_s();
     const bool read = nvml().total_energy(device, &mj) == kNvmlSuccess;
     const double t = 0.5 * (before + now_s());  // the reading's time: the middle of the call

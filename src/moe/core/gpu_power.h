@@ -7,13 +7,15 @@
 // Readings come from NVML (the driver's management library), loaded at run time with dlopen, so
 // the binary needs no NVML to link or to run: where it is missing, available() is false and why()
 // says what was tried. A thread of its own polls every `interval`: the SM clock, the reasons it is
-// held below its maximum, NVML's (averaged) power reading, and the cumulative energy counter.
+// held below its maximum, and the cumulative energy counter. NVML's power reading (what nvidia-smi
+// shows) is not used: it is averaged by the driver over about a second and lags the steps (on the
+// H200 its mean over a 1.7 s window read 540-590 W where the energy counter gave 687-705 W).
 //
 // NOTES: the energy counter advances in steps (on the H200 the window's mean power from a plain
 // start/stop difference moved by +-4% between equal runs of 1.4 s), so the window's energy and
 // time are taken between the first and the last moment the counter was seen to advance
 // (energy_window): the energy between two updates is exact, and their times are known to within
-// one poll.
+// one poll (on the H200 it advanced every ~100 ms: 17 updates in 1.7 s).
 #pragma once
 
 #include <condition_variable>
@@ -33,7 +35,6 @@ constexpr uint64_t kClockReasonHardwareSlowdown = 0x8 | 0x80;    // hardware slo
 struct ClockSample {
   double sm_clock_mhz = 0;
   uint64_t reasons = 0;  // nvmlClocksEventReason* bits
-  double power_w = 0;    // NVML's power reading (averaged by the driver; the limit applies to it)
 };
 
 // The energy counter as polled: the first reading at or after each update.
@@ -56,7 +57,6 @@ struct PowerSummary {
   double seconds = 0;          // the energy window's time (energy_window)
   double energy_j = 0;         // GPU energy over it (NVML's counter)
   int64_t energy_updates = 0;  // counter updates it spans
-  double mean_sampled_power_w = 0;  // NVML's averaged power reading, mean over the samples
   double limit_w = 0;          // the enforced power limit
   double max_sm_clock_mhz = 0;
   double mean_sm_clock_mhz = 0;  // over the samples

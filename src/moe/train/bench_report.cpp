@@ -60,7 +60,6 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
     const PowerSummary& p = *s.power;
     j["power"] = {{"energy_j_per_step", p.mean_power_w() * s.mean_step_time_s},
                   {"mean_w", p.mean_power_w()},
-                  {"mean_sampled_w", p.mean_sampled_power_w},
                   {"energy_window_s", p.seconds},
                   {"energy_updates", p.energy_updates},
                   {"limit_w", p.limit_w},

@@ -7,7 +7,7 @@
 //   mfu (per device), step_s, comm_s, reduction_wait_s (CPU: gradient reduction after the backward),
 //   graph_nodes, gpu_peak_bytes, arena_bytes, final_loss, total_params, active_params, ceilings {gemm_tflops, copy_tb_s} and split [{kind, ms_per_step,
 //   share, rate, unit, ceiling}] (GPU runs with the kernel profiler; empty otherwise), power
-//   {energy_j_per_step (mean_w x step_s), mean_w, mean_sampled_w, energy_window_s, energy_updates, limit_w, sm_clock_mhz_mean, sm_clock_mhz_max, samples, power_capped_samples,
+//   {energy_j_per_step (mean_w x step_s), mean_w, energy_window_s, energy_updates, limit_w, sm_clock_mhz_mean, sm_clock_mhz_max, samples, power_capped_samples,
 //   thermal_samples, hardware_slowdown_samples} (rank 0's GPU over the timed steps, from NVML; null without it).
 #pragma once
 
