@@ -254,16 +254,35 @@ TEST(Checkpoint, PruneKeepsTheNewestK) {
   TempDir tmp;
   std::string run = tmp / "run";
   Model m;
-  for (int64_t step : {4, 1, 10, 2, 3}) save_checkpoint(run, step, m.all(), json::object());
-  prune_checkpoints(run, 0);  // keep all
+  for (int64_t step : {4, 1, 10, 2, 3}) save_checkpoint(run, step, m.all(), {{"run_id", "a"}});
+  EXPECT_EQ(checkpoint_run_id(run + "/step-000004"), "a");
+  EXPECT_TRUE(prune_checkpoints(run, 0, "a").empty());  // keep all
   EXPECT_TRUE(fs::exists(run + "/step-000001"));
-  prune_checkpoints(run, 2);
+  EXPECT_TRUE(prune_checkpoints(run, 2, "a").empty());
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(run)) left.push_back(e.path().filename().string());
   std::sort(left.begin(), left.end());
   EXPECT_EQ(left, (std::vector<std::string>{"step-000004", "step-000010"}));
-  prune_checkpoints(run, 5);  // fewer than K: nothing to do
+  prune_checkpoints(run, 5, "a");  // fewer than K: nothing to do
   EXPECT_EQ(resolve_checkpoint(run), run + "/step-000010");
+  EXPECT_THROW(prune_checkpoints(run, 1, ""), Error);  // no line to prune
+}
+
+// Another run's checkpoints (and ones without a run id) in the same directory are never removed,
+// whatever their steps; only this run's line is cut to K.
+TEST(Checkpoint, PruneLeavesOtherRunsCheckpointsInPlace) {
+  TempDir tmp;
+  std::string run = tmp / "run";
+  Model m;
+  save_checkpoint(run, 1, m.all(), {{"run_id", "other"}});
+  save_checkpoint(run, 2, m.all(), json::object());
+  for (int64_t step : {3, 4, 5}) save_checkpoint(run, step, m.all(), {{"run_id", "mine"}});
+  EXPECT_EQ(checkpoint_run_id(run + "/step-000002"), "");
+  EXPECT_EQ(checkpoint_run_id(run + "/step-000099"), "");  // no such checkpoint
+  const std::vector<std::string> others = prune_checkpoints(run, 1, "mine");
+  EXPECT_EQ(others, (std::vector<std::string>{"step-000001", "step-000002"}));
+  for (const char* kept : {"step-000001", "step-000002", "step-000005"}) EXPECT_TRUE(fs::exists(run + "/" + kept)) << kept;
+  for (const char* gone : {"step-000003", "step-000004"}) EXPECT_FALSE(fs::exists(run + "/" + gone)) << gone;
 }
 
 TEST(Checkpoint, CrashDuringSaveLeavesEarlierCheckpointAndNoNewStepDir) {

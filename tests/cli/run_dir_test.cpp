@@ -207,6 +207,25 @@ TEST_F(CliTest, resume_from_another_directory_into_one_holding_a_run_is_refused)
   EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000002"});
 }
 
+// Another run's newer checkpoint copied into the run directory: --resume latest would pick it and
+// continue that run's line here (and keep_last would prune this run's around it). Refused, naming
+// both checkpoints and their run ids; nothing in either run changes.
+TEST_F(CliTest, resume_latest_into_a_directory_holding_another_runs_checkpoint_is_refused) {
+  const std::string other = path("other");
+  std::vector<std::string> args = tiny_train({"--steps", "4", "--save-every", "2"});
+  args.insert(args.end(), {"--set", "run.dir=" + other});
+  ASSERT_EQ(moetrain(args).exit_code, 0);
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
+  fs::copy(other + "/step-000004", run_dir() + "/step-000004", fs::copy_options::recursive);
+  const std::string metrics = read_file(run_dir() + "/metrics.jsonl");
+  const CliRun r = moetrain(tiny_train({"--steps", "6", "--save-every", "2", "--keep-last", "1", "--resume", "latest"}));
+  expect_error(r, {run_dir(), "holds checkpoints of two runs", "step-000004", "step-000002", "run id",
+                   "directory of its own"});
+  EXPECT_EQ(step_dirs(run_dir()), (std::vector<std::string>{"step-000002", "step-000004"}));
+  EXPECT_EQ(read_file(run_dir() + "/metrics.jsonl"), metrics);
+  EXPECT_EQ(step_dirs(other), (std::vector<std::string>{"step-000002", "step-000004"}));
+}
+
 TEST_F(CliTest, a_lock_held_by_a_live_process_is_refused_a_stale_one_is_taken_over_a_corrupt_one_is_named) {
   fs::create_directories(run_dir());
   const std::string lock = run_dir() + "/.lock";

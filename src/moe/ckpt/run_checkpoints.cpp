@@ -139,11 +139,27 @@ int64_t checked_checkpoint_step(const CheckpointReader& ckpt) {
   return step;
 }
 
-void prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& protect) {
+std::string checkpoint_run_id(const std::string& ckpt_dir) {
+  std::ifstream in(ckpt_dir + "/train_state.json");
+  if (!in) return "";
+  const nlohmann::json st = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return st.is_object() && st.contains("run_id") && st["run_id"].is_string() ? st["run_id"].get<std::string>() : "";
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& run_id,
+                                           const std::string& protect) {
   MOE_CHECK(keep_last >= 0, "prune_checkpoints: keep_last must be >= 0, got ", keep_last);
-  if (keep_last == 0) return;
-  const auto steps = list_checkpoints(run_dir);
-  if (steps.size() <= static_cast<size_t>(keep_last)) return;
+  MOE_CHECK(!run_id.empty(), "prune_checkpoints: no run id to prune the line of");
+  std::vector<std::string> others;
+  if (keep_last == 0) return others;
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const auto& step : list_checkpoints(run_dir)) {
+    if (checkpoint_run_id(run_dir + "/" + step.second) == run_id)
+      steps.push_back(step);
+    else
+      others.push_back(step.second);
+  }
+  if (steps.size() <= static_cast<size_t>(keep_last)) return others;
   std::error_code ec;
   const fs::path protected_path = protect.empty() ? fs::path() : fs::weakly_canonical(protect, ec);
   const size_t drop = steps.size() - static_cast<size_t>(keep_last);
@@ -161,6 +177,7 @@ void prune_checkpoints(const std::string& run_dir, int keep_last, const std::str
   for (const auto& [step, name] : list_steps(run_dir, ".tmp-step-", false))
     if (step < oldest_kept) remove_tree(run_dir + "/" + name);
   fsync_dir(run_dir);
+  return others;
 }
 
 void remove_unfinished_saves(const std::string& run_dir) {

@@ -31,12 +31,19 @@ class CheckpointReader;
 // would otherwise pass one step's weights off as another's.
 int64_t checked_checkpoint_step(const CheckpointReader& ckpt);
 
-// Keeps the newest keep_last checkpoints of run_dir (0 = keep all) and never removes `protect`
-// (a checkpoint path, e.g. the one this process resumed from; empty = none). Checkpoint
-// directories are renamed before they are removed, so a half-removed one never carries a
-// step-* name; temp dirs of saves older than the oldest kept checkpoint are crash leftovers
-// and are removed too.
-void prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& protect = "");
+// The run id a checkpoint's train_state.json records ("" when it has none or cannot be read):
+// every checkpoint of one run, across resumes, carries the same id.
+std::string checkpoint_run_id(const std::string& ckpt_dir);
+
+// Keeps the newest keep_last checkpoints of run_id's line in run_dir (0 = keep all) and never
+// removes `protect` (a checkpoint path, e.g. the one this process resumed from; empty = none).
+// Only checkpoints whose train_state.json records run_id count and may go: another run's (or
+// one without an id) is never removed; their directory names are returned so the caller can say
+// so. Checkpoint directories are renamed before they are removed, so a half-removed one never
+// carries a step-* name; temp dirs of saves older than the oldest kept checkpoint are crash
+// leftovers and are removed too.
+std::vector<std::string> prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& run_id,
+                                           const std::string& protect = "");
 
 // Removes the directories of saves that never finished: .tmp-step-* (a crash before the commit)
 // and .trash-step-* (a crash while pruning). Only for a job that holds the run's lock.

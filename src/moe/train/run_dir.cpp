@@ -144,6 +144,22 @@ std::string move_previous_run(const std::string& dir) {
   return dest;
 }
 
+// Continuing a run in its directory must not mix it with another run's checkpoints found there
+// (copied in by hand, say): --resume latest would pick whichever is newest, and keep_last would
+// prune around it. Checkpoints without a run id (import-hf's) belong to no run and are left out.
+void refuse_mixed_runs(const std::string& dir, const std::string& resumed_from) {
+  const std::string id = checkpoint_run_id(resumed_from);
+  if (id.empty()) return;
+  for (const auto& checkpoint : list_checkpoints(dir)) {
+    const std::string& name = checkpoint.second;
+    const std::string other = checkpoint_run_id(dir + "/" + name);
+    MOE_CHECK(other.empty() || other == id, "run.dir '", dir, "' holds checkpoints of two runs: ", resumed_from,
+              " (run id ", id, ") and ", dir, "/", name, " (run id ", other,
+              "); continuing would mix them. Move one run's checkpoints into a directory of its own and resume "
+              "from there");
+  }
+}
+
 }  // namespace
 
 bool path_lies_inside(const std::string& inner, const std::string& outer) {
@@ -174,6 +190,7 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
   // Refusals first: nothing is created or moved before the directory is known to be usable.
   const std::string held = run_contents(dir_);
   const bool continues_this_run = !start.resumed_from.empty() && same_directory(parent_dir(start.resumed_from), dir_);
+  if (continues_this_run) refuse_mixed_runs(dir_, start.resumed_from);
   // run.resume = "auto" found no checkpoint: an earlier attempt that never saved one left only
   // records, which a fresh start sets aside.
   const bool auto_fresh = start.resumed_from.empty() && start.auto_resume && (!fs::is_directory(dir_, ec) || list_checkpoints(dir_).empty());

@@ -102,8 +102,21 @@ void Trainer::save_checkpoint_now(int64_t step) {
       },
       st);
   if (!leader()) return;
-  // Keep the newest keep_last of this line; the checkpoint this process resumed from stays.
-  if (cfg_.train.keep_last > 0) prune_checkpoints(run, static_cast<int>(cfg_.train.keep_last), resumed_from_);
+  // Keep the newest keep_last of this line; the checkpoint this process resumed from stays, and so
+  // does any other run's checkpoint found in the directory (said once).
+  if (cfg_.train.keep_last > 0) {
+    const std::vector<std::string> others =
+        prune_checkpoints(run, static_cast<int>(cfg_.train.keep_last), run_id_, resumed_from_);
+    if (!others.empty() && !told_of_other_checkpoints_ && !opts_.quiet) {
+      std::string names;
+      for (const std::string& o : others) names += (names.empty() ? "" : ", ") + o;
+      std::printf("train.keep_last: %s in %s %s no checkpoint of this run's line (run id %s: another run's, or "
+                  "written without an id, as import-hf does) and %s left in place\n",
+                  names.c_str(), run.c_str(), others.size() == 1 ? "is" : "are", run_id_.c_str(),
+                  others.size() == 1 ? "is" : "are");
+      told_of_other_checkpoints_ = true;
+    }
+  }
   if (!opts_.quiet) {
     uintmax_t bytes = 0;
     for (const auto& e : fs::directory_iterator(dir)) bytes += e.is_regular_file() ? e.file_size() : 0;
