@@ -511,6 +511,13 @@ int main(int argc, char** argv) {
       // stands in, or, for --data synthetic, the checkpoint's own synthetic corpus.
       std::vector<std::string> o = {"data.path=synthetic", "data.sources=[]", "eval.sets=[]", "parallel.mode=ddp"};
       if (eval_data != "synthetic") o.insert(o.end(), {"data.synthetic_tokens=65536", "data.synthetic_eval_tokens=8192"});
+      // Pipeline stages are a training layout: a checkpoint trained under them is evaluated by
+      // whole-model ranks (any number), unless --set names a pipeline layout for the evaluation.
+      const bool pipeline_set = std::any_of(eval_overrides.begin(), eval_overrides.end(), [](const std::string& kv) {
+        return kv.rfind("parallel.pp", 0) == 0;
+      });
+      if (!pipeline_set)
+        o.insert(o.end(), {"parallel.pp=1", "parallel.pp_virtual=1", "parallel.pp_schedule=1f1b", "parallel.pp_layers=[]"});
       o.insert(o.end(), eval_overrides.begin(), eval_overrides.end());
       moe::Config cfg = moe::parse_stored_config(ckpt->train_state_string("config"), dir + "/train_state.json", o,
                                                  /*validate=*/false);
