@@ -300,6 +300,7 @@ int main(int argc, char** argv) {
                 "plan the GPU's buffers (BF16 activations, the GPU dispatcher's heap); build with nvcc, or plan a CPU "
                 "run with --device cpu");
 #endif
+      if (gpu && cfg.train.precision == moe::Precision::FP8) moe::check_fp8_gpu_shapes(cfg);
       const bool predicts = !plan_hardware.empty() || plan_search || !plan_json.empty() || plan->count("--nodes");
       if (predicts && !gpu) {
         std::fprintf(stderr, "error: --hardware, --search, --nodes and --json predict a GPU run's step time; this plans "

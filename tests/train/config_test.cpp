@@ -359,5 +359,34 @@ TEST(Config, ReadmeKeyTableIsTheListingTheBinaryPrints) {
       << config_keys_markdown();
 }
 
+// FP8 on the GPU reads 16-byte rows of codes: each feature width and the tokens of a microbatch
+// must be multiples of 16, refused up front naming the key (the kernels' own check names none).
+TEST(Config, Fp8OnTheGpuRefusesWidthsAndMicrobatchesThatAreNotMultiplesOf16) {
+  const std::vector<std::string> fp8 = {"train.precision=\"fp8\"", "model.hidden_size=128", "model.intermediate_size=64",
+                                        "train.seq_len=64", "train.micro_batch_size=1"};
+  EXPECT_NO_THROW(check_fp8_gpu_shapes(load_config("tiny", fp8)));
+  const auto refused = [&](const std::vector<std::string>& more, const std::string& key) {
+    std::vector<std::string> o = fp8;
+    o.insert(o.end(), more.begin(), more.end());
+    const Config c = load_config("tiny", o);  // valid as a config: the CPU emulation runs it
+    try {
+      check_fp8_gpu_shapes(c);
+      ADD_FAILURE() << "no error for " << key;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(key), std::string::npos) << msg;
+      EXPECT_NE(msg.find("multiple of 16"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("run.device = \"cpu\""), std::string::npos) << msg;
+    }
+  };
+  refused({"model.hidden_size=120", "model.num_attention_heads=4", "model.num_key_value_heads=4"}, "model.hidden_size");
+  refused({"model.intermediate_size=100"}, "model.intermediate_size");
+  refused({"model.shared_expert_intermediate_size=24"}, "model.shared_expert_intermediate_size");
+  refused({"model.first_k_dense_replace=1", "model.dense_intermediate_size=40"}, "model.dense_intermediate_size");
+  refused({"train.seq_len=63", "train.micro_batch_size=1"}, "train.micro_batch_size x train.seq_len");
+  // 16 heads of 8 keep the query 128 wide, but one key/value head is 8 wide.
+  refused({"model.num_attention_heads=16", "model.num_key_value_heads=1"}, "model.num_key_value_heads");
+}
+
 }  // namespace
 }  // namespace moe

@@ -809,4 +809,23 @@ std::string config_keys_markdown() {
   return d.text;
 }
 
+void check_fp8_gpu_shapes(const Config& c) {
+  const ModelConfig& m = c.model;
+  const auto need16 = [](int64_t v, const std::string& what) {
+    MOE_CHECK(v % 16 == 0, "train.precision = \"fp8\" on the GPU needs ", what, " to be a multiple of 16 (the FP8 "
+              "matmuls read 16-byte rows of codes); it is ", v, ". Change it, set train.precision = \"bf16\", or run "
+              "with run.device = \"cpu\" (FP8 emulated, no such limit)");
+  };
+  need16(m.hidden_size, "model.hidden_size");
+  need16(m.num_attention_heads * m.head_dim(), "model.num_attention_heads x head dim (the query width)");
+  need16(m.num_key_value_heads * m.head_dim(), "model.num_key_value_heads x head dim (the key and value width)");
+  if (m.num_hidden_layers > m.first_k_dense_replace) need16(m.intermediate_size, "model.intermediate_size");
+  if (m.shared_expert_intermediate_size > 0)
+    need16(m.shared_expert_intermediate_size, "model.shared_expert_intermediate_size");
+  if (m.first_k_dense_replace > 0) need16(m.dense_intermediate_size, "model.dense_intermediate_size");
+  need16(c.train.micro_batch_size * c.train.seq_len,
+         "train.micro_batch_size x train.seq_len (" + std::to_string(c.train.micro_batch_size) + " x " +
+             std::to_string(c.train.seq_len) + ", the tokens of a microbatch)");
+}
+
 }  // namespace moe

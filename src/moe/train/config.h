@@ -104,6 +104,12 @@ struct Config {
   void validate(int64_t dp = 1) const;
 };
 
+// train.precision = "fp8" on the GPU: cuBLASLt's block-scaled FP8 matmul and the CUTLASS grouped
+// GEMM read 16-byte rows of FP8 codes, so every product's inner dimension (the model's feature
+// widths, and the tokens of a microbatch, the weight gradient's) must be a multiple of 16. Throws
+// moe::Error naming the keys (the CPU emulation has no such limit). Run at start-up and by plan.
+void check_fp8_gpu_shapes(const Config& c);
+
 // Parses TOML text (source_name is used in messages) and applies overrides "section.key=value"
 // (values parsed as TOML: 3, 1e-3, true, "text" or a bare word taken as a string).
 // validate = false leaves Config::validate to the caller (which adjusts a key first).

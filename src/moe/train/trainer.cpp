@@ -92,6 +92,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     MOE_CHECK(gpu.major == 9, "train.precision = \"fp8\" runs on Hopper GPUs (compute capability 9.x: FP8 tensor "
               "cores with the block-scaled kernels built here); this GPU, ", gpu.name, ", is ", gpu.major, ".",
               gpu.minor, "; set train.precision = \"bf16\" or run.device = \"cpu\" (FP8 emulated)");
+    check_fp8_gpu_shapes(cfg_);
   }
   run_ = build_run_model(cfg_, world_, dev_, run_device_.gpu_world != nullptr, state_, acts_);
   const int64_t tokens = cfg_.accumulation_steps(dp) * cfg_.train.micro_batch_size * cfg_.train.seq_len;
