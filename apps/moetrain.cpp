@@ -105,6 +105,16 @@ void print_summary(const moe::TrainSummary& s, bool bench) {
   if (s.skipped_steps > 0) std::printf("  skipped steps (non-finite gradients): %ld\n", static_cast<long>(s.skipped_steps));
 }
 
+// Why an output file named on the command line could not be written at the end of the command
+// ("" when it can): checked before the work, so a typo does not cost a whole bench or eval.
+std::string unwritable_output(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(parent, ec)) return "its folder " + parent.string() + " does not exist";
+  if (access(parent.c_str(), W_OK) != 0) return "its folder " + parent.string() + " is not writable";
+  return "";
+}
+
 // Counts on the command line, with errors that state their range in plain integers (CLI11's
 // NonNegativeNumber / PositiveNumber print it as doubles up to 1.8e308).
 const CLI::Range kCountFromZero(int64_t{0}, std::numeric_limits<int64_t>::max());
@@ -307,6 +317,10 @@ int main(int argc, char** argv) {
                      "a CPU run (--device cpu or run.device); plan the GPU (--device cuda, in a build with CUDA)\n");
         return kUsageError;
       }
+      if (const std::string why = plan_json.empty() ? "" : unwritable_output(plan_json); !why.empty()) {
+        std::fprintf(stderr, "error: plan --json %s cannot be written: %s\n", plan_json.c_str(), why.c_str());
+        return kUsageError;
+      }
       if (!plan_json.empty() && std::filesystem::exists(plan_json)) {
         std::fprintf(stderr, "error: plan --json %s exists; choose a new file name (nothing is overwritten)\n",
                      plan_json.c_str());
@@ -426,6 +440,9 @@ int main(int argc, char** argv) {
                    "too (see moetrain --help)\n");
       return kUsageError;
     } else if (bench->parsed()) {
+      if (!bench_json.empty())
+        MOE_CHECK(unwritable_output(bench_json).empty(), "bench --json ", bench_json, " cannot be written: ",
+                  unwritable_output(bench_json));
       MOE_CHECK(bench_json.empty() || !std::filesystem::exists(bench_json), "bench --json ", bench_json,
                 " exists; choose a new file name (nothing is overwritten)");
       std::vector<std::string> overrides = bench_args.overrides;
@@ -500,6 +517,9 @@ int main(int argc, char** argv) {
                      " --logits " + eval_logits);
       MOE_CHECK(args.differing_rank < 0, "the ranks of this job were given different eval arguments: '", args.leader,
                 "' on rank 0 but '", args.differing, "' on rank ", args.differing_rank);
+      if (!eval_logits.empty())
+        MOE_CHECK(unwritable_output(eval_logits).empty(), "eval --logits ", eval_logits, " cannot be written: ",
+                  unwritable_output(eval_logits));
       MOE_CHECK(eval_logits.empty() || !std::filesystem::exists(eval_logits), "eval --logits ", eval_logits,
                 " exists; choose a new file name (nothing is overwritten)");
       // Opened once: its files stay readable even if a running job prunes the checkpoint meanwhile.

@@ -307,4 +307,20 @@ TEST_F(CliTest, prepare_of_a_missing_input_is_named_and_creates_no_out_dir) {
   EXPECT_FALSE(fs::exists(path("out")));
 }
 
+// An output file in a folder that does not exist is refused before the work (a bench or an eval
+// could run for minutes first), naming the file and the folder.
+TEST_F(CliTest, output_files_in_missing_folders_are_refused_before_the_work) {
+  const std::string missing = path("no-such-folder");
+  const CliRun bench = moetrain({"bench", "--steps", "50", "--set", "run.device=cpu", "--json", missing + "/b.json"});
+  expect_error(bench, {"bench --json", missing + "/b.json", "does not exist"});
+  EXPECT_EQ(bench.out.find("step "), std::string::npos) << "no step should run:\n" << bench.out;
+  const CliRun plan = moetrain({"plan", "--json", missing + "/p.json"});
+  EXPECT_EQ(plan.exit_code, 2);  // plan's output-file errors are usage errors, as its "exists" one
+  EXPECT_NE(plan.err.find("plan --json " + missing + "/p.json cannot be written"), std::string::npos) << plan.err;
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
+  const CliRun eval = moetrain({"eval", "--checkpoint", run_dir(), "--data", "synthetic", "--logits", missing + "/l.npy"});
+  expect_error(eval, {"eval --logits", "does not exist"});
+  EXPECT_FALSE(fs::exists(missing));
+}
+
 }  // namespace

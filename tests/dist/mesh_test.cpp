@@ -10,6 +10,7 @@
 #include "moe/comm/local_communicator.h"
 #include "moe/comm/mesh.h"
 #include "moe/comm/mpi_communicator.h"
+#include "moe/comm/plan_communicator.h"
 
 namespace moe {
 namespace {
@@ -85,6 +86,15 @@ TEST(Mesh, more_ep_ranks_than_experts_is_an_error) {
 
 TEST(Mesh, ep_below_one_is_an_error) {
   expect_error([] { make_mesh(world(), 0, 8); }, "parallel.ep = 0 must be at least 1");
+}
+
+// Under pipeline stages the EP mesh is per stage: the error counts the stage's ranks and says so.
+TEST(Mesh, ep_that_does_not_divide_a_pipeline_stage_names_the_stage_ranks) {
+  expect_error([] {
+    PlanCommunicator job(0, 2);
+    plan_mesh(job, 2, 8, 2);
+  },
+               "parallel.ep = 2 does not divide the 1 ranks of each pipeline stage (2 ranks / parallel.pp = 2");
 }
 
 TEST(Mesh, single_process_mesh_over_local_communicator) {

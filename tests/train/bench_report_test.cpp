@@ -45,6 +45,9 @@ TEST(BenchReport, carries_the_runs_numbers_per_gpu) {
   EXPECT_EQ(j["num_experts"], 16);
   EXPECT_EQ(j["ep"], 2);
   EXPECT_EQ(j["parallel_mode"], "ddp");
+  EXPECT_EQ(j["pp"], 1);
+  EXPECT_EQ(j["pp_schedule"], "1f1b");
+  EXPECT_TRUE(j["pp_layers"].empty());
   EXPECT_EQ(j["device"], "cuda");
   EXPECT_DOUBLE_EQ(j["tokens_per_s"].get<double>(), 80000);
   EXPECT_DOUBLE_EQ(j["tokens_per_s_per_gpu"].get<double>(), 20000);

@@ -30,8 +30,13 @@ Mesh mesh_layout(int job_size, int job_rank, int ep, int64_t num_experts, int pp
   MOE_CHECK(num_experts >= 1, "model.num_experts = ", num_experts, " must be at least 1");
   const std::string use = "; use one of " + valid_ep_sizes(world_size, num_experts);
   MOE_CHECK(ep >= 1, "parallel.ep = ", ep, " must be at least 1", use);
-  MOE_CHECK(world_size % ep == 0, "parallel.ep = ", ep, " does not divide the ", world_size,
-            " ranks", use);
+  // Under pipeline stages the EP mesh lives inside each stage: say so, or "the 1 ranks" of a
+  // 2-rank job reads as a miscount.
+  const std::string ranks = pp == 1 ? " ranks"
+                                    : " ranks of each pipeline stage (" + std::to_string(job_size) +
+                                          " ranks / parallel.pp = " + std::to_string(pp) + "; a smaller parallel.pp "
+                                          "leaves more)";
+  MOE_CHECK(world_size % ep == 0, "parallel.ep = ", ep, " does not divide the ", world_size, ranks, use);
   MOE_CHECK(num_experts >= ep, "parallel.ep = ", ep, " exceeds model.num_experts = ", num_experts,
             " (every EP rank needs at least one expert)", use);
   MOE_CHECK(num_experts % ep == 0, "parallel.ep = ", ep, " does not divide model.num_experts = ",

@@ -20,6 +20,10 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
   j["world_size"] = world_size;
   j["parallel_mode"] = cfg.parallel.mode;
   j["ep"] = cfg.parallel.mode == "fsdp" ? 1 : cfg.parallel.ep;
+  j["pp"] = cfg.parallel.pp;  // world_size = pp x data-parallel ranks
+  j["pp_virtual"] = cfg.parallel.pp_virtual;
+  j["pp_schedule"] = cfg.parallel.pp_schedule;
+  j["pp_layers"] = cfg.parallel.pp_layers;
   j["ep_backend"] = cfg.ep.backend;
   j["ep_payload"] = to_string(cfg.ep.payload);
   j["num_experts"] = cfg.model.num_experts;

@@ -712,7 +712,9 @@ void Config::validate(int64_t dp) const {
                   int64_t{1} << 53);
   MOE_CHECK(t.global_batch_size % t.micro_batch_size == 0 && (t.global_batch_size / t.micro_batch_size) % dp == 0,
             "train.global_batch_size (", t.global_batch_size, ") must be a positive multiple of train.micro_batch_size (",
-            t.micro_batch_size, ") x data-parallel ranks (", dp, ")");
+            t.micro_batch_size, ")",
+            // Checked once at load time with one rank (the job's count is not known yet), then with the real one.
+            dp > 1 ? " x data-parallel ranks (" + std::to_string(dp) + ")" : std::string(" (x the data-parallel ranks)"));
   const double expert_rows = std::ceil(model.capacity_factor * static_cast<double>(micro_tokens) *
                                        static_cast<double>(model.num_experts_per_tok)) *
                              static_cast<double>(parallel.ep);

@@ -73,7 +73,7 @@ void visit_config_keys(C& c, V&& v) {
   v.key("model", "num_key_value_heads", m.num_key_value_heads, between<int64_t>(1, 1 << 16),
         "key/value heads (grouped-query attention when fewer than the query heads); default: num_attention_heads");
   v.key("model", "intermediate_size", m.intermediate_size, count_from(0), "expert hidden size H");
-  v.key("model", "num_experts", m.num_experts, between<int64_t>(0, 1 << 20), "routed experts per MoE layer (N)");
+  v.key("model", "num_experts", m.num_experts, between<int64_t>(1, 1 << 20), "routed experts per MoE layer (N)");
   v.key("model", "num_experts_per_tok", m.num_experts_per_tok, between<int64_t>(0, 1 << 20), "experts per token (top-K)");
   v.key("model", "norm_topk_prob", m.norm_topk_prob, any_value<bool>(),
         "L1-normalize the selected routing weights (OLMoE: false)");

@@ -24,7 +24,7 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
   // The model must be the same, compared key by key (values, not the text that stored them).
   const Config stored = parse_config(ckpt.train_state_string("model_config"), dir + "/train_state.json");
   const std::string diff = config_differences(cfg_, stored, "model", "this run", "checkpoint");
-  MOE_CHECK(diff.empty(), "cannot resume from ", dir, ": the model config differs:", diff);
+  MOE_CHECK(diff.empty(), "cannot load ", dir, " into this run: the model config differs:", diff);
   const int64_t step = checked_checkpoint_step(ckpt);
   MOE_CHECK(opts_.bench || step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step, ", past train.steps = ",
             cfg_.train.steps);
@@ -90,7 +90,8 @@ void Trainer::save_checkpoint_now(int64_t step) {
     st["data_position"] = {{"step", step},
                            {"note", "training windows are a pure function of (data.seed, step, sequence)"}};
     st["rng"] = {{"train.seed", cfg_.train.seed}, {"data.seed", cfg_.data.seed}};
-    st["topology"] = {{"world_size", world_.size()}, {"mode", cfg_.parallel.mode}, {"ep", cfg_.parallel.ep}};
+    st["topology"] = {{"world_size", world_.size()}, {"mode", cfg_.parallel.mode}, {"ep", cfg_.parallel.ep},
+                      {"pp", cfg_.parallel.pp}, {"pp_virtual", cfg_.parallel.pp_virtual}};
     st["model_config"] = model_config_toml(cfg_.model);
     st["config"] = config_to_toml(cfg_);
   }
