@@ -6,7 +6,8 @@
 // reduced during the last microbatch's backward passes), given stage sizes (each
 // stage then holds exactly the layers the sizes give it), and the interleaved schedule with pp = 2
 // and 2 chunks per rank, and in FP8. A checkpoint saved under
-// pp = 2 x ep = 2 resumes under pp = 1 and pp = 4 with the uninterrupted run's losses, in BF16 and FP8.
+// pp = 2 x ep = 2 resumes under pp = 4, pp = 1 x ep = 2 and one process with the uninterrupted
+// run's losses, in BF16 and FP8.
 #include <gtest/gtest.h>
 #include <mpi.h>
 

@@ -88,6 +88,30 @@ TEST(StepSplit, rates_come_from_the_step_work_and_the_time_per_step) {
   EXPECT_THROW(split_step(entries, 0, work, c), Error);
 }
 
+// In FP8 the expert and dense GEMMs are measured against the FP8 GEMM ceiling; attention, BF16 in
+// both precisions, against the BF16 one.
+TEST(StepSplit, fp8_runs_measure_the_gemm_rows_against_the_fp8_ceiling_and_attention_against_bf16) {
+  StepWork work;
+  work.expert_flops = 1e15;
+  work.dense_flops = 1e15;
+  work.attention_flops = 1e15;
+  Ceilings c;
+  c.gemm_tflops = 800;
+  c.fp8_gemm_tflops = 1450;
+  c.copy_tb_s = 4;
+  const std::vector<KernelProfiler::Entry> entries = {
+      {"void cutlass::device_kernel<GemmUniversal>", 1, 1.0},
+      {"nvjet_sm90_qqtst_128x128", 1, 1.0},
+      {"cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 1, 1.0},
+  };
+  const auto rows = split_step(entries, 1, work, c);
+  ASSERT_EQ(rows.size(), 3u);
+  for (const SplitRow& r : rows) {
+    SCOPED_TRACE(kernel_group_name(r.group));
+    EXPECT_EQ(r.ceiling, r.group == KernelGroup::Attention ? 800 : 1450);
+  }
+}
+
 TEST(StepSplit, ceilings_say_why_they_were_not_measured_without_a_gpu) {
   std::string why;
   if (cuda_available(&why)) GTEST_SKIP() << "a GPU is present: measured by moetrain bench";

@@ -1,9 +1,10 @@
 // The FP8 weight caches of train.precision = "fp8" (model/precision.h): for every quantized matrix
 // W [out, in] (or the experts' [E, out, in]) its E4M3 codes in 128x128 blocks in both orientations
 // the products read: W itself for the forward (x W^T) and W^T for the data gradient (dy W, which
-// contracts over `out`). The FP32 weights stay the truth: refresh() derives the caches from them,
-// once per optimizer step (the parameter store calls it after each update, init and load), never
-// per microbatch.
+// contracts over `out`). The FP32 weights stay the truth: the caches are derived from them once
+// per optimizer step, never per microbatch: with one rank per pipeline stage the AdamW pass writes
+// them (targets(), adamw_step_quantize_blocks); refresh() derives them at init and load, and after
+// each update when a stage has several data-parallel ranks (after the ZeRO-1 gather).
 #pragma once
 
 #include <string>

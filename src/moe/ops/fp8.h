@@ -61,7 +61,8 @@ void fp8_quantize_rows_and_columns(Fp8Tensor rows, Fp8Tensor columns, Tensor x, 
 
 // w [N, K] or [E, N, K] (F32) -> out (Blocks tiles, codes w's shape) and, when out_t.codes is not
 // empty, the transposed orientation out_t (codes [K, N] or [E, K, N], scales transposed: the same
-// values). The weight caches the optimizer refreshes once per step.
+// values). The weight caches at init and load, and once per step after the ZeRO-1 gather when a
+// stage has several data-parallel ranks (with one, adamw_step_quantize_blocks writes them).
 void fp8_quantize_blocks(Fp8Tensor out, Fp8Tensor out_t, Tensor w, Stream stream = {});
 
 // The exact values the codes stand for: out (F32 or BF16, codes' shape) = e4m3(code) * scale.

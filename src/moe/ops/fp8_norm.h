@@ -1,6 +1,7 @@
 // The RMSNorm forward (moe/ops/norm.h) that also quantizes its output for the FP8 products that read
 // it next (moe/ops/fp8.h): with train.precision = "fp8" the input norm feeds the q/k/v projections,
-// which then need no separate quantization pass over it. The output is still written (the weight
+// and a dense layer's post-attention norm its MLP's gate/up product, which then need no separate
+// quantization pass over it. The output is still written (the weight
 // gradient reads it along the tokens). The codes and scales equal those of rmsnorm_forward followed
 // by fp8_quantize_rows on its (BF16 or F32) output, bit for bit on each device; the CPU computes
 // exactly that, the GPU in one kernel (moe/ops/cuda/fp8_norm.cu).

@@ -154,7 +154,9 @@ void visit_config_keys(C& c, V&& v) {
         "keep the newest K checkpoints of this run's line; 0 = keep all");
   v.key("train", "max_skipped_steps", t.max_skipped_steps, count_from(0),
         "end the run with an error after this many consecutive steps skipped for non-finite gradients; 0 = never");
-  v.key("train", "cuda_graph", t.cuda_graph, any_value<bool>(), "GPU: capture the step once, replay it every step");
+  v.key("train", "cuda_graph", t.cuda_graph, any_value<bool>(),
+        "GPU: capture the step once, replay it every step (not with parallel.pp > 1, parallel.mode = fsdp or "
+        "model.routing = random)");
   v.choice("train", "recompute", t.recompute,
            Choices<Recompute>{{"none", Recompute::None},
                               {"experts", Recompute::Experts},
@@ -164,7 +166,8 @@ void visit_config_keys(C& c, V&& v) {
            "attention (the attention block's internals) or block (everything but each block's input and routing)");
   v.choice("train", "precision", t.precision, Choices<Precision>{{"bf16", Precision::BF16}, {"fp8", Precision::FP8}},
            "the linear layers' products: bf16, or fp8 (E4M3 with power-of-two 1x128 / 128x128 scales in all three "
-           "passes; GPU: Hopper only; the CPU emulates it exactly)");
+           "passes; needs parallel.mode = ddp, any pp; GPU: Hopper only, widths and microbatch tokens multiples of 16; "
+           "the CPU emulates it exactly)");
   v.key("train", "max_duration", t.max_duration, any_value<std::string>(),
         "wall-clock budget of this process (\"4h\", \"1h30m\", \"90s\"): at the first step boundary past it, save a "
         "checkpoint and stop; \"\" = none");

@@ -42,7 +42,7 @@ int recompute_cost(Recompute r) {
 }
 
 // "ddp, pp 2 (1f1b, layers per chunk [3, 1]), ep 2 (rowwise, bf16 payload)": the layout a plan is for.
-std::string topology_text(const Config& cfg) {
+std::string topology_text(const Config& cfg, Device device) {
   const ParallelConfig& par = cfg.parallel;
   std::ostringstream os;
   os << par.mode << ", pp " << par.pp;
@@ -58,9 +58,10 @@ std::string topology_text(const Config& cfg) {
     }
     os << ")";
   }
-  // EP = 1 always runs the local dispatcher; FSDP has no expert parallelism.
+  // EP = 1 runs the local dispatcher on CPU ranks and the GPU rowwise one (a group of one, as
+  // plan_rank builds it) on GPUs; FSDP has no expert parallelism.
   if (par.mode == "ddp")
-    os << ", ep " << par.ep << " (" << (par.ep == 1 ? "local" : cfg.ep.backend.c_str()) << ", "
+    os << ", ep " << par.ep << " (" << (par.ep == 1 && device != Device::CUDA ? "local" : cfg.ep.backend.c_str()) << ", "
        << to_string(cfg.ep.payload) << " payload)";
   return os.str();
 }
@@ -241,7 +242,7 @@ std::string plan_report(const Config& cfg, int world_size, Device device, size_t
   for (int r = 0; r < world_size; ++r) ranks.push_back(plan_rank(cfg, world_size, r, device));
   std::ostringstream os;
   os << "plan of '" << cfg.name << "' on " << world_size << " " << (device == Device::CUDA ? "GPU" : "CPU rank")
-     << (world_size == 1 ? "" : "s") << " (" << topology_text(cfg);
+     << (world_size == 1 ? "" : "s") << " (" << topology_text(cfg, device);
   os << "; " << cfg.train.micro_batch_size << " x " << cfg.train.seq_len << " tokens per microbatch; recompute "
      << to_string(cfg.train.recompute) << "; AdamW moments " << dtype_name(cfg.optim.moment_dtype) << ", "
      << 2 * dtype_size(cfg.optim.moment_dtype) << " bytes per parameter; precision " << to_string(cfg.train.precision)

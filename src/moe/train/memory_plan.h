@@ -22,7 +22,8 @@ constexpr size_t kLibraryReserveBytes = size_t{2} << 30;
 
 struct MemoryRoles {
   size_t parameters = 0;       // FP32 master weights (this rank's)
-  size_t compute_weights = 0;  // BF16 copies the GPU computes with
+  size_t compute_weights = 0;  // what the products read: the BF16 copy (GPU); in FP8 the FP8 caches
+                               // (plus, on the GPU, a BF16 copy of the unquantized tensors only)
   size_t gradients = 0;
   size_t optimizer = 0;        // the optimizer's buffers: AdamW moments, schedule, and under ZeRO-1 the
                                // gradient shard and the reduce/gather staging

@@ -148,7 +148,9 @@ std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entri
     if (amount > 0) {
       r.rate = amount / (ms[g] * 1e-3) / 1e12;
       r.unit = bytes ? "TB/s" : "TFLOP/s";
-      r.ceiling = bytes ? ceilings.copy_tb_s : ceilings.fp8_gemm_tflops > 0 ? ceilings.fp8_gemm_tflops : ceilings.gemm_tflops;
+      // Attention stays BF16 in FP8 runs: its ceiling is the BF16 GEMM's.
+      const bool fp8_row = ceilings.fp8_gemm_tflops > 0 && r.group != KernelGroup::Attention;
+      r.ceiling = bytes ? ceilings.copy_tb_s : fp8_row ? ceilings.fp8_gemm_tflops : ceilings.gemm_tflops;
     }
     rows.push_back(r);
   }
@@ -159,7 +161,7 @@ namespace {
 std::string fp8_ceiling(const Ceilings& c) {
   if (c.fp8_gemm_tflops <= 0) return "";
   char s[96];
-  std::snprintf(s, sizeof(s), " FP8 GEMM 8192^3 %.0f TFLOP/s (the GEMM rows' ceiling),", c.fp8_gemm_tflops);
+  std::snprintf(s, sizeof(s), " FP8 GEMM 8192^3 %.0f TFLOP/s (the expert and dense GEMM rows' ceiling),", c.fp8_gemm_tflops);
   return s;
 }
 }  // namespace

@@ -11,9 +11,11 @@
 //   FP8 quantize    train.precision = "fp8": the quantize kernels (activation operands and output
 //                   gradients by rows and by columns, the SwiGLU forwards that quantize, the FP8
 //                   re-quantize, the dense products' scale staging); bytes as step_work.cpp lists them
-//   FP8 cache       the weights' FP8 caches quantized from the FP32 weights once per step (bytes)
-// With FP8 the GEMM groups are measured against an FP8 GEMM ceiling (the block-scaled dense FP8
-// matmul at 8192^3, same process); the dense group still holds the BF16 router and LM head.
+//   FP8 cache       the caches' own quantize pass from the FP32 weights, once per step, with several
+//                   data-parallel ranks in a stage (bytes); with one, AdamW writes them (AdamW row)
+// With FP8 the expert and dense GEMM groups are measured against an FP8 GEMM ceiling (the
+// block-scaled dense FP8 matmul at 8192^3, same process; the dense group still holds the BF16
+// router and LM head); attention, BF16 in both precisions, against the BF16 one.
 //   AdamW update    bytes: 28 per parameter (param, m, v read and written, grad read), 30 where the
 //                   update also writes the BF16 compute copy (one rank, or FSDP); 8 fewer with BF16 moments
 //   gradient norm   bytes: 4 per parameter read
