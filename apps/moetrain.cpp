@@ -259,6 +259,15 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    // A misspelled command ("trian") reaches CLI11 as a stray word, reported as "a subcommand is
+    // required": name the word and the commands instead.
+    if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {
+      std::string names;
+      for (const CLI::App* sub : app.get_subcommands({})) names += (names.empty() ? "" : ", ") + sub->get_name();
+      std::fprintf(stderr, "error: unknown command '%s'; the commands are %s (see moetrain --help)\n", argv[1],
+                   names.c_str());
+      return kUsageError;
+    }
     std::fprintf(stderr, "error: %s (see moetrain --help)\n", e.what());
     return kUsageError;
   }

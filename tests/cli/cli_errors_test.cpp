@@ -323,4 +323,16 @@ TEST_F(CliTest, output_files_in_missing_folders_are_refused_before_the_work) {
   EXPECT_FALSE(fs::exists(missing));
 }
 
+TEST_F(CliTest, a_misspelled_command_is_named_with_the_commands_that_exist) {
+  const CliRun r = moetrain({"trian", "--steps", "2"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("unknown command 'trian'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("train, bench"), std::string::npos) << r.err;
+  // A known command with a bad flag keeps CLI11's own message.
+  const CliRun flag = moetrain({"train", "--no-such-flag"});
+  EXPECT_EQ(flag.exit_code, 2);
+  EXPECT_NE(flag.err.find("--no-such-flag"), std::string::npos) << flag.err;
+  EXPECT_EQ(flag.err.find("unknown command"), std::string::npos) << flag.err;
+}
+
 }  // namespace

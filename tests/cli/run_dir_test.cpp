@@ -238,6 +238,9 @@ TEST_F(CliTest, a_lock_held_by_a_live_process_is_refused_a_stale_one_is_taken_ov
   CliRun r = moetrain(tiny_train());
   expect_error(r, {"in use by process 4242 on host elsewhere", lock});
   EXPECT_FALSE(fs::exists(run_dir() + "/metrics.jsonl"));
+  // A resume is told the same, not that the live run has no checkpoint yet.
+  r = moetrain(tiny_train({"--resume", "latest"}));
+  expect_error(r, {"in use by process 4242 on host elsewhere", lock});
   // Left behind: the same file, no longer held (its process ended, however it ended).
   ::close(fd);
   r = moetrain(tiny_train());

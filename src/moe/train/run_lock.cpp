@@ -95,6 +95,20 @@ RunLock::RunLock(std::string path) : path_(std::move(path)) {
   MOE_CHECK(fd_ >= 0, "cannot take the lock ", path_, ": other jobs keep replacing it");
 }
 
+std::string run_lock_holder(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string who;
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    ::flock(fd, LOCK_UN);
+  } else if (errno == EWOULDBLOCK) {
+    who = holder(read_fd(fd));
+    if (who.empty()) who = "another job";
+  }
+  ::close(fd);
+  return who;
+}
+
 RunLock::~RunLock() {
   if (fd_ < 0) return;
   ::unlink(path_.c_str());

@@ -25,6 +25,7 @@
 #include "moe/train/config_agreement.h"
 #include "moe/train/init_source.h"
 #include "moe/train/run_dir.h"
+#include "moe/train/run_lock.h"
 #include "moe/train/stop_request.h"
 
 namespace fs = std::filesystem;
@@ -123,6 +124,12 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     MOE_CHECK(conflict.empty(), conflict);
     init_weights_from(opts_.init_from);
   } else {
+    // A live run in run.dir is named before its checkpoints are read (it may have none yet).
+    if (!opts_.bench) {
+      const std::string lock = cfg_.run_dir() + "/.lock", who = run_lock_holder(lock);
+      MOE_CHECK(who.empty(), "the run directory is in use by ", who, " (", lock,
+                "); wait for it to end, or choose another run.dir");
+    }
     resumed_from_ = opts_.bench && opts_.resume.empty() ? "" : resume_source(opts_.resume, cfg_);
     if (!resumed_from_.empty()) load_checkpoint(CheckpointReader(resumed_from_));
   }
