@@ -403,6 +403,8 @@ int main(int argc, char** argv) {
         return kUsageError;
       };
       if (!init_from.empty() && !resume.empty()) return usage_fail(moe::init_from_conflict(init_from, resume, {}));
+      if (overwrite && !resume.empty())
+        return usage_fail("--overwrite starts afresh, --resume continues: give one of them");
       std::vector<std::string> overrides = train_args.overrides;
       if (train->count("--save-every")) overrides.push_back("train.save_every=" + std::to_string(save_every));
       if (train->count("--keep-last")) overrides.push_back("train.keep_last=" + std::to_string(keep_last));

@@ -335,4 +335,15 @@ TEST_F(CliTest, a_misspelled_command_is_named_with_the_commands_that_exist) {
   EXPECT_EQ(flag.err.find("unknown command"), std::string::npos) << flag.err;
 }
 
+// Precision may change across a resume (the FP32 weights are the truth), but not silently.
+TEST_F(CliTest, a_resume_in_another_precision_says_so) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--set", "train.precision=fp8"})).exit_code, 0);
+  const CliRun r = moetrain(tiny_train({"--steps", "3", "--resume", "latest"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("note: the checkpoint was trained with train.precision = \"fp8\""), std::string::npos) << r.out;
+  const CliRun same = moetrain(tiny_train({"--steps", "4", "--resume", "latest"}));
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(same.out.find("note: the checkpoint was trained with"), std::string::npos) << same.out;
+}
+
 }  // namespace

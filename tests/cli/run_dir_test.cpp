@@ -127,6 +127,16 @@ TEST_F(CliTest, overwrite_moves_the_previous_run_aside_and_starts_afresh) {
   EXPECT_EQ(read_file(old + "/metrics.jsonl"), metrics);
   EXPECT_EQ(step_dirs(old), std::vector<std::string>{"step-000002"});
   EXPECT_TRUE(fs::exists(old + "/config.toml"));  // the config moetrain wrote for that run goes with it
+
+  // --overwrite with --resume is a command line that cannot be used (exit 2); with run.resume =
+  // "auto", which finds a checkpoint to continue, it is refused naming the key. Nothing moves.
+  const CliRun both = moetrain(tiny_train({"--steps", "3", "--overwrite", "--resume", "latest"}));
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_NE(both.err.find("--overwrite starts afresh, --resume continues"), std::string::npos) << both.err;
+  const CliRun auto_resume = moetrain(tiny_train({"--steps", "3", "--overwrite", "--set", "run.resume=auto"}));
+  expect_error(auto_resume, {"--overwrite starts afresh", "run.resume = \"auto\"", "step-000001"});
+  EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000001"});
+  EXPECT_EQ(only_subdir(run_dir() + "/replaced"), old);
 }
 
 // The reported case: the user's config.toml lives in run.dir (run.dir = "."). It is not the

@@ -185,8 +185,9 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
     MOE_CHECK(!fs::exists(dir_ + "/" + name, ec) || fs::is_regular_file(dir_ + "/" + name, ec), "run.dir '", dir_,
               "' holds '", name, "', which is not a file: moetrain writes that name; move it away or choose another "
               "run.dir");
-  MOE_CHECK(!(start.overwrite && !start.resumed_from.empty()), "--overwrite starts afresh, --resume continues: give "
-            "one of them");
+  // --resume with --overwrite is refused on the command line; here run.resume = "auto" found a checkpoint.
+  MOE_CHECK(!(start.overwrite && !start.resumed_from.empty()), "--overwrite starts afresh, but run.resume = \"auto\" "
+            "continues from ", start.resumed_from, ": drop --overwrite, or set run.resume = \"no\"");
   // Refusals first: nothing is created or moved before the directory is known to be usable.
   const std::string held = run_contents(dir_);
   const bool continues_this_run = !start.resumed_from.empty() && same_directory(parent_dir(start.resumed_from), dir_);

@@ -46,6 +46,20 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
                 format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
     if (init_from_.is_object() && init_from_.contains("path") && init_from_["path"].is_string())
       std::printf("  (this run was initialized from %s)\n", init_from_["path"].get<std::string>().c_str());
+    // Precision and payload may change across a resume (the FP32 weights are the truth); say so.
+    if (ckpt.train_state().contains("config")) {
+      try {
+        const Config before = parse_stored_config(ckpt.train_state_string("config"), dir + "/train_state.json", {},
+                                                  /*validate=*/false);
+        if (before.train.precision != cfg_.train.precision || before.ep.payload != cfg_.ep.payload)
+          std::printf("  note: the checkpoint was trained with train.precision = \"%s\", ep.payload = \"%s\"; this "
+                      "run continues with \"%s\", \"%s\"\n",
+                      to_string(before.train.precision), to_string(before.ep.payload),
+                      to_string(cfg_.train.precision), to_string(cfg_.ep.payload));
+      } catch (const Error&) {
+        // A stored config this build cannot read is no reason to refuse the resume: no note.
+      }
+    }
   }
 }
 
