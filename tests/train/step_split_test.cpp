@@ -112,6 +112,26 @@ TEST(StepSplit, fp8_runs_measure_the_gemm_rows_against_the_fp8_ceiling_and_atten
   }
 }
 
+// With one rank per stage in FP8 the AdamW pass writes the caches: the row says what share of its
+// time that is, by the caches' share of its bytes.
+TEST(StepSplit, the_adamw_row_gives_the_fp8_caches_share_of_its_time) {
+  StepWork work;
+  work.adamw_bytes = 30e9;
+  work.fp8_cache_in_adamw_bytes = 3e9;
+  Ceilings c;
+  c.gemm_tflops = 800;
+  c.copy_tb_s = 4;
+  const auto rows = split_step({{"moe::cuda::adamw_quantize_blocks_kernel<float>", 2, 20.0}}, 2, work, c);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].group, KernelGroup::AdamW);
+  EXPECT_NEAR(rows[0].fp8_cache_ms, 1.0, 1e-12);  // 10 ms per step, a tenth of the bytes
+  const std::string text = format_step_split(rows, c);
+  EXPECT_NE(text.find("of which writing the FP8 caches ~1.00 ms"), std::string::npos) << text;
+  work.fp8_cache_in_adamw_bytes = 0;  // BF16, or a separate cache pass
+  const std::string plain = format_step_split(split_step({{"adamw_kernel", 2, 20.0}}, 2, work, c), c);
+  EXPECT_EQ(plain.find("FP8 caches"), std::string::npos) << plain;
+}
+
 TEST(StepSplit, ceilings_say_why_they_were_not_measured_without_a_gpu) {
   std::string why;
   if (cuda_available(&why)) GTEST_SKIP() << "a GPU is present: measured by moetrain bench";

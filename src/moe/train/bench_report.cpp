@@ -58,7 +58,8 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
                     {"share", r.share},
                     {"rate", r.rate},
                     {"unit", r.unit},
-                    {"ceiling", r.ceiling}});
+                    {"ceiling", r.ceiling},
+                    {"fp8_cache_ms", r.fp8_cache_ms}});
   j["split"] = rows;
   if (s.power) {  // rank 0's GPU over the timed steps
     const PowerSummary& p = *s.power;

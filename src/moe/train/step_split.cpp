@@ -141,7 +141,11 @@ std::vector<SplitRow> split_step(const std::vector<KernelProfiler::Entry>& entri
       case KernelGroup::Attention: amount = work.attention_flops, bytes = false; break;
       case KernelGroup::Fp8Quantize: amount = work.fp8_quantize_bytes; break;
       case KernelGroup::Fp8Cache: amount = work.fp8_cache_bytes; break;
-      case KernelGroup::AdamW: amount = work.adamw_bytes; break;
+      case KernelGroup::AdamW:
+        amount = work.adamw_bytes;
+        // The FP8 caches written inside the pass: their share of its time, by their share of its bytes.
+        if (work.adamw_bytes > 0) r.fp8_cache_ms = ms[g] * work.fp8_cache_in_adamw_bytes / work.adamw_bytes;
+        break;
       case KernelGroup::GradNorm: amount = work.grad_norm_bytes; break;
       case KernelGroup::Other: amount = work.elementwise_bytes + work.optimizer_other_bytes; break;
     }
@@ -161,7 +165,8 @@ namespace {
 std::string fp8_ceiling(const Ceilings& c) {
   if (c.fp8_gemm_tflops <= 0) return "";
   char s[96];
-  std::snprintf(s, sizeof(s), " FP8 GEMM 8192^3 %.0f TFLOP/s (the expert and dense GEMM rows' ceiling),", c.fp8_gemm_tflops);
+  std::snprintf(s, sizeof(s), " FP8 GEMM 8192^3 %.0f TFLOP/s (the expert and dense GEMM rows' ceiling),",
+                c.fp8_gemm_tflops);
   return s;
 }
 }  // namespace
@@ -192,6 +197,9 @@ std::string format_step_split(const std::vector<SplitRow>& rows, const Ceilings&
       std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n), " (with the SwiGLU forwards that quantize)");
     else if (r.group == KernelGroup::Other)
       std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n), " (element-wise, norms, routing, loss)");
+    else if (r.group == KernelGroup::AdamW && r.fp8_cache_ms > 0)
+      std::snprintf(line + n, sizeof(line) - static_cast<size_t>(n),
+                    " (of which writing the FP8 caches ~%.2f ms, by their share of the bytes)", r.fp8_cache_ms);
     out += line;
     out += '\n';
   }

@@ -55,6 +55,7 @@ struct SplitRow {
   double rate = 0;      // TFLOP/s or TB/s achieved; 0 when the group's work is not counted
   double ceiling = 0;   // the measured ceiling in the same unit; 0 when none applies
   const char* unit = "";  // "TFLOP/s", "TB/s" or ""
+  double fp8_cache_ms = 0;  // AdamW with one rank per stage in FP8: the caches' share (by bytes) of its time
 };
 
 // Rows for every group with recorded time, in KernelGroup order. entries: all of the profiler's

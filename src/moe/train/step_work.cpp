@@ -260,6 +260,7 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
     // One rank: AdamW writes the caches in its pass (2 bytes per parameter, counted in adamw_bytes
     // in place of the BF16 copy). ZeRO-1: a pass over the gathered weights, this rank's experts only.
     s.fp8_cache_bytes = dp == 1 ? 0 : 6 * fp8_params / static_cast<double>(ep);
+    s.fp8_cache_in_adamw_bytes = dp == 1 ? 2 * fp8_params / static_cast<double>(ep) : 0;
   }
 
   // Parameters: the experts' and the rest, this rank's.
@@ -305,7 +306,8 @@ StepWork step_work(const Config& cfg, const RankLayout& layout) {
     for (double* x : {&s.expert_flops, &s.dense_flops, &s.attention_flops, &s.recompute_flops, &s.fp8_dense_flops,
                       &s.elementwise_bytes, &s.fp8_quantize_bytes, &s.dispatch_bytes})
       *x *= stage_share;
-    for (double* x : {&s.expert_grad_accumulate_bytes, &s.fp8_cache_bytes, &s.adamw_bytes, &s.grad_norm_bytes,
+    for (double* x : {&s.expert_grad_accumulate_bytes, &s.fp8_cache_bytes, &s.fp8_cache_in_adamw_bytes,
+                      &s.adamw_bytes, &s.grad_norm_bytes,
                       &s.optimizer_other_bytes, &s.params_updated, &s.dense_grad_params, &s.expert_grad_params,
                       &s.fsdp_gather_bytes, &s.fsdp_reduce_bytes})
       *x *= param_share;

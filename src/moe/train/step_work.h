@@ -76,6 +76,7 @@ struct StepWork {
                                      // and by columns, the quantizing SwiGLU forward): all they read and write;
                                      // quantization fused into RMSNorm and the dispatch is element-wise
   double fp8_cache_bytes = 0;        // the weights' FP8 caches' own pass, once per step with several ranks (F32 read, two FP8 orientations written); one rank: inside AdamW
+  double fp8_cache_in_adamw_bytes = 0;  // one rank per stage in FP8: the caches AdamW writes (in adamw_bytes)
   double adamw_bytes = 0;            // the AdamW kernels: 28 bytes per shard parameter (F32 moments), 30 with the BF16 copy
                                      // written in the same pass; 8 fewer with BF16 moments
   double grad_norm_bytes = 0;        // 4 per shard parameter
