@@ -21,6 +21,7 @@
 #include "moe/comm/mpi_communicator.h"
 #include "moe/core/arena.h"
 #include "moe/core/error.h"
+#include "moe/core/gpu_power.h"
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/data/prepare.h"
@@ -326,9 +327,10 @@ int main(int argc, char** argv) {
                      "a CPU run (--device cpu or run.device); plan the GPU (--device cuda, in a build with CUDA)\n");
         return kUsageError;
       }
+      // Exit 1, as for bench and eval: the folder, not the command line, is at fault.
       if (const std::string why = plan_json.empty() ? "" : unwritable_output(plan_json); !why.empty()) {
         std::fprintf(stderr, "error: plan --json %s cannot be written: %s\n", plan_json.c_str(), why.c_str());
-        return kUsageError;
+        return 1;
       }
       if (!plan_json.empty() && std::filesystem::exists(plan_json)) {
         std::fprintf(stderr, "error: plan --json %s exists; choose a new file name (nothing is overwritten)\n",
@@ -451,9 +453,8 @@ int main(int argc, char** argv) {
                    "too (see moetrain --help)\n");
       return kUsageError;
     } else if (bench->parsed()) {
-      if (!bench_json.empty())
-        MOE_CHECK(unwritable_output(bench_json).empty(), "bench --json ", bench_json, " cannot be written: ",
-                  unwritable_output(bench_json));
+      if (const std::string why = bench_json.empty() ? "" : unwritable_output(bench_json); !why.empty())
+        MOE_FAIL("bench --json ", bench_json, " cannot be written: ", why);
       MOE_CHECK(bench_json.empty() || !std::filesystem::exists(bench_json), "bench --json ", bench_json,
                 " exists; choose a new file name (nothing is overwritten)");
       std::vector<std::string> overrides = bench_args.overrides;
@@ -464,7 +465,7 @@ int main(int argc, char** argv) {
       moe::KernelProfiler profiler;
       opts.profiler = &profiler;  // used on the GPU only
       moe::PowerMonitor power;
-      opts.power = &power;  // used on the GPU only
+      opts.power = leader ? &power : nullptr;  // rank 0's GPU (the one printed); used on the GPU only
       moe::Trainer trainer(cfg, opts, world);
       if (bench_check) {
         // The fast kernels must give the plain reference kernels' loss on the same batch (BF16
@@ -513,7 +514,7 @@ int main(int argc, char** argv) {
               static_cast<double>(cfg.train.global_batch_size * cfg.train.seq_len) / world.size();
           std::printf("%s", moe::format_power(*s.power, s.mean_step_time_s, tokens_per_gpu_step,
                                               world.size() > 1 ? "rank 0's GPU" : "the GPU").c_str());
-        } else if (s.device == moe::Device::CUDA && !power.available()) {
+        } else if (s.device == moe::Device::CUDA && s.steps.size() > 1) {
           std::printf("  power: not recorded (%s)\n", power.why().c_str());
         }
         if (!bench_json.empty()) {
@@ -528,9 +529,8 @@ int main(int argc, char** argv) {
                      " --logits " + eval_logits);
       MOE_CHECK(args.differing_rank < 0, "the ranks of this job were given different eval arguments: '", args.leader,
                 "' on rank 0 but '", args.differing, "' on rank ", args.differing_rank);
-      if (!eval_logits.empty())
-        MOE_CHECK(unwritable_output(eval_logits).empty(), "eval --logits ", eval_logits, " cannot be written: ",
-                  unwritable_output(eval_logits));
+      if (const std::string why = eval_logits.empty() ? "" : unwritable_output(eval_logits); !why.empty())
+        MOE_FAIL("eval --logits ", eval_logits, " cannot be written: ", why);
       MOE_CHECK(eval_logits.empty() || !std::filesystem::exists(eval_logits), "eval --logits ", eval_logits,
                 " exists; choose a new file name (nothing is overwritten)");
       // Opened once: its files stay readable even if a running job prunes the checkpoint meanwhile.
@@ -544,12 +544,9 @@ int main(int argc, char** argv) {
       std::vector<std::string> o = {"data.path=synthetic", "data.sources=[]", "eval.sets=[]", "parallel.mode=ddp"};
       if (eval_data != "synthetic") o.insert(o.end(), {"data.synthetic_tokens=65536", "data.synthetic_eval_tokens=8192"});
       // Pipeline stages are a training layout: a checkpoint trained under them is evaluated by
-      // whole-model ranks (any number), unless --set names a pipeline layout for the evaluation.
-      const bool pipeline_set = std::any_of(eval_overrides.begin(), eval_overrides.end(), [](const std::string& kv) {
-        return kv.rfind("parallel.pp", 0) == 0;
-      });
-      if (!pipeline_set)
-        o.insert(o.end(), {"parallel.pp=1", "parallel.pp_virtual=1", "parallel.pp_schedule=1f1b", "parallel.pp_layers=[]"});
+      // whole-model ranks (any number); --set, applied after these, may ask for a layout again.
+      o.insert(o.end(),
+               {"parallel.pp=1", "parallel.pp_virtual=1", "parallel.pp_schedule=1f1b", "parallel.pp_layers=[]"});
       o.insert(o.end(), eval_overrides.begin(), eval_overrides.end());
       moe::Config cfg = moe::parse_stored_config(ckpt->train_state_string("config"), dir + "/train_state.json", o,
                                                  /*validate=*/false);

@@ -281,7 +281,8 @@ TEST(Checkpoint, PruneLeavesOtherRunsCheckpointsInPlace) {
   EXPECT_EQ(checkpoint_run_id(run + "/step-000099"), "");  // no such checkpoint
   const std::vector<std::string> others = prune_checkpoints(run, 1, "mine");
   EXPECT_EQ(others, (std::vector<std::string>{"step-000001", "step-000002"}));
-  for (const char* kept : {"step-000001", "step-000002", "step-000005"}) EXPECT_TRUE(fs::exists(run + "/" + kept)) << kept;
+  for (const char* kept : {"step-000001", "step-000002", "step-000005"})
+    EXPECT_TRUE(fs::exists(run + "/" + kept)) << kept;
   for (const char* gone : {"step-000003", "step-000004"}) EXPECT_FALSE(fs::exists(run + "/" + gone)) << gone;
 }
 

@@ -315,10 +315,11 @@ TEST_F(CliTest, output_files_in_missing_folders_are_refused_before_the_work) {
   expect_error(bench, {"bench --json", missing + "/b.json", "does not exist"});
   EXPECT_EQ(bench.out.find("step "), std::string::npos) << "no step should run:\n" << bench.out;
   const CliRun plan = moetrain({"plan", "--json", missing + "/p.json"});
-  EXPECT_EQ(plan.exit_code, 2);  // plan's output-file errors are usage errors, as its "exists" one
+  EXPECT_EQ(plan.exit_code, 1);  // the folder is at fault, not the command line: as for bench and eval
   EXPECT_NE(plan.err.find("plan --json " + missing + "/p.json cannot be written"), std::string::npos) << plan.err;
   ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
-  const CliRun eval = moetrain({"eval", "--checkpoint", run_dir(), "--data", "synthetic", "--logits", missing + "/l.npy"});
+  const CliRun eval =
+      moetrain({"eval", "--checkpoint", run_dir(), "--data", "synthetic", "--logits", missing + "/l.npy"});
   expect_error(eval, {"eval --logits", "does not exist"});
   EXPECT_FALSE(fs::exists(missing));
 }

@@ -228,7 +228,8 @@ TEST_F(CliTest, resume_latest_into_a_directory_holding_another_runs_checkpoint_i
   ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
   fs::copy(other + "/step-000004", run_dir() + "/step-000004", fs::copy_options::recursive);
   const std::string metrics = read_file(run_dir() + "/metrics.jsonl");
-  const CliRun r = moetrain(tiny_train({"--steps", "6", "--save-every", "2", "--keep-last", "1", "--resume", "latest"}));
+  const CliRun r =
+      moetrain(tiny_train({"--steps", "6", "--save-every", "2", "--keep-last", "1", "--resume", "latest"}));
   expect_error(r, {run_dir(), "holds checkpoints of two runs", "step-000004", "step-000002", "run id",
                    "directory of its own"});
   EXPECT_EQ(step_dirs(run_dir()), (std::vector<std::string>{"step-000002", "step-000004"}));

@@ -47,7 +47,8 @@ TEST(BenchReport, carries_the_runs_numbers_per_gpu) {
   EXPECT_EQ(j["parallel_mode"], "ddp");
   EXPECT_EQ(j["pp"], 1);
   EXPECT_EQ(j["pp_schedule"], "1f1b");
-  EXPECT_TRUE(j["pp_layers"].empty());
+  ASSERT_TRUE(j.contains("pp_layers"));
+  EXPECT_TRUE(j["pp_layers"].is_array() && j["pp_layers"].empty());
   EXPECT_EQ(j["device"], "cuda");
   EXPECT_DOUBLE_EQ(j["tokens_per_s"].get<double>(), 80000);
   EXPECT_DOUBLE_EQ(j["tokens_per_s_per_gpu"].get<double>(), 20000);
@@ -63,8 +64,10 @@ TEST(BenchReport, carries_the_runs_numbers_per_gpu) {
   EXPECT_TRUE(j["power"].is_null());  // no NVML window
 
   TrainSummary with_power = two_steps();
-  with_power.power = summarize_power({{1790, kClockReasonPowerCap}, {1980, 0}}, EnergyWindow{0.8, 480.0, 7},
-                                     700.0, 1980.0);
+  ClockTally clocks;
+  clocks.add({1790, kClockReasonPowerCap});
+  clocks.add({1980, 0});
+  with_power.power = summarize_power(clocks, EnergyWindow{true, 0.8, 480.0, 7}, 700.0, 1980.0);
   const auto p = nlohmann::json::parse(bench_report_json(cfg, with_power, 4, {}, c))["power"];
   EXPECT_DOUBLE_EQ(p["energy_j_per_step"].get<double>(), 300.0);  // 600 W for 0.5 s steps
   EXPECT_DOUBLE_EQ(p["mean_w"].get<double>(), 600.0);             // 480 J over 0.8 s
@@ -74,6 +77,12 @@ TEST(BenchReport, carries_the_runs_numbers_per_gpu) {
   EXPECT_EQ(p["samples"], 2);
   EXPECT_EQ(p["power_capped_samples"], 1);
   EXPECT_EQ(p["thermal_samples"], 0);
+  // Too few counter updates: the energy fields are null, the clock's are still there.
+  with_power.power = summarize_power(clocks, EnergyWindow{false, 0, 0, 1}, 700.0, 1980.0);
+  const auto q = nlohmann::json::parse(bench_report_json(cfg, with_power, 4, {}, c))["power"];
+  EXPECT_TRUE(q["energy_j_per_step"].is_null());
+  EXPECT_TRUE(q["mean_w"].is_null());
+  EXPECT_EQ(q["samples"], 2);
 
   cfg.parallel.mode = "fsdp";
   EXPECT_EQ(nlohmann::json::parse(bench_report_json(cfg, two_steps(), 4, {}, c))["ep"], 1);

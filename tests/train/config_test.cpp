@@ -362,8 +362,8 @@ TEST(Config, ReadmeKeyTableIsTheListingTheBinaryPrints) {
 // FP8 on the GPU reads 16-byte rows of codes: each feature width and the tokens of a microbatch
 // must be multiples of 16, refused up front naming the key (the kernels' own check names none).
 TEST(Config, Fp8OnTheGpuRefusesWidthsAndMicrobatchesThatAreNotMultiplesOf16) {
-  const std::vector<std::string> fp8 = {"train.precision=\"fp8\"", "model.hidden_size=128", "model.intermediate_size=64",
-                                        "train.seq_len=64", "train.micro_batch_size=1"};
+  const std::vector<std::string> fp8 = {"train.precision=\"fp8\"", "model.hidden_size=128",
+                                        "model.intermediate_size=64", "train.seq_len=64", "train.micro_batch_size=1"};
   EXPECT_NO_THROW(check_fp8_gpu_shapes(load_config("tiny", fp8)));
   const auto refused = [&](const std::vector<std::string>& more, const std::string& key) {
     std::vector<std::string> o = fp8;

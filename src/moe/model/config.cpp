@@ -30,12 +30,9 @@ void ModelConfig::validate() const {
             "model.first_k_dense_replace (", first_k_dense_replace, ") must be in [0, model.num_hidden_layers]");
   if (first_k_dense_replace > 0)
     MOE_CHECK(dense_intermediate_size > 0, "model.dense_intermediate_size must be > 0 when model.first_k_dense_replace > 0");
-  // An all-dense model (first_k_dense_replace = num_hidden_layers) still builds the expert
-  // dispatcher, which needs an expert count to split.
-  MOE_CHECK(num_experts > 0, "model.num_experts must be > 0, got ", num_experts,
-            first_k_dense_replace == num_hidden_layers ? " (every layer is dense here, but the run still lays out the "
-                                                         "experts: any count works, e.g. 1)"
-                                                       : "");
+  // Even an all-dense model (first_k_dense_replace = num_hidden_layers) builds the expert
+  // dispatcher, which needs an expert count to split (the key's range says so first).
+  MOE_CHECK(num_experts > 0, "model.num_experts must be > 0, got ", num_experts);
   if (first_k_dense_replace < num_hidden_layers) {
     MOE_CHECK(num_experts_per_tok > 0 && num_experts_per_tok <= num_experts, "model.num_experts_per_tok (",
               num_experts_per_tok, ") must be in [1, model.num_experts = ", num_experts, "]");

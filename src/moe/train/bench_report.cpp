@@ -63,9 +63,10 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
   j["split"] = rows;
   if (s.power) {  // rank 0's GPU over the timed steps
     const PowerSummary& p = *s.power;
-    j["power"] = {{"energy_j_per_step", p.mean_power_w() * s.mean_step_time_s},
-                  {"mean_w", p.mean_power_w()},
-                  {"energy_window_s", p.seconds},
+    const auto measured = [&](double v) { return p.energy_measured ? nlohmann::ordered_json(v) : nullptr; };
+    j["power"] = {{"energy_j_per_step", measured(p.mean_power_w() * s.mean_step_time_s)},
+                  {"mean_w", measured(p.mean_power_w())},
+                  {"energy_window_s", measured(p.seconds)},
                   {"energy_updates", p.energy_updates},
                   {"limit_w", p.limit_w},
                   {"sm_clock_mhz_mean", p.mean_sm_clock_mhz},
@@ -73,7 +74,8 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
                   {"samples", p.samples},
                   {"power_capped_samples", p.power_capped},
                   {"thermal_samples", p.thermal},
-                  {"hardware_slowdown_samples", p.hardware_slowdown}};
+                  {"hardware_slowdown_samples", p.hardware_slowdown},
+                  {"note", p.note}};
   } else {
     j["power"] = nullptr;
   }

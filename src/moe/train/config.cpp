@@ -714,7 +714,8 @@ void Config::validate(int64_t dp) const {
             "train.global_batch_size (", t.global_batch_size, ") must be a positive multiple of train.micro_batch_size (",
             t.micro_batch_size, ")",
             // Checked once at load time with one rank (the job's count is not known yet), then with the real one.
-            dp > 1 ? " x data-parallel ranks (" + std::to_string(dp) + ")" : std::string(" (x the data-parallel ranks)"));
+            dp > 1 ? " x data-parallel ranks (" + std::to_string(dp) + ")"
+                   : std::string(" (x the data-parallel ranks)"));
   const double expert_rows = std::ceil(model.capacity_factor * static_cast<double>(micro_tokens) *
                                        static_cast<double>(model.num_experts_per_tok)) *
                              static_cast<double>(parallel.ep);
@@ -816,7 +817,7 @@ void check_fp8_gpu_shapes(const Config& c) {
   const auto need16 = [](int64_t v, const std::string& what) {
     MOE_CHECK(v % 16 == 0, "train.precision = \"fp8\" on the GPU needs ", what, " to be a multiple of 16 (the FP8 "
               "matmuls read 16-byte rows of codes); it is ", v, ". Change it, set train.precision = \"bf16\", or run "
-              "with run.device = \"cpu\" (FP8 emulated, no such limit)");
+              "on the CPU (run.device = \"cpu\"; plan --device cpu), where FP8 is emulated with no such limit");
   };
   need16(m.hidden_size, "model.hidden_size");
   need16(m.num_attention_heads * m.head_dim(), "model.num_attention_heads x head dim (the query width)");

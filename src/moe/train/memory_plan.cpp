@@ -61,7 +61,8 @@ std::string topology_text(const Config& cfg, Device device) {
   // EP = 1 runs the local dispatcher on CPU ranks and the GPU rowwise one (a group of one, as
   // plan_rank builds it) on GPUs; FSDP has no expert parallelism.
   if (par.mode == "ddp")
-    os << ", ep " << par.ep << " (" << (par.ep == 1 && device != Device::CUDA ? "local" : cfg.ep.backend.c_str()) << ", "
+    os << ", ep " << par.ep << " (" << (par.ep == 1 && device != Device::CUDA ? "local" : cfg.ep.backend.c_str())
+       << ", "
        << to_string(cfg.ep.payload) << " payload)";
   return os.str();
 }

@@ -99,7 +99,9 @@ std::string run_lock_holder(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return "";
   std::string who;
-  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+  // A shared lock conflicts only with a holder's exclusive one (two probes do not collide); a job
+  // taking its lock in the instant this one is held is refused and can start again.
+  if (::flock(fd, LOCK_SH | LOCK_NB) == 0) {
     ::flock(fd, LOCK_UN);
   } else if (errno == EWOULDBLOCK) {
     who = holder(read_fd(fd));

@@ -23,8 +23,9 @@ class RunLock {
 };
 
 // Who holds the lock at `path` now ("process 123 on host h since ...", or "another job" when its
-// content is not moetrain's), or "" when nobody does or there is no lock file. Takes nothing: a
-// job about to read the run directory (a resume) asks first, so a live run is named as such.
+// content is not moetrain's), or "" when nobody does or there is no lock file. It holds a shared
+// lock for an instant to find out; a job about to read the run directory (a resume) asks first, so
+// a live run is named as such.
 std::string run_lock_holder(const std::string& path);
 
 }  // namespace moe

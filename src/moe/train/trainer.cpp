@@ -15,6 +15,7 @@
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/comm/host_strings.h"
 #include "moe/core/device.h"
+#include "moe/core/gpu_power.h"
 #include "moe/core/wall_clock.h"
 #include "moe/core/rng.h"
 #include "moe/data/eval_windows.h"
@@ -125,8 +126,11 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     init_weights_from(opts_.init_from);
   } else {
     // A live run in run.dir is named before its checkpoints are read (it may have none yet).
+    // Rank 0 asks (it takes the lock itself only later, in run(): another rank asking could
+    // see rank 0's own lock of a fast start) and tells every rank.
     if (!opts_.bench) {
-      const std::string lock = cfg_.run_dir() + "/.lock", who = run_lock_holder(lock);
+      const std::string lock = cfg_.run_dir() + "/.lock";
+      const std::string who = broadcast_string(host_world_, leader() ? run_lock_holder(lock) : "", 0);
       MOE_CHECK(who.empty(), "the run directory is in use by ", who, " (", lock,
                 "); wait for it to end, or choose another run.dir");
     }
@@ -452,6 +456,7 @@ TrainSummary Trainer::run() {
   if (opts_.stop_on_signals) install_stop_handlers();
   for (int64_t step = start_step_; step < t.steps; ++step) {
     if (profile && step == start_step_ + 1) opts_.profiler->start();  // the first step builds plans: not timed
+    // A GPU whose readings fail gets no power line, not a failed run (bench prints why).
     if (watch_power && step == start_step_ + 1) opts_.power->start();
     StepRecord r = train_step(step);
     summary.steps.push_back(r);

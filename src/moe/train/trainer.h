@@ -22,7 +22,7 @@
 #include "moe/comm/mesh.h"
 #include "moe/comm/timed_communicator.h"
 #include "moe/core/arena.h"
-#include "moe/core/gpu_power.h"
+#include "moe/core/power_summary.h"
 #include "moe/core/kernel_profiler.h"
 #include "moe/core/pass_timer.h"
 #include "moe/core/side_stream.h"
@@ -42,6 +42,8 @@
 #include "moe/train/run_model.h"
 
 namespace moe {
+
+class PowerMonitor;  // core/gpu_power.h
 
 struct TrainOptions {
   std::string resume;  // checkpoint dir, run dir, or "latest" (= this run's dir); empty = fresh start
