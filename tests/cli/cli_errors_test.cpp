@@ -314,9 +314,11 @@ TEST_F(CliTest, output_files_in_missing_folders_are_refused_before_the_work) {
   const CliRun bench = moetrain({"bench", "--steps", "50", "--set", "run.device=cpu", "--json", missing + "/b.json"});
   expect_error(bench, {"bench --json", missing + "/b.json", "does not exist"});
   EXPECT_EQ(bench.out.find("step "), std::string::npos) << "no step should run:\n" << bench.out;
+#if defined(MOE_HAVE_CUDA)  // plan --json predicts a GPU run: a build without CUDA refuses it before this check
   const CliRun plan = moetrain({"plan", "--json", missing + "/p.json"});
   EXPECT_EQ(plan.exit_code, 1);  // the folder is at fault, not the command line: as for bench and eval
   EXPECT_NE(plan.err.find("plan --json " + missing + "/p.json cannot be written"), std::string::npos) << plan.err;
+#endif
   ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
   const CliRun eval =
       moetrain({"eval", "--checkpoint", run_dir(), "--data", "synthetic", "--logits", missing + "/l.npy"});
