@@ -135,6 +135,31 @@ TEST(Config, PpLayersArrayIsReadFromAFileAndFromSet) {
       << "a later --set replaces the array; [] asks for the balanced split";
 }
 
+// Each schedule combination that would not run what it names is refused, naming the keys; the
+// ones that would run are accepted.
+TEST(Config, PipelineScheduleCombinationsThatWouldNotRunAsNamedAreRefused) {
+  const struct {
+    int64_t pp;
+    std::vector<std::string> extra;
+    const char* needle;  // "" = accepted
+  } cases[] = {
+      {2, {"parallel.pp_schedule=\"interleaved\"", "parallel.pp_virtual=2"}, ""},
+      {2, {"parallel.pp_schedule=\"1f1b\""}, ""},
+      {2, {"parallel.pp_schedule=\"interleaved\""}, "needs parallel.pp_virtual >= 2 chunks per rank"},
+      {2, {"parallel.pp_schedule=\"interleaved\"", "parallel.pp_virtual=1"}, "(with 1 it is the 1F1B schedule)"},
+      {1, {"parallel.pp_schedule=\"interleaved\""}, "one stage has nothing to interleave"},
+      {1, {"parallel.pp_schedule=\"interleaved\"", "parallel.pp_virtual=2"}, "needs parallel.pp_schedule"},
+      {2, {"parallel.pp_virtual=2"}, "parallel.pp_virtual = 2 needs parallel.pp_schedule = \"interleaved\""},
+  };
+  for (const auto& c : cases) {
+    const std::string e = error_of([&] { pipelined(c.pp, c.extra); });
+    if (std::string(c.needle).empty())
+      EXPECT_EQ(e, "") << c.extra.front();
+    else
+      EXPECT_NE(e.find(c.needle), std::string::npos) << c.extra.front() << " (pp " << c.pp << ") -> " << e;
+  }
+}
+
 TEST(Config, PpLayersAsAStringIsRefusedShowingTheArrayToWrite) {
   // Quoted, bare (taken as a string) and the empty default of the old form.
   const struct {

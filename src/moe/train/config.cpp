@@ -749,6 +749,10 @@ void Config::validate(int64_t dp) const {
             "parallel.pp_virtual = 1");
   MOE_CHECK(par.pp_schedule != "interleaved" || par.pp > 1, "parallel.pp_schedule = \"interleaved\" needs "
             "parallel.pp >= 2 (one stage has nothing to interleave); use parallel.pp_schedule = \"1f1b\"");
+  // One chunk per rank is the 1F1B schedule: asked for interleaving, the run would silently not interleave.
+  MOE_CHECK(par.pp_schedule != "interleaved" || par.pp_virtual > 1, "parallel.pp_schedule = \"interleaved\" needs "
+            "parallel.pp_virtual >= 2 chunks per rank (with 1 it is the 1F1B schedule); set parallel.pp_virtual, or "
+            "use parallel.pp_schedule = \"1f1b\"");
   // Given chunk sizes must match the chunk count and the layers: refused here, before any rank starts.
   if (!par.pp_layers.empty())
     plan_pipeline_layout(model, t.seq_len, static_cast<int>(par.pp), static_cast<int>(par.pp_virtual), par.pp_layers);
