@@ -1,0 +1,244 @@
+// MOE_BENCH=1: the energy of each kind of GPU work in a bench-olmoe-4l step, measured alone with
+// NVML's energy counter (core/gpu_power.h), FP8 against BF16. The H200 runs both precisions' steps
+// at its 700 W limit, where a step's time is its energy over 700 W (bench/RESULTS.md, 2026-12-04):
+// what a kernel costs the step is its joules, not its milliseconds. Each product runs back to back
+// for about a second on random operands (constant ones toggle fewer bits and draw less power), and
+// the line gives its time, rate, mean power, SM clock, and energy per call and per FLOP (or byte).
+// Without MOE_BENCH=1 (or without a GPU or NVML) the test skips: it measures, it checks nothing.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "moe/core/gpu_power.h"
+#include "moe/ops/fp8.h"
+#include "moe/ops/gemm.h"
+#include "moe/ops/grouped_gemm.h"
+
+namespace moe {
+namespace {
+
+#if defined(MOE_HAVE_CUDA)
+using testing::DeviceBuffer;
+
+int64_t tiles(int64_t n) { return (n + kFp8Tile - 1) / kFp8Tile; }
+
+// Random bytes for a buffer: a 64 MiB xorshift pattern, copied over the buffer (the repeat is far
+// longer than any tile a kernel reads at once). `fix` maps each 16-bit word to a value of the type.
+void fill_random(const DeviceBuffer& b, uint16_t (*fix)(uint16_t)) {
+  std::vector<uint16_t> pattern(size_t{32} << 20);
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (uint16_t& w : pattern) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    w = fix(static_cast<uint16_t>(x >> 24));
+  }
+  const size_t chunk = pattern.size() * sizeof(uint16_t);
+  for (size_t at = 0; at < b.bytes(); at += chunk)
+    CUDA_CHECK(cudaMemcpy(static_cast<char*>(b.tensor().data) + at, pattern.data(), std::min(chunk, b.bytes() - at),
+                          cudaMemcpyHostToDevice));
+}
+// BF16 in +-[0.5, 2): random sign and mantissa.
+uint16_t bf16_word(uint16_t r) { return static_cast<uint16_t>((r & 0x807f) | ((126 + ((r >> 7) & 1)) << 7)); }
+// Two E4M3 codes of any finite value (the NaN codes 0x7f / 0xff are moved to 0x7e / 0xfe).
+uint16_t e4m3_pair(uint16_t r) {
+  for (int shift : {0, 8})
+    if (((r >> shift) & 0x7f) == 0x7f) r = static_cast<uint16_t>(r ^ (1 << shift));
+  return r;
+}
+
+Tensor front(const DeviceBuffer& b, DType dtype, Shape shape) {
+  EXPECT_LE(static_cast<size_t>(shape.numel()) * dtype_size(dtype), b.bytes());
+  return Tensor(b.tensor().data, dtype, shape, Device::CUDA);
+}
+
+struct Measured {
+  double ms = 0, watts = 0, clock_mhz = 0, joules = 0;
+  int64_t capped = 0, samples = 0;
+};
+
+// fn back to back for ~1 s after a warmup, inside one power window.
+Measured measure(const std::function<void()>& fn, cudaStream_t stream) {
+  for (int i = 0; i < 3; ++i) fn();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  CUDA_CHECK(cudaEventRecord(start, stream));
+  fn();
+  CUDA_CHECK(cudaEventRecord(stop, stream));
+  CUDA_CHECK(cudaEventSynchronize(stop));
+  float once = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&once, start, stop));
+  const int iters = std::max(5, static_cast<int>(1000.0 / std::max(once, 0.01f)));
+  PowerMonitor monitor(0.005);
+  EXPECT_TRUE(monitor.start()) << monitor.why();
+  CUDA_CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < iters; ++i) fn();
+  CUDA_CHECK(cudaEventRecord(stop, stream));
+  CUDA_CHECK(cudaEventSynchronize(stop));
+  monitor.stop();
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  const PowerSummary p = monitor.summary();
+  EXPECT_TRUE(p.energy_measured);
+  Measured m;
+  m.ms = ms / iters;
+  m.watts = p.mean_power_w();
+  m.clock_mhz = p.mean_sm_clock_mhz;
+  m.joules = p.energy_per_step_j(m.ms * 1e-3);
+  m.capped = p.power_capped;
+  m.samples = p.samples;
+  return m;
+}
+
+void report(const char* name, const Measured& m, double work, const char* unit) {
+  // pJ per FLOP (or per byte moved): the energy per call over its work.
+  std::printf("  %-34s %8.3f ms %8.1f %s %5.0f W %5.0f MHz (capped %3ld/%3ld) %7.3f J %6.3f pJ/%s\n", name, m.ms,
+              work / (m.ms * 1e-3) * 1e-12, unit[0] == 'F' ? "TFLOP/s" : "TB/s   ", m.watts, m.clock_mhz,
+              static_cast<long>(m.capped), static_cast<long>(m.samples), m.joules, m.joules / work * 1e12,
+              unit[0] == 'F' ? "FLOP" : "B");
+  std::fflush(stdout);
+}
+#endif
+
+TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  const char* bench = std::getenv("MOE_BENCH");
+  if (bench == nullptr || std::string(bench) != "1") GTEST_SKIP() << "energy runs with MOE_BENCH=1";
+  if (PowerMonitor probe; !probe.available()) GTEST_SKIP() << probe.why();
+  // bench-olmoe-4l: 32768 tokens, top 8 of 64 experts (even load), d 2048, h 1024; the LM head in
+  // 4681-row chunks over a 50304 vocabulary; QKV 2048 -> 6144.
+  constexpr int64_t E = 64, T = 32768, rows = T * 8, D = 2048, H = 1024, V = 50304, chunk = 4681, QKV = 3 * D;
+  const int64_t Mp = fp8_columns_capacity(rows, E);
+  std::vector<int32_t> offsets{0};
+  for (int64_t e = 0; e < E; ++e) offsets.push_back(static_cast<int32_t>(rows / E * (e + 1)));
+  DeviceBuffer off(DType::I32, {E + 1});
+  off.upload_i32(offsets);
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  const Stream s{stream};
+
+  struct Product {
+    const char* name;
+    int kind;  // 0 forward (x W^T), 1 data gradient (dy W), 2 weight gradient (dy^T x)
+    int64_t n_out, k_in;
+  };
+  const Product products[] = {
+      {"fwd gate_up", 0, 2 * H, D}, {"fwd down", 0, D, H},          {"dgrad down", 1, H, D},
+      {"dgrad gate_up", 1, D, 2 * H}, {"wgrad down (=)", 2, D, H}, {"wgrad gate_up (=)", 2, 2 * H, D},
+  };
+  double fp8_j = 0, bf16_j = 0;
+  {
+    std::printf("FP8 expert products (64 experts x %lld rows, random codes, unit scales)\n",
+                static_cast<long long>(rows / E));
+    DeviceBuffer in(DType::FP8_E4M3, {rows, 2 * H}), in_s(DType::F32, {rows, tiles(2 * H)});
+    DeviceBuffer w(DType::FP8_E4M3, {E, 2 * H, D}), w_s(DType::F32, {E, tiles(2 * H), tiles(D)});
+    DeviceBuffer ca(DType::FP8_E4M3, {2 * H, Mp}), ca_s(DType::F32, {2 * H, tiles(Mp)});
+    DeviceBuffer cb(DType::FP8_E4M3, {2 * H, Mp}), cb_s(DType::F32, {2 * H, tiles(Mp)});
+    DeviceBuffer out(DType::BF16, {rows, 2 * H}), g(DType::F32, {E, 2 * H, D});
+    for (const DeviceBuffer* b : {&in, &w, &ca, &cb}) fill_random(*b, e4m3_pair);
+    for (const DeviceBuffer* b : {&in_s, &w_s, &ca_s, &cb_s}) {
+      const std::vector<float> ones(b->bytes() / sizeof(float), 1.0f / 64);  // keeps BF16 outputs finite
+      CUDA_CHECK(cudaMemcpy(b->tensor().data, ones.data(), b->bytes(), cudaMemcpyHostToDevice));
+    }
+    for (const Product& p : products) {
+      const Measured m = measure(
+          [&] {
+            if (p.kind == 2)
+              fp8_grouped_matmul_wgrad(
+                  front(g, DType::F32, {E, p.n_out, p.k_in}),
+                  {front(ca, DType::FP8_E4M3, {p.n_out, Mp}), front(ca_s, DType::F32, {p.n_out, tiles(Mp)}),
+                   Fp8Tiles::Rows},
+                  {front(cb, DType::FP8_E4M3, {p.k_in, Mp}), front(cb_s, DType::F32, {p.k_in, tiles(Mp)}),
+                   Fp8Tiles::Rows},
+                  off.tensor(), false, s);
+            else
+              fp8_grouped_matmul(front(out, DType::BF16, {rows, p.n_out}),
+                                 {front(in, DType::FP8_E4M3, {rows, p.k_in}),
+                                  front(in_s, DType::F32, {rows, tiles(p.k_in)}), Fp8Tiles::Rows},
+                                 {front(w, DType::FP8_E4M3, {E, p.n_out, p.k_in}),
+                                  front(w_s, DType::F32, {E, tiles(p.n_out), tiles(p.k_in)}), Fp8Tiles::Blocks},
+                                 off.tensor(), s);
+          },
+          stream);
+      fp8_j += m.joules;
+      report(p.name, m, 2.0 * rows * p.n_out * p.k_in, "FLOP");
+    }
+    // The dense QKV projection (cuBLASLt, block scales).
+    DeviceBuffer x(DType::FP8_E4M3, {T, D}), x_s(DType::F32, {T, tiles(D)});
+    DeviceBuffer wq(DType::FP8_E4M3, {QKV, D}), wq_s(DType::F32, {tiles(QKV), tiles(D)}), y(DType::BF16, {T, QKV});
+    fill_random(x, e4m3_pair);
+    fill_random(wq, e4m3_pair);
+    for (const DeviceBuffer* b : {&x_s, &wq_s}) {
+      const std::vector<float> v(b->bytes() / sizeof(float), 1.0f / 64);
+      CUDA_CHECK(cudaMemcpy(b->tensor().data, v.data(), b->bytes(), cudaMemcpyHostToDevice));
+    }
+    const Measured qkv = measure(
+        [&] {
+          fp8_matmul(y.tensor(), {x.tensor(), x_s.tensor(), Fp8Tiles::Rows}, {wq.tensor(), wq_s.tensor(), Fp8Tiles::Blocks},
+                     false, s);
+        },
+        stream);
+    report("dense QKV fwd (cuBLASLt)", qkv, 2.0 * T * QKV * D, "FLOP");
+  }
+  {
+    std::printf("BF16 expert products (the same shapes, random values)\n");
+    DeviceBuffer in(DType::BF16, {rows, 2 * H}), out(DType::BF16, {rows, 2 * H});
+    DeviceBuffer w(DType::BF16, {E, 2 * H, D}), g(DType::F32, {E, 2 * H, D});
+    for (const DeviceBuffer* b : {&in, &out, &w}) fill_random(*b, bf16_word);
+    for (const Product& p : products) {
+      const Tensor x = front(in, DType::BF16, {rows, p.k_in}), y = front(out, DType::BF16, {rows, p.n_out});
+      const Tensor wt = front(w, DType::BF16, p.kind == 1 ? Shape{E, p.k_in, p.n_out} : Shape{E, p.n_out, p.k_in});
+      const Tensor gt = front(g, DType::F32, {E, p.n_out, p.k_in});
+      const Measured m = measure(
+          [&] {
+            if (p.kind == 2) grouped_matmul_wgrad(gt, y, x, off.tensor(), s, false);
+            else grouped_matmul(y, x, wt, off.tensor(), p.kind == 0, false, s);
+          },
+          stream);
+      bf16_j += m.joules;
+      report(p.name, m, 2.0 * rows * p.n_out * p.k_in, "FLOP");
+    }
+    DeviceBuffer x(DType::BF16, {T, D}), wq(DType::BF16, {QKV, D}), y(DType::BF16, {T, QKV});
+    fill_random(x, bf16_word);
+    fill_random(wq, bf16_word);
+    report("dense QKV fwd (cuBLASLt)",
+           measure([&] { matmul(y.tensor(), x.tensor(), wq.tensor(), false, true, 1.0f, 0.0f, s); }, stream),
+           2.0 * T * QKV * D, "FLOP");
+    // The LM head's forward, one 4681-row chunk (BF16 in both precisions).
+    DeviceBuffer h(DType::BF16, {chunk, D}), emb(DType::BF16, {V, D}), logits(DType::BF16, {chunk, V});
+    fill_random(h, bf16_word);
+    fill_random(emb, bf16_word);
+    report("LM head chunk fwd (cuBLASLt)",
+           measure([&] { matmul(logits.tensor(), h.tensor(), emb.tensor(), false, true, 1.0f, 0.0f, s); }, stream),
+           2.0 * chunk * V * D, "FLOP");
+  }
+  {
+    // A memory-bound FP8 producer: one layer's routed output gradient quantized by rows and by
+    // columns (2 bytes read, 1 + 1 written per element).
+    std::printf("FP8 quantizer (routed rows, BF16 in)\n");
+    DeviceBuffer x(DType::BF16, {rows, D}), q(DType::FP8_E4M3, {rows, D}), q_s(DType::F32, {rows, tiles(D)});
+    DeviceBuffer c(DType::FP8_E4M3, {D, Mp}), c_s(DType::F32, {D, tiles(Mp)});
+    fill_random(x, bf16_word);
+    report("quantize rows and columns",
+           measure([&] {
+             fp8_quantize_rows_and_columns({q.tensor(), q_s.tensor(), Fp8Tiles::Rows},
+                                           {c.tensor(), c_s.tensor(), Fp8Tiles::Rows}, x.tensor(), off.tensor(), s);
+           }, stream),
+           4.0 * rows * D, "B");
+  }
+  std::printf("one layer's six expert products: FP8 %.3f J, BF16 %.3f J (%.2fx)\n", fp8_j, bf16_j,
+              fp8_j > 0 ? bf16_j / fp8_j : 0.0);
+  CUDA_CHECK(cudaStreamDestroy(stream));
+#endif
+}
+
+}  // namespace
+}  // namespace moe
