@@ -11,7 +11,10 @@
 #include <limits>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -27,6 +30,7 @@
 #include "moe/data/prepare.h"
 #include "moe/train/hf_interop.h"
 #include "moe/train/init_source.h"
+#include "moe/train/job_power.h"
 #include "moe/train/bench_report.h"
 #include "moe/train/config.h"
 #include "moe/train/flops.h"
@@ -44,18 +48,31 @@
 
 namespace {
 
+// A --set without "section.key=" is a command line that cannot be used (exit 2, as CLI11's own
+// errors); what the value means is the config's to judge (exit 1).
+std::string set_form_error(const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  return eq != std::string::npos && eq > 0 ? "" : "expects section.key=value, got '" + assignment + "'";
+}
+
 struct ConfigArgs {
   std::string config = "tiny";
   std::vector<std::string> overrides;
   void add_to(CLI::App* cmd) {
     cmd->add_option("--config", config, "TOML config file, or 'tiny' for the built-in default")
         ->capture_default_str();
-    cmd->add_option("--set", overrides, "override a config key: --set section.key=value (repeatable)");
+    cmd->add_option("--set", overrides, "override a config key: --set section.key=value (repeatable)")
+        ->check(set_form_error);
   }
 };
 
 // Exit status of a command line that cannot be parsed (errors while running exit 1).
 constexpr int kUsageError = 2;
+
+// A command line that cannot be used, found only once the config or run.dir is read (exit 2).
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // bench --check: fast vs reference kernels on one batch, both BF16 with FP32 accumulation in a
 // different order: the losses (~1 to 11 nats) agree to well under 1%.
@@ -198,7 +215,8 @@ int main(int argc, char** argv) {
   eval->add_option("--tokens", eval_tokens, "evaluate at most N predicted tokens (0 = all)")
       ->check(kCountFromZero);
   eval->add_option("--logits", eval_logits, "write the first microbatch's logits to this .npy (float32)");
-  eval->add_option("--set", eval_overrides, "override a key of the checkpoint's config (e.g. train.seq_len)");
+  eval->add_option("--set", eval_overrides, "override a key of the checkpoint's config (e.g. train.seq_len)")
+      ->check(set_form_error);
 
   std::string export_ckpt, export_out;
   double export_shard_gb = 5.0;
@@ -290,6 +308,29 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", what);
     return 1;
   };
+  // Start-up work every rank does alike: the command line's checks and reading the config, which
+  // are the same on every rank. An error that every rank meets with the same message is printed
+  // once, by rank 0, and every rank returns its exit status: MPI_Abort would print it once per rank
+  // that got there first, under Open MPI's abort banner. An error only some ranks meet (a file one
+  // node cannot read) ends the job as any error does. Returns -1 to go on, else the exit status.
+  auto agree_at_startup = [&](const std::function<void()>& work) -> int {
+    int code = 0;
+    std::string what;
+    try {
+      work();
+    } catch (const UsageError& e) {
+      code = kUsageError, what = e.what();
+    } catch (const std::exception& e) {
+      code = 1, what = e.what();
+    }
+    if (world.size() > 1 && moe::agree_on_string(world, std::to_string(code) + " " + what).differing_rank >= 0) {
+      if (code != 0) moe::MpiRuntime::abort_job(what.c_str(), code);
+      return -1;  // another rank failed: its abort ends this one
+    }
+    if (code == 0) return -1;
+    if (leader) std::fprintf(stderr, "error: %s\n", what.c_str());
+    return code;
+  };
 
   try {
     // These write one output or print one listing: several ranks would race each other.
@@ -327,7 +368,7 @@ int main(int argc, char** argv) {
                      "a CPU run (--device cpu or run.device); plan the GPU (--device cuda, in a build with CUDA)\n");
         return kUsageError;
       }
-      // Exit 1, as for bench and eval: the folder, not the command line, is at fault.
+      // Exit 1 here and for an existing file, as for bench and eval: the folder, not the command line, is at fault.
       if (const std::string why = plan_json.empty() ? "" : unwritable_output(plan_json); !why.empty()) {
         std::fprintf(stderr, "error: plan --json %s cannot be written: %s\n", plan_json.c_str(), why.c_str());
         return 1;
@@ -335,7 +376,7 @@ int main(int argc, char** argv) {
       if (!plan_json.empty() && std::filesystem::exists(plan_json)) {
         std::fprintf(stderr, "error: plan --json %s exists; choose a new file name (nothing is overwritten)\n",
                      plan_json.c_str());
-        return kUsageError;
+        return 1;  // as for every output that exists (bench --json, eval --logits, export-hf, run.dir)
       }
       if (plan_gpus % plan_nodes != 0) {
         std::fprintf(stderr, "error: --gpus %d cannot be spread evenly over --nodes %d (see moetrain --help)\n",
@@ -398,22 +439,21 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (train->parsed()) {
-      // Usage errors (exit 2) that only the config and run.dir reveal; every rank sees the same.
-      auto usage_fail = [&](const std::string& what) {
-        if (mpi && world.size() > 1) moe::MpiRuntime::abort_job(what.c_str(), kUsageError);
-        std::fprintf(stderr, "error: %s\n", what.c_str());
-        return kUsageError;
-      };
-      if (!init_from.empty() && !resume.empty()) return usage_fail(moe::init_from_conflict(init_from, resume, {}));
-      if (overwrite && !resume.empty())
-        return usage_fail("--overwrite starts afresh, --resume continues: give one of them");
-      std::vector<std::string> overrides = train_args.overrides;
-      if (train->count("--save-every")) overrides.push_back("train.save_every=" + std::to_string(save_every));
-      if (train->count("--keep-last")) overrides.push_back("train.keep_last=" + std::to_string(keep_last));
-      if (train->count("--steps")) overrides.push_back("train.steps=" + std::to_string(steps));
-      const moe::Config cfg = moe::load_config(train_args.config, overrides);
-      if (const std::string conflict = moe::init_from_conflict(init_from, resume, cfg); !conflict.empty())
-        return usage_fail(conflict);
+      moe::Config cfg;
+      const int startup = agree_at_startup([&] {
+        // Usage errors (exit 2) that only the config and run.dir reveal.
+        if (!init_from.empty() && !resume.empty()) throw UsageError(moe::init_from_conflict(init_from, resume, {}));
+        if (overwrite && !resume.empty())
+          throw UsageError("--overwrite starts afresh, --resume continues: give one of them");
+        std::vector<std::string> overrides = train_args.overrides;
+        if (train->count("--save-every")) overrides.push_back("train.save_every=" + std::to_string(save_every));
+        if (train->count("--keep-last")) overrides.push_back("train.keep_last=" + std::to_string(keep_last));
+        if (train->count("--steps")) overrides.push_back("train.steps=" + std::to_string(steps));
+        cfg = moe::load_config(train_args.config, overrides);
+        if (const std::string conflict = moe::init_from_conflict(init_from, resume, cfg); !conflict.empty())
+          throw UsageError(conflict);
+      });
+      if (startup >= 0) return startup;
       moe::TrainOptions opts;
       opts.resume = resume;
       opts.init_from = init_from;
@@ -433,7 +473,7 @@ int main(int argc, char** argv) {
       if (std::filesystem::exists(bench_calibrate)) {
         std::fprintf(stderr, "error: bench --calibrate %s exists; choose a new file name (nothing is overwritten)\n",
                      bench_calibrate.c_str());
-        return kUsageError;
+        return 1;  // the folder, not the command line, is at fault
       }
       moe::HardwareProfile base;
       try {
@@ -453,19 +493,23 @@ int main(int argc, char** argv) {
                    "too (see moetrain --help)\n");
       return kUsageError;
     } else if (bench->parsed()) {
-      if (const std::string why = bench_json.empty() ? "" : unwritable_output(bench_json); !why.empty())
-        MOE_FAIL("bench --json ", bench_json, " cannot be written: ", why);
-      MOE_CHECK(bench_json.empty() || !std::filesystem::exists(bench_json), "bench --json ", bench_json,
-                " exists; choose a new file name (nothing is overwritten)");
-      std::vector<std::string> overrides = bench_args.overrides;
-      overrides.push_back("train.steps=" + std::to_string(bench_steps));
-      const moe::Config cfg = moe::load_config(bench_args.config, overrides);
+      moe::Config cfg;
+      const int startup = agree_at_startup([&] {
+        if (const std::string why = bench_json.empty() ? "" : unwritable_output(bench_json); !why.empty())
+          MOE_FAIL("bench --json ", bench_json, " cannot be written: ", why);
+        MOE_CHECK(bench_json.empty() || !std::filesystem::exists(bench_json), "bench --json ", bench_json,
+                  " exists; choose a new file name (nothing is overwritten)");
+        std::vector<std::string> overrides = bench_args.overrides;
+        overrides.push_back("train.steps=" + std::to_string(bench_steps));
+        cfg = moe::load_config(bench_args.config, overrides);
+      });
+      if (startup >= 0) return startup;
       moe::TrainOptions opts;
       opts.bench = true;
       moe::KernelProfiler profiler;
       opts.profiler = &profiler;  // used on the GPU only
       moe::PowerMonitor power;
-      opts.power = leader ? &power : nullptr;  // rank 0's GPU (the one printed); used on the GPU only
+      opts.power = &power;  // each rank's own GPU; used on the GPU only
       moe::Trainer trainer(cfg, opts, world);
       if (bench_check) {
         // The fast kernels must give the plain reference kernels' loss on the same batch (BF16
@@ -482,6 +526,11 @@ int main(int argc, char** argv) {
                   "kernels' ", plain, " by ", rel, " (relative), more than ", kCheckRelTol);
       }
       const moe::TrainSummary s = trainer.run();
+      // Every rank's GPU over the timed steps, each GPU once (collective: every rank of a GPU run has
+      // the same device and steps).
+      std::optional<moe::JobPower> job_power;
+      if (s.device == moe::Device::CUDA && s.steps.size() > 1)
+        job_power = moe::gather_job_power(world, s.power, power.why());
       std::vector<moe::SplitRow> split;
       moe::Ceilings ceilings;
       if (leader) {
@@ -509,16 +558,13 @@ int main(int argc, char** argv) {
             std::printf("%s", moe::format_step_split(split, ceilings).c_str());
           }
         }
-        if (s.power) {
-          const double tokens_per_gpu_step =
-              static_cast<double>(cfg.train.global_batch_size * cfg.train.seq_len) / world.size();
-          std::printf("%s", moe::format_power(*s.power, s.mean_step_time_s, tokens_per_gpu_step,
-                                              world.size() > 1 ? "rank 0's GPU" : "the GPU").c_str());
-        } else if (s.device == moe::Device::CUDA && s.steps.size() > 1) {
-          std::printf("  power: not recorded (%s)\n", power.why().c_str());
+        if (job_power) {
+          const double tokens_per_step = static_cast<double>(cfg.train.global_batch_size * cfg.train.seq_len);
+          std::printf("%s", moe::format_job_power(*job_power, s.mean_step_time_s, tokens_per_step).c_str());
         }
         if (!bench_json.empty()) {
-          moe::write_bench_report(bench_json, cfg, s, world.size(), split, ceilings);
+          moe::write_bench_report(bench_json, cfg, s, world.size(), split, ceilings,
+                                  job_power ? &*job_power : nullptr);
           std::printf("  report: %s\n", bench_json.c_str());
         }
       }
@@ -529,30 +575,35 @@ int main(int argc, char** argv) {
                      " --logits " + eval_logits);
       MOE_CHECK(args.differing_rank < 0, "the ranks of this job were given different eval arguments: '", args.leader,
                 "' on rank 0 but '", args.differing, "' on rank ", args.differing_rank);
-      if (const std::string why = eval_logits.empty() ? "" : unwritable_output(eval_logits); !why.empty())
-        MOE_FAIL("eval --logits ", eval_logits, " cannot be written: ", why);
-      MOE_CHECK(eval_logits.empty() || !std::filesystem::exists(eval_logits), "eval --logits ", eval_logits,
-                " exists; choose a new file name (nothing is overwritten)");
-      // Opened once: its files stay readable even if a running job prunes the checkpoint meanwhile.
-      const auto ckpt = std::make_shared<const moe::CheckpointReader>(moe::resolve_checkpoint(eval_ckpt));
+      std::shared_ptr<const moe::CheckpointReader> ckpt;
+      moe::Config cfg;
+      const int startup = agree_at_startup([&] {
+        if (const std::string why = eval_logits.empty() ? "" : unwritable_output(eval_logits); !why.empty())
+          MOE_FAIL("eval --logits ", eval_logits, " cannot be written: ", why);
+        MOE_CHECK(eval_logits.empty() || !std::filesystem::exists(eval_logits), "eval --logits ", eval_logits,
+                  " exists; choose a new file name (nothing is overwritten)");
+        // Opened once: its files stay readable even if a running job prunes the checkpoint meanwhile.
+        ckpt = std::make_shared<const moe::CheckpointReader>(moe::resolve_checkpoint(eval_ckpt));
+        // The checkpoint's own config, without its data source (the data is given here) and with a
+        // global batch that fits this topology.
+        // The training data is not read (--data names what is evaluated): a small synthetic corpus
+        // stands in, or, for --data synthetic, the checkpoint's own synthetic corpus.
+        std::vector<std::string> o = {"data.path=synthetic", "data.sources=[]", "eval.sets=[]", "parallel.mode=ddp"};
+        if (eval_data != "synthetic")
+          o.insert(o.end(), {"data.synthetic_tokens=65536", "data.synthetic_eval_tokens=8192"});
+        // Pipeline stages are a training layout: a checkpoint trained under them is evaluated by
+        // whole-model ranks (any number); --set, applied after these, may ask for a layout again.
+        o.insert(o.end(),
+                 {"parallel.pp=1", "parallel.pp_virtual=1", "parallel.pp_schedule=1f1b", "parallel.pp_layers=[]"});
+        o.insert(o.end(), eval_overrides.begin(), eval_overrides.end());
+        cfg = moe::parse_stored_config(ckpt->train_state_string("config"), ckpt->dir() + "/train_state.json", o,
+                                       /*validate=*/false);
+        cfg.train.global_batch_size = cfg.train.micro_batch_size * world.size();
+        if (cfg.parallel.ep > world.size() || world.size() % cfg.parallel.ep != 0) cfg.parallel.ep = 1;
+        cfg.validate();
+      });
+      if (startup >= 0) return startup;
       const std::string& dir = ckpt->dir();
-
-      // The checkpoint's own config, without its data source (the data is given here) and with a
-      // global batch that fits this topology.
-      // The training data is not read (--data names what is evaluated): a small synthetic corpus
-      // stands in, or, for --data synthetic, the checkpoint's own synthetic corpus.
-      std::vector<std::string> o = {"data.path=synthetic", "data.sources=[]", "eval.sets=[]", "parallel.mode=ddp"};
-      if (eval_data != "synthetic") o.insert(o.end(), {"data.synthetic_tokens=65536", "data.synthetic_eval_tokens=8192"});
-      // Pipeline stages are a training layout: a checkpoint trained under them is evaluated by
-      // whole-model ranks (any number); --set, applied after these, may ask for a layout again.
-      o.insert(o.end(),
-               {"parallel.pp=1", "parallel.pp_virtual=1", "parallel.pp_schedule=1f1b", "parallel.pp_layers=[]"});
-      o.insert(o.end(), eval_overrides.begin(), eval_overrides.end());
-      moe::Config cfg = moe::parse_stored_config(ckpt->train_state_string("config"), dir + "/train_state.json", o,
-                                                 /*validate=*/false);
-      cfg.train.global_batch_size = cfg.train.micro_batch_size * world.size();
-      if (cfg.parallel.ep > world.size() || world.size() % cfg.parallel.ep != 0) cfg.parallel.ep = 1;
-      cfg.validate();
       moe::TrainOptions opts;
       opts.checkpoint = ckpt;
       opts.bench = true;

@@ -252,6 +252,23 @@ TEST_F(CliTest, negative_counts_on_the_command_line_are_usage_errors) {
   EXPECT_NE(eval.err.find("--tokens"), std::string::npos) << eval.err;
 }
 
+// A --set that is not section.key=value cannot be read as an override at all: a usage error (2),
+// for every command that takes --set; a well-formed one naming an unknown key is a config error (1).
+TEST_F(CliTest, a_set_without_key_and_equals_sign_is_a_usage_error) {
+  for (const std::vector<std::string>& args :
+       {tiny_train({"--set", "train.steps"}), tiny_train({"--set", "=3"}),
+        std::vector<std::string>{"bench", "--set", "run.device"}, std::vector<std::string>{"plan", "--set", "x"},
+        std::vector<std::string>{"eval", "--checkpoint", path("x"), "--data", "synthetic", "--set", "train.seq_len"}}) {
+    const CliRun r = moetrain(args);
+    EXPECT_EQ(r.exit_code, 2) << args[0] << ": " << r.err;
+    EXPECT_NE(r.err.find("expects section.key=value, got '"), std::string::npos) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(run_dir()));
+  const CliRun unknown = moetrain(tiny_train({"--set", "train.no_such_key=3"}));
+  EXPECT_EQ(unknown.exit_code, 1) << unknown.err;
+}
+
 TEST_F(CliTest, no_subcommand_and_unknown_flags_are_usage_errors_and_help_is_not) {
   const CliRun bare = moetrain({});
   EXPECT_EQ(bare.exit_code, 2) << bare.err;

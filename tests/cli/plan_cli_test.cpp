@@ -175,8 +175,9 @@ TEST_F(PlanCli, plan_predicts_gpu_step_time_and_refuses_bad_model_flags) {
   EXPECT_NE(b300.out.find("predicted step on B300"), std::string::npos) << b300.out;
   EXPECT_NE(b300.out.find("expert GEMMs"), std::string::npos) << b300.out;
   EXPECT_NE(read_file(json).find("\"tokens_per_s_per_gpu\""), std::string::npos);
-  const CliRun again = with({"--json", json});  // never overwritten
-  EXPECT_EQ(again.exit_code, 2) << again.err;
+  const CliRun again = with({"--json", json});  // never overwritten; exit 1 as any output that exists
+  EXPECT_EQ(again.exit_code, 1) << again.err;
+  EXPECT_NE(again.err.find("exists; choose a new file name"), std::string::npos) << again.err;
   const CliRun search = with({"--search", "--gpus", "2"});
   ASSERT_EQ(search.exit_code, 0) << search.err;
   EXPECT_NE(search.out.find("ranked by predicted tokens/s per GPU"), std::string::npos) << search.out;
@@ -253,7 +254,7 @@ TEST_F(PlanCli, bench_calibrate_refuses_config_flags_and_existing_files) {
   EXPECT_NE(steps.err.find("takes no --config"), std::string::npos) << steps.err;
   write_file(path("taken.json"), "{}");
   const CliRun taken = moetrain({"bench", "--calibrate", path("taken.json")});
-  EXPECT_EQ(taken.exit_code, 2) << taken.err;
+  EXPECT_EQ(taken.exit_code, 1) << taken.err;  // the file, not the command line: as any output that exists
   EXPECT_EQ(read_file(path("taken.json")), "{}");
   const CliRun bad_base = moetrain({"bench", "--calibrate", path("new.json"), "--hardware", "a100"});
   EXPECT_EQ(bad_base.exit_code, 2) << bad_base.err;

@@ -35,6 +35,7 @@ TEST(PowerSummary, counts_each_slowdown_reason_and_takes_the_mean_power_from_the
   EXPECT_EQ(s.hardware_slowdown, 1);
   EXPECT_DOUBLE_EQ(s.mean_sm_clock_mhz, (1980.0 + 1700 + 1600 + 1500 + 1820) / 5);
   EXPECT_DOUBLE_EQ(s.mean_power_w(), 650.0);  // 1300 J over 2 s
+  EXPECT_DOUBLE_EQ(s.energy_per_step_j(0.2), 130.0);  // 650 W for 0.2 s
   EXPECT_EQ(s.energy_updates, 20);
   EXPECT_DOUBLE_EQ(s.limit_w, 700.0);
   EXPECT_DOUBLE_EQ(s.max_sm_clock_mhz, 1980.0);
@@ -44,6 +45,7 @@ TEST(PowerSummary, counts_each_slowdown_reason_and_takes_the_mean_power_from_the
   EXPECT_EQ(none.mean_sm_clock_mhz, 0.0);
   EXPECT_FALSE(none.energy_measured);
   EXPECT_EQ(none.mean_power_w(), 0.0);  // no window: no division by zero
+  EXPECT_EQ(none.energy_per_step_j(0.2), 0.0);
 }
 
 TEST(EnergyWindow, spans_the_first_and_last_counter_updates) {

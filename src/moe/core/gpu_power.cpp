@@ -144,6 +144,7 @@ bool PowerMonitor::start() {
     }
   }
   device_ = handle;
+  bus_id_ = bus_id;
   limit_w_ = limit_mw / 1000.0;
   max_sm_clock_mhz_ = max_mhz;
   clocks_ = ClockTally{};
@@ -174,6 +175,7 @@ void PowerMonitor::stop() {
   running_ = false;
   summary_ = summarize_power(clocks_, energy_window(energy_), limit_w_, max_sm_clock_mhz_);
   summary_.note = read_error_;
+  summary_.gpu = bus_id_;
 }
 
 void PowerMonitor::sample_loop() {

@@ -54,6 +54,7 @@ class PowerMonitor {
   bool running_ = false;
   std::string why_;
   void* device_ = nullptr;  // nvmlDevice_t of the window's GPU
+  std::string bus_id_;  // the window's GPU, as CUDA names it
   double limit_w_ = 0, max_sm_clock_mhz_ = 0;
   std::thread sampler_;
   std::mutex mutex_;              // guards stop_, clocks_, energy_ and read_error_ against the sampler

@@ -49,6 +49,7 @@ struct EnergyWindow {
 EnergyWindow energy_window(const std::vector<EnergyReading>& readings);
 
 struct PowerSummary {
+  std::string gpu;               // the GPU's PCI bus id (ranks sharing a GPU give the same)
   bool energy_measured = false;  // energy_window found two updates; otherwise the energy fields are 0
   double seconds = 0;            // the energy window's time
   double energy_j = 0;           // GPU energy over it (NVML's counter)
@@ -62,6 +63,9 @@ struct PowerSummary {
   int64_t hardware_slowdown = 0;
   std::string note;  // why a reading is missing (a failed NVML call), "" when none is
   double mean_power_w() const { return energy_measured && seconds > 0 ? energy_j / seconds : 0; }
+  // A step's energy: the mean power times the mean step time (the window and the timed steps
+  // differ by up to one counter update at each end).
+  double energy_per_step_j(double step_s) const { return mean_power_w() * step_s; }
 };
 
 PowerSummary summarize_power(const ClockTally& clocks, const EnergyWindow& energy, double limit_w,
@@ -69,7 +73,30 @@ PowerSummary summarize_power(const ClockTally& clocks, const EnergyWindow& energ
 
 // One line for `bench`: energy per step (the mean power times the mean step time) and per token,
 // the mean power against the limit, the SM clock against its maximum, and how many samples each
-// slowdown reason held back. `gpu` names whose GPU it is ("the GPU", "rank 0's GPU").
+// slowdown reason held back. `gpu` names whose GPU it is ("the GPU", "the GPU of all 2 ranks").
 std::string format_power(const PowerSummary& s, double step_s, double tokens_per_step, const std::string& gpu);
+
+// One window over a job's GPUs: each GPU once, however many ranks share it, so the job's energy
+// per step is the sum over its GPUs and its tokens per joule are the job's tokens over that sum.
+struct RankPower {
+  bool measured = false;  // the rank's monitor ran (summary holds its window)
+  PowerSummary summary;
+  std::string why;  // why it did not
+};
+struct JobPower {
+  std::vector<PowerSummary> gpus;  // distinct GPUs, in the order of the first rank on each
+  int ranks = 0;
+  std::vector<std::string> unmeasured;  // "rank R: why" for each rank without a window
+  // Summed over the GPUs; only when every rank's monitor ran and every GPU's counter gave a window.
+  bool energy_measured() const;
+  double energy_per_step_j(double step_s) const;
+  double mean_power_per_gpu_w() const;
+};
+JobPower combine_power(const std::vector<RankPower>& per_rank);
+
+// `bench`'s line for a job: format_power's for a job on one GPU (naming the ranks sharing it);
+// for several, the energy summed over them with the power, clock and slowdown counts per GPU.
+// tokens_per_step: the whole job's.
+std::string format_job_power(const JobPower& job, double step_s, double tokens_per_step);
 
 }  // namespace moe

@@ -10,7 +10,7 @@
 namespace moe {
 
 std::string bench_report_json(const Config& cfg, const TrainSummary& s, int world_size,
-                              const std::vector<SplitRow>& split, const Ceilings& ceilings) {
+                              const std::vector<SplitRow>& split, const Ceilings& ceilings, const JobPower* power) {
   MOE_CHECK(world_size >= 1, "bench report: world size ", world_size);
   MOE_CHECK(!s.steps.empty(), "bench report: no steps were run");
   const FlopCount f = count_flops(cfg.model, cfg.train.seq_len);
@@ -61,21 +61,32 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
                     {"ceiling", r.ceiling},
                     {"fp8_cache_ms", r.fp8_cache_ms}});
   j["split"] = rows;
-  if (s.power) {  // rank 0's GPU over the timed steps
-    const PowerSummary& p = *s.power;
-    const auto measured = [&](double v) { return p.energy_measured ? nlohmann::ordered_json(v) : nullptr; };
-    j["power"] = {{"energy_j_per_step", measured(p.mean_power_w() * s.mean_step_time_s)},
-                  {"mean_w", measured(p.mean_power_w())},
-                  {"energy_window_s", measured(p.seconds)},
-                  {"energy_updates", p.energy_updates},
-                  {"limit_w", p.limit_w},
-                  {"sm_clock_mhz_mean", p.mean_sm_clock_mhz},
-                  {"sm_clock_mhz_max", p.max_sm_clock_mhz},
-                  {"samples", p.samples},
-                  {"power_capped_samples", p.power_capped},
-                  {"thermal_samples", p.thermal},
-                  {"hardware_slowdown_samples", p.hardware_slowdown},
-                  {"note", p.note}};
+  if (power != nullptr && !power->gpus.empty()) {
+    const auto when = [](bool measured, double v) { return measured ? nlohmann::ordered_json(v) : nullptr; };
+    const bool job_measured = power->energy_measured();
+    const double job_j = power->energy_per_step_j(s.mean_step_time_s);
+    const double tokens = static_cast<double>(cfg.train.global_batch_size * cfg.train.seq_len);
+    nlohmann::ordered_json gpus = nlohmann::ordered_json::array();
+    for (const PowerSummary& p : power->gpus)
+      gpus.push_back({{"gpu", p.gpu},
+                      {"energy_j_per_step", when(p.energy_measured, p.energy_per_step_j(s.mean_step_time_s))},
+                      {"mean_w", when(p.energy_measured, p.mean_power_w())},
+                      {"energy_window_s", when(p.energy_measured, p.seconds)},
+                      {"energy_updates", p.energy_updates},
+                      {"limit_w", p.limit_w},
+                      {"sm_clock_mhz_mean", p.mean_sm_clock_mhz},
+                      {"sm_clock_mhz_max", p.max_sm_clock_mhz},
+                      {"samples", p.samples},
+                      {"power_capped_samples", p.power_capped},
+                      {"thermal_samples", p.thermal},
+                      {"hardware_slowdown_samples", p.hardware_slowdown},
+                      {"note", p.note}});
+    j["power"] = {{"gpus", power->gpus.size()},
+                  {"energy_j_per_step", when(job_measured, job_j)},
+                  {"tokens_per_j", when(job_measured && job_j > 0, job_j > 0 ? tokens / job_j : 0.0)},
+                  {"mean_w_per_gpu", when(job_measured, power->mean_power_per_gpu_w())},
+                  {"unmeasured", power->unmeasured},
+                  {"per_gpu", gpus}};
   } else {
     j["power"] = nullptr;
   }
@@ -83,8 +94,8 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
 }
 
 void write_bench_report(const std::string& path, const Config& cfg, const TrainSummary& s, int world_size,
-                        const std::vector<SplitRow>& split, const Ceilings& ceilings) {
-  write_file_atomic(path, bench_report_json(cfg, s, world_size, split, ceilings));
+                        const std::vector<SplitRow>& split, const Ceilings& ceilings, const JobPower* power) {
+  write_file_atomic(path, bench_report_json(cfg, s, world_size, split, ceilings, power));
 }
 
 }  // namespace moe
