@@ -3,7 +3,8 @@
 // at its 700 W limit, where a step's time is its energy over 700 W (bench/RESULTS.md, 2026-12-04):
 // what a kernel costs the step is its joules, not its milliseconds. Each product runs back to back
 // for about a second on random operands (constant ones toggle fewer bits and draw less power), and
-// the line gives its time, rate, mean power, SM clock, and energy per call and per FLOP (or byte).
+// the line gives its time, rate, mean power, SM clock, and energy per call and per FLOP (or byte);
+// a device copy gives the memory's own energy per byte beside the quantizer's.
 // Without MOE_BENCH=1 (or without a GPU or NVML) the test skips: it measures, it checks nothing.
 #include <gtest/gtest.h>
 
@@ -233,6 +234,12 @@ TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
                                            {c.tensor(), c_s.tensor(), Fp8Tiles::Rows}, x.tensor(), off.tensor(), s);
            }, stream),
            4.0 * rows * D, "B");
+    // The memory's own cost per byte: a device copy of the same 1 GiB (read and written: 2 GiB moved).
+    DeviceBuffer y(DType::BF16, {rows, D});
+    report("device copy (baseline)",
+           measure([&] { CUDA_CHECK(cudaMemcpyAsync(y.tensor().data, x.tensor().data, x.bytes(),
+                                                    cudaMemcpyDeviceToDevice, stream)); }, stream),
+           2.0 * static_cast<double>(x.bytes()), "B");
   }
   std::printf("one layer's six expert products: FP8 %.3f J, BF16 %.3f J (%.2fx)\n", fp8_j, bf16_j,
               fp8_j > 0 ? bf16_j / fp8_j : 0.0);
