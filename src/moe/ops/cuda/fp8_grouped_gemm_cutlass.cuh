@@ -32,10 +32,13 @@
 // faster alone, the weight gradient within 2%, the step 0.9% faster; 2x1x1 (B multicast) gained
 // 0.3%. 2x2x1 and 1x4x1 (fourteenth session) were 10-12% slower in every product (one layer's six
 // 978.9 -> 872.4 and 863.2 TFLOP/s) and the step 3.3% slower. Pingpong (64x128x128, measured
-// 2026-12-02): equal in fwd/dgrad, slower in wgrad (625 vs 778 TFLOP/s). To try: M-major scales (a
-// K tile's 128 K-major row scales are a row stride apart: 128 scattered 4-byte loads per operand
-// and K tile, where M-major scales would be 4 contiguous 128-byte lines; pointing them all at one
-// row gained ~5% in the weight gradient alone, nothing in the step).
+// 2026-12-02): equal in fwd/dgrad, slower in wgrad (625 vs 778 TFLOP/s). M-major scales (a K tile's
+// 128 K-major row scales are a row stride apart: 128 scattered 4-byte loads per operand and K tile)
+// are not worth their layout change: pointing them all at one row, their best case, took 3-4% off
+// the weight gradient's energy (~0.5 J of a 111 J step; seventeenth session) and made the
+// forward's 1-3% worse. At the H200's power cap what counts is energy per FLOP: the forward and
+// data gradient 0.77-0.80 pJ, the weight gradient 0.96-1.00 (its promotion multiplies two scale
+// vectors: an FMUL and an FFMA per accumulator element and K tile), cuBLASLt's dense FP8 0.70.
 // Tried and not kept (2026-12-03, thirteenth session): a mainloop with two temporary accumulators
 // that promotes K tile t - 1 while tile t's MMAs run (wait_group 1): every product within 1% of
 // the stock collective's, the step unchanged: the promotion already hides behind the other
