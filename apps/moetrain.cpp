@@ -278,6 +278,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    // Under mpirun every rank parses the same words: the launcher's rank 0 alone reports them.
+    if (moe::launch_rank() != 0) return kUsageError;
     // A misspelled command ("trian") reaches CLI11 as a stray word, reported as "a subcommand is
     // required": name the word and the commands instead.
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {
@@ -302,6 +304,13 @@ int main(int argc, char** argv) {
   if (launch.kind == moe::Launcher::Mpi) mpi = std::make_unique<moe::MpiRuntime>(&argc, &argv);
   moe::Communicator& world = mpi ? mpi->world() : static_cast<moe::Communicator&>(local);
   const bool leader = world.rank() == 0;
+  // An error every rank meets alike (the same arguments): printed by rank 0, which the others wait
+  // for before they return `code`.
+  auto usage_or_error_once = [&](const std::string& what, int code) {
+    if (leader) std::fprintf(stderr, "error: %s\n", what.c_str());
+    if (world.size() > 1) world.barrier();
+    return code;
+  };
   auto fail = [&](const char* what) {
     // A rank that throws ends the whole job (no rank is left waiting in a collective).
     if (mpi && world.size() > 1) moe::MpiRuntime::abort_job(what, 1);
@@ -313,6 +322,11 @@ int main(int argc, char** argv) {
   // once, by rank 0, and every rank returns its exit status: MPI_Abort would print it once per rank
   // that got there first, under Open MPI's abort banner. An error only some ranks meet (a file one
   // node cannot read) ends the job as any error does. Returns -1 to go on, else the exit status.
+  // Sizes are checked against memory where they are read; this is what slips through.
+  auto out_of_memory = [&] {
+    return "out of memory in `moetrain " + app.get_subcommands().front()->get_name() +
+           "`: a size in the config, the data or a checkpoint is too large for this machine";
+  };
   auto agree_at_startup = [&](const std::function<void()>& work) -> int {
     int code = 0;
     std::string what;
@@ -320,6 +334,8 @@ int main(int argc, char** argv) {
       work();
     } catch (const UsageError& e) {
       code = kUsageError, what = e.what();
+    } catch (const std::bad_alloc&) {
+      code = 1, what = out_of_memory();
     } catch (const std::exception& e) {
       code = 1, what = e.what();
     }
@@ -328,15 +344,15 @@ int main(int argc, char** argv) {
       return -1;  // another rank failed: its abort ends this one
     }
     if (code == 0) return -1;
-    if (leader) std::fprintf(stderr, "error: %s\n", what.c_str());
-    return code;
+    return usage_or_error_once(what, code);
   };
 
   try {
     // These write one output or print one listing: several ranks would race each other.
     for (CLI::App* single : {export_hf, import_hf, prepare, keys, plan})
-      MOE_CHECK(!single->parsed() || world.size() == 1, "`moetrain ", single->get_name(), "` runs in one process; run "
-                "it without mpirun or srun (this job has ", world.size(), " ranks)");
+      if (single->parsed() && world.size() > 1)
+        return usage_or_error_once("`moetrain " + single->get_name() + "` runs in one process; run it without "
+                                   "mpirun or srun (this job has " + std::to_string(world.size()) + " ranks)", 1);
     if (keys->parsed()) {
       std::printf("%s", moe::config_keys_markdown().c_str());
       return 0;
@@ -464,24 +480,22 @@ int main(int argc, char** argv) {
       const moe::TrainSummary s = trainer.run();
       if (leader) print_summary(s, false);
     } else if (bench->parsed() && !bench_calibrate.empty()) {
-      if (bench->count("--check") || bench->count("--json") || bench->count("--steps") || bench->count("--set") ||
-          bench->count("--config")) {
-        std::fprintf(stderr, "error: bench --calibrate measures the GPU, not a config: it takes no --config, --set, "
-                     "--steps, --json or --check (see moetrain --help)\n");
-        return kUsageError;
-      }
-      if (std::filesystem::exists(bench_calibrate)) {
-        std::fprintf(stderr, "error: bench --calibrate %s exists; choose a new file name (nothing is overwritten)\n",
-                     bench_calibrate.c_str());
-        return 1;  // the folder, not the command line, is at fault
-      }
       moe::HardwareProfile base;
-      try {
-        base = moe::load_hardware_profile(bench_base);
-      } catch (const moe::Error& e) {
-        std::fprintf(stderr, "error: --hardware: %s\n", e.what());
-        return kUsageError;
-      }
+      const int startup = agree_at_startup([&] {
+        if (bench->count("--check") || bench->count("--json") || bench->count("--steps") || bench->count("--set") ||
+            bench->count("--config"))
+          throw UsageError("bench --calibrate measures the GPU, not a config: it takes no --config, --set, --steps, "
+                           "--json or --check (see moetrain --help)");
+        // Exit 1: the folder, not the command line, is at fault.
+        MOE_CHECK(!std::filesystem::exists(bench_calibrate), "bench --calibrate ", bench_calibrate,
+                  " exists; choose a new file name (nothing is overwritten)");
+        try {
+          base = moe::load_hardware_profile(bench_base);
+        } catch (const moe::Error& e) {
+          throw UsageError(std::string("--hardware: ") + e.what());
+        }
+      });
+      if (startup >= 0) return startup;
       const moe::HardwareProfile measured = moe::calibrate_hardware(base, world);
       if (leader) {
         moe::save_hardware_profile(measured, bench_calibrate);
@@ -489,9 +503,8 @@ int main(int argc, char** argv) {
                     bench_calibrate.c_str());
       }
     } else if (bench->parsed() && bench->count("--hardware")) {
-      std::fprintf(stderr, "error: bench --hardware names the base profile of --calibrate; give --calibrate OUT.json "
-                   "too (see moetrain --help)\n");
-      return kUsageError;
+      return usage_or_error_once("bench --hardware names the base profile of --calibrate; give --calibrate OUT.json "
+                                 "too (see moetrain --help)", kUsageError);
     } else if (bench->parsed()) {
       moe::Config cfg;
       const int startup = agree_at_startup([&] {
@@ -644,10 +657,7 @@ int main(int argc, char** argv) {
                   r.listed_files == 1 ? "" : "s");
     }
   } catch (const std::bad_alloc&) {
-    // Sizes are checked against memory where they are read; this is what slips through.
-    const std::string what = "out of memory in `moetrain " + app.get_subcommands().front()->get_name() +
-                             "`: a size in the config, the data or a checkpoint is too large for this machine";
-    return fail(what.c_str());
+    return fail(out_of_memory().c_str());
   } catch (const std::exception& e) {
     return fail(e.what());
   }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,30 @@ class DeviceBuffer {
   Shape shape_;
   size_t bytes_ = 0;
 };
+
+// The front of a device buffer as a tensor of another (not larger) shape and dtype: one buffer
+// sized for the largest case serves every shape a benchmark sweeps.
+inline Tensor front(const DeviceBuffer& b, DType dtype, Shape shape) {
+  EXPECT_LE(static_cast<size_t>(shape.numel()) * dtype_size(dtype), b.bytes());
+  return Tensor(b.tensor().data, dtype, shape, Device::CUDA);
+}
+
+// Mean milliseconds of fn over `iters` calls on `stream` after `warmup` calls (CUDA events).
+inline double time_ms(const std::function<void()>& fn, cudaStream_t stream, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  CUDA_CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < iters; ++i) fn();
+  CUDA_CHECK(cudaEventRecord(stop, stream));
+  CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  return ms / iters;
+}
 
 // FP32 values uploaded as a device tensor of `shape` that starts `lead` elements into its allocation
 // (cudaMalloc's, 256-byte aligned): with lead * element size not a multiple of 16 the kernels reading

@@ -41,6 +41,7 @@ namespace {
 
 #if defined(MOE_HAVE_CUDA)
 using testing::DeviceBuffer;
+using testing::time_ms;
 
 constexpr double kBoundTolBf16 = 8e-3, kNormTolBf16 = 5e-3;
 constexpr double kBoundTolF32 = 1e-3, kNormTolF32 = 1e-3;
@@ -493,29 +494,6 @@ TEST(CudaFp8Grouped, UnsupportedShapesAreRefusedWithTheReason) {
   GTEST_SKIP() << "built without the CUDA backend";
 #endif
 }
-
-#if defined(MOE_HAVE_CUDA)
-double time_ms(const std::function<void()>& fn, cudaStream_t stream, int warmup, int iters) {
-  for (int i = 0; i < warmup; ++i) fn();
-  cudaEvent_t start = nullptr, stop = nullptr;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < iters; ++i) fn();
-  CUDA_CHECK(cudaEventRecord(stop, stream));
-  CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  return ms / iters;
-}
-
-Tensor front(const DeviceBuffer& b, DType dtype, Shape shape) {
-  EXPECT_LE(static_cast<size_t>(shape.numel()) * dtype_size(dtype), b.bytes());
-  return Tensor(b.tensor().data, dtype, shape, Device::CUDA);
-}
-#endif
 
 // MOE_BENCH=1: ms and TFLOP/s of the six FP8 expert products at the bench-olmoe-4l shapes (64
 // experts, 32768 x 8 rows, d 2048, h 1024, even load). Values do not matter (all codes 1.0).

@@ -52,11 +52,6 @@ uint16_t e4m3_pair(uint16_t r) {
   return r;
 }
 
-Tensor front(const DeviceBuffer& b, DType dtype, Shape shape) {
-  EXPECT_LE(static_cast<size_t>(shape.numel()) * dtype_size(dtype), b.bytes());
-  return Tensor(b.tensor().data, dtype, shape, Device::CUDA);
-}
-
 struct Measured {
   double ms = 0, watts = 0, clock_mhz = 0, joules = 0;
   int64_t capped = 0, samples = 0;
@@ -137,7 +132,7 @@ TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
   };
   double fp8_j = 0, bf16_j = 0;
   {
-    std::printf("FP8 expert products (64 experts x %lld rows, random codes, unit scales)\n",
+    std::printf("FP8 expert products (64 experts x %lld rows, random codes, scales 1/64)\n",
                 static_cast<long long>(rows / E));
     DeviceBuffer in(DType::FP8_E4M3, {rows, 2 * H}), in_s(DType::F32, {rows, tiles(2 * H)});
     DeviceBuffer w(DType::FP8_E4M3, {E, 2 * H, D}), w_s(DType::F32, {E, tiles(2 * H), tiles(D)});

@@ -81,6 +81,7 @@ std::vector<float> routed_rows(const Layout& l, int64_t cols, uint32_t seed, boo
 }
 
 using testing::DeviceBuffer;
+using testing::time_ms;
 
 double expect_grouped_matmul_matches_cpu(const Layout& l, int64_t k_in, int64_t n_out, bool trans_b, bool accumulate,
                                          DType in, DType out, uint32_t seed) {
@@ -448,29 +449,6 @@ TEST(CudaGroupedGemm, FirstCallOnAStreamInsideCaptureIsRefused) {
 }
 
 #if defined(MOE_HAVE_CUDA)
-// Mean milliseconds of fn over `iters` calls on `stream` after `warmup` calls.
-double time_ms(const std::function<void()>& fn, cudaStream_t stream, int warmup, int iters) {
-  for (int i = 0; i < warmup; ++i) fn();
-  cudaEvent_t start = nullptr, stop = nullptr;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < iters; ++i) fn();
-  CUDA_CHECK(cudaEventRecord(stop, stream));
-  CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  return ms / iters;
-}
-
-// The front of a device buffer as a tensor of another (not larger) shape.
-Tensor front(const DeviceBuffer& b, DType dtype, Shape shape) {
-  EXPECT_LE(static_cast<size_t>(shape.numel()) * dtype_size(dtype), b.bytes());
-  return Tensor(b.tensor().data, dtype, shape, Device::CUDA);
-}
-
 std::vector<int32_t> even_counts(int E, int64_t total) {
   std::vector<int32_t> counts(static_cast<size_t>(E), static_cast<int32_t>(total / E));
   counts[0] += static_cast<int32_t>(total - total / E * E);

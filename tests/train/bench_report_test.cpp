@@ -70,6 +70,7 @@ TEST(BenchReport, carries_the_runs_numbers_per_gpu) {
   clocks.add({1980, 0});
   RankPower a{true, summarize_power(clocks, EnergyWindow{true, 0.8, 480.0, 7}, 700.0, 1980.0), ""};
   a.summary.gpu = "0000:19:00.0";
+  a.summary.host = "node-a";
   RankPower b = a;
   b.summary.gpu = "0000:3B:00.0";
   b.summary.energy_j = 560.0;  // 700 W
@@ -84,6 +85,7 @@ TEST(BenchReport, carries_the_runs_numbers_per_gpu) {
   ASSERT_EQ(p["per_gpu"].size(), 2u);
   const auto g = p["per_gpu"][0];
   EXPECT_EQ(g["gpu"], "0000:19:00.0");
+  EXPECT_EQ(g["host"], "node-a");
   EXPECT_DOUBLE_EQ(g["energy_j_per_step"].get<double>(), 300.0);  // 600 W for 0.5 s steps
   EXPECT_DOUBLE_EQ(g["mean_w"].get<double>(), 600.0);             // 480 J over 0.8 s
   EXPECT_EQ(g["energy_updates"], 7);
@@ -108,6 +110,11 @@ TEST(BenchReport, carries_the_runs_numbers_per_gpu) {
   ASSERT_EQ(m["unmeasured"].size(), 1u);
   EXPECT_EQ(m["unmeasured"][0], "rank 1: NVML not found");
   EXPECT_TRUE(m["energy_j_per_step"].is_null());
+  // No rank read its GPU: the reasons are still in the report.
+  const JobPower none = combine_power({RankPower{false, {}, "NVML not found"}});
+  const auto n = nlohmann::json::parse(bench_report_json(cfg, two_steps(), 1, {}, c, &none))["power"];
+  EXPECT_EQ(n["gpus"], 0);
+  EXPECT_EQ(n["unmeasured"][0], "rank 0: NVML not found");
 
   cfg.parallel.mode = "fsdp";
   EXPECT_EQ(nlohmann::json::parse(bench_report_json(cfg, two_steps(), 4, {}, c, nullptr))["ep"], 1);

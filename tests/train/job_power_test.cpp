@@ -54,6 +54,18 @@ TEST(JobPower, ranks_sharing_a_gpu_count_it_once_and_the_energy_is_summed_over_g
   EXPECT_NE(line.find("power cap in 20 of 20 samples"), std::string::npos) << line;
 }
 
+// Identical servers give their GPUs identical bus ids: the host tells them apart.
+TEST(JobPower, the_same_bus_id_on_two_hosts_is_two_gpus) {
+  PowerSummary a = gpu_at("0000:19:00.0", 600), b = gpu_at("0000:19:00.0", 700);
+  a.host = "node-a", b.host = "node-b";
+  PowerSummary a_again = a;
+  a_again.energy_j = 0;  // a second rank on node-a's GPU: not counted again
+  const JobPower job = combine_power({measured(a), measured(a_again), measured(b)});
+  ASSERT_EQ(job.gpus.size(), 2u);
+  EXPECT_EQ(job.gpus[1].host, "node-b");
+  EXPECT_DOUBLE_EQ(job.energy_per_step_j(0.2), 260.0);  // 120 J + 140 J
+}
+
 TEST(JobPower, one_gpu_shared_by_every_rank_gives_the_job_tokens_over_that_gpu_energy) {
   const JobPower job = combine_power({measured(gpu_at("0000:19:00.0", 700)), measured(gpu_at("0000:19:00.0", 700))});
   ASSERT_EQ(job.gpus.size(), 1u);
@@ -72,6 +84,7 @@ TEST(JobPower, a_rank_without_a_window_is_named_and_no_sum_is_printed) {
   EXPECT_EQ(job.energy_per_step_j(0.2), 0.0);
   const std::string line = format_job_power(job, 0.2, 32768);
   std::cout << line;
+  EXPECT_NE(line.find("power (1 GPU of 2 ranks, NVML)"), std::string::npos) << line;
   EXPECT_EQ(line.find("J per step"), std::string::npos) << line;
   EXPECT_NE(line.find("energy not summed (not every rank's GPU was read)"), std::string::npos) << line;
   EXPECT_NE(line.find("no window on rank 1: NVML does not know the GPU at 0000:3B:00.0\n"), std::string::npos) << line;
@@ -89,9 +102,11 @@ TEST(JobPower, a_rank_without_a_window_is_named_and_no_sum_is_printed) {
 
 TEST(JobPower, a_ranks_record_reads_back_every_field) {
   PowerSummary p = gpu_at("0000:19:00.0", 654.25, 37);
+  p.host = "node-\xff";  // not UTF-8: replaced in the record, never a throw before the collective
   p.thermal = 2, p.hardware_slowdown = 1, p.note = "nvmlDeviceGetClockInfo failed: \"Unknown\"";
   const RankPower back = parse_power_record(power_record(p, ""));
   ASSERT_TRUE(back.measured);
+  EXPECT_EQ(back.summary.host, "node-\xef\xbf\xbd");  // U+FFFD
   EXPECT_EQ(back.summary.gpu, p.gpu);
   EXPECT_EQ(back.summary.energy_measured, p.energy_measured);
   EXPECT_EQ(back.summary.seconds, p.seconds);

@@ -24,7 +24,7 @@ class Env {
 
  private:
   static void clear() {
-    for (const char* k : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "WORLD_SIZE", "RANK",
+    for (const char* k : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "WORLD_SIZE", "RANK",
                           "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_STEP_ID",
                           "SLURM_JOB_ID"})
       unsetenv(k);
@@ -81,6 +81,30 @@ TEST(Launcher, ASingleTaskSlurmAllocationIsOneProcess) {
   // sbatch runs the batch script as task 0 of 1; and a one-task srun.
   Env e({{"SLURM_NTASKS", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_JOB_ID", "5"}});
   EXPECT_EQ(detect_launcher().kind, Launcher::Single);
+}
+
+// Before MPI starts, a refused command line is printed by the launcher's rank 0 only.
+TEST(Launcher, LaunchRankIsReadFromTheMpiLaunchersVariables) {
+  {
+    Env e({});
+    EXPECT_EQ(launch_rank(), 0);
+  }
+  {
+    Env e({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "3"}});
+    EXPECT_EQ(launch_rank(), 3);
+  }
+  {
+    Env e({{"PMIX_RANK", "1"}});
+    EXPECT_EQ(launch_rank(), 1);
+  }
+  {
+    Env e({{"PMI_SIZE", "2"}, {"PMI_RANK", "0"}});
+    EXPECT_EQ(launch_rank(), 0);
+  }
+  {
+    Env e({{"OMPI_COMM_WORLD_RANK", "x"}});  // not a number: taken as no launcher's
+    EXPECT_EQ(launch_rank(), 0);
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "moe/core/error.h"
+#include "moe/core/host_name.h"
 
 #if defined(MOE_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -176,6 +177,7 @@ void PowerMonitor::stop() {
   summary_ = summarize_power(clocks_, energy_window(energy_), limit_w_, max_sm_clock_mhz_);
   summary_.note = read_error_;
   summary_.gpu = bus_id_;
+  summary_.host = host_name();
 }
 
 void PowerMonitor::sample_loop() {

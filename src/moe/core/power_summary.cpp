@@ -73,7 +73,7 @@ JobPower combine_power(const std::vector<RankPower>& per_rank) {
       continue;
     }
     const bool seen = std::any_of(job.gpus.begin(), job.gpus.end(),
-                                  [&](const PowerSummary& g) { return g.gpu == p.summary.gpu; });
+                                  [&](const PowerSummary& g) { return g.host == p.summary.host && g.gpu == p.summary.gpu; });
     if (!seen) job.gpus.push_back(p.summary);
   }
   return job;
@@ -131,9 +131,9 @@ std::string format_job_power(const JobPower& job, double step_s, double tokens_p
   }
   char line[768];
   std::snprintf(line, sizeof line,
-                "  power (%zu GPUs of %d ranks, NVML): %s; SM clock %.0f MHz mean of %.0f; held back by the power cap "
-                "in %ld of %ld samples, thermal %ld, hardware slowdown %ld",
-                job.gpus.size(), job.ranks, energy, samples > 0 ? clock_sum / static_cast<double>(samples) : 0.0,
+                "  power (%zu GPU%s of %d ranks, NVML): %s; SM clock %.0f MHz mean of %.0f; held back by the power "
+                "cap in %ld of %ld samples, thermal %ld, hardware slowdown %ld",
+                job.gpus.size(), job.gpus.size() == 1 ? "" : "s", job.ranks, energy, samples > 0 ? clock_sum / static_cast<double>(samples) : 0.0,
                 max_clock, static_cast<long>(capped), static_cast<long>(samples), static_cast<long>(thermal),
                 static_cast<long>(slowdown));
   return line + notes + (missing.empty() ? "" : "; no window on " + missing) + "\n";

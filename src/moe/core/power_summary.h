@@ -49,7 +49,8 @@ struct EnergyWindow {
 EnergyWindow energy_window(const std::vector<EnergyReading>& readings);
 
 struct PowerSummary {
-  std::string gpu;               // the GPU's PCI bus id (ranks sharing a GPU give the same)
+  std::string host;              // the machine (host name) and
+  std::string gpu;               // the GPU's PCI bus id there: ranks sharing a GPU give the same pair
   bool energy_measured = false;  // energy_window found two updates; otherwise the energy fields are 0
   double seconds = 0;            // the energy window's time
   double energy_j = 0;           // GPU energy over it (NVML's counter)
@@ -76,7 +77,8 @@ PowerSummary summarize_power(const ClockTally& clocks, const EnergyWindow& energ
 // slowdown reason held back. `gpu` names whose GPU it is ("the GPU", "the GPU of all 2 ranks").
 std::string format_power(const PowerSummary& s, double step_s, double tokens_per_step, const std::string& gpu);
 
-// One window over a job's GPUs: each GPU once, however many ranks share it, so the job's energy
+// One window over a job's GPUs: each GPU (host and bus id: identical servers repeat bus ids) once,
+// however many ranks share it, so the job's energy
 // per step is the sum over its GPUs and its tokens per joule are the job's tokens over that sum.
 struct RankPower {
   bool measured = false;  // the rank's monitor ran (summary holds its window)

@@ -1,7 +1,5 @@
 #include "moe/perf/calibrate.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -21,6 +19,7 @@
 #include "moe/core/arena.h"
 #include "moe/core/device.h"
 #include "moe/core/gpu_timer.h"
+#include "moe/core/host_name.h"
 #include "moe/core/rng.h"
 #include "moe/ops/activation.h"
 #include "moe/ops/attention.h"
@@ -266,9 +265,7 @@ void fit_to_reference_steps(HardwareProfile& p, const Ceilings& ceil, Communicat
 void measure_links(HardwareProfile& p, Communicator& world) {
   std::string why;
   MOE_CHECK(nccl_available(&why), "bench --calibrate on ", world.size(), " ranks measures the links with NCCL: ", why);
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  const std::vector<std::string> hosts = all_gather_strings(world, host);
+  const std::vector<std::string> hosts = all_gather_strings(world, host_name());
   const bool across = std::set<std::string>(hosts.begin(), hosts.end()).size() > 1;
   const std::unique_ptr<Communicator> nccl = make_nccl_communicator(world);
   const int64_t n = nccl->size();

@@ -61,14 +61,15 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
                     {"ceiling", r.ceiling},
                     {"fp8_cache_ms", r.fp8_cache_ms}});
   j["split"] = rows;
-  if (power != nullptr && !power->gpus.empty()) {
+  if (power != nullptr) {  // with no GPU read, the reasons stay in unmeasured
     const auto when = [](bool measured, double v) { return measured ? nlohmann::ordered_json(v) : nullptr; };
     const bool job_measured = power->energy_measured();
     const double job_j = power->energy_per_step_j(s.mean_step_time_s);
     const double tokens = static_cast<double>(cfg.train.global_batch_size * cfg.train.seq_len);
     nlohmann::ordered_json gpus = nlohmann::ordered_json::array();
     for (const PowerSummary& p : power->gpus)
-      gpus.push_back({{"gpu", p.gpu},
+      gpus.push_back({{"host", p.host},
+                      {"gpu", p.gpu},
                       {"energy_j_per_step", when(p.energy_measured, p.energy_per_step_j(s.mean_step_time_s))},
                       {"mean_w", when(p.energy_measured, p.mean_power_w())},
                       {"energy_window_s", when(p.energy_measured, p.seconds)},
@@ -90,7 +91,7 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
   } else {
     j["power"] = nullptr;
   }
-  return j.dump(2) + "\n";
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";  // NVML's texts may not be UTF-8
 }
 
 void write_bench_report(const std::string& path, const Config& cfg, const TrainSummary& s, int world_size,

@@ -10,11 +10,11 @@
 //   ms_per_step, share, rate, unit, ceiling, fp8_cache_ms}] (GPU runs with the kernel profiler; empty
 //   otherwise) and power {gpus (distinct GPUs: ranks sharing one count it once), energy_j_per_step
 //   (summed over the GPUs), tokens_per_j (the job's), mean_w_per_gpu (these three null unless every
-//   rank's GPU gave an energy window), unmeasured ["rank R: why"], per_gpu [{gpu (PCI bus id),
+//   rank's GPU gave an energy window), unmeasured ["rank R: why"], per_gpu [{host, gpu (PCI bus id),
 //   energy_j_per_step (mean_w x step_s), mean_w, energy_window_s (these three null when its energy
 //   counter advanced fewer than twice), energy_updates, limit_w, sm_clock_mhz_mean, sm_clock_mhz_max,
 //   samples, power_capped_samples, thermal_samples, hardware_slowdown_samples, note}]} (every rank's
-//   GPU over the timed steps, from NVML; null for a CPU run or when no rank's GPU was read).
+//   GPU over the timed steps, from NVML; null for a CPU run or a run of one step).
 #pragma once
 
 #include <string>
@@ -27,7 +27,7 @@
 
 namespace moe {
 
-// power: the job's GPUs (null: none was read).
+// power: the job's GPUs (null: not gathered, as for a CPU run).
 std::string bench_report_json(const Config& cfg, const TrainSummary& s, int world_size,
                               const std::vector<SplitRow>& split, const Ceilings& ceilings, const JobPower* power);
 void write_bench_report(const std::string& path, const Config& cfg, const TrainSummary& s, int world_size,

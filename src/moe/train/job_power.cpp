@@ -9,10 +9,19 @@
 
 namespace moe {
 
+namespace {
+
+// The texts (dlerror's, NVML's) may hold bytes that are not UTF-8: replaced, never a throw on one
+// rank before the others' collective.
+std::string dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
+}  // namespace
+
 std::string power_record(const std::optional<PowerSummary>& mine, const std::string& why) {
-  if (!mine) return nlohmann::json{{"why", why}}.dump();
+  if (!mine) return dump(nlohmann::json{{"why", why}});
   const PowerSummary& p = *mine;
-  return nlohmann::json{{"gpu", p.gpu},
+  return dump(nlohmann::json{{"host", p.host},
+                        {"gpu", p.gpu},
                         {"energy_measured", p.energy_measured},
                         {"seconds", p.seconds},
                         {"energy_j", p.energy_j},
@@ -24,8 +33,7 @@ std::string power_record(const std::optional<PowerSummary>& mine, const std::str
                         {"power_capped", p.power_capped},
                         {"thermal", p.thermal},
                         {"hardware_slowdown", p.hardware_slowdown},
-                        {"note", p.note}}
-      .dump();
+                        {"note", p.note}});
 }
 
 RankPower parse_power_record(const std::string& record) {
@@ -37,6 +45,7 @@ RankPower parse_power_record(const std::string& record) {
       return r;
     }
     PowerSummary& p = r.summary;
+    p.host = j.at("host").get<std::string>();
     p.gpu = j.at("gpu").get<std::string>();
     p.energy_measured = j.at("energy_measured").get<bool>();
     p.seconds = j.at("seconds").get<double>();

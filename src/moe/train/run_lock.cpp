@@ -13,16 +13,11 @@
 
 #include "moe/ckpt/durable_file.h"
 #include "moe/core/error.h"
+#include "moe/core/host_name.h"
 
 namespace moe {
 
 namespace {
-
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
-  return buf;
-}
 
 std::string read_fd(int fd) {
   std::string text;
@@ -82,7 +77,7 @@ RunLock::RunLock(std::string path) : path_(std::move(path)) {
     std::tm tm{};
     gmtime_r(&now, &tm);
     std::strftime(started, sizeof started, "%Y%m%d-%H%M%S", &tm);
-    const std::string me = nlohmann::json{{"pid", static_cast<int64_t>(::getpid())}, {"host", host_name()},
+    const std::string me = nlohmann::json{{"pid", static_cast<int64_t>(::getpid())}, {"host", host_name().empty() ? "?" : host_name()},
                                           {"started", started}}.dump() + "\n";
     if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size()) ||
         ::fsync(fd) != 0) {

@@ -17,6 +17,7 @@
 
 #include "moe/ckpt/durable_file.h"
 #include "moe/core/error.h"
+#include "moe/core/host_name.h"
 
 namespace moe {
 
@@ -122,12 +123,6 @@ bool parse_event(std::string_view event, int64_t& step, bool& summary) {
 
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  return buf;
 }
 
 float scalar_value(const nlohmann::json& v, bool& ok) {
@@ -237,7 +232,7 @@ void TensorBoardWriter::open(double wall_time) {
   fs::create_directories(dir_, ec);
   MOE_CHECK(!ec, "cannot create the TensorBoard directory '", dir_, "' (run.tensorboard): ", ec.message());
   const std::string base = dir_ + "/events.out.tfevents." + std::to_string(static_cast<int64_t>(wall_time)) + "." +
-                           host_name() + "." + std::to_string(::getpid());
+                           (host_name().empty() ? "localhost" : host_name()) + "." + std::to_string(::getpid());
   std::string path = base;
   for (int n = 2;; ++n) {  // never reuse a name: an existing file is another start's
     fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);

@@ -37,8 +37,9 @@
 // are not worth their layout change: pointing them all at one row, their best case, took 3-4% off
 // the weight gradient's energy (~0.5 J of a 111 J step; seventeenth session) and made the
 // forward's 1-3% worse. At the H200's power cap what counts is energy per FLOP: the forward and
-// data gradient 0.77-0.80 pJ, the weight gradient 0.96-1.00 (its promotion multiplies two scale
-// vectors: an FMUL and an FFMA per accumulator element and K tile), cuBLASLt's dense FP8 0.70.
+// data gradient 0.77-0.80 pJ (the K = 1024 forward down 0.91), the weight gradient 0.96-1.00 (its
+// promotion multiplies two scale vectors: an FMUL and an FFMA per accumulator element and K tile),
+// cuBLASLt's dense FP8 0.70.
 // Tried and not kept (2026-12-03, thirteenth session): a mainloop with two temporary accumulators
 // that promotes K tile t - 1 while tile t's MMAs run (wait_group 1): every product within 1% of
 // the stock collective's, the step unchanged: the promotion already hides behind the other
