@@ -616,6 +616,12 @@ int main(int argc, char** argv) {
         cfg.validate();
       });
       if (startup >= 0) return startup;
+      // "latest" or a run directory is resolved by each rank: a job saving into that run meanwhile
+      // could give the ranks different checkpoints, and they would evaluate different weights.
+      const moe::StringAgreement same = moe::agree_on_string(world, ckpt->dir());
+      MOE_CHECK(same.differing_rank < 0, "the ranks resolved --checkpoint ", eval_ckpt, " to different checkpoints: ",
+                same.leader, " on rank 0 but ", same.differing, " on rank ", same.differing_rank,
+                " (a job saving into that run meanwhile?); give the checkpoint's own directory");
       const std::string& dir = ckpt->dir();
       moe::TrainOptions opts;
       opts.checkpoint = ckpt;

@@ -229,6 +229,15 @@ TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
                                            {c.tensor(), c_s.tensor(), Fp8Tiles::Rows}, x.tensor(), off.tensor(), s);
            }, stream),
            4.0 * rows * D, "B");
+    // Each half alone (2 bytes read, 1 written per element): which of them costs the energy.
+    report("quantize rows alone",
+           measure([&] { fp8_quantize_rows({q.tensor(), q_s.tensor(), Fp8Tiles::Rows}, x.tensor(), s); }, stream),
+           3.0 * rows * D, "B");
+    report("quantize columns alone",
+           measure([&] {
+             fp8_quantize_columns({c.tensor(), c_s.tensor(), Fp8Tiles::Rows}, x.tensor(), off.tensor(), s);
+           }, stream),
+           3.0 * rows * D, "B");
     // The memory's own cost per byte: a device copy of the same 1 GiB (read and written: 2 GiB moved).
     DeviceBuffer y(DType::BF16, {rows, D});
     report("device copy (baseline)",
