@@ -133,6 +133,16 @@ std::string unwritable_output(const std::string& path) {
   return "";
 }
 
+// Refuses (moe::Error, exit 1) an output file `flag` names that could not be written at the end of
+// the command or that already exists: nothing is overwritten. "" (not asked for) passes.
+void check_new_output(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  if (const std::string why = unwritable_output(path); !why.empty())
+    MOE_FAIL(flag, " ", path, " cannot be written: ", why);
+  MOE_CHECK(!std::filesystem::exists(path), flag, " ", path,
+            " exists; choose a new file name (nothing is overwritten)");
+}
+
 // Counts on the command line, with errors that state their range in plain integers (CLI11's
 // NonNegativeNumber / PositiveNumber print it as doubles up to 1.8e308).
 const CLI::Range kCountFromZero(int64_t{0}, std::numeric_limits<int64_t>::max());
@@ -508,10 +518,7 @@ int main(int argc, char** argv) {
     } else if (bench->parsed()) {
       moe::Config cfg;
       const int startup = agree_at_startup([&] {
-        if (const std::string why = bench_json.empty() ? "" : unwritable_output(bench_json); !why.empty())
-          MOE_FAIL("bench --json ", bench_json, " cannot be written: ", why);
-        MOE_CHECK(bench_json.empty() || !std::filesystem::exists(bench_json), "bench --json ", bench_json,
-                  " exists; choose a new file name (nothing is overwritten)");
+        check_new_output("bench --json", bench_json);
         std::vector<std::string> overrides = bench_args.overrides;
         overrides.push_back("train.steps=" + std::to_string(bench_steps));
         cfg = moe::load_config(bench_args.config, overrides);
@@ -591,10 +598,7 @@ int main(int argc, char** argv) {
       std::shared_ptr<const moe::CheckpointReader> ckpt;
       moe::Config cfg;
       const int startup = agree_at_startup([&] {
-        if (const std::string why = eval_logits.empty() ? "" : unwritable_output(eval_logits); !why.empty())
-          MOE_FAIL("eval --logits ", eval_logits, " cannot be written: ", why);
-        MOE_CHECK(eval_logits.empty() || !std::filesystem::exists(eval_logits), "eval --logits ", eval_logits,
-                  " exists; choose a new file name (nothing is overwritten)");
+        check_new_output("eval --logits", eval_logits);
         // Opened once: its files stay readable even if a running job prunes the checkpoint meanwhile.
         ckpt = std::make_shared<const moe::CheckpointReader>(moe::resolve_checkpoint(eval_ckpt));
         // The checkpoint's own config, without its data source (the data is given here) and with a

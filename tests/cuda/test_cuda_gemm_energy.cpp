@@ -59,32 +59,16 @@ struct Measured {
 
 // fn back to back for ~1 s after a warmup, inside one power window.
 Measured measure(const std::function<void()>& fn, cudaStream_t stream) {
-  for (int i = 0; i < 3; ++i) fn();
-  cudaEvent_t start = nullptr, stop = nullptr;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  CUDA_CHECK(cudaEventRecord(start, stream));
-  fn();
-  CUDA_CHECK(cudaEventRecord(stop, stream));
-  CUDA_CHECK(cudaEventSynchronize(stop));
-  float once = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&once, start, stop));
-  const int iters = std::max(5, static_cast<int>(1000.0 / std::max(once, 0.01f)));
+  const double once = testing::time_ms(fn, stream, 3, 1);
+  const int iters = std::max(5, static_cast<int>(1000.0 / std::max(once, 0.01)));
   PowerMonitor monitor(0.005);
   EXPECT_TRUE(monitor.start()) << monitor.why();
-  CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < iters; ++i) fn();
-  CUDA_CHECK(cudaEventRecord(stop, stream));
-  CUDA_CHECK(cudaEventSynchronize(stop));
+  const double ms = testing::time_ms(fn, stream, 0, iters);  // waits for the work: the window holds it
   monitor.stop();
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
   const PowerSummary p = monitor.summary();
   EXPECT_TRUE(p.energy_measured);
   Measured m;
-  m.ms = ms / iters;
+  m.ms = ms;
   m.watts = p.mean_power_w();
   m.clock_mhz = p.mean_sm_clock_mhz;
   m.joules = p.energy_per_step_j(m.ms * 1e-3);

@@ -77,7 +77,9 @@ RunLock::RunLock(std::string path) : path_(std::move(path)) {
     std::tm tm{};
     gmtime_r(&now, &tm);
     std::strftime(started, sizeof started, "%Y%m%d-%H%M%S", &tm);
-    const std::string me = nlohmann::json{{"pid", static_cast<int64_t>(::getpid())}, {"host", host_name().empty() ? "?" : host_name()},
+    const std::string host = host_name();
+    const std::string me = nlohmann::json{{"pid", static_cast<int64_t>(::getpid())},
+                                          {"host", host.empty() ? "?" : host},
                                           {"started", started}}.dump() + "\n";
     if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size()) ||
         ::fsync(fd) != 0) {

@@ -231,8 +231,9 @@ void TensorBoardWriter::open(double wall_time) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   MOE_CHECK(!ec, "cannot create the TensorBoard directory '", dir_, "' (run.tensorboard): ", ec.message());
+  const std::string host = host_name();
   const std::string base = dir_ + "/events.out.tfevents." + std::to_string(static_cast<int64_t>(wall_time)) + "." +
-                           (host_name().empty() ? "localhost" : host_name()) + "." + std::to_string(::getpid());
+                           (host.empty() ? "localhost" : host) + "." + std::to_string(::getpid());
   std::string path = base;
   for (int n = 2;; ++n) {  // never reuse a name: an existing file is another start's
     fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
