@@ -192,12 +192,13 @@ void check_columns(DType dtype, const std::vector<int32_t>& counts, int64_t M, i
 
 // One pass for both layouts: the columns bit-equal to fp8_quantize_columns on the CPU, and the rows
 // of every segment (rows past offsets[G] may be left unwritten) bit-equal to fp8_quantize_rows.
-void check_rows_and_columns(DType dtype, const std::vector<int32_t>& counts, int64_t M, int64_t K, uint64_t seed) {
+void check_rows_and_columns(DType dtype, const std::vector<int32_t>& counts, int64_t M, int64_t K, uint64_t seed,
+                            int64_t extra_columns = 0) {
   const bool bf16 = dtype == DType::BF16;
   const std::vector<int32_t> offsets = offsets_of(counts);
   const int64_t G = counts.empty() ? 1 : static_cast<int64_t>(counts.size());
   const int64_t covered = counts.empty() ? M : offsets.back();
-  const int64_t Mp = fp8_columns_capacity(M, G);
+  const int64_t Mp = fp8_columns_capacity(M, G) + extra_columns;
   std::vector<float> x = rows_input(M, K, seed, bf16);
   HostFp8 cpu_rows({M, K}, Fp8Tiles::Rows), cpu_columns({K, Mp}, Fp8Tiles::Rows);
   std::vector<int32_t> host_offsets = offsets;
@@ -211,7 +212,7 @@ void check_rows_and_columns(DType dtype, const std::vector<int32_t>& counts, int
   DeviceFp8 gpu_rows({M, K}, Fp8Tiles::Rows), gpu_columns({K, Mp}, Fp8Tiles::Rows);
   fp8_quantize_rows_and_columns(gpu_rows.t(), gpu_columns.t(), dx.buffer, counts.empty() ? Tensor() : doff.tensor());
   std::string what = "rows and columns " + std::string(dtype_name(dtype)) + " M=" + std::to_string(M) +
-                     " K=" + std::to_string(K) + " counts=";
+                     " K=" + std::to_string(K) + " Mp=" + std::to_string(Mp) + " counts=";
   for (int32_t c : counts) what += std::to_string(c) + ",";
   expect_same_fp8(gpu_columns, cpu_columns, what + " (columns)");
   const int64_t row_tiles = tiles(K);
@@ -284,6 +285,11 @@ TEST(CudaFp8Quantize, RowsAndColumnsInOnePassMatchCpuBitForBit) {
     check_rows_and_columns(dtype, {}, 256, 2048, ++seed);  // a model width
     check_rows_and_columns(dtype, {0, 130, 0, 1, 250}, 400, 130, ++seed);  // rows past offsets[G]; odd K
     check_rows_and_columns(dtype, {257, 0, 0, 3, 128, 127, 0, 1000}, 1515, 512, ++seed);
+    // A last column tile 4 and 72 columns wide (Mp % 8 = 4: the staged kernel's byte stores) and
+    // one 8 columns wide (its 8-byte stores of a partial tile).
+    check_rows_and_columns(dtype, {}, 300, 200, ++seed, /*extra_columns=*/4);
+    check_rows_and_columns(dtype, {0, 130, 0, 1, 250}, 381, 136, ++seed, /*extra_columns=*/72);
+    check_rows_and_columns(dtype, {}, 300, 256, ++seed, /*extra_columns=*/8);
   }
 }
 

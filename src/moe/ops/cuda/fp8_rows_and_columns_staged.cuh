@@ -9,9 +9,10 @@
 // each block holds 64 values per lane in registers across a barrier; it ran at 1.9 TB/s where the
 // Rows quantizer runs at 2.7 and a copy at 4.2. Here a block stays resident and loops over tiles:
 // while it quantizes tile i out of one 32 KiB stage, tile i + 1 streams into the other with
-// cp.async, 16 threads per 256-byte row (a warp's load covers two rows whole). The Rows output is
-// made from the stage in the same coalesced order (16 threads per row, the row amax by 4 shuffles,
-// 8 codes per thread), so it needs no row amax table. Without the Rows output the one-block-per-tile
+// cp.async, 16 threads per 256-byte row (a warp's load covers two rows whole). Both outputs are
+// made from the stage, each half reading it in the order that suits its stores (4 threads per row
+// for the Rows tiles, 16 rows per lane for the columns), so no row amax table is needed. Without
+// the Rows output the one-block-per-tile
 // kernel was faster in the training step (4.06 against 3.54 ms per step, bench/RESULTS.md), so
 // fp8_quantize_columns keeps it.
 #pragma once
@@ -43,72 +44,179 @@ __device__ __forceinline__ int stage_slot(int row, int chunk) {
 // rows `stride` elements apart, K features each); the kBlockThreads threads of the block share the
 // chunks, `thread` being the caller's index among them. Chunks past the rows or past K are
 // zero-filled (cp.async with source size 0 reads nothing).
+//
+// A thread copies the same chunk column c of rows r0, r0 + kRowStep, ... (kBlockThreads is a multiple
+// of kStageChunks), so its source address advances by a fixed step and its stage slots differ by
+// constants: the swizzle of row r0 + kRowStep j is that of r0 XOR-ed with a constant, kRowStep being
+// a multiple of 16 rows. NOTES: written with __pipeline_memcpy_async and the index arithmetic per
+// chunk, each 16-byte chunk cost ~35 instructions (64-bit address products, a branch, the intrinsic's
+// zero-fill sequence; Nsight Compute SASS, 2026-12-04), a third of the staged quantizer's work.
 template <int kBlockThreads = kThreads>
 __device__ __forceinline__ void copy_tile_async(uint4* stage, const __nv_bfloat16* x, int64_t stride, int64_t K,
                                                 TileRows tile, int64_t k0, int thread) {
+  static_assert(kBlockThreads % (kStageChunks * 16) == 0, "every row step must keep the swizzle's pattern");
+  constexpr int kRowStep = kBlockThreads / kStageChunks, kSteps = kTile / kRowStep;
+  const int r0 = thread / kStageChunks, c = thread % kStageChunks;
+  const int64_t k = k0 + 8 * c;
+  const bool inside_k = k < K;  // K % 8 == 0: a chunk is all in or all out
+  const __nv_bfloat16* src = x + (tile.first_row + r0) * stride + k;
+  const int64_t src_step = kRowStep * stride;
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(stage + stage_slot(r0, c)));
 #pragma unroll
-  for (int j = 0; j < kStageWords / kBlockThreads; ++j) {
-    const int i = thread + j * kBlockThreads;
-    const int r = i / kStageChunks, c = i % kStageChunks;
-    const int64_t k = k0 + 8 * c;
-    const bool inside = r < tile.rows && k < K;  // K % 8 == 0: a chunk is all in or all out
-    const __nv_bfloat16* src = inside ? x + (tile.first_row + r) * stride + k : x;
-    __pipeline_memcpy_async(stage + stage_slot(r, c), src, sizeof(uint4), inside ? 0 : sizeof(uint4));
+  for (int j = 0; j < kSteps; ++j) {
+    const int r = r0 + kRowStep * j;
+    // stage_slot(r, c) - stage_slot(r0, c): the rows' distance, and the swizzle bits kRowStep j adds.
+    const int slot_delta = kRowStep * j * kStageChunks + ((c ^ ((r >> 2) & 7)) - (c ^ ((r0 >> 2) & 7)));
+    const bool inside = inside_k && r < tile.rows;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + 16 * slot_delta),
+                 "l"(inside ? src : x), "r"(inside ? 16 : 0)
+                 : "memory");
+    src += src_step;
   }
 }
 
-// The Rows tiles of the staged tile: 16 threads per row (8 features each), the row amax by
-// shuffles within the 16 (two features per word), 8 codes (8 bytes) stored per thread; kThreads
-// threads take the tile, `thread` (0 .. kThreads - 1, whole warps) being the caller's index among
-// them. out.codes must be 8-byte aligned and K % 8 == 0 (rows_and_columns_staged_fit).
+// The Rows tiles of the staged tile: 4 threads per row, thread q of a row taking its chunks q, q + 4,
+// q + 8 and q + 12 (32 features), the row amax by 2 shuffles among the 4, 4 stores of 8 codes; each
+// thread takes 2 rows. kThreads threads take the tile, `thread` (0 .. kThreads - 1, whole warps)
+// being the caller's index among them. out.codes must be 8-byte aligned and K % 8 == 0
+// (rows_and_columns_staged_fit).
+//
+// A warp's 8 rows of a step are r, r + 1, r + 2, r + 3 and r + 16 .. r + 19: the two rows of a
+// quarter-warp differ in bit 4, so stage_slot's swizzle sends their 16-byte loads to different
+// halves of the banks and a quarter-warp's 8 loads never conflict.
+//
+// NOTES: the form before this (16 threads per row, 8 features each) ran ~100 instructions per 8
+// features (Nsight Compute SASS, 2026-12-04): the 4-shuffle amax, the scale and the address were
+// paid per 8 features; here they are paid per 32.
 __device__ __forceinline__ void store_staged_row_tiles(const uint4* stage, TileRows tile, int64_t k0, int64_t K,
                                                        const RowsOutput& out, int thread) {
-  const int c = thread % kStageChunks;
+  static_assert(kThreads == 256, "the row mapping below covers 128 rows with 8 warps");
+  const int lane = thread & 31, warp = thread >> 5;
+  const int q = lane & 3, pair = lane >> 2;
   const int64_t row_tiles = (K + kTile - 1) / kTile;
-  const bool inside_k = k0 + 8 * c < K;
-#pragma unroll 2
-  for (int j = 0; j < kStageWords / kThreads; ++j) {
-    const int r = thread / kStageChunks + j * (kThreads / kStageChunks);
-    const uint4 q = stage[stage_slot(r, c)];
+  const int first = 16 * (pair & 1) + (pair >> 1) + 4 * (warp & 3) + 32 * (warp >> 2);
+#pragma unroll
+  for (int step = 0; step < 2; ++step) {
+    const int r = first + 64 * step;
+    uint4 q4[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) q4[j] = stage[stage_slot(r, q + 4 * j)];
     constexpr uint32_t kMagnitudes = 0x7fff7fffu;  // two BF16 magnitudes, amax by max.u16x2
-    uint32_t m = max_u16x2(max_u16x2(q.x & kMagnitudes, q.y & kMagnitudes),
-                           max_u16x2(q.z & kMagnitudes, q.w & kMagnitudes));
+    uint32_t m = 0;
 #pragma unroll
-    for (int d = kStageChunks / 2; d > 0; d >>= 1) m = max_u16x2(m, __shfl_xor_sync(kFullMask, m, d));
-    if (r >= tile.rows) continue;  // after the shuffles: the 16 lanes of a row agree
+    for (int j = 0; j < 4; ++j)
+      m = max_u16x2(m, max_u16x2(max_u16x2(q4[j].x & kMagnitudes, q4[j].y & kMagnitudes),
+                                 max_u16x2(q4[j].z & kMagnitudes, q4[j].w & kMagnitudes)));
+    m = max_u16x2(m, __shfl_xor_sync(kFullMask, m, 1));
+    m = max_u16x2(m, __shfl_xor_sync(kFullMask, m, 2));
+    if (r >= tile.rows) continue;  // after the shuffles: the 4 lanes of a row agree
     const float scale = fp8::tile_scale(__uint_as_float(max(m << 16, m & 0xffff0000u)));
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    float v[8];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      v[2 * e] = __uint_as_float(w[e] << 16);
-      v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-    }
     const int64_t row = tile.first_row + r;
-    if (c == 0) out.scales[row * row_tiles + k0 / kTile] = scale;
-    if (!inside_k) continue;
+    if (q == 0) out.scales[row * row_tiles + k0 / kTile] = scale;
     const TileQuantizer quantize(scale);
-    *reinterpret_cast<uint2*>(out.codes + row * K + k0 + 8 * c) =
-        make_uint2(quantize.word(v[0], v[1], v[2], v[3]), quantize.word(v[4], v[5], v[6], v[7]));
+    uint8_t* codes = out.codes + row * K + k0 + 8 * q;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (k0 + 8 * (q + 4 * j) >= K) continue;  // K % 8 == 0: a chunk is all in or all out
+      const uint32_t w[4] = {q4[j].x, q4[j].y, q4[j].z, q4[j].w};
+      float v[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        v[2 * e] = __uint_as_float(w[e] << 16);
+        v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+      }
+      *reinterpret_cast<uint2*>(codes + 32 * j) =
+          make_uint2(quantize.word(v[0], v[1], v[2], v[3]), quantize.word(v[4], v[5], v[6], v[7]));
+    }
   }
 }
 
-// The columns half of the staged tile: warp `warp` (0 .. 7) takes features k0 + 16 warp .. + 15
-// (chunks 2 warp and 2 warp + 1), lane l rows 4 l .. 4 l + 3.
+// The columns half of the staged tile: warp `warp` (0 .. 7) takes features k0 + 16 warp .. + 15;
+// lane l features 4 (l & 3) .. + 3 of those (8 bytes of a chunk) over 16 rows, the rows
+// 8 (g & 3) + 32 (g >> 2) + {0 .. 7, 64 .. 71} of row group g = l >> 2. The column amax of a
+// feature is a max over the lane's rows, then over the 8 row groups (3 shuffles per word of two
+// features); the lane of row group f computes the scale of the run's feature f and hands its
+// quantizer to the others. Each feature leaves as two 8-byte stores of 8 consecutive codes.
+//
+// The 16 lanes of a half-warp read 4 rows whose bits 3..4 differ: stage_slot's swizzle puts their
+// 32-byte pieces in 4 different quarters of the banks, so the 8-byte loads never conflict.
+//
+// NOTES: the form before this (lane: 4 rows x 16 features; a shuffle, a 4-byte store and its
+// address per feature and 4 rows) was shared with the one-block-per-tile kernel (store_column_tile);
+// with the Rows half it ran ~35 instructions per element quantized (bench/RESULTS.md, seventeenth
+// session). Here a lane's per-feature work is paid per 16 rows.
 __device__ __forceinline__ void store_staged_column_tile(const uint4* stage, TileRows tile, int64_t column_tile,
                                                          int64_t k0, int64_t K, const ColumnsOutput& out, int warp) {
-  const int lane = threadIdx.x & 31;
-  Run16<__nv_bfloat16> run[4];
+  const int lane = threadIdx.x & 31, run = lane & 3, group = lane >> 2;
+  const int chunk = 2 * warp + (run >> 1), half = run & 1;
+  const int base = 8 * (group & 3) + 32 * (group >> 2);  // rows base + i (i < 8), base + 64 + i
+  // Features 4 run .. + 3 of row r (two BF16 per word); read twice (the amax, then the codes), so
+  // that only 8 rows' words are live at a time (the SwiGLU backward's 512-thread blocks have 64
+  // registers).
+  const auto words = [&](int r) { return reinterpret_cast<const uint2*>(stage + stage_slot(r, chunk))[half]; };
+  constexpr uint32_t kMagnitudes = 0x7fff7fffu;
+  uint32_t m[2] = {0, 0};
 #pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const int r = 4 * lane + s;
-    const uint4 a = stage[stage_slot(r, 2 * warp)], b = stage[stage_slot(r, 2 * warp + 1)];
-    run[s].w[0] = a.x, run[s].w[1] = a.y, run[s].w[2] = a.z, run[s].w[3] = a.w;
-    run[s].w[4] = b.x, run[s].w[5] = b.y, run[s].w[6] = b.z, run[s].w[7] = b.w;
+  for (int i = 0; i < 16; ++i) {
+    const uint2 w = words(base + (i & 7) + 64 * (i >> 3));
+    m[0] = max_u16x2(m[0], w.x & kMagnitudes);
+    m[1] = max_u16x2(m[1], w.y & kMagnitudes);
   }
-  const int64_t kw = k0 + kRun * warp;
-  const int features = static_cast<int>(min(max(K - kw, int64_t{0}), int64_t{kRun}));
-  store_column_tile(run, out, column_tile, kw, features, tile.rows);
+#pragma unroll
+  for (int d = 4; d < 32; d <<= 1) {
+    m[0] = max_u16x2(m[0], __shfl_xor_sync(kFullMask, m[0], d));
+    m[1] = max_u16x2(m[1], __shfl_xor_sync(kFullMask, m[1], d));
+  }
+  // Row group f's lane: feature f of the run (f < 4; the other groups compute a spare).
+  const int own = group & 3;
+  const uint32_t pair = own < 2 ? m[0] : m[1];
+  const float scale = fp8::tile_scale(__uint_as_float(own & 1 ? pair & 0xffff0000u : pair << 16));
+  const float own_quantizer = TileQuantizer(scale).packed();
+  const int64_t first_feature = k0 + 16 * warp + 4 * run;
+  const int64_t column_tiles = (out.Mp + kTile - 1) / kTile;
+  if (group < 4 && first_feature + own < K) out.scales[(first_feature + own) * column_tiles + column_tile] = scale;
+
+  const int64_t c0 = column_tile * kTile;
+  const int width = static_cast<int>(min(out.Mp - c0, int64_t{kTile}));
+  const bool pairs_ok = out.Mp % 8 == 0 && reinterpret_cast<uintptr_t>(out.codes) % 8 == 0;
+  const int features = static_cast<int>(min(max(K - first_feature, int64_t{0}), int64_t{4}));
+  uint8_t* codes = out.codes + first_feature * out.Mp + c0 + base;
+#pragma unroll 1
+  for (int h = 0; h < 2; ++h) {  // rows base + 64 h .. + 7
+    const int r0 = base + 64 * h;
+    uint2 w[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = words(r0 + i);
+    // Codes of rows past the segment (padding columns) are 0, even in a NaN tile.
+    uint32_t rows_mask[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int inside = min(max(tile.rows - (r0 + 4 * k), 0), 4);
+      rows_mask[k] = inside == 4 ? 0xffffffffu : (1u << (8 * inside)) - 1u;
+    }
+    const int valid = min(max(width - r0, 0), 8);
+    uint8_t* next = codes + 64 * h;  // feature f's codes of these rows; Mp apart
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      const TileQuantizer quantize = TileQuantizer::unpack(__shfl_sync(kFullMask, own_quantizer, run + 4 * f));
+      uint8_t* p = next;
+      next += out.Mp;
+      if (f >= features) continue;
+      float v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t word = f < 2 ? w[i].x : w[i].y;
+        v[i] = __uint_as_float(f & 1 ? word & 0xffff0000u : word << 16);
+      }
+      const uint32_t lo = quantize.word(v[0], v[1], v[2], v[3]) & rows_mask[0];
+      const uint32_t hi = quantize.word(v[4], v[5], v[6], v[7]) & rows_mask[1];
+      if (pairs_ok && valid == 8) {
+        *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
+      } else {
+        for (int e = 0; e < valid; ++e) p[e] = static_cast<uint8_t>((e < 4 ? lo : hi) >> (8 * (e % 4)));
+      }
+    }
+  }
 }
 
 // Resident blocks of kKernel (block_threads threads, `shared` bytes of dynamic shared memory) on
