@@ -12,12 +12,12 @@
 //                            step, kUnroll steps' loads in flight), amax by shuffles, codes stored
 //                            as 4- or 8-byte words. About 5 (F32) or 3 (BF16) bytes of traffic per
 //                            element; expected near HBM bandwidth (~3.5-4 TB/s on an H200).
-//   quantize_rows_and_columns_staged_kernel  both layouts of BF16 with 16-byte aligned rows (the
-//                            training step's output gradients): resident blocks looping over the
+//   quantize_columns_staged_kernel  both layouts of BF16 with 16-byte aligned rows (the training
+//                            step's output gradients; fp8_rows_and_columns_staged.cuh, with the
+//                            gathered sources of fp8_gather.cu): resident blocks looping over the
 //                            column tiles, each copied into one of two 32 KiB shared-memory stages
-//                            by cp.async while the other is quantized (why:
-//                            fp8_rows_and_columns_staged.cuh); the columns half is
-//                            quantize_columns_kernel's, the Rows half reads the stage row by row.
+//                            by cp.async while the other is quantized; each half reads the stage
+//                            in the order its stores want.
 //   quantize_columns_kernel  one 256-thread block per (128 tokens of one segment) x (128
 //                            features), each warp alone on 16 features (lane: 4 rows x 16
 //                            features in registers, loaded up front): column amax by a halving
@@ -122,75 +122,13 @@ void launch_dequantize(const Tensor& out, const Fp8Tensor& in, cudaStream_t s) {
   CUDA_CHECK_LAUNCH();
 }
 
-// ---------------------------------------------------------------------------------------------
-// Rows and columns of a stored BF16 tensor, staged (fp8_rows_and_columns_staged.cuh).
-
-// x [M, K] BF16 -> columns codes and scales, and the Rows tiles into rows_out; tile t = (column
-// tile t / feature_tiles, feature tile t % feature_tiles), tiles t = blockIdx.x, blockIdx.x +
-// gridDim.x, ... Dynamic shared memory: kStagedSharedBytes.
-__global__ void __launch_bounds__(kThreads, 3)
-    quantize_rows_and_columns_staged_kernel(const __nv_bfloat16* x, const int32_t* offsets, int segments,
-                                            int64_t M, int64_t K, int64_t feature_tiles, int64_t tile_count,
-                                            ColumnsOutput out, RowsOutput rows_out) {
-  extern __shared__ uint4 stages[];
-  int64_t t = blockIdx.x;
-  if (t >= tile_count) return;
-  TileRows tile = find_tile_rows(offsets, segments, M, t / feature_tiles * kTile);
-  const int thread = static_cast<int>(threadIdx.x);
-  copy_tile_async(stages, x, K, K, tile, t % feature_tiles * kTile, thread);
-  __pipeline_commit();
-  const int warp = thread >> 5;
-  for (int stage = 0; t < tile_count; t += gridDim.x, stage ^= 1) {
-    const int64_t next = t + gridDim.x;
-    TileRows next_tile{};
-    if (next < tile_count) {
-      next_tile = find_tile_rows(offsets, segments, M, next / feature_tiles * kTile);
-      const int64_t next_k0 = next % feature_tiles * kTile;
-      copy_tile_async(stages + (stage ^ 1) * kStageWords, x, K, K, next_tile, next_k0, thread);
-    }
-    __pipeline_commit();
-    __pipeline_wait_prior(1);  // this tile's copies are done (the next tile's may be in flight)
-    __syncthreads();
-    const uint4* current = stages + stage * kStageWords;
-    const int64_t column_tile = t / feature_tiles, k0 = t % feature_tiles * kTile;
-    store_staged_row_tiles(current, tile, k0, K, rows_out, thread);
-    store_staged_column_tile(current, tile, column_tile, k0, K, out, warp);
-    __syncthreads();  // every thread is done with this stage before the next iteration refills it
-    tile = next_tile;
-  }
-}
-
-// Whether the staged kernel takes x: BF16 rows whose 16-byte chunks are aligned, and 8-byte
-// aligned Rows codes.
-bool rows_and_columns_staged_fit(const Tensor& x, int64_t K, const Fp8Tensor& rows) {
-  return x.dtype == DType::BF16 && K % 8 == 0 && aligned(x.data, 16) && aligned(rows.codes.data, 8);
-}
-
-// The staged launch (rows_and_columns_staged_fit(x, K, rows) holds): codes [K, Mp] of `out`, and
-// the Rows tiles of `rows`.
-void launch_rows_and_columns_staged(const Fp8Tensor& out, const Tensor& x, const Tensor& offsets, int64_t M,
-                                           int64_t K, int64_t Mp, const Fp8Tensor& rows, cudaStream_t s) {
-  const Segments segments = segments_of(offsets);
-  const int64_t feature_tiles = tiles(K), tile_count = tiles(Mp) * feature_tiles;
-  const ColumnsOutput columns = columns_output(out, Mp);
-  const RowsOutput rows_out{rows.codes.ptr<uint8_t>(), rows.scales.ptr<float>(), true};
-  const int grid = static_cast<int>(std::min<int64_t>(
-      resident_grid<quantize_rows_and_columns_staged_kernel>(kThreads, kStagedSharedBytes,
-                                                             "FP8 rows-and-columns quantizer"),
-      tile_count));
-  quantize_rows_and_columns_staged_kernel<<<grid, kThreads, kStagedSharedBytes, s>>>(
-      x.ptr<const __nv_bfloat16>(), segments.offsets, segments.count, M, K, feature_tiles, tile_count, columns,
-      rows_out);
-  CUDA_CHECK_LAUNCH();
-}
-
 // x's values along the tokens (and with `rows` also as Rows tiles: the staged kernel where it
 // fits, fp8_rows_and_columns_staged.cuh), else one block per tile. 16-byte loads of a warp's
 // 16-feature runs need every row start aligned.
 void quantize_tensor_columns(const Fp8Tensor& out, const Tensor& x, const Tensor& offsets, int64_t M, int64_t K,
                              int64_t Mp, const Fp8Tensor* rows, const char* op, cudaStream_t s) {
-  if (rows != nullptr && rows_and_columns_staged_fit(x, K, *rows)) {
-    launch_rows_and_columns_staged(out, x, offsets, M, K, Mp, *rows, s);
+  if (rows != nullptr && staged_source_fit(x, K, rows)) {
+    launch_columns_staged(out, StagedTensor{x.ptr<const __nv_bfloat16>(), K}, offsets, M, K, Mp, rows, op, s);
   } else if (x.dtype == DType::BF16) {
     const bool vector = K % 8 == 0 && aligned(x.data, 16);
     launch_columns<__nv_bfloat16>(out, TensorColumns<__nv_bfloat16>{x.ptr<const __nv_bfloat16>(), K}, offsets, M, K,

@@ -21,6 +21,7 @@
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -33,6 +34,16 @@ constexpr int kStageChunks = kTile * 2 / 16;                         // 16-byte 
 constexpr int kStageWords = kTile * kStageChunks;                    // uint4 per stage (32 KiB)
 constexpr size_t kStagedSharedBytes = 2 * kStageWords * sizeof(uint4);  // two stages
 
+// A staged word's two BF16 values (the low half first), and two values rounded to BF16 as from_f32
+// rounds, packed so.
+__device__ __forceinline__ float bf16_low(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_high(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float bf16_half(uint32_t w, int h) { return h ? bf16_high(w) : bf16_low(w); }
+__device__ __forceinline__ uint32_t bf16_pair(float low, float high) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(from_f32<__nv_bfloat16>(low))) |
+         static_cast<uint32_t>(__bfloat16_as_ushort(from_f32<__nv_bfloat16>(high))) << 16;
+}
+
 // A chunk's place in a stage: row-major, the chunk index XOR-ed with bits 2..4 of the row, so the 8
 // lanes of a quarter-warp reading one chunk of rows 4 l + s (the columns half) and those reading 8
 // chunks of one row (the Rows half) hit 8 different 16-byte bank groups.
@@ -40,40 +51,67 @@ __device__ __forceinline__ int stage_slot(int row, int chunk) {
   return row * kStageChunks + (chunk ^ ((row >> 2) & 7));
 }
 
+// One 16-byte cp.async into the shared address dst: from src when inside, else 16 zero bytes (source
+// size 0: nothing is read).
+__device__ __forceinline__ void copy_chunk_async(uint32_t dst, const void* src, bool inside) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(inside ? 16 : 0)
+               : "memory");
+}
+
+// The chunks a thread copies into a stage: chunk column c = thread % 16 of rows r0 + kRowStep j, r0 =
+// thread / 16 (kBlockThreads a multiple of 256, so kRowStep is a multiple of 16 rows). The slot of row
+// r0 + kRowStep j is that of r0 plus a constant: the rows' distance, and the swizzle bits the step
+// adds (stage_slot).
+template <int kBlockThreads>
+struct StageChunks {
+  static_assert(kBlockThreads % (kStageChunks * 16) == 0, "every row step must keep the swizzle's pattern");
+  static constexpr int kRowStep = kBlockThreads / kStageChunks, kSteps = kTile / kRowStep;
+  int r0, c;
+  uint32_t first_slot;  // shared address of row r0's chunk c
+  __device__ __forceinline__ StageChunks(const uint4* stage, int thread)
+      : r0(thread / kStageChunks),
+        c(thread % kStageChunks),
+        first_slot(static_cast<uint32_t>(__cvta_generic_to_shared(stage + stage_slot(r0, c)))) {}
+  __device__ __forceinline__ int row(int j) const { return r0 + kRowStep * j; }
+  __device__ __forceinline__ uint32_t slot(int j) const {
+    const int delta = kRowStep * j * kStageChunks + ((c ^ ((row(j) >> 2) & 7)) - (c ^ ((r0 >> 2) & 7)));
+    return first_slot + 16 * delta;
+  }
+};
+
 // Starts copying x rows [tile.first_row, + tile.rows) x features [k0, k0 + 128) into `stage` (x's
 // rows `stride` elements apart, K features each); the kBlockThreads threads of the block share the
 // chunks, `thread` being the caller's index among them. Chunks past the rows or past K are
-// zero-filled (cp.async with source size 0 reads nothing).
-//
-// A thread copies the same chunk column c of rows r0, r0 + kRowStep, ... (kBlockThreads is a multiple
-// of kStageChunks), so its source address advances by a fixed step and its stage slots differ by
-// constants: the swizzle of row r0 + kRowStep j is that of r0 XOR-ed with a constant, kRowStep being
-// a multiple of 16 rows. NOTES: written with __pipeline_memcpy_async and the index arithmetic per
-// chunk, each 16-byte chunk cost ~35 instructions (64-bit address products, a branch, the intrinsic's
-// zero-fill sequence; Nsight Compute SASS, 2026-12-04), a third of the staged quantizer's work.
+// zero-filled. A thread's source advances by a fixed step (StageChunks). NOTES: written with
+// __pipeline_memcpy_async and the index arithmetic per chunk, each 16-byte chunk cost ~35
+// instructions (64-bit address products, a branch, the intrinsic's zero-fill sequence; Nsight
+// Compute SASS, 2026-12-04), a third of the staged quantizer's work.
 template <int kBlockThreads = kThreads>
 __device__ __forceinline__ void copy_tile_async(uint4* stage, const __nv_bfloat16* x, int64_t stride, int64_t K,
                                                 TileRows tile, int64_t k0, int thread) {
-  static_assert(kBlockThreads % (kStageChunks * 16) == 0, "every row step must keep the swizzle's pattern");
-  constexpr int kRowStep = kBlockThreads / kStageChunks, kSteps = kTile / kRowStep;
-  const int r0 = thread / kStageChunks, c = thread % kStageChunks;
-  const int64_t k = k0 + 8 * c;
+  const StageChunks<kBlockThreads> chunks(stage, thread);
+  const int64_t k = k0 + 8 * chunks.c;
   const bool inside_k = k < K;  // K % 8 == 0: a chunk is all in or all out
-  const __nv_bfloat16* src = x + (tile.first_row + r0) * stride + k;
-  const int64_t src_step = kRowStep * stride;
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(stage + stage_slot(r0, c)));
+  const __nv_bfloat16* src = x + (tile.first_row + chunks.r0) * stride + k;
+  const int64_t src_step = StageChunks<kBlockThreads>::kRowStep * stride;
 #pragma unroll
-  for (int j = 0; j < kSteps; ++j) {
-    const int r = r0 + kRowStep * j;
-    // stage_slot(r, c) - stage_slot(r0, c): the rows' distance, and the swizzle bits kRowStep j adds.
-    const int slot_delta = kRowStep * j * kStageChunks + ((c ^ ((r >> 2) & 7)) - (c ^ ((r0 >> 2) & 7)));
-    const bool inside = inside_k && r < tile.rows;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + 16 * slot_delta),
-                 "l"(inside ? src : x), "r"(inside ? 16 : 0)
-                 : "memory");
+  for (int j = 0; j < StageChunks<kBlockThreads>::kSteps; ++j) {
+    const bool inside = inside_k && chunks.row(j) < tile.rows;
+    copy_chunk_async(chunks.slot(j), inside ? src : x, inside);
     src += src_step;
   }
 }
+
+// The staged source of a stored BF16 tensor x [M, K].
+struct StagedTensor {
+  static constexpr bool kPrepares = false;
+  const __nv_bfloat16* x = nullptr;
+  int64_t K = 0;
+  __device__ __forceinline__ void copy(uint4* stage, TileRows tile, int64_t k0, int thread) const {
+    copy_tile_async(stage, x, K, K, tile, k0, thread);
+  }
+  __device__ __forceinline__ void prepare(uint4*, TileRows, int64_t, int) const {}
+};
 
 // The Rows tiles of the staged tile: 4 threads per row, thread q of a row taking its chunks q, q + 4,
 // q + 8 and q + 12 (32 features), the row amax by 2 shuffles among the 4, 4 stores of 8 codes; each
@@ -219,6 +257,48 @@ __device__ __forceinline__ void store_staged_column_tile(const uint4* stage, Til
   }
 }
 
+// The staged quantizer of Source's values [M, K] (BF16): the columns codes and scales (out) and,
+// with kRows, the Rows tiles (rows_out), in the segments of offsets. Resident blocks loop over the
+// tiles t = blockIdx.x, + gridDim.x, ... (column tile t / feature_tiles, features k0 = 128 (t %
+// feature_tiles) ..): while a block quantizes tile t out of one stage, its next tile streams into the
+// other. Source::copy(stage, tile, k0, thread) starts a tile's cp.async copies; with
+// Source::kPrepares, prepare(stage, tile, k0, thread) turns the landed stage into the values to
+// quantize, in place. Dynamic shared memory: kStagedSharedBytes. (The name holds "quantize_columns":
+// the step split times it as FP8 quantize, train/step_split.cpp.)
+template <class Source, bool kRows>
+__global__ void __launch_bounds__(kThreads, 3)
+    quantize_columns_staged_kernel(Source src, const int32_t* offsets, int segments, int64_t M, int64_t K,
+                                   int64_t feature_tiles, int64_t tile_count, ColumnsOutput out, RowsOutput rows_out) {
+  extern __shared__ uint4 stages[];
+  int64_t t = blockIdx.x;
+  if (t >= tile_count) return;
+  TileRows tile = find_tile_rows(offsets, segments, M, t / feature_tiles * kTile);
+  const int thread = static_cast<int>(threadIdx.x), warp = thread >> 5;
+  src.copy(stages, tile, t % feature_tiles * kTile, thread);
+  __pipeline_commit();
+  for (int stage = 0; t < tile_count; t += gridDim.x, stage ^= 1) {
+    const int64_t next = t + gridDim.x;
+    TileRows next_tile{};
+    if (next < tile_count) {
+      next_tile = find_tile_rows(offsets, segments, M, next / feature_tiles * kTile);
+      src.copy(stages + (stage ^ 1) * kStageWords, next_tile, next % feature_tiles * kTile, thread);
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(1);  // this tile's copies are done (the next tile's may be in flight)
+    __syncthreads();
+    uint4* current = stages + stage * kStageWords;
+    const int64_t column_tile = t / feature_tiles, k0 = t % feature_tiles * kTile;
+    if constexpr (Source::kPrepares) {
+      src.prepare(current, tile, k0, thread);
+      __syncthreads();
+    }
+    if constexpr (kRows) store_staged_row_tiles(current, tile, k0, K, rows_out, thread);
+    store_staged_column_tile(current, tile, column_tile, k0, K, out, warp);
+    __syncthreads();  // every thread is done with this stage before the next iteration refills it
+    tile = next_tile;
+  }
+}
+
 // Resident blocks of kKernel (block_threads threads, `shared` bytes of dynamic shared memory) on
 // the current device: SMs x blocks per SM. Asked of the runtime once per device and kernel (the
 // kernel's dynamic shared memory limit is raised there too), then cached: nothing but a launch on
@@ -239,6 +319,42 @@ int resident_grid(int block_threads, size_t shared, const char* name) {
   grid = per_sm * sms;
   cached[device].store(grid, std::memory_order_relaxed);
   return grid;
+}
+
+template <class Source, bool kRows>
+void launch_staged_kernel(const Source& src, const Segments& segments, int64_t M, int64_t K, int64_t feature_tiles,
+                          int64_t tile_count, const ColumnsOutput& columns, const RowsOutput& rows_out,
+                          const char* op, cudaStream_t s) {
+  constexpr auto kKernel = quantize_columns_staged_kernel<Source, kRows>;
+  const int grid =
+      static_cast<int>(std::min<int64_t>(resident_grid<kKernel>(kThreads, kStagedSharedBytes, op), tile_count));
+  kKernel<<<grid, kThreads, kStagedSharedBytes, s>>>(src, segments.offsets, segments.count, M, K, feature_tiles,
+                                                     tile_count, columns, rows_out);
+  CUDA_CHECK_LAUNCH();
+}
+
+// The staged quantizer of src [M, K] into `out` (codes [K, Mp]) and, with `rows`, its Rows tiles.
+// Needs K % 8 == 0, 16-byte aligned source rows (the Source's condition) and, with rows, 8-byte
+// aligned Rows codes (staged_source_fit).
+template <class Source>
+void launch_columns_staged(const Fp8Tensor& out, const Source& src, const Tensor& offsets, int64_t M, int64_t K,
+                           int64_t Mp, const Fp8Tensor* rows, const char* op, cudaStream_t s) {
+  const Segments segments = segments_of(offsets);
+  const int64_t feature_tiles = tiles(K), tile_count = tiles(Mp) * feature_tiles;
+  const ColumnsOutput columns = columns_output(out, Mp);
+  if (rows == nullptr)
+    launch_staged_kernel<Source, false>(src, segments, M, K, feature_tiles, tile_count, columns, RowsOutput{}, op,
+                                        s);
+  else
+    launch_staged_kernel<Source, true>(src, segments, M, K, feature_tiles, tile_count, columns,
+                                       RowsOutput{rows->codes.ptr<uint8_t>(), rows->scales.ptr<float>(), true}, op, s);
+}
+
+// Whether the staged quantizer takes BF16 rows `x` (its 16-byte chunks aligned; K % 8 == 0) and,
+// when given, the Rows output (8-byte aligned codes).
+inline bool staged_source_fit(const Tensor& x, int64_t K, const Fp8Tensor* rows) {
+  return x.dtype == DType::BF16 && K % 8 == 0 && aligned(x.data, 16) &&
+         (rows == nullptr || aligned(rows->codes.data, 8));
 }
 
 }  // namespace moe::cuda::fp8_tiles

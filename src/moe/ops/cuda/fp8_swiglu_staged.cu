@@ -35,14 +35,6 @@ namespace {
 
 using namespace fp8_tiles;
 
-__device__ __forceinline__ float bf16_low(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_high(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-__device__ __forceinline__ float bf16_half(uint32_t w, int h) { return h ? bf16_high(w) : bf16_low(w); }
-__device__ __forceinline__ uint32_t bf16_pair(float low, float high) {
-  return static_cast<uint32_t>(__bfloat16_as_ushort(from_f32<__nv_bfloat16>(low))) |
-         static_cast<uint32_t>(__bfloat16_as_ushort(from_f32<__nv_bfloat16>(high))) << 16;
-}
-
 // What a staged kernel computes. A producer stages kInputs tiles of 128 rows x 128 units (gate_up
 // [M, 2H] and, for the backward, dout [M, H]), computes kGroups output tiles over the first kGroups
 // staged tiles, and names the output features of group g's tile. Output: [M, kGroups H].
