@@ -1,20 +1,20 @@
-// FP8 operands of gathered token rows (moe/ops/fp8_gather.h): the columns quantizer of
-// fp8_tiles.cuh (one block per 128 x 128 tile, with or without the Rows output) with a Source that
-// loads each buffer row's 16-feature runs from its token's row, scaled by the route's weight and
-// rounded as combine_rows_backward rounds (__fmul_rn, then to the element type): the codes and
-// scales of quantizing the stored rows, without the scatter's or the combine backward's store of
-// them and the quantizer's read back (two bytes per element each).
+// FP8 operands of gathered token rows (moe/ops/fp8_gather.h): each buffer row is its token's row,
+// scaled by the route's weight and rounded as combine_rows_backward rounds (__fmul_rn, then to the
+// element type); the codes and scales are those of quantizing the stored rows, without the
+// scatter's or the combine backward's store of them and the quantizer's read back (two bytes per
+// element each). BF16 with aligned rows (the training step): the staged quantizer of
+// fp8_rows_and_columns_staged.cuh with StagedGatheredRows (the rows copied by cp.async, weighed in
+// the stage). Otherwise: the one-block columns quantizer of fp8_tiles.cuh with GatheredColumns,
+// which loads each lane's 16-feature runs from the token rows.
 //
-// NOTES: the weighted rows in both layouts (bench-olmoe-4l's expert output gradient) run at 1.32 ms
-// per layer here, where the staged quantizer (fp8_rows_and_columns_staged.cuh) takes 0.97 for the
-// stored gradient. A staged form with a row source that gathers the tile's rows by cp.async and
-// weighs the stage in place (its weights copied by cp.async with the rows) ran at 1.44 ms and made
-// the step 0.5% slower (bench/RESULTS.md, 2026-12-03 eleventh session), so it was not kept. Nor
-// was the rows half moved into the FP8 dispatch's per-token scatter with the route weights (each
-// token row read once): weighted columns alone ~0.75 ms plus that scatter 0.55 ms, the same as this
-// one pass (thirteenth session): the kernel is bound by its per-element work, not by its reads.
-// Nor did ordering the column tiles by token (a sort before each call, so a token row's top_k reads
-// hit L2 instead of HBM) help: 1.32 -> 1.35 ms and 0.565 -> 0.56 ms per layer (fourteenth session).
+// NOTES (bench-olmoe-4l's expert output gradient, both layouts, ms per layer; bench/RESULTS.md):
+// the one-block kernel 1.31; the staged form 1.44 when first tried (eleventh session) and 1.08 once
+// the staged halves spent fewer instructions per element (eighteenth session). Not kept: the rows
+// half moved into the FP8 dispatch's per-token scatter with the route weights (each token row read
+// once): weighted columns alone ~0.75 ms plus that scatter 0.55, the same as the one pass (thirteenth
+// session): the kernel is bound by its per-element work, not by its reads. Nor did ordering the
+// column tiles by token (a sort before each call, so a token row's top_k reads hit L2 instead of
+// HBM) help: 1.32 -> 1.35 ms and 0.565 -> 0.56 ms per layer (fourteenth session).
 #include "moe/ops/cuda/fp8_gather.h"
 
 #include <type_traits>

@@ -1,8 +1,10 @@
-// The pieces of the rows-and-columns quantizers that stage BF16 column tiles in shared memory: the
-// cp.async tile copy, the Rows and columns halves of a staged tile, the resident grid. Their kernels:
-// fp8_quantize_rows_and_columns's hot case (a stored BF16 tensor, every FP8 layer's output gradient;
-// fp8_quantize.cu, with the design notes) and the SwiGLU backward that quantizes d(gate/up)
-// (fp8_swiglu_staged.cu). Include only from .cu files.
+// The quantizers that stage BF16 column tiles in shared memory: the cp.async tile copy, the Rows and
+// columns halves of a staged tile, the staged kernel (quantize_columns_staged_kernel, templated on
+// the Source that fills the stage), the resident grid. Their users: fp8_quantize_rows_and_columns's
+// hot case (a stored BF16 tensor, every FP8 layer's output gradient; fp8_quantize.cu), the gathered
+// operands of fp8_gather.cu (token rows through the routes, weighed in the stage) and the SwiGLU
+// kernels that write only FP8 (fp8_swiglu_staged.cu, their own loop over the same halves). Include
+// only from .cu files.
 //
 // Why staged: the one-block-per-tile kernel (fp8_tiles.cuh) gives each lane 4 rows x 32 bytes, so
 // each of a warp's loads touches 32 rows' cache lines for 32 bytes each, and with the Rows output
@@ -11,10 +13,11 @@
 // while it quantizes tile i out of one 32 KiB stage, tile i + 1 streams into the other with
 // cp.async, 16 threads per 256-byte row (a warp's load covers two rows whole). Both outputs are
 // made from the stage, each half reading it in the order that suits its stores (4 threads per row
-// for the Rows tiles, 16 rows per lane for the columns), so no row amax table is needed. Without
-// the Rows output the one-block-per-tile
-// kernel was faster in the training step (4.06 against 3.54 ms per step, bench/RESULTS.md), so
-// fp8_quantize_columns keeps it.
+// for the Rows tiles, 16 rows per lane for the columns), so no row amax table is needed.
+// fp8_quantize_columns of a stored tensor keeps the one-block kernel: without the Rows output it
+// was faster in the training step before the halves were rewritten (4.06 against 3.54 ms per step,
+// bench/RESULTS.md, eighth session) and has not been measured against them since; the gathered
+// columns alone (the expert input's) run staged: 0.557 -> 0.544 ms per layer (eighteenth session).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -117,7 +120,7 @@ struct StagedTensor {
 // q + 8 and q + 12 (32 features), the row amax by 2 shuffles among the 4, 4 stores of 8 codes; each
 // thread takes 2 rows. kThreads threads take the tile, `thread` (0 .. kThreads - 1, whole warps)
 // being the caller's index among them. out.codes must be 8-byte aligned and K % 8 == 0
-// (rows_and_columns_staged_fit).
+// (staged_source_fit).
 //
 // A warp's 8 rows of a step are r, r + 1, r + 2, r + 3 and r + 16 .. r + 19: the two rows of a
 // quarter-warp differ in bit 4, so stage_slot's swizzle sends their 16-byte loads to different
