@@ -83,8 +83,8 @@ struct StagedGatheredRows {
     for (int j = 0; j < StageChunks<kThreads>::kSteps; ++j) {
       const int32_t route = this->route(tile, chunks.row(j));
       const bool inside = inside_k && route >= 0;
-      const __nv_bfloat16* src = x + static_cast<int64_t>(top_k.quotient(static_cast<uint32_t>(route))) * K + k;
-      copy_chunk_async(chunks.slot(j), inside ? src : x, inside);
+      const uint32_t token = inside ? top_k.quotient(static_cast<uint32_t>(route)) : 0;
+      copy_chunk_async(chunks.slot(j), inside ? x + static_cast<int64_t>(token) * K + k : x, inside);
     }
   }
   // The thread's own chunks (those it copied): w x, rounded to BF16. Chunks past K and rows without
