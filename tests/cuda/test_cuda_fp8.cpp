@@ -192,8 +192,9 @@ void check_columns(DType dtype, const std::vector<int32_t>& counts, int64_t M, i
 
 // One pass for both layouts: the columns bit-equal to fp8_quantize_columns on the CPU, and the rows
 // of every segment (rows past offsets[G] may be left unwritten) bit-equal to fp8_quantize_rows.
-void check_rows_and_columns(DType dtype, const std::vector<int32_t>& counts, int64_t M, int64_t K, uint64_t seed,
-                            int64_t extra_columns = 0) {
+// Mp = capacity + extra_columns, as check_columns.
+void check_rows_and_columns(DType dtype, const std::vector<int32_t>& counts, int64_t M, int64_t K,
+                            int64_t extra_columns, uint64_t seed) {
   const bool bf16 = dtype == DType::BF16;
   const std::vector<int32_t> offsets = offsets_of(counts);
   const int64_t G = counts.empty() ? 1 : static_cast<int64_t>(counts.size());
@@ -281,15 +282,17 @@ TEST(CudaFp8Quantize, RowsAndColumnsInOnePassMatchCpuBitForBit) {
   MOE_SKIP_WITHOUT_GPU();
   uint64_t seed = 70;
   for (DType dtype : {DType::F32, DType::BF16}) {
-    check_rows_and_columns(dtype, {}, 300, 200, ++seed);   // one segment, partial tiles both ways
-    check_rows_and_columns(dtype, {}, 256, 2048, ++seed);  // a model width
-    check_rows_and_columns(dtype, {0, 130, 0, 1, 250}, 400, 130, ++seed);  // rows past offsets[G]; odd K
-    check_rows_and_columns(dtype, {257, 0, 0, 3, 128, 127, 0, 1000}, 1515, 512, ++seed);
-    // A last column tile 4 and 72 columns wide (Mp % 8 = 4: the staged kernel's byte stores) and
-    // one 8 columns wide (its 8-byte stores of a partial tile).
-    check_rows_and_columns(dtype, {}, 300, 200, ++seed, /*extra_columns=*/4);
-    check_rows_and_columns(dtype, {0, 130, 0, 1, 250}, 381, 136, ++seed, /*extra_columns=*/72);
-    check_rows_and_columns(dtype, {}, 300, 256, ++seed, /*extra_columns=*/8);
+    check_rows_and_columns(dtype, {}, 300, 200, 0, ++seed);   // one segment, partial tiles both ways
+    check_rows_and_columns(dtype, {}, 256, 2048, 0, ++seed);  // a model width
+    check_rows_and_columns(dtype, {0, 130, 0, 1, 250}, 400, 130, 0, ++seed);  // rows past offsets[G]; odd K
+    check_rows_and_columns(dtype, {257, 0, 0, 3, 128, 127, 0, 1000}, 1515, 512, 0, ++seed);
+    // Padding column tiles past the capacity: 4 wide with Mp % 8 = 4 (the staged kernel's byte
+    // stores everywhere), 72 and 8 wide with Mp % 8 = 0 (its 8-byte stores of a partial tile).
+    check_rows_and_columns(dtype, {}, 300, 200, 4, ++seed);
+    check_rows_and_columns(dtype, {0, 130, 0, 1, 250}, 381, 136, 72, ++seed);
+    check_rows_and_columns(dtype, {}, 300, 256, 8, ++seed);
+    // The NaN at (2, 5) in a 3-row segment: its column tile's 125 padding codes must stay 0; odd Mp.
+    check_rows_and_columns(dtype, {3, 290}, 300, 200, 3, ++seed);
   }
 }
 
@@ -305,7 +308,7 @@ TEST(CudaFp8Quantize, ColumnsOfManyTilesPerResidentBlockMatchCpuBitForBit) {
   int64_t M = 0;
   for (int32_t c : counts) M += c;
   check_columns(DType::BF16, counts, M, 1024, 0, 92);
-  check_rows_and_columns(DType::BF16, counts, M, 1024, 93);
+  check_rows_and_columns(DType::BF16, counts, M, 1024, 0, 93);
 }
 
 TEST(CudaFp8Quantize, BlocksMatchCpuBitForBitInBothOrientations) {

@@ -30,7 +30,8 @@ TEST(StepSplit, kernels_are_grouped_by_name) {
   EXPECT_EQ(kernel_group("[memcpy DtoD]"), KernelGroup::Other);
   // FP8: the quantizers, the SwiGLU forward that quantizes among them (its bytes are counted there,
   // train/step_work.h); the RMSNorm and dispatch scatter that quantize stay element-wise.
-  EXPECT_EQ(kernel_group("moe::cuda::fp8_tiles::quantize_columns_staged_kernel<moe::cuda::StagedGatheredRows<true>, true>"),
+  EXPECT_EQ(kernel_group("moe::cuda::fp8_tiles::quantize_columns_staged_kernel<"
+                         "moe::cuda::(anonymous namespace)::StagedGatheredRows<true>, true>(...)"),
             KernelGroup::Fp8Quantize);
   EXPECT_EQ(kernel_group("moe::cuda::fp8_tiles::quantize_columns_kernel<__nv_bfloat16, true>"),
             KernelGroup::Fp8Quantize);

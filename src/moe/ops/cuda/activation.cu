@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(T* out, const 
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const float gf = to_f32(g.e[e]);
-      o.e[e] = from_f32<T>(swiglu_value(gf, swiglu_sigmoid(gf), to_f32(u.e[e])));
+      o.e[e] = from_f32<T>(swiglu_value(gf, swiglu_sigmoid<T>(gf), to_f32(u.e[e])));
     }
     reinterpret_cast<P*>(out + r * H)[c] = o;
   }
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const float gf = to_f32(g.e[e]), uf = to_f32(u.e[e]), d = to_f32(dy.e[e]);
-      const float s = swiglu_sigmoid(gf);
+      const float s = swiglu_sigmoid<T>(gf);
       if constexpr (kWithOutput) o.e[e] = from_f32<T>(swiglu_value(gf, s, uf));
       du.e[e] = from_f32<T>(swiglu_grad_up(d, gf, s));
       dg.e[e] = from_f32<T>(swiglu_grad_gate(d, gf, s, uf));

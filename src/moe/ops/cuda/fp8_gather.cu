@@ -3,7 +3,7 @@
 // element type); the codes and scales are those of quantizing the stored rows, without the
 // scatter's or the combine backward's store of them and the quantizer's read back (two bytes per
 // element each). BF16 with aligned rows (the training step): the staged quantizer of
-// fp8_rows_and_columns_staged.cuh with StagedGatheredRows (the rows copied by cp.async, weighed in
+// fp8_rows_and_columns_staged.cuh with StagedGatheredRows (the rows copied by cp.async, weighted in
 // the stage). Otherwise: the one-block columns quantizer of fp8_tiles.cuh with GatheredColumns,
 // which loads each lane's 16-feature runs from the token rows.
 //

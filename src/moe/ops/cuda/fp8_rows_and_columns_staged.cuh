@@ -2,7 +2,7 @@
 // columns halves of a staged tile, the staged kernel (quantize_columns_staged_kernel, templated on
 // the Source that fills the stage), the resident grid. Their users: fp8_quantize_rows_and_columns's
 // hot case (a stored BF16 tensor, every FP8 layer's output gradient; fp8_quantize.cu), the gathered
-// operands of fp8_gather.cu (token rows through the routes, weighed in the stage) and the SwiGLU
+// operands of fp8_gather.cu (token rows through the routes, weighted in the stage) and the SwiGLU
 // kernels that write only FP8 (fp8_swiglu_staged.cu, their own loop over the same halves). Include
 // only from .cu files.
 //
@@ -47,9 +47,10 @@ __device__ __forceinline__ uint32_t bf16_pair(float low, float high) {
          static_cast<uint32_t>(__bfloat16_as_ushort(from_f32<__nv_bfloat16>(high))) << 16;
 }
 
-// A chunk's place in a stage: row-major, the chunk index XOR-ed with bits 2..4 of the row, so the 8
-// lanes of a quarter-warp reading one chunk of rows 4 l + s (the columns half) and those reading 8
-// chunks of one row (the Rows half) hit 8 different 16-byte bank groups.
+// A chunk's place in a stage: row-major, the chunk index XOR-ed with bits 2..4 of the row. The copies
+// (16 threads per row), the Rows half (a quarter-warp: 4 chunks each of rows r and r + 16) and the
+// columns half (a half-warp: 32 bytes each of 4 rows differing in bits 3..4) all land on distinct
+// banks under it.
 __device__ __forceinline__ int stage_slot(int row, int chunk) {
   return row * kStageChunks + (chunk ^ ((row >> 2) & 7));
 }
@@ -67,7 +68,8 @@ __device__ __forceinline__ void copy_chunk_async(uint32_t dst, const void* src, 
 // adds (stage_slot).
 template <int kBlockThreads>
 struct StageChunks {
-  static_assert(kBlockThreads % (kStageChunks * 16) == 0, "every row step must keep the swizzle's pattern");
+  static_assert(kBlockThreads % (kStageChunks * 16) == 0 && kTile % (kBlockThreads / kStageChunks) == 0,
+                "the row step must be a multiple of 16 rows (the swizzle's period) that divides the tile");
   static constexpr int kRowStep = kBlockThreads / kStageChunks, kSteps = kTile / kRowStep;
   int r0, c;
   uint32_t first_slot;  // shared address of row r0's chunk c
@@ -113,7 +115,6 @@ struct StagedTensor {
   __device__ __forceinline__ void copy(uint4* stage, TileRows tile, int64_t k0, int thread) const {
     copy_tile_async(stage, x, K, K, tile, k0, thread);
   }
-  __device__ __forceinline__ void prepare(uint4*, TileRows, int64_t, int) const {}
 };
 
 // The Rows tiles of the staged tile: 4 threads per row, thread q of a row taking its chunks q, q + 4,
@@ -172,7 +173,8 @@ __device__ __forceinline__ void store_staged_row_tiles(const uint4* stage, TileR
   }
 }
 
-// The columns half of the staged tile: warp `warp` (0 .. 7) takes features k0 + 16 warp .. + 15;
+// The columns half of the staged tile: kThreads threads take it, `thread` (0 .. kThreads - 1, whole
+// warps) being the caller's index among them; warp w = thread / 32 takes features k0 + 16 w .. + 15;
 // lane l features 4 (l & 3) .. + 3 of those (8 bytes of a chunk) over 16 rows, the rows
 // 8 (g & 3) + 32 (g >> 2) + {0 .. 7, 64 .. 71} of row group g = l >> 2. The column amax of a
 // feature is a max over the lane's rows, then over the 8 row groups (3 shuffles per word of two
@@ -187,8 +189,8 @@ __device__ __forceinline__ void store_staged_row_tiles(const uint4* stage, TileR
 // with the Rows half it ran ~35 instructions per element quantized (bench/RESULTS.md, seventeenth
 // session). Here a lane's per-feature work is paid per 16 rows.
 __device__ __forceinline__ void store_staged_column_tile(const uint4* stage, TileRows tile, int64_t column_tile,
-                                                         int64_t k0, int64_t K, const ColumnsOutput& out, int warp) {
-  const int lane = threadIdx.x & 31, run = lane & 3, group = lane >> 2;
+                                                         int64_t k0, int64_t K, const ColumnsOutput& out, int thread) {
+  const int lane = thread & 31, warp = thread >> 5, run = lane & 3, group = lane >> 2;
   const int chunk = 2 * warp + (run >> 1), half = run & 1;
   const int base = 8 * (group & 3) + 32 * (group >> 2);  // rows base + i (i < 8), base + 64 + i
   // Features 4 run .. + 3 of row r (two BF16 per word); read twice (the amax, then the codes), so
@@ -266,7 +268,8 @@ __device__ __forceinline__ void store_staged_column_tile(const uint4* stage, Til
 // feature_tiles) ..): while a block quantizes tile t out of one stage, its next tile streams into the
 // other. Source::copy(stage, tile, k0, thread) starts a tile's cp.async copies; with
 // Source::kPrepares, prepare(stage, tile, k0, thread) turns the landed stage into the values to
-// quantize, in place. Dynamic shared memory: kStagedSharedBytes. (The name holds "quantize_columns":
+// quantize, in place (a Source without it needs no prepare). The Rows half ignores rows_out.vector:
+// its 8-byte stores need only staged_source_fit's alignment. Dynamic shared memory: kStagedSharedBytes. (The name holds "quantize_columns":
 // the step split times it as FP8 quantize, train/step_split.cpp.)
 template <class Source, bool kRows>
 __global__ void __launch_bounds__(kThreads, 3)
@@ -276,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   int64_t t = blockIdx.x;
   if (t >= tile_count) return;
   TileRows tile = find_tile_rows(offsets, segments, M, t / feature_tiles * kTile);
-  const int thread = static_cast<int>(threadIdx.x), warp = thread >> 5;
+  const int thread = static_cast<int>(threadIdx.x);
   src.copy(stages, tile, t % feature_tiles * kTile, thread);
   __pipeline_commit();
   for (int stage = 0; t < tile_count; t += gridDim.x, stage ^= 1) {
@@ -296,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       __syncthreads();
     }
     if constexpr (kRows) store_staged_row_tiles(current, tile, k0, K, rows_out, thread);
-    store_staged_column_tile(current, tile, column_tile, k0, K, out, warp);
+    store_staged_column_tile(current, tile, column_tile, k0, K, out, thread);
     __syncthreads();  // every thread is done with this stage before the next iteration refills it
     tile = next_tile;
   }

@@ -28,7 +28,7 @@ struct SwigluForwardRows {
     load_run<T, kVec>(gate, valid, vector, g);
     load_run<T, kVec>(gate + H, valid, vector, u);
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) v[e] = to_f32(from_f32<T>(swiglu_value(g[e], swiglu_sigmoid(g[e]), u[e])));
+    for (int e = 0; e < kVec; ++e) v[e] = to_f32(from_f32<T>(swiglu_value(g[e], swiglu_sigmoid<T>(g[e]), u[e])));
     T* o = out + row * H + col;
     if (vector && valid == kVec) {
       VecAccess<T, kVec>::store(o, v);

@@ -63,7 +63,7 @@ struct ForwardProducer {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const float gf = bf16_half(g[e], h);
-          v[h] = swiglu_value(gf, swiglu_sigmoid(gf), bf16_half(u[e], h));
+          v[h] = swiglu_value(gf, swiglu_sigmoid<__nv_bfloat16>(gf), bf16_half(u[e], h));
         }
         a[e] = bf16_pair(v[0], v[1]);
       }
@@ -99,7 +99,7 @@ struct BackwardProducer {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const float gf = bf16_half(g[e], h), uf = bf16_half(u[e], h), df = bf16_half(d[e], h);
-          const float s = swiglu_sigmoid(gf);
+          const float s = swiglu_sigmoid<__nv_bfloat16>(gf);
           dgv[h] = swiglu_grad_gate(df, gf, s, uf);
           duv[h] = swiglu_grad_up(df, gf, s);
         }
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(P::kGroups * kThreads, P::kBlocksPerSm)
     const int64_t column_tile = t / unit_tiles, k0 = producer.first_feature(group, t % unit_tiles * kTile);
     const uint4* values = stage + group * kStageWords;
     store_staged_row_tiles(values, tile, k0, producer.features(), rows_out, thread % kThreads);
-    store_staged_column_tile(values, tile, column_tile, k0, producer.features(), out, warp % (kThreads / 32));
+    store_staged_column_tile(values, tile, column_tile, k0, producer.features(), out, thread % kThreads);
     const int64_t next = t + gridDim.x;
     if (next >= tile_count) break;
     tile = find_tile_rows(offsets, segments, M, next / unit_tiles * kTile);
@@ -193,7 +193,7 @@ struct SwigluForwardColumns {
     for (int f = 0; f < kRun; ++f) {
       if (f >= features) continue;
       const float x = gate.get(f);
-      run.set(f, swiglu_value(x, swiglu_sigmoid(x), up.get(f)));
+      run.set(f, swiglu_value(x, swiglu_sigmoid<T>(x), up.get(f)));
     }
   }
 };
@@ -218,7 +218,7 @@ struct SwigluBackwardColumns {
       d.load(dout + row * H + j, kRun, true);
 #pragma unroll
       for (int f = 0; f < kRun; ++f) {
-        const float gf = g.get(f), uf = u.get(f), df = d.get(f), s = swiglu_sigmoid(gf);
+        const float gf = g.get(f), uf = u.get(f), df = d.get(f), s = swiglu_sigmoid<T>(gf);
         run.set(f, up_half ? swiglu_grad_up(df, gf, s) : swiglu_grad_gate(df, gf, s, uf));
       }
       return;
@@ -228,7 +228,7 @@ struct SwigluBackwardColumns {
       const bool up_half = c >= H;
       const int64_t j = up_half ? c - H : c;
       const float gf = to_f32(gu[j]), uf = to_f32(gu[H + j]), df = to_f32(dout[row * H + j]);
-      const float s = swiglu_sigmoid(gf);
+      const float s = swiglu_sigmoid<T>(gf);
       run.set(f, up_half ? swiglu_grad_up(df, gf, s) : swiglu_grad_gate(df, gf, s, uf));
     }
   }

@@ -6,13 +6,25 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 namespace moe::cuda {
 
-// The hardware exponential and reciprocal (MUFU.EX2, MUFU.RCP: a few ulp in FP32, far below BF16's
-// rounding): expf and an IEEE division took ~18 instructions, a quarter of the quantizing SwiGLU
-// forward's and a sixth of its backward's (Nsight Compute, 2026-12-04). Limits: g -> -inf gives
-// 1 / inf = 0, g -> +inf gives 1 / (1 + 0) = 1, a NaN stays NaN.
-__device__ __forceinline__ float swiglu_sigmoid(float g) { return __fdividef(1.0f, 1.0f + __expf(-g)); }
+// sigmoid(g) for outputs of type T. BF16 (every training activation): the hardware exponential and
+// reciprocal (__expf: 2 + floor(1.173 |g|) ulp in FP32, at most ~1e-5 relative for |g| < 88; then
+// MUFU.RCP), far below BF16's 2^-9 rounding; expf and an IEEE division took ~18 instructions, a
+// quarter of the quantizing SwiGLU forward's and a sixth of its backward's (Nsight Compute,
+// 2026-12-04). Limits: g -> -inf gives 1 / inf = 0 (from g < ~-87.3, where the exact value is below
+// FP32's normal range), g -> +inf gives 1, a NaN stays NaN. F32 outputs keep expf and the IEEE
+// division: their precision is FP32's.
+template <typename T>
+__device__ __forceinline__ float swiglu_sigmoid(float g) {
+  if constexpr (std::is_same_v<T, float>) {
+    return 1.0f / (1.0f + expf(-g));
+  } else {
+    return __fdividef(1.0f, 1.0f + __expf(-g));
+  }
+}
 
 // silu(g) u, computed as (g s) u.
 __device__ __forceinline__ float swiglu_value(float g, float s, float u) { return g * s * u; }
