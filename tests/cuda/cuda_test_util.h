@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,6 +27,14 @@
   do {                                                          \
     std::string moe_why_;                                       \
     if (!::moe::cuda_available(&moe_why_)) GTEST_SKIP() << moe_why_; \
+  } while (0)
+
+// Skips a measurement (timing or energy) unless MOE_BENCH=1: it checks nothing, so CI skips it.
+#define MOE_SKIP_UNLESS_BENCH(what)                                        \
+  do {                                                                   \
+    const char* moe_bench_ = std::getenv("MOE_BENCH");                   \
+    if (moe_bench_ == nullptr || std::string(moe_bench_) != "1")         \
+      GTEST_SKIP() << what " runs with MOE_BENCH=1";                     \
   } while (0)
 
 namespace moe::testing {

@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -566,8 +565,7 @@ TEST(CudaFp8Matmul, QuantizeAndMatmulReplayInsideACapturedGraph) {
 // against cuBLASLt BF16 at one linear layer's shapes.
 TEST(CudaFp8Matmul, TimingAgainstBf16) {
   MOE_SKIP_WITHOUT_GPU();
-  const char* bench = std::getenv("MOE_BENCH");
-  if (bench == nullptr || std::string(bench) != "1") GTEST_SKIP() << "timing runs with MOE_BENCH=1";
+  MOE_SKIP_UNLESS_BENCH("timing");
   const int64_t M = 16384, K = 2048, N = 2048;
   DeviceBuffer x(DType::BF16, {M, K}), w(DType::F32, {N, K}), wb(DType::BF16, {N, K}), y(DType::BF16, {M, N});
   x.upload(random_values(M, K, 190, true, 8));

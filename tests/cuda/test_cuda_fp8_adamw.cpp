@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -166,8 +165,7 @@ TEST(CudaFp8Adamw, RefusesCachesOfAnotherShape) {
 // (64 experts x [2048, 2048], the gate/up weights), FP32 moments.
 TEST(CudaFp8Adamw, TimingAgainstTwoPasses) {
   MOE_SKIP_WITHOUT_GPU();
-  const char* bench = std::getenv("MOE_BENCH");
-  if (bench == nullptr || std::string(bench) != "1") GTEST_SKIP() << "timing runs with MOE_BENCH=1";
+  MOE_SKIP_UNLESS_BENCH("timing");
 #if defined(MOE_HAVE_CUDA)
   const Shape shape{64, 2048, 2048};
   State s(shape, 0, DType::F32);

@@ -24,7 +24,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -500,8 +499,7 @@ TEST(CudaFp8Grouped, UnsupportedShapesAreRefusedWithTheReason) {
 TEST(CudaFp8Grouped, TimingAtBenchShapes) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
-  const char* bench = std::getenv("MOE_BENCH");
-  if (bench == nullptr || std::string(bench) != "1") GTEST_SKIP() << "timing runs with MOE_BENCH=1";
+  MOE_SKIP_UNLESS_BENCH("timing");
   const int64_t E = 64, rows = 32768 * 8, Mp = fp8_columns_capacity(rows, E), D = kD, H = kH;
   DeviceBuffer in(DType::FP8_E4M3, {rows, 2 * H}), in_s(DType::F32, {rows, tiles(2 * H)});
   DeviceBuffer w(DType::FP8_E4M3, {E, 2 * H, D}), w_s(DType::F32, {E, tiles(2 * H), tiles(D)});

@@ -10,7 +10,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -90,8 +89,7 @@ void report(const char* name, const Measured& m, double work, const char* unit) 
 TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
-  const char* bench = std::getenv("MOE_BENCH");
-  if (bench == nullptr || std::string(bench) != "1") GTEST_SKIP() << "energy runs with MOE_BENCH=1";
+  MOE_SKIP_UNLESS_BENCH("energy");
   if (PowerMonitor probe; !probe.available()) GTEST_SKIP() << probe.why();
   // bench-olmoe-4l: 32768 tokens, top 8 of 64 experts (even load), d 2048, h 1024; the LM head in
   // 4681-row chunks over a 50304 vocabulary; QKV 2048 -> 6144.
@@ -186,19 +184,16 @@ TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
       bf16_j += m.joules;
       report(p.name, m, 2.0 * rows * p.n_out * p.k_in, "FLOP");
     }
-    DeviceBuffer x(DType::BF16, {T, D}), wq(DType::BF16, {QKV, D}), y(DType::BF16, {T, QKV});
-    fill_random(x, bf16_word);
-    fill_random(wq, bf16_word);
-    report("dense QKV fwd (cuBLASLt)",
-           measure([&] { matmul(y.tensor(), x.tensor(), wq.tensor(), false, true, 1.0f, 0.0f, s); }, stream),
-           2.0 * T * QKV * D, "FLOP");
-    // The LM head's forward, one 4681-row chunk (BF16 in both precisions).
-    DeviceBuffer h(DType::BF16, {chunk, D}), emb(DType::BF16, {V, D}), logits(DType::BF16, {chunk, V});
-    fill_random(h, bf16_word);
-    fill_random(emb, bf16_word);
-    report("LM head chunk fwd (cuBLASLt)",
-           measure([&] { matmul(logits.tensor(), h.tensor(), emb.tensor(), false, true, 1.0f, 0.0f, s); }, stream),
-           2.0 * chunk * V * D, "FLOP");
+    // A BF16 dense forward y [M, N] = x [M, K] w [N, K]^T on random operands.
+    const auto dense = [&](const char* name, int64_t M, int64_t N, int64_t K) {
+      DeviceBuffer x(DType::BF16, {M, K}), w(DType::BF16, {N, K}), y(DType::BF16, {M, N});
+      fill_random(x, bf16_word);
+      fill_random(w, bf16_word);
+      report(name, measure([&] { matmul(y.tensor(), x.tensor(), w.tensor(), false, true, 1.0f, 0.0f, s); }, stream),
+             2.0 * M * N * K, "FLOP");
+    };
+    dense("dense QKV fwd (cuBLASLt)", T, QKV, D);
+    dense("LM head chunk fwd (cuBLASLt)", chunk, V, D);  // one 4681-row chunk (BF16 in both precisions)
   }
   {
     // A memory-bound FP8 producer: one layer's routed output gradient quantized by rows and by

@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -474,8 +473,7 @@ std::vector<int32_t> skewed_counts(int E, int64_t total) {
 TEST(CudaGroupedGemm, TimingAtBenchShapes) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
-  const char* bench = std::getenv("MOE_BENCH");
-  if (bench == nullptr || std::string(bench) != "1") GTEST_SKIP() << "timing runs with MOE_BENCH=1";
+  MOE_SKIP_UNLESS_BENCH("timing");
   const int64_t D = 2048, H = 1024, max_rows = 32768 * 8, max_e = 128;
   // Buffers sized for the largest case; values do not matter for timing (bf16 0x3c3c ~ 0.0115).
   DeviceBuffer in(DType::BF16, {max_rows, 2 * H}), out(DType::BF16, {max_rows, 2 * H});

@@ -221,7 +221,6 @@ __device__ __forceinline__ void store_staged_column_tile(const uint4* stage, Til
 
   const int64_t c0 = column_tile * kTile;
   const int width = static_cast<int>(min(out.Mp - c0, int64_t{kTile}));
-  const bool pairs_ok = out.Mp % 8 == 0 && reinterpret_cast<uintptr_t>(out.codes) % 8 == 0;
   const int features = static_cast<int>(min(max(K - first_feature, int64_t{0}), int64_t{4}));
   uint8_t* codes = out.codes + first_feature * out.Mp + c0 + base;
 #pragma unroll 1
@@ -253,7 +252,7 @@ __device__ __forceinline__ void store_staged_column_tile(const uint4* stage, Til
       }
       const uint32_t lo = quantize.word(v[0], v[1], v[2], v[3]) & rows_mask[0];
       const uint32_t hi = quantize.word(v[4], v[5], v[6], v[7]) & rows_mask[1];
-      if (pairs_ok && valid == 8) {
+      if (out.pairs_ok && valid == 8) {
         *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
       } else {
         for (int e = 0; e < valid; ++e) p[e] = static_cast<uint8_t>((e < 4 ? lo : hi) >> (8 * (e % 4)));

@@ -375,12 +375,13 @@ struct TensorColumns {
 };
 
 // Where the columns quantizers write: codes [K, Mp], scales [K, ceil(Mp / 128)]; word_ok: 4-byte
-// code stores are aligned (Mp % 4 == 0, aligned base).
+// code stores are aligned (Mp % 4 == 0, aligned base); pairs_ok: 8-byte ones (Mp % 8 == 0).
 struct ColumnsOutput {
   uint8_t* codes = nullptr;
   float* scales = nullptr;
   int64_t Mp = 0;
   bool word_ok = false;
+  bool pairs_ok = false;
 };
 
 // The columns half of a column tile, shared by both columns kernels: the lane's run[s] holds
@@ -508,7 +509,8 @@ inline Segments segments_of(const Tensor& offsets) {
 
 // The columns output of `out` (codes [K, Mp]).
 inline ColumnsOutput columns_output(const Fp8Tensor& out, int64_t Mp) {
-  return {out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), Mp, Mp % 4 == 0 && aligned(out.codes.data, 4)};
+  return {out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), Mp, Mp % 4 == 0 && aligned(out.codes.data, 4),
+          Mp % 8 == 0 && aligned(out.codes.data, 8)};
 }
 
 // Quantizes the values of src [M, K] (element type T) along the tokens into `out` (codes [K, Mp]),
