@@ -4,7 +4,7 @@
 // the host, so a step that uses them can be captured in a CUDA graph. all_to_all_v takes host
 // counts (the baseline path); barrier() is the one call that waits for the device.
 //
-// NCCL's device API (the symmetric heap, nccl_symmetric_heap.h) has no ABI guarantee: the NCCL
+// NCCL's device API (the symmetric heap, nccl_symmetric_heap.cu) has no ABI guarantee: the NCCL
 // loaded at run time must be the version of the headers this binary was built with, which
 // create() checks (GPU.md: on the H200 machine, PyTorch's NCCL, first on LD_LIBRARY_PATH).
 #pragma once

@@ -61,7 +61,7 @@ using GroupShape = ProblemShape::UnderlyingProblemShape;
 enum class Product { kData, kWgrad };
 
 // The tile, cluster and schedules default to the configuration the library runs (NOTES above);
-// bench/wgrad_variants_bench.cu instantiates others to compare them on the H200.
+// bench/wgrad_variants/wgrad_variants_bench.cu instantiates others to compare them on the H200.
 template <class LayoutA_, class LayoutB_, class ElementD_, class TileShape_ = cute::Shape<cute::_128, cute::_128, cute::_64>,
           class ClusterShape_ = cute::Shape<cute::_2, cute::_1, cute::_1>,
           class KernelSchedule_ = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
