@@ -4,6 +4,9 @@ One JSON object per logged step, written by rank 0 (src/moe/train/metrics.h). Wh
 know about the file:
   - a non-finite number (a diverged loss, an eval on NaN weights) is the string "nan", "inf" or
     "-inf", since JSON has none;
+  - the losses of the named validation sets ([[eval.sets]]) are an object, "eval_sets": {name: loss},
+    read here as the scalars eval_loss/<name>;
+  - the file is UTF-8; a line that is not is an error naming it;
   - while a run is writing, the last line may not have its newline yet: only whole lines count;
   - a resume from an older step moves the records after that step into
     <run>/abandoned/<when>-after-step-<k>/metrics.jsonl, so the steps of metrics.jsonl never go
@@ -37,22 +40,41 @@ def number(value):
 
 def scalars(record):
     """{tag: float} of one record, with the tags of moetrain's TensorBoard events: every number,
-    a list as one scalar per element (expert_load_max_over_mean_per_layer as expert_load/layer_<i>)."""
+    a list as one scalar per element (expert_load_max_over_mean_per_layer as expert_load/layer_<i>),
+    an object as one scalar per member (eval_sets as eval_loss/<name>)."""
     out = {}
     for key, value in record.items():
         if key in NOT_SCALARS:
             continue
-        if isinstance(value, list):
-            prefix = "expert_load/layer_" if key == "expert_load_max_over_mean_per_layer" else key + "/"
-            for i, v in enumerate(value):
+        if isinstance(value, (list, dict)):
+            if isinstance(value, list):
+                prefix = "expert_load/layer_" if key == "expert_load_max_over_mean_per_layer" else key + "/"
+                members = enumerate(value)
+            else:
+                prefix = "eval_loss/" if key == "eval_sets" else key + "/"
+                members = value.items()
+            for name, v in members:
                 x = number(v)
                 if x is not None:
-                    out[f"{prefix}{i}"] = x
+                    out[f"{prefix}{name}"] = x
             continue
         x = number(value)
         if x is not None:
             out[key] = x
     return out
+
+
+def whole_lines_text(data, path, first_line=1):
+    """The whole lines of `data` (bytes; a last line without its newline, perhaps cut inside a character,
+    is left out) as text; a line that is not UTF-8 is a MetricsError naming the file and line."""
+    whole = data[: data.rfind(b"\n") + 1]
+    try:
+        return whole.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = first_line + whole.count(b"\n", 0, e.start)
+        column = e.start - (whole.rfind(b"\n", 0, e.start) + 1) + 1
+        raise MetricsError(f"{path}:{line}: not UTF-8 text: byte 0x{whole[e.start]:02x} at byte {column} of the line "
+                           f"({e.reason})") from None
 
 
 def parse_lines(text, path, first_line=1):
@@ -75,10 +97,11 @@ def parse_lines(text, path, first_line=1):
 def read_records(path):
     """Every whole record of a metrics file, in file order."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return parse_lines(f.read(), path)
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise MetricsError(f"cannot read {path}: {e.strerror}") from None
+    return parse_lines(whole_lines_text(data, path), path)
 
 
 def last_per_step(records):

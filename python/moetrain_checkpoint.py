@@ -74,6 +74,8 @@ def _read_json(path):
         _fail(f"cannot read {path}: {e.strerror}")
     except ValueError as e:
         _fail(f"{path} is not valid JSON: {e}")
+    except RecursionError:  # json's parser recurses once per nesting level
+        _fail(f"{path} is not valid JSON: nested too deeply to be a moetrain file")
 
 
 def _is_int(value):
@@ -160,6 +162,8 @@ class _RankFile:
             header = json.loads(self.map[8:self.data_offset])
         except ValueError as e:
             _fail(f"{where}: header is not valid JSON: {e}")
+        except RecursionError:
+            _fail(f"{where}: header is not valid JSON: nested too deeply to be a safetensors header")
         if not isinstance(header, dict):
             _fail(f"{where}: header is not a JSON object")
         self.entries = {}  # name -> (dtype, shape, begin, end), byte offsets in the data section

@@ -2,8 +2,9 @@
 """Plot moetrain runs against step, one colour per run.
 
 Reads <run>/metrics.jsonl (one JSON object per logged step, written by the trainer) and draws six
-panels: loss (lm_loss solid, eval_loss dashed with markers), throughput (tokens_per_s), expert
-load max/mean per MoE layer (one line per layer: 1 is perfectly balanced), dropped fraction
+panels: loss (lm_loss solid, eval_loss dashed with markers, the loss of each named validation set
+of [[eval.sets]], eval_loss/<name>, dash-dotted with its own marker), throughput (tokens_per_s),
+expert load max/mean per MoE layer (one line per layer: 1 is perfectly balanced), dropped fraction
 (routes past the expert-buffer capacity), load-balancing loss (lb_loss) and router z-loss
 (z_loss). Lines are labelled with the run folder's name.
 
@@ -13,7 +14,10 @@ Resumed runs: a resume from an older step moves the records after it into
 versions) counts once, with its last record. Non-finite values, which moetrain writes as the
 strings "nan" and "inf", leave a gap in their line and are listed on stdout.
 
-  python3 python/plot_metrics.py runs/tiny runs/tiny-sigmoid --out curves.png
+The image's format is its extension (.png, .pdf, .svg, ...). An existing --out file is replaced
+only with --overwrite; the image is written under a temporary name and then moved into place.
+
+  python3 python/plot_metrics.py runs/tiny runs/tiny-sigmoid --out curves.png [--abandoned] [--overwrite]
 """
 import argparse
 import math
@@ -23,9 +27,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import moe_metrics  # noqa: E402  (next to this script)
 
-# (panel title, y label, metric tags drawn in it); "expert_load/layer_*" stands for every layer.
+# (panel title, y label, metric tags drawn in it); "expert_load/layer_*" stands for every layer,
+# "eval_loss/*" for every named validation set.
 PANELS = [
-    ("loss", "nats/token", ["lm_loss", "eval_loss"]),
+    ("loss", "nats/token", ["lm_loss", "eval_loss", "eval_loss/*"]),
     ("throughput", "tokens/s", ["tokens_per_s"]),
     ("expert load (max / mean), per MoE layer", "max / mean routes per expert", ["expert_load/layer_*"]),
     ("dropped fraction", "routes dropped / routes", ["dropped_fraction"]),
@@ -50,6 +55,14 @@ def layer_tags(records):
     for r in records:
         tags.update(t for t in moe_metrics.scalars(r) if t.startswith("expert_load/layer_"))
     return sorted(tags, key=lambda t: int(t.rsplit("_", 1)[1]))
+
+
+def eval_set_tags(records):
+    """The eval_loss/<name> tags of the records, in the order they first appear."""
+    tags = {}
+    for r in records:
+        tags.update((t, None) for t in moe_metrics.scalars(r) if t.startswith("eval_loss/"))
+    return list(tags)
 
 
 def non_finite(records):
@@ -86,6 +99,14 @@ def draw(ax, records, tags, color, label, style):
                         label=f"{label} layer {layer_tag.rsplit('_', 1)[1]}")
                 drawn = True
             continue
+        if tag == "eval_loss/*":
+            dashdot = "-." if style["linestyle"] == "-" else style["linestyle"]
+            for i, set_tag in enumerate(eval_set_tags(records)):
+                steps, values = series(records, set_tag)
+                ax.plot(steps, values, marker="sDv^<>ph"[i % 8], linestyle=dashdot, color=color,
+                        linewidth=style["linewidth"], label=f"{label} {set_tag}")
+                drawn = True
+            continue
         steps, values = series(records, tag)
         if not steps:
             continue
@@ -99,22 +120,65 @@ def draw(ax, records, tags, color, label, style):
     return drawn
 
 
+def check_out(out, overwrite, formats):
+    """The image format of --out (its extension); exits, before any work, when it cannot be written."""
+    if os.path.isdir(out):
+        sys.exit(f"error: --out {out} is a folder; name the image file to write")
+    if os.path.lexists(out) and not overwrite:
+        sys.exit(f"error: --out {out} exists; nothing is overwritten: pass --overwrite to replace it, or choose "
+                 f"another file")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        sys.exit(f"error: --out {out}: its folder {folder} does not exist")
+    extension = os.path.splitext(out)[1][1:].lower()
+    if extension not in formats:
+        which = f"'.{extension}' files" if extension else "a file without an extension (it names the format)"
+        sys.exit(f"error: --out {out}: matplotlib cannot write {which}; use one of "
+                 f"{', '.join('.' + f for f in sorted(formats))}")
+    return extension
+
+
+def save_figure(fig, out, extension, overwrite):
+    """Writes fig under a temporary name beside `out`, then moves it there (a link when not overwriting:
+    a file that appeared at `out` meanwhile is not replaced either)."""
+    folder, name = os.path.split(os.path.abspath(out))
+    temp = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
+    try:
+        fig.savefig(temp, format=extension, dpi=110)
+        if overwrite:
+            os.replace(temp, out)
+        else:
+            os.link(temp, out)
+    except FileExistsError:
+        sys.exit(f"error: --out {out} appeared while plotting; nothing is overwritten: pass --overwrite to replace "
+                 f"it, or choose another file")
+    except (OSError, RuntimeError, ValueError) as e:  # also a format whose writer needs what is missing (LaTeX)
+        why = " ".join(str(getattr(e, "strerror", None) or e).split())  # one line
+        sys.exit(f"error: cannot write --out {out}: {why}")
+    finally:
+        if os.path.lexists(temp):
+            os.remove(temp)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders holding metrics.jsonl")
-    ap.add_argument("--out", required=True, help="image file to write (.png, .pdf, .svg)")
+    ap.add_argument("--out", required=True, help="image file to write (.png, .pdf, .svg, ...; must not exist)")
+    ap.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     ap.add_argument("--abandoned", action="store_true",
                     help="also draw the lines a resume set aside under <run>/abandoned/ (dotted)")
     args = ap.parse_args(argv)
-    runs = [(run, *load_run(run, args.abandoned)) for run in args.runs]
     try:
         import matplotlib
 
         matplotlib.use("Agg")  # no display needed
         import matplotlib.pyplot as plt
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError:
         sys.exit("error: plot_metrics.py needs matplotlib: pip install matplotlib "
                  "(scripts/setup.sh installs it into .deps/python-tracking: PYTHONPATH=.deps/python-tracking)")
+    extension = check_out(args.out, args.overwrite, FigureCanvasAgg.get_supported_filetypes())
+    runs = [(run, *load_run(run, args.abandoned)) for run in args.runs]
 
     fig, axes = plt.subplots(2, 3, figsize=(17, 9))
     current_style = {"linestyle": "-", "linewidth": 1.5}
@@ -134,8 +198,10 @@ def main(argv=None):
         else:
             ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="gray")
     fig.tight_layout()
-    fig.savefig(args.out, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, args.out, extension, args.overwrite)
+    finally:
+        plt.close(fig)
     for run, current, _ in runs:
         for tag, steps in sorted(non_finite(current).items()):
             print(f"{run}: {tag} not finite at step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}")

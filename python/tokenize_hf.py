@@ -22,21 +22,32 @@ encodes the start of its input differently (SentencePiece's word-start marker, a
 gets every document whole instead, and a note says so. --workers N encodes pieces in N processes;
 pieces and their order do not depend on N, so the output is identical for every N.
 
+Text must be UTF-8: an invalid byte is an error naming the file and line (JSONL as well), and so
+is a JSON escape of a lone surrogate ("\\udc80"), which no UTF-8 text holds. An input that holds no
+document (empty, only blank lines, only "" texts) is refused, as `moetrain prepare` refuses it.
+
 Nothing is overwritten: <out> must be new or empty, unless --append adds the inputs to the dataset
 already there (same tokenizer, vocabulary, EOS and dtype; no input may become a file already listed
-or present). Files are written under temporary names and renamed at the end (dataset.json last);
-on failure nothing is left behind.
+or present). The tokenizer is the same when its file's bytes are: dataset.json records their
+SHA-256 ("tokenizer_sha256"), and a dataset.json without one (an older tokenize_hf.py) cannot be
+appended to. Files are written under temporary names and renamed at the end (dataset.json last);
+on failure, a worker process that dies, SIGINT or SIGTERM, the temporary files are removed and
+nothing is left behind (a signal during the final renames waits for them to finish).
 
   python3 python/tokenize_hf.py --tokenizer tokenizer.json --out data/mine a.txt b.jsonl.gz
                                 [--workers N] [--jsonl-field text] [--eos-id N] [--append]
 """
 import argparse
 import collections
+import concurrent.futures
+import concurrent.futures.process
 import fcntl
 import gzip
+import hashlib
 import json
 import multiprocessing
 import os
+import signal
 import struct
 import sys
 
@@ -60,6 +71,18 @@ CUT_PROBES = [("Hello world.\n", "Next line, here."), ("x = f(1);\n", "return x"
 
 class InputError(Exception):
     """A problem with an input file, named in the message."""
+
+
+class WorkerError(Exception):
+    """An encoding worker process that ended without finishing its piece (killed, out of memory)."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived: raised in the main thread so that the temporary files are removed."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def die(message):
@@ -136,11 +159,35 @@ def pieces(path, chunk_bytes, cut_inside_documents):
 _worker = {}
 
 
-def init_worker(tokenizer_path, eos, dtype_name, jsonl_field, cut_inside_documents, own_threads):
+def init_worker(tokenizer_json, eos, dtype_name, jsonl_field, cut_inside_documents, own_threads):
+    """tokenizer_json is the text of the tokenizer file the main process hashed (not the file again)."""
     if not own_threads:  # several worker processes: one thread each instead of a thread pool each
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker.update(tokenizer=Tokenizer.from_file(tokenizer_path), eos=eos, dtype=np.dtype(dtype_name),
+        # A Ctrl-C reaches the whole process group: the main process stops the workers and cleans up.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker.update(tokenizer=Tokenizer.from_str(tokenizer_json), eos=eos, dtype=np.dtype(dtype_name),
                    field=jsonl_field, cut_inside=cut_inside_documents)
+
+
+def decode_text(path, first_line, data):
+    """data (whole lines of path from first_line on) as UTF-8 text; an invalid byte is an InputError."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        line = first_line + data.count(b"\n", 0, e.start)
+        raise InputError(f"{path}:{line}: not valid UTF-8: byte 0x{data[e.start]:02x} at byte "
+                         f"{e.start - line_start + 1} of the line ({e.reason}); text inputs must be UTF-8 (convert the "
+                         f"file, e.g. with iconv)")
+
+
+def check_encodable(text, where, field):
+    """A JSON string can escape a lone surrogate ("\\udc80"), which is no character: refused."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f'{where}: field "{field}" holds the lone surrogate \\u{ord(text[e.start]):04x} at character '
+                         f"{e.start + 1}, an escape that is not a Unicode character (no UTF-8 text holds it)")
 
 
 def documents_of(path, first_line, data, ends_document):
@@ -162,23 +209,25 @@ def documents_of(path, first_line, data, ends_document):
             text = record[field]
             if not isinstance(text, str):
                 raise InputError(f'{where}: field "{field}" is {json.dumps(text)[:40]}, not a string')
+            check_encodable(text, where, field)
             docs.append((text, True))
         return docs
-    segments, current, size = [], [], 0
+    segments, current, size, start = [], [], 0, first_line  # segments: (bytes, ends_document, first line)
     lines = data.split(b"\n")
     for k, content in enumerate(lines):
         line = content + b"\n" if k < len(lines) - 1 else content
         if is_separator(line):
-            segments.append((b"".join(current), True))
-            current, size = [], 0
+            segments.append((b"".join(current), True, start))
+            current, size, start = [], 0, first_line + k + 1
             continue
         if size >= ENCODE_PART_BYTES and _worker["cut_inside"] and cut_is_safe(current[-1], line):
-            segments.append((b"".join(current), False))
-            current, size = [], 0
+            segments.append((b"".join(current), False, start))
+            current, size, start = [], 0, first_line + k
         current.append(line)
         size += len(line)
-    segments.append((b"".join(current), ends_document))
-    return [(s.decode("utf-8", errors="replace"), ends) for s, ends in segments]
+    segments.append((b"".join(current), ends_document, start))
+    # Segments end at line ends, and no UTF-8 character holds a "\n" byte: each decodes on its own.
+    return [(decode_text(path, line, s), ends) for s, ends, line in segments]
 
 
 def encode_piece(task):
@@ -203,16 +252,24 @@ def encoded_pieces(tasks, workers, init_args):
             yield i, encode_piece(task)
         return
     ctx = multiprocessing.get_context("spawn")  # fresh processes: nothing inherited from this one
-    with ctx.Pool(workers, initializer=init_worker, initargs=(*init_args, False)) as pool:
+    # A ProcessPoolExecutor notices a worker that dies (multiprocessing.Pool would wait for its piece forever).
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker,
+                                                  initargs=(*init_args, False))
+    try:
         in_flight = collections.deque()
         for i, task in tasks:
-            in_flight.append((i, pool.apply_async(encode_piece, (task,))))
+            in_flight.append((i, pool.submit(encode_piece, task)))
             if len(in_flight) >= 2 * workers:
-                j, result = in_flight.popleft()
-                yield j, result.get()
+                j, future = in_flight.popleft()
+                yield j, future.result()
         while in_flight:
-            j, result = in_flight.popleft()
-            yield j, result.get()
+            j, future = in_flight.popleft()
+            yield j, future.result()
+    except concurrent.futures.process.BrokenProcessPool:
+        raise WorkerError("tokenize_hf.py: an encoding worker process (--workers) ended before finishing its piece "
+                          "(killed, e.g. by the out-of-memory killer, or crashed); nothing was written") from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # after an error: the pieces being encoded, no more
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,6 +320,20 @@ def lock_folder(out):
     _held_locks.append(fd)
 
 
+def check_same_tokenizer(meta, meta_path, header):
+    """Exits unless the Hugging Face dataset.json `meta` was written with a tokenizer file of the same bytes."""
+    recorded, file = meta.get("tokenizer_sha256"), meta.get("tokenizer_file")
+    if recorded is None:
+        die(f"tokenize_hf.py --append: {meta_path} records no tokenizer_sha256 (an older tokenize_hf.py wrote it), so "
+            f"its files' tokenizer ({json.dumps(file)}) cannot be verified to be {header['tokenizer_file']}; write "
+            f"these inputs into a new folder (training reads several: data.sources)")
+    if recorded != header["tokenizer_sha256"]:
+        die(f"tokenize_hf.py --append: {meta_path} was written with the tokenizer {json.dumps(file)} (sha256 "
+            f"{str(recorded)[:16]}...), but --tokenizer {header['tokenizer_file']} is another file (sha256 "
+            f"{header['tokenizer_sha256'][:16]}...): their ids would mix in one dataset; write into a new folder, "
+            f"or pass the tokenizer file the dataset was written with")
+
+
 def existing_dataset(out, append, header, inputs, names):
     """The dataset.json that the new files are added to (None for a new or empty folder).
 
@@ -297,6 +368,8 @@ def existing_dataset(out, append, header, inputs, names):
         if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("name"), str)
                                                   for f in files):
             die(f'tokenize_hf.py --append: {meta_path}: "files" must be an array of {{"name": ...}} objects')
+        if meta.get("tokenizer") == header["tokenizer"]:
+            check_same_tokenizer(meta, meta_path, header)
         for key in ("tokenizer", "vocab_size", "eos_token_id", "dtype"):
             if meta.get(key) != header[key]:
                 die(f'tokenize_hf.py --append: {meta_path} has "{key}": {json.dumps(meta.get(key))}, but this '
@@ -327,7 +400,51 @@ def positive_int(text):
     return value
 
 
+def utf8_name(path):
+    """Whether a path (as Python decodes the bytes of the command line) is valid UTF-8."""
+    try:
+        path.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def no_text(path, jsonl_field):
+    records = f'; blank lines and records whose "{jsonl_field}" is "" hold none' if is_jsonl(path) else ""
+    return f"tokenize_hf.py: input {path} holds no text (no document to tokenize{records}); nothing was written"
+
+
+# SIGINT and SIGTERM raise Interrupted in the main thread, except while the output is renamed into
+# place (defer): then the signal is noted and the renames finish.
+_signals = {"defer": False, "deferred": None}
+
+
+def on_signal(signum, frame):
+    if _signals["defer"]:
+        _signals["deferred"] = signum
+        return
+    raise Interrupted(signum)
+
+
 def main(argv=None):
+    """The command line: signals are turned into a clean stop (temporary files removed, exit 128 + signal)."""
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    _signals.update(defer=False, deferred=None)
+    try:
+        tokenize(argv)
+    except Interrupted as e:
+        print(f"error: tokenize_hf.py: stopped by {signal.Signals(e.signum).name}; its temporary files were removed "
+              f"and nothing was written", file=sys.stderr)
+        sys.exit(128 + e.signum)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if _signals["deferred"] is not None:
+        print(f"note: {signal.Signals(_signals['deferred']).name} arrived while the finished output was renamed into "
+              f"place; the output is complete", file=sys.stderr)
+
+
+def tokenize(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="+", help="text or JSONL files (.gz too); each becomes <stem>.npy")
     ap.add_argument("--tokenizer", required=True, help="path to a Hugging Face tokenizer.json")
@@ -346,16 +463,32 @@ def main(argv=None):
         die(f"tokenize_hf.py needs numpy and the Hugging Face 'tokenizers' package (scripts/setup.sh installs them "
             f"into .deps/python; or pip install numpy tokenizers): {IMPORT_ERROR}")
 
-    for path in args.inputs:  # check everything before creating anything
-        if not os.path.isfile(path):
+    # Check everything before creating anything. dataset.json records these names, and its readers take
+    # it as UTF-8 (Python would write an escaped surrogate for each byte that is not: the C++ reader refuses).
+    for what, path in [("tokenizer", args.tokenizer)] + [("input", p) for p in args.inputs]:
+        if not utf8_name(path):
+            die(f"tokenize_hf.py: the {what} file name {os.fsencode(path)!r} is not valid UTF-8, and dataset.json "
+                f"records it; rename the file")
+    for path in args.inputs:
+        if os.path.isdir(path):
+            die(f"tokenize_hf.py: input {path} is a directory; pass the files in it")
+        if not os.path.exists(path):
             die(f"tokenize_hf.py: input file {path} does not exist")
+        if not os.path.isfile(path):
+            die(f"tokenize_hf.py: input {path} is not a regular file")
+        if os.path.getsize(path) == 0:
+            die(no_text(path, args.jsonl_field))
     stems = [stem_of(p) for p in args.inputs]
     if len(set(stems)) != len(stems):
         die("tokenize_hf.py: inputs must have distinct file stems (each becomes <stem>.npy; a.txt and a.jsonl.gz "
             "are both a.npy)")
     try:
-        tok = Tokenizer.from_file(args.tokenizer)
-    except Exception as e:  # the tokenizers package raises plain Exceptions
+        with open(args.tokenizer, "rb") as f:
+            tokenizer_bytes = f.read()
+        # Everything encodes with the tokenizer of these bytes, whose hash dataset.json records.
+        tokenizer_json = tokenizer_bytes.decode("utf-8")
+        tok = Tokenizer.from_str(tokenizer_json)
+    except Exception as e:  # OSError, UnicodeDecodeError; the tokenizers package raises plain Exceptions
         die(f"tokenize_hf.py: cannot load tokenizer {args.tokenizer}: {e}")
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
     eos = args.eos_id
@@ -366,7 +499,8 @@ def main(argv=None):
     if not 0 <= eos < vocab_size:
         die(f"tokenize_hf.py: EOS id {eos} outside the vocabulary of size {vocab_size}")
     dtype_name, descr = ("uint16", "<u2") if vocab_size <= 65535 else ("uint32", "<u4")
-    header = {"tokenizer": "huggingface", "tokenizer_file": args.tokenizer, "vocab_size": vocab_size,
+    header = {"tokenizer": "huggingface", "tokenizer_file": args.tokenizer,
+              "tokenizer_sha256": hashlib.sha256(tokenizer_bytes).hexdigest(), "vocab_size": vocab_size,
               "eos_token_id": eos, "dtype": dtype_name}
     names = [s + ".npy" for s in stems]
     # One writer at a time per output (as moetrain prepare): two --append runs into one folder would
@@ -383,30 +517,33 @@ def main(argv=None):
               file=sys.stderr)
 
     created = not os.path.isdir(args.out)
-    os.makedirs(args.out, exist_ok=True)
     suffix = f".tmp-{os.getpid()}"
     temps, files, writer = [], [], None
+
+    def finish_file():
+        writer.close()
+        if writer.tokens == 0:
+            raise InputError(no_text(args.inputs[current], args.jsonl_field))
+        files.append({"name": names[current], "tokens": writer.tokens, "documents": documents,
+                      "source": args.inputs[current]})
     try:
+        os.makedirs(args.out, exist_ok=True)
         tasks = ((i, (path, *piece)) for i, path in enumerate(args.inputs)
                  for piece in pieces(path, args.chunk_bytes, cut_inside))
-        init_args = (args.tokenizer, eos, dtype_name, args.jsonl_field, cut_inside)
+        init_args = (tokenizer_json, eos, dtype_name, args.jsonl_field, cut_inside)
         current = -1
         documents = 0
         for i, (token_bytes, tokens, ended) in encoded_pieces(tasks, args.workers, init_args):
             while current < i:  # the next input's pieces begin (an input always yields a piece)
                 if writer:
-                    writer.close()
-                    files.append({"name": names[current], "tokens": writer.tokens, "documents": documents,
-                                  "source": args.inputs[current]})
+                    finish_file()
                 current, documents = current + 1, 0
                 temp = os.path.join(args.out, "." + names[current] + suffix)
                 temps.append((temp, os.path.join(args.out, names[current])))
                 writer = NpyAppender(temp, descr)
             writer.append(token_bytes, tokens)
             documents += ended
-        writer.close()
-        files.append({"name": names[current], "tokens": writer.tokens, "documents": documents,
-                      "source": args.inputs[current]})
+        finish_file()
         meta["files"] = meta["files"] + files
         temp = os.path.join(args.out, ".dataset.json" + suffix)
         temps.append((temp, os.path.join(args.out, "dataset.json")))
@@ -416,18 +553,24 @@ def main(argv=None):
         for _, final in temps[:-1]:  # anything created in the folder since it was checked is not overwritten
             if os.path.lexists(final):
                 die(f"tokenize_hf.py: {final} appeared while tokenizing; nothing was written, run again")
+        # A signal from here on waits until the renames are done: half of them would leave token files
+        # that dataset.json does not list, and training refuses such a folder.
+        _signals["defer"] = True
         for temp, final in temps:  # dataset.json last: its new list marks the new files as the dataset's
             os.replace(temp, final)
     except BaseException as e:
+        _signals["defer"] = True  # a second Ctrl-C does not stop the cleanup
         if writer and not writer.file.closed:
             writer.file.close()
         for temp, _ in temps:
             if os.path.exists(temp):
                 os.remove(temp)
-        if created and not os.listdir(args.out):
+        if created and os.path.isdir(args.out) and not os.listdir(args.out):
             os.rmdir(args.out)
-        if isinstance(e, InputError):
+        if isinstance(e, (InputError, WorkerError)):
             die(str(e))
+        if isinstance(e, OSError):  # writing: a full disk, a folder that cannot be created
+            die(f"tokenize_hf.py: cannot write into {args.out}: {e}; its temporary files were removed")
         raise
     total = sum(f["tokens"] for f in files)
     print(f"wrote {len(files)} files, {total} tokens ({dtype_name}, vocab {vocab_size}, eos {eos}) to {args.out}; "

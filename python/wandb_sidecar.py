@@ -6,9 +6,10 @@ has no W&B client).
 
 Logs every record of RUN_DIR/metrics.jsonl at its step, with the tags of moetrain's TensorBoard
 events (loss, lm_loss, lb_loss, z_loss, grad_norm, lr, tokens_per_s, mfu, step_time_s,
-dropped_fraction, expert_load_max_over_mean, expert_load/layer_<i>, eval_loss, ...; "nan"/"inf"
-strings become non-finite floats), and the run's resolved config (RUN_DIR/config.toml, or
-config.resolved.toml where config.toml is the user's own) as the W&B run's config.
+dropped_fraction, expert_load_max_over_mean, expert_load/layer_<i>, eval_loss, eval_loss/<name> of
+each [[eval.sets]], ...; "nan"/"inf" strings become non-finite floats), and the run's resolved
+config (RUN_DIR/config.toml, or config.resolved.toml where config.toml is the user's own) as the
+W&B run's config.
 
 --follow keeps reading as the training appends records and ends after the last one, once the
 job holding RUN_DIR (its .lock) has ended; started before the job, it waits for it. Ctrl-C or
@@ -70,10 +71,10 @@ class MetricsFollower:
             self.inode = st.st_ino
             f.seek(self.offset)
             data = f.read()
-        whole = data[: data.rfind(b"\n") + 1]  # a last line still being written waits for its newline
-        self.offset += len(whole)
-        text = whole.decode("utf-8")
+        # A last line still being written waits for its newline.
+        text = moe_metrics.whole_lines_text(data, self.path, first_line=self.lines_read + 1)
         records = moe_metrics.parse_lines(text, self.path, first_line=self.lines_read + 1)
+        self.offset += data.rfind(b"\n") + 1
         self.lines_read += text.count("\n")
         return replaced, records
 
@@ -122,7 +123,7 @@ class Sidecar:
         try:
             with open(path, "rb") as f:
                 config = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError):
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
             config = {}
         config["run_dir"] = os.path.abspath(self.run_dir)
         return config

@@ -210,6 +210,17 @@ class CheckpointReaderTest(TempDirTest):
                                     r"are not stored in any chunk"):
             mc.Checkpoint(ckpt).tensor("model.layers.1.mlp.experts.gate_up_proj")
 
+    def test_deeply_nested_json_is_refused_in_one_line_naming_the_file(self):
+        for name in ("train_state.json", "index.json"):
+            ckpt = self.copy_checkpoint()
+            with open(os.path.join(ckpt, name), "w") as f:
+                f.write("[" * 100000)
+            with self.assertRaisesRegex(mc.CheckpointError, f"{name} is not valid JSON: nested too deeply"):
+                mc.Checkpoint(ckpt)
+            self.assert_one_line_error(python_tool("moetrain_checkpoint.py", ckpt, check=False),
+                                       os.path.join(ckpt, name), "nested too deeply")
+            shutil.rmtree(ckpt)
+
     def test_command_line_writes_one_tensor_and_never_overwrites(self):
         out = self.path("norm.npy")
         r = python_tool("moetrain_checkpoint.py", self.run_dir, "--tensor", "model.norm.weight", "--out", out)

@@ -1,6 +1,9 @@
 """python/plot_metrics.py renders a PNG of a tiny run's metrics (MoE panels included) and of several
 runs at once; it keeps the last record of a repeated step, draws non-finite values ("nan"/"inf"
-strings) as gaps and lists them, and leaves a resume's abandoned line out unless asked."""
+strings) as gaps and lists them, leaves a resume's abandoned line out unless asked, and draws the
+loss of each named validation set. It replaces an existing image only with --overwrite, refuses an
+image it cannot write before the work, and names the file and line of a metrics line that is not
+UTF-8."""
 import contextlib
 import io
 import json
@@ -84,6 +87,81 @@ class PlotMetrics(unittest.TestCase):
         self.assert_png(out_png)
         self.assertIn(f"{run}: eval_loss not finite at step 3", out)
         self.assertIn(f"{run}: lb_loss not finite at step 3", out)
+
+    def write_run(self, name, records, tail=b""):
+        """A run folder whose metrics.jsonl holds `records` (then the bytes `tail`)."""
+        run = os.path.join(self.tmp.name, name)
+        os.makedirs(run)
+        with open(os.path.join(run, "metrics.jsonl"), "wb") as f:
+            f.writelines(json.dumps(r).encode() + b"\n" for r in records)
+            f.write(tail)
+        return run
+
+    def run_tool(self, *args):
+        return subprocess.run([sys.executable, PLOT, *args], capture_output=True, text=True, timeout=60)
+
+    def assert_one_line_error(self, p, *needles):
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertTrue(p.stderr.startswith("error: "), p.stderr)
+        self.assertEqual(p.stderr.count("\n"), 1, p.stderr)
+        for needle in needles:
+            self.assertIn(needle, p.stderr)
+
+    def test_validation_sets_are_drawn_in_the_loss_panel_beside_eval_loss(self):
+        import matplotlib.pyplot as plt
+
+        records = [{"step": 1, "lm_loss": 7.0},
+                   {"step": 2, "lm_loss": 6.5, "eval_loss": 6.6, "eval_sets": {"val": 6.25, "code": "nan"}},
+                   {"step": 3, "lm_loss": 6.0},
+                   {"step": 4, "lm_loss": 5.5, "eval_loss": 5.7, "eval_sets": {"val": 5.5, "code": None}}]
+        run = self.write_run("sets", records)
+        current, _ = plot_metrics.load_run(run, with_abandoned=False)
+        self.assertEqual(plot_metrics.eval_set_tags(current), ["eval_loss/val", "eval_loss/code"])
+        self.assertEqual(plot_metrics.series(current, "eval_loss/val"), ([2, 4], [6.25, 5.5]))
+        steps, code = plot_metrics.series(current, "eval_loss/code")  # "nan" a gap, null left out as elsewhere
+        self.assertEqual(steps, [2])
+        self.assertTrue(math.isnan(code[0]))
+        fig, ax = plt.subplots()
+        plot_metrics.draw(ax, current, plot_metrics.PANELS[0][2], "C0", "sets", {"linestyle": "-", "linewidth": 1})
+        self.assertEqual([line.get_label() for line in ax.get_lines()],
+                         ["sets lm_loss", "sets eval_loss", "sets eval_loss/val", "sets eval_loss/code"])
+        plt.close(fig)
+        out_png = os.path.join(self.tmp.name, "sets.png")
+        self.assertIn("sets: eval_loss/code not finite at step 2", self.plot(run, "--out", out_png))
+        self.assert_png(out_png)
+
+    def test_an_existing_image_is_replaced_only_with_overwrite(self):
+        run = self.write_run("run", [{"step": 1, "lm_loss": 7.0}, {"step": 2, "lm_loss": 6.0}])
+        out_png = os.path.join(self.tmp.name, "mine.png")
+        with open(out_png, "wb") as f:
+            f.write(b"the user's own file")
+        self.assert_one_line_error(self.run_tool(run, "--out", out_png), f"--out {out_png} exists", "--overwrite")
+        with open(out_png, "rb") as f:
+            self.assertEqual(f.read(), b"the user's own file")
+        self.assertIn(f"wrote {out_png}", self.plot(run, "--out", out_png, "--overwrite"))
+        self.assert_png(out_png)
+        self.assertEqual(sorted(os.listdir(self.tmp.name)), ["mine.png", "run"])  # no temporary file left
+
+    def test_an_image_that_cannot_be_written_is_refused_before_the_work(self):
+        run = self.write_run("run", [{"step": 1, "lm_loss": 7.0}])
+        missing = os.path.join(self.tmp.name, "missing_dir")
+        self.assert_one_line_error(self.run_tool(run, "--out", os.path.join(missing, "x.png")),
+                                   f"its folder {missing} does not exist")
+        self.assert_one_line_error(self.run_tool(run, "--out", os.path.join(self.tmp.name, "x.xyz")),
+                                   "cannot write '.xyz' files", ".png")
+        self.assert_one_line_error(self.run_tool(run, "--out", os.path.join(self.tmp.name, "x")),
+                                   "without an extension")
+        self.assertEqual(os.listdir(self.tmp.name), ["run"])
+
+    def test_a_metrics_line_that_is_not_utf8_is_an_error_naming_the_file_and_line(self):
+        latin1 = b'{"step": 2, "note": "caf\xe9"}\n'
+        run = self.write_run("run", [{"step": 1, "lm_loss": 7.0}], tail=latin1)
+        path = os.path.join(run, "metrics.jsonl")
+        self.assert_one_line_error(self.run_tool(run, "--out", os.path.join(self.tmp.name, "x.png")),
+                                   f"{path}:2: not UTF-8 text: byte 0xe9")
+        # A last line still being written may end inside a character: it waits, as any unfinished line.
+        run = self.write_run("writing", [{"step": 1, "lm_loss": 7.0}], tail='{"step": 2, "note": "é'.encode()[:-1])
+        self.assertEqual([r["step"] for r in plot_metrics.load_run(run, with_abandoned=False)[0]], [1])
 
     def test_an_unreadable_run_is_an_error_naming_the_file(self):
         p = subprocess.run([sys.executable, PLOT, os.path.join(self.tmp.name, "missing"), "--out",

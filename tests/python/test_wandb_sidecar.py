@@ -1,7 +1,8 @@
 """python/wandb_sidecar.py's logic against a stand-in `wandb` module that records every call
 (test_wandb_offline.py runs the real package): each record logged once at its step, restarts
 that continue the same W&B run, a resumed training line going into a new W&B run, --follow
-during a training, and the refusals."""
+during a training, the validation sets' losses as eval_loss/<name>, and the refusals (a metrics line
+that is not JSON or not UTF-8 named by file and line)."""
 import fcntl
 import json
 import math
@@ -207,6 +208,29 @@ class WandbSidecar(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn(os.path.join(self.run_dir, "metrics.jsonl"), p.stderr)
         self.assertIn("--follow", p.stderr)
+
+    def test_validation_set_losses_are_logged_as_eval_loss_slash_name(self):
+        records = [record(1), record(2, eval_loss=2.5, eval_sets={"val": 2.25, "code": "inf"}),
+                   record(3, eval_sets={"val": "nan", "code": None})]
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), records)
+        self.sidecar()
+        [init] = self.calls("init")
+        self.assert_logged(records, init["run"])
+        logs = self.calls("log")
+        self.assertEqual((logs[1]["data"]["eval_loss/val"], logs[1]["data"]["eval_loss/code"]), (2.25, math.inf))
+        self.assertTrue(math.isnan(logs[2]["data"]["eval_loss/val"]))
+        self.assertNotIn("eval_loss/code", logs[2]["data"])  # null, as for any other scalar
+        self.assertNotIn("eval_sets", logs[1]["data"])
+
+    def test_a_line_that_is_not_utf8_is_an_error_naming_the_file_and_line(self):
+        path = os.path.join(self.run_dir, "metrics.jsonl")
+        write_lines(path, [record(1), record(2)])
+        with open(path, "ab") as f:
+            f.write(b'{"step": 3, "note": "caf\xe9"}\n')
+        p = self.sidecar(check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertEqual(p.stderr, f"error: {path}:3: not UTF-8 text: byte 0xe9 at byte 25 of the line "
+                                   f"(invalid continuation byte)\n")
 
     def test_a_malformed_line_is_an_error_naming_the_file_and_line(self):
         path = os.path.join(self.run_dir, "metrics.jsonl")

@@ -1,23 +1,30 @@
 """python/tokenize_hf.py: the ids are tokenizer.encode's for each document followed by EOS, the same
 for any number of workers and any piece size, inputs stream in bounded pieces, JSONL errors name the
-file and line and leave nothing behind, and moetrain trains on the output.
+file and line and leave nothing behind, and moetrain trains on the output. Bad inputs are refused in
+one line and leave nothing behind: text that is not UTF-8, file names that are not, inputs without
+text, an --append with another tokenizer, a worker process that dies, SIGTERM and SIGINT.
 
 The tokenizers are built here with the `tokenizers` package: a byte-level BPE (as GPT-2, Llama 3
 and OLMoE use), a WordLevel with a whitespace pre-tokenizer, and a SentencePiece-style Metaspace
 one, which marks the start of every input and so must get its documents whole.
 """
 import gzip
+import hashlib
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 import unittest
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import tokenize_hf
-from moe_test_util import TempDirTest, moetrain_train, python_tool
+from moe_test_util import SOURCE_DIR, TempDirTest, moetrain_train, python_tool
 
 WORDS = ("the quick brown fox jumps over the lazy dog while naïve café owners say über 42 times: "
          "x = f(1); return x").split()
@@ -93,6 +100,32 @@ def expected_ids(tokenizer_path, docs, eos):
     return ids
 
 
+def write_big_text(path, copies=40):
+    """A few MB of text: long enough that a run is still encoding when a test interrupts it."""
+    block = "".join(sentence(i) + "\n" for i in range(2000))
+    with open(path, "w") as f:
+        for _ in range(copies):
+            f.write(block)
+
+
+def worker_processes(pid):
+    """Pids of the multiprocessing worker processes (spawned) whose parent is pid."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+        if ppid == pid and b"spawn_main" in cmdline:
+            found.append(int(entry))
+    return found
+
+
 class TokenizeHfTest(TempDirTest):
     @classmethod
     def setUpClass(cls):
@@ -132,6 +165,8 @@ class TokenizeHfTest(TempDirTest):
             with open(self.path(out, "dataset.json")) as f:
                 meta = json.load(f)
             self.assertEqual(meta["eos_token_id"], eos)
+            with open(tokenizer, "rb") as f:
+                self.assertEqual(meta["tokenizer_sha256"], hashlib.sha256(f.read()).hexdigest())
             self.assertEqual([(f["name"], f["tokens"], f["documents"]) for f in meta["files"]],
                              [("corpus.npy", text_ids.size, 4), ("records.npy", jsonl_ids.size, len(JSONL_DOCS) - 1)])
 
@@ -183,11 +218,16 @@ class TokenizeHfTest(TempDirTest):
         cases = [(b'{"text": "fine"}\n{"txt": "no"}\n', 'bad.jsonl:2 has no field "text"'),
                  (b'{"text": "fine"}\n\n{"text": 5}\n', 'bad.jsonl:3: field "text" is 5, not a string'),
                  (b'{"text": "fine"}\n{"text": "cut\n', "bad.jsonl:2 is not valid JSON"),
-                 (b'["text"]\n', "bad.jsonl:1 is not a JSON object")]
+                 (b'["text"]\n', "bad.jsonl:1 is not a JSON object"),
+                 (b'{"text": "fine"}\n{"text": "caf\xe9"}\n', "bad.jsonl:2 is not valid JSON"),  # Latin-1, not UTF-8
+                 # A JSON escape of a lone surrogate: no UTF-8 text holds it, and the tokenizer cannot take it.
+                 (b'{"text": "fine"}\n{"text": "bad \\udc80 x"}\n',
+                  'bad.jsonl:2: field "text" holds the lone surrogate \\udc80 at character 5'),
+                 (b'{"text": "bad \\udc80 x"}\n', 'bad.jsonl:1: field "text" holds the lone surrogate')]
         for k, (content, needle) in enumerate(cases):
             with open(bad, "wb") as f:
                 f.write(content)
-            workers = "3" if k == 0 else "1"  # an error in a worker process reaches the main one as well
+            workers = "3" if k in (0, 6) else "1"  # an error in a worker process reaches the main one as well
             r = self.tokenize("out", "--tokenizer", self.bpe, "--workers", workers, inputs=[self.text, bad],
                               check=False)
             self.assert_one_line_error(r, needle)
@@ -221,6 +261,128 @@ class TokenizeHfTest(TempDirTest):
         with open(self.path("data", "corpus.npy"), "rb") as f:
             self.assertEqual(f.read(), before)
         self.assertEqual(sorted(os.listdir(self.path("data"))), ["corpus.npy", "dataset.json", "records.npy"])
+
+    def test_text_that_is_not_utf8_is_refused_naming_the_file_and_line(self):
+        bad = self.path("latin1.txt")
+        with open(bad, "wb") as f:
+            f.write("".join(sentence(i) + "\n" for i in range(40)).encode())
+            f.write(b"\f\nfirst line\nmenu: caf\xe9 au lait\n")
+        for workers, chunk in (("1", "1048576"), ("3", "64")):  # the line number holds across pieces
+            r = self.tokenize("out", "--tokenizer", self.bpe, "--workers", workers, "--chunk-bytes", chunk,
+                              inputs=[self.text, bad], check=False)
+            self.assert_one_line_error(r, "latin1.txt:43: not valid UTF-8: byte 0xe9 at byte 10 of the line")
+            self.assertFalse(os.path.exists(self.path("out")))
+
+    def test_a_file_name_that_is_not_utf8_is_refused_before_anything_is_written(self):
+        name = os.fsdecode(b"caf\xe9.txt")  # Latin-1: what Python decodes it to, with a surrogate for the byte
+        shutil.copy(self.text, self.path(name))
+        r = self.tokenize("out", "--tokenizer", self.bpe, inputs=[self.path(name)], check=False)
+        self.assert_one_line_error(r, "input file name", repr(os.fsencode(self.path(name))), "not valid UTF-8")
+        self.assertFalse(os.path.exists(self.path("out")))
+        shutil.copy(self.bpe, self.path(os.fsdecode(b"tok\xe9.json")))
+        r = self.tokenize("out", "--tokenizer", self.path(os.fsdecode(b"tok\xe9.json")), check=False)
+        self.assert_one_line_error(r, "tokenizer file name", "not valid UTF-8")
+
+    def test_inputs_without_text_and_folders_are_refused_as_prepare_refuses_them(self):
+        empties = {"empty.txt": b"", "separators.txt": b"\f\n\f\n", "blank.jsonl": b'\n \n{"text": ""}\n'}
+        for name, content in empties.items():
+            with open(self.path(name), "wb") as f:
+                f.write(content)
+        with gzip.open(self.path("empty.txt.gz"), "wb"):
+            pass
+        for name in list(empties) + ["empty.txt.gz"]:
+            workers = "3" if name == "blank.jsonl" else "1"
+            r = self.tokenize("out", "--tokenizer", self.bpe, "--workers", workers, inputs=[self.text, self.path(name)],
+                              check=False)
+            self.assert_one_line_error(r, f"input {self.path(name)} holds no text", "nothing was written")
+            self.assertFalse(os.path.exists(self.path("out")), name)
+        os.mkdir(self.path("folder"))
+        r = self.tokenize("out", "--tokenizer", self.bpe, inputs=[self.text, self.path("folder")], check=False)
+        self.assert_one_line_error(r, f"input {self.path('folder')} is a directory")
+
+    def test_append_refuses_another_tokenizer_and_a_dataset_whose_tokenizer_is_unknown(self):
+        # Another tokenizer with the same vocabulary size, EOS and dtype: two tokens trade ids.
+        with open(self.bpe) as f:
+            other = json.load(f)
+        vocab = other["model"]["vocab"]
+        vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+        other_path, same_path = self.path("other.json"), self.path("same-bytes.json")
+        with open(other_path, "w") as f:
+            json.dump(other, f)
+        shutil.copy(self.bpe, same_path)
+        self.assertEqual(Tokenizer.from_file(other_path).get_vocab_size(),
+                         Tokenizer.from_file(self.bpe).get_vocab_size())
+
+        self.tokenize("data", "--tokenizer", self.bpe, inputs=[self.text])
+        with open(self.path("data", "dataset.json"), "rb") as f:
+            before = f.read()
+        r = self.tokenize("data", "--tokenizer", other_path, "--append", inputs=[self.jsonl], check=False)
+        self.assert_one_line_error(r, json.dumps(self.bpe), f"--tokenizer {other_path}", "sha256", "new folder")
+        self.assertEqual(sorted(os.listdir(self.path("data"))), ["corpus.npy", "dataset.json"])
+        with open(self.path("data", "dataset.json"), "rb") as f:
+            self.assertEqual(f.read(), before)
+        # The same bytes under another name are the same tokenizer.
+        self.tokenize("data", "--tokenizer", same_path, "--append", inputs=[self.jsonl])
+
+        # A dataset.json of an older tokenize_hf.py (no hash): its tokenizer cannot be verified.
+        self.tokenize("old", "--tokenizer", self.bpe, inputs=[self.text])
+        with open(self.path("old", "dataset.json")) as f:
+            meta = json.load(f)
+        del meta["tokenizer_sha256"]
+        with open(self.path("old", "dataset.json"), "w") as f:
+            json.dump(meta, f)
+        r = self.tokenize("old", "--tokenizer", self.bpe, "--append", inputs=[self.jsonl], check=False)
+        self.assert_one_line_error(r, "records no tokenizer_sha256", "cannot be verified", "new folder")
+        self.assertEqual(sorted(os.listdir(self.path("old"))), ["corpus.npy", "dataset.json"])
+
+    def start(self, out, *args, inputs):
+        cmd = [sys.executable, os.path.join(SOURCE_DIR, "python", "tokenize_hf.py"), "--tokenizer", self.bpe,
+               "--out", self.path(out), *args, *inputs]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+    def finish(self, process):
+        """CompletedProcess of a started run; a run that hangs fails the test."""
+        try:
+            out, err = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            self.fail("tokenize_hf.py hangs")
+        return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+    def test_a_worker_process_that_dies_is_an_error_and_leaves_nothing_behind(self):
+        write_big_text(self.path("big.txt"))
+        p = self.start("out", "--workers", "2", "--chunk-bytes", "4096", inputs=[self.path("big.txt")])
+        temp = self.path("out", f".big.npy.tmp-{p.pid}")  # the first piece is written: the workers are busy
+        deadline = time.monotonic() + 30
+        while not os.path.exists(temp) and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        workers = worker_processes(p.pid)
+        self.assertTrue(os.path.exists(temp) and workers, "no worker process while tokenizing")
+        os.kill(workers[0], signal.SIGKILL)  # as the out-of-memory killer would
+        self.assert_one_line_error(self.finish(p), "worker process", "nothing was written")
+        self.assertFalse(os.path.exists(self.path("out")))
+
+    def test_sigterm_and_sigint_remove_the_temporary_files(self):
+        write_big_text(self.path("big.txt"))
+        self.tokenize("data", "--tokenizer", self.bpe, inputs=[self.text])
+        with open(self.path("data", "dataset.json"), "rb") as f:
+            before = f.read()
+        for out, sig, args in (("data", signal.SIGTERM, ["--append"]), ("new", signal.SIGINT, ["--workers", "2"])):
+            p = self.start(out, "--chunk-bytes", "4096", *args, inputs=[self.path("big.txt")])
+            temp = self.path(out, f".big.npy.tmp-{p.pid}")
+            deadline = time.monotonic() + 30
+            while not os.path.exists(temp) and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.002)
+            self.assertTrue(os.path.exists(temp), f"no {temp} while tokenizing")
+            p.send_signal(sig)
+            r = self.finish(p)
+            self.assert_one_line_error(r, f"stopped by {sig.name}", "temporary files were removed", code=128 + sig)
+        self.assertEqual(sorted(os.listdir(self.path("data"))), ["corpus.npy", "dataset.json"])
+        with open(self.path("data", "dataset.json"), "rb") as f:
+            self.assertEqual(f.read(), before)
+        self.assertFalse(os.path.exists(self.path("new")))
 
     def test_moetrain_trains_on_the_output(self):
         self.tokenize("data", "--tokenizer", self.bpe, "--workers", "3")
