@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -158,6 +159,10 @@ int main(int argc, char** argv) {
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
     execv("/proc/self/exe", argv);  // returns only on failure; then run with the default policy
   }
+  // A write past the file-size limit (ulimit -f) raises SIGXFSZ, whose default action kills the
+  // process with no message and leaves its temporary files. Ignored, the write fails with EFBIG
+  // instead, and the writers' own error path names the file and removes what they started.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"moetrain: Mixture-of-Experts training"};
   app.require_subcommand(1);
 

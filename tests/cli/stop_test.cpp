@@ -78,6 +78,9 @@ TEST_F(StopTest, max_duration_stops_with_a_checkpoint_before_the_budget_runs_out
   EXPECT_LT(seconds, 20.0);
   const CliRun bad = moetrain(tiny_train({"--set", "train.max_duration=\"ten minutes\""}));
   expect_error(bad, {"train.max_duration", "is not a duration"});
+  // Past the steady clock's range the deadline would wrap into the past and stop at step 1.
+  const CliRun huge = moetrain(tiny_train({"--set", "train.max_duration=\"3000000h\""}));
+  expect_error(huge, {"train.max_duration", "longer than 100 years"});
 }
 
 // A run stopped after its first step times that step (its start-up work included) and says so,

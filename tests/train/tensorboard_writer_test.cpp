@@ -100,11 +100,12 @@ TEST(TensorBoardEvents, record_scalars_keeps_every_number_of_a_metrics_record) {
                                  {"world_size", 4},
                                  {"skipped", true},
                                  {"expert_load_max_over_mean_per_layer", {1.25, "nan"}},
+                                 {"eval_sets", {{"val", 3.5}, {"code", "inf"}}},
                                  {"time", "2026-01-01T00:00:00Z"},
                                  {"run_id", "abc"}};
   std::map<std::string, float> got;
   for (const auto& [tag, v] : record_scalars(record)) got[tag] = v;
-  ASSERT_EQ(got.size(), 8u);  // not step, time or run_id
+  ASSERT_EQ(got.size(), 10u);  // not step, time or run_id
   EXPECT_EQ(got.at("loss"), 2.5f);
   EXPECT_TRUE(std::isnan(got.at("eval_loss")));
   EXPECT_EQ(got.at("grad_norm"), std::numeric_limits<float>::infinity());
@@ -113,6 +114,8 @@ TEST(TensorBoardEvents, record_scalars_keeps_every_number_of_a_metrics_record) {
   EXPECT_EQ(got.at("skipped"), 1.0f);
   EXPECT_EQ(got.at("expert_load/layer_0"), 1.25f);
   EXPECT_TRUE(std::isnan(got.at("expert_load/layer_1")));
+  EXPECT_EQ(got.at("eval_loss/val"), 3.5f);  // each validation set as its own curve, the names W&B gets
+  EXPECT_EQ(got.at("eval_loss/code"), std::numeric_limits<float>::infinity());
 }
 
 TEST(TensorBoardWriter, writes_a_file_version_event_then_one_event_per_record_in_a_new_file) {

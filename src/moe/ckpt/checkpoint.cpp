@@ -16,6 +16,7 @@
 #include "moe/ckpt/checksum.h"
 #include "moe/ckpt/durable_file.h"
 #include "moe/ckpt/json_field.h"
+#include "moe/core/bounded_json.h"
 #include "moe/core/device.h"
 #include "moe/core/error.h"
 
@@ -50,6 +51,8 @@ std::string tmp_dir_path(const std::string& run_dir, int64_t step) {
 }
 
 std::string read_text_file(const std::string& path) {
+  std::error_code ec;
+  MOE_CHECK(!std::filesystem::is_directory(path, ec), "cannot read ", path, ": it is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in, "cannot read ", path, ": ", errno_text());
   std::ostringstream ss;
@@ -61,7 +64,7 @@ std::string read_text_file(const std::string& path) {
 json parse_json_file(const std::string& path) {
   std::string text = read_text_file(path);
   try {
-    return json::parse(text);
+    return parse_bounded_json(text, path);
   } catch (const json::parse_error& e) {
     MOE_FAIL(path, " is not valid JSON: ", e.what());
   }

@@ -11,11 +11,20 @@
 
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/durable_file.h"
+#include "moe/core/bounded_json.h"
 #include "moe/core/error.h"
 
 namespace moe {
 
 namespace fs = std::filesystem;
+
+std::optional<int64_t> step_of_name(const std::string& name, const std::string& prefix) {
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+    return std::nullopt;
+  return std::stoll(digits);
+}
 
 namespace {
 
@@ -36,13 +45,10 @@ std::vector<std::pair<int64_t, std::string>> list_steps(const std::string& run_d
   MOE_CHECK(!ec, "cannot list run directory ", run_dir, ": ", ec.message());
   for (const auto& entry : it) {
     const std::string name = entry.path().filename().string();
-    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string digits = name.substr(prefix.size());
-    if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
-      continue;
-    if (!entry.is_directory(ec)) continue;
+    const std::optional<int64_t> step = step_of_name(name, prefix);
+    if (!step || !entry.is_directory(ec)) continue;
     if (complete && !fs::exists(entry.path() / "index.json", ec)) continue;
-    steps.emplace_back(std::stoll(digits), name);
+    steps.emplace_back(*step, name);
   }
   std::sort(steps.begin(), steps.end());
   return steps;
@@ -61,10 +67,12 @@ std::optional<Intent> read_intent(const std::string& run_dir) {
   std::ifstream in(path);
   MOE_CHECK(in.good(), "cannot read ", path, ": ", errno_text());
   try {
-    const nlohmann::json j = nlohmann::json::parse(in);
-    Intent intent{j.at("after_step").get<int64_t>(), j.at("dir").get<std::string>()};
-    MOE_CHECK(intent.after_step >= 0, path, ": \"after_step\" must be a step >= 0, got ", intent.after_step,
+    const nlohmann::json j = parse_bounded_json(in, path);
+    const nlohmann::json& after = j.at("after_step");
+    MOE_CHECK(after.is_number_unsigned() && after.get<uint64_t>() <= uint64_t{1} << 62, path,
+              ": \"after_step\" must be a step >= 0, got ", after.dump(),
               "; inspect the run directory, then remove this interrupted set-aside record");
+    Intent intent{after.get<int64_t>(), j.at("dir").get<std::string>()};
     MOE_CHECK(intent.dir.find('/') == std::string::npos && !intent.dir.empty() && intent.dir != "." &&
                   intent.dir != "..",
               path, ": \"dir\" must be a plain folder name, got '", intent.dir, "'");
@@ -113,8 +121,10 @@ std::string resolve_checkpoint(const std::string& run_dir_or_ckpt) {
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   std::error_code ec;
   if (fs::is_directory(p, ec) && fs::exists(p + "/index.json", ec)) return p;  // a checkpoint (or a link to one)
+  // "<run>/latest" names the run's newest checkpoint only where no such entry exists: a run
+  // directory that is itself called `latest` is that directory.
   std::string run = p;
-  if (fs::path(p).filename() == "latest") run = parent_dir(p);
+  if (fs::path(p).filename() == "latest" && !fs::exists(p, ec)) run = parent_dir(p);
   MOE_CHECK(fs::is_directory(run, ec), "cannot resolve checkpoint ", run_dir_or_ckpt,
             ": neither a checkpoint directory nor a run directory");
   const auto steps = list_checkpoints(run);
@@ -142,7 +152,8 @@ int64_t checked_checkpoint_step(const CheckpointReader& ckpt) {
 std::string checkpoint_run_id(const std::string& ckpt_dir) {
   std::ifstream in(ckpt_dir + "/train_state.json");
   if (!in) return "";
-  const nlohmann::json st = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json st =
+      parse_bounded_json(in, ckpt_dir + "/train_state.json", nullptr, /*allow_exceptions=*/false);
   return st.is_object() && st.contains("run_id") && st["run_id"].is_string() ? st["run_id"].get<std::string>() : "";
 }
 

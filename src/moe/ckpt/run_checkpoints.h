@@ -12,11 +12,16 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace moe {
+
+// The step of a directory name `<prefix><digits>` (prefix "step-" or ".tmp-step-"); nullopt for
+// any other name, so a user's `step-notes/` is never taken for a checkpoint.
+std::optional<int64_t> step_of_name(const std::string& name, const std::string& prefix);
 
 // Complete checkpoints (step-*/index.json) of run_dir as (step, directory name), ascending,
 // without those a pending set-aside intent is moving away.

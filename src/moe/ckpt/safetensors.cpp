@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/ckpt/durable_file.h"
+#include "moe/core/bounded_json.h"
 #include "moe/core/error.h"
 
 namespace moe {
@@ -101,7 +102,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
 
     json header;
     try {
-      header = json::parse(map_ + 8, map_ + data_offset_);
+      header = parse_bounded_json_range(map_ + 8, map_ + data_offset_, where + ": header");
     } catch (const json::parse_error& e) {
       MOE_FAIL(where, ": header is not valid JSON: ", e.what());
     }

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <set>
 
+#include "moe/core/bounded_json.h"
 #include "moe/core/error.h"
 
 namespace moe {
@@ -23,7 +24,7 @@ nlohmann::ordered_json read_dataset_json(const std::string& path) {
   MOE_CHECK(in.good(), "cannot read ", path);
   nlohmann::ordered_json meta;
   try {
-    meta = nlohmann::ordered_json::parse(in);
+    meta = parse_bounded_json<nlohmann::ordered_json>(in, path);
   } catch (const nlohmann::json::exception& e) {
     MOE_FAIL(path, " is not valid JSON (", e.what(),
              "); it should list the folder's token files, as prepare writes it");

@@ -10,6 +10,7 @@
 
 #include "moe/ckpt/durable_file.h"
 #include "moe/ckpt/json_field.h"
+#include "moe/core/bounded_json.h"
 #include "moe/core/error.h"
 #include "moe/perf/builtin_hardware.h"
 
@@ -133,7 +134,7 @@ std::vector<std::pair<const char*, const EfficiencyCurve*>> HardwareProfile::cur
 HardwareProfile parse_hardware_profile(const std::string& json_text, const std::string& origin) {
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(json_text);
+    doc = parse_bounded_json(json_text, "hardware profile " + origin);
   } catch (const nlohmann::json::parse_error& e) {
     throw Error("hardware profile " + origin + " is not valid JSON: " + e.what());
   }

@@ -664,6 +664,10 @@ double parse_duration(const std::string& text, const std::string& key) {
     any = true;
   }
   MOE_CHECK(total > 0, key, " = \"", text, "\" must be longer than zero (\"\" means no limit)");
+  // The deadline is kept in the steady clock's nanoseconds (int64: ~292 years); a longer one
+  // would wrap around into the past and stop the run at its first step.
+  constexpr double kLongest = 100.0 * 365 * 86400;
+  MOE_CHECK(total <= kLongest, key, " = \"", text, "\" is longer than 100 years; \"\" means no limit");
   return total;
 }
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "moe/core/bounded_json.h"
 #include "moe/core/dtype.h"
 #include "moe/core/error.h"
 #include "moe/train/hf_config.h"
@@ -47,7 +48,7 @@ json read_json_file(const std::string& path, const std::string& shown) {
     return true;
   };
   try {
-    return json::parse(in, refuse_duplicate_keys);
+    return parse_bounded_json(in, shown, refuse_duplicate_keys);
   } catch (const json::exception& e) {
     MOE_FAIL(shown, " is not valid JSON: ", e.what());
   }

@@ -93,6 +93,31 @@ nlohmann::json InitSource::record() const {
   return r;
 }
 
+void check_stored_shapes(const CheckpointReader& ckpt, const ParamRegistry& reg, bool moments) {
+  const auto text = [](const std::vector<int64_t>& shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+  };
+  const auto expect = [&](const std::string& key, const std::vector<int64_t>& want) {
+    const std::vector<int64_t> got = ckpt.global_shape(key);
+    MOE_CHECK(got == want, "checkpoint ", ckpt.dir(), ": tensor '", key, "' is stored as ", text(got),
+              " but this run's model needs ", text(want), "; the checkpoint does not hold this model's weights");
+  };
+  for (const ParamEntry& e : reg.entries()) {
+    const std::vector<int64_t> want(e.global_shape.dims.begin(), e.global_shape.dims.begin() + e.global_shape.ndim);
+    expect(e.name, want);
+    if (moments) {
+      expect(e.name + ".exp_avg", want);
+      expect(e.name + ".exp_avg_sq", want);
+    }
+  }
+}
+
+void InitSource::check_weight_shapes(const ParamRegistry& reg) const {
+  if (ckpt_) check_stored_shapes(*ckpt_, reg, /*moments=*/false);
+}
+
 std::string InitSource::architecture_mismatch(const ModelConfig& run_model) const {
   Config run, source;
   run.model = run_model;
@@ -127,6 +152,10 @@ void InitSource::read_into(const std::string& key, int64_t begin, int64_t end, c
 
 bool InitSource::read_router_bias(int64_t n, float* dst) const {
   if (!ckpt_ || !ckpt_->has("router_bias")) return false;
+  int64_t stored = 1;
+  for (int64_t d : ckpt_->global_shape("router_bias")) stored *= d;
+  MOE_CHECK(stored == n, "checkpoint ", ckpt_->dir(), ": 'router_bias' holds ", stored, " values, but this run's model "
+            "has ", n, " (layers x experts); the checkpoint does not hold this model's weights");
   ckpt_->read("router_bias", DType::F32, 0, n, dst);
   return true;
 }

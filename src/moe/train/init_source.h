@@ -24,10 +24,17 @@
 #include "moe/ckpt/checkpoint.h"
 #include "moe/core/tensor.h"
 #include "moe/model/config.h"
+#include "moe/model/params.h"
 #include "moe/train/config.h"
 #include "moe/train/hf_model.h"
 
 namespace moe {
+
+// Refuses, naming the tensor and both shapes, a checkpoint whose stored tensors do not have the
+// shapes `reg` gives them (the weights, and their AdamW moments when `moments`): the stored model
+// config is compared key by key before, but it is text beside the weights, and the weights are
+// read by element ranges, so a tensor of another shape would hand over its first elements.
+void check_stored_shapes(const CheckpointReader& ckpt, const ParamRegistry& reg, bool moments);
 
 // model.* keys that may differ between a run and the weights it starts from: loss coefficients,
 // the balancing bias's update rate, routing for benchmarks, capacity, the initialization scale
@@ -63,6 +70,9 @@ class InitSource {
   // model.* key that differs, both values and where the source's value was read.
   std::string architecture_mismatch(const ModelConfig& run_model) const;
 
+  // check_stored_shapes for a checkpoint source (weights only); a Hugging Face folder's shapes are
+  // checked by HfModel as it reads them.
+  void check_weight_shapes(const ParamRegistry& reg) const;
   // Elements [begin, end) of logical tensor `key` (a weight) into dst, on any device.
   void read_into(const std::string& key, int64_t begin, int64_t end, const Tensor& dst) const;
   // The router bias ([L, N] = n values) of a checkpoint that saved one; false (dst untouched)

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "moe/ckpt/durable_file.h"
+#include "moe/core/bounded_json.h"
 #include "moe/core/error.h"
 
 namespace moe {
@@ -26,9 +27,11 @@ nlohmann::json number(double v) {
 // The step of one metrics line, or -1 when it does not parse as a record.
 int64_t record_step(const std::string& line) {
   try {
-    const nlohmann::json j = nlohmann::json::parse(line);
+    const nlohmann::json j = parse_bounded_json(line, "a metrics.jsonl line");
     return j.at("step").get<int64_t>();
   } catch (const nlohmann::json::exception&) {
+    return -1;
+  } catch (const Error&) {  // nested past the bound: not a record either
     return -1;
   }
 }

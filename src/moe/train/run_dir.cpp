@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -31,10 +32,10 @@ std::string run_contents(const std::string& dir) {
   int64_t checkpoints = 0, newest = -1, partial = 0;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && e.is_directory(ec)) {
+    if (const std::optional<int64_t> step = step_of_name(name, "step-"); step && e.is_directory(ec)) {
       ++checkpoints;
-      newest = std::max<int64_t>(newest, std::atoll(name.c_str() + 5));
-    } else if (name.rfind(".tmp-step-", 0) == 0) {
+      newest = std::max(newest, *step);
+    } else if (step_of_name(name, ".tmp-step-")) {
       ++partial;
     }
   }
@@ -84,7 +85,7 @@ std::vector<fs::path> previous_run_entries(const std::string& dir) {
   std::vector<fs::path> entries;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
-    const bool run_file = name.rfind("step-", 0) == 0 || name.rfind(".tmp-step-", 0) == 0 ||
+    const bool run_file = step_of_name(name, "step-") || step_of_name(name, ".tmp-step-") ||
                           name == "metrics.jsonl" || name == "metrics.jsonl.partial" || name == ".set-aside.json" ||
                           name == "abandoned" || name == "tensorboard" ||
                           ((name == kConfigName || name == kResolvedConfigName) && written_by_moetrain(e.path()));
@@ -232,6 +233,7 @@ void RunDirectory::claim(const Config& cfg, const RunStart& start, const std::st
   remove_unfinished_saves(dir_);
   if (start.overwrite && !held.empty()) {
     set_aside_ = move_previous_run(dir_);
+    replaced_previous_run_ = true;
   } else {
     // Whatever the old line holds after the resume step (or, for a fresh start, after step 0)
     // leaves the current line: pruning and --resume latest must never see it again.

@@ -67,12 +67,15 @@ class RunDirectory {
   void write_record(const nlohmann::json& record);
   // Where something was moved at start-up (for the log), or "".
   const std::string& set_aside() const { return set_aside_; }
+  // Whether that was --overwrite moving the previous run (rather than a resume's later steps).
+  bool replaced_previous_run() const { return replaced_previous_run_; }
 
  private:
   // After the lock: sets aside what the start leaves behind, writes config.toml, opens the metrics.
   void claim(const Config& cfg, const RunStart& start, const std::string& held);
 
   std::string dir_;
+  bool replaced_previous_run_ = false;
   std::unique_ptr<RunLock> lock_;
   std::string config_path_;
   std::string set_aside_;

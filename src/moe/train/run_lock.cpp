@@ -12,6 +12,7 @@
 #include <string>
 
 #include "moe/ckpt/durable_file.h"
+#include "moe/core/bounded_json.h"
 #include "moe/core/error.h"
 #include "moe/core/host_name.h"
 
@@ -31,7 +32,7 @@ std::string read_fd(int fd) {
 // "process 123 on host h since 20261201-120000", or "" when the content is not a moetrain lock.
 std::string holder(const std::string& text) {
   try {
-    const nlohmann::json j = nlohmann::json::parse(text);
+    const nlohmann::json j = parse_bounded_json(text, "the run's lock file");
     return "process " + std::to_string(j.at("pid").get<int64_t>()) + " on host " + j.at("host").get<std::string>() +
            " since " + j.at("started").get<std::string>();
   } catch (const nlohmann::json::exception&) {

@@ -215,6 +215,13 @@ Scalars record_scalars(const nlohmann::json& record) {
       }
       continue;
     }
+    if (v.is_object() && key == "eval_sets") {  // {"name": loss, ...}: one curve per validation set
+      for (const auto& [name, loss] : v.items()) {
+        const float x = scalar_value(loss, ok);
+        if (ok) scalars.emplace_back("eval_loss/" + name, x);
+      }
+      continue;
+    }
     const float x = scalar_value(v, ok);
     if (ok) scalars.emplace_back(key, x);
   }

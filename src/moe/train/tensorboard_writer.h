@@ -38,7 +38,8 @@ std::string scalars_event(double wall_time, int64_t step, const Scalars& scalars
 
 // The scalars of one metrics.jsonl record, tagged with their keys: every number (the strings
 // "nan", "inf" and "-inf" stand for non-finite ones), booleans as 0/1, and a list as one scalar
-// per element (expert_load_max_over_mean_per_layer as expert_load/layer_<i>). "step" is the
+// per element (expert_load_max_over_mean_per_layer as expert_load/layer_<i>), the validation sets'
+// losses ("eval_sets": {name: loss}) as eval_loss/<name>. "step" is the
 // event's step, not a scalar; other strings (time, run_id) are left out.
 Scalars record_scalars(const nlohmann::json& record);
 

@@ -97,6 +97,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     check_fp8_gpu_shapes(cfg_);
   }
   run_ = build_run_model(cfg_, world_, dev_, run_device_.gpu_world != nullptr, state_, acts_);
+  if (!opts_.bench && !opts_.checkpoint && cfg_.train.eval_batches > 0)
+    check_eval_sizes(world.rank() == 0 && !opts_.quiet);
   const int64_t tokens = cfg_.accumulation_steps(dp) * cfg_.train.micro_batch_size * cfg_.train.seq_len;
   const int64_t LN = cfg_.model.num_hidden_layers * cfg_.model.num_experts;
   host_tokens_.resize(static_cast<size_t>(tokens));
@@ -138,9 +140,37 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     if (!resumed_from_.empty()) load_checkpoint(CheckpointReader(resumed_from_));
   }
   if (run_id_.empty()) run_id_ = new_run_id();
+  // Each rank reads and verifies only its own ranges of a checkpoint, so a corrupt range fails the
+  // ranks that read it, later than rank 0 may finish. Rank 0 claims run.dir in run() (it may set
+  // the previous run or later checkpoints aside): only once every rank is past this point, or the
+  // failing rank's abort has ended the job first.
+  host_world_.barrier();
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::check_eval_sizes(bool warn) const {
+  // An evaluation runs whole microbatches on every data-parallel rank; one that fills none would
+  // report a loss of zero (a named set) or nothing at all (the held-out split).
+  const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len, dp = data_ranks(), need = B * dp;
+  for (size_t k = 0; k < eval_sets_.size(); ++k) {
+    const int64_t have = eval_sets_[k]->size();
+    MOE_CHECK(have >= need, "eval.sets[", k, "] '", cfg_.eval.sets[k].name, "' (", cfg_.eval.sets[k].path, "): ", have,
+              " windows of ", T + 1, " tokens fill no microbatch of ", B, " sequences on each of the ", dp,
+              " data-parallel ranks (at least ", need, " windows, ", need * (T + 1), " tokens); give it more data, or ",
+              "lower train.micro_batch_size or train.seq_len");
+  }
+  const int64_t held_out = data_.eval_num_sequences(T);
+  if (warn && held_out < need) {
+    const bool synthetic = data_.attainable_loss().has_value();
+    std::fprintf(stderr,
+                 "warning: the held-out split holds %ld windows of %ld tokens, fewer than one microbatch on each "
+                 "data-parallel rank (%ld): no held-out loss will be reported; raise %s, or set "
+                 "train.eval_batches = 0\n",
+                 static_cast<long>(held_out), static_cast<long>(T + 1), static_cast<long>(need),
+                 synthetic ? "data.synthetic_eval_tokens" : "data.eval_fraction");
+  }
+}
 
 uint64_t Trainer::routing_seed(uint64_t seed, int64_t step, int64_t micro) {
   return hash_counters(seed, 0x726f757465ull, static_cast<uint64_t>(step), static_cast<uint64_t>(micro));
@@ -432,9 +462,14 @@ TrainSummary Trainer::run() {
   if (!opts_.bench && leader()) {
     run_dir = std::make_unique<RunDirectory>(
         cfg_, RunStart{resumed_from_, start_step_, opts_.overwrite, cfg_.run.resume == "auto", opts_.config_file});
-    if (!run_dir->set_aside().empty() && !opts_.quiet)
-      std::printf("moved what came after step %ld in %s aside to %s\n", static_cast<long>(start_step_),
-                  run_dir->path().c_str(), run_dir->set_aside().c_str());
+    if (!run_dir->set_aside().empty() && !opts_.quiet) {
+      if (run_dir->replaced_previous_run())
+        std::printf("--overwrite: moved the previous run in %s to %s\n", run_dir->path().c_str(),
+                    run_dir->set_aside().c_str());
+      else
+        std::printf("moved what came after step %ld in %s aside to %s\n", static_cast<long>(start_step_),
+                    run_dir->path().c_str(), run_dir->set_aside().c_str());
+    }
   }
   if (!opts_.bench) check_run_dir_is_shared();
   const bool talk = leader() && !opts_.quiet;

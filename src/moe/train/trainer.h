@@ -154,6 +154,9 @@ class Trainer {
   static uint64_t routing_seed(uint64_t seed, int64_t step, int64_t micro);
   bool leader() const { return world_.rank() == 0; }
   // Data-parallel ranks of a stage and this rank's place among them (the whole job without pipeline).
+  // Start-up: every [[eval.sets]] fills a microbatch on each data rank (else an error naming it);
+  // a held-out split that does not is warned of (`warn`: this rank prints).
+  void check_eval_sizes(bool warn) const;
   int64_t data_ranks() const { return run_->mesh ? run_->mesh->dp() : world_.size(); }
   int64_t data_rank() const { return run_->mesh ? run_->mesh->rank : world_.rank(); }
   // This rank's part of one microbatch's LM loss sum, forward only (pipeline: the last stage's).

@@ -28,9 +28,19 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
   const int64_t step = checked_checkpoint_step(ckpt);
   MOE_CHECK(opts_.bench || step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step, ", past train.steps = ",
             cfg_.train.steps);
+  check_stored_shapes(ckpt, run_->reg, /*moments=*/true);
+  // Every checkpoint moetrain writes holds the router's balancing bias; one without it would
+  // restart the bias at zero, and with it which experts the tokens reach.
+  const bool bias_matters = cfg_.model.bias_update_rate > 0 && cfg_.model.routing == Routing::Learned;
+  MOE_CHECK(ckpt.has("router_bias") || !bias_matters, "checkpoint ", dir, " holds no 'router_bias', but this run ",
+            "updates the router's balancing bias (model.bias_update_rate = ", cfg_.model.bias_update_rate,
+            "): resuming would restart it at zero and change the routing; the checkpoint is incomplete");
   // Every rank reads the ranges it holds under the current topology, whatever wrote them.
   run_->store->load(ckpt);
   if (ckpt.has("router_bias")) {
+    const int64_t L = cfg_.model.num_hidden_layers, N = cfg_.model.num_experts;
+    MOE_CHECK(ckpt.global_shape("router_bias") == std::vector<int64_t>({L, N}), "checkpoint ", dir,
+              ": 'router_bias' is not of shape [", L, ", ", N, "] (layers x experts) as this run's model needs");
     ckpt.read("router_bias", DType::F32, 0, static_cast<int64_t>(host_bias_.size()), host_bias_.data());
     copy_to_tensor(state_.get(run_->buffers.router_bias), host_bias_.data());
   }
@@ -69,6 +79,7 @@ void Trainer::init_weights_from(const std::string& path) {
   // Before anything is read or written: the weights must be of this run's architecture.
   const std::string mismatch = src.architecture_mismatch(cfg_.model);
   MOE_CHECK(mismatch.empty(), mismatch);
+  src.check_weight_shapes(run_->reg);
   // The same reads as a resume (every rank reads the ranges it holds, onto the device the
   // parameters live on), without the moments: they stay at zero, as after init().
   run_->store->load_weights(

@@ -1,0 +1,45 @@
+// Parsing the JSON of a file a user hands us, with its nesting bounded. nlohmann's parser keeps
+// its own stack, but printing a value (an error message quoting it) and freeing it recurse once per
+// level: a file holding 100000 '[' overflowed the stack there (a segfault instead of an error). No
+// JSON file moetrain reads nests more than a few levels, so a file nesting past kMaxJsonDepth is
+// refused while it is parsed, naming it.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+
+#include "moe/core/error.h"
+
+namespace moe {
+
+inline constexpr int kMaxJsonDepth = 64;
+
+// Json::parse(input) with the depth bound; `shown` names the file in the error. `also` is the
+// caller's own parse callback (run after the bound); allow_exceptions as in nlohmann's parse (the
+// depth error is thrown either way).
+template <class Json = nlohmann::json, class Input>
+Json parse_bounded_json(Input&& input, const std::string& shown, typename Json::parser_callback_t also = nullptr,
+                        bool allow_exceptions = true) {
+  auto bounded = [&](int depth, typename Json::parse_event_t event, Json& parsed) {
+    if (depth >= kMaxJsonDepth)  // depth counts the levels outside the current one
+      MOE_FAIL(shown, " nests JSON arrays or objects more than ", kMaxJsonDepth,
+               " levels deep; no file moetrain reads does: it is not the file it should be");
+    return also ? also(depth, event, parsed) : true;
+  };
+  return Json::parse(std::forward<Input>(input), bounded, allow_exceptions);
+}
+
+// The same over [first, last) (a header inside a mapped file).
+template <class Json = nlohmann::json, class It>
+Json parse_bounded_json_range(It first, It last, const std::string& shown) {
+  auto bounded = [&](int depth, typename Json::parse_event_t, Json&) {
+    if (depth >= kMaxJsonDepth)  // depth counts the levels outside the current one
+      MOE_FAIL(shown, " nests JSON arrays or objects more than ", kMaxJsonDepth,
+               " levels deep; no file moetrain reads does: it is not the file it should be");
+    return true;
+  };
+  return Json::parse(first, last, bounded);
+}
+
+}  // namespace moe
