@@ -103,11 +103,16 @@ TEST(Config, ValuesOutsideAKeysRangeAreRefusedNamingTheKeyAndTheRange) {
       {"optim.moment_dtype=\"fp16\"", "optim.moment_dtype = \"fp16\" is not one of: fp32, bf16"},
       {"model.hidden_size=2.5", "must be an integer"},
       {"train.lr=\"fast\"", "must be a number"},
+      // Integers a double cannot hold exactly were read from an empty optional (garbage, e.g. 9.37e-312).
+      {"train.lr=9007199254740993", "must be a finite number in [0, 10], got 9007199254740993"},
+      {"train.lr=-9223372036854775807", "got -9223372036854775807"},
+      {"model.capacity_factor=9007199254740993", "got 9007199254740993"},
   };
   for (const auto& c : cases) {
     const std::string e = error_of([&] { load_config("tiny", {c.set}); });
     EXPECT_NE(e.find(c.needle), std::string::npos) << c.set << " -> " << e;
   }
+  EXPECT_EQ(load_config("tiny", {"train.lr=1"}).train.lr, 1.0);  // an integer for a number key is its value
 }
 
 // tiny with 8 layers on `pp` pipeline stages (1F1B) and the given extra overrides.

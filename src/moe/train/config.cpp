@@ -117,8 +117,10 @@ void read_value(const toml::node& node, T& out, const Range<T>& range, const std
     out = static_cast<T>(v);
   } else if constexpr (std::is_floating_point_v<T>) {
     MOE_CHECK(node.is_floating_point() || node.is_integer(), where, " must be a number, got ", describe(node));
-    const double v = *node.value<double>();
-    MOE_CHECK(in_range(range, v), where, " must be a finite number ", range_text(range), ", got ", v);
+    // An integer is converted here: toml++'s value<double>() is empty for one a double cannot hold
+    // exactly (past 2^53), and reading that empty optional gave whatever the memory held.
+    const double v = node.is_integer() ? static_cast<double>(*node.value<int64_t>()) : *node.value<double>();
+    MOE_CHECK(in_range(range, v), where, " must be a finite number ", range_text(range), ", got ", describe(node));
     out = v;
   } else {
     MOE_CHECK(node.is_string(), where, " must be a string, got ", describe(node));
