@@ -149,6 +149,30 @@ void check_new_output(const char* flag, const std::string& path) {
 const CLI::Range kCountFromZero(int64_t{0}, std::numeric_limits<int64_t>::max());
 const CLI::Range kCountFromOne(int64_t{1}, std::numeric_limits<int64_t>::max());
 
+// Integers on the command line are decimal. CLI11 converts them with base detection (strtoll base
+// 0), so `--steps 010` ran 8 steps and `0x10` 16; here leading zeros are dropped ("010" is 10) and
+// any other form is refused, before the range check.
+const CLI::Validator kDecimal(
+    [](std::string& text) -> std::string {
+      const size_t sign = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+      if (sign == text.size() ||
+          !std::all_of(text.begin() + static_cast<std::ptrdiff_t>(sign), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return "'" + text + "' is not a decimal integer";
+      const size_t first = text.find_first_not_of('0', sign);
+      const std::string digits = first == std::string::npos ? "0" : text.substr(first);
+      // strtoll saturates what does not fit, and CLI11 took the saturated value.
+      const std::string max = std::to_string(std::numeric_limits<int64_t>::max());
+      if (digits.size() > max.size() || (digits.size() == max.size() && digits > max))
+        return "'" + text + "' is out of range";
+      text = text.substr(0, sign) + digits;
+      return "";
+    },
+    "DECIMAL");
+
+// A path flag given as "" (a script's unset variable) would silently mean "not given".
+const CLI::Validator kNonEmpty([](std::string& text) { return text.empty() ? std::string("must not be empty") : ""; },
+                               "NONEMPTY");
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -172,16 +196,19 @@ int main(int argc, char** argv) {
   bool overwrite = false;
   CLI::App* train = app.add_subcommand("train", "train a model (default: the built-in tiny config on synthetic data)");
   train_args.add_to(train);
-  train->add_option("--resume", resume, "continue from a checkpoint dir, a run dir, or 'latest'");
+  train->add_option("--resume", resume, "continue from a checkpoint dir, a run dir, or 'latest'")->check(kNonEmpty);
   std::string init_from;
   train->add_option("--init-from", init_from,
                     "start a new run (step 0, fresh optimizer state) from the weights of a checkpoint dir, a run dir "
-                    "(its newest checkpoint) or a Hugging Face OLMoE folder; the model config must match");
+                    "(its newest checkpoint) or a Hugging Face OLMoE folder; the model config must match")
+      ->check(kNonEmpty);
   train->add_option("--save-every", save_every, "checkpoint every N steps (train.save_every)")
-      ->check(kCountFromZero);
+      ->check(kCountFromZero)
+      ->transform(kDecimal);
   train->add_option("--keep-last", keep_last, "keep only the newest K checkpoints (train.keep_last)")
-      ->check(kCountFromZero);
-  train->add_option("--steps", steps, "total optimizer steps (train.steps)")->check(kCountFromZero);
+      ->check(kCountFromZero)
+      ->transform(kDecimal);
+  train->add_option("--steps", steps, "total optimizer steps (train.steps)")->check(kCountFromZero)->transform(kDecimal);
   train->add_flag("--overwrite", overwrite,
                   "run.dir holds another run: move its files into <run.dir>/replaced/ and start afresh");
 
@@ -189,16 +216,21 @@ int main(int argc, char** argv) {
   int64_t bench_steps = 10;
   CLI::App* bench = app.add_subcommand("bench", "time N training steps; prints tokens/s, MFU and the step-time split");
   bench_args.add_to(bench);
-  bench->add_option("--steps", bench_steps, "steps to run")->capture_default_str()->check(kCountFromOne);
+  bench->add_option("--steps", bench_steps, "steps to run")
+      ->capture_default_str()
+      ->check(kCountFromOne)
+      ->transform(kDecimal);
   bool bench_check = false;
   std::string bench_json;
   bench->add_option("--json", bench_json,
-                    "also write the run's numbers (throughput, MFU, step split) to this JSON file (rank 0)");
+                    "also write the run's numbers (throughput, MFU, step split) to this JSON file (rank 0)")
+      ->check(kNonEmpty);
   std::string bench_calibrate, bench_base = "h200";
   bench->add_option("--calibrate", bench_calibrate,
                     "measure this GPU's efficiencies (GEMMs, attention, memory; the links under mpirun) alone and "
                     "inside profiled steps of the built-in bench-olmoe-4l into a new hardware profile JSON file for "
-                    "plan --hardware, instead of training");
+                    "plan --hardware, instead of training")
+      ->check(kNonEmpty);
   bench->add_option("--hardware", bench_base,
                     "with --calibrate: the profile whose peaks and unmeasured curves the result keeps (built-in name or "
                     "file)")
@@ -206,7 +238,8 @@ int main(int argc, char** argv) {
   size_t bench_top_kernels = 20;
   bench->add_option("--top-kernels", bench_top_kernels, "rows of the GPU kernel table (the heaviest kernels first)")
       ->capture_default_str()
-      ->check(CLI::Range(size_t{1}, size_t{1000}));
+      ->check(CLI::Range(size_t{1}, size_t{1000}))
+      ->transform(kDecimal);
   bench->add_flag("--check", bench_check,
                   "first compare one batch's loss between the fast and the reference kernels; fail if they differ");
 
@@ -228,8 +261,10 @@ int main(int argc, char** argv) {
   eval->add_option("--data", eval_data, "token file, folder or glob (in the checkpoint's data.format), or 'synthetic'")
       ->required();
   eval->add_option("--tokens", eval_tokens, "evaluate at most N predicted tokens (0 = all)")
-      ->check(kCountFromZero);
-  eval->add_option("--logits", eval_logits, "write the first microbatch's logits to this .npy (float32)");
+      ->check(kCountFromZero)
+      ->transform(kDecimal);
+  eval->add_option("--logits", eval_logits, "write the first microbatch's logits to this .npy (float32)")
+      ->check(kNonEmpty);
   eval->add_option("--set", eval_overrides, "override a key of the checkpoint's config (e.g. train.seq_len)")
       ->check(set_form_error);
 
@@ -263,7 +298,8 @@ int main(int argc, char** argv) {
   plan_args.add_to(plan);
   plan->add_option("--gpus", plan_gpus, "ranks to plan for (GPUs; CPU processes with --device cpu)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Range(1, 4096))
+      ->transform(kDecimal);
   plan->add_option("--gpu-memory", plan_memory_gib,
                    "memory free on each GPU when the run starts, GiB (default: the --hardware profile's, 139 for the "
                    "h200); with --device cpu, "
@@ -276,14 +312,16 @@ int main(int argc, char** argv) {
   bool plan_search = false;
   plan->add_option("--nodes", plan_nodes, "nodes the GPUs are spread over (evenly)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Range(1, 4096))
+      ->transform(kDecimal);
   plan->add_option("--hardware", plan_hardware,
                    "GPU profile for the predicted step time: a built-in name (h200, h100, b200, b300) or a JSON "
                    "file (from bench --calibrate); default h200");
   plan->add_flag("--search", plan_search,
                  "rank every layout the trainer runs on --gpus (DDP with each EP, FSDP) by predicted tokens/s per "
                  "GPU, each with its memory and the memory levers it needs to fit");
-  plan->add_option("--json", plan_json, "also write the prediction (or the ranked search) to this JSON file");
+  plan->add_option("--json", plan_json, "also write the prediction (or the ranked search) to this JSON file")
+      ->check(kNonEmpty);
 
   CLI::App* keys = app.add_subcommand("keys", "list every config key: type, default, accepted values, meaning");
 

@@ -252,6 +252,31 @@ TEST_F(CliTest, negative_counts_on_the_command_line_are_usage_errors) {
   EXPECT_NE(eval.err.find("--tokens"), std::string::npos) << eval.err;
 }
 
+// Counts are decimal: CLI11's base detection read `--steps 010` as 8 and `0x10` as 16, and took a
+// number past int64 as its saturated value. An empty path flag (an unset shell variable) was
+// silently "not given": --resume "" started afresh.
+TEST_F(CliTest, counts_are_decimal_and_empty_path_flags_are_usage_errors) {
+  const CliRun ten = moetrain(tiny_train({"--steps", "010", "--set", "train.eval_every=0"}));
+  ASSERT_EQ(ten.exit_code, 0) << ten.err;
+  EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000010"});
+  fs::remove_all(run_dir());
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--steps", "0x10"}, {"--save-every", "1e3"}, {"--resume", ""}, {"--init-from", ""},
+        {"--keep-last", "99999999999999999999"}}) {
+    const CliRun r = moetrain(tiny_train(extra));
+    EXPECT_EQ(r.exit_code, 2) << extra[0] << " " << extra[1] << ": " << r.err;
+    EXPECT_NE(r.err.find("error: " + extra[0]), std::string::npos) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_FALSE(fs::exists(run_dir()));
+  }
+  const CliRun tokens =
+      moetrain({"eval", "--checkpoint", path("x"), "--data", path("y"), "--tokens", "99999999999999999999"});
+  EXPECT_EQ(tokens.exit_code, 2) << tokens.err;
+  EXPECT_NE(tokens.err.find("out of range"), std::string::npos) << tokens.err;
+  const CliRun json = moetrain({"plan", "--json", ""});
+  EXPECT_EQ(json.exit_code, 2) << json.err;
+}
+
 // A --set that is not section.key=value cannot be read as an override at all: a usage error (2),
 // for every command that takes --set; a well-formed one naming an unknown key is a config error (1).
 TEST_F(CliTest, a_set_without_key_and_equals_sign_is_a_usage_error) {
