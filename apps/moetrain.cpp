@@ -45,6 +45,7 @@
 #include "moe/perf/topology_search.h"
 #include "moe/train/step_split.h"
 #include "moe/train/step_work.h"
+#include "moe/train/stop_request.h"
 #include "moe/train/trainer.h"
 
 namespace {
@@ -529,6 +530,9 @@ int main(int argc, char** argv) {
       opts.overwrite = overwrite;
       opts.config_file = train_args.config;
       opts.stop_on_signals = true;  // SIGTERM / SIGUSR1 / SIGHUP / Ctrl-C: checkpoint at the next step, then stop
+      // Already while the data and any checkpoint are read (minutes for a large run): a scheduler's
+      // warning signal then stops the run at its first step boundary instead of killing it.
+      moe::install_stop_handlers();
       moe::Trainer trainer(cfg, opts, world);
       const moe::TrainSummary s = trainer.run();
       if (leader) print_summary(s, false);

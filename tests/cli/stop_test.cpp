@@ -53,6 +53,20 @@ TEST_F(StopTest, sigterm_saves_a_checkpoint_at_the_next_step_and_resume_continue
   EXPECT_EQ(losses_of(run_dir() + "/metrics.jsonl"), whole) << "stop + resume must reproduce the uninterrupted run";
 }
 
+// A scheduler's signal while the run is still starting (here generating a 50M-token corpus, ~1.5 s)
+// stops it at the first step boundary with a checkpoint; the signal's default action killed it.
+TEST_F(StopTest, a_signal_during_start_up_stops_at_the_first_step_boundary) {
+  std::vector<std::string> args = long_run(run_dir(), 400);
+  args.insert(args.end(), {"--set", "data.synthetic_tokens=50000000"});
+  std::string cmd = std::string("'") + MOE_BINARY_DIR + "/moetrain'";
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  cmd += " & pid=$!; sleep 0.3; kill -USR1 $pid; wait $pid";
+  const CliRun r = run({"/bin/bash", "-c", cmd});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(SIGUSR1); a checkpoint of step"), std::string::npos) << r.out;
+  EXPECT_EQ(step_dirs(run_dir()).size(), 1u);
+}
+
 TEST_F(StopTest, sigusr1_and_ctrl_c_stop_the_same_way) {
   for (const char* signal : {"USR1", "INT"}) {
     const std::string dir = path(std::string("run-") + signal);
