@@ -365,6 +365,21 @@ int main(int argc, char** argv) {
     if (world.size() > 1) world.barrier();
     return code;
   };
+  // Every rank must run the same command. Ranks started with different subcommands, or a train
+  // whose --resume, --init-from or --overwrite differ (an MPMD launch, `mpirun A : B`), would wait
+  // in different collectives for ever; the config's own agreement covers --config, --set and the
+  // flags that become config keys.
+  if (world.size() > 1) {
+    std::string command = app.get_subcommands().front()->get_name();
+    if (train->parsed())
+      command += " --resume '" + resume + "' --init-from '" + init_from + "'" + (overwrite ? " --overwrite" : "");
+    const moe::StringAgreement same = moe::agree_on_string(world, command);
+    if (same.differing_rank >= 0)
+      return usage_or_error_once("the ranks were started with different commands: rank 0 runs `moetrain " +
+                                     same.leader + "` but rank " + std::to_string(same.differing_rank) +
+                                     " runs `moetrain " + same.differing + "`; every rank must run the same one",
+                                 kUsageError);
+  }
   auto fail = [&](const char* what) {
     // A rank that throws ends the whole job (no rank is left waiting in a collective).
     if (mpi && world.size() > 1) moe::MpiRuntime::abort_job(what, 1);
