@@ -54,7 +54,16 @@ namespace {
 // errors); what the value means is the config's to judge (exit 1).
 std::string set_form_error(const std::string& assignment) {
   const size_t eq = assignment.find('=');
-  return eq != std::string::npos && eq > 0 ? "" : "expects section.key=value, got '" + assignment + "'";
+  const std::string key = eq == std::string::npos ? "" : assignment.substr(0, eq);
+  // A key nests at most one level (`name`, `section.key`), and one --set holds one value: a
+  // newline would end it there and the rest was dropped.
+  if (eq == 0 || eq == std::string::npos || std::count(key.begin(), key.end(), '.') > 1 ||
+      assignment.find_first_of("\n\r") != std::string::npos) {
+    std::string shown;  // one line: line breaks written as \n
+    for (char c : assignment) shown += c == '\n' ? "\\n" : c == '\r' ? "\\r" : std::string(1, c);
+    return "expects section.key=value, got '" + shown + "'";
+  }
+  return "";
 }
 
 struct ConfigArgs {
