@@ -117,7 +117,7 @@ nlohmann::ordered_json appendable_dataset_json(const fs::path& out, const std::v
               "\": ", meta.contains(key) ? meta[key].dump() : "(missing)", ", but prepare writes ", value.dump(),
               " (byte-level tokens), so the new files would not belong to that dataset; prepare into a new folder");
   }
-  list_token_files(out.string());  // the folder must hold what its dataset.json lists before more is added
+  list_token_files(out.string(), "prepare --out");  // the folder must hold what its dataset.json lists before more is added
   return meta;
 }
 
