@@ -164,4 +164,35 @@ TEST_F(DataCliTest, an_empty_folder_is_named_under_its_own_flag_or_key) {
   EXPECT_EQ(r.err.find("data.path"), std::string::npos) << r.err;
 }
 
+// --tokens N is a ceiling (whole windows in whole microbatches, at most N predicted tokens), and
+// a number past int64 is a usage error, not "all" (the command line's kDecimal).
+TEST_F(DataCliTest, eval_tokens_is_a_ceiling_and_a_number_out_of_range_is_a_usage_error) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "1"})).exit_code, 0);  // seq_len 16, micro_batch_size 2
+  write_file(path("val.npy"), npy_u16(valid_tokens(4000)));
+  const auto evaluated = [&](const std::vector<std::string>& extra) -> int64_t {
+    std::vector<std::string> args = {"eval", "--checkpoint", run_dir(), "--data", path("val.npy")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliRun r = moetrain(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const size_t at = r.out.find(" over ");
+    return at == std::string::npos ? -1 : std::stoll(r.out.substr(at + 6));
+  };
+  EXPECT_EQ(evaluated({"--tokens", "1000", "--set", "train.micro_batch_size=1"}), 992);  // 62 windows of 16, not 63
+  EXPECT_EQ(evaluated({"--tokens", "1000"}), 992);
+  EXPECT_EQ(evaluated({"--tokens", "32"}), 32);
+  // Below one microbatch (2 windows of 16 tokens): nothing could be evaluated.
+  CliRun r = moetrain({"eval", "--checkpoint", run_dir(), "--data", path("val.npy"), "--tokens", "20"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--tokens 20 is fewer than the 32 predicted tokens of one microbatch"), std::string::npos)
+      << r.err;
+  for (const char* n : {"99999999999999999999", "-99999999999999999999", "9223372036854775808"}) {
+    r = moetrain({"eval", "--checkpoint", run_dir(), "--data", path("val.npy"), "--tokens", n});
+    EXPECT_EQ(r.exit_code, 2) << n << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find("--tokens"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("out of range"), std::string::npos) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  }
+  EXPECT_EQ(evaluated({"--tokens", "9223372036854775807"}), evaluated({}));  // the largest int64: all
+}
+
 }  // namespace

@@ -16,7 +16,7 @@ EvalWindows EvalWindows::open(const std::string& path, const std::string& format
   for (size_t k = 0; k < w.files_.size(); ++k) {
     const TokenArray& f = w.files_[k];
     for (int64_t start = 0; start + seq_len + 1 <= f.size(); start += seq_len) {
-      if (max_tokens > 0 && predicted >= max_tokens) break;
+      if (max_tokens > 0 && predicted + seq_len > max_tokens) break;  // whole windows, at most max_tokens
       w.windows_.push_back({k, start});
       predicted += seq_len;
     }
