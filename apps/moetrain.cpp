@@ -270,7 +270,9 @@ int main(int argc, char** argv) {
   eval->add_option("--checkpoint", eval_ckpt, "checkpoint dir (or run dir: its newest checkpoint)")->required();
   eval->add_option("--data", eval_data, "token file, folder or glob (in the checkpoint's data.format), or 'synthetic'")
       ->required();
-  eval->add_option("--tokens", eval_tokens, "evaluate at most N predicted tokens (0 = all)")
+  eval->add_option("--tokens", eval_tokens,
+                   "evaluate at most N predicted tokens: the whole microbatches of seq_len-token windows that fit "
+                   "(0 = all)")
       ->check(kCountFromZero)
       ->transform(kDecimal);
   eval->add_option("--logits", eval_logits, "write the first microbatch's logits to this .npy (float32)")
@@ -689,6 +691,17 @@ int main(int argc, char** argv) {
         cfg.train.global_batch_size = cfg.train.micro_batch_size * world.size();
         if (cfg.parallel.ep > world.size() || world.size() % cfg.parallel.ep != 0) cfg.parallel.ep = 1;
         cfg.validate();
+        // --tokens N evaluates whole microbatches (micro_batch_size windows of seq_len predicted
+        // tokens on every data rank), at most N tokens: an N below one of them would evaluate nothing.
+        const int64_t microbatch_tokens =
+            cfg.train.micro_batch_size * cfg.train.seq_len * cfg.parallel.dp(world.size());
+        if (eval_tokens > 0 && eval_tokens < microbatch_tokens)
+          throw UsageError("--tokens " + std::to_string(eval_tokens) + " is fewer than the " +
+                           std::to_string(microbatch_tokens) + " predicted tokens of one microbatch on every rank (" +
+                           "train.micro_batch_size " + std::to_string(cfg.train.micro_batch_size) + " x train.seq_len " +
+                           std::to_string(cfg.train.seq_len) + " x " + std::to_string(cfg.parallel.dp(world.size())) +
+                           " data rank(s)), and eval evaluates at most N tokens in whole microbatches; give --tokens " +
+                           std::to_string(microbatch_tokens) + " or more, or --set train.micro_batch_size=... lower");
       });
       if (startup >= 0) return startup;
       // "latest" or a run directory is resolved by each rank: a job saving into that run meanwhile
@@ -703,7 +716,10 @@ int main(int argc, char** argv) {
       opts.bench = true;
       opts.quiet = true;
       moe::Trainer trainer(cfg, opts, world);
-      const moe::EvalReport r = trainer.evaluate_data(eval_data, eval_tokens, eval_logits);
+      // Whole windows of seq_len predicted tokens, at most --tokens of them (EvalWindows takes whole
+      // windows itself; the synthetic corpus's path would round a partial window up).
+      const int64_t max_tokens = eval_tokens / cfg.train.seq_len * cfg.train.seq_len;
+      const moe::EvalReport r = trainer.evaluate_data(eval_data, max_tokens, eval_logits);
       if (leader) {
         std::printf("eval %s on %s: mean loss %.6f over %ld tokens (%s tokens/s)\n", dir.c_str(), eval_data.c_str(),
                     r.mean_loss, static_cast<long>(r.tokens), moe::format_count(r.tokens_per_s).c_str());

@@ -92,4 +92,107 @@ TEST_F(DataCliTest, eval_of_the_synthetic_corpus_uses_the_checkpoints_own_corpus
   EXPECT_LT(loss, 7.0);
 }
 
+// data.format = "raw" reads headerless arrays: a folder prepare wrote (its dataset.json) and a
+// file with a .npy header are refused, in train and in eval of a raw-data checkpoint, instead of
+// reading each header as 64 tokens.
+TEST_F(DataCliTest, raw_format_refuses_prepared_folders_and_npy_files_in_train_and_eval) {
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += static_cast<char>('a' + i % 26);
+  write_file(path("h.txt"), text);
+  ASSERT_EQ(moetrain({"prepare", path("h.txt"), "--out", path("bytes")}).exit_code, 0);
+  // A vocabulary of 65536 takes every uint16 the header's bytes make: only the format can refuse them.
+  const std::vector<std::string> raw_sets = {"--set", "data.format=raw", "--set", "model.vocab_size=65536", "--set",
+                                             "model.eos_token_id=256"};
+  for (const std::string& data : {path("bytes"), path("bytes/h.npy"), path("bytes/*.npy")}) {
+    std::vector<std::string> args = tiny_train({"--set", "data.path=" + data});
+    args.insert(args.end(), raw_sets.begin(), raw_sets.end());
+    expect_error(moetrain(args), {path("bytes"), "data.format = \"npy\""});
+    EXPECT_FALSE(fs::exists(run_dir())) << data;
+  }
+  // A checkpoint trained on raw arrays, evaluated on a .npy file: refused naming the file.
+  write_file(path("train.bin"), raw_u16(valid_tokens(4000)));
+  std::vector<std::string> args = tiny_train({"--steps", "1", "--set", "data.path=" + path("train.bin")});
+  args.insert(args.end(), raw_sets.begin(), raw_sets.end());
+  ASSERT_EQ(moetrain(args).exit_code, 0);
+  expect_error(moetrain({"eval", "--checkpoint", run_dir(), "--data", path("bytes/h.npy")}),
+               {path("bytes/h.npy"), ".npy magic", "--set data.format=npy"});
+  // What the message advises works.
+  const CliRun r = moetrain({"eval", "--checkpoint", run_dir(), "--data", path("bytes/h.npy"), "--set", "data.format=npy"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// eval reads a folder as train does: its dataset.json is checked, not only for train.
+TEST_F(DataCliTest, eval_applies_the_dataset_json_checks_that_train_applies) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "1"})).exit_code, 0);
+  fs::create_directories(path("data"));
+  write_file(path("data/a.npy"), npy_u16(valid_tokens(3000)));
+  const auto dataset_json = [&](int64_t vocab_size, int64_t tokens) {
+    write_file(path("data/dataset.json"), nlohmann::json{{"tokenizer", "test"},
+                                                         {"vocab_size", vocab_size},
+                                                         {"files", {{{"name", "a.npy"}, {"tokens", tokens}}}}}
+                                              .dump());
+  };
+  const std::vector<std::string> train_args = tiny_train({"--set", "data.path=" + path("data"), "--set",
+                                                          "run.dir=" + path("run2")});
+  dataset_json(100000, 3000);
+  for (const std::string& data : {path("data"), path("data/*.npy")}) {
+    expect_error(moetrain(train_args), {path("data/dataset.json"), "vocab_size 100000"});
+    expect_error(moetrain({"eval", "--checkpoint", run_dir(), "--data", data}),
+                 {path("data/dataset.json"), "vocab_size 100000"});
+  }
+  dataset_json(512, 2999);
+  expect_error(moetrain(train_args), {path("data/a.npy"), "holds 3000 tokens", "lists it with 2999"});
+  expect_error(moetrain({"eval", "--checkpoint", run_dir(), "--data", path("data")}),
+               {path("data/a.npy"), "holds 3000 tokens", "lists it with 2999"});
+  dataset_json(512, 3000);  // the control
+  EXPECT_EQ(moetrain({"eval", "--checkpoint", run_dir(), "--data", path("data")}).exit_code, 0);
+  // A glob that matches nothing says why, naming the pattern.
+  expect_error(moetrain({"eval", "--checkpoint", run_dir(), "--data", path("nope/*.npy")}),
+               {"--data = \"" + path("nope/*.npy") + "\"", "the folder " + path("nope") + " does not exist"});
+}
+
+// An empty folder is named under the flag or key that gave it, not as data.path.
+TEST_F(DataCliTest, an_empty_folder_is_named_under_its_own_flag_or_key) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "1"})).exit_code, 0);
+  fs::create_directories(path("empty"));
+  CliRun r = moetrain({"eval", "--checkpoint", run_dir(), "--data", path("empty")});
+  expect_error(r, {"--data: folder '" + path("empty") + "' contains no .npy token files"});
+  EXPECT_EQ(r.err.find("data.path"), std::string::npos) << r.err;
+  r = moetrain(tiny_train({"--set", "eval.sets=[{name=\"v\", path=\"" + path("empty") + "\"}]", "--set",
+                           "run.dir=" + path("run2")}));
+  expect_error(r, {"eval.sets[0].path: folder '" + path("empty") + "'"});
+  EXPECT_EQ(r.err.find("data.path"), std::string::npos) << r.err;
+}
+
+// --tokens N is a ceiling (whole windows in whole microbatches, at most N predicted tokens), and
+// a number past int64 is a usage error, not "all" (the command line's kDecimal).
+TEST_F(DataCliTest, eval_tokens_is_a_ceiling_and_a_number_out_of_range_is_a_usage_error) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "1"})).exit_code, 0);  // seq_len 16, micro_batch_size 2
+  write_file(path("val.npy"), npy_u16(valid_tokens(4000)));
+  const auto evaluated = [&](const std::vector<std::string>& extra) -> int64_t {
+    std::vector<std::string> args = {"eval", "--checkpoint", run_dir(), "--data", path("val.npy")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliRun r = moetrain(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const size_t at = r.out.find(" over ");
+    return at == std::string::npos ? -1 : std::stoll(r.out.substr(at + 6));
+  };
+  EXPECT_EQ(evaluated({"--tokens", "1000", "--set", "train.micro_batch_size=1"}), 992);  // 62 windows of 16, not 63
+  EXPECT_EQ(evaluated({"--tokens", "1000"}), 992);
+  EXPECT_EQ(evaluated({"--tokens", "32"}), 32);
+  // Below one microbatch (2 windows of 16 tokens): nothing could be evaluated.
+  CliRun r = moetrain({"eval", "--checkpoint", run_dir(), "--data", path("val.npy"), "--tokens", "20"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--tokens 20 is fewer than the 32 predicted tokens of one microbatch"), std::string::npos)
+      << r.err;
+  for (const char* n : {"99999999999999999999", "-99999999999999999999", "9223372036854775808"}) {
+    r = moetrain({"eval", "--checkpoint", run_dir(), "--data", path("val.npy"), "--tokens", n});
+    EXPECT_EQ(r.exit_code, 2) << n << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find("--tokens"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("out of range"), std::string::npos) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  }
+  EXPECT_EQ(evaluated({"--tokens", "9223372036854775807"}), evaluated({}));  // the largest int64: all
+}
+
 }  // namespace

@@ -174,8 +174,13 @@ TEST_F(HfInterop, eval_refuses_tokens_outside_the_vocabulary) {
                                                    "run.device=cpu"}))
                 .exit_code,
             0);
+  // The prepared folder says so in its dataset.json (as train refuses it); a copy of its token
+  // file elsewhere is refused at its first token past the vocabulary.
   expect_error(moetrain({"eval", "--checkpoint", path("small"), "--data", path("bytes"), "--set", "run.device=cpu"}),
-               {"big.npy", "vocab_size"});
+               {path("bytes/dataset.json"), "vocab_size 257", "model.vocab_size = 200"});
+  fs::copy_file(path("bytes/big.npy"), path("big.npy"));
+  expect_error(moetrain({"eval", "--checkpoint", path("small"), "--data", path("big.npy"), "--set", "run.device=cpu"}),
+               {"big.npy", "token 256", "vocab_size"});
 }
 
 }  // namespace

@@ -10,6 +10,10 @@ namespace {
 
 class PrepareCliTest : public CliTest {
  protected:
+  // Shell text that waits (at most 10 s) until folder `out` holds a temporary file of a prepare.
+  static std::string until_a_temporary_is_in(const std::string& out) {
+    return "for i in $(seq 500); do ls -A '" + out + "' 2>/dev/null | grep -q '[.]tmp-' && break; sleep 0.02; done";
+  }
   // A text of `bytes` bytes: after byte-level prepare, one document of bytes + 1 tokens, enough
   // for the tiny run's windows of seq_len + 1 = 17 tokens.
   std::string write_text(const std::string& name, size_t bytes, char first) {
@@ -93,6 +97,82 @@ TEST_F(PrepareCliTest, training_on_a_folder_missing_a_listed_file_is_refused_nam
   fs::remove(path("data/b.npy"));
   expect_error(moetrain(train_on(path("data"))), {path("data/dataset.json"), "b.npy", "does not exist"});
   EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+// Ctrl-C, SIGTERM or SIGHUP in the middle of a prepare: its temporary files (and the output
+// folder it created) are removed, it says so, and it dies of the signal (status 128 + signal, so
+// a calling script stops as for any interrupted command). A test hook makes it wait for the
+// signal once its first temporary file is written.
+TEST_F(PrepareCliTest, an_interrupted_prepare_removes_its_temporary_files_and_dies_of_the_signal) {
+  const std::string a = write_text("a.txt", 2000, 'a');
+  const std::string b = write_text("b.txt", 1500, 'b');
+  // The job runs under job control (set -m): a background job of a plain script ignores SIGINT.
+  const auto interrupted = [&](const std::vector<std::string>& args, const std::string& out, const char* signal) {
+    std::string cmd = "set -m; MOE_TEST_PREPARE_PAUSE=1 '" MOE_BINARY_DIR "/moetrain'";
+    for (const std::string& arg : args) cmd += " '" + arg + "'";
+    cmd += " & pid=$!; " + until_a_temporary_is_in(out) + "; kill -" + signal + " $pid; wait $pid";
+    return run({"/bin/bash", "-c", cmd});
+  };
+  const struct {
+    const char* name;
+    int number;
+  } signals[] = {{"INT", 2}, {"TERM", 15}, {"HUP", 1}};
+  for (const auto& sig : signals) {
+    const std::string out = path(std::string("new-") + sig.name + "/data");
+    const CliRun r = interrupted({"prepare", a, b, "--out", out}, out, sig.name);
+    EXPECT_EQ(r.exit_code, 128 + sig.number) << sig.name << "\n" << r.err;
+    EXPECT_NE(r.err.find(std::string("error: prepare was interrupted (SIG") + sig.name + ")"), std::string::npos)
+        << r.err;
+    EXPECT_FALSE(fs::exists(path(std::string("new-") + sig.name))) << "the folders it created are removed";
+  }
+  // Into an existing dataset (--append): the dataset is left as it was.
+  ASSERT_EQ(moetrain({"prepare", a, "--out", path("data")}).exit_code, 0);
+  const auto before = snapshot(path("data"));
+  const CliRun r = interrupted({"prepare", b, "--append", "--out", path("data")}, path("data"), "TERM");
+  EXPECT_EQ(r.exit_code, 128 + 15) << r.err;
+  EXPECT_EQ(snapshot(path("data")), before);
+  // A signal ignored when prepare starts (nohup) stays ignored.
+  const std::string cmd = "trap '' HUP; MOE_TEST_PREPARE_PAUSE=1 '" MOE_BINARY_DIR "/moetrain' prepare '" + b +
+                          "' --out '" + path("nohup") + "' & pid=$!; " + until_a_temporary_is_in(path("nohup")) +
+                          "; kill -HUP $pid; sleep 0.3; kill -0 $pid || exit 3; kill -TERM $pid; wait $pid";
+  EXPECT_EQ(run({"/bin/bash", "-c", cmd}).exit_code, 128 + 15);
+  EXPECT_FALSE(fs::exists(path("nohup")));
+}
+
+// A prepare killed outright leaves its temporary files: the next prepare names them, says they
+// are safe to delete, and refuses, with --append as without (before, it suggested --append, which
+// then succeeded and left them for good).
+TEST_F(PrepareCliTest, temporary_files_of_a_killed_prepare_are_named_and_refused_even_with_append) {
+  const std::string a = write_text("a.txt", 2000, 'a');
+  const std::string cmd = "MOE_TEST_PREPARE_PAUSE=1 '" MOE_BINARY_DIR "/moetrain' prepare '" + a + "' --out '" +
+                          path("data") + "' & pid=$!; " + until_a_temporary_is_in(path("data")) +
+                          "; kill -KILL $pid; wait $pid";
+  ASSERT_EQ(run({"/bin/bash", "-c", cmd}).exit_code, 128 + 9);
+  std::vector<std::string> leftovers;
+  for (const auto& e : fs::directory_iterator(path("data"))) leftovers.push_back(e.path().string());
+  ASSERT_EQ(leftovers.size(), 1u);
+  EXPECT_NE(leftovers[0].find("/.a.npy.tmp-"), std::string::npos) << leftovers[0];
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"prepare", a, "--out", path("data")},
+        std::vector<std::string>{"prepare", a, "--append", "--out", path("data")}}) {
+    const CliRun r = moetrain(args);
+    expect_error(r, {leftovers[0], "left by an interrupted prepare", "safe to delete"});
+    EXPECT_EQ(r.err.find("pass --append"), std::string::npos) << r.err;
+    EXPECT_TRUE(fs::exists(leftovers[0])) << "another process's temporary file is never deleted";
+    EXPECT_FALSE(fs::exists(path("data/a.npy")));
+  }
+  fs::remove(leftovers[0]);
+  EXPECT_EQ(moetrain({"prepare", a, "--out", path("data")}).exit_code, 0);
+}
+
+// dataset.json records each input's path, and JSON text is UTF-8: a name that is not is refused
+// up front, naming the file (not "[json.exception.type_error.316] invalid UTF-8 byte").
+TEST_F(PrepareCliTest, an_input_name_that_is_not_utf8_is_refused_naming_it) {
+  write_text("caf\xe9.txt", 2000, 'a');
+  const CliRun r = moetrain({"prepare", path("caf\xe9.txt"), "--out", path("data")});
+  expect_error(r, {path("caf\\xe9.txt"), "not valid UTF-8"});
+  EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("data")));
 }
 
 }  // namespace

@@ -125,6 +125,26 @@ TEST_F(NpyTest, wrong_dtype) {
   expect_error(write_raw("be.npy", "{'descr': '>u2', 'fortran_order': False, 'shape': (4,), }", 8), "'>u2'");
 }
 
+// The error quotes the header: a NUL byte in it must not end the message (printed as a C string)
+// before the reason, nor another control byte break the one line.
+TEST_F(NpyTest, header_bytes_quoted_in_errors_are_escaped) {
+  const std::string nul_dtype = write_raw("nul.npy", std::string("{'descr': '<u\0\x32', 'fortran_order': False, "
+                                                                 "'shape': (4,), }", 58), 8);
+  expect_error(nul_dtype, "dtype '<u\\x002' is not supported");
+  expect_error(write_raw("key.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (4,), 'x\ny': 1}", 8),
+               "unexpected key 'x\\ny'");
+  const std::string msg = [&] {
+    try {
+      TokenArray::open_npy(write_raw("brace.npy", std::string("\x01\0{'descr'", 10), 0));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }();
+  EXPECT_NE(msg.find("expected '{' at offset 0 of \"\\x01\\x00{'descr'"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+}
+
 TEST_F(NpyTest, two_dimensional_or_scalar_or_fortran_is_an_error) {
   expect_error(write_raw("2d.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (3, 4), }", 24),
                "must be 1-D, got shape (3, 4)");

@@ -177,16 +177,70 @@ TEST_F(PrepareTest, duplicate_stems_are_an_error_before_anything_is_created) {
 TEST_F(PrepareTest, failure_after_writing_temporaries_removes_them_and_leaves_the_dataset_as_it_was) {
   const std::string a = write_text("a.txt", "first");
   const std::string b = write_text("b.txt", "second");
-  const std::string c = write_text("c.txt", "third");
+  const std::string c = write_text("c.txt", "");  // no text: refused once b's temporary is written
   const fs::path out = dir_ / "out3";
   prepare_byte_level({a}, out.string());
-  // Something in the way of c's temporary name: b's temporary is written before c's fails.
-  const fs::path blocker = out / (".c.npy.tmp-" + std::to_string(::getpid()));
-  fs::create_directories(blocker);
   const auto before = snapshot(out);
   const std::string msg = error_of([&] { prepare_byte_level({b, c}, out.string(), /*append=*/true); });
-  EXPECT_NE(msg.find(blocker.string()), std::string::npos) << msg;
-  EXPECT_EQ(snapshot(out), before);  // b's temporary removed, the blocker kept, a.npy and dataset.json untouched
+  EXPECT_NE(msg.find(c + " holds no text"), std::string::npos) << msg;
+  EXPECT_EQ(snapshot(out), before);  // b's temporary removed, a.npy and dataset.json untouched
+  // The same into a new folder: the folders this call created go too.
+  const std::string msg_new = error_of([&] { prepare_byte_level({b, c}, (dir_ / "new" / "out").string()); });
+  EXPECT_NE(msg_new.find("holds no text"), std::string::npos) << msg_new;
+  EXPECT_FALSE(fs::exists(dir_ / "new"));
+}
+
+// A prepare killed outright (SIGKILL, a crash, a power cut) leaves its temporary files; another
+// prepare names them as such, refuses with or without --append, and never deletes them itself.
+TEST_F(PrepareTest, temporary_files_left_by_a_killed_prepare_are_named_and_refused_not_deleted) {
+  const std::string a = write_text("a.txt", "first\n");
+  const std::string b = write_text("b.txt", "second\n");
+  const fs::path out = dir_ / "out";
+  fs::create_directories(out);
+  // Process ids that are not running (above the kernel's pid_max of 4194304).
+  std::ofstream(out / ".big.npy.tmp-99999990") << "half a token file";
+  std::ofstream(out / ".big.npy.tmp-99999991.tmp-99999991") << "the name older versions wrote tokens under";
+  std::ofstream(out / ".dataset.json.tmp-99999990") << "{";
+  std::ofstream(out / ".notes.txt.tmp-99999990") << "not a name prepare writes";
+  const auto before = snapshot(out);
+  for (const bool append : {false, true}) {
+    const std::string msg = error_of([&] { prepare_byte_level({a}, out.string(), append); });
+    for (const char* name : {".big.npy.tmp-99999990", ".big.npy.tmp-99999991.tmp-99999991", ".dataset.json.tmp-99999990"})
+      EXPECT_NE(msg.find((out / name).string()), std::string::npos) << name << ": " << msg;
+    EXPECT_EQ(msg.find(".notes.txt.tmp-"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("left by an interrupted prepare"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("safe to delete"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("pass --append"), std::string::npos) << msg;
+    EXPECT_EQ(snapshot(out), before) << "append " << append;
+  }
+  // Once they are deleted, the folder takes the inputs (here with --append: notes are left).
+  for (const char* name : {".big.npy.tmp-99999990", ".big.npy.tmp-99999991.tmp-99999991", ".dataset.json.tmp-99999990"})
+    fs::remove(out / name);
+  EXPECT_EQ(prepare_byte_level({a, b}, out.string(), /*append=*/true).listed_files, 2);
+  // A temporary name carrying the id of a running process (this one) may still be written:
+  // the message says so.
+  const fs::path live = out / (".c.npy.tmp-" + std::to_string(::getpid()));
+  std::ofstream(live) << "";
+  const std::string msg = error_of([&] { prepare_byte_level({write_text("c.txt", "third\n")}, out.string(), true); });
+  EXPECT_NE(msg.find(live.string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(" + std::to_string(::getpid()) + ") is running"), std::string::npos) << msg;
+  EXPECT_TRUE(fs::exists(live));
+}
+
+// dataset.json records each input's path as JSON text, which must be UTF-8: a file name that is
+// not is refused before anything is written, naming it (its odd bytes as \xNN).
+TEST_F(PrepareTest, an_input_name_that_is_not_utf8_is_refused_naming_it_before_anything_is_written) {
+  const std::string latin1 = write_text("caf\xe9.txt", "text\n");
+  const std::string fine = write_text("ok.txt", "text\n");
+  const fs::path out = dir_ / "out";
+  const std::string msg = error_of([&] { prepare_byte_level({fine, latin1}, out.string()); });
+  EXPECT_NE(msg.find((dir_ / "caf\\xe9.txt").string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not valid UTF-8"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("json.exception"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(out));
+  // UTF-8 names are fine.
+  const std::string accented = write_text("caf\xc3\xa9.txt", "text\n");
+  EXPECT_EQ(prepare_byte_level({accented}, out.string()).files.at(0).name, "caf\xc3\xa9.npy");
 }
 
 TEST_F(PrepareTest, prepare_into_a_folder_holding_output_is_refused_and_the_output_stays_byte_identical) {

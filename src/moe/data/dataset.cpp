@@ -9,7 +9,6 @@
 #include "moe/core/error.h"
 #include "moe/core/rng.h"
 #include "moe/data/synthetic.h"
-#include "moe/data/token_folder.h"
 #include "moe/data/token_sources.h"
 
 namespace moe {
@@ -18,18 +17,6 @@ namespace {
 constexpr uint64_t kTrainWindows = 0x5452'4149'4e57'494eull;  // "TRAINWIN"
 constexpr uint64_t kSyntheticTrainStream = 0;
 constexpr uint64_t kSyntheticEvalStream = 1;
-
-// Index of the first token >= vocab_size, or -1. Parallel: token files can be large.
-int64_t first_out_of_vocab(const TokenArray& file, int64_t vocab_size) {
-  const int64_t n = file.size();
-  if (file.dtype() == TokenDType::U16 && vocab_size > 65535) return -1;
-  int64_t first_bad = n;
-#pragma omp parallel for schedule(static) reduction(min : first_bad)
-  for (int64_t i = 0; i < n; ++i)
-    if (static_cast<int64_t>(file.at(i)) >= vocab_size && i < first_bad) first_bad = i;
-  return first_bad == n ? -1 : first_bad;
-}
-
 }  // namespace
 
 TokenDataset TokenDataset::open(const DataConfig& cfg, int64_t vocab_size, int64_t eos_token_id) {
@@ -78,31 +65,9 @@ TokenDataset TokenDataset::open(const DataConfig& cfg, int64_t vocab_size, int64
               sources[s].weight);
     Source src{cfg.sources.empty() ? "data.path" : "data.sources[" + std::to_string(s) + "]", sources[s].path,
                sources[s].weight, {}};
-    // A prepared folder says which tokenizer wrote it: its ids must fit this model.
-    const std::string meta = sources[s].path + "/dataset.json";
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(meta, ec)) {
-      const nlohmann::ordered_json j = read_dataset_json(meta);
-      if (j.contains("vocab_size") && j["vocab_size"].is_number_integer())
-        MOE_CHECK(j["vocab_size"].get<int64_t>() <= vocab_size, meta, ": the tokenizer's vocab_size ",
-                  j["vocab_size"].get<int64_t>(), " is larger than model.vocab_size = ", vocab_size,
-                  ": this data was tokenized for another model");
-      if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer() &&
-          j["eos_token_id"].get<int64_t>() != eos_token_id)
-        ds.warnings_.push_back(meta + ": the tokenizer's eos_token_id " +
-                               std::to_string(j["eos_token_id"].get<int64_t>()) + " is not model.eos_token_id = " +
-                               std::to_string(eos_token_id) + " (exported Hugging Face configs will name the model's)");
-    }
-    for (const TokenFile& listed : source_files(sources[s].path, cfg.format, key)) {
-      const std::string& name = listed.path;
-      TokenArray file = TokenArray::open(name, cfg.format, raw_dtype);
-      MOE_CHECK(!listed.listed_tokens || *listed.listed_tokens == file.size(), name, " holds ", file.size(),
-                " tokens, but the dataset.json beside it lists it with ", listed.listed_tokens.value_or(0),
-                ": the file changed after dataset.json was written; prepare the dataset again into a new folder");
-      const int64_t bad = first_out_of_vocab(file, vocab_size);
-      MOE_CHECK(bad < 0, name, ": token ", (bad < 0 ? 0 : file.at(bad)), " at index ", bad,
-                " is outside the model vocabulary (vocab_size ", vocab_size, ")",
-                cfg.format == "raw" ? " (for raw files, check data.dtype)" : "");
+    for (TokenArray& file : open_token_files(sources[s].path, cfg.format, raw_dtype, key, vocab_size, eos_token_id,
+                                             &ds.warnings_)) {
+      const std::string name = file.path();
       const int64_t n = file.size();
       const int64_t held_out = static_cast<int64_t>(std::floor(cfg.eval_fraction * static_cast<double>(n)));
       src.files.push_back(ds.files_.size());

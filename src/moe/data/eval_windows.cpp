@@ -8,20 +8,16 @@ namespace moe {
 EvalWindows EvalWindows::open(const std::string& path, const std::string& format, TokenDType dtype, int64_t seq_len,
                               int64_t vocab_size, int64_t max_tokens, const std::string& key) {
   MOE_CHECK(seq_len >= 1, "eval: seq_len must be >= 1, got ", seq_len);
-  const std::vector<TokenFile> files = source_files(path, format, key);
   EvalWindows w;
   w.seq_len_ = seq_len;
+  // Checked as `train` checks its data: a folder's dataset.json, its listed token counts, the vocabulary.
+  w.files_ = open_token_files(path, format, dtype, key, vocab_size);
   int64_t predicted = 0;
-  for (const TokenFile& file : files) {
-    const std::string& p = file.path;
-    w.files_.push_back(TokenArray::open(p, format, dtype));
-    const TokenArray& f = w.files_.back();
-    for (int64_t i = 0; i < f.size(); ++i)
-      MOE_CHECK(f.at(i) < static_cast<uint64_t>(vocab_size), p, ": token ", f.at(i), " at index ", i,
-                " is >= model.vocab_size = ", vocab_size);
+  for (size_t k = 0; k < w.files_.size(); ++k) {
+    const TokenArray& f = w.files_[k];
     for (int64_t start = 0; start + seq_len + 1 <= f.size(); start += seq_len) {
-      if (max_tokens > 0 && predicted >= max_tokens) break;
-      w.windows_.push_back({w.files_.size() - 1, start});
+      if (max_tokens > 0 && predicted + seq_len > max_tokens) break;  // whole windows, at most max_tokens
+      w.windows_.push_back({k, start});
       predicted += seq_len;
     }
   }

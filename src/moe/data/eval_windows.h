@@ -14,9 +14,10 @@ namespace moe {
 
 class EvalWindows {
  public:
-  // Files in `format` ("npy" or "raw" of `dtype`). Checks every token is < vocab_size (the error
-  // names the file, index and value). Stops after max_tokens predicted tokens (0 = all). `key`
-  // names the path's origin in messages ("--data", "eval.sets[0].path").
+  // Files in `format` ("npy" or "raw" of `dtype`), checked as training data is
+  // (open_token_files: a folder's dataset.json, every token < vocab_size). Takes the whole
+  // windows that fit in max_tokens predicted tokens (0 = all): at most max_tokens are predicted.
+  // `key` names the path's origin in messages ("--data", "eval.sets[0].path").
   static EvalWindows open(const std::string& path, const std::string& format, TokenDType dtype, int64_t seq_len,
                           int64_t vocab_size, int64_t max_tokens, const std::string& key);
 

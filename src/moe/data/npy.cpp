@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "moe/core/error.h"
+#include "moe/core/printable.h"
 
 namespace moe {
 
@@ -22,8 +23,6 @@ static_assert(std::endian::native == std::endian::little, "token files are read 
 
 namespace {
 
-constexpr char kMagic[] = "\x93NUMPY";
-constexpr size_t kMagicLen = 6;
 
 // A tiny reader for the Python dict literal in the header, e.g.
 // {'descr': '<u2', 'fortran_order': False, 'shape': (1000,), }
@@ -52,7 +51,7 @@ class HeaderDict {
         shape = parse_tuple();
         has_shape = true;
       } else {
-        MOE_FAIL(path_, ": unexpected key '", key, "' in .npy header");
+        MOE_FAIL(path_, ": unexpected key '", printable(key), "' in .npy header");
       }
       skip_ws();
       if (peek() == ',') {
@@ -71,7 +70,7 @@ class HeaderDict {
   }
   void expect(char c) {
     MOE_CHECK(peek() == c, path_, ": malformed .npy header: expected '", c, "' at offset ", pos_,
-              " of \"", s_, "\"");
+              " of \"", printable(s_), "\"");
     ++pos_;
   }
   std::string parse_string() {
@@ -131,7 +130,7 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 
 template <typename T>
 void write_npy_impl(const std::string& path, const char* descr, std::span<const T> values,
-                    const std::vector<int64_t>& shape = {}) {
+                    const std::vector<int64_t>& shape = {}, bool via_temp = true) {
   std::string shape_text;
   if (shape.empty()) {
     shape_text = std::to_string(values.size()) + ",";
@@ -141,21 +140,23 @@ void write_npy_impl(const std::string& path, const char* descr, std::span<const 
   }
   std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" + shape_text + "), }";
   // magic(6) + version(2) + header_len(2) + dict + padding + '\n', total a multiple of 64.
-  size_t total = kMagicLen + 2 + 2 + dict.size() + 1;
+  size_t total = kNpyMagicLen + 2 + 2 + dict.size() + 1;
   const size_t padded = (total + 63) / 64 * 64;
   dict.append(padded - total, ' ');
   dict += '\n';
   const uint16_t header_len = static_cast<uint16_t>(dict.size());
   MOE_CHECK(dict.size() < 65536, path, ": .npy header too long");
 
-  // Written under a temporary name and renamed when complete: a reader never sees half a file.
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  // Written under a temporary name and renamed when complete: a reader never sees half a file
+  // (unless the caller renames it itself).
+  const std::string tmp = via_temp ? path + ".tmp-" + std::to_string(::getpid()) : path;
   std::FILE* f = std::fopen(tmp.c_str(), "wbx");
-  MOE_CHECK(f != nullptr, "cannot create ", tmp, " (to write ", path, "): ", std::strerror(errno));
+  MOE_CHECK(f != nullptr, "cannot create ", tmp, via_temp ? " (to write " + path + ")" : std::string(), ": ",
+            std::strerror(errno));
   const unsigned char version[2] = {1, 0};
   const unsigned char len_le[2] = {static_cast<unsigned char>(header_len & 0xff),
                                    static_cast<unsigned char>(header_len >> 8)};
-  bool ok = std::fwrite(kMagic, 1, kMagicLen, f) == kMagicLen;
+  bool ok = std::fwrite(kNpyMagic, 1, kNpyMagicLen, f) == kNpyMagicLen;
   ok = ok && std::fwrite(version, 1, 2, f) == 2;
   ok = ok && std::fwrite(len_le, 1, 2, f) == 2;
   ok = ok && std::fwrite(dict.data(), 1, dict.size(), f) == dict.size();
@@ -163,7 +164,7 @@ void write_npy_impl(const std::string& path, const char* descr, std::span<const 
   const int saved_errno = errno;
   ok = (std::fclose(f) == 0) && ok;
   const int write_errno = saved_errno ? saved_errno : errno;
-  ok = ok && std::rename(tmp.c_str(), path.c_str()) == 0;
+  ok = ok && (!via_temp || std::rename(tmp.c_str(), path.c_str()) == 0);
   if (!ok) std::remove(tmp.c_str());
   MOE_CHECK(ok, "writing ", path, " failed: ", std::strerror(write_errno ? write_errno : errno));
 }
@@ -179,7 +180,7 @@ NpyHeader read_npy_header(const std::string& path) {
 
   char pre[12] = {};
   in.read(pre, 10);
-  MOE_CHECK(in.gcount() == 10 && std::memcmp(pre, kMagic, kMagicLen) == 0, path,
+  MOE_CHECK(in.gcount() == 10 && std::memcmp(pre, kNpyMagic, kNpyMagicLen) == 0, path,
             ": not a .npy file (bad magic; expected \\x93NUMPY)");
   const int major = static_cast<unsigned char>(pre[6]);
   const int minor = static_cast<unsigned char>(pre[7]);
@@ -215,7 +216,7 @@ NpyHeader read_npy_header(const std::string& path) {
   } else if (descr == "<u4") {
     h.dtype = TokenDType::U32;
   } else {
-    MOE_FAIL(path, ": dtype '", descr, "' is not supported; token files must be uint16 ('<u2') or uint32 ('<u4')");
+    MOE_FAIL(path, ": dtype '", printable(descr), "' is not supported; token files must be uint16 ('<u2') or uint32 ('<u4')");
   }
   MOE_CHECK(!fortran, path, ": fortran_order True is not supported");
   MOE_CHECK(shape.size() == 1, path, ": token files must be 1-D, got shape ", shape_str(shape));
@@ -234,6 +235,9 @@ void write_npy(const std::string& path, std::span<const uint16_t> values) {
 }
 void write_npy(const std::string& path, std::span<const uint32_t> values) {
   write_npy_impl<uint32_t>(path, "<u4", values);
+}
+void write_new_npy(const std::string& path, std::span<const uint16_t> values) {
+  write_npy_impl<uint16_t>(path, "<u2", values, {}, /*via_temp=*/false);
 }
 void write_npy_f32(const std::string& path, std::span<const float> values, const std::vector<int64_t>& shape) {
   int64_t n = 1;

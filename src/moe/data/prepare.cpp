@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +18,7 @@
 #include <sstream>
 
 #include "moe/core/error.h"
+#include "moe/core/printable.h"
 #include "moe/data/npy.h"
 #include "moe/data/token_folder.h"
 
@@ -62,18 +66,195 @@ std::string read_file(const std::string& path) {
   return bytes;
 }
 
-// Removes what a failed prepare left: its temporary files and the folders it created (if empty).
-struct Cleanup {
-  std::vector<fs::path> temps;
-  std::vector<fs::path> created_dirs;  // outermost first
-  bool armed = true;
-  ~Cleanup() {
-    if (!armed) return;
-    std::error_code ec;
-    for (const fs::path& p : temps) fs::remove(p, ec);
-    for (auto it = created_dirs.rbegin(); it != created_dirs.rend(); ++it) fs::remove(*it, ec);
+// What this call creates and must remove when it fails or is interrupted: the temporary files
+// and the output folders it creates. Every path is fixed when this is constructed; the counts say
+// how many of them this process has claimed (a temporary file) or created (a folder) so far, so
+// nothing it did not create is ever removed.
+//
+// NOTES: SIGINT, SIGTERM and SIGHUP (Ctrl-C, a scheduler, a closed terminal) are handled by
+// removing those files and folders inside the handler, with unlink/rmdir/write only (all
+// async-signal-safe), then dying of the same signal, so a calling shell or script sees the
+// interruption as such (exit status 128 + signal). A flag checked in the write loop was the
+// alternative: it would wait for the current input to be read, tokenized and written, which
+// for one large input is the whole run. The handler reads only the fixed path arrays and atomic
+// counts. While the temporary files are renamed to their final names, a signal is held back and
+// raised once they all are, so an interruption leaves either the old dataset or the complete
+// new one. A signal that was ignored when the call began (nohup, a background job of a shell)
+// stays ignored.
+class PrepareOutputs {
+ public:
+  PrepareOutputs(std::vector<std::string> temps, std::vector<std::string> dirs, const std::string& out_dir)
+      : temps_(std::move(temps)), dirs_(std::move(dirs)), out_dir_(printable(out_dir)) {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;  // a signal held back while renaming must not fail a system call
+    sigemptyset(&sa.sa_mask);
+    for (int sig : kSignals) sigaddset(&sa.sa_mask, sig);  // one handler at a time
+    g_active.store(this);
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      struct sigaction old {};
+      sigaction(kSignals[i], nullptr, &old);
+      installed_[i] = old.sa_handler != SIG_IGN;
+      if (installed_[i]) sigaction(kSignals[i], &sa, &previous_[i]);
+    }
   }
+  ~PrepareOutputs() {
+    if (armed_) {
+      std::error_code ec;
+      for (size_t i = 0; i < temps_claimed_.load(); ++i) fs::remove(temps_[i], ec);
+      for (size_t i = dirs_created_.load(); i-- > 0;) fs::remove(dirs_[i], ec);
+    }
+    restore_handlers();
+  }
+  PrepareOutputs(const PrepareOutputs&) = delete;
+  PrepareOutputs& operator=(const PrepareOutputs&) = delete;
+
+  // Claims the next temporary name (in construction order) after checking that it is free.
+  const std::string& claim_temp() {
+    const size_t i = temps_claimed_.load();
+    std::error_code ec;
+    MOE_CHECK(!fs::exists(fs::symlink_status(temps_[i], ec)), "prepare: ", printable(temps_[i]),
+              " is in the way of a temporary file (left by an interrupted prepare whose process id this one "
+              "reuses); delete it and run again");
+    temps_claimed_.store(i + 1);
+    return temps_[i];
+  }
+  // Creates the next folder (in construction order); it is removed again if the call fails.
+  void create_next_dir() {
+    const size_t i = dirs_created_.load();
+    std::error_code ec;
+    MOE_CHECK(fs::create_directory(dirs_[i], ec) && !ec, "prepare: cannot create output folder ",
+              printable(dirs_[i]), ": ", ec.message());
+    dirs_created_.store(i + 1);
+  }
+  size_t dirs() const { return dirs_.size(); }
+  // Runs `renames` with the signals held back (one that comes meanwhile is raised afterwards, when
+  // the previous handlers are back), then keeps everything: the call has succeeded.
+  template <typename Fn>
+  void commit(const Fn& renames) {
+    committing_.store(true);
+    try {
+      renames();
+    } catch (...) {
+      committing_.store(false);
+      if (const int sig = deferred_.exchange(0)) on_signal(sig);  // the failure's cleanup is the handler's
+      throw;
+    }
+    armed_.store(false);
+    restore_handlers();
+    committing_.store(false);
+    if (const int sig = deferred_.exchange(0)) raise(sig);  // the previous handler's turn (by default: dies)
+  }
+
+ private:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+  void restore_handlers() {
+    if (g_active.load() != this) return;
+    for (size_t i = 0; i < std::size(kSignals); ++i)
+      if (installed_[i]) sigaction(kSignals[i], &previous_[i], nullptr);
+    g_active.store(nullptr);
+  }
+
+  static void write_all(const char* s) {
+    size_t n = std::strlen(s);
+    while (n > 0) {
+      const ssize_t w = ::write(2, s, n);
+      if (w <= 0) return;
+      s += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+
+  // Only async-signal-safe calls (unlink, rmdir, write, sigaction, sigprocmask, raise).
+  static void on_signal(int sig) {
+    PrepareOutputs* self = g_active.load();
+    if (self != nullptr && self->committing_.load()) {  // renaming: the dataset is completed first
+      self->deferred_.store(sig);
+      return;
+    }
+    if (self != nullptr && self->armed_) {
+      for (size_t i = 0; i < self->temps_claimed_.load(); ++i) ::unlink(self->temps_[i].c_str());
+      for (size_t i = self->dirs_created_.load(); i-- > 0;) ::rmdir(self->dirs_[i].c_str());
+      write_all("error: prepare was interrupted (");
+      write_all(sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
+      write_all("); it removed its temporary files and the folders it created, so ");
+      write_all(self->out_dir_.c_str());
+      write_all(" is as it was before\n");
+    }
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, nullptr);
+    sigset_t unblock;
+    sigemptyset(&unblock);
+    sigaddset(&unblock, sig);
+    sigprocmask(SIG_UNBLOCK, &unblock, nullptr);
+    raise(sig);  // dies of the signal, as if it had not been caught
+    ::_exit(128 + sig);
+  }
+
+  static inline std::atomic<PrepareOutputs*> g_active{nullptr};
+
+  const std::vector<std::string> temps_;
+  const std::vector<std::string> dirs_;  // outermost first
+  const std::string out_dir_;
+  std::atomic<size_t> temps_claimed_{0};
+  std::atomic<size_t> dirs_created_{0};
+  std::atomic<bool> armed_{true};
+  std::atomic<bool> committing_{false};
+  std::atomic<int> deferred_{0};  // a signal that came while committing_
+  bool installed_[std::size(kSignals)] = {};
+  struct sigaction previous_[std::size(kSignals)] = {};
 };
+
+// A temporary file that a prepare (or tokenize_hf.py, which names them alike) writes in the output
+// folder and renames at the end: ".<name>.npy.tmp-<pid>" or ".dataset.json.tmp-<pid>" (and
+// ".<name>.npy.tmp-<pid>.tmp-<pid>", the name earlier versions wrote the tokens under). Returns
+// the writer's process id, or 0 for any other name.
+long leftover_temp_pid(const std::string& name) {
+  const auto strip_tmp = [](std::string& n) -> long {  // removes one ".tmp-<digits>" ending
+    const size_t tag = n.rfind(".tmp-");
+    if (tag == std::string::npos || tag + 5 == n.size() || n.size() - tag - 5 > 9 ||
+        n.find_first_not_of("0123456789", tag + 5) != std::string::npos)
+      return 0;
+    const long pid = std::strtol(n.c_str() + tag + 5, nullptr, 10);
+    n.resize(tag);
+    return pid;
+  };
+  if (name.size() < 2 || name[0] != '.') return 0;
+  std::string target = name.substr(1);
+  const long pid = strip_tmp(target);
+  if (pid <= 0) return 0;
+  if (target.ends_with(".npy.tmp-" + std::to_string(pid))) strip_tmp(target);
+  if (target != "dataset.json" && (target.size() <= 4 || !target.ends_with(".npy"))) return 0;
+  return pid;
+}
+
+// Refuses a folder that holds temporaries of an earlier prepare, naming them: they were never
+// part of the dataset. They are not deleted here: this process did not create them.
+void refuse_leftover_temps(const fs::path& out, const std::vector<std::string>& entries, bool others, bool append) {
+  std::vector<std::string> leftovers;
+  std::vector<long> running;
+  for (const std::string& name : entries)
+    if (const long pid = leftover_temp_pid(name); pid > 0) {
+      leftovers.push_back(printable((out / name).string()));
+      if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) running.push_back(pid);
+    }
+  if (leftovers.empty()) return;
+  const bool one = leftovers.size() == 1;
+  std::string whose = "the process that wrote " + std::string(one ? "it is" : "them are") + " gone, so " +
+                      (one ? "it is" : "they are") + " safe to delete";
+  if (!running.empty())
+    whose = "a process with the id in " + std::string(one ? "its" : "a") + " name (" + std::to_string(running[0]) +
+            ") is running: if it is a prepare or tokenize_hf.py writing into this folder, wait for it to end; "
+            "otherwise " + (one ? "it is" : "they are") + " safe to delete";
+  MOE_FAIL("prepare", append ? " --append" : "", ": output folder ", printable(out.string()), " holds ",
+           one ? "a temporary file" : "temporary files", " left by an interrupted prepare or tokenize_hf.py (",
+           file_name_list(leftovers), "), never part of the dataset; ", whose, ". Delete ", one ? "it" : "them",
+           " and run again", others && !append ? " (with --append to add to the dataset there)" : "",
+           "; nothing was written");
+}
 
 // dataset.json of a byte-level dataset with no files yet.
 nlohmann::ordered_json byte_dataset_json() {
@@ -117,7 +298,7 @@ nlohmann::ordered_json appendable_dataset_json(const fs::path& out, const std::v
               "\": ", meta.contains(key) ? meta[key].dump() : "(missing)", ", but prepare writes ", value.dump(),
               " (byte-level tokens), so the new files would not belong to that dataset; prepare into a new folder");
   }
-  list_token_files(out.string());  // the folder must hold what its dataset.json lists before more is added
+  list_token_files(out.string(), "prepare --out");  // the folder must hold what its dataset.json lists before more is added
   return meta;
 }
 
@@ -150,6 +331,10 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
   std::set<std::string> stems;
   for (const std::string& input : inputs) {
     std::error_code ec;
+    // dataset.json records each input's path, and JSON text is UTF-8.
+    MOE_CHECK(is_valid_utf8(input), "prepare: the input file name ", printable(input), " is not valid UTF-8 (the ",
+              "bytes shown as \\xNN); dataset.json records each input's path as JSON text, which must be UTF-8: ",
+              "rename the file (or link to it under a UTF-8 name); nothing was written");
     MOE_CHECK(fs::exists(input, ec), "prepare: input file ", input, " does not exist");
     MOE_CHECK(fs::is_regular_file(input, ec), "prepare: input ", input, " is not a regular file");
     const std::string stem = fs::path(input).stem().string();
@@ -161,8 +346,30 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
   // dataset.json from what they read, and one's files would end up unlisted. The lock is the
   // flock of the output folder's nearest existing ancestor (the folder itself when it exists).
   const FolderLock lock(out_dir);
-  Cleanup cleanup;
   const fs::path out(out_dir);
+  // The folders this call creates (none when the output exists), outermost first.
+  std::vector<std::string> missing;
+  {
+    std::error_code ec;
+    if (!fs::exists(out, ec))
+      for (fs::path p = fs::absolute(out, ec).lexically_normal(); !p.empty() && !fs::exists(p, ec);
+           p = p.parent_path()) {
+        missing.insert(missing.begin(), p.string());
+        if (p == p.parent_path()) break;
+      }
+  }
+  // Every temporary name, in the order they are written: the inputs' files, then dataset.json.
+  const std::string tmp_suffix = ".tmp-" + std::to_string(::getpid());
+  std::vector<std::string> temps;
+  const auto temp_of = [&](const std::string& name) {
+    std::string hidden = ".";  // appended, not "." + name: GCC 12 warns falsely about that form (-Wrestrict)
+    hidden.append(name).append(tmp_suffix);
+    return (out / hidden).string();
+  };
+  for (const std::string& input : inputs) temps.push_back(temp_of(fs::path(input).stem().string() + ".npy"));
+  temps.push_back(temp_of("dataset.json"));
+  PrepareOutputs outputs(temps, missing, out_dir);
+
   nlohmann::ordered_json meta = byte_dataset_json();
   bool had_dataset_json = false;
   {
@@ -171,6 +378,9 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
       MOE_CHECK(fs::is_directory(out, ec), "prepare: output path ", out_dir, " exists and is not a folder");
       const std::vector<std::string> entries = folder_entries(out);
       if (!entries.empty()) {
+        const bool others = std::any_of(entries.begin(), entries.end(),
+                                        [](const std::string& n) { return leftover_temp_pid(n) == 0; });
+        refuse_leftover_temps(out, entries, others, append);
         MOE_CHECK(append, "prepare: output folder ", out_dir, " is not empty (it holds ", file_name_list(entries),
                   "); prepare never overwrites: pass --append to add these inputs to the dataset there, or choose "
                   "a new or empty folder");
@@ -190,29 +400,10 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
         }
       }
     } else {
-      // Remember which folders this call creates, so a failure can remove them again.
-      std::vector<fs::path> missing;
-      for (fs::path p = fs::absolute(out, ec).lexically_normal(); !p.empty() && !fs::exists(p, ec);
-           p = p.parent_path()) {
-        missing.insert(missing.begin(), p);
-        if (p == p.parent_path()) break;
-      }
-      for (const fs::path& p : missing) {
-        MOE_CHECK(fs::create_directory(p, ec) && !ec, "prepare: cannot create output folder ", p.string(), ": ",
-                  ec.message());
-        cleanup.created_dirs.push_back(p);
-      }
+      for (size_t i = 0; i < outputs.dirs(); ++i) outputs.create_next_dir();
     }
   }
 
-  const std::string tmp_suffix = ".tmp-" + std::to_string(::getpid());
-  // A temporary name must be free: Cleanup removes what is there on failure.
-  auto claim_temp = [&](const fs::path& temp) {
-    std::error_code ec;
-    MOE_CHECK(!fs::exists(fs::symlink_status(temp, ec)), "prepare: ", temp.string(),
-              " is in the way of a temporary file (left by an interrupted prepare?); remove it and run again");
-    cleanup.temps.push_back(temp);
-  };
   PrepareResult result;
   result.out_dir = out_dir;
   std::vector<std::pair<fs::path, fs::path>> renames;  // temp -> final
@@ -223,9 +414,11 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
     const std::vector<uint16_t> tokens = byte_tokenize(read_file(input), &pf.documents);
     pf.tokens = static_cast<int64_t>(tokens.size());
     MOE_CHECK(pf.tokens > 0, "prepare: input ", input, " holds no text (no document to tokenize); nothing was written");
-    const fs::path temp = out / ("." + pf.name + tmp_suffix);
-    claim_temp(temp);
-    write_npy(temp.string(), tokens);
+    const fs::path temp = outputs.claim_temp();
+    write_new_npy(temp.string(), tokens);
+    // Test hook: wait here, a temporary file written, for a signal (tests/cli/prepare_cli_test.cpp);
+    // at most a minute, so a test that fails to send one leaves no process behind for long.
+    if (std::getenv("MOE_TEST_PREPARE_PAUSE")) ::sleep(60);
     renames.emplace_back(temp, out / pf.name);
     meta["files"].push_back({{"name", pf.name}, {"tokens", pf.tokens}, {"documents", pf.documents}, {"source", input}});
     result.total_tokens += pf.tokens;
@@ -233,8 +426,7 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
   }
   result.listed_files = static_cast<int64_t>(meta["files"].size());
 
-  const fs::path meta_temp = out / (".dataset.json" + tmp_suffix);
-  claim_temp(meta_temp);
+  const fs::path meta_temp = outputs.claim_temp();
   {
     std::ofstream os(meta_temp);
     MOE_CHECK(os.good(), "prepare: cannot write ", meta_temp.string(), ": ", std::strerror(errno));
@@ -254,12 +446,13 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
     MOE_CHECK(replaceable || !fs::exists(fs::symlink_status(final_path, ec)), "prepare: ", final_path.string(),
               " appeared while prepare ran; nothing was written, run again");
   }
-  for (const auto& [temp, final_path] : renames) {
-    std::error_code ec;
-    fs::rename(temp, final_path, ec);
-    MOE_CHECK(!ec, "prepare: cannot rename ", temp.string(), " to ", final_path.string(), ": ", ec.message());
-  }
-  cleanup.armed = false;
+  outputs.commit([&] {
+    for (const auto& [temp, final_path] : renames) {
+      std::error_code ec;
+      fs::rename(temp, final_path, ec);
+      MOE_CHECK(!ec, "prepare: cannot rename ", temp.string(), " to ", final_path.string(), ": ", ec.message());
+    }
+  });
   return result;
 }
 

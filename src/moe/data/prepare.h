@@ -13,11 +13,17 @@
 // and match the folder, and no input may become a file already listed or present; dataset.json
 // afterwards lists the old files, then the new ones. With `append`, a non-empty folder without
 // dataset.json is accepted only when it holds no .npy file.
-// Every file is written under a temporary name in <out> and renamed when all are complete
-// (dataset.json last). Everything is checked before anything is written: a missing input, two
-// inputs with the same stem, a folder that is not empty (or not appendable), a name collision,
-// or an output folder that cannot be created or written is a moe::Error, and leaves no partial
-// files (nor an output folder this call created).
+// Every file is written under a temporary name in <out> (".<stem>.npy.tmp-<pid>",
+// ".dataset.json.tmp-<pid>") and renamed when all are complete (dataset.json last). Everything
+// is checked before anything is written: a missing input, an input path that is not UTF-8 (it
+// goes into dataset.json), two inputs with the same stem, a folder that is not empty (or not
+// appendable), a name collision, or an output folder that cannot be created or written is a
+// moe::Error, and leaves no partial files (nor an output folder this call created). A folder
+// holding temporary files of that naming (left by a prepare or tokenize_hf.py that was killed)
+// is refused, with or without `append`, naming them; they are never deleted here.
+// While it runs, SIGINT, SIGTERM and SIGHUP (those not ignored) remove the temporary files and
+// the folders this call created, print one "error: ..." line and end the process by the same
+// signal; the previous handlers are back when the call returns.
 #pragma once
 
 #include <cstdint>

@@ -116,6 +116,20 @@ TokenArray TokenArray::open_raw(const std::string& path, TokenDType dtype) {
   MOE_CHECK(static_cast<size_t>(st.st_size) % item == 0, "raw token file ", path, " has ", st.st_size,
             " bytes, not a multiple of ", item, " (data.dtype = \"", token_dtype_name(dtype),
             "\"): the file is truncated or data.dtype is wrong");
+  // A .npy file (prepare's output, numpy.save) read as raw would train on its header as tokens.
+  char head[kNpyMagicLen] = {};
+  if (static_cast<size_t>(st.st_size) >= kNpyMagicLen) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    MOE_CHECK(fd >= 0, "cannot open token file ", path, ": ", std::strerror(errno));
+    const ssize_t got = ::pread(fd, head, kNpyMagicLen, 0);
+    const int saved_errno = errno;
+    ::close(fd);
+    MOE_CHECK(got == static_cast<ssize_t>(kNpyMagicLen), "cannot read token file ", path, ": ",
+              got < 0 ? std::strerror(saved_errno) : "it shrank while being opened");
+    MOE_CHECK(std::memcmp(head, kNpyMagic, kNpyMagicLen) != 0, "token file ", path, " starts with the .npy magic "
+              "(\\x93NUMPY): it is a .npy file with a header, which data.format = \"raw\" would read as tokens; use "
+              "data.format = \"npy\" (--set data.format=npy)");
+  }
   TokenArray t;
   t.dtype_ = dtype;
   t.length_ = static_cast<int64_t>(static_cast<size_t>(st.st_size) / item);

@@ -1,12 +1,15 @@
 #include "moe/data/token_folder.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 
 #include "moe/core/bounded_json.h"
 #include "moe/core/error.h"
+#include "moe/core/printable.h"
 
 namespace moe {
 
@@ -19,15 +22,32 @@ std::string file_name_list(const std::vector<std::string>& names, size_t shown) 
   return text;
 }
 
+void refuse_unlisted(const std::vector<std::string>& unlisted, const std::string& dataset_json) {
+  if (unlisted.empty()) return;
+  const bool one = unlisted.size() == 1;
+  MOE_FAIL(one ? "token file " : "token files ", file_name_list(unlisted), one ? " is" : " are", " not listed in ",
+           dataset_json, ", which names the files of this dataset, and unlisted files are neither read nor ",
+           "skipped silently: move ", one ? "it" : "them", " out of the folder, or, if ",
+           one ? "it belongs" : "they belong", " to the dataset, delete ", one ? "it" : "them", " and add ",
+           one ? "its" : "their", " text again with `prepare --append`");
+}
+
 nlohmann::ordered_json read_dataset_json(const std::string& path) {
+  std::error_code ec;
+  MOE_CHECK(!fs::is_directory(path, ec), path, " is a directory, not a file: a folder's dataset.json is the list of "
+            "its token files that prepare writes; move the directory away");
   std::ifstream in(path);
-  MOE_CHECK(in.good(), "cannot read ", path);
+  MOE_CHECK(in.good(), "cannot read ", path, ": ", std::strerror(errno));
   nlohmann::ordered_json meta;
   try {
     meta = parse_bounded_json<nlohmann::ordered_json>(in, path);
   } catch (const nlohmann::json::exception& e) {
     MOE_FAIL(path, " is not valid JSON (", e.what(),
              "); it should list the folder's token files, as prepare writes it");
+  } catch (const Error&) {
+    throw;  // named already (a file nested too deep)
+  } catch (const std::exception& e) {  // a read error of the stream (an unreadable special file)
+    MOE_FAIL("cannot read ", path, ": ", e.what());
   }
   MOE_CHECK(meta.is_object(), path, " is not a JSON object; it should list the folder's token files under \"files\"");
   MOE_CHECK(meta.contains("files"), path, " has no \"files\" (the list of the folder's token files)");
@@ -43,8 +63,8 @@ nlohmann::ordered_json read_dataset_json(const std::string& path) {
     const std::string name = f["name"].get<std::string>();
     MOE_CHECK(!name.empty() && fs::path(name).filename() == name && name != "." && name != ".." &&
                   fs::path(name).extension() == ".npy",
-              path, ": \"", field, ".name\" is \"", name, "\", not a file name ending in .npy inside the folder");
-    MOE_CHECK(seen.insert(name).second, path, ": \"", field, ".name\" lists ", name, " a second time");
+              path, ": \"", field, ".name\" is \"", printable(name), "\", not a file name ending in .npy inside the folder");
+    MOE_CHECK(seen.insert(name).second, path, ": \"", field, ".name\" lists ", printable(name), " a second time");
     if (f.contains("tokens"))
       MOE_CHECK(f["tokens"].is_number_integer() && f["tokens"].get<int64_t>() >= 0, path, ": \"", field,
                 ".tokens\" must be an integer >= 0, got ", f["tokens"].dump());
@@ -52,7 +72,7 @@ nlohmann::ordered_json read_dataset_json(const std::string& path) {
   return meta;
 }
 
-std::vector<TokenFile> list_token_files(const std::string& folder) {
+std::vector<TokenFile> list_token_files(const std::string& folder, const std::string& key) {
   const fs::path dir(folder);
   std::vector<std::string> npy_on_disk;
   std::error_code ec;
@@ -64,8 +84,8 @@ std::vector<TokenFile> list_token_files(const std::string& folder) {
   std::vector<TokenFile> files;
   const fs::path meta_path = dir / "dataset.json";
   if (!fs::exists(meta_path, ec)) {
-    MOE_CHECK(!npy_on_disk.empty(), "data.path: folder '", folder, "' contains no .npy token files");
-    for (const std::string& name : npy_on_disk) files.push_back({(dir / name).string(), std::nullopt});
+    MOE_CHECK(!npy_on_disk.empty(), key, ": folder '", folder, "' contains no .npy token files");
+    for (const std::string& name : npy_on_disk) files.push_back({(dir / name).string(), std::nullopt, ""});
     return files;
   }
 
@@ -78,20 +98,14 @@ std::vector<TokenFile> list_token_files(const std::string& folder) {
     MOE_CHECK(fs::is_regular_file(file, ec), meta_path.string(), " lists ", name, ", but ", file.string(),
               fs::exists(file, ec) ? " is not a regular file" : " does not exist",
               "; restore it, or prepare the dataset again into a new folder");
-    files.push_back({file.string(), f.contains("tokens") ? std::optional<int64_t>(f["tokens"].get<int64_t>())
-                                                         : std::nullopt});
+    files.push_back({file.string(),
+                     f.contains("tokens") ? std::optional<int64_t>(f["tokens"].get<int64_t>()) : std::nullopt,
+                     meta_path.string()});
   }
   std::vector<std::string> unlisted;
   for (const std::string& name : npy_on_disk)
     if (!listed.count(name)) unlisted.push_back((dir / name).string());
-  if (!unlisted.empty()) {
-    const bool one = unlisted.size() == 1;
-    MOE_FAIL(one ? "token file " : "token files ", file_name_list(unlisted), one ? " is" : " are", " not listed in ",
-             meta_path.string(), ", which names the files of this dataset, and unlisted files are neither read nor ",
-             "skipped silently: move ", one ? "it" : "them", " out of the folder, or, if ",
-             one ? "it belongs" : "they belong", " to the dataset, delete ", one ? "it" : "them", " and add ",
-             one ? "its" : "their", " text again with `prepare --append`");
-  }
+  refuse_unlisted(unlisted, meta_path.string());
   std::sort(files.begin(), files.end(), [](const TokenFile& a, const TokenFile& b) { return a.path < b.path; });
   return files;
 }
