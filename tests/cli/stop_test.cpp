@@ -67,6 +67,18 @@ TEST_F(StopTest, a_signal_during_start_up_stops_at_the_first_step_boundary) {
   EXPECT_EQ(step_dirs(run_dir()).size(), 1u);
 }
 
+// Under nohup (SIGHUP ignored) the terminal closing must not stop the run.
+TEST_F(StopTest, a_sighup_that_nohup_ignores_stays_ignored) {
+  std::vector<std::string> args = long_run(run_dir(), 300);
+  std::string cmd = "trap '' HUP; '" + std::string(MOE_BINARY_DIR) + "/moetrain'";
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  cmd += " & pid=$!; while [ ! -s '" + run_dir() + "/metrics.jsonl' ]; do sleep 0.02; done; kill -HUP $pid; wait $pid";
+  const CliRun r = run({"/bin/bash", "-c", cmd});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.find("(SIGHUP)"), std::string::npos) << r.out;
+  EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000300"}) << "the run did not go on to its end";
+}
+
 TEST_F(StopTest, sigusr1_and_ctrl_c_stop_the_same_way) {
   for (const char* signal : {"USR1", "INT"}) {
     const std::string dir = path(std::string("run-") + signal);

@@ -31,7 +31,14 @@ void install_stop_handlers() {
   sa.sa_handler = record_stop;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  for (int signo : {SIGTERM, SIGUSR1, SIGHUP, SIGINT}) sigaction(signo, &sa, nullptr);
+  for (int signo : {SIGTERM, SIGUSR1, SIGHUP, SIGINT}) {
+    // An ignored SIGHUP stays ignored: `nohup moetrain train` must outlive its terminal, not stop
+    // when it closes. (The others are caught even when ignored: a shell script's background job
+    // starts with SIGINT ignored, and `kill -INT` is still meant to stop it.)
+    struct sigaction current {};
+    if (signo == SIGHUP && sigaction(signo, nullptr, &current) == 0 && current.sa_handler == SIG_IGN) continue;
+    sigaction(signo, &sa, nullptr);
+  }
 }
 
 int stop_signal() { return g_stop_signal; }

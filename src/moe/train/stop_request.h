@@ -10,7 +10,8 @@
 
 namespace moe {
 
-// Installs the handlers for SIGTERM, SIGUSR1, SIGHUP and SIGINT (idempotent).
+// Installs the handlers for SIGTERM, SIGUSR1, SIGHUP and SIGINT (idempotent); a SIGHUP that is
+// ignored already (nohup) stays ignored.
 void install_stop_handlers();
 // The first stop signal received (0 = none), e.g. SIGTERM.
 int stop_signal();

@@ -103,7 +103,7 @@ EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, c
     // The built-in corpus of the checkpoint's config: its held-out stream, in windows of seq_len + 1.
     MOE_CHECK(data_.attainable_loss().has_value(), "eval --data synthetic: this run's data is not the synthetic corpus");
     windows = data_.eval_num_sequences(T);
-    if (max_tokens > 0) windows = std::min(windows, (max_tokens + T - 1) / T);
+    if (max_tokens > 0) windows = std::min(windows, max_tokens / T);  // whole windows within max_tokens
     r = evaluate_windows(windows, [&](int64_t i, int32_t* in, int32_t* tg) { data_.eval_batch(i, 1, T, in, tg); }, 0,
                          logits_npy);
   } else {
