@@ -302,6 +302,58 @@ class NpyAppender:
         self.file.close()
 
 
+def leftover_temp_pid(name):
+    """The writer's process id of a temporary file a tokenize_hf.py or moetrain prepare run leaves
+    when it is killed (".<stem>.npy.tmp-<pid>", ".dataset.json.tmp-<pid>", and the older
+    ".<stem>.npy.tmp-<pid>.tmp-<pid>"), or 0 for any other name."""
+    def strip_tmp(n):
+        head, sep, digits = n.rpartition(".tmp-")
+        if not sep or not digits.isdigit() or len(digits) > 9 or not digits.isascii():
+            return None, 0
+        return head, int(digits)
+    if len(name) < 2 or not name.startswith("."):
+        return 0
+    target, pid = strip_tmp(name[1:])
+    if pid <= 0:
+        return 0
+    if target.endswith(".npy.tmp-" + str(pid)):
+        target, _ = strip_tmp(target)
+    if target != "dataset.json" and not (len(target) > 4 and target.endswith(".npy")):
+        return 0
+    return pid
+
+
+def refuse_leftover_temps(out, entries, append):
+    """Exits naming the temporaries of an interrupted run in <out>: they were never part of the
+    dataset, and this process did not create them, so they are not deleted here."""
+    leftovers = [(name, leftover_temp_pid(name)) for name in entries]
+    leftovers = [(name, pid) for name, pid in leftovers if pid > 0]
+    if not leftovers:
+        return
+    running = []
+    for _, pid in leftovers:
+        try:
+            os.kill(pid, 0)
+            running.append(pid)
+        except PermissionError:
+            running.append(pid)
+        except OSError:
+            pass
+    one = len(leftovers) == 1
+    paths = [os.path.join(out, name) for name, _ in leftovers]
+    if running:
+        whose = (f"a process with the id in {'its' if one else 'a'} name ({running[0]}) is running: if it is a "
+                 f"tokenize_hf.py or prepare writing into this folder, wait for it to end; otherwise "
+                 f"{'it is' if one else 'they are'} safe to delete")
+    else:
+        whose = (f"the process that wrote {'it is' if one else 'them are'} gone, so "
+                 f"{'it is' if one else 'they are'} safe to delete")
+    die(f"tokenize_hf.py{' --append' if append else ''}: output folder {out} holds "
+        f"{'a temporary file' if one else 'temporary files'} left by an interrupted tokenize_hf.py or prepare "
+        f"({names_text(paths)}), never part of the dataset; {whose}. Delete {'it' if one else 'them'} and run "
+        f"again; nothing was written")
+
+
 def names_text(names, shown=5):
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
@@ -348,6 +400,7 @@ def existing_dataset(out, append, header, inputs, names):
     entries = sorted(os.listdir(out))
     if not entries:
         return None
+    refuse_leftover_temps(out, entries, append)
     if not append:
         die(f"tokenize_hf.py: output folder {out} is not empty (it holds {names_text(entries)}); nothing is "
             f"overwritten: pass --append to add these inputs to the dataset there, or choose a new or empty folder")

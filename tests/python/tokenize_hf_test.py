@@ -384,6 +384,20 @@ class TokenizeHfTest(TempDirTest):
             self.assertEqual(f.read(), before)
         self.assertFalse(os.path.exists(self.path("new")))
 
+    def test_leftover_temporaries_of_a_killed_run_are_named_not_appended_past(self):
+        # What a kill -9 leaves: the folder's dataset stays as it was, the temporary is in the way.
+        self.tokenize("data", "--tokenizer", self.bpe, inputs=[self.text])
+        leftover = self.path("data", ".more.npy.tmp-999999")
+        with open(leftover, "wb") as f:
+            f.write(b"partial")
+        for args in ([], ["--append"]):
+            r = self.tokenize("data", "--tokenizer", self.bpe, *args, inputs=[self.jsonl], check=False)
+            self.assert_one_line_error(r, "left by an interrupted", ".more.npy.tmp-999999", "safe to delete",
+                                       "nothing was written")
+        self.assertEqual(sorted(os.listdir(self.path("data"))), [".more.npy.tmp-999999", "corpus.npy", "dataset.json"])
+        os.remove(leftover)
+        self.tokenize("data", "--tokenizer", self.bpe, "--append", inputs=[self.jsonl])
+
     def test_moetrain_trains_on_the_output(self):
         self.tokenize("data", "--tokenizer", self.bpe, "--workers", "3")
         vocab = Tokenizer.from_file(self.bpe).get_vocab_size()
