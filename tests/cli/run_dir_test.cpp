@@ -214,6 +214,7 @@ TEST_F(CliTest, resume_from_another_directory_into_one_holding_a_run_is_refused)
   ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
   const CliRun r = moetrain(tiny_train({"--steps", "3", "--resume", other + "/step-000002"}));
   expect_error(r, {run_dir(), "another directory", "--overwrite"});
+  EXPECT_EQ(r.out.find("resumed from"), std::string::npos) << "a refused start did not resume:\n" << r.out;
   EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000002"});
 }
 

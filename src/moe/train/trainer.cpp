@@ -472,6 +472,7 @@ TrainSummary Trainer::run() {
     }
   }
   if (!opts_.bench) check_run_dir_is_shared();
+  if (!resume_note_.empty()) std::fputs(resume_note_.c_str(), stdout);
   const bool talk = leader() && !opts_.quiet;
   if (talk) print_plan();
   const double dp = static_cast<double>(world_.size());

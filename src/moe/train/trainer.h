@@ -192,6 +192,7 @@ class Trainer {
   int64_t skipped_steps_ = 0;      // in the whole run, resumes included
   std::string resumed_from_;       // the checkpoint this process started from ("" = fresh)
   std::string run_id_;             // stays the same across resumes (train_state.json)
+  std::string resume_note_;  // "resumed from ..." (rank 0), printed by run() once run.dir is claimed
   bool told_of_other_checkpoints_ = false;  // keep_last found another run's checkpoints (printed once)
   nlohmann::json init_from_;       // where the run's first weights came from (null = its own init)
   std::optional<std::chrono::steady_clock::time_point> deadline_;  // train.max_duration, from run()

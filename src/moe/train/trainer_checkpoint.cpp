@@ -50,22 +50,25 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
   // A fine-tuning run keeps the record of where its first weights came from.
   if (ckpt.train_state().contains("init_from")) init_from_ = ckpt.train_state()["init_from"];
   if (!opts_.quiet && leader()) {
-    std::printf("resumed from %s at step %ld (read in %.2f s; rank 0 peak resident memory %s before, %s after)\n",
-                dir.c_str(), static_cast<long>(start_step_), seconds_since(t0),
-                format_bytes(static_cast<double>(rss_before)).c_str(),
-                format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
+    // Said by run() once the run directory is claimed: a start refused there did not resume.
+    char line[1024];
+    std::snprintf(line, sizeof line, "resumed from %s at step %ld (read in %.2f s; rank 0 peak resident memory %s "
+                  "before, %s after)\n", dir.c_str(), static_cast<long>(start_step_), seconds_since(t0),
+                  format_bytes(static_cast<double>(rss_before)).c_str(),
+                  format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
+    resume_note_ = line;
     if (init_from_.is_object() && init_from_.contains("path") && init_from_["path"].is_string())
-      std::printf("  (this run was initialized from %s)\n", init_from_["path"].get<std::string>().c_str());
+      resume_note_ += "  (this run was initialized from " + init_from_["path"].get<std::string>() + ")\n";
     // Precision and payload may change across a resume (the FP32 weights are the truth); say so.
     if (ckpt.train_state().contains("config")) {
       try {
         const Config before = parse_stored_config(ckpt.train_state_string("config"), dir + "/train_state.json", {},
                                                   /*validate=*/false);
         if (before.train.precision != cfg_.train.precision || before.ep.payload != cfg_.ep.payload)
-          std::printf("  note: the checkpoint was trained with train.precision = \"%s\", ep.payload = \"%s\"; this "
-                      "run continues with \"%s\", \"%s\"\n",
-                      to_string(before.train.precision), to_string(before.ep.payload),
-                      to_string(cfg_.train.precision), to_string(cfg_.ep.payload));
+          resume_note_ += std::string("  note: the checkpoint was trained with train.precision = \"") +
+                          to_string(before.train.precision) + "\", ep.payload = \"" + to_string(before.ep.payload) +
+                          "\"; this run continues with \"" + to_string(cfg_.train.precision) + "\", \"" +
+                          to_string(cfg_.ep.payload) + "\"\n";
       } catch (const Error&) {
         // A stored config this build cannot read is no reason to refuse the resume: no note.
       }
