@@ -107,6 +107,7 @@ TEST(Config, ValuesOutsideAKeysRangeAreRefusedNamingTheKeyAndTheRange) {
       {"train.lr=9007199254740993", "must be a finite number in [0, 10], got 9007199254740993"},
       {"train.lr=-9223372036854775807", "got -9223372036854775807"},
       {"model.capacity_factor=9007199254740993", "got 9007199254740993"},
+      {"run.peak_tflops=1e-320", "run.peak_tflops = "},  // an MFU of inf%
   };
   for (const auto& c : cases) {
     const std::string e = error_of([&] { load_config("tiny", {c.set}); });

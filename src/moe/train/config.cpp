@@ -686,6 +686,9 @@ int64_t ParallelConfig::dp(int64_t world) const {
 void Config::validate(int64_t dp) const {
   visit_config_keys(*this, RangeCheck{});
   parse_duration(train.max_duration, "train.max_duration");
+  // A peak this small (a denormal, say) would print an MFU of inf%; no device is that slow.
+  MOE_CHECK(run.peak_tflops == 0 || run.peak_tflops >= 1e-6, "run.peak_tflops = ", run.peak_tflops,
+            " is not a device's peak: give its TFLOP/s (at least 1e-6), or 0 for the device's default");
   // The name becomes a folder (runs/<name>) when run.dir is empty.
   MOE_CHECK(!name.empty() && name != "." && name != ".." &&
                 name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") ==
