@@ -421,6 +421,15 @@ TEST_F(HfImport, output_that_is_a_file_is_refused_and_left_alone) {
   EXPECT_EQ(read_file(out()), "mine");
 }
 
+TEST_F(HfImport, output_that_is_a_symbolic_link_is_named_as_one_and_left_alone) {
+  write();
+  fs::create_directory(path("empty"));
+  fs::create_directory_symlink(path("empty"), out());
+  expect_refused({out(), "is a symbolic link"});
+  EXPECT_TRUE(fs::is_symlink(out()));
+  EXPECT_TRUE(fs::is_empty(path("empty")));
+}
+
 TEST_F(HfImport, output_that_is_not_empty_is_refused_and_left_alone) {
   write();
   fs::create_directory(out());

@@ -92,6 +92,10 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
   std::error_code ec;
   const fs::file_status out_status = fs::symlink_status(out, ec);
   if (fs::exists(out_status)) {
+    // A symbolic link is refused as it is (the import renames its result into place, which would
+    // replace the link, not fill the folder it points to).
+    MOE_CHECK(!fs::is_symlink(out_status), "import-hf: output '", out_run_dir,
+              "' is a symbolic link; give the folder itself, or a new path");
     MOE_CHECK(fs::is_directory(out_status), "import-hf: output '", out_run_dir,
               "' exists and is not a directory; choose a new directory");
     MOE_CHECK(fs::is_empty(out, ec) && !ec, "import-hf: output '", out_run_dir,
