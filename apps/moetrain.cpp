@@ -376,14 +376,16 @@ int main(int argc, char** argv) {
     if (world.size() > 1) world.barrier();
     return code;
   };
-  // Every rank must run the same command. Ranks started with different subcommands, or a train
-  // whose --resume, --init-from or --overwrite differ (an MPMD launch, `mpirun A : B`), would wait
-  // in different collectives for ever; the config's own agreement covers --config, --set and the
+  // Every rank must run the same command. Ranks started with different subcommands, a train whose
+  // --resume, --init-from or --overwrite differ, or a bench whose --check or --calibrate do (an
+  // MPMD launch, `mpirun A : B`), would wait in different collectives for ever; the config's own agreement covers --config, --set and the
   // flags that become config keys.
   if (world.size() > 1) {
     std::string command = app.get_subcommands().front()->get_name();
     if (train->parsed())
       command += " --resume '" + resume + "' --init-from '" + init_from + "'" + (overwrite ? " --overwrite" : "");
+    if (bench->parsed())  // each mode runs other collectives
+      command += std::string(bench_check ? " --check" : "") + (bench_calibrate.empty() ? "" : " --calibrate");
     const moe::StringAgreement same = moe::agree_on_string(world, command);
     if (same.differing_rank >= 0)
       return usage_or_error_once("the ranks were started with different commands: rank 0 runs `moetrain " +

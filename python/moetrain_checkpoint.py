@@ -123,7 +123,7 @@ def resolve_checkpoint(path):
     if os.path.isdir(p) and os.path.exists(os.path.join(p, "index.json")):
         return p
     run = p
-    if os.path.basename(p) == "latest":
+    if os.path.basename(p) == "latest" and not os.path.exists(p):  # a run folder named latest is itself
         run = os.path.dirname(p) or "."
     if not os.path.isdir(run):
         _fail(f"cannot resolve checkpoint {path}: neither a checkpoint directory nor a run directory")

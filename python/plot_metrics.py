@@ -20,6 +20,7 @@ only with --overwrite; the image is written under a temporary name and then move
   python3 python/plot_metrics.py runs/tiny runs/tiny-sigmoid --out curves.png [--abandoned] [--overwrite]
 """
 import argparse
+import errno
 import math
 import os
 import sys
@@ -148,7 +149,16 @@ def save_figure(fig, out, extension, overwrite):
         if overwrite:
             os.replace(temp, out)
         else:
-            os.link(temp, out)
+            try:
+                os.link(temp, out)
+            except OSError as e:
+                if isinstance(e, FileExistsError) or e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV,
+                                                                       errno.EOPNOTSUPP, errno.EMLINK):
+                    raise
+                # A filesystem without hard links (exFAT, SMB, some FUSE mounts): claim the name
+                # with an exclusive create, then move the image over the empty claim.
+                os.close(os.open(out, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                os.replace(temp, out)
     except FileExistsError:
         sys.exit(f"error: --out {out} appeared while plotting; nothing is overwritten: pass --overwrite to replace "
                  f"it, or choose another file")

@@ -29,13 +29,13 @@ document (empty, only blank lines, only "" texts) is refused, as `moetrain prepa
 Nothing is overwritten: <out> must be new or empty, unless --append adds the inputs to the dataset
 already there (same tokenizer, vocabulary, EOS and dtype; no input may become a file already listed
 or present). The tokenizer is the same when its file's bytes are: dataset.json records their
-SHA-256 ("tokenizer_sha256"), and a dataset.json without one (an older tokenize_hf.py) cannot be
-appended to. Files are written under temporary names and renamed at the end (dataset.json last);
+SHA-256 ("tokenizer_sha256"); a dataset.json without one (an older tokenize_hf.py) is appended to
+only with --trust-tokenizer and a tokenizer file of the recorded name (its hash is recorded then). Files are written under temporary names and renamed at the end (dataset.json last);
 on failure, a worker process that dies, SIGINT or SIGTERM, the temporary files are removed and
 nothing is left behind (a signal during the final renames waits for them to finish).
 
   python3 python/tokenize_hf.py --tokenizer tokenizer.json --out data/mine a.txt b.jsonl.gz
-                                [--workers N] [--jsonl-field text] [--eos-id N] [--append]
+                                [--workers N] [--jsonl-field text] [--eos-id N] [--append] [--trust-tokenizer]
 """
 import argparse
 import collections
@@ -372,13 +372,25 @@ def lock_folder(out):
     _held_locks.append(fd)
 
 
-def check_same_tokenizer(meta, meta_path, header):
-    """Exits unless the Hugging Face dataset.json `meta` was written with a tokenizer file of the same bytes."""
+def check_same_tokenizer(meta, meta_path, header, trust):
+    """Exits unless the Hugging Face dataset.json `meta` was written with a tokenizer file of the same bytes.
+
+    A dataset.json of an older tokenize_hf.py records no hash: with `trust` (--trust-tokenizer, the
+    user's word that it is the same tokenizer) the append goes on when the tokenizer file's name
+    matches, and the hash is recorded from then on; without it the append is refused."""
     recorded, file = meta.get("tokenizer_sha256"), meta.get("tokenizer_file")
     if recorded is None:
+        same_name = os.path.basename(str(file)) == os.path.basename(header["tokenizer_file"])
+        if trust and same_name:
+            print(f"warning: {meta_path} records no tokenizer_sha256 (an older tokenize_hf.py wrote it); "
+                  f"--trust-tokenizer: taking {header['tokenizer_file']} for the tokenizer its files were written "
+                  f"with, and recording its sha256", file=sys.stderr)
+            meta["tokenizer_sha256"] = header["tokenizer_sha256"]
+            return
         die(f"tokenize_hf.py --append: {meta_path} records no tokenizer_sha256 (an older tokenize_hf.py wrote it), so "
-            f"its files' tokenizer ({json.dumps(file)}) cannot be verified to be {header['tokenizer_file']}; write "
-            f"these inputs into a new folder (training reads several: data.sources)")
+            f"its files' tokenizer ({json.dumps(file)}) cannot be verified to be {header['tokenizer_file']}; "
+            + ("pass --trust-tokenizer if it is that very file, or " if same_name and not trust else "")
+            + "write these inputs into a new folder (training reads several: data.sources)")
     if recorded != header["tokenizer_sha256"]:
         die(f"tokenize_hf.py --append: {meta_path} was written with the tokenizer {json.dumps(file)} (sha256 "
             f"{str(recorded)[:16]}...), but --tokenizer {header['tokenizer_file']} is another file (sha256 "
@@ -386,7 +398,7 @@ def check_same_tokenizer(meta, meta_path, header):
             f"or pass the tokenizer file the dataset was written with")
 
 
-def existing_dataset(out, append, header, inputs, names):
+def existing_dataset(out, append, header, inputs, names, trust=False):
     """The dataset.json that the new files are added to (None for a new or empty folder).
 
     Exits naming the problem when <out> holds anything and --append is not given, or when --append
@@ -422,7 +434,7 @@ def existing_dataset(out, append, header, inputs, names):
                                                   for f in files):
             die(f'tokenize_hf.py --append: {meta_path}: "files" must be an array of {{"name": ...}} objects')
         if meta.get("tokenizer") == header["tokenizer"]:
-            check_same_tokenizer(meta, meta_path, header)
+            check_same_tokenizer(meta, meta_path, header, trust)
         for key in ("tokenizer", "vocab_size", "eos_token_id", "dtype"):
             if meta.get(key) != header[key]:
                 die(f'tokenize_hf.py --append: {meta_path} has "{key}": {json.dumps(meta.get(key))}, but this '
@@ -481,7 +493,10 @@ def on_signal(signum, frame):
 
 def main(argv=None):
     """The command line: signals are turned into a clean stop (temporary files removed, exit 128 + signal)."""
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # A signal ignored at start stays ignored (a background job of a script starts with SIGINT
+    # ignored; a Ctrl-C meant for the foreground job must not stop it), as moetrain prepare does.
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(sig) is not signal.SIG_IGN}
     _signals.update(defer=False, deferred=None)
     try:
         tokenize(argv)
@@ -504,6 +519,9 @@ def tokenize(argv):
     ap.add_argument("--out", required=True, help="output folder: new or empty, unless --append")
     ap.add_argument("--append", action="store_true",
                     help="add the inputs to the dataset already in --out (never overwrites a file)")
+    ap.add_argument("--trust-tokenizer", action="store_true",
+                    help="with --append to a dataset.json of an older tokenize_hf.py (no tokenizer hash): take "
+                         "--tokenizer, a file of the recorded name, for the one its files were written with")
     ap.add_argument("--eos-id", type=int, help="EOS token id (default: looked up in the tokenizer)")
     ap.add_argument("--workers", type=positive_int, default=1,
                     help="encoding processes (default 1: this process, with the tokenizer's own threads)")
@@ -559,7 +577,8 @@ def tokenize(argv):
     # One writer at a time per output (as moetrain prepare): two --append runs into one folder would
     # each rewrite dataset.json from what they read. The lock is held until the process exits.
     lock_folder(args.out)
-    meta = existing_dataset(args.out, args.append, header, args.inputs, names) or dict(header, files=[])
+    meta = existing_dataset(args.out, args.append, header, args.inputs, names, args.trust_tokenizer) or \
+        dict(header, files=[])
 
     def ids(text):
         return tok.encode(text, add_special_tokens=False).ids

@@ -105,6 +105,11 @@ class CheckpointReaderTest(TempDirTest):
     def test_a_run_folder_resolves_to_its_newest_checkpoint_unless_a_set_aside_excludes_it(self):
         self.assertEqual(mc.Checkpoint(self.run_dir).step, 2)
         self.assertEqual(mc.Checkpoint(os.path.join(self.run_dir, "latest")).step, 2)
+        # A run folder that is itself named latest is that folder, as moetrain reads it.
+        named_latest = self.path("exp", "latest")
+        shutil.copytree(self.run_dir, named_latest)
+        shutil.rmtree(os.path.join(named_latest, "step-000002"))
+        self.assertEqual(mc.Checkpoint(named_latest).step, 1)
         run_dir = self.path("run")
         shutil.copytree(self.run_dir, run_dir)
         # An interrupted resume from step 1 is moving step-000002 away: readers must not pick it.

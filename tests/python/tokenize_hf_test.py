@@ -332,8 +332,16 @@ class TokenizeHfTest(TempDirTest):
         with open(self.path("old", "dataset.json"), "w") as f:
             json.dump(meta, f)
         r = self.tokenize("old", "--tokenizer", self.bpe, "--append", inputs=[self.jsonl], check=False)
-        self.assert_one_line_error(r, "records no tokenizer_sha256", "cannot be verified", "new folder")
+        self.assert_one_line_error(r, "records no tokenizer_sha256", "cannot be verified", "--trust-tokenizer",
+                                   "new folder")
         self.assertEqual(sorted(os.listdir(self.path("old"))), ["corpus.npy", "dataset.json"])
+        # The user's word that it is that very file: appended, and the hash recorded from then on.
+        r = self.tokenize("old", "--tokenizer", self.bpe, "--append", "--trust-tokenizer", inputs=[self.jsonl])
+        self.assertIn("--trust-tokenizer", r.stderr)
+        with open(self.path("old", "dataset.json")) as f:
+            meta = json.load(f)
+        self.assertEqual(len(meta["files"]), 2)
+        self.assertIn("tokenizer_sha256", meta)
 
     def start(self, out, *args, inputs):
         cmd = [sys.executable, os.path.join(SOURCE_DIR, "python", "tokenize_hf.py"), "--tokenizer", self.bpe,

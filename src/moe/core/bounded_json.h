@@ -15,31 +15,30 @@ namespace moe {
 
 inline constexpr int kMaxJsonDepth = 64;
 
+// The parse callback that refuses nesting past kMaxJsonDepth, then runs `also` (if any).
+template <class Json>
+typename Json::parser_callback_t depth_bound(const std::string& shown, typename Json::parser_callback_t also) {
+  return [shown, also](int depth, typename Json::parse_event_t event, Json& parsed) {
+    if (depth >= kMaxJsonDepth)  // depth counts the levels outside the current one
+      MOE_FAIL(shown, " nests JSON arrays or objects more than ", kMaxJsonDepth,
+               " levels deep; no file moetrain reads does: it is not the file it should be");
+    return also ? also(depth, event, parsed) : true;
+  };
+}
+
 // Json::parse(input) with the depth bound; `shown` names the file in the error. `also` is the
 // caller's own parse callback (run after the bound); allow_exceptions as in nlohmann's parse (the
 // depth error is thrown either way).
 template <class Json = nlohmann::json, class Input>
 Json parse_bounded_json(Input&& input, const std::string& shown, typename Json::parser_callback_t also = nullptr,
                         bool allow_exceptions = true) {
-  auto bounded = [&](int depth, typename Json::parse_event_t event, Json& parsed) {
-    if (depth >= kMaxJsonDepth)  // depth counts the levels outside the current one
-      MOE_FAIL(shown, " nests JSON arrays or objects more than ", kMaxJsonDepth,
-               " levels deep; no file moetrain reads does: it is not the file it should be");
-    return also ? also(depth, event, parsed) : true;
-  };
-  return Json::parse(std::forward<Input>(input), bounded, allow_exceptions);
+  return Json::parse(std::forward<Input>(input), depth_bound<Json>(shown, also), allow_exceptions);
 }
 
 // The same over [first, last) (a header inside a mapped file).
 template <class Json = nlohmann::json, class It>
 Json parse_bounded_json_range(It first, It last, const std::string& shown) {
-  auto bounded = [&](int depth, typename Json::parse_event_t, Json&) {
-    if (depth >= kMaxJsonDepth)  // depth counts the levels outside the current one
-      MOE_FAIL(shown, " nests JSON arrays or objects more than ", kMaxJsonDepth,
-               " levels deep; no file moetrain reads does: it is not the file it should be");
-    return true;
-  };
-  return Json::parse(first, last, bounded);
+  return Json::parse(first, last, depth_bound<Json>(shown, nullptr));
 }
 
 }  // namespace moe

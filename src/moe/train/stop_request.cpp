@@ -27,6 +27,11 @@ extern "C" void record_stop(int signo) {
 }  // namespace
 
 void install_stop_handlers() {
+  // Once per process: `moetrain train` installs them before building the trainer and run() again;
+  // a second install would re-arm the SIGINT that a first Ctrl-C set back to its default action.
+  static bool installed = false;
+  if (installed) return;
+  installed = true;
   struct sigaction sa {};
   sa.sa_handler = record_stop;
   sigemptyset(&sa.sa_mask);
