@@ -10,6 +10,7 @@
 
 #include "moe/data/eval_windows.h"
 #include "moe/data/npy.h"
+#include "../ckpt/temp_dir.h"
 
 using namespace moe;
 namespace fs = std::filesystem;
@@ -18,14 +19,8 @@ namespace {
 
 class EvalWindowsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("moe_eval_windows_test_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  moe::testing::TempDir tmp_;  // removed with its files when the test ends
+  fs::path dir_{tmp_.path};
 };
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "moe/data/eval_windows.h"
 #include "moe/data/npy.h"
 #include "moe/data/token_sources.h"
+#include "../ckpt/temp_dir.h"
 
 using namespace moe;
 namespace fs = std::filesystem;
@@ -41,15 +42,7 @@ void expect_contains(const std::string& message, const std::vector<std::string>&
 
 class TokenSourcesTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("moe_token_sources_test_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return tmp_ / name; }
   // <sub>/<name>: n tokens 0, 1, 2, ... (mod kVocab) as uint16 .npy.
   std::string npy(const std::string& name, int64_t n) const {
     fs::create_directories(fs::path(path(name)).parent_path());
@@ -86,7 +79,7 @@ class TokenSourcesTest : public ::testing::Test {
     return error_of([&] { EvalWindows::open(data_path, format, TokenDType::U16, 16, kVocab, 0, eval_key); });
   }
 
-  fs::path dir_;
+  moe::testing::TempDir tmp_;  // removed with its files when the test ends
 };
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "moe/core/error.h"
 #include "moe/core/printable.h"
+#include "moe/core/signal_safe_write.h"
 
 namespace moe {
 
@@ -66,7 +67,8 @@ class PrepareOutputs {
   const std::string& claim_temp() {
     const size_t i = temps_claimed_.load();
     std::error_code ec;
-    MOE_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(temps_[i], ec)), "prepare: ", printable(temps_[i]),
+    MOE_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(temps_[i], ec)), "prepare: ",
+              printable(temps_[i]),
               " is in the way of a temporary file (left by an interrupted prepare whose process id this one "
               "reuses); delete it and run again");
     temps_claimed_.store(i + 1);
@@ -109,16 +111,6 @@ class PrepareOutputs {
     g_active.store(nullptr);
   }
 
-  static void write_all(const char* s) {
-    size_t n = std::strlen(s);
-    while (n > 0) {
-      const ssize_t w = ::write(2, s, n);
-      if (w <= 0) return;
-      s += w;
-      n -= static_cast<size_t>(w);
-    }
-  }
-
   // Only async-signal-safe calls (unlink, rmdir, write, sigaction, sigprocmask, raise).
   static void on_signal(int sig) {
     PrepareOutputs* self = g_active.load();
@@ -129,11 +121,11 @@ class PrepareOutputs {
     if (self != nullptr && self->armed_) {
       for (size_t i = 0; i < self->temps_claimed_.load(); ++i) ::unlink(self->temps_[i].c_str());
       for (size_t i = self->dirs_created_.load(); i-- > 0;) ::rmdir(self->dirs_[i].c_str());
-      write_all("error: prepare was interrupted (");
-      write_all(sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
-      write_all("); it removed its temporary files and the folders it created, so ");
-      write_all(self->out_dir_.c_str());
-      write_all(" is as it was before\n");
+      write_stderr_signal_safe("error: prepare was interrupted (");
+      write_stderr_signal_safe(sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
+      write_stderr_signal_safe("); it removed its temporary files and the folders it created, so ");
+      write_stderr_signal_safe(self->out_dir_.c_str());
+      write_stderr_signal_safe(" is as it was before\n");
     }
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;

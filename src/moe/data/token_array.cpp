@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "moe/core/error.h"
+#include "moe/core/signal_safe_write.h"
 
 namespace moe {
 
@@ -30,29 +31,19 @@ constexpr int kMaxMappings = 4096;
 Mapping g_mappings[kMaxMappings];
 std::atomic<int> g_mapping_count{0};
 
-void write_all(const char* s) {
-  size_t n = std::strlen(s);
-  while (n > 0) {
-    const ssize_t w = ::write(2, s, n);
-    if (w <= 0) return;
-    s += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 extern "C" void report_token_file_fault(int, siginfo_t* info, void*) {
   const auto at = reinterpret_cast<uintptr_t>(info->si_addr);
-  write_all("error: a memory-mapped token file could not be read (SIGBUS): ");
+  write_stderr_signal_safe("error: a memory-mapped token file could not be read (SIGBUS): ");
   const int n = g_mapping_count.load();
   bool named = false;
   for (int i = 0; i < n && i < kMaxMappings; ++i)
     if (at >= g_mappings[i].begin.load() && at < g_mappings[i].end.load()) {
-      write_all(g_mappings[i].path);
+      write_stderr_signal_safe(g_mappings[i].path);
       named = true;
       break;
     }
-  if (!named) write_all("(unknown file)");
-  write_all(" was truncated or replaced while training read it; restore it and resume from the last checkpoint\n");
+  if (!named) write_stderr_signal_safe("(unknown file)");
+  write_stderr_signal_safe(" was truncated or replaced while training read it; restore it and resume from the last checkpoint\n");
   ::_exit(1);
 }
 

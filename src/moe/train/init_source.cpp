@@ -94,15 +94,11 @@ nlohmann::json InitSource::record() const {
 }
 
 void check_stored_shapes(const CheckpointReader& ckpt, const ParamRegistry& reg, bool moments) {
-  const auto text = [](const std::vector<int64_t>& shape) {
-    std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-    return s + "]";
-  };
   const auto expect = [&](const std::string& key, const std::vector<int64_t>& want) {
     const std::vector<int64_t> got = ckpt.global_shape(key);
-    MOE_CHECK(got == want, "checkpoint ", ckpt.dir(), ": tensor '", key, "' is stored as ", text(got),
-              " but this run's model needs ", text(want), "; the checkpoint does not hold this model's weights");
+    MOE_CHECK(got == want, "checkpoint ", ckpt.dir(), ": tensor '", key, "' is stored as ", nlohmann::json(got).dump(),
+              " but this run's model needs ", nlohmann::json(want).dump(),
+              "; the checkpoint does not hold this model's weights");
   };
   for (const ParamEntry& e : reg.entries()) {
     const std::vector<int64_t> want(e.global_shape.dims.begin(), e.global_shape.dims.begin() + e.global_shape.ndim);
