@@ -41,7 +41,6 @@ import argparse
 import collections
 import concurrent.futures
 import concurrent.futures.process
-import fcntl
 import gzip
 import hashlib
 import json
@@ -50,6 +49,8 @@ import os
 import signal
 import struct
 import sys
+
+import dataset_output
 
 try:
     import numpy as np
@@ -359,19 +360,6 @@ def names_text(names, shown=5):
     return ", ".join(names[:shown]) + more
 
 
-_held_locks = []
-
-
-def lock_folder(out):
-    """Exclusive flock of out's nearest existing ancestor (out itself when it exists); waits."""
-    path = os.path.abspath(out)
-    while not os.path.isdir(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    fd = os.open(path, os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    _held_locks.append(fd)
-
-
 def check_same_tokenizer(meta, meta_path, header, trust):
     """Exits unless the Hugging Face dataset.json `meta` was written with a tokenizer file of the same bytes.
 
@@ -574,12 +562,6 @@ def tokenize(argv):
               "tokenizer_sha256": hashlib.sha256(tokenizer_bytes).hexdigest(), "vocab_size": vocab_size,
               "eos_token_id": eos, "dtype": dtype_name}
     names = [s + ".npy" for s in stems]
-    # One writer at a time per output (as moetrain prepare): two --append runs into one folder would
-    # each rewrite dataset.json from what they read. The lock is held until the process exits.
-    lock_folder(args.out)
-    meta = existing_dataset(args.out, args.append, header, args.inputs, names, args.trust_tokenizer) or \
-        dict(header, files=[])
-
     def ids(text):
         return tok.encode(text, add_special_tokens=False).ids
     cut_inside = all(ids(a + b) == ids(a) + ids(b) for a, b in CUT_PROBES)
@@ -588,7 +570,13 @@ def tokenize(argv):
               f"document, so every document is encoded whole (memory grows with the longest document)",
               file=sys.stderr)
 
-    created = not os.path.isdir(args.out)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        die(f"tokenize_hf.py: output path {args.out} exists and is not a folder")
+    # One writer at a time per output folder, held until the process exits (python/dataset_output.py).
+    try:
+        created = dataset_output.lock_output_folder(args.out)
+    except OSError as e:
+        die(f"tokenize_hf.py: cannot create or lock the output folder {args.out}: {e}")
     suffix = f".tmp-{os.getpid()}"
     temps, files, writer = [], [], None
 
@@ -599,7 +587,10 @@ def tokenize(argv):
         files.append({"name": names[current], "tokens": writer.tokens, "documents": documents,
                       "source": args.inputs[current]})
     try:
-        os.makedirs(args.out, exist_ok=True)
+        meta = existing_dataset(args.out, args.append, header, args.inputs, names, args.trust_tokenizer) or \
+            dict(header, files=[])
+        meta_path = os.path.join(args.out, "dataset.json")
+        replaceable = [meta_path] if os.path.exists(meta_path) else []  # read above, under the lock
         tasks = ((i, (path, *piece)) for i, path in enumerate(args.inputs)
                  for piece in pieces(path, args.chunk_bytes, cut_inside))
         init_args = (tokenizer_json, eos, dtype_name, args.jsonl_field, cut_inside)
@@ -622,14 +613,15 @@ def tokenize(argv):
         with open(temp, "w") as f:
             json.dump(meta, f, indent=2)
             f.write("\n")
-        for _, final in temps[:-1]:  # anything created in the folder since it was checked is not overwritten
-            if os.path.lexists(final):
-                die(f"tokenize_hf.py: {final} appeared while tokenizing; nothing was written, run again")
-        # A signal from here on waits until the renames are done: half of them would leave token files
-        # that dataset.json does not list, and training refuses such a folder.
+        # A signal from here on waits until the renames are done. dataset.json last: its new list marks
+        # the new files as the dataset's. Anything created in the folder since it was checked is not
+        # overwritten: then no new file is left.
         _signals["defer"] = True
-        for temp, final in temps:  # dataset.json last: its new list marks the new files as the dataset's
-            os.replace(temp, final)
+        try:
+            dataset_output.place_outputs(temps, replaceable)
+        except FileExistsError as e:
+            raise InputError(f"tokenize_hf.py: {e.filename} appeared while tokenizing; nothing was written, "
+                             f"run again") from None
     except BaseException as e:
         _signals["defer"] = True  # a second Ctrl-C does not stop the cleanup
         if writer and not writer.file.closed:
@@ -637,8 +629,7 @@ def tokenize(argv):
         for temp, _ in temps:
             if os.path.exists(temp):
                 os.remove(temp)
-        if created and os.path.isdir(args.out) and not os.listdir(args.out):
-            os.rmdir(args.out)
+        dataset_output.remove_empty_folders(created)
         if isinstance(e, (InputError, WorkerError)):
             die(str(e))
         if isinstance(e, OSError):  # writing: a full disk, a folder that cannot be created

@@ -175,4 +175,45 @@ TEST_F(PrepareCliTest, an_input_name_that_is_not_utf8_is_refused_naming_it) {
   EXPECT_FALSE(fs::exists(path("data")));
 }
 
+// A file that appears in the output folder under a name prepare is about to take (after its
+// checks, before its renames) is never overwritten, and the files the call already renamed are
+// removed again: the folder holds the other file and nothing of the failed call. Before, a failure
+// halfway through the renames left part of a dataset. The test hook holds prepare after writing its
+// temporary files until the file named by MOE_TEST_PREPARE_PAUSE exists.
+TEST_F(PrepareCliTest, a_file_appearing_under_a_target_name_stops_prepare_and_leaves_no_part_of_a_dataset) {
+  const std::string a = write_text("a.txt", 2000, 'a');
+  const std::string b = write_text("b.txt", 1500, 'b');
+  const std::string resume = path("resume");
+  const std::string cmd = "MOE_TEST_PREPARE_PAUSE='" + resume + "' '" MOE_BINARY_DIR "/moetrain' prepare '" + a +
+                          "' '" + b + "' --out '" + path("data") + "' & pid=$!; " +
+                          until_a_temporary_is_in(path("data")) + "; echo mine > '" + path("data/b.npy") +
+                          "'; touch '" + resume + "'; wait $pid";
+  const CliRun r = run({"/bin/bash", "-c", cmd});
+  expect_error(r, {path("data/b.npy"), "appeared while prepare ran"});
+  const std::map<std::string, std::string> expected = {{"b.npy", "mine\n"}};
+  EXPECT_EQ(snapshot(path("data")), expected) << "a.npy renamed before the failure is removed; b.npy is untouched";
+}
+
+// A prepare into a folder that another prepare is creating waits for it (saying so), then sees
+// what it wrote. Before, it locked the new folder while the first held only the folder's parent,
+// and took the first call's temporary files for an interrupted prepare's.
+TEST_F(PrepareCliTest, a_prepare_into_a_folder_another_is_creating_waits_for_it_and_then_appends) {
+  const std::string a = write_text("a.txt", 2000, 'a');
+  const std::string b = write_text("b.txt", 1500, 'b');
+  const std::string out = path("new/data");
+  const std::string resume = path("resume");
+  const std::string cmd = "MOE_TEST_PREPARE_PAUSE='" + resume + "' '" MOE_BINARY_DIR "/moetrain' prepare '" + a +
+                          "' --out '" + out + "' > /dev/null & first=$!; " + until_a_temporary_is_in(out) +
+                          "; '" MOE_BINARY_DIR "/moetrain' prepare '" + b + "' --append --out '" + out +
+                          "' > /dev/null & second=$!; sleep 0.5; kill -0 $second || exit 3; touch '" + resume +
+                          "'; wait $first || exit 4; wait $second";
+  const CliRun r = run({"/bin/bash", "-c", cmd});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("prepare: waiting for another prepare or tokenize_hf.py writing into " + out + " to finish"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(listed_names(out + "/dataset.json"), (std::vector<std::string>{"a.npy", "b.npy"}));
+  EXPECT_EQ(moetrain(train_on(out)).exit_code, 0) << "the folder trains";
+}
+
 }  // namespace

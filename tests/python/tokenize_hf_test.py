@@ -23,6 +23,7 @@ import unittest
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+import dataset_output
 import tokenize_hf
 from moe_test_util import SOURCE_DIR, TempDirTest, moetrain_train, python_tool
 
@@ -417,6 +418,68 @@ class TokenizeHfTest(TempDirTest):
             losses = [json.loads(line)["loss"] for line in f if line.strip()]
         self.assertTrue(losses and all(np.isfinite(losses)), losses)
 
+
+    def test_a_prepare_into_a_folder_this_is_creating_waits_for_it(self):
+        # tokenize_hf.py creates new/data and is stopped (SIGSTOP) once a temporary file is there;
+        # moetrain prepare --append into that folder waits for it, then judges the finished dataset.
+        # Before, tokenize_hf.py held only the folder's parent, and prepare took its temporary file
+        # for a killed run's.
+        write_big_text(self.path("big.txt"))
+        with open(self.path("bytes.txt"), "w") as f:
+            f.write("some text for moetrain prepare\n" * 50)
+        out = self.path("new", "data")
+        tokenize = self.start(os.path.join("new", "data"), "--chunk-bytes", "4096", inputs=[self.path("big.txt")])
+        temp = os.path.join(out, f".big.npy.tmp-{tokenize.pid}")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(temp) and tokenize.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        tokenize.send_signal(signal.SIGSTOP)
+        self.assertTrue(os.path.exists(temp), f"no {temp} while tokenizing")
+        prepare = subprocess.Popen([os.path.join(os.environ["MOE_BINARY_DIR"], "moetrain"), "prepare",
+                                    self.path("bytes.txt"), "--append", "--out", out],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        waited = prepare.poll() is None
+        tokenize.send_signal(signal.SIGCONT)
+        self.assertTrue(waited, "prepare did not wait for tokenize_hf.py")
+        self.assertEqual(self.finish(tokenize).returncode, 0)
+        err = prepare.communicate(timeout=60)[1]
+        self.assertEqual(prepare.returncode, 1, err)
+        self.assertIn(f"prepare: waiting for another prepare or tokenize_hf.py writing into {out} to finish", err)
+        self.assertTrue(err.splitlines()[-1].startswith(f"error: prepare --append: {out}/dataset.json has"), err)
+        self.assertEqual(sorted(os.listdir(out)), ["big.npy", "dataset.json"])
+
+
+class PlaceOutputsTest(TempDirTest):
+    """python/dataset_output.py: all of the new files or none, and nothing replaced."""
+
+    def write(self, name, text):
+        with open(self.path(name), "w") as f:
+            f.write(text)
+        return self.path(name)
+
+    def test_a_final_name_that_exists_stops_the_renames_and_removes_the_files_placed(self):
+        renames = [(self.write(".a.tmp", "a"), self.path("a.npy")), (self.write(".b.tmp", "b"), self.path("b.npy")),
+                   (self.write(".meta.tmp", "m"), self.path("dataset.json"))]
+        self.write("b.npy", "mine")
+        with self.assertRaises(FileExistsError) as caught:
+            dataset_output.place_outputs(renames)
+        self.assertEqual(caught.exception.filename, self.path("b.npy"))
+        self.assertEqual(sorted(os.listdir(self.tmp)), [".a.tmp", ".b.tmp", ".meta.tmp", "b.npy"])
+        with open(self.path("b.npy")) as f:
+            self.assertEqual(f.read(), "mine")
+
+    def test_only_a_replaceable_final_is_replaced(self):
+        self.write("dataset.json", "old")
+        renames = [(self.write(".a.tmp", "a"), self.path("a.npy")),
+                   (self.write(".meta.tmp", "new"), self.path("dataset.json"))]
+        with self.assertRaises(FileExistsError):
+            dataset_output.place_outputs(renames)
+        self.assertEqual(sorted(os.listdir(self.tmp)), [".a.tmp", ".meta.tmp", "dataset.json"])
+        dataset_output.place_outputs(renames, replaceable=[self.path("dataset.json")])
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["a.npy", "dataset.json"])
+        with open(self.path("dataset.json")) as f:
+            self.assertEqual(f.read(), "new")
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

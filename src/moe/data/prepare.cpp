@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -20,6 +21,7 @@
 #include "moe/core/error.h"
 #include "moe/core/printable.h"
 #include "moe/data/npy.h"
+#include "moe/data/prepare_lock.h"
 #include "moe/data/prepare_outputs.h"
 #include "moe/data/token_folder.h"
 
@@ -113,25 +115,35 @@ nlohmann::ordered_json appendable_dataset_json(const fs::path& out, const std::v
   return meta;
 }
 
-// An exclusive flock on a folder (waits for the holder); released when destroyed.
-class FolderLock {
- public:
-  explicit FolderLock(const std::string& target) {
-    std::error_code ec;
-    fs::path p = fs::absolute(target, ec).lexically_normal();
-    while (!p.empty() && !fs::is_directory(p, ec) && p != p.parent_path()) p = p.parent_path();
-    fd_ = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    MOE_CHECK(fd_ >= 0, "prepare: cannot open ", p.string(), " to lock it: ", std::strerror(errno));
-    while (::flock(fd_, LOCK_EX) != 0) MOE_CHECK(errno == EINTR, "prepare: cannot lock ", p.string(), ": ",
-                                                 std::strerror(errno));
+// Test hook (tests/cli/prepare_cli_test.cpp): with MOE_TEST_PREPARE_PAUSE set, waits after each
+// temporary token file is written: until that variable names an existing file, or, given "1",
+// for a signal. At most a minute, so a test that fails to resume it leaves no process behind for long.
+void pause_for_test() {
+  const char* pause = std::getenv("MOE_TEST_PREPARE_PAUSE");
+  if (pause == nullptr) return;
+  if (std::string(pause) == "1") {
+    ::sleep(60);
+    return;
   }
-  ~FolderLock() { ::close(fd_); }
-  FolderLock(const FolderLock&) = delete;
-  FolderLock& operator=(const FolderLock&) = delete;
+  std::error_code ec;
+  for (int i = 0; i < 6000 && !fs::exists(pause, ec); ++i) ::usleep(10000);
+}
 
- private:
-  int fd_ = -1;
-};
+// Renames `from` to `to` unless `to` exists (false then), in one step where the file system can
+// (renameat2 RENAME_NOREPLACE), else checking first: a file created at `to` by someone else
+// between a check and a plain rename would be overwritten. Other failures are left in `ec`.
+bool rename_without_replacing(const fs::path& from, const fs::path& to, std::error_code& ec) {
+  ec.clear();
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return true;
+  if (errno == EEXIST) return false;
+  if (errno != EINVAL && errno != ENOSYS) {  // EINVAL, ENOSYS: the file system or kernel lacks it
+    ec.assign(errno, std::generic_category());
+    return true;
+  }
+  if (fs::exists(fs::symlink_status(to, ec))) return false;
+  fs::rename(from, to, ec);
+  return true;
+}
 
 }  // namespace
 
@@ -153,18 +165,17 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
               "); each input becomes <stem>.npy, so stems must be unique");
   }
 
-  // One prepare at a time per output: two --append runs into one folder would each rewrite
-  // dataset.json from what they read, and one's files would end up unlisted. The lock is the
-  // flock of the output folder's nearest existing ancestor (the folder itself when it exists).
-  const FolderLock lock(out_dir);
   const fs::path out(out_dir);
+  std::error_code abs_ec;
+  const fs::path out_abs = fs::absolute(out, abs_ec).lexically_normal();
+  // One prepare at a time per output folder (data/prepare_lock.h).
+  OutputFolderLock lock(out_abs);
   // The folders this call creates (none when the output exists), outermost first.
   std::vector<std::string> missing;
   {
     std::error_code ec;
     if (!fs::exists(out, ec))
-      for (fs::path p = fs::absolute(out, ec).lexically_normal(); !p.empty() && !fs::exists(p, ec);
-           p = p.parent_path()) {
+      for (fs::path p = out_abs; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
         missing.insert(missing.begin(), p.string());
         if (p == p.parent_path()) break;
       }
@@ -183,6 +194,12 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
 
   nlohmann::ordered_json meta = byte_dataset_json();
   bool had_dataset_json = false;
+  if (outputs.dirs() > 0) {
+    for (size_t i = 0; i < outputs.dirs(); ++i) outputs.create_next_dir();
+    // Another prepare may have locked the new folder before this one could, and written there:
+    // the checks below see what it wrote.
+    lock.move_to_created();
+  }
   {
     std::error_code ec;
     if (fs::exists(out, ec)) {
@@ -210,8 +227,6 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
                     "input (its stem names the token file) or prepare it into another folder");
         }
       }
-    } else {
-      for (size_t i = 0; i < outputs.dirs(); ++i) outputs.create_next_dir();
     }
   }
 
@@ -227,9 +242,7 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
     MOE_CHECK(pf.tokens > 0, "prepare: input ", input, " holds no text (no document to tokenize); nothing was written");
     const fs::path temp = outputs.claim_temp();
     write_new_npy(temp.string(), tokens);
-    // Test hook: wait here, a temporary file written, for a signal (tests/cli/prepare_cli_test.cpp);
-    // at most a minute, so a test that fails to send one leaves no process behind for long.
-    if (std::getenv("MOE_TEST_PREPARE_PAUSE")) ::sleep(60);
+    pause_for_test();
     renames.emplace_back(temp, out / pf.name);
     meta["files"].push_back({{"name", pf.name}, {"tokens", pf.tokens}, {"documents", pf.documents}, {"source", input}});
     result.total_tokens += pf.tokens;
@@ -248,20 +261,28 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
 
   // dataset.json last: its presence (or its new list) marks the new files as part of the dataset.
   renames.emplace_back(meta_temp, out / "dataset.json");
-  // Every target must still be free (dataset.json may be replaced only when it was read above)
-  // before any is renamed: this catches anything created in the folder since it was checked, so
-  // nothing is overwritten and no half dataset is left.
-  for (const auto& [temp, final_path] : renames) {
-    std::error_code ec;
-    const bool replaceable = final_path == out / "dataset.json" && had_dataset_json;
-    MOE_CHECK(replaceable || !fs::exists(fs::symlink_status(final_path, ec)), "prepare: ", final_path.string(),
-              " appeared while prepare ran; nothing was written, run again");
-  }
   outputs.commit([&] {
-    for (const auto& [temp, final_path] : renames) {
+    // Each target must still be free (dataset.json may be replaced only when it was read above):
+    // anything created in the folder since it was checked stops the renames, and the files this
+    // call already renamed are removed again (they are its own), so nothing is overwritten and no
+    // part of a dataset is left.
+    size_t renamed = 0;
+    try {
+      for (const auto& [temp, final_path] : renames) {
+        const bool replace = final_path == out / "dataset.json" && had_dataset_json;
+        std::error_code ec;
+        if (replace) {
+          fs::rename(temp, final_path, ec);
+        } else if (!rename_without_replacing(temp, final_path, ec)) {
+          MOE_FAIL("prepare: ", final_path.string(), " appeared while prepare ran; nothing was written, run again");
+        }
+        MOE_CHECK(!ec, "prepare: cannot rename ", temp.string(), " to ", final_path.string(), ": ", ec.message());
+        ++renamed;
+      }
+    } catch (...) {
       std::error_code ec;
-      fs::rename(temp, final_path, ec);
-      MOE_CHECK(!ec, "prepare: cannot rename ", temp.string(), " to ", final_path.string(), ": ", ec.message());
+      for (size_t i = renamed; i-- > 0;) fs::remove(renames[i].second, ec);
+      throw;
     }
   });
   return result;

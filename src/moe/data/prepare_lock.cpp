@@ -1,0 +1,78 @@
+#include "moe/data/prepare_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "moe/core/error.h"
+#include "moe/core/printable.h"
+
+namespace moe {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path nearest_existing_folder(const fs::path& out) {
+  std::error_code ec;
+  fs::path p = out;
+  while (!fs::is_directory(p, ec) && p != p.parent_path()) p = p.parent_path();
+  return p;
+}
+
+// Opens folder `p` and takes an exclusive flock on it, waiting for a holder (said once on stderr).
+int lock_folder(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  MOE_CHECK(fd >= 0, "prepare: cannot open ", printable(p.string()), " to lock it: ", std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+  if (errno == EWOULDBLOCK) {
+    std::fprintf(stderr, "prepare: waiting for another prepare or tokenize_hf.py writing into %s to finish\n",
+                 printable(p.string()).c_str());
+    std::fflush(stderr);
+  }
+  while (::flock(fd, LOCK_EX) != 0) {
+    const int err = errno;
+    if (err == EINTR) continue;
+    ::close(fd);
+    MOE_FAIL("prepare: cannot lock ", printable(p.string()), ": ", std::strerror(err));
+  }
+  return fd;
+}
+
+// Whether the open folder `fd` is still what path `p` names.
+bool still_named(int fd, const fs::path& p) {
+  struct stat held {}, named {};
+  return ::fstat(fd, &held) == 0 && ::stat(p.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+         held.st_ino == named.st_ino;
+}
+
+}  // namespace
+
+OutputFolderLock::OutputFolderLock(const fs::path& out) : out_(out) {
+  for (;;) {
+    const fs::path p = nearest_existing_folder(out_);
+    fd_ = lock_folder(p);
+    if (still_named(fd_, p) && nearest_existing_folder(out_) == p) return;
+    ::close(fd_);  // another call created or removed a folder while this one waited
+    fd_ = -1;
+  }
+}
+
+OutputFolderLock::~OutputFolderLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void OutputFolderLock::move_to_created() {
+  // Another call may have locked the new folder in the moment between its creation and here; then
+  // this waits for it, and the caller finds what it wrote there.
+  const int fd = lock_folder(out_);
+  ::close(fd_);
+  fd_ = fd;
+}
+
+}  // namespace moe
