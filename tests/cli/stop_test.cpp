@@ -71,6 +71,27 @@ TEST_F(StopTest, a_signal_during_start_up_stops_at_the_first_step_boundary) {
   EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000001"});
 }
 
+// A second Ctrl-C stops at once, also when the first came during start-up and the second while
+// the first step runs (slow here: a wider model). Before, run() installed the handlers again, which
+// re-armed SIGINT, so the second was only recorded and the run went on to save its checkpoint.
+TEST_F(StopTest, a_second_ctrl_c_after_one_during_start_up_stops_at_once) {
+  std::vector<std::string> args = long_run(run_dir(), 400);
+  args.insert(args.end(), {"--set", "data.synthetic_tokens=50000000", "--set", "model.hidden_size=256", "--set",
+                           "model.intermediate_size=512", "--set", "train.seq_len=256", "--set",
+                           "train.global_batch_size=16", "--set", "train.micro_batch_size=16"});
+  std::string cmd = std::string("'") + MOE_BINARY_DIR + "/moetrain'";
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  // The first once the process catches SIGINT (bit 1 of SigCgt), while the corpus is generated;
+  // the second once run() has claimed the run directory (its .lock), before the first step ends.
+  cmd += " & pid=$!; for i in $(seq 3000); do m=$(awk '/^SigCgt/ {print $2}' /proc/$pid/status 2> /dev/null); "
+         "[ -n \"$m\" ] && (( (0x$m >> 1) & 1 )) && break; sleep 0.005; done; kill -INT $pid; "
+         "for i in $(seq 3000); do [ -e '" +
+         run_dir() + "/.lock' ] && break; sleep 0.005; done; kill -INT $pid; wait $pid";
+  const CliRun r = run({"/bin/bash", "-c", cmd});
+  EXPECT_EQ(r.exit_code, 128 + 2) << r.out << r.err;
+  EXPECT_TRUE(step_dirs(run_dir()).empty()) << "no checkpoint after the second Ctrl-C";
+}
+
 // Under nohup (SIGHUP ignored) the terminal closing must not stop the run.
 TEST_F(StopTest, a_sighup_that_nohup_ignores_stays_ignored) {
   std::vector<std::string> args = long_run(run_dir(), 300);
