@@ -46,7 +46,8 @@ int lock_folder(const fs::path& p) {
 
 // Whether the open folder `fd` is still what path `p` names.
 bool still_named(int fd, const fs::path& p) {
-  struct stat held {}, named {};
+  struct stat held {
+  }, named{};
   return ::fstat(fd, &held) == 0 && ::stat(p.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
          held.st_ino == named.st_ino;
 }
