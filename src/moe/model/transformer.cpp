@@ -4,18 +4,13 @@
 #include <map>
 
 #include "moe/core/device.h"
-#include "moe/ops/activation.h"
 #include "moe/ops/elementwise.h"
 #include "moe/ops/embedding.h"
 #include "moe/ops/fp8.h"
-#include "moe/ops/fp8_gather.h"
 #include "moe/ops/gemm.h"
 #include "moe/ops/loss.h"
 #include "moe/ops/norm.h"
-#include "moe/ops/permute.h"
-#include "moe/ops/rope.h"
 #include "moe/ops/router.h"
-#include "moe/ops/route.h"
 
 namespace moe {
 namespace {
@@ -23,11 +18,6 @@ namespace {
 // Linear layer y = x W^T (+= when accumulate).
 void linear(Tensor y, Tensor x, Tensor w, bool accumulate = false) {
   matmul(y, x, w, false, true, 1.0f, accumulate ? 1.0f : 0.0f);
-}
-// Backward of y = x W^T: dx (= or +=) dy W, dW += dy^T x.
-void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx) {
-  matmul(dx, dy, w, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f);
-  matmul(dw, dy, x, true, false, 1.0f, 1.0f);
 }
 
 // Logits per LM-head chunk at most: on the CPU 64 MiB (cache-friendly chunks); on the GPU 1 GiB,
@@ -258,180 +248,7 @@ void Transformer::bind() {
   bound_ = true;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Forward
-
-// The attention block up to its output projection: input norm, q/k/v, qk-norm, RoPE, attention.
-// Everything it writes is what recompute = attention drops (and rewrites here in backward).
-void Transformer::attention_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_in) {
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim();
-  const std::initializer_list<SharedInputLinear> qkv = {
-      {A.q_raw, w.q_proj, &f.q_proj}, {A.k_raw, w.k_proj, &f.k_proj}, {A.v, w.v_proj, &f.v_proj}};
-  if (f.q_proj.empty()) {
-    rmsnorm_forward(A.a, A.rstd1, h_in, w.input_norm, eps);
-    proj_->linear_shared_input(A.a, qkv);
-  } else {  // FP8: the norm quantizes the projections' input as it writes it
-    proj_->linear_shared_input(proj_->rmsnorm_rows(A.a, A.rstd1, h_in, w.input_norm, eps), qkv);
-  }
-  Tensor q = A.q_raw, k = A.k_raw;  // with qk_norm = none, rope rotates the projections in place
-  if (cfg_.qk_norm == QkNorm::Full) {
-    rmsnorm_forward(A.q, A.q_rstd, A.q_raw, w.q_norm, eps);
-    rmsnorm_forward(A.k, A.k_rstd, A.k_raw, w.k_norm, eps);
-    q = A.q, k = A.k;
-  } else if (cfg_.qk_norm == QkNorm::PerHead) {
-    rmsnorm_forward(A.q.view({rows_ * Hq, hd}), A.q_rstd, A.q_raw.view({rows_ * Hq, hd}), w.q_norm, eps);
-    rmsnorm_forward(A.k.view({rows_ * Hkv, hd}), A.k_rstd, A.k_raw.view({rows_ * Hkv, hd}), w.k_norm, eps);
-    q = A.q, k = A.k;
-  }
-  const float theta = static_cast<float>(cfg_.rope_theta);
-  rope_forward(q, seq_len_, Hq, theta);
-  rope_forward(k, seq_len_, Hkv, theta);
-  attention_forward(A.att, A.lse, q, k, A.v, attn_shape_, s_.attn_ws);
-}
-
-void Transformer::attention_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A,
-                                          Tensor h_in) {
-  attention_internals(w, f, A, h_in);
-  copy(A.h_mid, h_in);
-  proj_->linear(A.h_mid, A.att, w.o_proj, f.o_proj, /*accumulate=*/true);
-}
-
-// Moves the rows of the FFN norm output A.m to the experts (A.experts.expert_in): in the activation
-// dtype, or (fp8_expert_input()) as the FP8 codes and scales the gate/up product reads.
-void Transformer::dispatch_rows(LayerActs& A, const RoutePlan& plan) {
-  const int K = static_cast<int>(cfg_.num_experts_per_tok);
-  if (fp8_expert_input())
-    dispatcher_.dispatch_fp8(A.experts.fp8_expert_in(), A.m, plan, K, {});
-  else
-    dispatcher_.dispatch(A.experts.expert_in, A.m, plan, K, {});
-}
-
-// gate/up of the routed experts from the dispatched rows; FP8 rows (fp8_expert_input()) are already
-// the product's operand.
-void Transformer::experts_gate_up(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
-  if (fp8_expert_input())
-    proj_->experts_forward(A.gu, A.experts.fp8_expert_in(), f.experts_gate_up, A.offsets);
-  else
-    proj_->experts_forward(A.gu, A.experts.expert_in, w.experts_gate_up, f.experts_gate_up, A.offsets);
-}
-
-// The routed experts on the dispatched rows (A.experts.expert_in): gate/up, SwiGLU and the down
-// projection into A.experts.expert_out. gu and act are what recompute = experts drops.
-void Transformer::expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
-  experts_gate_up(w, f, A);
-  if (fp8_act_columns())
-    proj_->experts_swiglu_forward(A.experts.expert_out, A.act_columns, A.gu, f.experts_down, A.offsets);
-  else
-    proj_->experts_swiglu_forward(A.experts.expert_out, A.act, A.gu, w.experts_down, f.experts_down, A.offsets);
-}
-
-// The shared expert's gate/up and SwiGLU (what its backward reads; recompute stops there). With
-// h_out (the forward) also its down product, added into h_out: in FP8 the SwiGLU then writes that
-// product's rows operand in its pass (Projections::swiglu_linear). mlp_internals likewise.
-void Transformer::shared_expert_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A,
-                                          Tensor h_out) {
-  proj_->linear(A.shared_gu, A.m, w.shared_gate_up, f.shared_gate_up);
-  ffn_swiglu(h_out, A.shared_act, A.shared_act_columns, A.shared_gu, w.shared_down, f.shared_down);
-}
-
-// In FP8 the SwiGLU writes its output's rows operand (for the down product) and its columns operand
-// (kept for the down weight gradient) in one kernel and stores no output; recompute (no h_out)
-// needs only the columns.
-void Transformer::ffn_swiglu(Tensor h_out, Tensor act, const Fp8Tensor& act_columns, Tensor gu, Tensor w_down,
-                             const Fp8Weight& f_down) {
-  if (precision_ == Precision::FP8) {
-    if (h_out.empty()) return proj_->swiglu_columns(act_columns, gu);
-    return proj_->swiglu_linear(h_out, act_columns, gu, f_down, /*accumulate=*/true);
-  }
-  if (h_out.empty()) return swiglu_forward(act, gu);
-  proj_->swiglu_linear(h_out, act, gu, w_down, f_down, /*accumulate=*/true);
-}
-
-void Transformer::ffn_down_backward(Tensor dact, Tensor dw, Tensor act, const Fp8Tensor& act_columns, Tensor w_down,
-                                    const Fp8Weight& f_down) {
-  if (precision_ == Precision::FP8)
-    proj_->linear_backward(dact, dw, s_.dres, act_columns, f_down, /*accumulate_dx=*/false);
-  else
-    proj_->linear_backward(dact, dw, s_.dres, act, w_down, f_down, /*accumulate_dx=*/false);
-}
-
-// The post-attention norm. In an FP8 dense layer it also quantizes its output as the MLP's gate/up
-// rows operand (returned, for mlp_internals next; empty otherwise). A MoE layer's readers of it are
-// the router (BF16) and, through the dispatch, the experts; the shared expert reads it after the
-// routed experts have reused the rows scratch, so it quantizes its own copy.
-Fp8Tensor Transformer::ffn_norm(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  if (cfg_.is_moe_layer(l) || f.mlp_gate_up.empty()) {
-    rmsnorm_forward(A.m, A.rstd2, A.h_mid, w.post_norm, eps);
-    return {};
-  }
-  return proj_->rmsnorm_rows(A.m, A.rstd2, A.h_mid, w.post_norm, eps);
-}
-
-void Transformer::mlp_internals(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A,
-                                const Fp8Tensor& m_rows, Tensor h_out) {
-  if (m_rows.codes.empty())
-    proj_->linear(A.mlp_gu, A.m, w.mlp_gate_up, f.mlp_gate_up);
-  else
-    proj_->linear_shared_input(m_rows, {{A.mlp_gu, w.mlp_gate_up, &f.mlp_gate_up}});
-  ffn_swiglu(h_out, A.mlp_act, A.mlp_act_columns, A.mlp_gu, w.mlp_down, f.mlp_down);
-}
-
-void Transformer::moe_forward_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A,
-                                    Tensor h_out, uint64_t routing_seed, const RoutingState& rs) {
-  const int64_t N = cfg_.num_experts, K = cfg_.num_experts_per_tok;
-  linear(A.logits, A.m, w.router);
-  Tensor bias = rs.router_bias.empty() ? Tensor() : rs.router_bias.rows(l, l + 1).view({N});
-  router_forward(A.scores, A.topk_idx, A.topk_w, A.logits, bias, cfg_.router_score, cfg_.norm_topk_prob);
-  if (cfg_.routing != Routing::Learned)  // benchmark routings: the router still runs (same cost), its choice is replaced
-    synthetic_routing(A.topk_idx, A.topk_w, cfg_.routing == Routing::Random, N, routing_seed, l);
-  route_counts(A.counts, A.topk_idx);
-  router_losses(A.lb, A.z, A.counts, A.scores, A.logits, static_cast<int>(K), s_.router_ws);
-  if (!rs.expert_load.empty()) accumulate_counts(rs.expert_load.rows(l, l + 1).view({N}), A.counts);
-  const RoutePlan plan{A.route_index, A.offsets};
-  if (recompute_ == Recompute::Block) {
-    A.experts = dispatcher_.recompute_buffers();  // backward dispatches again: nothing to hold until then
-  } else {
-    A.lease = dispatcher_.acquire(static_cast<int>(l));
-    A.leased = true;
-    A.experts = A.lease.buffers;
-  }
-  dispatcher_.place_routes(static_cast<int>(l), plan, A.topk_idx, A.counts, {});
-  dispatch_rows(A, plan);
-  expert_internals(w, f, A);
-  copy(h_out, A.h_mid);
-  dispatcher_.combine(h_out, A.experts.expert_out, A.topk_w, plan, static_cast<int>(K), {});
-  if (!w.shared_gate_up.empty()) shared_expert_internals(w, f, A, h_out);
-}
-
-void Transformer::mlp_forward_layer(const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A, Tensor h_out,
-                                    const Fp8Tensor& m_rows) {
-  copy(h_out, A.h_mid);
-  mlp_internals(w, f, A, m_rows, h_out);
-}
-
-// recompute = block: everything layer l's backward reads, computed again from its input h(l) and
-// its saved routing decision. The layer's output h(l+1) is not written again (the next layer's
-// backward has already read it). The router runs again only for the logits and scores its
-// backward reads; its choice lands in scratch and is not used, because the saved one (which may
-// have come from the balancing bias or a benchmark routing) is what forward dispatched. The rows
-// are dispatched again with the saved route index, which makes the same collective calls on every
-// rank of the EP group in the same order.
-void Transformer::recompute_layer(int64_t l, const LayerWeights& w, const Fp8LayerWeights& f, LayerActs& A) {
-  attention_forward_layer(w, f, A, h(l));
-  const Fp8Tensor m_rows = ffn_norm(l, w, f, A);
-  if (!cfg_.is_moe_layer(l)) {
-    mlp_internals(w, f, A, m_rows);
-    return;
-  }
-  linear(A.logits, A.m, w.router);
-  router_forward(A.scores, s_.recompute_topk_idx, s_.recompute_topk_w, A.logits, Tensor(), cfg_.router_score,
-                 cfg_.norm_topk_prob);
-  dispatch_rows(A, RoutePlan{A.route_index, A.offsets});
-  expert_internals(w, f, A);  // the combine backward (weights' gradient) reads the expert outputs
-  if (!w.shared_gate_up.empty()) shared_expert_internals(w, f, A);
-}
+// The layers' forward passes: transformer_layer_forward.cpp.
 
 void Transformer::select(int chunk, int set) {
   bind();
@@ -595,134 +412,7 @@ void Transformer::forward_logits(const ModelWeights& w, Tensor tokens, Tensor lo
   if (hooks_) hooks_->after_forward_only(static_cast<int>(cfg_.num_hidden_layers) + 1);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Backward
-
-void Transformer::attention_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g,
-                                           LayerActs& A, Tensor h_in, bool recompute) {
-  // s_.dres holds d(h_mid); it flows unchanged into d(h_in) plus the attention branch.
-  const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim();
-  Scratch& s = s_;
-  if (recompute && recompute_ == Recompute::Attention) attention_internals(w, f, A, h_in);
-  proj_->linear_backward(s.datt, g.o_proj, s.dres, A.att, w.o_proj, f.o_proj, false);
-  const bool normed = cfg_.qk_norm != QkNorm::None;
-  Tensor q = normed ? A.q : A.q_raw, k = normed ? A.k : A.k_raw;
-  attention_backward(s.dq, s.dk, s.dv, s.datt, q, k, A.v, A.att, A.lse, attn_shape_, s.attn_ws);
-  const float theta = static_cast<float>(cfg_.rope_theta);
-  rope_backward(s.dq, seq_len_, Hq, theta);
-  rope_backward(s.dk, seq_len_, Hkv, theta);
-  Tensor dq_raw = s.dq, dk_raw = s.dk;
-  if (cfg_.qk_norm == QkNorm::Full) {
-    rmsnorm_backward(s.dq_raw, g.q_norm, s.dq, A.q_raw, w.q_norm, A.q_rstd, false);
-    rmsnorm_backward(s.dk_raw, g.k_norm, s.dk, A.k_raw, w.k_norm, A.k_rstd, false);
-    dq_raw = s.dq_raw, dk_raw = s.dk_raw;
-  } else if (cfg_.qk_norm == QkNorm::PerHead) {
-    rmsnorm_backward(s.dq_raw.view({rows_ * Hq, hd}), g.q_norm, s.dq.view({rows_ * Hq, hd}),
-                     A.q_raw.view({rows_ * Hq, hd}), w.q_norm, A.q_rstd, false);
-    rmsnorm_backward(s.dk_raw.view({rows_ * Hkv, hd}), g.k_norm, s.dk.view({rows_ * Hkv, hd}),
-                     A.k_raw.view({rows_ * Hkv, hd}), w.k_norm, A.k_rstd, false);
-    dq_raw = s.dq_raw, dk_raw = s.dk_raw;
-  }
-  proj_->linear_backward_shared_input(
-      s.da, A.a,
-      {{g.q_proj, dq_raw, w.q_proj, &f.q_proj}, {g.k_proj, dk_raw, w.k_proj, &f.k_proj},
-       {g.v_proj, s.dv, w.v_proj, &f.v_proj}},
-      /*accumulate_dx=*/false);
-  rmsnorm_backward(s.dres, g.input_norm, s.da, h_in, w.input_norm, A.rstd1, /*accumulate_dx=*/true);
-}
-
-void Transformer::moe_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g,
-                                     LayerActs& A, const StepScales& scales, bool recompute) {
-  const int K = static_cast<int>(cfg_.num_experts_per_tok);
-  Scratch& s = s_;
-  // recompute = experts: gate/up again from the kept expert input (the lease's); the SwiGLU output
-  // comes out of the SwiGLU backward below, in the same pass, with the forward's bits.
-  const bool recompute_experts = recompute && recompute_ == Recompute::Experts;
-  if (recompute_experts) {
-    experts_gate_up(w, f, A);
-    if (!w.shared_gate_up.empty()) shared_expert_internals(w, f, A);  // from the kept FFN norm output
-  }
-  const RoutePlan plan{A.route_index, A.offsets};
-  // d.expert_out = dye (empty when gathered_expert_grads_), d.expert_in = dxe
-  const ExpertBuffers d = dispatcher_.grad_buffers();
-  ExpertOutputGrad dye;
-  if (gathered_expert_grads_) {
-    // Every route is this rank's: d(expert output) row r is topk_w[i] * dres[t] of its route i,
-    // quantized from dres into the down product's operands without being stored.
-    invert_route_index(s.route_of_row, A.route_index);
-    combine_rows_weight_grad(s.dw, s.dres, A.experts.expert_out, A.route_index, K);
-    dye = proj_->experts_data_grad(s.dact, GatheredRows{s.dres, s.route_of_row, A.topk_w, K}, f.experts_down,
-                                   A.offsets);
-  } else {
-    dispatcher_.combine_backward(d.expert_out, s.dw, s.dres, A.experts.expert_out, A.topk_w, plan, K, {});
-    dye = proj_->experts_data_grad(s.dact, d.expert_out, w.experts_down, f.experts_down, A.offsets);
-  }
-  const bool accumulate = !scales.gradients_zeroed;  // equal results: 0 + x == x
-  if (recompute_experts) swiglu_backward_with_output(s.dgu, A.act, s.dact, A.gu);
-  if (fp8_act_columns())
-    proj_->experts_weight_grad(g.experts_down, dye, A.act_columns, f.experts_down, A.offsets, accumulate);
-  else
-    proj_->experts_weight_grad(g.experts_down, dye, A.act, f.experts_down, A.offsets, accumulate);
-  // d(gate/up) and its data gradient after the down weight gradient: in FP8 the SwiGLU backward
-  // quantizes d(gate/up) into the operand scratch that held dye's columns (s.dgu is then not
-  // reserved). With recompute = experts, d(gate/up) came with the SwiGLU output above.
-  const ExpertOutputGrad dgu =
-      recompute_experts
-          ? proj_->experts_data_grad(d.expert_in, s.dgu, w.experts_gate_up, f.experts_gate_up, A.offsets)
-          : proj_->experts_swiglu_data_grad(d.expert_in, s.dgu, s.dact, A.gu, w.experts_gate_up, f.experts_gate_up,
-                                            A.offsets);
-  if (fp8_expert_input()) {
-    // The weight gradient reads the expert input along the tokens: quantized from the FFN norm
-    // output the rows copy (gathered_expert_grads_), or re-quantized from the moved FP8 rows (payload
-    // fp8). All reads of the moved rows stay before dispatch_backward's syncs, after which a peer may
-    // store into them again.
-    const Fp8Tensor x_columns =
-        gathered_expert_grads_ ? proj_->expert_input_columns(GatheredRows{A.m, s.route_of_row, {}, K}, A.offsets)
-                               : proj_->expert_input_columns(A.experts.fp8_expert_in(), act_, A.offsets);
-    proj_->experts_weight_grad(g.experts_gate_up, dgu, x_columns, f.experts_gate_up, A.offsets, accumulate);
-  } else {
-    proj_->experts_weight_grad(g.experts_gate_up, dgu, A.experts.expert_in, f.experts_gate_up, A.offsets,
-                               accumulate);
-  }
-  dispatcher_.dispatch_backward(s.dm, d.expert_in, plan, K, {});
-  if (A.leased) {
-    dispatcher_.release(A.lease);  // last read of this layer's expert buffers
-    A.leased = false;
-  }
-  if (!w.shared_gate_up.empty()) {
-    const int64_t S = cfg_.shared_expert_intermediate_size;
-    Tensor dact = Tensor(s.dffn_act.data, act_, {rows_, S}, dev_);
-    // Written only in BF16 (FP8 quantizes d(gate/up) as it computes it; the scratch is not planned).
-    const Tensor dgu = s.dffn_gu.empty() ? Tensor() : Tensor(s.dffn_gu.data, act_, {rows_, 2 * S}, dev_);
-    ffn_down_backward(dact, g.shared_down, A.shared_act, A.shared_act_columns, w.shared_down, f.shared_down);
-    proj_->swiglu_linear_backward(s.dm, g.shared_gate_up, dgu, dact, A.shared_gu, A.m, w.shared_gate_up,
-                                  f.shared_gate_up, /*accumulate_dx=*/true);
-  }
-  if (cfg_.routing == Routing::Learned) {
-    const float lb_scale = static_cast<float>(cfg_.router_aux_loss_coef) * scales.aux_grad_scale;
-    const float z_scale = static_cast<float>(cfg_.router_z_loss_coef) * scales.aux_grad_scale;
-    router_backward(s.dlogits, s.dw, A.topk_idx, A.topk_w, A.scores, A.logits, A.counts, lb_scale, z_scale,
-                    cfg_.router_score, cfg_.norm_topk_prob);
-    // The router's matrix products run in the activation dtype: d(logits) is rounded once.
-    Tensor dlogits = s.dlogits;
-    if (act_ != DType::F32) {
-      cast_copy(s.dlogits_act, s.dlogits);
-      dlogits = s.dlogits_act;
-    }
-    linear_backward(s.dm, g.router, dlogits, A.m, w.router, true);
-  }
-}
-
-void Transformer::mlp_backward_layer(const LayerWeights& w, const Fp8LayerWeights& f, const LayerWeights& g,
-                                     LayerActs& A) {
-  const int64_t Hd = cfg_.dense_intermediate_size;
-  Scratch& s = s_;
-  Tensor dact = Tensor(s.dffn_act.data, act_, {rows_, Hd}, dev_);
-  const Tensor dgu = s.dffn_gu.empty() ? Tensor() : Tensor(s.dffn_gu.data, act_, {rows_, 2 * Hd}, dev_);
-  ffn_down_backward(dact, g.mlp_down, A.mlp_act, A.mlp_act_columns, w.mlp_down, f.mlp_down);
-  proj_->swiglu_linear_backward(s.dm, g.mlp_gate_up, dgu, dact, A.mlp_gu, A.m, w.mlp_gate_up, f.mlp_gate_up,
-                                /*accumulate_dx=*/false);
-}
+// The layers' backward passes: transformer_layer_backward.cpp.
 
 // d(final norm output) lands in s_.dm from the fused LM head and cross-entropy; its norm's backward
 // turns it into d(h_L) in s_.dres, where the layers' backward starts.
