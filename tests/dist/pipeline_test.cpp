@@ -14,6 +14,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -229,6 +231,65 @@ TEST_F(Pipeline, HeldOutLossThroughTheStagesMatchesOneProcess) {
       MpiCommunicator group(part);
       EXPECT_NEAR(eval_loss(group, dir_ + "/eval-pp-" + std::to_string(n), layout), want, kLossTol * want)
           << layout.back();
+    }
+    MPI_Comm_free(&part);
+  }
+}
+
+// The float32 values of a .npy file written by write_npy_f32 (format 1.0: the header's length in
+// bytes 8-9).
+std::vector<float> npy_floats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_GT(bytes.size(), 10u) << path;
+  if (bytes.size() <= 10) return {};
+  const size_t data = 10 + (static_cast<unsigned char>(bytes[8]) | static_cast<unsigned char>(bytes[9]) << 8);
+  std::vector<float> values((bytes.size() - data) / sizeof(float));
+  std::memcpy(values.data(), bytes.data() + data, values.size() * sizeof(float));
+  return values;
+}
+
+// `eval --logits` under pipeline stages: the last stage's rank that evaluated data rank 0's rows
+// sends the first microbatch's logits to rank 0, which writes them; they equal the one-process
+// run's under 1F1B, interleaved, pp = 4 and pp = 2 x ep = 2. Before, pp > 1 was refused.
+TEST_F(Pipeline, FirstMicrobatchLogitsThroughTheStagesMatchOneProcess) {
+  auto logits = [&](Communicator& world, const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> o = base_overrides(dir_ + "/" + name);
+    o.insert(o.end(), extra.begin(), extra.end());
+    const std::string npy = dir_ + "/" + name + "-logits.npy";
+    Trainer(load_config("tiny", o), testing::quiet_bench(), world).evaluate_data("synthetic", 0, npy);
+    return world.rank() == 0 ? npy_floats(npy) : std::vector<float>{};
+  };
+  std::vector<float> want;
+  if (world_->rank() == 0) {
+    LocalCommunicator one;
+    want = logits(one, "logits-one", {});
+    ASSERT_EQ(want.size(), 2u * 16 * 512);  // micro_batch_size x seq_len x the tiny vocabulary
+  }
+  const std::vector<std::vector<std::string>> layouts = {
+      {"parallel.pp=2"},
+      {"parallel.pp=2", "parallel.pp_schedule=\"interleaved\"", "parallel.pp_virtual=2"},
+      {"parallel.pp=4"},
+      {"parallel.pp=2", "parallel.ep=2"}};
+  for (size_t n = 0; n < layouts.size(); ++n) {
+    const int ranks = layouts[n].size() == 1 && layouts[n][0] == "parallel.pp=2" ? 2
+                      : layouts[n].size() == 3                                   ? 2
+                                                                                 : 4;
+    MPI_Comm part = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, world_->rank() < ranks ? 0 : MPI_UNDEFINED, world_->rank(), &part);
+    if (part == MPI_COMM_NULL) continue;
+    {
+      MpiCommunicator group(part);
+      const std::vector<float> got = logits(group, "logits-" + std::to_string(n), layouts[n]);
+      if (group.rank() == 0) {
+        ASSERT_EQ(got.size(), want.size()) << layouts[n].back();
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          worst = std::max(worst, std::abs(static_cast<double>(got[i]) - want[i]));
+          scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+        }
+        EXPECT_LE(worst, kLossTol * scale) << layouts[n].back() << ": largest difference " << worst;
+      }
     }
     MPI_Comm_free(&part);
   }

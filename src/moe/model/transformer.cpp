@@ -301,7 +301,7 @@ void Transformer::chunk_forward(int chunk, int set, const ModelWeights& w, Tenso
 }
 
 void Transformer::chunk_forward_loss(int chunk, int set, const ModelWeights& w, Tensor tokens, Tensor targets,
-                                     uint64_t routing_seed, const RoutingState& rs) {
+                                     uint64_t routing_seed, const RoutingState& rs, Tensor logits) {
   select(chunk, set);
   forward_layers(chunk, w, tokens, routing_seed, rs, /*backward_follows=*/false);
   release_leases();
@@ -310,6 +310,7 @@ void Transformer::chunk_forward_loss(int chunk, int set, const ModelWeights& w, 
   if (hooks_) hooks_->before_forward(head);
   rmsnorm_forward(s_.hn, s_.rstd_f, h(cfg_.num_hidden_layers), w.final_norm, static_cast<float>(cfg_.rms_norm_eps));
   lm_head_cross_entropy(s_.loss_sum, Tensor(), Tensor(), s_.hn, w.lm_head, targets, 0.0f, s_.head_ws);
+  if (!logits.empty()) linear(logits, s_.hn, w.lm_head);
   if (hooks_) hooks_->after_forward_only(head);
 }
 

@@ -115,9 +115,10 @@ class Transformer {
                      const RoutingState& rs);
   void chunk_backward(int chunk, int set, const ModelWeights& w, const ModelWeights& g, Tensor tokens, Tensor targets,
                       const StepScales& scales);
-  // Forward only (evaluation): releases the chunk's leases; the last chunk computes the loss sum.
+  // Forward only (evaluation): releases the chunk's leases; the last chunk computes the loss sum,
+  // and with `logits` given ([B*T, V] F32) the logits too.
   void chunk_forward_loss(int chunk, int set, const ModelWeights& w, Tensor tokens, Tensor targets,
-                          uint64_t routing_seed, const RoutingState& rs);
+                          uint64_t routing_seed, const RoutingState& rs, Tensor logits = {});
   Tensor chunk_input(int chunk, int set);
   Tensor chunk_output(int chunk, int set);
   Tensor output_grad();

@@ -157,7 +157,7 @@ void run_pipeline_forward(const PipelinePlan& plan, Communicator& pipeline, Side
     const int k = plan.model_chunk(ops[j].chunk);
     issuer.issue(groups[j]);
     issuer.before_pass(k, 0);
-    model.chunk_forward_loss(k, 0, w, in.tokens, in.targets, in.routing_seed(0), in.routing);
+    model.chunk_forward_loss(k, 0, w, in.tokens, in.targets, in.routing_seed(0), in.routing, in.logits);
     if (model.has_head(k)) model.add_chunk_stats(in.stats, k, 0);
   }
   issuer.issue(groups.back());

@@ -29,6 +29,7 @@ struct PipelineStepInput {
   std::function<uint64_t(int64_t microbatch)> routing_seed;
   RoutingState routing;
   Tensor stats;  // F32 [kNumMicrobatchStats+]: each chunk's statistics are added after its backward
+  Tensor logits;  // run_pipeline_forward, optional: the last stage writes the microbatch's logits [rows, V] here
 };
 
 // `timer` brackets the op list and each pass (read it once the device has finished the step: the

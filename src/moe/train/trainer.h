@@ -160,7 +160,13 @@ class Trainer {
   int64_t data_ranks() const { return run_->mesh ? run_->mesh->dp() : world_.size(); }
   int64_t data_rank() const { return run_->mesh ? run_->mesh->rank : world_.rank(); }
   // This rank's part of one microbatch's LM loss sum, forward only (pipeline: the last stage's).
-  double forward_loss_sum(Tensor tokens, Tensor targets, uint64_t seed, const RoutingState& rs);
+  // With `logits` ([B*T, V] F32) given under pipeline stages, the last stage writes them there too.
+  double forward_loss_sum(Tensor tokens, Tensor targets, uint64_t seed, const RoutingState& rs, Tensor logits = {});
+  // Writes the logits of the job's first evaluated microbatch (data rank 0's) to `path` from rank 0.
+  // Without pipeline stages they are computed here; under them, `logits` holds what the pass wrote
+  // on the last stage's rank of data rank 0, which sends them to rank 0. Collective.
+  void write_first_logits(const std::string& path, Tensor logits, Tensor tokens, uint64_t seed,
+                          const RoutingState& rs);
 
   Config cfg_;
   TrainOptions opts_;

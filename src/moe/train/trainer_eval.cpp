@@ -12,7 +12,8 @@
 
 namespace moe {
 
-double Trainer::forward_loss_sum(Tensor tokens, Tensor targets, uint64_t seed, const RoutingState& rs) {
+double Trainer::forward_loss_sum(Tensor tokens, Tensor targets, uint64_t seed, const RoutingState& rs,
+                                 Tensor logits) {
   if (!run_->pipeline) {
     run_->model->forward_loss(run_->store->weights(), tokens, targets, seed, rs);
     return run_->model->losses().lm_loss_sum;
@@ -26,6 +27,7 @@ double Trainer::forward_loss_sum(Tensor tokens, Tensor targets, uint64_t seed, c
   in.routing_seed = [seed](int64_t) { return seed; };
   in.routing = rs;
   in.stats = stats;
+  in.logits = logits;
   run_pipeline_forward(*run_->pipeline, *run_->mesh->pipeline, pipeline_messages_, *run_->model, *run_->store, in);
   float sum = 0;
   copy_from_tensor(&sum, stats.rows(kStatLmSum, kStatLmSum + 1));
@@ -36,8 +38,6 @@ EvalReport Trainer::evaluate_windows(int64_t count, const WindowFn& window, int6
                                      const std::string& logits_npy) {
   const int64_t dp = data_ranks(), rank = data_rank();
   const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
-  MOE_CHECK(!run_->pipeline || logits_npy.empty(), "eval --logits with parallel.pp = ", cfg_.parallel.pp,
-            " is not built (the logits stay on the last stage); run it with parallel.pp = 1");
   int64_t per_rank = count / (B * dp);  // whole microbatches on every rank
   if (max_microbatches > 0) per_rank = std::min(per_rank, max_microbatches);
   EvalReport r;
@@ -53,15 +53,14 @@ EvalReport Trainer::evaluate_windows(int64_t count, const WindowFn& window, int6
     copy_to_tensor(tokens, host_tokens_.data());
     copy_to_tensor(targets, host_targets_.data());
     const uint64_t seed = routing_seed(cfg_.train.seed, -1, i * dp + rank);
-    local += forward_loss_sum(tokens, targets, seed, rs);
-    if (i == 0 && !logits_npy.empty()) {
-      std::vector<float> logits(static_cast<size_t>(B * T * V));
-      const DeviceAllocation buf(logits.size() * sizeof(float), dev_);
-      const Tensor out(buf.data(), DType::F32, {B * T, V}, dev_);
-      run_->model->forward_logits(run_->store->weights(), tokens, out, seed, rs);
-      copy_from_tensor(logits.data(), out);
-      if (leader()) write_npy_f32(logits_npy, logits, {B * T, V});
+    if (i > 0 || logits_npy.empty()) {
+      local += forward_loss_sum(tokens, targets, seed, rs);
+      continue;
     }
+    const DeviceAllocation buf(static_cast<size_t>(B * T * V) * sizeof(float), dev_);
+    const Tensor logits(buf.data(), DType::F32, {B * T, V}, dev_);
+    local += forward_loss_sum(tokens, targets, seed, rs, run_->pipeline ? logits : Tensor());
+    write_first_logits(logits_npy, logits, tokens, seed, rs);
   }
   std::vector<float> sum{static_cast<float>(local)};
   all_reduce_host(sum);
@@ -71,6 +70,33 @@ EvalReport Trainer::evaluate_windows(int64_t count, const WindowFn& window, int6
   r.tokens_per_s = static_cast<double>(r.tokens) /
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+void Trainer::write_first_logits(const std::string& path, Tensor logits, Tensor tokens, uint64_t seed,
+                                 const RoutingState& rs) {
+  std::vector<float> host(static_cast<size_t>(logits.numel()));
+  const std::vector<int64_t> shape = {logits.shape[0], logits.shape[1]};
+  if (!run_->pipeline) {
+    run_->model->forward_logits(run_->store->weights(), tokens, logits, seed, rs);
+    copy_from_tensor(host.data(), logits);
+    if (leader()) write_npy_f32(path, host, shape);
+    return;
+  }
+  // The holder: the rank of the last stage (the one with the LM head) that evaluated data rank 0's
+  // rows. Every rank learns its job rank: the one non-zero term of a sum (exact in FP32).
+  bool head = false;
+  for (int c = 0; c < run_->model->chunks(); ++c) head = head || run_->model->has_head(c);
+  const bool holder = head && data_rank() == 0;
+  std::vector<float> holder_rank{holder ? static_cast<float>(host_world_.rank()) : 0.0f};
+  all_reduce_host(holder_rank);
+  const int from = static_cast<int>(holder_rank[0]);
+  const Tensor message(host.data(), DType::F32, logits.shape, Device::CPU);
+  constexpr int kLogitsTag = 1;
+  if (holder) copy_from_tensor(host.data(), logits);
+  if (holder && !leader()) host_world_.send(message, 0, kLogitsTag);
+  if (leader() && !holder) host_world_.recv(message, from, kLogitsTag);
+  if (holder && !leader()) host_world_.wait_sends();
+  if (leader()) write_npy_f32(path, host, shape);
 }
 
 std::optional<double> Trainer::evaluate(int64_t batches) {
