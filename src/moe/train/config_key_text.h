@@ -26,19 +26,19 @@ template <typename T>
 std::string range_text(const Range<T>& r) {
   std::ostringstream os;
   os.precision(6);
-  if constexpr (std::is_integral_v<T>)
-    if (r.lo && r.hi && *r.hi == static_cast<T>(kMaxCount)) {
-      // The cap on counts is a sanity bound against overflowing size products, not a real limit.
-      os << ">= " << *r.lo << " (at most 2^40)";
-      return os.str();
-    }
-  if (r.lo && r.hi) {
+  bool capped_count = false;
+  if constexpr (std::is_integral_v<T>) capped_count = r.lo && r.hi && *r.hi == static_cast<T>(kMaxCount);
+  if (capped_count) {
+    // The cap on counts is a sanity bound against overflowing size products, not a real limit.
+    os << ">= " << *r.lo << " (at most 2^40)";
+  } else if (r.lo && r.hi) {
     os << "in " << (r.lo_open ? "(" : "[") << *r.lo << ", " << *r.hi << (r.hi_open ? ")" : "]");
   } else if (r.lo) {
     os << (r.lo_open ? "> " : ">= ") << *r.lo;
   } else if (r.hi) {
     os << (r.hi_open ? "< " : "<= ") << *r.hi;
   }
+  if (r.zero_when) os << ", or 0 when " << r.zero_when;
   return os.str();
 }
 
@@ -46,6 +46,7 @@ template <typename T>
 bool in_range(const Range<T>& r, T v) {
   if constexpr (std::is_floating_point_v<T>)
     if (!std::isfinite(v)) return false;
+  if (r.zero_when && v == T{0}) return true;  // the condition is checked with the other keys
   if (r.lo && (r.lo_open ? !(v > *r.lo) : !(v >= *r.lo))) return false;
   if (r.hi && (r.hi_open ? !(v < *r.hi) : !(v <= *r.hi))) return false;
   return true;
