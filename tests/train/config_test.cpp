@@ -5,7 +5,8 @@
 // parallel.pp_layers is read from a file and from --set, refused as a string (its former form) or any
 // other non-array with an array to write that splits the configured model, and resolves to exactly
 // the given pipeline chunk sizes. A --set value that opens an array, table or string but does not
-// parse is refused as such, never taken as a bare string.
+// parse is refused as such, never taken as a bare string. A width of 0 is accepted exactly where
+// the key table says (no layer uses it), and refused elsewhere naming the layers that need it.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -388,6 +389,58 @@ TEST(Config, ReadmeKeyTableIsTheListingTheBinaryPrints) {
   EXPECT_NE(readme.find(config_keys_markdown()), std::string::npos)
       << "README.md's config key table differs from `moetrain keys`; paste its output into README.md:\n"
       << config_keys_markdown();
+}
+
+// The "accepted" cell of a key's row in the key table (`moetrain keys`, README.md).
+std::string accepted_in_key_table(const std::string& key) {
+  const std::string table = config_keys_markdown();
+  const size_t row = table.find("| `" + key + "` |");
+  if (row == std::string::npos) return "no row for " + key;
+  std::stringstream line(table.substr(row, table.find('\n', row) - row));
+  std::string cell;
+  for (int i = 0; i <= 4; ++i) std::getline(line, cell, '|');  // "", key, type, default, accepted
+  return cell.substr(1, cell.size() - 2);
+}
+
+// A width only MoE layers use (or only dense ones) may be 0 when no layer uses it, and the key
+// table says when; elsewhere 0 is refused naming the key and the layer setting that needs it.
+// Experts per token is never 0: even an all-dense model builds the expert dispatcher, which sizes
+// its buffers by top-K (the table once listed 0, which then failed at start-up in rank_capacity).
+TEST(Config, ZeroWidthsAreAcceptedExactlyWhereTheKeyTableSays) {
+  EXPECT_EQ(accepted_in_key_table("model.num_experts_per_tok"), "in [1, 1048576]");
+  EXPECT_EQ(accepted_in_key_table("model.intermediate_size"),
+            ">= 1 (at most 2^40), or 0 when every layer is dense (model.first_k_dense_replace = "
+            "model.num_hidden_layers)");
+  EXPECT_EQ(accepted_in_key_table("model.dense_intermediate_size"),
+            ">= 1 (at most 2^40), or 0 when no layer is dense (model.first_k_dense_replace = 0)");
+
+  const std::vector<std::string> all_dense = {"model.first_k_dense_replace=2", "model.dense_intermediate_size=64"};
+  const auto with = [](std::vector<std::string> o, const std::string& more) {
+    o.push_back(more);
+    return o;
+  };
+  EXPECT_EQ(load_config("tiny", with(all_dense, "model.intermediate_size=0")).model.intermediate_size, 0);
+  for (const auto& overrides :
+       {std::vector<std::string>{"model.num_experts_per_tok=0"}, with(all_dense, "model.num_experts_per_tok=0")}) {
+    const std::string e = error_of([&] { load_config("tiny", overrides); });
+    EXPECT_NE(e.find("'model.num_experts_per_tok' in built-in config 'tiny' (with --set overrides) must be in "
+                     "[1, 1048576], got 0"),
+              std::string::npos)
+        << e;
+  }
+  const std::string moe_width = error_of([] { load_config("tiny", {"model.intermediate_size=0"}); });
+  EXPECT_NE(moe_width.find("model.intermediate_size = 0 needs every layer dense (model.first_k_dense_replace = "
+                           "model.num_hidden_layers = 2), but model.first_k_dense_replace = 0"),
+            std::string::npos)
+      << moe_width;
+  const std::string dense_width = error_of([] { load_config("tiny", {"model.first_k_dense_replace=1"}); });
+  EXPECT_NE(dense_width.find("model.dense_intermediate_size = 0 needs no layer dense (model.first_k_dense_replace = "
+                             "0), but model.first_k_dense_replace = 1"),
+            std::string::npos)
+      << dense_width;
+  const std::string negative = error_of([] { load_config("tiny", {"model.intermediate_size=-1"}); });
+  EXPECT_NE(negative.find("must be >= 1 (at most 2^40), or 0 when every layer is dense"), std::string::npos)
+      << negative;
 }
 
 // FP8 on the GPU reads 16-byte rows of codes: each feature width and the tokens of a microbatch

@@ -8,18 +8,22 @@
 namespace moe {
 namespace {
 
+// With the experts' width given, and 0 (which the key table accepts when every layer is dense).
 TEST(DenseModel, AllDenseLayersTrainAndLossFalls) {
-  testing::TempDir dir;
-  TrainOptions quiet;
-  quiet.quiet = true;
-  quiet.bench = true;
-  Trainer t(testing::small_config(dir.path, {"model.first_k_dense_replace=2", "model.dense_intermediate_size=64",
-                                             "train.steps=8", "train.warmup_steps=1"}),
-            quiet, testing::local_world());
-  const TrainSummary s = t.run();
-  ASSERT_EQ(s.steps.size(), 8u);
-  EXPECT_LT(s.steps.back().lm_loss, s.steps.front().lm_loss);
-  EXPECT_EQ(s.steps.back().lb_loss, 0.0);  // no router, no auxiliary losses
+  for (const char* expert_width : {"model.intermediate_size=32", "model.intermediate_size=0"}) {
+    SCOPED_TRACE(expert_width);
+    testing::TempDir dir;
+    TrainOptions quiet;
+    quiet.quiet = true;
+    quiet.bench = true;
+    Trainer t(testing::small_config(dir.path, {"model.first_k_dense_replace=2", "model.dense_intermediate_size=64",
+                                               expert_width, "train.steps=8", "train.warmup_steps=1"}),
+              quiet, testing::local_world());
+    const TrainSummary s = t.run();
+    ASSERT_EQ(s.steps.size(), 8u);
+    EXPECT_LT(s.steps.back().lm_loss, s.steps.front().lm_loss);
+    EXPECT_EQ(s.steps.back().lb_loss, 0.0);  // no router, no auxiliary losses
+  }
 }
 
 TEST(DenseModel, ExpertParallelismWithoutMoeLayersIsRefused) {

@@ -28,11 +28,24 @@ void ModelConfig::validate() const {
             num_attention_heads, ")");
   MOE_CHECK(first_k_dense_replace >= 0 && first_k_dense_replace <= num_hidden_layers,
             "model.first_k_dense_replace (", first_k_dense_replace, ") must be in [0, model.num_hidden_layers]");
+  // A width may be 0 where no layer uses it, and only there (the key table, config_keys.h, says when).
+  MOE_CHECK(dense_intermediate_size != 0 || first_k_dense_replace == 0,
+            "model.dense_intermediate_size = 0 needs no layer dense (model.first_k_dense_replace = 0), but "
+            "model.first_k_dense_replace = ",
+            first_k_dense_replace, ": give the hidden size of the dense MLPs");
+  MOE_CHECK(intermediate_size != 0 || first_k_dense_replace == num_hidden_layers,
+            "model.intermediate_size = 0 needs every layer dense (model.first_k_dense_replace = "
+            "model.num_hidden_layers = ",
+            num_hidden_layers, "), but model.first_k_dense_replace = ", first_k_dense_replace,
+            ": give the experts' hidden size, or make every layer dense");
   if (first_k_dense_replace > 0)
     MOE_CHECK(dense_intermediate_size > 0, "model.dense_intermediate_size must be > 0 when model.first_k_dense_replace > 0");
   // Even an all-dense model (first_k_dense_replace = num_hidden_layers) builds the expert
-  // dispatcher, which needs an expert count to split (the key's range says so first).
+  // dispatcher, which needs an expert count to split and sizes its buffers by top-K (the keys'
+  // ranges say so first).
   MOE_CHECK(num_experts > 0, "model.num_experts must be > 0, got ", num_experts);
+  MOE_CHECK(num_experts_per_tok > 0, "model.num_experts_per_tok must be >= 1, got ", num_experts_per_tok,
+            " (every model builds the expert dispatcher, which sizes its buffers by it)");
   if (first_k_dense_replace < num_hidden_layers) {
     MOE_CHECK(num_experts_per_tok > 0 && num_experts_per_tok <= num_experts, "model.num_experts_per_tok (",
               num_experts_per_tok, ") must be in [1, model.num_experts = ", num_experts, "]");

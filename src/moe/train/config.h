@@ -2,7 +2,9 @@
 // from a file (or the built-in tiny config) with `--set section.key=value` overrides. Every key
 // in the file must be known: an unknown key is an error that names it and lists the known ones.
 // The keys themselves (type, default, accepted values, documentation) are listed once, in
-// config_keys.h.
+// config_keys.h. Implemented by config_parse.cpp (text, files and --set overrides into a table),
+// config_reader.cpp (the table into a Config), config_validate.cpp (the checks across keys) and
+// config_write.cpp (TOML, value lists, differences and the key table out).
 #pragma once
 
 #include <cstdint>

@@ -31,11 +31,14 @@
 namespace moe {
 
 // The accepted interval of a numeric key (both ends optional, each inclusive unless marked open).
-// Floating-point keys must also be finite.
+// Floating-point keys must also be finite. zero_when: 0 is accepted besides the interval, when this
+// condition on other keys holds (a width no layer uses); the condition is checked with the other
+// keys, in ModelConfig::validate, and the key table shows it.
 template <typename T>
 struct Range {
   std::optional<T> lo, hi;
   bool lo_open = false, hi_open = false;
+  const char* zero_when = nullptr;
 };
 template <typename T>
 Range<T> any_value() { return {}; }
@@ -56,6 +59,14 @@ Range<T> from_up_to(T lo, T hi) { return {lo, hi, false, true}; }
 // is refused here instead of after minutes of planning or as an infinite learning rate.
 constexpr int64_t kMaxCount = int64_t{1} << 40;
 inline Range<int64_t> count_from(int64_t lo) { return between<int64_t>(lo, kMaxCount); }
+// A width from 1 up to 2^40, or 0 when `condition` holds (written as the key table shows it).
+inline Range<int64_t> width_or_zero_when(const char* condition) {
+  Range<int64_t> r = count_from(1);
+  r.zero_when = condition;
+  return r;
+}
+constexpr const char* kEveryLayerDense = "every layer is dense (model.first_k_dense_replace = model.num_hidden_layers)";
+constexpr const char* kNoLayerDense = "no layer is dense (model.first_k_dense_replace = 0)";
 
 template <typename E>
 using Choices = std::vector<std::pair<std::string, E>>;
@@ -72,9 +83,12 @@ void visit_config_keys(C& c, V&& v) {
   v.key("model", "num_attention_heads", m.num_attention_heads, between<int64_t>(1, 1 << 16), "query heads; divides hidden_size");
   v.key("model", "num_key_value_heads", m.num_key_value_heads, between<int64_t>(1, 1 << 16),
         "key/value heads (grouped-query attention when fewer than the query heads); default: num_attention_heads");
-  v.key("model", "intermediate_size", m.intermediate_size, count_from(0), "expert hidden size H");
+  v.key("model", "intermediate_size", m.intermediate_size, width_or_zero_when(kEveryLayerDense),
+        "expert hidden size H");
   v.key("model", "num_experts", m.num_experts, between<int64_t>(1, 1 << 20), "routed experts per MoE layer (N)");
-  v.key("model", "num_experts_per_tok", m.num_experts_per_tok, between<int64_t>(0, 1 << 20), "experts per token (top-K)");
+  // Never 0, even without MoE layers: the expert dispatcher is built for every model and sizes its buffers by top-K.
+  v.key("model", "num_experts_per_tok", m.num_experts_per_tok, between<int64_t>(1, 1 << 20),
+        "experts per token (top-K); at most num_experts");
   v.key("model", "norm_topk_prob", m.norm_topk_prob, any_value<bool>(),
         "L1-normalize the selected routing weights (OLMoE: false)");
   v.choice("model", "router_score", m.router_score, Choices<ScoreFn>{{"softmax", ScoreFn::Softmax}, {"sigmoid", ScoreFn::Sigmoid}},
@@ -87,8 +101,8 @@ void visit_config_keys(C& c, V&& v) {
   v.key("model", "shared_expert_intermediate_size", m.shared_expert_intermediate_size, count_from(0),
         "hidden size of a shared expert every token uses; 0 = none");
   v.key("model", "first_k_dense_replace", m.first_k_dense_replace, count_from(0),
-        "the first k layers use a dense SwiGLU MLP instead of experts");
-  v.key("model", "dense_intermediate_size", m.dense_intermediate_size, count_from(0),
+        "the first k layers use a dense SwiGLU MLP instead of experts; at most num_hidden_layers (every layer dense)");
+  v.key("model", "dense_intermediate_size", m.dense_intermediate_size, width_or_zero_when(kNoLayerDense),
         "hidden size of those dense MLPs");
   v.key("model", "router_aux_loss_coef", m.router_aux_loss_coef, between(0.0, 1e3), "load-balancing loss coefficient");
   v.key("model", "router_z_loss_coef", m.router_z_loss_coef, between(0.0, 1e3), "router z-loss coefficient");

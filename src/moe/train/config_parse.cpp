@@ -1,0 +1,162 @@
+// Text into a Config: TOML text, a file or the built-in tiny config is parsed into a table, the
+// --set overrides are applied to that table (and, for a config a checkpoint stored, keys in an older
+// form are rewritten to today's), then config_reader.cpp reads the table and Config::validate
+// checks the result. Also the duration text of train.max_duration.
+#include <cmath>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+#include <toml++/toml.h>
+
+#include "moe/core/error.h"
+#include "moe/train/builtin_configs.h"
+#include "moe/train/config.h"
+#include "moe/train/config_key_text.h"
+#include "moe/train/config_reader.h"
+
+namespace moe {
+namespace {
+
+namespace fs = std::filesystem;
+
+toml::table parse_toml(const std::string& text, const std::string& source) {
+  try {
+    return toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    MOE_FAIL("malformed TOML in ", source, " at line ", where.line, ", column ", where.column, ": ",
+             std::string(e.description()));
+  }
+}
+
+// "section.key=value": the value is parsed as a TOML value; a bare word becomes a string.
+void apply_override(toml::table& root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  MOE_CHECK(eq != std::string::npos && eq > 0, "--set expects section.key=value, got '", assignment, "'");
+  const std::string path = assignment.substr(0, eq);
+  const std::string value = assignment.substr(eq + 1);
+  const auto dot = path.find('.');
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error& e) {
+    // A bare word (a path, a name) is taken as a string. A value that opens an array, an inline
+    // table or a quoted string but does not parse is a typo: as a string it would be reported as
+    // the wrong kind of value, or kept with its stray quote.
+    const size_t first = value.find_first_not_of(" \t");
+    const char opener = first == std::string::npos ? ' ' : value[first];
+    const bool array = opener == '[', table = opener == '{';
+    const std::string closer = array ? "]" : table ? "}" : std::string(1, opener);
+    const char shell_quote = opener == '\'' ? '"' : '\'';
+    MOE_CHECK(!array && !table && opener != '"' && opener != '\'', "--set ", assignment, ": the ",
+              array ? "array " : table ? "inline table " : "quoted string ", value, " given for ", path,
+              " could not be parsed (TOML: ", std::string(e.description()), "); end it with ", closer,
+              " and quote the whole assignment for the shell, as in --set ", shell_quote, path, "=", opener, "...",
+              closer, shell_quote);
+    parsed.insert_or_assign("v", value);
+  }
+  toml::node* v = parsed.get("v");
+  if (dot == std::string::npos) {
+    root.insert_or_assign(path, *v);
+    return;
+  }
+  const std::string section = path.substr(0, dot), key = path.substr(dot + 1);
+  MOE_CHECK(key.find('.') == std::string::npos, "--set ", path, ": expected section.key");
+  toml::node* s = root.get(section);
+  MOE_CHECK(!s || s->is_table(), "--set ", path, ": '", section, "' is not a config section");
+  if (!s) root.insert_or_assign(section, toml::table{});
+  root.get_as<toml::table>(section)->insert_or_assign(key, *v);
+}
+
+// A stored config's keys in the form older versions wrote, rewritten to today's form:
+// parallel.pp_layers = "3,1" (a comma-separated string before it became an array). A string that
+// is not a list of integers is left for the reader to refuse.
+void read_older_stored_forms(toml::table& root) {
+  toml::table* parallel = root.get_as<toml::table>("parallel");
+  toml::node* layers = parallel ? parallel->get("pp_layers") : nullptr;
+  if (!layers || !layers->is_string()) return;
+  const auto values = integers_in_string(*layers->value<std::string>());
+  if (!values) return;
+  toml::array array;
+  for (int64_t v : *values) array.push_back(v);
+  parallel->insert_or_assign("pp_layers", std::move(array));
+}
+
+Config parse_config_text(const std::string& toml_text, const std::string& source_name,
+                         const std::vector<std::string>& overrides, bool validate, bool stored) {
+  toml::table root = parse_toml(toml_text, source_name);
+  if (stored) read_older_stored_forms(root);
+  for (const auto& o : overrides) apply_override(root, o);
+  const std::string source = overrides.empty() ? source_name : source_name + " (with --set overrides)";
+  Config c = read_config_table(root, source);
+  if (validate) c.validate();
+  return c;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& toml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides, bool validate) {
+  return parse_config_text(toml_text, source_name, overrides, validate, /*stored=*/false);
+}
+
+Config parse_stored_config(const std::string& toml_text, const std::string& source_name,
+                           const std::vector<std::string>& overrides, bool validate) {
+  return parse_config_text(toml_text, source_name, overrides, validate, /*stored=*/true);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  MOE_CHECK(!path.empty(), "--config is empty: give a .toml file, or 'tiny' for the built-in config");
+  if (path == "tiny") return parse_config(builtin::kTinyToml, "built-in config 'tiny'", overrides);
+  std::error_code ec;
+  MOE_CHECK(fs::exists(path, ec), "config file '", path, "' does not exist (--config)");
+  MOE_CHECK(fs::is_regular_file(path, ec), "config file '", path,
+            "' is not a regular file (--config takes a .toml file)");
+  std::ifstream in(path, std::ios::binary);
+  MOE_CHECK(in.good(), "cannot read config file '", path, "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  MOE_CHECK(!in.bad(), "cannot read config file '", path, "'");
+  return parse_config(ss.str(), path, overrides);
+}
+
+double parse_duration(const std::string& text, const std::string& key) {
+  if (text.empty()) return 0;
+  double total = 0;
+  size_t i = 0;
+  bool any = false;
+  while (i < text.size()) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text.substr(i), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    MOE_CHECK(used > 0 && std::isfinite(v) && v >= 0, key, " = \"", text,
+              "\" is not a duration; write e.g. \"4h\", \"1h30m\", \"45m\" or \"90s\"");
+    i += used;
+    double unit = 1;
+    if (i < text.size()) {
+      const char u = text[i++];
+      unit = u == 's' ? 1 : u == 'm' ? 60 : u == 'h' ? 3600 : u == 'd' ? 86400 : -1;
+      MOE_CHECK(unit > 0, key, " = \"", text, "\": unknown unit '", u, "' (use s, m, h or d)");
+    } else {
+      MOE_CHECK(!any, key, " = \"", text, "\": a unit (s, m, h or d) must follow every number but the only one");
+    }
+    total += v * unit;
+    any = true;
+  }
+  MOE_CHECK(total > 0, key, " = \"", text, "\" must be longer than zero (\"\" means no limit)");
+  // The deadline is kept in the steady clock's nanoseconds (int64: ~292 years); a longer one
+  // would wrap around into the past and stop the run at its first step.
+  constexpr double kLongest = 100.0 * 365 * 86400;
+  MOE_CHECK(total <= kLongest, key, " = \"", text, "\" is longer than 100 years; \"\" means no limit");
+  return total;
+}
+
+}  // namespace moe
