@@ -18,6 +18,7 @@
 #include "moe/model/dispatch.h"
 #include "moe/model/precision.h"
 #include "moe/model/recompute.h"
+#include "moe/optim/lr_schedule.h"
 
 namespace moe {
 
@@ -27,8 +28,10 @@ struct TrainConfig {
   int64_t micro_batch_size = 8;    // sequences per rank per forward
   int64_t seq_len = 128;
   double lr = 3e-3;                // peak learning rate
-  double min_lr_ratio = 0.1;       // cosine decays to lr * min_lr_ratio
+  double min_lr_ratio = 0.1;       // the decay ends at lr * min_lr_ratio
   int64_t warmup_steps = 30;       // linear warmup from 0
+  LrSchedule lr_schedule = LrSchedule::Cosine;  // after the warmup (optim/lr_schedule.h)
+  int64_t decay_steps = 0;         // wsd: the final decay's steps; 0 = a fifth of the steps after warmup
   double weight_decay = 0.1;       // applied to matrices (ndim >= 2) only
   double beta1 = 0.9;
   double beta2 = 0.95;

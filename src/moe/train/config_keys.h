@@ -152,8 +152,18 @@ void visit_config_keys(C& c, V&& v) {
         "sequences per forward on each rank; accumulation = global / (micro x data-parallel ranks)");
   v.key("train", "seq_len", t.seq_len, count_from(1), "tokens per sequence");
   v.key("train", "lr", t.lr, between(0.0, 10.0), "peak learning rate");
-  v.key("train", "min_lr_ratio", t.min_lr_ratio, between(0.0, 1.0), "the cosine decays to lr x min_lr_ratio");
+  v.key("train", "min_lr_ratio", t.min_lr_ratio, between(0.0, 1.0),
+        "the decay (cosine, linear, wsd) ends at lr x min_lr_ratio on the last step");
   v.key("train", "warmup_steps", t.warmup_steps, count_from(0), "linear warmup steps");
+  v.choice("train", "lr_schedule", t.lr_schedule,
+           Choices<LrSchedule>{{"cosine", LrSchedule::Cosine},
+                               {"linear", LrSchedule::Linear},
+                               {"constant", LrSchedule::Constant},
+                               {"wsd", LrSchedule::Wsd}},
+           "after the warmup: cosine or linear decay over the remaining steps, constant, or wsd (constant, then a "
+           "linear decay over the last train.decay_steps steps; a run extended on resume keeps its rate until then)");
+  v.key("train", "decay_steps", t.decay_steps, count_from(0),
+        "wsd: steps of the final decay; 0 = a fifth of the steps after warmup");
   v.key("train", "weight_decay", t.weight_decay, between(0.0, 10.0), "AdamW weight decay (matrices only)");
   v.key("train", "beta1", t.beta1, from_up_to(0.0, 1.0), "AdamW beta1");
   v.key("train", "beta2", t.beta2, from_up_to(0.0, 1.0), "AdamW beta2");

@@ -356,7 +356,7 @@ StepRecord Trainer::train_step(int64_t step) {
   const int64_t bytes_before = run_->dispatcher->bytes_moved();
   StepRecord r;
   r.step = step + 1;
-  r.lr = lr_at(step, t.steps, t.lr, t.warmup_steps, t.min_lr_ratio);
+  r.lr = lr_at(step, t.steps, t.lr, t.warmup_steps, t.min_lr_ratio, t.lr_schedule, t.decay_steps);
   AdamWConfig oc;
   oc.lr = static_cast<float>(r.lr);
   oc.beta1 = static_cast<float>(t.beta1);

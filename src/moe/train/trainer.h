@@ -1,6 +1,6 @@
 // The training loop: plans all memory from the config, then runs optimizer steps of
 // gradient-accumulated microbatches on one or many ranks (DDP + expert parallelism, or the
-// FSDP baseline), with warmup + cosine LR, global-norm clipping, the non-finite skip, periodic
+// FSDP baseline), with the LR schedule (optim/lr_schedule.h), global-norm clipping, the non-finite skip, periodic
 // evaluation, checkpoints and resume under any topology, and per-step metrics. The mechanisms
 // it drives live elsewhere: device choice (device_choice.h), FLOP and MFU accounting
 // (flops.h), the run directory (run_dir.h), metrics records (metrics.h), the checkpoint
