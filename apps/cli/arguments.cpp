@@ -33,6 +33,23 @@ void ConfigArgs::add_to(CLI::App* cmd) {
       ->check(set_form_error);
 }
 
+moe::Config ConfigArgs::load(const std::vector<KeyFlag>& flags) const {
+  // The flags are not appended to the --set overrides: the config reader cannot tell one override
+  // from another, so an error in the file was then reported "with --set overrides" and a file
+  // whose section is not a table blamed on "--set train.steps", a --set nobody typed. Instead
+  // each value is read as a config of its own named after the flag (its key's type and range
+  // checked there), then set. The file must hold valid values for these keys too.
+  moe::Config cfg = moe::load_config(config, overrides);
+  if (flags.empty()) return cfg;
+  for (const KeyFlag& f : flags) {
+    const moe::Config alone =
+        moe::parse_config(f.key + " = " + std::to_string(f.value) + "\n", f.flag, {}, /*validate=*/false);
+    cfg.train.*f.field = alone.train.*f.field;
+  }
+  cfg.validate();  // the keys checked against each other with the flags' values
+  return cfg;
+}
+
 const CLI::Range kCountFromZero(int64_t{0}, std::numeric_limits<int64_t>::max());
 const CLI::Range kCountFromOne(int64_t{1}, std::numeric_limits<int64_t>::max());
 

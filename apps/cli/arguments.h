@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "moe/train/config.h"
+
 namespace moe::cli {
 
 // Exit status of a command line that cannot be parsed (errors while running exit 1).
@@ -31,11 +33,22 @@ extern const CLI::Validator kNonEmpty;
 // A --set that is not "section.key=value" ("" when it is): a usage error, checked by CLI11.
 std::string set_form_error(const std::string& assignment);
 
+// A flag that stands for an integer config key (--steps N is train.steps = N).
+struct KeyFlag {
+  std::string flag;                  // "--steps"
+  std::string key;                   // "train.steps"
+  int64_t moe::TrainConfig::*field;  // &TrainConfig::steps
+  int64_t value;
+};
+
 // --config and --set of a subcommand that reads a config.
 struct ConfigArgs {
   std::string config = "tiny";
   std::vector<std::string> overrides;
   void add_to(CLI::App* cmd);
+  // The config file with the --set overrides, then the flags' values (they win over --set). Each
+  // error names its source: the file, the --set overrides the user typed, or the flag.
+  moe::Config load(const std::vector<KeyFlag>& flags = {}) const;
 };
 
 // Why an output file named on the command line could not be written at the end of the command

@@ -77,9 +77,7 @@ int run_timed_steps(const BenchArgs& a, Job& job) {
   moe::Config cfg;
   const int startup = job.agree_at_startup([&] {
     check_new_output("bench --json", a.json);
-    std::vector<std::string> overrides = a.config.overrides;
-    overrides.push_back("train.steps=" + std::to_string(a.steps));
-    cfg = moe::load_config(a.config.config, overrides);
+    cfg = a.config.load({{"--steps", "train.steps", &moe::TrainConfig::steps, a.steps}});
   });
   if (startup >= 0) return startup;
   moe::TrainOptions opts;

@@ -38,7 +38,7 @@ int run_plan(const PlanArgs& a) {
     return kUsageError;
   }
   // The run's own planning code on stand-in ranks (memory_plan.h): nothing is allocated.
-  const moe::Config cfg = moe::load_config(a.config.config, a.config.overrides);
+  const moe::Config cfg = a.config.load();
   // Without --device, the config's run.device; auto is the GPU in a CUDA build, as a run on a GPU machine.
 #if defined(MOE_HAVE_CUDA)
   const bool built_with_cuda = true;

@@ -31,11 +31,13 @@ int run_train(TrainArgs& a, Job& job) {
     if (!a.init_from.empty() && !a.resume.empty()) throw UsageError(moe::init_from_conflict(a.init_from, a.resume, {}));
     if (a.overwrite && !a.resume.empty())
       throw UsageError("--overwrite starts afresh, --resume continues: give one of them");
-    std::vector<std::string> overrides = a.config.overrides;
-    if (a.cmd->count("--save-every")) overrides.push_back("train.save_every=" + std::to_string(a.save_every));
-    if (a.cmd->count("--keep-last")) overrides.push_back("train.keep_last=" + std::to_string(a.keep_last));
-    if (a.cmd->count("--steps")) overrides.push_back("train.steps=" + std::to_string(a.steps));
-    cfg = moe::load_config(a.config.config, overrides);
+    std::vector<KeyFlag> flags;
+    if (a.cmd->count("--save-every"))
+      flags.push_back({"--save-every", "train.save_every", &moe::TrainConfig::save_every, a.save_every});
+    if (a.cmd->count("--keep-last"))
+      flags.push_back({"--keep-last", "train.keep_last", &moe::TrainConfig::keep_last, a.keep_last});
+    if (a.cmd->count("--steps")) flags.push_back({"--steps", "train.steps", &moe::TrainConfig::steps, a.steps});
+    cfg = a.config.load(flags);
     if (const std::string conflict = moe::init_from_conflict(a.init_from, a.resume, cfg); !conflict.empty())
       throw UsageError(conflict);
   });
