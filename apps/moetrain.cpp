@@ -15,7 +15,22 @@
 #include "cli/arguments.h"
 #include "cli/command.h"
 #include "cli/job.h"
-#include "moe/comm/launcher.h"
+
+namespace {
+
+// Why CLI11 refused the command line: the text of its one error line.
+std::string refusal(const CLI::App& app, int argc, char** argv, const CLI::ParseError& e) {
+  // A misspelled command ("trian") reaches CLI11 as a stray word, reported as "a subcommand is
+  // required": name the word and the commands instead.
+  if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {
+    std::string names;
+    for (const CLI::App* sub : app.get_subcommands({})) names += (names.empty() ? "" : ", ") + sub->get_name();
+    return "unknown command '" + std::string(argv[1]) + "'; the commands are " + names + " (see moetrain --help)";
+  }
+  return std::string(e.what()) + " (see moetrain --help)";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace moe::cli;
@@ -38,37 +53,30 @@ int main(int argc, char** argv) {
                                          add_plan_command(app),      add_keys_command(app)};
 
   // Usage errors (an unknown flag, a bad value) exit 2 with one line; --help exits 0.
+  CommandLine line;
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    // Under mpirun every rank parses the same words: the launcher's rank 0 alone reports them.
-    if (moe::launch_rank() != 0) return kUsageError;
-    // A misspelled command ("trian") reaches CLI11 as a stray word, reported as "a subcommand is
-    // required": name the word and the commands instead.
-    if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {
-      std::string names;
-      for (const CLI::App* sub : app.get_subcommands({})) names += (names.empty() ? "" : ", ") + sub->get_name();
-      std::fprintf(stderr, "error: unknown command '%s'; the commands are %s (see moetrain --help)\n", argv[1],
-                   names.c_str());
-      return kUsageError;
-    }
-    std::fprintf(stderr, "error: %s (see moetrain --help)\n", e.what());
-    return kUsageError;
+    // Reported once MPI is up under mpirun: the other ranks' command lines may have parsed.
+    line.refusal = refusal(app, argc, argv, e);
   }
-  const Command& command =
-      *std::find_if(commands.begin(), commands.end(), [](const Command& c) { return c.app->parsed(); });
+  const Command* command = nullptr;
+  if (line.refusal.empty()) {
+    command = &*std::find_if(commands.begin(), commands.end(), [](const Command& c) { return c.app->parsed(); });
+    line.command = command->app->get_name();
+    if (command->agreed_flags) line.agreed_flags = command->agreed_flags();
+  }
 
   Job job;
-  const std::string agreed_flags = command.agreed_flags ? command.agreed_flags() : "";
-  if (const int code = job.start(&argc, &argv, command.app->get_name(), agreed_flags); code >= 0) return code;
+  if (const int code = job.start(&argc, &argv, line); code >= 0) return code;  // a refused line ends here
   try {
-    if (command.one_process && job.world().size() > 1)
-      return job.error_once("`moetrain " + command.app->get_name() + "` runs in one process; run it without " +
+    if (command->one_process && job.world().size() > 1)
+      return job.error_once("`moetrain " + command->app->get_name() + "` runs in one process; run it without " +
                                 "mpirun or srun (this job has " + std::to_string(job.world().size()) + " ranks)",
                             1);
-    return command.run(job);
+    return command->run(job);
   } catch (const std::bad_alloc&) {
     return job.fail(job.out_of_memory().c_str());
   } catch (const std::exception& e) {

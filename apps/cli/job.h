@@ -11,6 +11,13 @@
 
 namespace moe::cli {
 
+// This process's command line as the ranks compare it.
+struct CommandLine {
+  std::string command;       // the subcommand ("train"); "" when refused
+  std::string agreed_flags;  // the flags every rank must be given alike (Command::agreed_flags)
+  std::string refusal;       // why CLI11 could not parse it, a usage error; "" when it parsed
+};
+
 class Job {
  public:
   Job() = default;
@@ -18,9 +25,10 @@ class Job {
   Job& operator=(const Job&) = delete;
 
   // Joins the job: refuses a launcher that starts several processes without MPI (exit 1),
-  // initializes MPI under mpirun or srun, and makes every rank agree that it runs `moetrain
-  // <command> <agreed_flags>`. Returns -1 to go on, else the exit status.
-  int start(int* argc, char*** argv, const std::string& command, const std::string& agreed_flags);
+  // initializes MPI under mpirun or srun, and makes every rank agree that it runs the same
+  // command line (exit 2 when not, or when one was refused). Returns -1 to go on, else the exit
+  // status.
+  int start(int* argc, char*** argv, const CommandLine& line);
 
   moe::Communicator& world() { return *world_; }
   bool leader() const { return world_->rank() == 0; }
@@ -45,6 +53,8 @@ class Job {
   std::string out_of_memory() const;
 
  private:
+  int agree_on_command_line(const CommandLine& line);
+
   std::string command_;
   std::unique_ptr<moe::MpiRuntime> mpi_;
   moe::LocalCommunicator local_;
