@@ -153,6 +153,35 @@ TEST_F(CliTest, missing_config_file_is_named) {
   EXPECT_FALSE(fs::exists(run_dir()));
 }
 
+// --steps, --save-every and --keep-last stand for config keys. They were appended to the user's
+// --set overrides, so an error in the file was reported "in FILE (with --set overrides)", and a
+// file whose `train` is not a table was blamed on "--set train.steps", a --set nobody typed.
+TEST_F(CliTest, an_error_in_the_config_file_names_the_file_and_no_set_under_flags_for_keys) {
+  write_file(path("typo.toml"), tiny_toml_with("[model]\n", "[model]\nhidden_sise = 16\n"));
+  write_file(path("flat.toml"), "train = 5\n");
+  for (const std::vector<std::string>& args : {
+           std::vector<std::string>{"train", "--config", path("typo.toml"), "--steps", "3"},
+           std::vector<std::string>{"train", "--config", path("flat.toml"), "--steps", "3", "--keep-last", "2"},
+           std::vector<std::string>{"bench", "--config", path("typo.toml")},  // its --steps has a default
+       }) {
+    const CliRun r = moetrain(args);
+    expect_error(r, {args[2]});
+    EXPECT_EQ(r.err.find("--set"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(path("runs")));
+}
+
+// A flag's value that its config key does not take names the flag, not a --set.
+TEST_F(CliTest, a_flag_value_its_config_key_refuses_names_the_flag) {
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--steps", "9223372036854775807"}, {"--keep-last", "2000000000"}}) {
+    const CliRun r = moetrain({"train", extra[0], extra[1]});
+    expect_error(r, {"in " + extra[0] + " must be", extra[1]});
+    EXPECT_EQ(r.err.find("--set"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(path("runs")));
+}
+
 // ---- data errors ---------------------------------------------------------------------------
 
 TEST_F(CliTest, data_path_to_a_missing_folder_is_named) {

@@ -83,29 +83,5 @@ TEST(Launcher, ASingleTaskSlurmAllocationIsOneProcess) {
   EXPECT_EQ(detect_launcher().kind, Launcher::Single);
 }
 
-// Before MPI starts, a refused command line is printed by the launcher's rank 0 only.
-TEST(Launcher, LaunchRankIsReadFromTheMpiLaunchersVariables) {
-  {
-    Env e({});
-    EXPECT_EQ(launch_rank(), 0);
-  }
-  {
-    Env e({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "3"}});
-    EXPECT_EQ(launch_rank(), 3);
-  }
-  {
-    Env e({{"PMIX_RANK", "1"}});
-    EXPECT_EQ(launch_rank(), 1);
-  }
-  {
-    Env e({{"PMI_SIZE", "2"}, {"PMI_RANK", "0"}});
-    EXPECT_EQ(launch_rank(), 0);
-  }
-  {
-    Env e({{"OMPI_COMM_WORLD_RANK", "x"}});  // not a number: taken as no launcher's
-    EXPECT_EQ(launch_rank(), 0);
-  }
-}
-
 }  // namespace
 }  // namespace moe

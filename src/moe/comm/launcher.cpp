@@ -62,10 +62,4 @@ LaunchInfo detect_launcher() {
   return info;
 }
 
-int launch_rank() {
-  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
-    if (const long r = env_int(name); r >= 0) return static_cast<int>(r);
-  return 0;
-}
-
 }  // namespace moe

@@ -23,9 +23,4 @@ struct LaunchInfo {
 
 LaunchInfo detect_launcher();
 
-// This process's rank as its MPI launcher numbered it (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK),
-// read before MPI is initialized; 0 without one. A command line refused before MPI starts is then
-// reported by rank 0 alone, not once per rank.
-int launch_rank();
-
 }  // namespace moe

@@ -1,0 +1,76 @@
+// moetrain export-hf and import-hf: a checkpoint to and from a Hugging Face OLMoE directory.
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "moe/core/arena.h"
+#include "moe/train/hf_interop.h"
+
+namespace moe::cli {
+
+namespace {
+
+struct ExportArgs {
+  std::string checkpoint, out;
+  double shard_gb = 5.0;
+  std::vector<std::string> tokenizer;
+  std::string dtype = "f32";
+};
+
+int run_export(const ExportArgs& a) {
+  const bool bf16 = a.dtype == "bf16";
+  const moe::ExportResult r = moe::export_hf(a.checkpoint, a.out, static_cast<int64_t>(a.shard_gb * 1e9), a.tokenizer,
+                                             bf16 ? moe::DType::BF16 : moe::DType::F32);
+  std::printf("exported %ld tensors (%s, %s) in %d shard(s) to %s; peak resident memory %s\n",
+              static_cast<long>(r.tensors), moe::format_bytes(static_cast<double>(r.bytes)).c_str(),
+              bf16 ? "bfloat16" : "float32", r.shards, r.out_dir.c_str(),
+              moe::format_bytes(static_cast<double>(r.peak_rss_bytes)).c_str());
+  if (!r.note.empty()) std::printf("  note: %s\n", r.note.c_str());
+  return 0;
+}
+
+struct ImportArgs {
+  std::string hf_dir, out;
+};
+
+int run_import(const ImportArgs& a) {
+  const moe::ImportResult r = moe::import_hf(a.hf_dir, a.out);
+  std::printf("imported %ld tensors (%s expert layout) into %s\n  config: %s\n  AdamW moments start at zero.\n"
+              "  continue with: moetrain train --config %s --resume %s\n",
+              static_cast<long>(r.tensors), r.fused_experts ? "fused" : "per-expert", r.checkpoint_dir.c_str(),
+              r.config_path.c_str(), r.config_path.c_str(), r.checkpoint_dir.c_str());
+  return 0;
+}
+
+}  // namespace
+
+Command add_export_hf_command(CLI::App& app) {
+  auto a = std::make_shared<ExportArgs>();
+  CLI::App* export_hf =
+      app.add_subcommand("export-hf", "write a checkpoint as a Hugging Face OlmoeForCausalLM directory");
+  export_hf->add_option("checkpoint", a->checkpoint, "checkpoint dir (or run dir)")->required();
+  export_hf->add_option("out", a->out, "output directory (must not exist)")->required();
+  export_hf->add_option("--max-shard-gb", a->shard_gb, "largest safetensors shard, GB")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 1e6));
+  export_hf->add_option("--tokenizer", a->tokenizer, "tokenizer files to copy in (tokenizer.json, ...)");
+  export_hf
+      ->add_option("--dtype", a->dtype, "dtype of the exported weights: f32, or bf16 (rounded to nearest even)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  return {export_hf, [a](Job&) { return run_export(*a); }, /*agreed_flags=*/nullptr, /*one_process=*/true};
+}
+
+Command add_import_hf_command(CLI::App& app) {
+  auto a = std::make_shared<ImportArgs>();
+  CLI::App* import_hf =
+      app.add_subcommand("import-hf", "turn a Hugging Face OLMoE directory into a moetrain checkpoint");
+  import_hf->add_option("hf_dir", a->hf_dir, "directory with config.json and safetensors")->required();
+  import_hf->add_option("out", a->out, "run directory to create (step-000000/ and config.toml)")->required();
+  return {import_hf, [a](Job&) { return run_import(*a); }, /*agreed_flags=*/nullptr, /*one_process=*/true};
+}
+
+}  // namespace moe::cli
