@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <exception>
 #include <new>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -57,13 +58,18 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
-    return app.exit(e);
+    // --help: printed by Job::start, which under mpirun first has every rank join the job.
+    std::ostringstream text, unused;
+    if (app.exit(e, text, unused) != 0) return app.exit(e);
+    line.help = text.str();
+    for (const Command& c : commands)
+      if (c.app->parsed()) line.command = c.app->get_name();
   } catch (const CLI::ParseError& e) {
     // Reported once MPI is up under mpirun: the other ranks' command lines may have parsed.
     line.refusal = refusal(app, argc, argv, e);
   }
   const Command* command = nullptr;
-  if (line.refusal.empty()) {
+  if (line.refusal.empty() && line.help.empty()) {
     command = &*std::find_if(commands.begin(), commands.end(), [](const Command& c) { return c.app->parsed(); });
     line.command = command->app->get_name();
     if (command->agreed_flags) line.agreed_flags = command->agreed_flags();

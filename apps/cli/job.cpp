@@ -14,6 +14,10 @@ int Job::start(int* argc, char*** argv, const CommandLine& line) {
   command_ = line.command;
   // Under mpirun (or srun) every process is one rank; otherwise one process without MPI.
   const moe::LaunchInfo launch = moe::detect_launcher();
+  if (!line.help.empty() && launch.kind != moe::Launcher::Mpi) {
+    std::fputs(line.help.c_str(), stdout);
+    return 0;
+  }
   if (!line.refusal.empty() && launch.kind != moe::Launcher::Mpi) {
     std::fprintf(stderr, "error: %s\n", line.refusal.c_str());
     return kUsageError;
@@ -27,6 +31,10 @@ int Job::start(int* argc, char*** argv, const CommandLine& line) {
     world_ = &mpi_->world();
   }
   if (world_->size() > 1) return agree_on_command_line(line);
+  if (!line.help.empty()) {
+    std::fputs(line.help.c_str(), stdout);
+    return 0;
+  }
   if (line.refusal.empty()) return -1;
   return error_once(line.refusal, kUsageError);
 }
@@ -37,13 +45,22 @@ int Job::start(int* argc, char*** argv, const CommandLine& line) {
 // agreement covers --config, --set and the flags that become config keys. A rank whose command
 // line CLI11 refused joins the agreement with why: the same refusal on every rank is printed
 // once; one that only some ranks meet is printed by each of them, with its rank, as rank 0 alone
-// does not know it.
+// does not know it. A rank asked for --help joins too (had it printed the help and left, the others
+// would wait for it in MPI_Init for ever): --help on every rank prints the help once.
 int Job::agree_on_command_line(const CommandLine& line) {
   // Tagged: a refusal never reads as a command.
   static const std::string kRuns = "runs ", kRefused = "refused ";
-  const bool refused = !line.refusal.empty();
-  const std::string offer = refused ? kRefused + line.refusal : kRuns + line.command + line.agreed_flags;
+  const bool refused = !line.refusal.empty(), help = !line.help.empty();
+  const std::string offer = refused ? kRefused + line.refusal
+                            : help  ? kRuns + line.command + (line.command.empty() ? "" : " ") + "--help"
+                                    : kRuns + line.command + line.agreed_flags;
   const moe::StringAgreement same = moe::agree_on_string(*world_, offer);
+  if (same.differing_rank < 0 && help) {
+    if (leader()) std::fputs(line.help.c_str(), stdout);
+    std::fflush(stdout);
+    world_->barrier();
+    return 0;
+  }
   if (same.differing_rank < 0) return refused ? error_once(line.refusal, kUsageError) : -1;
   auto is_refusal = [&](const std::string& text) { return text.rfind(kRefused, 0) == 0; };
   if (refused) {

@@ -16,6 +16,7 @@ struct CommandLine {
   std::string command;       // the subcommand ("train"); "" when refused
   std::string agreed_flags;  // the flags every rank must be given alike (Command::agreed_flags)
   std::string refusal;       // why CLI11 could not parse it, a usage error; "" when it parsed
+  std::string help;          // --help: the text to print (command: the subcommand it is for, or "")
 };
 
 class Job {

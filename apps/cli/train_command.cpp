@@ -83,8 +83,10 @@ Command add_train_command(CLI::App& app) {
   train->add_flag("--overwrite", a->overwrite,
                   "run.dir holds another run: move its files into <run.dir>/replaced/ and start afresh");
   // Each starts or continues another run, with other collectives.
+  // Only the flags given (an empty value is refused as a usage error), as the error shows them.
   auto agreed_flags = [a] {
-    return " --resume '" + a->resume + "' --init-from '" + a->init_from + "'" + (a->overwrite ? " --overwrite" : "");
+    return (a->resume.empty() ? "" : " --resume '" + a->resume + "'") +
+           (a->init_from.empty() ? "" : " --init-from '" + a->init_from + "'") + (a->overwrite ? " --overwrite" : "");
   };
   return {train, [a](Job& job) { return run_train(*a, job); }, agreed_flags};
 }
