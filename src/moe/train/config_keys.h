@@ -115,7 +115,8 @@ void visit_config_keys(C& c, V&& v) {
         "each rank's expert buffer holds ceil(capacity_factor x tokens x top-K) rows; routes past it are dropped");
   v.key("model", "dropless", m.dropless, any_value<bool>(), "size the expert buffers for the worst case (no drops)");
   v.key("model", "init_std", m.init_std, between(1e-8, 10.0), "standard deviation of the initial weights");
-  v.key("model", "eos_token_id", m.eos_token_id, between<int64_t>(0, int64_t{1} << 31), "end-of-document token; default: vocab_size - 1");
+  v.key("model", "eos_token_id", m.eos_token_id, between<int64_t>(0, int64_t{1} << 31),
+        "end-of-document token, below vocab_size; default: vocab_size - 1");
 
   auto& d = c.data;
   v.key("data", "path", d.path, any_value<std::string>(),
