@@ -360,4 +360,22 @@ TEST_F(CliTest, a_metrics_write_that_hits_the_file_size_limit_leaves_whole_lines
   EXPECT_LT(steps.size(), 8u);
 }
 
+// A resume whose data settings differ from the checkpoint's (here data.seed and train.seq_len)
+// says which, and that the remaining steps read another run's windows; the same settings say
+// nothing. Before, the change went unmentioned: a step's windows are a function of these keys.
+TEST_F(CliTest, a_resume_with_other_data_settings_says_which_differ_and_what_that_means) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--save-every", "1"})).exit_code, 0);
+  const CliRun same = moetrain(tiny_train({"--steps", "3", "--resume", "latest"}));
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(same.out.find("data settings differ"), std::string::npos) << same.out;
+  const CliRun other =
+      moetrain(tiny_train({"--steps", "4", "--resume", "latest", "--set", "data.seed=7", "--set", "train.seq_len=8"}));
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  EXPECT_NE(other.out.find("note: the data settings differ from the checkpoint's (data.seed = 7 (was 1234), "
+                           "train.seq_len = 8 (was 16))"),
+            std::string::npos)
+      << other.out;
+  EXPECT_NE(other.out.find("from step 3 on"), std::string::npos) << other.out;
+}
+
 }  // namespace

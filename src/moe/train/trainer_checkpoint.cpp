@@ -3,6 +3,7 @@
 // multi-rank protocol of ckpt/distributed_checkpoint.h.
 #include <chrono>
 #include <filesystem>
+#include <map>
 
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/distributed_checkpoint.h"
@@ -16,6 +17,28 @@
 namespace fs = std::filesystem;
 
 namespace moe {
+
+namespace {
+
+// The settings a step's training windows are a function of (with the step): the data keys, the
+// sequence length and the global batch. "key = new (was old)" for each that differs, or "".
+std::string data_order_differences(const Config& before, const Config& now) {
+  const auto shapes_order = [](const std::string& key) {
+    return key.rfind("data.", 0) == 0 || key == "train.seq_len" || key == "train.global_batch_size";
+  };
+  const auto old_values = config_values(before);
+  const std::map<std::string, std::string> was(old_values.begin(), old_values.end());
+  std::string out;
+  for (const auto& [key, value] : config_values(now)) {
+    if (!shapes_order(key)) continue;
+    const auto it = was.find(key);
+    const std::string old = it == was.end() ? "(none)" : it->second;
+    if (old != value) out += (out.empty() ? "" : ", ") + key + " = " + value + " (was " + old + ")";
+  }
+  return out;
+}
+
+}  // namespace
 
 void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
   const auto t0 = SteadyClock::now();
@@ -69,6 +92,13 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
                           to_string(before.train.precision) + "\", ep.payload = \"" + to_string(before.ep.payload) +
                           "\"; this run continues with \"" + to_string(cfg_.train.precision) + "\", \"" +
                           to_string(cfg_.ep.payload) + "\"\n";
+        const std::string data_changes = data_order_differences(before, cfg_);
+        if (!data_changes.empty())
+          resume_note_ += "  note: the data settings differ from the checkpoint's (" + data_changes +
+                          "): the remaining steps read the windows a run with these settings reads from step " +
+                          std::to_string(start_step_) +
+                          " on, so windows the checkpoint's run had not reached may be skipped and others seen "
+                          "again\n";
       } catch (const Error&) {
         // A stored config this build cannot read is no reason to refuse the resume: no note.
       }
