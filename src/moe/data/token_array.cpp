@@ -14,6 +14,7 @@
 
 #include "moe/core/error.h"
 #include "moe/core/signal_safe_write.h"
+#include "moe/data/megatron_index.h"
 
 namespace moe {
 
@@ -103,24 +104,30 @@ TokenArray TokenArray::open_raw(const std::string& path, TokenDType dtype) {
   struct stat st {};
   MOE_CHECK(::stat(path.c_str(), &st) == 0, "cannot read token file ", path, ": ", std::strerror(errno));
   MOE_CHECK(S_ISREG(st.st_mode), "token file ", path, " is not a regular file");
+  // The first bytes: a header that raw mode would read as tokens is refused, naming what it is.
+  char head[kMegatronIndexMagicLen] = {};
+  const size_t head_len = std::min(sizeof head, static_cast<size_t>(st.st_size));
+  if (head_len > 0) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    MOE_CHECK(fd >= 0, "cannot open token file ", path, ": ", std::strerror(errno));
+    const ssize_t got = ::pread(fd, head, head_len, 0);
+    const int saved_errno = errno;
+    ::close(fd);
+    MOE_CHECK(got == static_cast<ssize_t>(head_len), "cannot read token file ", path, ": ",
+              got < 0 ? std::strerror(saved_errno) : "it shrank while being opened");
+  }
+  // A .npy file (prepare's output, numpy.save) read as raw would train on its header as tokens.
+  MOE_CHECK(head_len < kNpyMagicLen || std::memcmp(head, kNpyMagic, kNpyMagicLen) != 0, "token file ", path,
+            " starts with the .npy magic (\\x93NUMPY): it is a .npy file with a header, which data.format = \"raw\" "
+            "would read as tokens; use data.format = \"npy\" (--set data.format=npy)");
+  MOE_CHECK(!is_megatron_index(head, head_len), "token file ", path, " is a Megatron-LM index (.idx), not tokens: "
+            "name the .bin files it indexes (a folder, or a glob such as data/*.bin)");
+  // A Megatron .bin's index knows its token type and length: the precise error where it disagrees.
+  check_megatron_index(path, dtype, static_cast<uint64_t>(st.st_size));
   const size_t item = token_dtype_size(dtype);
   MOE_CHECK(static_cast<size_t>(st.st_size) % item == 0, "raw token file ", path, " has ", st.st_size,
             " bytes, not a multiple of ", item, " (data.dtype = \"", token_dtype_name(dtype),
             "\"): the file is truncated or data.dtype is wrong");
-  // A .npy file (prepare's output, numpy.save) read as raw would train on its header as tokens.
-  char head[kNpyMagicLen] = {};
-  if (static_cast<size_t>(st.st_size) >= kNpyMagicLen) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    MOE_CHECK(fd >= 0, "cannot open token file ", path, ": ", std::strerror(errno));
-    const ssize_t got = ::pread(fd, head, kNpyMagicLen, 0);
-    const int saved_errno = errno;
-    ::close(fd);
-    MOE_CHECK(got == static_cast<ssize_t>(kNpyMagicLen), "cannot read token file ", path, ": ",
-              got < 0 ? std::strerror(saved_errno) : "it shrank while being opened");
-    MOE_CHECK(std::memcmp(head, kNpyMagic, kNpyMagicLen) != 0, "token file ", path, " starts with the .npy magic "
-              "(\\x93NUMPY): it is a .npy file with a header, which data.format = \"raw\" would read as tokens; use "
-              "data.format = \"npy\" (--set data.format=npy)");
-  }
   TokenArray t;
   t.dtype_ = dtype;
   t.length_ = static_cast<int64_t>(static_cast<size_t>(st.st_size) / item);

@@ -128,7 +128,8 @@ void visit_config_keys(C& c, V&& v) {
                         "relative share of the training instances of each epoch");
                 });
   v.choice("data", "format", d.format, Choices<std::string>{{"npy", "npy"}, {"raw", "raw"}},
-           "npy: .npy files; raw: headerless token arrays (OLMo-core / Dolma tokenized files) of data.dtype");
+           "npy: .npy files; raw: headerless token arrays of data.dtype (OLMo-core / Dolma tokenized files, "
+           "Megatron-LM .bin files, checked against their .idx)");
   v.choice("data", "dtype", d.dtype, Choices<std::string>{{"uint16", "uint16"}, {"uint32", "uint32"}},
            "token type of raw files");
   v.choice("data", "sampling", d.sampling, Choices<std::string>{{"epoch", "epoch"}, {"random", "random"}},
