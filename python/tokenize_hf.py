@@ -6,11 +6,13 @@ Same layout as `moetrain prepare` (src/moe/data/prepare.h): each input becomes <
 them; training reads exactly the files dataset.json lists (src/moe/data/token_folder.h). Every
 non-empty document is its tokens followed by one EOS.
 
-Inputs (optionally gzip-compressed, *.gz):
+Inputs (text and JSONL optionally compressed: *.gz, or *.zst as The Pile and SlimPajama ship):
   text    a line consisting of exactly a form feed ("\\f") separates documents within a file.
   JSONL   *.jsonl or *.ndjson: one JSON object per line, whose --jsonl-field (default "text") string
           is one document; blank lines are skipped, an empty string is an empty document (no EOS).
-The stem drops .gz and the extension: corpus.jsonl.gz -> corpus.npy.
+  Parquet *.parquet (the Hugging Face Hub's format): each row's --jsonl-field column is one
+          document; errors name the row ("file.parquet:ROW"). Needs pyarrow.
+The stem drops .gz/.zst and the extension: corpus.jsonl.gz -> corpus.npy.
 
 Streaming: inputs are read in pieces of about --chunk-bytes that end at line ends and the tokens
 are appended to the .npy as they come, so memory stays bounded by the pieces in flight, not the
@@ -41,7 +43,6 @@ import argparse
 import collections
 import concurrent.futures
 import concurrent.futures.process
-import gzip
 import hashlib
 import json
 import multiprocessing
@@ -51,6 +52,7 @@ import struct
 import sys
 
 import dataset_output
+from token_inputs import InputError, cut_is_safe, is_jsonl, is_separator, pieces, stem_of
 
 try:
     import numpy as np
@@ -70,10 +72,6 @@ CUT_PROBES = [("Hello world.\n", "Next line, here."), ("x = f(1);\n", "return x"
               ("1234\n", "5678"), ("end\n", "The start")]
 
 
-class InputError(Exception):
-    """A problem with an input file, named in the message."""
-
-
 class WorkerError(Exception):
     """An encoding worker process that ended without finishing its piece (killed, out of memory)."""
 
@@ -89,69 +87,6 @@ class Interrupted(BaseException):
 def die(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading inputs in pieces
-
-def is_jsonl(path):
-    name = path[:-3] if path.endswith(".gz") else path
-    return name.endswith((".jsonl", ".ndjson"))
-
-
-def stem_of(path):
-    name = os.path.basename(path)
-    return os.path.splitext(name[:-3] if name.endswith(".gz") else name)[0]
-
-
-def open_input(path):
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-
-
-def is_separator(line):
-    """A line that is exactly a form feed (with "\\n", "\\r\\n" or nothing after it) ends a document."""
-    content = line[:-1] if line.endswith(b"\n") else line
-    return (content[:-1] if content.endswith(b"\r") else content) == b"\f"
-
-
-def cut_is_safe(prev_line, line):
-    """A document may be cut between prev_line and line: prev_line ends in a non-space character and
-    a newline, line starts with a non-space character (Unicode spaces included)."""
-    if not prev_line.endswith(b"\n"):
-        return False
-    last = prev_line[-5:-1].decode("utf-8", "replace")[-1:]  # a character takes at most 4 bytes
-    first = line[:4].decode("utf-8", "replace")[:1]
-    return last != "" and first != "" and not last.isspace() and not first.isspace()
-
-
-def pieces(path, chunk_bytes, cut_inside_documents):
-    """(first line number, bytes, ends_document) pieces of an input, in order, each ending at a line end.
-
-    JSONL pieces end after any line. Text pieces end after a separator line or, where allowed, at a
-    safe cut inside a document; the last piece ends the file's last document (ends_document).
-    """
-    jsonl = is_jsonl(path)
-    lines, size, first, number = [], 0, 1, 0
-    pending = None  # the previous piece, yielded once it is known not to be the last
-    try:
-        with open_input(path) as f:
-            for line in f:
-                number += 1
-                if size >= chunk_bytes and (jsonl or (cut_inside_documents and cut_is_safe(lines[-1], line))):
-                    if pending:
-                        yield pending
-                    pending, lines, size, first = (first, b"".join(lines), False), [], 0, number
-                lines.append(line)
-                size += len(line)
-                if size >= chunk_bytes and not jsonl and is_separator(line):
-                    if pending:
-                        yield pending
-                    pending, lines, size, first = (first, b"".join(lines), False), [], 0, number + 1
-    except (OSError, EOFError) as e:  # also a corrupt or truncated .gz
-        raise InputError(f"cannot read {path} (after line {number}): {e}")
-    if pending:
-        yield pending
-    yield first, b"".join(lines), True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,7 +437,8 @@ def main(argv=None):
 
 def tokenize(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("inputs", nargs="+", help="text or JSONL files (.gz too); each becomes <stem>.npy")
+    ap.add_argument("inputs", nargs="+", help="text or JSONL files (.gz or .zst too), or Parquet files; each becomes "
+                    "<stem>.npy")
     ap.add_argument("--tokenizer", required=True, help="path to a Hugging Face tokenizer.json")
     ap.add_argument("--out", required=True, help="output folder: new or empty, unless --append")
     ap.add_argument("--append", action="store_true",
@@ -513,8 +449,8 @@ def tokenize(argv):
     ap.add_argument("--eos-id", type=int, help="EOS token id (default: looked up in the tokenizer)")
     ap.add_argument("--workers", type=positive_int, default=1,
                     help="encoding processes (default 1: this process, with the tokenizer's own threads)")
-    ap.add_argument("--jsonl-field", default="text", help='the field of each JSONL record that holds its text '
-                    '(default "text")')
+    ap.add_argument("--jsonl-field", default="text", help='the field of each JSONL record (the column of a Parquet '
+                    'file) that holds its text (default "text")')
     ap.add_argument("--chunk-bytes", type=positive_int, default=DEFAULT_CHUNK_BYTES,
                     help=f"size of the pieces inputs are read and encoded in (default {DEFAULT_CHUNK_BYTES})")
     args = ap.parse_args(argv)
@@ -592,7 +528,7 @@ def tokenize(argv):
         meta_path = os.path.join(args.out, "dataset.json")
         replaceable = [meta_path] if os.path.exists(meta_path) else []  # read above, under the lock
         tasks = ((i, (path, *piece)) for i, path in enumerate(args.inputs)
-                 for piece in pieces(path, args.chunk_bytes, cut_inside))
+                 for piece in pieces(path, args.chunk_bytes, cut_inside, args.jsonl_field))
         init_args = (tokenizer_json, eos, dtype_name, args.jsonl_field, cut_inside)
         current = -1
         documents = 0

@@ -69,8 +69,10 @@ fi
 # tests (tests/python/), pinned, into the ignored .deps/python; CTest puts it on PYTHONPATH. numpy
 # stays on 1.x because the BF16 export test also runs Debian's python3-torch 1.13 (/usr/bin/python3,
 # built against numpy 1.x) with this folder on its path. --no-deps: exactly these packages
-# (tokenizers' optional huggingface_hub is only for downloading tokenizers, which the tools never do).
-python_packages=(numpy==1.26.4 tokenizers==0.22.2 xxhash==3.5.0 safetensors==0.7.0 packaging==24.2)
+# (tokenizers' optional huggingface_hub is only for downloading tokenizers, which the tools never do;
+# pyarrow needs only numpy). zstandard and pyarrow read tokenize_hf.py's .zst and .parquet inputs.
+python_packages=(numpy==1.26.4 tokenizers==0.22.2 xxhash==3.5.0 safetensors==0.7.0 packaging==24.2
+                 zstandard==0.23.0 pyarrow==17.0.0)
 python_missing=0
 for spec in "${python_packages[@]}"; do
   [ -d ".deps/python/${spec%%==*}-${spec##*==}.dist-info" ] || python_missing=1

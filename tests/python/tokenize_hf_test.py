@@ -21,9 +21,13 @@ import time
 import unittest
 
 import numpy as np
+import pyarrow
+import pyarrow.parquet
+import zstandard
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import dataset_output
+import token_inputs
 import tokenize_hf
 from moe_test_util import SOURCE_DIR, TempDirTest, moetrain_train, python_tool
 
@@ -74,6 +78,12 @@ TEXT_DOCS = ["".join(sentence(i) + "\n" for i in range(120)),
              "".join(sentence(i) + ("\n\n" if i % 4 == 0 else "\n") + ("  indented\n" if i % 5 == 0 else "")
                      for i in range(200, 330))]
 JSONL_DOCS = [sentence(i) + "\nsecond line " + str(i) for i in range(60)] + ["", "tail: ünïcode ✓"]
+
+
+def zstd_open(path, mode):
+    """A zstd-compressed file to write, as gzip.open gives a gzip one."""
+    assert mode == "wb"
+    return zstandard.ZstdCompressor().stream_writer(open(path, "wb"), closefd=True)
 
 
 def write_text_corpus(path, opener=open):
@@ -191,13 +201,46 @@ class TokenizeHfTest(TempDirTest):
         self.assertNotEqual(tok.encode("end\nThe start").ids, tok.encode("end\n").ids + tok.encode("The start").ids)
 
     def test_compressed_inputs_give_the_same_tokens(self):
-        write_text_corpus(self.path("z.txt.gz"), gzip.open)
-        write_jsonl_corpus(self.path("zr.jsonl.gz"), gzip.open)
         self.tokenize("plain", "--tokenizer", self.bpe)
-        self.tokenize("gz", "--tokenizer", self.bpe, "--chunk-bytes", "100",
-                      inputs=[self.path("z.txt.gz"), self.path("zr.jsonl.gz")])
-        np.testing.assert_array_equal(self.npy("gz", "z.npy"), self.npy("plain", "corpus.npy"))
-        np.testing.assert_array_equal(self.npy("gz", "zr.npy"), self.npy("plain", "records.npy"))
+        for ext, opener in ((".gz", gzip.open), (".zst", zstd_open)):
+            write_text_corpus(self.path("z.txt" + ext), opener)
+            write_jsonl_corpus(self.path("zr.jsonl" + ext), opener)
+            self.tokenize(ext, "--tokenizer", self.bpe, "--chunk-bytes", "100",
+                          inputs=[self.path("z.txt" + ext), self.path("zr.jsonl" + ext)])
+            np.testing.assert_array_equal(self.npy(ext, "z.npy"), self.npy("plain", "corpus.npy"))
+            np.testing.assert_array_equal(self.npy(ext, "zr.npy"), self.npy("plain", "records.npy"))
+        # A .zst of several frames (pzstd, `cat a.zst b.zst`) reads whole.
+        with open(self.text, "rb") as f:
+            text = f.read()
+        with open(self.path("frames.txt.zst"), "wb") as f:
+            for part in (text[:1000], text[1000:2000], text[2000:]):
+                f.write(zstandard.ZstdCompressor().compress(part))
+        self.tokenize("frames", "--tokenizer", self.bpe, inputs=[self.path("frames.txt.zst")])
+        np.testing.assert_array_equal(self.npy("frames", "frames.npy"), self.npy("plain", "corpus.npy"))
+
+    def test_a_parquet_column_gives_the_tokens_of_the_same_records_in_jsonl(self):
+        # The JSONL corpus's records as Parquet rows, in small row groups: one document per row.
+        docs = [json.loads(line)["text"] for line in open(self.jsonl, encoding="utf-8") if line.strip()]
+        table = pyarrow.table({"id": list(range(len(docs))), "text": docs})
+        pyarrow.parquet.write_table(table, self.path("records.parquet"), row_group_size=7)
+        self.tokenize("plain", "--tokenizer", self.bpe, inputs=[self.jsonl])
+        self.tokenize("pq", "--tokenizer", self.bpe, "--chunk-bytes", "100", "--workers", "2",
+                      inputs=[self.path("records.parquet")])
+        np.testing.assert_array_equal(self.npy("pq", "records.npy"), self.npy("plain", "records.npy"))
+        # Errors name the file, and the row or the column.
+        pyarrow.parquet.write_table(pyarrow.table({"body": ["a", None]}), self.path("nulls.parquet"))
+        for args, needle in ((["--jsonl-field", "body"], 'nulls.parquet:2: column "body" is null'),
+                             ([], 'nulls.parquet has no column "text"')):
+            r = self.tokenize("bad", "--tokenizer", self.bpe, *args, inputs=[self.path("nulls.parquet")], check=False)
+            self.assert_one_line_error(r, needle)
+            self.assertFalse(os.path.exists(self.path("bad")))
+        pyarrow.parquet.write_table(pyarrow.table({"text": [1, 2]}), self.path("ints.parquet"))
+        self.assert_one_line_error(self.tokenize("bad", "--tokenizer", self.bpe, inputs=[self.path("ints.parquet")],
+                                                 check=False), 'ints.parquet: column "text" holds int64, not strings')
+        with open(self.path("fake.parquet"), "wb") as f:
+            f.write(b"not parquet at all")
+        self.assert_one_line_error(self.tokenize("bad", "--tokenizer", self.bpe, inputs=[self.path("fake.parquet")],
+                                                 check=False), "cannot read", "fake.parquet", "as Parquet")
 
     def test_inputs_are_read_in_bounded_pieces_that_cover_the_file(self):
         big = self.path("big.txt")
@@ -208,7 +251,7 @@ class TokenizeHfTest(TempDirTest):
             with open(path, "rb") as f:
                 data = f.read()
             longest_line = max(len(line) for line in data.split(b"\n")) + 1
-            parts = list(tokenize_hf.pieces(path, 1000, True))
+            parts = list(token_inputs.pieces(path, 1000, True))
             self.assertEqual(b"".join(p[1] for p in parts), data)
             self.assertGreater(len(parts), len(data) // 2000, path)
             self.assertLessEqual(max(len(p[1]) for p in parts), 1000 + longest_line, path)
@@ -239,14 +282,15 @@ class TokenizeHfTest(TempDirTest):
         eos = Tokenizer.from_file(self.bpe).token_to_id("<|endoftext|>")
         self.assertEqual(self.npy("body", "bad.npy").tolist(), expected_ids(self.bpe, ["the text"], eos))
 
-    def test_a_corrupt_gzip_input_is_refused_naming_it_and_nothing_is_written(self):
-        with gzip.open(self.path("cut.txt.gz"), "wb") as f:
-            f.write(b"".join(sentence(i).encode() + b"\n" for i in range(2000)))
-        with open(self.path("cut.txt.gz"), "r+b") as f:
-            f.truncate(os.path.getsize(self.path("cut.txt.gz")) // 2)
-        r = self.tokenize("out", "--tokenizer", self.bpe, inputs=[self.text, self.path("cut.txt.gz")], check=False)
-        self.assert_one_line_error(r, "cannot read", "cut.txt.gz")
-        self.assertFalse(os.path.exists(self.path("out")))
+    def test_a_corrupt_compressed_input_is_refused_naming_it_and_nothing_is_written(self):
+        for name, opener in (("cut.txt.gz", gzip.open), ("cut.txt.zst", zstd_open)):
+            with opener(self.path(name), "wb") as f:
+                f.write(b"".join(sentence(i).encode() + b"\n" for i in range(2000)))
+            with open(self.path(name), "r+b") as f:
+                f.truncate(os.path.getsize(self.path(name)) // 2)
+            r = self.tokenize("out", "--tokenizer", self.bpe, inputs=[self.text, self.path(name)], check=False)
+            self.assert_one_line_error(r, "cannot read", name)
+            self.assertFalse(os.path.exists(self.path("out")))
 
     def test_nothing_is_overwritten_and_append_adds_files(self):
         self.tokenize("data", "--tokenizer", self.bpe, inputs=[self.text])
