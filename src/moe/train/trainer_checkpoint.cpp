@@ -92,7 +92,8 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
                           to_string(before.train.precision) + "\", ep.payload = \"" + to_string(before.ep.payload) +
                           "\"; this run continues with \"" + to_string(cfg_.train.precision) + "\", \"" +
                           to_string(cfg_.ep.payload) + "\"\n";
-        const std::string data_changes = data_order_differences(before, cfg_);
+        // (At step 0, e.g. import-hf's checkpoint, no window was read yet: nothing to say.)
+        const std::string data_changes = start_step_ > 0 ? data_order_differences(before, cfg_) : "";
         if (!data_changes.empty())
           resume_note_ += "  note: the data settings differ from the checkpoint's (" + data_changes +
                           "): the remaining steps read the windows a run with these settings reads from step " +
