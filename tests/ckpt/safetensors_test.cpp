@@ -3,6 +3,7 @@
 #include "moe/ckpt/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -274,6 +275,29 @@ TEST(SafetensorsCorrupt, OverlappingTensors) {
                                kEightBytes));
   SafetensorsReader r(c.path);
   EXPECT_EQ(r.entries().size(), 3u);
+}
+
+// A tensor named twice: nlohmann kept the last entry silently, so a file whose header named one
+// tensor at two ranges read as whichever came last.
+TEST(SafetensorsCorrupt, TensorNamedTwiceIsRefusedNamingIt) {
+  Corrupt c;
+  std::string msg = c.open_error(raw_file(R"({"w":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                                          R"("w":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+                                          kEightBytes));
+  EXPECT_NE(msg.find(c.path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'w' appears twice"), std::string::npos) << msg;
+  msg = c.open_error(raw_file(R"({"w":{"dtype":"U8","shape":[8],"data_offsets":[0,8],"shape":[2,4]}})", kEightBytes));
+  EXPECT_NE(msg.find("'shape' appears twice"), std::string::npos) << msg;
+}
+
+// A FIFO in place of the file: opening it waited for a writer forever.
+TEST(SafetensorsCorrupt, FifoIsRefusedAsNotARegularFileWithoutWaiting) {
+  TempDir tmp;
+  const std::string path = tmp / "m.safetensors";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  const std::string msg = error_of([&] { SafetensorsReader r(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not a regular file"), std::string::npos) << msg;
 }
 
 TEST(SafetensorsCorrupt, SizeMismatchVersusDtypeAndShape) {

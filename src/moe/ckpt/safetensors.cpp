@@ -72,7 +72,9 @@ DType dtype_from_safetensors(std::string_view name, const std::string& context) 
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   const std::string where = "safetensors file " + path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer (a hang, not an
+  // error); it is refused below as not a regular file. Reads of a regular file ignore the flag.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   MOE_CHECK(fd >= 0, "cannot open ", where, ": ", errno_text());
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -102,7 +104,9 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
 
     json header;
     try {
-      header = parse_bounded_json_range(map_ + 8, map_ + data_offset_, where + ": header");
+      // A tensor named twice would silently be the last of its entries.
+      header = parse_bounded_json_range(map_ + 8, map_ + data_offset_, where + ": header",
+                                        refuse_duplicate_keys(where + ": header"));
     } catch (const json::parse_error& e) {
       MOE_FAIL(where, ": header is not valid JSON: ", e.what());
     }
