@@ -365,6 +365,32 @@ TEST_F(HfImportIndex, entry_that_is_not_a_file_name_is_refused_naming_the_entry)
   expect_refused({index_path(), "weight_map entry 'lm_head.weight' maps to 2"});
 }
 
+// A shard may hold only what the index maps to it: a tensor the weight_map leaves out was dropped
+// silently (a single model.safetensors holding the same tensor is refused).
+TEST_F(HfImportIndex, tensor_in_a_shard_that_the_weight_map_leaves_out_is_refused_naming_both) {
+  fs::rename(path("outside/") + kShard2, hf() + "/" + kShard2);
+  std::vector<HfTensorData> shard2(tensors_.begin() + static_cast<long>((tensors_.size() + 1) / 2), tensors_.end());
+  shard2.push_back({"model.layers.0.mlp.shared_expert.gate_proj.weight", {8, 16}, pattern(99, 8 * 16)});
+  write_shard(hf() + "/" + kShard2, shard2, moe::DType::F32);
+  expect_refused({hf() + "/" + kShard2, "'model.layers.0.mlp.shared_expert.gate_proj.weight'", index_path(),
+                  "does not list"});
+}
+
+// A FIFO where a JSON file or a shard belongs: opening it waited for a writer forever.
+TEST_F(HfImportIndex, fifo_in_place_of_config_json_the_index_or_a_shard_is_refused_without_waiting) {
+  fs::rename(path("outside/") + kShard2, hf() + "/" + kShard2);
+  for (const std::string name : {"config.json", "model.safetensors.index.json", kShard2}) {
+    SCOPED_TRACE(name);
+    const std::string file = hf() + "/" + name;
+    fs::rename(file, path("saved"));
+    ASSERT_EQ(::mkfifo(file.c_str(), 0644), 0);
+    expect_refused({name, "not a regular file"});
+    fs::remove(file);
+    fs::rename(path("saved"), file);
+  }
+  ASSERT_EQ(import().exit_code, 0);  // the control: the restored folder imports
+}
+
 // ---- dtypes ----------------------------------------------------------------------------------
 
 // model.safetensors written by hand, so that lm_head.weight can have a dtype moetrain's writer

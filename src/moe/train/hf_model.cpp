@@ -30,25 +30,15 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 // A JSON file whose parse errors name it (`shown`: the path as the user spelled it) and whose
 // duplicate keys are refused: nlohmann keeps the last of two equal keys silently, which in a
-// weight_map would hide which file holds a tensor.
+// weight_map would hide which file holds a tensor. Only a regular file is opened: a FIFO would
+// block the open until something wrote to it.
 json read_json_file(const std::string& path, const std::string& shown) {
+  std::error_code ec;
+  MOE_CHECK(fs::is_regular_file(path, ec), shown, " is not a regular file");
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in.good(), "cannot read ", shown);
-  std::vector<std::set<std::string>> keys_of_open_objects;
-  auto refuse_duplicate_keys = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      keys_of_open_objects.emplace_back();
-    } else if (event == json::parse_event_t::object_end) {
-      keys_of_open_objects.pop_back();
-    } else if (event == json::parse_event_t::key) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      MOE_CHECK(keys_of_open_objects.back().insert(key).second, shown, ": key '", key,
-                "' appears twice in one object; keep one");
-    }
-    return true;
-  };
   try {
-    return parse_bounded_json(in, shown, refuse_duplicate_keys);
+    return parse_bounded_json(in, shown, refuse_duplicate_keys(shown));
   } catch (const json::exception& e) {
     MOE_FAIL(shown, " is not valid JSON: ", e.what());
   }
@@ -268,6 +258,16 @@ void check_weights(const ModelConfig& mc, const std::string& config_path, const 
   }
 }
 
+// A shard may hold only tensors the index lists: one it leaves out would be dropped unseen, where
+// the same tensor in a single model.safetensors is refused. (Checked after check_weights, so a
+// tensor the model needs is named as missing from the index first.)
+void check_shards_hold_only_listed_tensors(const WeightFiles& w, const std::string& tool) {
+  for (const auto& f : w.files)
+    for (const SafetensorsEntry& e : f->entries())
+      MOE_CHECK(w.holder.count(e.name), f->path(), " holds '", e.name, "', which ", w.source, " does not list; ", tool,
+                " refuses rather than drop it (list it in the weight_map, or remove it from the file)");
+}
+
 // Widens elements [begin, end) of a checked F32 or BF16 tensor into dst.
 void to_f32(const SafetensorsReader& f, const std::string& name, int64_t begin, int64_t end, float* dst) {
   const SafetensorsEntry& e = f.entry(name);
@@ -307,6 +307,7 @@ HfModel::HfModel(const std::string& dir, const std::string& tool) : dir_(dir), t
     WeightFiles w = open_weight_files(folder, tool, doing);
     doing = "checking " + w.source + " against " + config_path_;
     check_weights(model_, config_path_, w, tool);
+    check_shards_hold_only_listed_tensors(w, tool);
     for (int64_t l = 0; l < model_.num_hidden_layers; ++l) fused_experts_ = fused_experts_ || fused_layer(w, l);
     weights_source_ = w.source;
     files_ = std::move(w.files);
