@@ -146,6 +146,32 @@ TEST_F(HfInterop, import_with_a_missing_tensor_names_it_and_writes_no_checkpoint
   EXPECT_TRUE(step_dirs(path("imported")).empty());
 }
 
+// train_state.json's config is text beside the weights, which export reads by element ranges: a
+// config giving fewer experts exported each expert tensor's first part, one giving fewer layers
+// dropped the last layer, both without a word.
+TEST_F(HfInterop, export_of_a_checkpoint_whose_config_disagrees_with_its_tensors_is_refused_naming_the_tensor) {
+  const std::string state = run_dir() + "/step-000002/train_state.json";
+  const std::string original = read_file(state);
+  const auto with_config = [&](const std::string& from, const std::string& to) {
+    nlohmann::json j = nlohmann::json::parse(original);
+    std::string config = j["config"];
+    const size_t at = config.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    j["config"] = config.replace(at, from.size(), to);
+    write_file(state, j.dump());
+  };
+  with_config("num_experts = 8", "num_experts = 4");
+  expect_error(moetrain({"export-hf", run_dir(), path("hf")}),
+               {"model.layers.0.mlp.gate.weight", "[8,16]", "[4,16]", "train_state.json"});
+  EXPECT_FALSE(fs::exists(path("hf")));
+  with_config("num_hidden_layers = 2", "num_hidden_layers = 1");
+  expect_error(moetrain({"export-hf", run_dir(), path("hf")}),
+               {"model.layers.1.", "model.num_hidden_layers = 1", "train_state.json"});
+  EXPECT_FALSE(fs::exists(path("hf")));
+  write_file(state, original);  // the control
+  EXPECT_EQ(moetrain({"export-hf", run_dir(), path("hf")}).exit_code, 0);
+}
+
 TEST_F(HfInterop, export_refuses_a_model_with_a_selection_bias) {
   std::vector<std::string> sets = tiny_sets();
   sets.push_back("model.bias_update_rate=0.01");

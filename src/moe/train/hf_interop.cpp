@@ -20,6 +20,7 @@
 #include "moe/model/weights.h"
 #include "moe/train/config.h"
 #include "moe/train/hf_config.h"
+#include "moe/train/init_source.h"
 
 namespace fs = std::filesystem;
 
@@ -44,6 +45,19 @@ struct HfTensor {
 // one gate_proj [H, D], up_proj [H, D] and down_proj [D, H] per expert.
 std::vector<HfTensor> hf_tensors(const ModelConfig& mc, const CheckpointReader& ckpt) {
   const ParamRegistry reg = build_registry(mc, 0, mc.num_experts, ParamLayout::ByBlock);
+  // The weights are read by element ranges from the config in train_state.json, which is text
+  // beside them: a config giving fewer experts or layers than were saved exported a truncated
+  // model without a word. Every weight must have the config's shape, and none may be left over.
+  constexpr const char* kDescribed = "the model its train_state.json describes";
+  check_stored_shapes(ckpt, reg, /*moments=*/false, kDescribed);
+  std::set<std::string> weights;
+  for (const ParamEntry& e : reg.entries()) weights.insert(e.name);
+  for (const std::string& key : ckpt.keys()) {
+    const bool is_moment = key.ends_with(".exp_avg") || key.ends_with(".exp_avg_sq");
+    MOE_CHECK(is_moment || key == "router_bias" || weights.count(key), "export-hf: checkpoint ", ckpt.dir(),
+              " holds tensor '", key, "', which ", kDescribed, " (model.num_hidden_layers = ", mc.num_hidden_layers,
+              ", model.num_experts = ", mc.num_experts, ") does not have; it refuses rather than export part of it");
+  }
   std::vector<HfTensor> out;
   const std::string fused_gate_up = ".mlp.experts.gate_up_proj", fused_down = ".mlp.experts.down_proj";
   const int64_t D = mc.hidden_size, H = mc.intermediate_size;
