@@ -172,6 +172,35 @@ TEST_F(HfInterop, export_of_a_checkpoint_whose_config_disagrees_with_its_tensors
   EXPECT_EQ(moetrain({"export-hf", run_dir(), path("hf")}).exit_code, 0);
 }
 
+// A symbolic link as the output, even one to nothing: the export ran to the end, then failed to
+// rename its result over the link ("Not a directory").
+TEST_F(HfInterop, export_to_a_symbolic_link_is_refused_naming_it_before_anything_is_written) {
+  fs::create_symlink(path("nowhere"), path("hf"));
+  expect_error(moetrain({"export-hf", run_dir(), path("hf")}), {path("hf"), "is a symbolic link"});
+  EXPECT_TRUE(fs::is_symlink(path("hf")));
+  EXPECT_FALSE(fs::exists(path("nowhere")));
+  for (const auto& e : fs::directory_iterator(tmp_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+}
+
+// The parent folders export created for its output were left behind when it failed.
+TEST_F(HfInterop, export_failing_midway_leaves_no_temporary_folder_and_no_new_parents) {
+  const std::string nested_out = path("new/parent/hf");
+  std::vector<std::string> before;
+  for (const auto& e : fs::recursive_directory_iterator(tmp_)) before.push_back(e.path().string());
+  // A file-size limit below a shard's size makes its write fail (EFBIG; SIGXFSZ ignored).
+  const CliRun r = run({"/bin/sh", "-c", "ulimit -f 16 && trap '' XFSZ && exec \"$0\" \"$@\"",
+                        MOE_BINARY_DIR "/moetrain", "export-hf", run_dir(), nested_out});
+  expect_error(r, {"model-00001-of-00001.safetensors", "File too large"});
+  std::vector<std::string> after;
+  for (const auto& e : fs::recursive_directory_iterator(tmp_)) after.push_back(e.path().string());
+  std::sort(before.begin(), before.end());
+  std::sort(after.begin(), after.end());
+  EXPECT_EQ(after, before);
+  ASSERT_EQ(moetrain({"export-hf", run_dir(), nested_out}).exit_code, 0);  // the control
+  EXPECT_TRUE(fs::exists(nested_out + "/config.json"));
+}
+
 TEST_F(HfInterop, export_refuses_a_model_with_a_selection_bias) {
   std::vector<std::string> sets = tiny_sets();
   sets.push_back("model.bias_update_rate=0.01");

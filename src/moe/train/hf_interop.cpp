@@ -106,7 +106,12 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   MOE_CHECK(dtype == DType::F32 || dtype == DType::BF16, "export-hf: the dtype must be F32 or BF16, got ",
             dtype_name(dtype));
   const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
-  MOE_CHECK(!fs::exists(out_dir), "export-hf: output '", out_dir, "' exists; choose a new directory");
+  std::error_code ec;
+  const fs::file_status out_status = fs::symlink_status(out_dir, ec);
+  // A link, even one to nothing, would only be replaced by the final rename, after all the work.
+  MOE_CHECK(!fs::is_symlink(out_status), "export-hf: output '", out_dir,
+            "' is a symbolic link; choose a new directory");
+  MOE_CHECK(!fs::exists(out_status), "export-hf: output '", out_dir, "' exists; choose a new directory");
   std::set<std::string> names = {"config.json", "model.safetensors.index.json"};
   for (const auto& t : tokenizer_files) {
     MOE_CHECK(fs::exists(t), "export-hf: tokenizer file '", t, "' not found");
@@ -138,26 +143,33 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
     in_shard += bytes;
   }
   // A fresh directory beside the output (mkdtemp never reuses an existing one, so nothing of the
-  // user's can be under the temporary name); renamed into place when complete.
-  std::error_code ec;
-  fs::create_directories(fs::absolute(out_dir).parent_path(), ec);
+  // user's can be under the temporary name); renamed into place when complete. Nothing
+  // half-written stays behind: if anything below fails, the temporary directory goes, and so do
+  // the output's parent folders this call created (each only while empty: never others' files).
+  struct RemoveOnFailure {
+    std::string path;
+    std::vector<fs::path> created_parents;  // deepest first
+    bool armed = true;
+    ~RemoveOnFailure() {
+      std::error_code ignored;
+      if (!armed) return;
+      if (!path.empty()) fs::remove_all(path, ignored);
+      for (const fs::path& p : created_parents) fs::remove(p, ignored);
+    }
+  } cleanup;
+  const fs::path parent = fs::absolute(out_dir).lexically_normal().parent_path();
+  for (fs::path p = parent; !p.empty() && !fs::exists(fs::symlink_status(p, ec)); p = p.parent_path())
+    cleanup.created_parents.push_back(p);
+  fs::create_directories(parent, ec);
   MOE_CHECK(!ec, "export-hf: cannot create the parent folder of ", out_dir, ": ", ec.message());
   std::string tmp_template = out_dir + ".tmp-XXXXXX";
   MOE_CHECK(::mkdtemp(tmp_template.data()) != nullptr, "export-hf: cannot create a temporary folder beside ", out_dir,
             ": ", std::strerror(errno));
   const std::string tmp = tmp_template;
+  cleanup.path = tmp;
   const mode_t mask = ::umask(0);  // mkdtemp makes the folder 0700; the export gets the usual mode
   ::umask(mask);
   ::chmod(tmp.c_str(), 0777 & ~mask);
-  // Nothing half-written stays behind: the temporary directory goes if anything below fails.
-  struct RemoveOnFailure {
-    std::string path;
-    bool armed = true;
-    ~RemoveOnFailure() {
-      std::error_code ignored;
-      if (armed) fs::remove_all(path, ignored);
-    }
-  } cleanup{tmp};
   ExportResult r;
   r.out_dir = out_dir;
   r.shards = static_cast<int>(shards.size());
