@@ -26,6 +26,7 @@
 #include "moe/core/arena.h"
 #include "moe/core/error.h"
 #include "moe/core/gpu_power.h"
+#include "moe/core/interrupt_guard.h"
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/data/prepare.h"
@@ -757,6 +758,9 @@ int main(int argc, char** argv) {
     }
   } catch (const std::bad_alloc&) {
     return fail(out_of_memory().c_str());
+  } catch (const moe::Interrupted& e) {  // export-hf, import-hf: their temporaries are gone
+    fail(e.what());
+    moe::die_of_signal(e.signal());
   } catch (const std::exception& e) {
     return fail(e.what());
   }

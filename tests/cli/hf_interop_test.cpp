@@ -201,6 +201,55 @@ TEST_F(HfInterop, export_failing_midway_leaves_no_temporary_folder_and_no_new_pa
   EXPECT_TRUE(fs::exists(nested_out + "/config.json"));
 }
 
+// Ctrl-C, SIGTERM or SIGHUP in the middle of an export or import: the temporary folder with its
+// partial shards (export) or the staging folder with its partial checkpoint (import) was left
+// behind. Now each is removed, the command says so in one error line and dies of the signal (128 +
+// the signal number, so a calling script stops). A test hook makes it wait for the signal once
+// its first tensor is written.
+TEST_F(HfInterop, an_interrupted_export_or_import_removes_its_temporary_folder_and_dies_of_the_signal) {
+  ASSERT_EQ(moetrain({"export-hf", run_dir(), path("hf")}).exit_code, 0);
+  const auto entries = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(tmp_)) names.push_back(e.path().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  // The job runs under job control (set -m): a background job of a plain script ignores SIGINT.
+  const auto interrupted = [&](const std::vector<std::string>& args, const std::string& temporary,
+                               const char* signal) {
+    std::string cmd = "set -m; MOE_TEST_HF_PAUSE=1 '" MOE_BINARY_DIR "/moetrain'";
+    for (const std::string& arg : args) cmd += " '" + arg + "'";
+    cmd += " & pid=$!; for i in $(seq 500); do ls -A '" + tmp_ + "' '" + path("new") + "' 2>/dev/null | grep -q '" +
+           temporary + "' && break; sleep 0.02; done; kill -" + signal + " $pid; wait $pid";
+    return run({"/bin/bash", "-c", cmd});
+  };
+  const struct {
+    const char* name;
+    int number;
+  } signals[] = {{"INT", 2}, {"TERM", 15}, {"HUP", 1}};
+  const std::vector<std::string> before = entries();
+  for (const auto& sig : signals) {
+    SCOPED_TRACE(sig.name);
+    CliRun r = interrupted({"export-hf", run_dir(), path("new/hf2")}, "hf2.tmp-", sig.name);
+    EXPECT_EQ(r.exit_code, 128 + sig.number) << r.err;
+    EXPECT_EQ(r.err.rfind(std::string("error: export-hf was interrupted (SIG") + sig.name + ")", 0), 0u) << r.err;
+    EXPECT_EQ(r.err.find("error", 1), std::string::npos) << "one error line (and bash's job report):\n" << r.err;
+    EXPECT_EQ(entries(), before) << "the temporary folder and the parent it created are removed";
+    r = interrupted({"import-hf", path("hf"), path("new/imported")}, ".imported.import-", sig.name);
+    EXPECT_EQ(r.exit_code, 128 + sig.number) << r.err;
+    EXPECT_EQ(r.err.rfind(std::string("error: import-hf was interrupted (SIG") + sig.name + ")", 0), 0u) << r.err;
+    EXPECT_EQ(r.err.find("error", 1), std::string::npos) << "one error line (and bash's job report):\n" << r.err;
+    EXPECT_EQ(entries(), before) << "the staging folder and the parent it created are removed";
+  }
+  // A signal ignored when the command starts (nohup) stays ignored.
+  const std::string cmd = "trap '' HUP; MOE_TEST_HF_PAUSE=1 '" MOE_BINARY_DIR "/moetrain' export-hf '" + run_dir() +
+                          "' '" + path("hf3") + "' & pid=$!; for i in $(seq 500); do ls -A '" + tmp_ +
+                          "' | grep -q hf3.tmp- && break; sleep 0.02; done; kill -HUP $pid; sleep 0.3; "
+                          "kill -0 $pid || exit 3; kill -TERM $pid; wait $pid";
+  EXPECT_EQ(run({"/bin/bash", "-c", cmd}).exit_code, 128 + 15);
+  EXPECT_EQ(entries(), before);
+}
+
 TEST_F(HfInterop, export_refuses_a_model_with_a_selection_bias) {
   std::vector<std::string> sets = tiny_sets();
   sets.push_back("model.bias_update_rate=0.01");

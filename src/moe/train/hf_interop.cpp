@@ -17,6 +17,7 @@
 #include "moe/ckpt/safetensors.h"
 #include "moe/core/arena.h"
 #include "moe/core/error.h"
+#include "moe/core/interrupt_guard.h"
 #include "moe/model/weights.h"
 #include "moe/train/config.h"
 #include "moe/train/hf_config.h"
@@ -142,6 +143,9 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
     shards.back().push_back(i);
     in_shard += bytes;
   }
+  // Ctrl-C, SIGTERM or SIGHUP from here on stop the export at the next tensor, with the cleanup
+  // below (made after the guard, so it runs before the guard restores the handlers).
+  InterruptGuard interrupt("export-hf");
   // A fresh directory beside the output (mkdtemp never reuses an existing one, so nothing of the
   // user's can be under the temporary name); renamed into place when complete. Nothing
   // half-written stays behind: if anything below fails, the temporary directory goes, and so do
@@ -178,6 +182,7 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   std::vector<float> buffer;     // one tensor at a time
   std::vector<uint16_t> rounded;  // its BF16 values, for a BF16 export
   char name_buf[64];
+  const std::string undone = "it removed its temporary folder " + tmp + ", so " + out_dir + " was not created";
   for (size_t s = 0; s < shards.size(); ++s) {
     std::snprintf(name_buf, sizeof(name_buf), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
     SafetensorsWriter w;
@@ -185,6 +190,7 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
     for (size_t i : shards[s]) w.add(tensors[i].name, dtype, tensors[i].shape);
     w.open(tmp + "/" + name_buf);
     for (size_t i : shards[s]) {
+      interrupt.check(undone);
       buffer.resize(static_cast<size_t>(tensors[i].numel()));
       tensors[i].fill(buffer.data());
       if (dtype == DType::BF16) {
@@ -197,6 +203,9 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
       weight_map[tensors[i].name] = name_buf;
       r.bytes += tensors[i].numel() * esize;
       ++r.tensors;
+      // Test hook: wait here, one tensor written, for a signal (tests/cli/hf_interop_test.cpp); at
+      // most a minute, so a test that fails to send one leaves no process behind for long.
+      if (r.tensors == 1 && std::getenv("MOE_TEST_HF_PAUSE")) ::sleep(60);
     }
     w.finish();
   }
@@ -204,6 +213,7 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   write_text(tmp + "/model.safetensors.index.json",
              nlohmann::json({{"metadata", {{"total_size", r.bytes}}}, {"weight_map", weight_map}}).dump(2) + "\n");
   for (const auto& t : tokenizer_files) fs::copy_file(t, tmp + "/" + fs::path(t).filename().string());
+  interrupt.check(undone);
   fs::rename(tmp, out_dir, ec);
   MOE_CHECK(!ec, "export-hf: cannot rename ", tmp, " to ", out_dir, ": ", ec.message());
   cleanup.armed = false;
