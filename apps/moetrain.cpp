@@ -151,7 +151,7 @@ void check_new_output(const char* flag, const std::string& path) {
   if (path.empty()) return;
   if (const std::string why = unwritable_output(path); !why.empty())
     MOE_FAIL(flag, " ", path, " cannot be written: ", why);
-  MOE_CHECK(!std::filesystem::exists(path), flag, " ", path,
+  MOE_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(path)), flag, " ", path,
             " exists; choose a new file name (nothing is overwritten)");
 }
 
@@ -472,7 +472,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "error: plan --json %s cannot be written: %s\n", plan_json.c_str(), why.c_str());
         return 1;
       }
-      if (!plan_json.empty() && std::filesystem::exists(plan_json)) {
+      if (!plan_json.empty() && std::filesystem::exists(std::filesystem::symlink_status(plan_json))) {
         std::fprintf(stderr, "error: plan --json %s exists; choose a new file name (nothing is overwritten)\n",
                      plan_json.c_str());
         return 1;  // as for every output that exists (bench --json, eval --logits, export-hf, run.dir)
@@ -573,8 +573,8 @@ int main(int argc, char** argv) {
           throw UsageError("bench --calibrate measures the GPU, not a config: it takes no --config, --set, --steps, "
                            "--json or --check (see moetrain --help)");
         // Exit 1: the folder, not the command line, is at fault.
-        MOE_CHECK(!std::filesystem::exists(bench_calibrate), "bench --calibrate ", bench_calibrate,
-                  " exists; choose a new file name (nothing is overwritten)");
+        MOE_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(bench_calibrate)), "bench --calibrate ",
+                  bench_calibrate, " exists; choose a new file name (nothing is overwritten)");
         try {
           base = moe::load_hardware_profile(bench_base);
         } catch (const moe::Error& e) {

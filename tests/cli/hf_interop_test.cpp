@@ -266,6 +266,16 @@ TEST_F(HfInterop, import_refuses_a_non_empty_output_and_leaves_it_alone) {
   EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000002"});
 }
 
+// An output file that is a symbolic link, even to nothing, passed the exists() check and was
+// replaced by the written file (bench --json and plan --json alike; their writers are tested in
+// tests/ckpt/durable_file_test.cpp, eval's in tests/data/npy_test.cpp).
+TEST_F(HfInterop, eval_logits_at_a_symbolic_link_is_refused_before_evaluating_and_the_link_kept) {
+  fs::create_symlink(path("nowhere.npy"), path("logits.npy"));
+  expect_error(eval(run_dir(), path("logits.npy")), {"eval --logits", path("logits.npy"), "exists"});
+  EXPECT_TRUE(fs::is_symlink(path("logits.npy")));
+  EXPECT_FALSE(fs::exists(path("nowhere.npy")));
+}
+
 TEST_F(HfInterop, eval_refuses_tokens_outside_the_vocabulary) {
   write_file(path("big.txt"), std::string(3000, 'x'));
   ASSERT_EQ(moetrain({"prepare", path("big.txt"), "--out", path("bytes")}).exit_code, 0);
