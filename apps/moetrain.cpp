@@ -732,6 +732,10 @@ int main(int argc, char** argv) {
         if (!eval_logits.empty()) std::printf("  logits of the first microbatch: %s\n", eval_logits.c_str());
       }
     } else if (export_hf->parsed()) {
+      if (!std::isfinite(export_shard_gb)) {  // CLI::Range lets NaN through
+        std::fprintf(stderr, "error: --max-shard-gb: %g is not a number of GB (see moetrain --help)\n", export_shard_gb);
+        return kUsageError;
+      }
       const bool bf16 = export_dtype == "bf16";
       const moe::ExportResult r = moe::export_hf(export_ckpt, export_out, static_cast<int64_t>(export_shard_gb * 1e9),
                                                  export_tokenizer, bf16 ? moe::DType::BF16 : moe::DType::F32);

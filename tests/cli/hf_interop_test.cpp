@@ -121,6 +121,14 @@ TEST_F(HfInterop, bf16_export_holds_the_rounded_weights_and_imports_as_them) {
   EXPECT_EQ(weights, 2 + 2 * 11 + 1);  // embedding, LM head; 11 per layer (attention, norms, router, experts); norm
 }
 
+// NaN passed CLI11's range check and became a shard size through an undefined conversion.
+TEST_F(HfInterop, export_refuses_a_shard_size_that_is_not_a_number_as_a_usage_error) {
+  const CliRun r = moetrain({"export-hf", run_dir(), path("hf"), "--max-shard-gb", "nan"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--max-shard-gb"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("hf")));
+}
+
 TEST_F(HfInterop, export_refuses_an_unknown_dtype_before_writing) {
   const CliRun r = moetrain({"export-hf", run_dir(), path("hf"), "--dtype", "fp16"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
