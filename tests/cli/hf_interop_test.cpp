@@ -129,6 +129,14 @@ TEST_F(HfInterop, export_refuses_a_shard_size_that_is_not_a_number_as_a_usage_er
   EXPECT_FALSE(fs::exists(path("hf")));
 }
 
+TEST_F(HfInterop, export_copies_tokenizer_files_byte_for_byte) {
+  std::string bytes = "{\"model\": {\"type\": \"BPE\"}}\n";
+  bytes += std::string("\0\xff\n", 3);
+  write_file(path("tokenizer.json"), bytes);
+  ASSERT_EQ(moetrain({"export-hf", run_dir(), path("hf"), "--tokenizer", path("tokenizer.json")}).exit_code, 0);
+  EXPECT_EQ(read_file(path("hf/tokenizer.json")), bytes);
+}
+
 TEST_F(HfInterop, export_refuses_an_unknown_dtype_before_writing) {
   const CliRun r = moetrain({"export-hf", run_dir(), path("hf"), "--dtype", "fp16"});
   EXPECT_EQ(r.exit_code, 2) << r.err;

@@ -8,11 +8,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <set>
 
 #include "moe/ckpt/checkpoint.h"
+#include "moe/ckpt/durable_file.h"
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/ckpt/safetensors.h"
 #include "moe/core/arena.h"
@@ -90,13 +90,6 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& mc, const CheckpointReader& 
     }
   }
   return out;
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  out.close();
-  MOE_CHECK(out.good(), "cannot write ", path);
 }
 
 }  // namespace
@@ -209,14 +202,18 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
     }
     w.finish();
   }
-  write_text(tmp + "/config.json", hf_config.dump(2) + "\n");
-  write_text(tmp + "/model.safetensors.index.json",
-             nlohmann::json({{"metadata", {{"total_size", r.bytes}}}, {"weight_map", weight_map}}).dump(2) + "\n");
-  for (const auto& t : tokenizer_files) fs::copy_file(t, tmp + "/" + fs::path(t).filename().string());
+  // Each file fsynced before the folder is renamed into place (the shards are, by their writer): a
+  // crash after the rename must not leave an export whose config.json or index is empty.
+  write_file_atomic(tmp + "/config.json", hf_config.dump(2) + "\n");
+  const nlohmann::json index = {{"metadata", {{"total_size", r.bytes}}}, {"weight_map", weight_map}};
+  write_file_atomic(tmp + "/model.safetensors.index.json", index.dump(2) + "\n");
+  for (const auto& t : tokenizer_files)
+    write_file_atomic(tmp + "/" + fs::path(t).filename().string(), read_whole_file(t, "tokenizer file"));
   interrupt.check(undone);
   fs::rename(tmp, out_dir, ec);
   MOE_CHECK(!ec, "export-hf: cannot rename ", tmp, " to ", out_dir, ": ", ec.message());
   cleanup.armed = false;
+  fsync_dir(parent.string());
   r.peak_rss_bytes = peak_rss_bytes();
   return r;
 }
