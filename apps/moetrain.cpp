@@ -285,12 +285,13 @@ int main(int argc, char** argv) {
   double export_shard_gb = 5.0;
   std::vector<std::string> export_tokenizer;
   CLI::App* export_hf = app.add_subcommand("export-hf", "write a checkpoint as a Hugging Face OlmoeForCausalLM directory");
-  export_hf->add_option("checkpoint", export_ckpt, "checkpoint dir (or run dir)")->required();
-  export_hf->add_option("out", export_out, "output directory (must not exist)")->required();
+  export_hf->add_option("checkpoint", export_ckpt, "checkpoint dir (or run dir)")->required()->check(kNonEmpty);
+  export_hf->add_option("out", export_out, "output directory (must not exist)")->required()->check(kNonEmpty);
   export_hf->add_option("--max-shard-gb", export_shard_gb, "largest safetensors shard, GB")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 1e6));
-  export_hf->add_option("--tokenizer", export_tokenizer, "tokenizer files to copy in (tokenizer.json, ...)");
+  export_hf->add_option("--tokenizer", export_tokenizer, "tokenizer files to copy in (tokenizer.json, ...)")
+      ->check(kNonEmpty);
   std::string export_dtype = "f32";
   export_hf->add_option("--dtype", export_dtype, "dtype of the exported weights: f32, or bf16 (rounded to nearest even)")
       ->capture_default_str()
@@ -298,8 +299,12 @@ int main(int argc, char** argv) {
 
   std::string import_dir, import_out;
   CLI::App* import_hf = app.add_subcommand("import-hf", "turn a Hugging Face OLMoE directory into a moetrain checkpoint");
-  import_hf->add_option("hf_dir", import_dir, "directory with config.json and safetensors")->required();
-  import_hf->add_option("out", import_out, "run directory to create (step-000000/ and config.toml)")->required();
+  import_hf->add_option("hf_dir", import_dir, "directory with config.json and safetensors")
+      ->required()
+      ->check(kNonEmpty);
+  import_hf->add_option("out", import_out, "run directory to create (step-000000/ and config.toml)")
+      ->required()
+      ->check(kNonEmpty);
 
   ConfigArgs plan_args;
   int plan_gpus = 1;

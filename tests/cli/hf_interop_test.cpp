@@ -137,6 +137,25 @@ TEST_F(HfInterop, export_copies_tokenizer_files_byte_for_byte) {
   EXPECT_EQ(read_file(path("hf/tokenizer.json")), bytes);
 }
 
+// An empty path (a script's unset variable) ended in "filesystem error: cannot make absolute path:
+// Invalid argument []", exit 1.
+TEST_F(HfInterop, empty_paths_are_usage_errors_naming_the_argument) {
+  ASSERT_EQ(moetrain({"export-hf", run_dir(), path("hf")}).exit_code, 0);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"export-hf", run_dir(), ""}, "out"},
+      {{"export-hf", "", path("hf2")}, "checkpoint"},
+      {{"export-hf", run_dir(), path("hf2"), "--tokenizer", ""}, "--tokenizer"},
+      {{"import-hf", path("hf"), ""}, "out"},
+      {{"import-hf", "", path("imported")}, "hf_dir"}};
+  for (const auto& [args, name] : cases) {
+    const CliRun r = moetrain(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(r.err, "error: " + name + ": must not be empty (see moetrain --help)\n");
+  }
+  EXPECT_FALSE(fs::exists(path("hf2")));
+  EXPECT_FALSE(fs::exists(path("imported")));
+}
+
 TEST_F(HfInterop, export_refuses_an_unknown_dtype_before_writing) {
   const CliRun r = moetrain({"export-hf", run_dir(), path("hf"), "--dtype", "fp16"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
