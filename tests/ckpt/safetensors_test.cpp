@@ -174,6 +174,24 @@ TEST(Safetensors, WriterRefusesShortOrLongWritesAndLeavesNoFile) {
   EXPECT_NE(error_of([&] { w.add("neg", DType::F32, {-1}); }).find("invalid shape"), std::string::npos);
 }
 
+// read() gives the bytes data() points at, from a moved reader too, and refuses ranges outside
+// the tensor.
+TEST(Safetensors, ReadGivesTheTensorsBytesAndRefusesRangesOutsideIt) {
+  TempDir tmp;
+  const std::string path = tmp / "r.safetensors";
+  const std::vector<float> a = {1.f, 2.f, 3.f}, b = {4.f, 5.f};
+  write_safetensors(path, {{"a", DType::F32, {3}, a.data()}, {"b", DType::F32, {2}, b.data()}});
+  SafetensorsReader first(path);
+  const SafetensorsReader r = std::move(first);
+  std::vector<float> got(2);
+  r.read("a", 4, 12, got.data());
+  EXPECT_EQ(got, (std::vector<float>{2.f, 3.f}));
+  r.read("b", 0, 8, got.data());
+  EXPECT_EQ(got, b);
+  EXPECT_NE(error_of([&] { r.read("b", 4, 12, got.data()); }).find("does not hold bytes [4, 12)"), std::string::npos);
+  EXPECT_NE(error_of([&] { r.read("c", 0, 4, got.data()); }).find("tensor 'c' not found"), std::string::npos);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Corrupt files
 

@@ -88,9 +88,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   }
   void* m = ::mmap(nullptr, file_size_, PROT_READ, MAP_PRIVATE, fd, 0);
   std::string map_error = m == MAP_FAILED ? errno_text() : "";
-  ::close(fd);
+  if (m == MAP_FAILED) ::close(fd);
   MOE_CHECK(m != MAP_FAILED, "cannot memory-map ", where, ": ", map_error);
   map_ = static_cast<const unsigned char*>(m);
+  fd_ = fd;
 
   try {
     uint64_t header_len = 0;
@@ -180,12 +181,14 @@ SafetensorsReader::~SafetensorsReader() { release(); }
 SafetensorsReader::SafetensorsReader(SafetensorsReader&& o) noexcept
     : path_(std::move(o.path_)),
       map_(o.map_),
+      fd_(o.fd_),
       file_size_(o.file_size_),
       data_offset_(o.data_offset_),
       entries_(std::move(o.entries_)),
       index_(std::move(o.index_)),
       metadata_(std::move(o.metadata_)) {
   o.map_ = nullptr;
+  o.fd_ = -1;
   o.file_size_ = 0;
 }
 
@@ -194,12 +197,14 @@ SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& o) noexcept 
     release();
     path_ = std::move(o.path_);
     map_ = o.map_;
+    fd_ = o.fd_;
     file_size_ = o.file_size_;
     data_offset_ = o.data_offset_;
     entries_ = std::move(o.entries_);
     index_ = std::move(o.index_);
     metadata_ = std::move(o.metadata_);
     o.map_ = nullptr;
+    o.fd_ = -1;
     o.file_size_ = 0;
   }
   return *this;
@@ -208,6 +213,8 @@ SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& o) noexcept 
 void SafetensorsReader::release() {
   if (map_) ::munmap(const_cast<unsigned char*>(map_), file_size_);
   map_ = nullptr;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const {
@@ -217,6 +224,22 @@ const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const 
 }
 
 const void* SafetensorsReader::data(const std::string& name) const { return map_ + data_offset_ + entry(name).begin; }
+
+void SafetensorsReader::read(const std::string& name, uint64_t byte_begin, uint64_t byte_end, void* dst) const {
+  const SafetensorsEntry& e = entry(name);
+  MOE_CHECK(byte_begin <= byte_end && byte_end <= e.end - e.begin, path_, ": tensor '", name, "' does not hold bytes [",
+            byte_begin, ", ", byte_end, ")");
+  auto* out = static_cast<unsigned char*>(dst);
+  uint64_t at = data_offset_ + e.begin + byte_begin, left = byte_end - byte_begin;
+  while (left > 0) {
+    const ssize_t n = ::pread(fd_, out, std::min<uint64_t>(left, uint64_t{1} << 30), static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    MOE_CHECK(n >= 0, "cannot read tensor '", name, "' of ", path_, ": ", errno_text());
+    MOE_CHECK(n > 0, path_, " ends inside tensor '", name, "' (at byte ", at, " of the ", file_size_,
+              " it had when opened): it was cut short while being read; restore it and run again");
+    out += n, at += static_cast<uint64_t>(n), left -= static_cast<uint64_t>(n);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Writer

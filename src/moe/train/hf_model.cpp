@@ -268,24 +268,24 @@ void check_shards_hold_only_listed_tensors(const WeightFiles& w, const std::stri
                 " refuses rather than drop it (list it in the weight_map, or remove it from the file)");
 }
 
-// Widens elements [begin, end) of a checked F32 or BF16 tensor into dst.
+// Widens elements [begin, end) of a checked F32 or BF16 tensor into dst. Read from the file, not
+// the mapping (SafetensorsReader::read): a folder rewritten in place while it is imported (a
+// save_pretrained into it) is an error naming the file, not a SIGBUS.
 void to_f32(const SafetensorsReader& f, const std::string& name, int64_t begin, int64_t end, float* dst) {
   const SafetensorsEntry& e = f.entry(name);
   const uint64_t esize = dtype_size(e.dtype);
   MOE_CHECK(begin >= 0 && begin <= end && static_cast<uint64_t>(end) * esize <= e.end - e.begin, f.path(),
             ": tensor '", name, "' does not hold elements [", begin, ", ", end, ")");
-  const auto* src = static_cast<const unsigned char*>(f.data(name)) + static_cast<uint64_t>(begin) * esize;
+  const uint64_t first = static_cast<uint64_t>(begin) * esize, last = static_cast<uint64_t>(end) * esize;
   const int64_t n = end - begin;
   if (e.dtype == DType::F32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+    f.read(name, first, last, dst);
     return;
   }
   MOE_CHECK(e.dtype == DType::BF16, f.path(), ": tensor '", name, "' has dtype ", dtype_name(e.dtype));
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, src + 2 * i, 2);
-    dst[i] = bf16_to_f32(h);
-  }
+  std::vector<uint16_t> bf16(static_cast<size_t>(n));
+  f.read(name, first, last, bf16.data());
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(bf16[static_cast<size_t>(i)]);
 }
 
 }  // namespace
