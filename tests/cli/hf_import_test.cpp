@@ -377,6 +377,22 @@ TEST_F(HfImportIndex, tensor_in_a_shard_that_the_weight_map_leaves_out_is_refuse
                   "does not list"});
 }
 
+// model.safetensors beside an index that names other shards: transformers loads model.safetensors
+// and ignores the index; import read the index, so the two could import different weights.
+TEST_F(HfImportIndex, model_safetensors_beside_an_index_naming_other_shards_is_refused_naming_both) {
+  fs::rename(path("outside/") + kShard2, hf() + "/" + kShard2);
+  write_shard(hf() + "/model.safetensors", tensors_, moe::DType::F32);
+  expect_refused({hf(), "holds both model.safetensors and " + index_path(), "remove whichever is stale"});
+  // The control: an index naming model.safetensors alone, as some repositories carry, imports.
+  fs::remove(hf() + "/model-00001-of-00002.safetensors");
+  fs::remove(hf() + "/" + kShard2);
+  nlohmann::json index = nlohmann::json::parse(read_file(index_path()));
+  for (auto& [name, value] : index["weight_map"].items()) value = "model.safetensors";
+  write_json(index_path(), index);
+  ASSERT_EQ(import().exit_code, 0);
+  expect_values_in_place();
+}
+
 // A FIFO where a JSON file or a shard belongs: opening it waited for a writer forever.
 TEST_F(HfImportIndex, fifo_in_place_of_config_json_the_index_or_a_shard_is_refused_without_waiting) {
   fs::rename(path("outside/") + kShard2, hf() + "/" + kShard2);

@@ -96,8 +96,10 @@ class ModelFolder {
 };
 
 // The tensors the folder offers and the file holding each: the weight_map of
-// model.safetensors.index.json when there is one (transformers reads that first), else every
-// tensor of model.safetensors.
+// model.safetensors.index.json when there is one, else every tensor of model.safetensors. A folder
+// with both is read only where the index names model.safetensors alone (some repositories carry
+// such an index): transformers loads model.safetensors when it is present and ignores the index,
+// so an index naming other shards beside it leaves which of the two is the model unclear.
 struct WeightFiles {
   std::string source;  // the index or model.safetensors, for messages
   std::vector<std::unique_ptr<SafetensorsReader>> files;
@@ -122,10 +124,15 @@ WeightFiles open_weight_files(const ModelFolder& folder, const std::string& tool
     const json index = read_json_file(folder.resolve("model.safetensors.index.json", tool), w.source);
     MOE_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), w.source,
               " has no \"weight_map\" object (tensor name -> file name)");
+    const std::string single = folder.has("model.safetensors") ? folder.resolve("model.safetensors", tool) : "";
     for (const auto& [name, file] : index["weight_map"].items()) {
       const std::string entry = w.source + ": weight_map entry '" + name + "'";
       MOE_CHECK(file.is_string(), entry, " maps to ", file.dump(), ", not a file name");
       const SafetensorsReader& f = open(folder.resolve(file.get<std::string>(), entry));
+      MOE_CHECK(single.empty() || f.path() == single, folder.dir(), " holds both model.safetensors and ", w.source,
+                ", which maps '", name, "' to ", file.get<std::string>(),
+                ": transformers would load model.safetensors and ignore the index, so which of them is the model is "
+                "unclear; remove whichever is stale");
       MOE_CHECK(f.has(name), entry, ": ", f.path(), " holds no tensor '", name, "'");
       w.holder[name] = &f;
     }
