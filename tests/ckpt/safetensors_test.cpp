@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -190,6 +191,25 @@ TEST(Safetensors, ReadGivesTheTensorsBytesAndRefusesRangesOutsideIt) {
   EXPECT_EQ(got, b);
   EXPECT_NE(error_of([&] { r.read("b", 4, 12, got.data()); }).find("does not hold bytes [4, 12)"), std::string::npos);
   EXPECT_NE(error_of([&] { r.read("c", 0, 4, got.data()); }).find("tensor 'c' not found"), std::string::npos);
+}
+
+// The header's depth and duplicate-key checks were a parse callback, with which nlohmann scans all
+// earlier entries each time an entry ends: 300000 tensors took minutes to open (a hang to the
+// user). Now a linear pass; 150000 take well under a second here, the bound leaves room for a busy
+// machine (the quadratic parse took over a minute).
+TEST(Safetensors, HeaderOfManyTensorsOpensInLinearTime) {
+  TempDir tmp;
+  const std::string path = tmp / "many.safetensors";
+  std::string header = "{";
+  for (int i = 0; i < 150000; ++i)
+    header += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
+  header += "}";
+  write_bytes(path, raw_file(header, ""));
+  const auto start = std::chrono::steady_clock::now();
+  const SafetensorsReader r(path);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.entries().size(), 150000u);
+  EXPECT_LT(seconds, 20.0);
 }
 
 // ---------------------------------------------------------------------------------------------

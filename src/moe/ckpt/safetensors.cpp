@@ -106,8 +106,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     json header;
     try {
       // A tensor named twice would silently be the last of its entries.
-      header = parse_bounded_json_range(map_ + 8, map_ + data_offset_, where + ": header",
-                                        refuse_duplicate_keys(where + ": header"));
+      header = parse_bounded_json_range(map_ + 8, map_ + data_offset_, where + ": header", /*unique_keys=*/true);
     } catch (const json::parse_error& e) {
       MOE_FAIL(where, ": header is not valid JSON: ", e.what());
     }

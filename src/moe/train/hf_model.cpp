@@ -38,7 +38,7 @@ json read_json_file(const std::string& path, const std::string& shown) {
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in.good(), "cannot read ", shown);
   try {
-    return parse_bounded_json(in, shown, refuse_duplicate_keys(shown));
+    return parse_bounded_json(in, shown, nullptr, /*allow_exceptions=*/true, /*unique_keys=*/true);
   } catch (const json::exception& e) {
     MOE_FAIL(shown, " is not valid JSON: ", e.what());
   }
