@@ -16,6 +16,7 @@
 #include "cli/arguments.h"
 #include "cli/command.h"
 #include "cli/job.h"
+#include "moe/core/interrupt_guard.h"
 
 namespace {
 
@@ -85,6 +86,9 @@ int main(int argc, char** argv) {
     return command->run(job);
   } catch (const std::bad_alloc&) {
     return job.fail(job.out_of_memory().c_str());
+  } catch (const moe::Interrupted& e) {  // export-hf, import-hf: their temporaries are gone
+    job.fail(e.what());
+    moe::die_of_signal(e.signal());
   } catch (const std::exception& e) {
     return job.fail(e.what());
   }

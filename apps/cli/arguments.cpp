@@ -88,7 +88,7 @@ void check_new_output(const char* flag, const std::string& path) {
   if (path.empty()) return;
   if (const std::string why = unwritable_output(path); !why.empty())
     MOE_FAIL(flag, " ", path, " cannot be written: ", why);
-  MOE_CHECK(!std::filesystem::exists(path), flag, " ", path,
+  MOE_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(path)), flag, " ", path,
             " exists; choose a new file name (nothing is overwritten)");
 }
 

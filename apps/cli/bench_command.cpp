@@ -54,8 +54,8 @@ int run_calibrate(const BenchArgs& a, Job& job) {
       throw UsageError("bench --calibrate measures the GPU, not a config: it takes no --config, --set, --steps, "
                        "--json or --check (see moetrain --help)");
     // Exit 1: the folder, not the command line, is at fault.
-    MOE_CHECK(!std::filesystem::exists(a.calibrate), "bench --calibrate ", a.calibrate,
-              " exists; choose a new file name (nothing is overwritten)");
+    MOE_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(a.calibrate)), "bench --calibrate ",
+              a.calibrate, " exists; choose a new file name (nothing is overwritten)");
     try {
       base = moe::load_hardware_profile(a.hardware);
     } catch (const moe::Error& e) {

@@ -1,10 +1,12 @@
 // moetrain export-hf and import-hf: a checkpoint to and from a Hugging Face OLMoE directory.
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cli/arguments.h"
 #include "cli/command.h"
 #include "moe/core/arena.h"
 #include "moe/train/hf_interop.h"
@@ -21,6 +23,10 @@ struct ExportArgs {
 };
 
 int run_export(const ExportArgs& a) {
+  if (!std::isfinite(a.shard_gb)) {  // CLI::Range lets NaN through
+    std::fprintf(stderr, "error: --max-shard-gb: %g is not a number of GB (see moetrain --help)\n", a.shard_gb);
+    return kUsageError;
+  }
   const bool bf16 = a.dtype == "bf16";
   const moe::ExportResult r = moe::export_hf(a.checkpoint, a.out, static_cast<int64_t>(a.shard_gb * 1e9), a.tokenizer,
                                              bf16 ? moe::DType::BF16 : moe::DType::F32);
@@ -51,12 +57,13 @@ Command add_export_hf_command(CLI::App& app) {
   auto a = std::make_shared<ExportArgs>();
   CLI::App* export_hf =
       app.add_subcommand("export-hf", "write a checkpoint as a Hugging Face OlmoeForCausalLM directory");
-  export_hf->add_option("checkpoint", a->checkpoint, "checkpoint dir (or run dir)")->required();
-  export_hf->add_option("out", a->out, "output directory (must not exist)")->required();
+  export_hf->add_option("checkpoint", a->checkpoint, "checkpoint dir (or run dir)")->required()->check(kNonEmpty);
+  export_hf->add_option("out", a->out, "output directory (must not exist)")->required()->check(kNonEmpty);
   export_hf->add_option("--max-shard-gb", a->shard_gb, "largest safetensors shard, GB")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 1e6));
-  export_hf->add_option("--tokenizer", a->tokenizer, "tokenizer files to copy in (tokenizer.json, ...)");
+  export_hf->add_option("--tokenizer", a->tokenizer, "tokenizer files to copy in (tokenizer.json, ...)")
+      ->check(kNonEmpty);
   export_hf
       ->add_option("--dtype", a->dtype, "dtype of the exported weights: f32, or bf16 (rounded to nearest even)")
       ->capture_default_str()
@@ -68,8 +75,12 @@ Command add_import_hf_command(CLI::App& app) {
   auto a = std::make_shared<ImportArgs>();
   CLI::App* import_hf =
       app.add_subcommand("import-hf", "turn a Hugging Face OLMoE directory into a moetrain checkpoint");
-  import_hf->add_option("hf_dir", a->hf_dir, "directory with config.json and safetensors")->required();
-  import_hf->add_option("out", a->out, "run directory to create (step-000000/ and config.toml)")->required();
+  import_hf->add_option("hf_dir", a->hf_dir, "directory with config.json and safetensors")
+      ->required()
+      ->check(kNonEmpty);
+  import_hf->add_option("out", a->out, "run directory to create (step-000000/ and config.toml)")
+      ->required()
+      ->check(kNonEmpty);
   return {import_hf, [a](Job&) { return run_import(*a); }, /*agreed_flags=*/nullptr, /*one_process=*/true};
 }
 

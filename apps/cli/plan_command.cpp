@@ -64,7 +64,7 @@ int run_plan(const PlanArgs& a) {
     std::fprintf(stderr, "error: plan --json %s cannot be written: %s\n", a.json.c_str(), why.c_str());
     return 1;
   }
-  if (!a.json.empty() && std::filesystem::exists(a.json)) {
+  if (!a.json.empty() && std::filesystem::exists(std::filesystem::symlink_status(a.json))) {
     std::fprintf(stderr, "error: plan --json %s exists; choose a new file name (nothing is overwritten)\n",
                  a.json.c_str());
     return 1;  // as for every output that exists (bench --json, eval --logits, export-hf, run.dir)

@@ -3,7 +3,9 @@
 #include "moe/ckpt/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -173,6 +175,43 @@ TEST(Safetensors, WriterRefusesShortOrLongWritesAndLeavesNoFile) {
   EXPECT_NE(error_of([&] { w.add("neg", DType::F32, {-1}); }).find("invalid shape"), std::string::npos);
 }
 
+// read() gives the bytes data() points at, from a moved reader too, and refuses ranges outside
+// the tensor.
+TEST(Safetensors, ReadGivesTheTensorsBytesAndRefusesRangesOutsideIt) {
+  TempDir tmp;
+  const std::string path = tmp / "r.safetensors";
+  const std::vector<float> a = {1.f, 2.f, 3.f}, b = {4.f, 5.f};
+  write_safetensors(path, {{"a", DType::F32, {3}, a.data()}, {"b", DType::F32, {2}, b.data()}});
+  SafetensorsReader first(path);
+  const SafetensorsReader r = std::move(first);
+  std::vector<float> got(2);
+  r.read("a", 4, 12, got.data());
+  EXPECT_EQ(got, (std::vector<float>{2.f, 3.f}));
+  r.read("b", 0, 8, got.data());
+  EXPECT_EQ(got, b);
+  EXPECT_NE(error_of([&] { r.read("b", 4, 12, got.data()); }).find("does not hold bytes [4, 12)"), std::string::npos);
+  EXPECT_NE(error_of([&] { r.read("c", 0, 4, got.data()); }).find("tensor 'c' not found"), std::string::npos);
+}
+
+// The header's depth and duplicate-key checks were a parse callback, with which nlohmann scans all
+// earlier entries each time an entry ends: 300000 tensors took minutes to open (a hang to the
+// user). Now a linear pass; 150000 take well under a second here, the bound leaves room for a busy
+// machine (the quadratic parse took over a minute).
+TEST(Safetensors, HeaderOfManyTensorsOpensInLinearTime) {
+  TempDir tmp;
+  const std::string path = tmp / "many.safetensors";
+  std::string header = "{";
+  for (int i = 0; i < 150000; ++i)
+    header += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
+  header += "}";
+  write_bytes(path, raw_file(header, ""));
+  const auto start = std::chrono::steady_clock::now();
+  const SafetensorsReader r(path);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.entries().size(), 150000u);
+  EXPECT_LT(seconds, 20.0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Corrupt files
 
@@ -274,6 +313,29 @@ TEST(SafetensorsCorrupt, OverlappingTensors) {
                                kEightBytes));
   SafetensorsReader r(c.path);
   EXPECT_EQ(r.entries().size(), 3u);
+}
+
+// A tensor named twice: nlohmann kept the last entry silently, so a file whose header named one
+// tensor at two ranges read as whichever came last.
+TEST(SafetensorsCorrupt, TensorNamedTwiceIsRefusedNamingIt) {
+  Corrupt c;
+  std::string msg = c.open_error(raw_file(R"({"w":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                                          R"("w":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+                                          kEightBytes));
+  EXPECT_NE(msg.find(c.path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'w' appears twice"), std::string::npos) << msg;
+  msg = c.open_error(raw_file(R"({"w":{"dtype":"U8","shape":[8],"data_offsets":[0,8],"shape":[2,4]}})", kEightBytes));
+  EXPECT_NE(msg.find("'shape' appears twice"), std::string::npos) << msg;
+}
+
+// A FIFO in place of the file: opening it waited for a writer forever.
+TEST(SafetensorsCorrupt, FifoIsRefusedAsNotARegularFileWithoutWaiting) {
+  TempDir tmp;
+  const std::string path = tmp / "m.safetensors";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  const std::string msg = error_of([&] { SafetensorsReader r(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not a regular file"), std::string::npos) << msg;
 }
 
 TEST(SafetensorsCorrupt, SizeMismatchVersusDtypeAndShape) {

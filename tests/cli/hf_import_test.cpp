@@ -201,9 +201,10 @@ INSTANTIATE_TEST_SUITE_P(
         // Heads show in the shapes through head_dim = hidden_size / num_attention_heads.
         SizeCase{"num_attention_heads", 2, {"'model.layers.0.self_attn.k_proj.weight' has shape [8,16]", "head_dim"}},
         SizeCase{"num_key_value_heads", 1, {"'model.layers.0.self_attn.k_proj.weight' has shape [8,16]", "[4,16]"}},
-        // Sizes in range but absurd stop at the first tensor that disagrees, without running away.
-        SizeCase{"num_experts", 2147483647, {"'model.layers.0.mlp.gate.weight' has shape [4,16]"}},
-        SizeCase{"num_hidden_layers", 2147483647, {"no layer 2"}}),
+        // Sizes in range (the top of moetrain's model.* ranges) but absurd stop at the first tensor
+        // that disagrees, without running away.
+        SizeCase{"num_experts", 1 << 20, {"'model.layers.0.mlp.gate.weight' has shape [4,16]"}},
+        SizeCase{"num_hidden_layers", 1 << 16, {"no layer 2"}}),
     [](const ::testing::TestParamInfo<SizeCase>& info) {
       return std::string(info.param.key) + "_" + std::to_string(info.param.value);
     });
@@ -363,6 +364,48 @@ TEST_F(HfImportIndex, entry_that_is_not_a_file_name_is_refused_naming_the_entry)
   index["weight_map"]["lm_head.weight"] = 2;
   write_json(index_path(), index);
   expect_refused({index_path(), "weight_map entry 'lm_head.weight' maps to 2"});
+}
+
+// A shard may hold only what the index maps to it: a tensor the weight_map leaves out was dropped
+// silently (a single model.safetensors holding the same tensor is refused).
+TEST_F(HfImportIndex, tensor_in_a_shard_that_the_weight_map_leaves_out_is_refused_naming_both) {
+  fs::rename(path("outside/") + kShard2, hf() + "/" + kShard2);
+  std::vector<HfTensorData> shard2(tensors_.begin() + static_cast<long>((tensors_.size() + 1) / 2), tensors_.end());
+  shard2.push_back({"model.layers.0.mlp.shared_expert.gate_proj.weight", {8, 16}, pattern(99, 8 * 16)});
+  write_shard(hf() + "/" + kShard2, shard2, moe::DType::F32);
+  expect_refused({hf() + "/" + kShard2, "'model.layers.0.mlp.shared_expert.gate_proj.weight'", index_path(),
+                  "does not list"});
+}
+
+// model.safetensors beside an index that names other shards: transformers loads model.safetensors
+// and ignores the index; import read the index, so the two could import different weights.
+TEST_F(HfImportIndex, model_safetensors_beside_an_index_naming_other_shards_is_refused_naming_both) {
+  fs::rename(path("outside/") + kShard2, hf() + "/" + kShard2);
+  write_shard(hf() + "/model.safetensors", tensors_, moe::DType::F32);
+  expect_refused({hf(), "holds both model.safetensors and " + index_path(), "remove whichever is stale"});
+  // The control: an index naming model.safetensors alone, as some repositories carry, imports.
+  fs::remove(hf() + "/model-00001-of-00002.safetensors");
+  fs::remove(hf() + "/" + kShard2);
+  nlohmann::json index = nlohmann::json::parse(read_file(index_path()));
+  for (auto& [name, value] : index["weight_map"].items()) value = "model.safetensors";
+  write_json(index_path(), index);
+  ASSERT_EQ(import().exit_code, 0);
+  expect_values_in_place();
+}
+
+// A FIFO where a JSON file or a shard belongs: opening it waited for a writer forever.
+TEST_F(HfImportIndex, fifo_in_place_of_config_json_the_index_or_a_shard_is_refused_without_waiting) {
+  fs::rename(path("outside/") + kShard2, hf() + "/" + kShard2);
+  for (const std::string name : {"config.json", "model.safetensors.index.json", kShard2}) {
+    SCOPED_TRACE(name);
+    const std::string file = hf() + "/" + name;
+    fs::rename(file, path("saved"));
+    ASSERT_EQ(::mkfifo(file.c_str(), 0644), 0);
+    expect_refused({name, "not a regular file"});
+    fs::remove(file);
+    fs::rename(path("saved"), file);
+  }
+  ASSERT_EQ(import().exit_code, 0);  // the control: the restored folder imports
 }
 
 // ---- dtypes ----------------------------------------------------------------------------------

@@ -121,6 +121,41 @@ TEST_F(HfInterop, bf16_export_holds_the_rounded_weights_and_imports_as_them) {
   EXPECT_EQ(weights, 2 + 2 * 11 + 1);  // embedding, LM head; 11 per layer (attention, norms, router, experts); norm
 }
 
+// NaN passed CLI11's range check and became a shard size through an undefined conversion.
+TEST_F(HfInterop, export_refuses_a_shard_size_that_is_not_a_number_as_a_usage_error) {
+  const CliRun r = moetrain({"export-hf", run_dir(), path("hf"), "--max-shard-gb", "nan"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--max-shard-gb"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("hf")));
+}
+
+TEST_F(HfInterop, export_copies_tokenizer_files_byte_for_byte) {
+  std::string bytes = "{\"model\": {\"type\": \"BPE\"}}\n";
+  bytes += std::string("\0\xff\n", 3);
+  write_file(path("tokenizer.json"), bytes);
+  ASSERT_EQ(moetrain({"export-hf", run_dir(), path("hf"), "--tokenizer", path("tokenizer.json")}).exit_code, 0);
+  EXPECT_EQ(read_file(path("hf/tokenizer.json")), bytes);
+}
+
+// An empty path (a script's unset variable) ended in "filesystem error: cannot make absolute path:
+// Invalid argument []", exit 1.
+TEST_F(HfInterop, empty_paths_are_usage_errors_naming_the_argument) {
+  ASSERT_EQ(moetrain({"export-hf", run_dir(), path("hf")}).exit_code, 0);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"export-hf", run_dir(), ""}, "out"},
+      {{"export-hf", "", path("hf2")}, "checkpoint"},
+      {{"export-hf", run_dir(), path("hf2"), "--tokenizer", ""}, "--tokenizer"},
+      {{"import-hf", path("hf"), ""}, "out"},
+      {{"import-hf", "", path("imported")}, "hf_dir"}};
+  for (const auto& [args, name] : cases) {
+    const CliRun r = moetrain(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(r.err, "error: " + name + ": must not be empty (see moetrain --help)\n");
+  }
+  EXPECT_FALSE(fs::exists(path("hf2")));
+  EXPECT_FALSE(fs::exists(path("imported")));
+}
+
 TEST_F(HfInterop, export_refuses_an_unknown_dtype_before_writing) {
   const CliRun r = moetrain({"export-hf", run_dir(), path("hf"), "--dtype", "fp16"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
@@ -146,6 +181,110 @@ TEST_F(HfInterop, import_with_a_missing_tensor_names_it_and_writes_no_checkpoint
   EXPECT_TRUE(step_dirs(path("imported")).empty());
 }
 
+// train_state.json's config is text beside the weights, which export reads by element ranges: a
+// config giving fewer experts exported each expert tensor's first part, one giving fewer layers
+// dropped the last layer, both without a word.
+TEST_F(HfInterop, export_of_a_checkpoint_whose_config_disagrees_with_its_tensors_is_refused_naming_the_tensor) {
+  const std::string state = run_dir() + "/step-000002/train_state.json";
+  const std::string original = read_file(state);
+  const auto with_config = [&](const std::string& from, const std::string& to) {
+    nlohmann::json j = nlohmann::json::parse(original);
+    std::string config = j["config"];
+    const size_t at = config.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    j["config"] = config.replace(at, from.size(), to);
+    write_file(state, j.dump());
+  };
+  with_config("num_experts = 8", "num_experts = 4");
+  expect_error(moetrain({"export-hf", run_dir(), path("hf")}),
+               {"model.layers.0.mlp.gate.weight", "[8,16]", "[4,16]", "train_state.json"});
+  EXPECT_FALSE(fs::exists(path("hf")));
+  with_config("num_hidden_layers = 2", "num_hidden_layers = 1");
+  expect_error(moetrain({"export-hf", run_dir(), path("hf")}),
+               {"model.layers.1.", "model.num_hidden_layers = 1", "train_state.json"});
+  EXPECT_FALSE(fs::exists(path("hf")));
+  write_file(state, original);  // the control
+  EXPECT_EQ(moetrain({"export-hf", run_dir(), path("hf")}).exit_code, 0);
+}
+
+// A symbolic link as the output, even one to nothing: the export ran to the end, then failed to
+// rename its result over the link ("Not a directory").
+TEST_F(HfInterop, export_to_a_symbolic_link_is_refused_naming_it_before_anything_is_written) {
+  fs::create_symlink(path("nowhere"), path("hf"));
+  expect_error(moetrain({"export-hf", run_dir(), path("hf")}), {path("hf"), "is a symbolic link"});
+  EXPECT_TRUE(fs::is_symlink(path("hf")));
+  EXPECT_FALSE(fs::exists(path("nowhere")));
+  for (const auto& e : fs::directory_iterator(tmp_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+}
+
+// The parent folders export created for its output were left behind when it failed.
+TEST_F(HfInterop, export_failing_midway_leaves_no_temporary_folder_and_no_new_parents) {
+  const std::string nested_out = path("new/parent/hf");
+  std::vector<std::string> before;
+  for (const auto& e : fs::recursive_directory_iterator(tmp_)) before.push_back(e.path().string());
+  // A file-size limit below a shard's size makes its write fail (EFBIG; SIGXFSZ ignored).
+  const CliRun r = run({"/bin/sh", "-c", "ulimit -f 16 && trap '' XFSZ && exec \"$0\" \"$@\"",
+                        MOE_BINARY_DIR "/moetrain", "export-hf", run_dir(), nested_out});
+  expect_error(r, {"model-00001-of-00001.safetensors", "File too large"});
+  std::vector<std::string> after;
+  for (const auto& e : fs::recursive_directory_iterator(tmp_)) after.push_back(e.path().string());
+  std::sort(before.begin(), before.end());
+  std::sort(after.begin(), after.end());
+  EXPECT_EQ(after, before);
+  ASSERT_EQ(moetrain({"export-hf", run_dir(), nested_out}).exit_code, 0);  // the control
+  EXPECT_TRUE(fs::exists(nested_out + "/config.json"));
+}
+
+// Ctrl-C, SIGTERM or SIGHUP in the middle of an export or import: the temporary folder with its
+// partial shards (export) or the staging folder with its partial checkpoint (import) was left
+// behind. Now each is removed, the command says so in one error line and dies of the signal (128 +
+// the signal number, so a calling script stops). A test hook makes it wait for the signal once
+// its first tensor is written.
+TEST_F(HfInterop, an_interrupted_export_or_import_removes_its_temporary_folder_and_dies_of_the_signal) {
+  ASSERT_EQ(moetrain({"export-hf", run_dir(), path("hf")}).exit_code, 0);
+  const auto entries = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(tmp_)) names.push_back(e.path().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  // The job runs under job control (set -m): a background job of a plain script ignores SIGINT.
+  const auto interrupted = [&](const std::vector<std::string>& args, const std::string& temporary,
+                               const char* signal) {
+    std::string cmd = "set -m; MOE_TEST_HF_PAUSE=1 '" MOE_BINARY_DIR "/moetrain'";
+    for (const std::string& arg : args) cmd += " '" + arg + "'";
+    cmd += " & pid=$!; for i in $(seq 500); do ls -A '" + tmp_ + "' '" + path("new") + "' 2>/dev/null | grep -q '" +
+           temporary + "' && break; sleep 0.02; done; kill -" + signal + " $pid; wait $pid";
+    return run({"/bin/bash", "-c", cmd});
+  };
+  const struct {
+    const char* name;
+    int number;
+  } signals[] = {{"INT", 2}, {"TERM", 15}, {"HUP", 1}};
+  const std::vector<std::string> before = entries();
+  for (const auto& sig : signals) {
+    SCOPED_TRACE(sig.name);
+    CliRun r = interrupted({"export-hf", run_dir(), path("new/hf2")}, "hf2.tmp-", sig.name);
+    EXPECT_EQ(r.exit_code, 128 + sig.number) << r.err;
+    EXPECT_EQ(r.err.rfind(std::string("error: export-hf was interrupted (SIG") + sig.name + ")", 0), 0u) << r.err;
+    EXPECT_EQ(r.err.find("error", 1), std::string::npos) << "one error line (and bash's job report):\n" << r.err;
+    EXPECT_EQ(entries(), before) << "the temporary folder and the parent it created are removed";
+    r = interrupted({"import-hf", path("hf"), path("new/imported")}, ".imported.import-", sig.name);
+    EXPECT_EQ(r.exit_code, 128 + sig.number) << r.err;
+    EXPECT_EQ(r.err.rfind(std::string("error: import-hf was interrupted (SIG") + sig.name + ")", 0), 0u) << r.err;
+    EXPECT_EQ(r.err.find("error", 1), std::string::npos) << "one error line (and bash's job report):\n" << r.err;
+    EXPECT_EQ(entries(), before) << "the staging folder and the parent it created are removed";
+  }
+  // A signal ignored when the command starts (nohup) stays ignored.
+  const std::string cmd = "trap '' HUP; MOE_TEST_HF_PAUSE=1 '" MOE_BINARY_DIR "/moetrain' export-hf '" + run_dir() +
+                          "' '" + path("hf3") + "' & pid=$!; for i in $(seq 500); do ls -A '" + tmp_ +
+                          "' | grep -q hf3.tmp- && break; sleep 0.02; done; kill -HUP $pid; sleep 0.3; "
+                          "kill -0 $pid || exit 3; kill -TERM $pid; wait $pid";
+  EXPECT_EQ(run({"/bin/bash", "-c", cmd}).exit_code, 128 + 15);
+  EXPECT_EQ(entries(), before);
+}
+
 TEST_F(HfInterop, export_refuses_a_model_with_a_selection_bias) {
   std::vector<std::string> sets = tiny_sets();
   sets.push_back("model.bias_update_rate=0.01");
@@ -160,6 +299,16 @@ TEST_F(HfInterop, import_refuses_a_non_empty_output_and_leaves_it_alone) {
   ASSERT_EQ(moetrain({"export-hf", run_dir(), path("hf")}).exit_code, 0);
   expect_error(moetrain({"import-hf", path("hf"), run_dir()}), {run_dir(), "not empty"});
   EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000002"});
+}
+
+// An output file that is a symbolic link, even to nothing, passed the exists() check and was
+// replaced by the written file (bench --json and plan --json alike; their writers are tested in
+// tests/ckpt/durable_file_test.cpp, eval's in tests/data/npy_test.cpp).
+TEST_F(HfInterop, eval_logits_at_a_symbolic_link_is_refused_before_evaluating_and_the_link_kept) {
+  fs::create_symlink(path("nowhere.npy"), path("logits.npy"));
+  expect_error(eval(run_dir(), path("logits.npy")), {"eval --logits", path("logits.npy"), "exists"});
+  EXPECT_TRUE(fs::is_symlink(path("logits.npy")));
+  EXPECT_FALSE(fs::exists(path("nowhere.npy")));
 }
 
 TEST_F(HfInterop, eval_refuses_tokens_outside_the_vocabulary) {

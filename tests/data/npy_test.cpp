@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "moe/core/error.h"
+#include "moe/data/npy.h"
 #include "moe/data/token_array.h"
 
 using namespace moe;
@@ -84,6 +85,31 @@ TEST_F(NpyTest, uint32_round_trip_and_move) {
   EXPECT_EQ(t.dtype(), TokenDType::U32);
   ASSERT_EQ(t.size(), static_cast<int64_t>(values.size()));
   for (int64_t i = 0; i < t.size(); ++i) ASSERT_EQ(t.at(i), values[i]) << i;
+}
+
+// eval --logits: whatever has the name when the logits are written (a file that appeared while
+// the evaluation ran, a symbolic link even to nothing) was replaced; it is named and kept.
+TEST_F(NpyTest, float32_logits_never_replace_what_has_their_name) {
+  const std::vector<float> logits = {1.5f, -2.0f};
+  write_npy_f32(file("new.npy"), logits, {1, 2});
+  EXPECT_EQ(fs::file_size(file("new.npy")), 128u + 8u);  // a 64-byte-aligned header, then two floats
+  std::ofstream(file("mine.npy")) << "mine";
+  fs::create_symlink(file("nowhere.npy"), file("link.npy"));
+  for (const char* name : {"mine.npy", "link.npy"}) {
+    try {
+      write_npy_f32(file(name), logits, {1, 2});
+      ADD_FAILURE() << name << " was replaced";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(file(name) + " exists"), std::string::npos) << e.what();
+    }
+  }
+  std::ifstream in(file("mine.npy"));
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "mine");
+  EXPECT_TRUE(fs::is_symlink(file("link.npy")));
+  EXPECT_FALSE(fs::exists(file("nowhere.npy")));
+  size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir_)) ++entries;
+  EXPECT_EQ(entries, 3u) << "a temporary file was left behind";
 }
 
 TEST_F(NpyTest, empty_array_round_trip) {

@@ -126,6 +126,28 @@ TEST(HfConfig, every_float_key_refuses_values_that_are_not_numbers) {
   expect_refused(j, {"'norm_topk_prob' must be true or false"});
 }
 
+// Values that config.json allows but moetrain's own model.* keys do not: import-hf wrote them
+// into a config.toml that `train` then refused (and --init-from could never match them).
+TEST(HfConfig, values_outside_the_range_of_moetrains_model_keys_are_refused_naming_the_config_json_key) {
+  const std::vector<std::tuple<std::string, json, std::string>> cases = {
+      {"rope_theta", 0.5, "model.rope_theta"},
+      {"rope_theta", 1e13, "model.rope_theta"},
+      {"rms_norm_eps", 2.0, "model.rms_norm_eps"},
+      {"initializer_range", 100.0, "model.init_std"},
+      {"router_aux_loss_coef", 1e4, "model.router_aux_loss_coef"},
+      {"num_hidden_layers", 70000, "model.num_hidden_layers"}};
+  for (const auto& [key, value, moetrain_key] : cases) {
+    SCOPED_TRACE(key + " = " + value.dump());
+    json j = base();
+    j[key] = value;
+    expect_refused(j, {"'" + key + "' is " + value.dump() + ", outside", moetrain_key});
+  }
+  json j = base();
+  j["rope_theta"] = 1e12;  // the ends of the ranges are in them
+  j["rms_norm_eps"] = 1.0;
+  EXPECT_EQ(error_of(j), "");
+}
+
 TEST(HfConfig, required_size_that_is_absent_or_null_is_named) {
   for (const char* key : {"vocab_size", "hidden_size", "num_experts"}) {
     json j = base();

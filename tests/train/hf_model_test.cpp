@@ -4,6 +4,7 @@
 // end inside an expert or across the gate/up boundary (what FSDP shards ask for) give exactly the
 // elements of the whole tensor.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -69,6 +70,26 @@ TEST(HfModel, RangesOfFusedBf16TensorsAreTheTensorsElements) {
   HfSpec s;
   s.fused = true;
   expect_ranges_read_exactly(s, 0, DType::BF16);
+}
+
+// A weight file rewritten in place (a save_pretrained into the folder) while it is imported: the
+// read through its mapping raised SIGBUS, which killed import-hf with no word and left its staging
+// folder behind. Now the read is an error naming the file and the tensor.
+TEST(HfModel, WeightFileCutShortAfterOpeningIsAnErrorNamingIt) {
+  testing::TempDir dir;
+  const HfSpec s;
+  write_hf_folder(dir.path + "/hf", olmoe_config(s), olmoe_tensors(s));
+  const HfModel model(dir.path + "/hf", "test");
+  const std::string file = dir.path + "/hf/model.safetensors";
+  ASSERT_EQ(::truncate(file.c_str(), 4096), 0);  // lm_head.weight lies pages past this
+  std::vector<float> lm_head(static_cast<size_t>(s.vocab * s.hidden));
+  try {
+    model.read("lm_head.weight", 0, s.vocab * s.hidden, lm_head.data());
+    ADD_FAILURE() << "read a tensor past the end of the file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(file + " ends inside tensor 'lm_head.weight'"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

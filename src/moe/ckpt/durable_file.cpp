@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "moe/core/error.h"
+#include "moe/core/rename_no_replace.h"
 #include "moe/core/wall_clock.h"
 
 namespace moe {
@@ -35,7 +36,10 @@ std::string parent_dir(const std::string& path) {
   return path.substr(0, slash);
 }
 
-void write_file_atomic(const std::string& path, std::string_view bytes) {
+namespace {
+
+// Writes and fsyncs `bytes` as "<path>.tmp-<pid>" and returns that name; on failure it is removed.
+std::string write_synced_temp(const std::string& path, std::string_view bytes) {
   std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   MOE_CHECK(fd >= 0, "cannot create ", tmp, ": ", errno_text());
@@ -58,9 +62,29 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
     MOE_FAIL("cannot fsync ", tmp, ": ", why);
   }
   ::close(fd);
+  return tmp;
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  const std::string tmp = write_synced_temp(path, bytes);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::string why = errno_text();
     ::unlink(tmp.c_str());
+    MOE_FAIL("cannot rename ", tmp, " to ", path, ": ", why);
+  }
+  fsync_dir(parent_dir(path));
+}
+
+void write_new_file_atomic(const std::string& path, std::string_view bytes, const char* what) {
+  const std::string tmp = write_synced_temp(path, bytes);
+  if (!rename_no_replace(tmp, path)) {
+    const bool exists = errno == EEXIST;
+    std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    MOE_CHECK(!exists, what, " ", path, " exists (it appeared while this command ran, or is a symbolic link); "
+              "choose a new file name (nothing is overwritten)");
     MOE_FAIL("cannot rename ", tmp, " to ", path, ": ", why);
   }
   fsync_dir(parent_dir(path));

@@ -22,6 +22,12 @@ std::string parent_dir(const std::string& path);
 // parent directory. On failure the temp file is removed and moe::Error names the path.
 void write_file_atomic(const std::string& path, std::string_view bytes);
 
+// The same for an output that must be new (`what`, e.g. "bench --json", starts the error): the
+// finished file is moved to `path` only while nothing has that name, so a file that appeared
+// there meanwhile, or a symbolic link, is never replaced; then the temp file is removed and
+// moe::Error says "<what> <path> exists; ...".
+void write_new_file_atomic(const std::string& path, std::string_view bytes, const char* what);
+
 // The whole content of the file at `path`; moe::Error "cannot read <what> '<path>': <reason>"
 // when it cannot be opened.
 std::string read_whole_file(const std::string& path, const char* what);

@@ -72,7 +72,9 @@ DType dtype_from_safetensors(std::string_view name, const std::string& context) 
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   const std::string where = "safetensors file " + path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer (a hang, not an
+  // error); it is refused below as not a regular file. Reads of a regular file ignore the flag.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   MOE_CHECK(fd >= 0, "cannot open ", where, ": ", errno_text());
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -86,9 +88,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   }
   void* m = ::mmap(nullptr, file_size_, PROT_READ, MAP_PRIVATE, fd, 0);
   std::string map_error = m == MAP_FAILED ? errno_text() : "";
-  ::close(fd);
+  if (m == MAP_FAILED) ::close(fd);
   MOE_CHECK(m != MAP_FAILED, "cannot memory-map ", where, ": ", map_error);
   map_ = static_cast<const unsigned char*>(m);
+  fd_ = fd;
 
   try {
     uint64_t header_len = 0;
@@ -102,7 +105,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
 
     json header;
     try {
-      header = parse_bounded_json_range(map_ + 8, map_ + data_offset_, where + ": header");
+      // A tensor named twice would silently be the last of its entries.
+      header = parse_bounded_json_range(map_ + 8, map_ + data_offset_, where + ": header", /*unique_keys=*/true);
     } catch (const json::parse_error& e) {
       MOE_FAIL(where, ": header is not valid JSON: ", e.what());
     }
@@ -176,12 +180,14 @@ SafetensorsReader::~SafetensorsReader() { release(); }
 SafetensorsReader::SafetensorsReader(SafetensorsReader&& o) noexcept
     : path_(std::move(o.path_)),
       map_(o.map_),
+      fd_(o.fd_),
       file_size_(o.file_size_),
       data_offset_(o.data_offset_),
       entries_(std::move(o.entries_)),
       index_(std::move(o.index_)),
       metadata_(std::move(o.metadata_)) {
   o.map_ = nullptr;
+  o.fd_ = -1;
   o.file_size_ = 0;
 }
 
@@ -190,12 +196,14 @@ SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& o) noexcept 
     release();
     path_ = std::move(o.path_);
     map_ = o.map_;
+    fd_ = o.fd_;
     file_size_ = o.file_size_;
     data_offset_ = o.data_offset_;
     entries_ = std::move(o.entries_);
     index_ = std::move(o.index_);
     metadata_ = std::move(o.metadata_);
     o.map_ = nullptr;
+    o.fd_ = -1;
     o.file_size_ = 0;
   }
   return *this;
@@ -204,6 +212,8 @@ SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& o) noexcept 
 void SafetensorsReader::release() {
   if (map_) ::munmap(const_cast<unsigned char*>(map_), file_size_);
   map_ = nullptr;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const {
@@ -213,6 +223,22 @@ const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const 
 }
 
 const void* SafetensorsReader::data(const std::string& name) const { return map_ + data_offset_ + entry(name).begin; }
+
+void SafetensorsReader::read(const std::string& name, uint64_t byte_begin, uint64_t byte_end, void* dst) const {
+  const SafetensorsEntry& e = entry(name);
+  MOE_CHECK(byte_begin <= byte_end && byte_end <= e.end - e.begin, path_, ": tensor '", name, "' does not hold bytes [",
+            byte_begin, ", ", byte_end, ")");
+  auto* out = static_cast<unsigned char*>(dst);
+  uint64_t at = data_offset_ + e.begin + byte_begin, left = byte_end - byte_begin;
+  while (left > 0) {
+    const ssize_t n = ::pread(fd_, out, std::min<uint64_t>(left, uint64_t{1} << 30), static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    MOE_CHECK(n >= 0, "cannot read tensor '", name, "' of ", path_, ": ", errno_text());
+    MOE_CHECK(n > 0, path_, " ends inside tensor '", name, "' (at byte ", at, " of the ", file_size_,
+              " it had when opened): it was cut short while being read; restore it and run again");
+    out += n, at += static_cast<uint64_t>(n), left -= static_cast<uint64_t>(n);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Writer

@@ -51,6 +51,10 @@ class SafetensorsReader {  // memory-mapped, fully validated at open
   bool has(const std::string& name) const { return index_.count(name) != 0; }
   const SafetensorsEntry& entry(const std::string& name) const;                     // "tensor 'X' not found in F"
   const void* data(const std::string& name) const;                                  // possibly unaligned
+  // Bytes [byte_begin, byte_end) of tensor `name`, read from the file rather than the mapping: a
+  // file cut short since it was opened (rewritten in place by another program) is then an error
+  // naming it, where a read of the mapping past its new end raises SIGBUS and kills the process.
+  void read(const std::string& name, uint64_t byte_begin, uint64_t byte_end, void* dst) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }  // "__metadata__"
   const std::string& path() const { return path_; }
   uint64_t file_size() const { return file_size_; }
@@ -61,6 +65,7 @@ class SafetensorsReader {  // memory-mapped, fully validated at open
 
   std::string path_;
   const unsigned char* map_ = nullptr;
+  int fd_ = -1;  // kept open for read()
   uint64_t file_size_ = 0;
   uint64_t data_offset_ = 0;
   std::vector<SafetensorsEntry> entries_;

@@ -16,6 +16,7 @@
 
 #include "moe/core/error.h"
 #include "moe/core/printable.h"
+#include "moe/core/rename_no_replace.h"
 
 namespace moe {
 
@@ -130,7 +131,7 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 
 template <typename T>
 void write_npy_impl(const std::string& path, const char* descr, std::span<const T> values,
-                    const std::vector<int64_t>& shape = {}, bool via_temp = true) {
+                    const std::vector<int64_t>& shape = {}, bool via_temp = true, bool replace = true) {
   std::string shape_text;
   if (shape.empty()) {
     shape_text = std::to_string(values.size()) + ",";
@@ -164,7 +165,13 @@ void write_npy_impl(const std::string& path, const char* descr, std::span<const 
   const int saved_errno = errno;
   ok = (std::fclose(f) == 0) && ok;
   const int write_errno = saved_errno ? saved_errno : errno;
-  ok = ok && (!via_temp || std::rename(tmp.c_str(), path.c_str()) == 0);
+  if (ok && via_temp && !(replace ? std::rename(tmp.c_str(), path.c_str()) == 0 : rename_no_replace(tmp, path))) {
+    const int rename_errno = errno;
+    std::remove(tmp.c_str());
+    MOE_CHECK(rename_errno != EEXIST, path, " exists (it appeared while this command ran, or is a symbolic link); ",
+              "choose a new file name (nothing is overwritten)");
+    MOE_FAIL("writing ", path, " failed: cannot rename ", tmp, " to it: ", std::strerror(rename_errno));
+  }
   if (!ok) std::remove(tmp.c_str());
   MOE_CHECK(ok, "writing ", path, " failed: ", std::strerror(write_errno ? write_errno : errno));
 }
@@ -243,7 +250,7 @@ void write_npy_f32(const std::string& path, std::span<const float> values, const
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   MOE_CHECK(n == static_cast<int64_t>(values.size()), path, ": shape does not match ", values.size(), " values");
-  write_npy_impl<float>(path, "<f4", values, shape);
+  write_npy_impl<float>(path, "<f4", values, shape, /*via_temp=*/true, /*replace=*/false);
 }
 
 }  // namespace moe

@@ -38,7 +38,9 @@ void write_npy(const std::string& path, std::span<const uint32_t> values);
 // that writes under a temporary name of its own and renames it (prepare): write_npy would add a
 // second temporary name that the caller does not know of.
 void write_new_npy(const std::string& path, std::span<const uint16_t> values);
-// A float32 array of any shape (for dumping logits to compare with other implementations).
+// A float32 array of any shape (for dumping logits to compare with other implementations). It never
+// replaces anything at `path`: an entry that appeared there while the caller ran (or a symbolic
+// link) is an error naming it.
 void write_npy_f32(const std::string& path, std::span<const float> values, const std::vector<int64_t>& shape);
 
 }  // namespace moe

@@ -209,9 +209,9 @@ HardwareProfile load_hardware_profile(const std::string& name_or_file) {
 }
 
 void save_hardware_profile(const HardwareProfile& p, const std::string& path) {
-  MOE_CHECK(!std::filesystem::exists(path), "hardware profile ", path,
+  MOE_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(path)), "hardware profile ", path,
             " exists; choose a new file name (nothing is overwritten)");
-  write_file_atomic(path, hardware_profile_json(p));
+  write_new_file_atomic(path, hardware_profile_json(p), "hardware profile");
 }
 
 }  // namespace moe

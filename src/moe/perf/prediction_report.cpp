@@ -45,8 +45,9 @@ std::string prediction_json(const std::vector<TopologyCandidate>& candidates, co
 
 void write_prediction_json(const std::string& path, const std::vector<TopologyCandidate>& candidates,
                            const HardwareProfile& hw) {
-  MOE_CHECK(!std::filesystem::exists(path), "plan --json ", path, " exists; choose a new file name (nothing is overwritten)");
-  write_file_atomic(path, prediction_json(candidates, hw));
+  MOE_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(path)), "plan --json ", path,
+            " exists; choose a new file name (nothing is overwritten)");
+  write_new_file_atomic(path, prediction_json(candidates, hw), "plan --json");
 }
 
 }  // namespace moe

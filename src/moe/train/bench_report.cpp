@@ -96,7 +96,7 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
 
 void write_bench_report(const std::string& path, const Config& cfg, const TrainSummary& s, int world_size,
                         const std::vector<SplitRow>& split, const Ceilings& ceilings, const JobPower* power) {
-  write_file_atomic(path, bench_report_json(cfg, s, world_size, split, ceilings, power));
+  write_new_file_atomic(path, bench_report_json(cfg, s, world_size, split, ceilings, power), "bench --json");
 }
 
 }  // namespace moe

@@ -2,8 +2,11 @@
 
 #include <cmath>
 #include <set>
+#include <sstream>
+#include <type_traits>
 
 #include "moe/core/error.h"
+#include "moe/train/config_keys.h"
 
 namespace moe {
 namespace {
@@ -127,6 +130,44 @@ double rope_theta_from_hf(const HfConfigReader& r) {
   return nested.get<double>();
 }
 
+// The values config.json gives must also lie in the ranges of moetrain's own model.* keys
+// (config_keys.h): import-hf writes them into a config.toml, which `train` reads with those
+// ranges, and a run started from the model has them in its config. Each is named by its
+// config.json key; the model keys config.json does not set keep their (valid) defaults.
+struct ModelKeyRanges {
+  const std::string& source;
+
+  static const char* hf_key(const char* section, const std::string& name) {
+    static const std::set<std::string> same_name = {
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "num_experts", "num_experts_per_tok", "rope_theta", "rms_norm_eps",
+        "router_aux_loss_coef", "eos_token_id"};
+    if (std::string(section) != "model") return nullptr;
+    if (name == "init_std") return "initializer_range";
+    const auto it = same_name.find(name);
+    return it == same_name.end() ? nullptr : it->c_str();
+  }
+  template <typename T>
+  void key(const char* section, const char* name, const T& v, const Range<T>& r, const char*) {
+    if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+      const char* hf = hf_key(section, name);
+      const bool low = r.lo && (r.lo_open ? !(v > *r.lo) : !(v >= *r.lo));
+      const bool high = r.hi && (r.hi_open ? !(v < *r.hi) : !(v <= *r.hi));
+      if (!hf || !(low || high)) return;
+      std::ostringstream range;  // the ranges of these keys have both ends
+      range.precision(6);
+      if (r.lo && r.hi) range << (r.lo_open ? "(" : "[") << *r.lo << ", " << *r.hi << (r.hi_open ? ")" : "]");
+      MOE_FAIL(source, ": '", hf, "' is ", json(v).dump(), ", outside ", range.str(), ", the range of moetrain's model.",
+               name, "; a model with this value could not be trained or resumed by moetrain");
+    }
+  }
+  template <typename E>
+  void choice(const char*, const char*, const E&, const Choices<E>&, const char*) {}
+  void integer_array(const char*, const char*, const std::vector<int64_t>&, const Range<int64_t>&, const char*) {}
+  template <typename E, typename Fields>
+  void table_array(const char*, const char*, const std::vector<E>&, const char*, Fields) {}
+};
+
 }  // namespace
 
 json olmoe_hf_config(const ModelConfig& c) {
@@ -233,6 +274,9 @@ ModelConfig model_config_from_hf(const json& j, const std::string& source) {
   } catch (const Error& e) {
     MOE_FAIL(source, " describes a model moetrain cannot build: ", e.what());
   }
+  Config whole;
+  whole.model = c;
+  visit_config_keys(std::as_const(whole), ModelKeyRanges{source});
   return c;
 }
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/durable_file.h"
 #include "moe/core/error.h"
+#include "moe/core/interrupt_guard.h"
 #include "moe/model/weights.h"
 #include "moe/train/config.h"
 #include "moe/train/hf_interop.h"
@@ -120,7 +122,12 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
       is_weight.push_back(*suffix == '\0');
     }
   }
+  // Ctrl-C, SIGTERM or SIGHUP once the output is being written stop the import at the next
+  // tensor; the staging folder (made after the guard) is removed before the handlers are back.
+  InterruptGuard interrupt("import-hf");
+  std::string undone;  // set once the staging folder exists
   auto produce = [&](size_t s, void* dst_bytes) {
+    interrupt.check(undone);
     float* dst = static_cast<float*>(dst_bytes);
     const CheckpointSlice& slice = slices[s];
     const int64_t n = slice.end - slice.begin;
@@ -130,6 +137,9 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
     }
     doing = "reading tensor '" + slice.key + "' of " + hf_dir;
     model.read(slice.key, 0, n, dst);
+    // Test hook: wait here, the staging folder written to, for a signal (tests/cli/hf_interop_test.cpp);
+    // at most a minute, so a test that fails to send one leaves no process behind for long.
+    if (s == 0 && std::getenv("MOE_TEST_HF_PAUSE")) ::sleep(60);
   };
 
   Config cfg;
@@ -147,6 +157,7 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
 
   doing = "creating the output folder " + out.string();
   StagedRunDir staged(out);
+  undone = "it removed its staging folder " + staged.path() + ", so " + out.string() + " is as it was before";
   doing = "writing " + staged.path();
   const std::string checkpoint_tmp = begin_checkpoint(staged.path(), 0);
   const std::vector<CheckpointChunk> chunks = write_rank_file(checkpoint_tmp, 0, slices, produce);
@@ -154,6 +165,7 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
   write_checkpoint_index(checkpoint_tmp, 0, chunks, st);
   commit_checkpoint(staged.path(), 0);
   write_file_atomic(staged.path() + "/config.toml", config_text);
+  interrupt.check(undone);
   staged.commit();
   r.tensors = static_cast<int64_t>(reg.entries().size());
   r.checkpoint_dir = (out / checkpoint_dir_name(0)).string();

@@ -8,18 +8,20 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <set>
 
 #include "moe/ckpt/checkpoint.h"
+#include "moe/ckpt/durable_file.h"
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/ckpt/safetensors.h"
 #include "moe/core/arena.h"
 #include "moe/core/error.h"
+#include "moe/core/interrupt_guard.h"
 #include "moe/model/weights.h"
 #include "moe/train/config.h"
 #include "moe/train/hf_config.h"
+#include "moe/train/init_source.h"
 
 namespace fs = std::filesystem;
 
@@ -44,6 +46,19 @@ struct HfTensor {
 // one gate_proj [H, D], up_proj [H, D] and down_proj [D, H] per expert.
 std::vector<HfTensor> hf_tensors(const ModelConfig& mc, const CheckpointReader& ckpt) {
   const ParamRegistry reg = build_registry(mc, 0, mc.num_experts, ParamLayout::ByBlock);
+  // The weights are read by element ranges from the config in train_state.json, which is text
+  // beside them: a config giving fewer experts or layers than were saved exported a truncated
+  // model without a word. Every weight must have the config's shape, and none may be left over.
+  constexpr const char* kDescribed = "the model its train_state.json describes";
+  check_stored_shapes(ckpt, reg, /*moments=*/false, kDescribed);
+  std::set<std::string> weights;
+  for (const ParamEntry& e : reg.entries()) weights.insert(e.name);
+  for (const std::string& key : ckpt.keys()) {
+    const bool is_moment = key.ends_with(".exp_avg") || key.ends_with(".exp_avg_sq");
+    MOE_CHECK(is_moment || key == "router_bias" || weights.count(key), "export-hf: checkpoint ", ckpt.dir(),
+              " holds tensor '", key, "', which ", kDescribed, " (model.num_hidden_layers = ", mc.num_hidden_layers,
+              ", model.num_experts = ", mc.num_experts, ") does not have; it refuses rather than export part of it");
+  }
   std::vector<HfTensor> out;
   const std::string fused_gate_up = ".mlp.experts.gate_up_proj", fused_down = ".mlp.experts.down_proj";
   const int64_t D = mc.hidden_size, H = mc.intermediate_size;
@@ -77,13 +92,6 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& mc, const CheckpointReader& 
   return out;
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  out.close();
-  MOE_CHECK(out.good(), "cannot write ", path);
-}
-
 }  // namespace
 
 ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, int64_t max_shard_bytes,
@@ -92,7 +100,12 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   MOE_CHECK(dtype == DType::F32 || dtype == DType::BF16, "export-hf: the dtype must be F32 or BF16, got ",
             dtype_name(dtype));
   const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
-  MOE_CHECK(!fs::exists(out_dir), "export-hf: output '", out_dir, "' exists; choose a new directory");
+  std::error_code ec;
+  const fs::file_status out_status = fs::symlink_status(out_dir, ec);
+  // A link, even one to nothing, would only be replaced by the final rename, after all the work.
+  MOE_CHECK(!fs::is_symlink(out_status), "export-hf: output '", out_dir,
+            "' is a symbolic link; choose a new directory");
+  MOE_CHECK(!fs::exists(out_status), "export-hf: output '", out_dir, "' exists; choose a new directory");
   std::set<std::string> names = {"config.json", "model.safetensors.index.json"};
   for (const auto& t : tokenizer_files) {
     MOE_CHECK(fs::exists(t), "export-hf: tokenizer file '", t, "' not found");
@@ -123,27 +136,37 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
     shards.back().push_back(i);
     in_shard += bytes;
   }
+  // Ctrl-C, SIGTERM or SIGHUP from here on stop the export at the next tensor, with the cleanup
+  // below (made after the guard, so it runs before the guard restores the handlers).
+  InterruptGuard interrupt("export-hf");
   // A fresh directory beside the output (mkdtemp never reuses an existing one, so nothing of the
-  // user's can be under the temporary name); renamed into place when complete.
-  std::error_code ec;
-  fs::create_directories(fs::absolute(out_dir).parent_path(), ec);
+  // user's can be under the temporary name); renamed into place when complete. Nothing
+  // half-written stays behind: if anything below fails, the temporary directory goes, and so do
+  // the output's parent folders this call created (each only while empty: never others' files).
+  struct RemoveOnFailure {
+    std::string path;
+    std::vector<fs::path> created_parents;  // deepest first
+    bool armed = true;
+    ~RemoveOnFailure() {
+      std::error_code ignored;
+      if (!armed) return;
+      if (!path.empty()) fs::remove_all(path, ignored);
+      for (const fs::path& p : created_parents) fs::remove(p, ignored);
+    }
+  } cleanup;
+  const fs::path parent = fs::absolute(out_dir).lexically_normal().parent_path();
+  for (fs::path p = parent; !p.empty() && !fs::exists(fs::symlink_status(p, ec)); p = p.parent_path())
+    cleanup.created_parents.push_back(p);
+  fs::create_directories(parent, ec);
   MOE_CHECK(!ec, "export-hf: cannot create the parent folder of ", out_dir, ": ", ec.message());
   std::string tmp_template = out_dir + ".tmp-XXXXXX";
   MOE_CHECK(::mkdtemp(tmp_template.data()) != nullptr, "export-hf: cannot create a temporary folder beside ", out_dir,
             ": ", std::strerror(errno));
   const std::string tmp = tmp_template;
+  cleanup.path = tmp;
   const mode_t mask = ::umask(0);  // mkdtemp makes the folder 0700; the export gets the usual mode
   ::umask(mask);
   ::chmod(tmp.c_str(), 0777 & ~mask);
-  // Nothing half-written stays behind: the temporary directory goes if anything below fails.
-  struct RemoveOnFailure {
-    std::string path;
-    bool armed = true;
-    ~RemoveOnFailure() {
-      std::error_code ignored;
-      if (armed) fs::remove_all(path, ignored);
-    }
-  } cleanup{tmp};
   ExportResult r;
   r.out_dir = out_dir;
   r.shards = static_cast<int>(shards.size());
@@ -152,6 +175,7 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   std::vector<float> buffer;     // one tensor at a time
   std::vector<uint16_t> rounded;  // its BF16 values, for a BF16 export
   char name_buf[64];
+  const std::string undone = "it removed its temporary folder " + tmp + ", so " + out_dir + " was not created";
   for (size_t s = 0; s < shards.size(); ++s) {
     std::snprintf(name_buf, sizeof(name_buf), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
     SafetensorsWriter w;
@@ -159,6 +183,7 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
     for (size_t i : shards[s]) w.add(tensors[i].name, dtype, tensors[i].shape);
     w.open(tmp + "/" + name_buf);
     for (size_t i : shards[s]) {
+      interrupt.check(undone);
       buffer.resize(static_cast<size_t>(tensors[i].numel()));
       tensors[i].fill(buffer.data());
       if (dtype == DType::BF16) {
@@ -171,16 +196,24 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
       weight_map[tensors[i].name] = name_buf;
       r.bytes += tensors[i].numel() * esize;
       ++r.tensors;
+      // Test hook: wait here, one tensor written, for a signal (tests/cli/hf_interop_test.cpp); at
+      // most a minute, so a test that fails to send one leaves no process behind for long.
+      if (r.tensors == 1 && std::getenv("MOE_TEST_HF_PAUSE")) ::sleep(60);
     }
     w.finish();
   }
-  write_text(tmp + "/config.json", hf_config.dump(2) + "\n");
-  write_text(tmp + "/model.safetensors.index.json",
-             nlohmann::json({{"metadata", {{"total_size", r.bytes}}}, {"weight_map", weight_map}}).dump(2) + "\n");
-  for (const auto& t : tokenizer_files) fs::copy_file(t, tmp + "/" + fs::path(t).filename().string());
+  // Each file fsynced before the folder is renamed into place (the shards are, by their writer): a
+  // crash after the rename must not leave an export whose config.json or index is empty.
+  write_file_atomic(tmp + "/config.json", hf_config.dump(2) + "\n");
+  const nlohmann::json index = {{"metadata", {{"total_size", r.bytes}}}, {"weight_map", weight_map}};
+  write_file_atomic(tmp + "/model.safetensors.index.json", index.dump(2) + "\n");
+  for (const auto& t : tokenizer_files)
+    write_file_atomic(tmp + "/" + fs::path(t).filename().string(), read_whole_file(t, "tokenizer file"));
+  interrupt.check(undone);
   fs::rename(tmp, out_dir, ec);
   MOE_CHECK(!ec, "export-hf: cannot rename ", tmp, " to ", out_dir, ": ", ec.message());
   cleanup.armed = false;
+  fsync_dir(parent.string());
   r.peak_rss_bytes = peak_rss_bytes();
   return r;
 }

@@ -30,25 +30,15 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 // A JSON file whose parse errors name it (`shown`: the path as the user spelled it) and whose
 // duplicate keys are refused: nlohmann keeps the last of two equal keys silently, which in a
-// weight_map would hide which file holds a tensor.
+// weight_map would hide which file holds a tensor. Only a regular file is opened: a FIFO would
+// block the open until something wrote to it.
 json read_json_file(const std::string& path, const std::string& shown) {
+  std::error_code ec;
+  MOE_CHECK(fs::is_regular_file(path, ec), shown, " is not a regular file");
   std::ifstream in(path, std::ios::binary);
   MOE_CHECK(in.good(), "cannot read ", shown);
-  std::vector<std::set<std::string>> keys_of_open_objects;
-  auto refuse_duplicate_keys = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      keys_of_open_objects.emplace_back();
-    } else if (event == json::parse_event_t::object_end) {
-      keys_of_open_objects.pop_back();
-    } else if (event == json::parse_event_t::key) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      MOE_CHECK(keys_of_open_objects.back().insert(key).second, shown, ": key '", key,
-                "' appears twice in one object; keep one");
-    }
-    return true;
-  };
   try {
-    return parse_bounded_json(in, shown, refuse_duplicate_keys);
+    return parse_bounded_json(in, shown, nullptr, /*allow_exceptions=*/true, /*unique_keys=*/true);
   } catch (const json::exception& e) {
     MOE_FAIL(shown, " is not valid JSON: ", e.what());
   }
@@ -106,8 +96,10 @@ class ModelFolder {
 };
 
 // The tensors the folder offers and the file holding each: the weight_map of
-// model.safetensors.index.json when there is one (transformers reads that first), else every
-// tensor of model.safetensors.
+// model.safetensors.index.json when there is one, else every tensor of model.safetensors. A folder
+// with both is read only where the index names model.safetensors alone (some repositories carry
+// such an index): transformers loads model.safetensors when it is present and ignores the index,
+// so an index naming other shards beside it leaves which of the two is the model unclear.
 struct WeightFiles {
   std::string source;  // the index or model.safetensors, for messages
   std::vector<std::unique_ptr<SafetensorsReader>> files;
@@ -132,10 +124,15 @@ WeightFiles open_weight_files(const ModelFolder& folder, const std::string& tool
     const json index = read_json_file(folder.resolve("model.safetensors.index.json", tool), w.source);
     MOE_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), w.source,
               " has no \"weight_map\" object (tensor name -> file name)");
+    const std::string single = folder.has("model.safetensors") ? folder.resolve("model.safetensors", tool) : "";
     for (const auto& [name, file] : index["weight_map"].items()) {
       const std::string entry = w.source + ": weight_map entry '" + name + "'";
       MOE_CHECK(file.is_string(), entry, " maps to ", file.dump(), ", not a file name");
       const SafetensorsReader& f = open(folder.resolve(file.get<std::string>(), entry));
+      MOE_CHECK(single.empty() || f.path() == single, folder.dir(), " holds both model.safetensors and ", w.source,
+                ", which maps '", name, "' to ", file.get<std::string>(),
+                ": transformers would load model.safetensors and ignore the index, so which of them is the model is "
+                "unclear; remove whichever is stale");
       MOE_CHECK(f.has(name), entry, ": ", f.path(), " holds no tensor '", name, "'");
       w.holder[name] = &f;
     }
@@ -268,24 +265,34 @@ void check_weights(const ModelConfig& mc, const std::string& config_path, const 
   }
 }
 
-// Widens elements [begin, end) of a checked F32 or BF16 tensor into dst.
+// A shard may hold only tensors the index lists: one it leaves out would be dropped unseen, where
+// the same tensor in a single model.safetensors is refused. (Checked after check_weights, so a
+// tensor the model needs is named as missing from the index first.)
+void check_shards_hold_only_listed_tensors(const WeightFiles& w, const std::string& tool) {
+  for (const auto& f : w.files)
+    for (const SafetensorsEntry& e : f->entries())
+      MOE_CHECK(w.holder.count(e.name), f->path(), " holds '", e.name, "', which ", w.source, " does not list; ", tool,
+                " refuses rather than drop it (list it in the weight_map, or remove it from the file)");
+}
+
+// Widens elements [begin, end) of a checked F32 or BF16 tensor into dst. Read from the file, not
+// the mapping (SafetensorsReader::read): a folder rewritten in place while it is imported (a
+// save_pretrained into it) is an error naming the file, not a SIGBUS.
 void to_f32(const SafetensorsReader& f, const std::string& name, int64_t begin, int64_t end, float* dst) {
   const SafetensorsEntry& e = f.entry(name);
   const uint64_t esize = dtype_size(e.dtype);
   MOE_CHECK(begin >= 0 && begin <= end && static_cast<uint64_t>(end) * esize <= e.end - e.begin, f.path(),
             ": tensor '", name, "' does not hold elements [", begin, ", ", end, ")");
-  const auto* src = static_cast<const unsigned char*>(f.data(name)) + static_cast<uint64_t>(begin) * esize;
+  const uint64_t first = static_cast<uint64_t>(begin) * esize, last = static_cast<uint64_t>(end) * esize;
   const int64_t n = end - begin;
   if (e.dtype == DType::F32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+    f.read(name, first, last, dst);
     return;
   }
   MOE_CHECK(e.dtype == DType::BF16, f.path(), ": tensor '", name, "' has dtype ", dtype_name(e.dtype));
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, src + 2 * i, 2);
-    dst[i] = bf16_to_f32(h);
-  }
+  std::vector<uint16_t> bf16(static_cast<size_t>(n));
+  f.read(name, first, last, bf16.data());
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(bf16[static_cast<size_t>(i)]);
 }
 
 }  // namespace
@@ -307,6 +314,7 @@ HfModel::HfModel(const std::string& dir, const std::string& tool) : dir_(dir), t
     WeightFiles w = open_weight_files(folder, tool, doing);
     doing = "checking " + w.source + " against " + config_path_;
     check_weights(model_, config_path_, w, tool);
+    check_shards_hold_only_listed_tensors(w, tool);
     for (int64_t l = 0; l < model_.num_hidden_layers; ++l) fused_experts_ = fused_experts_ || fused_layer(w, l);
     weights_source_ = w.source;
     files_ = std::move(w.files);

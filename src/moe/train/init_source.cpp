@@ -93,11 +93,11 @@ nlohmann::json InitSource::record() const {
   return r;
 }
 
-void check_stored_shapes(const CheckpointReader& ckpt, const ParamRegistry& reg, bool moments) {
+void check_stored_shapes(const CheckpointReader& ckpt, const ParamRegistry& reg, bool moments, const char* model) {
   const auto expect = [&](const std::string& key, const std::vector<int64_t>& want) {
     const std::vector<int64_t> got = ckpt.global_shape(key);
     MOE_CHECK(got == want, "checkpoint ", ckpt.dir(), ": tensor '", key, "' is stored as ", nlohmann::json(got).dump(),
-              " but this run's model needs ", nlohmann::json(want).dump(),
+              " but ", model, " needs ", nlohmann::json(want).dump(),
               "; the checkpoint does not hold this model's weights");
   };
   for (const ParamEntry& e : reg.entries()) {

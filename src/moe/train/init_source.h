@@ -34,7 +34,9 @@ namespace moe {
 // shapes `reg` gives them (the weights, and their AdamW moments when `moments`): the stored model
 // config is compared key by key before, but it is text beside the weights, and the weights are
 // read by element ranges, so a tensor of another shape would hand over its first elements.
-void check_stored_shapes(const CheckpointReader& ckpt, const ParamRegistry& reg, bool moments);
+// `model` names whose model `reg` describes, for the message.
+void check_stored_shapes(const CheckpointReader& ckpt, const ParamRegistry& reg, bool moments,
+                         const char* model = "this run's model");
 
 // model.* keys that may differ between a run and the weights it starts from: loss coefficients,
 // the balancing bias's update rate, routing for benchmarks, capacity, the initialization scale
