@@ -36,7 +36,7 @@ def _still_named(fd, path):
 
 
 def lock_output_folder(out):
-    """Creates folder `out` where missing and holds an exclusive flock on it until the process exits.
+    """Creates folder `out` where missing and holds an exclusive flock on it until release_locks().
 
     Returns the folders it created, outermost first. Two --append runs into one folder would each
     rewrite dataset.json from what they read, and a run into a folder another is still creating would
@@ -51,23 +51,34 @@ def lock_output_folder(out):
         if _still_named(fd, path) and _nearest_existing_folder(out) == path:
             break
         os.close(fd)
+    missing, folder = [], out
+    while folder != path:
+        missing.insert(0, folder)
+        folder = os.path.dirname(folder)
     created = []
-    if path != out:
-        missing = out
-        while missing != path:
-            created.insert(0, missing)
-            missing = os.path.dirname(missing)
-        try:
-            for folder in created:
-                os.mkdir(folder)
-        except OSError:
-            remove_empty_folders(created)
+    try:
+        for folder in missing:
+            os.mkdir(folder)
+            created.append(folder)
+        if missing:
+            ancestor, fd = fd, None
+            try:
+                fd = _lock(out)  # another writer may have locked it first: then this waits for it
+            finally:
+                os.close(ancestor)
+    except BaseException:  # a failed mkdir, or Ctrl-C while waiting: the folders made here go again
+        remove_empty_folders(created)
+        if fd is not None:
             os.close(fd)
-            raise
-        ancestor, fd = fd, _lock(out)  # another writer may have locked it first: then this waits for it
-        os.close(ancestor)
+        raise
     _held_locks.append(fd)
     return created
+
+
+def release_locks():
+    """Releases every lock lock_output_folder took (the end of one run, which another may follow)."""
+    while _held_locks:
+        os.close(_held_locks.pop())
 
 
 def remove_empty_folders(created):

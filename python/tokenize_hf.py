@@ -428,6 +428,7 @@ def main(argv=None):
               f"and nothing was written", file=sys.stderr)
         sys.exit(128 + e.signum)
     finally:
+        dataset_output.release_locks()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if _signals["deferred"] is not None:
@@ -508,7 +509,7 @@ def tokenize(argv):
 
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         die(f"tokenize_hf.py: output path {args.out} exists and is not a folder")
-    # One writer at a time per output folder, held until the process exits (python/dataset_output.py).
+    # One writer at a time per output folder, held until this run ends (python/dataset_output.py).
     try:
         created = dataset_output.lock_output_folder(args.out)
     except OSError as e:

@@ -194,6 +194,17 @@ TEST_F(PrepareCliTest, a_file_appearing_under_a_target_name_stops_prepare_and_le
   EXPECT_EQ(snapshot(path("data")), expected) << "a.npy renamed before the failure is removed; b.npy is untouched";
 }
 
+// An --out with a trailing slash (tab completion) names the folder: it is created, and named
+// without the slash. Before, the slash made a second, failing creation of the same folder
+// ("cannot create output folder .../new/data/: Success").
+TEST_F(PrepareCliTest, an_output_folder_given_with_a_trailing_slash_is_created) {
+  const std::string a = write_text("a.txt", 2000, 'a');
+  const CliRun r = moetrain({"prepare", a, "--out", path("new/data/")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find(path("new/data") + "/dataset.json, which lists 1 file"), std::string::npos) << r.out;
+  EXPECT_EQ(listed_names(path("new/data/dataset.json")), std::vector<std::string>{"a.npy"});
+}
+
 // A prepare into a folder that another prepare is creating waits for it (saying so), then sees
 // what it wrote. Before, it locked the new folder while the first held only the folder's parent,
 // and took the first call's temporary files for an interrupted prepare's.

@@ -82,11 +82,13 @@ TEST_F(StopTest, a_second_ctrl_c_after_one_during_start_up_stops_at_once) {
   std::string cmd = std::string("'") + MOE_BINARY_DIR + "/moetrain'";
   for (const std::string& a : args) cmd += " '" + a + "'";
   // The first once the process catches SIGINT (bit 1 of SigCgt), while the corpus is generated;
-  // the second once run() has claimed the run directory (its .lock), before the first step ends.
+  // the second 0.3 s after run() has claimed the run directory (its .lock): past the handlers'
+  // second install (a signal before it would die of the default action either way), inside the
+  // first step (about a second here).
   cmd += " & pid=$!; for i in $(seq 3000); do m=$(awk '/^SigCgt/ {print $2}' /proc/$pid/status 2> /dev/null); "
          "[ -n \"$m\" ] && (( (0x$m >> 1) & 1 )) && break; sleep 0.005; done; kill -INT $pid; "
          "for i in $(seq 3000); do [ -e '" +
-         run_dir() + "/.lock' ] && break; sleep 0.005; done; kill -INT $pid; wait $pid";
+         run_dir() + "/.lock' ] && break; sleep 0.005; done; sleep 0.3; kill -INT $pid; wait $pid";
   const CliRun r = run({"/bin/bash", "-c", cmd});
   EXPECT_EQ(r.exit_code, 128 + 2) << r.out << r.err;
   EXPECT_TRUE(step_dirs(run_dir()).empty()) << "no checkpoint after the second Ctrl-C";

@@ -494,6 +494,35 @@ class TokenizeHfTest(TempDirTest):
         self.assertEqual(sorted(os.listdir(out)), ["big.npy", "dataset.json"])
 
 
+class LockOutputFolderTest(TempDirTest):
+    """python/dataset_output.py's lock: released at the end of a run, so a second run in the same process
+    (tokenize_hf.main called twice) does not wait for itself; made folders go again on failure."""
+
+    def test_two_runs_into_one_folder_in_one_process_do_not_wait_for_each_other(self):
+        out = self.path("new", "data")
+        code = ("import sys, tokenize_hf\n"
+                "for append in ([], ['--append']):\n"
+                f"    tokenize_hf.main(['--tokenizer', sys.argv[1], '--out', {out!r}, *append,\n"
+                "                      sys.argv[2 + len(append)]])\n")
+        inputs = []
+        for name in ("a.txt", "b.txt"):
+            with open(self.path(name), "w") as f:
+                f.write(sentence(len(inputs)) + "\n")
+            inputs.append(self.path(name))
+        make_bpe(self.path("bpe.json"))
+        r = subprocess.run([sys.executable, "-c", code, self.path("bpe.json"), *inputs], capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("waiting", r.stderr)
+        self.assertEqual(sorted(os.listdir(out)), ["a.npy", "b.npy", "dataset.json"])
+
+    def test_a_folder_that_cannot_be_made_leaves_none_of_the_folders_made_before_it(self):
+        with self.assertRaises(OSError):  # new/ is made, then the name too long for a folder is not
+            dataset_output.lock_output_folder(self.path("new", "x" * 300, "data"))
+        self.assertFalse(os.path.exists(self.path("new")))
+        dataset_output.release_locks()
+
+
 class PlaceOutputsTest(TempDirTest):
     """python/dataset_output.py: all of the new files or none, and nothing replaced."""
 

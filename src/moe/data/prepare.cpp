@@ -20,6 +20,7 @@
 
 #include "moe/core/error.h"
 #include "moe/core/printable.h"
+#include "moe/core/rename_no_replace.h"
 #include "moe/data/npy.h"
 #include "moe/data/prepare_lock.h"
 #include "moe/data/prepare_outputs.h"
@@ -129,22 +130,6 @@ void pause_for_test() {
   for (int i = 0; i < 6000 && !fs::exists(pause, ec); ++i) ::usleep(10000);
 }
 
-// Renames `from` to `to` unless `to` exists (false then), in one step where the file system can
-// (renameat2 RENAME_NOREPLACE), else checking first: a file created at `to` by someone else
-// between a check and a plain rename would be overwritten. Other failures are left in `ec`.
-bool rename_without_replacing(const fs::path& from, const fs::path& to, std::error_code& ec) {
-  ec.clear();
-  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return true;
-  if (errno == EEXIST) return false;
-  if (errno != EINVAL && errno != ENOSYS) {  // EINVAL, ENOSYS: the file system or kernel lacks it
-    ec.assign(errno, std::generic_category());
-    return true;
-  }
-  if (fs::exists(fs::symlink_status(to, ec))) return false;
-  fs::rename(from, to, ec);
-  return true;
-}
-
 }  // namespace
 
 PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const std::string& out_dir, bool append) {
@@ -167,7 +152,8 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
 
   const fs::path out(out_dir);
   std::error_code abs_ec;
-  const fs::path out_abs = fs::absolute(out, abs_ec).lexically_normal();
+  fs::path out_abs = fs::absolute(out, abs_ec).lexically_normal();
+  if (!out_abs.has_filename()) out_abs = out_abs.parent_path();  // "data/new/" names data/new
   // One prepare at a time per output folder (data/prepare_lock.h).
   OutputFolderLock lock(out_abs);
   // The folders this call creates (none when the output exists), outermost first.
@@ -232,6 +218,7 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
 
   PrepareResult result;
   result.out_dir = out_dir;
+  while (result.out_dir.size() > 1 && result.out_dir.back() == '/') result.out_dir.pop_back();
   std::vector<std::pair<fs::path, fs::path>> renames;  // temp -> final
   for (const std::string& input : inputs) {
     PreparedFile pf;
@@ -273,8 +260,10 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
         std::error_code ec;
         if (replace) {
           fs::rename(temp, final_path, ec);
-        } else if (!rename_without_replacing(temp, final_path, ec)) {
-          MOE_FAIL("prepare: ", final_path.string(), " appeared while prepare ran; nothing was written, run again");
+        } else if (!rename_no_replace(temp.string(), final_path.string())) {
+          MOE_CHECK(errno != EEXIST, "prepare: ", final_path.string(),
+                    " appeared while prepare ran; nothing was written, run again");
+          ec.assign(errno, std::generic_category());
         }
         MOE_CHECK(!ec, "prepare: cannot rename ", temp.string(), " to ", final_path.string(), ": ", ec.message());
         ++renamed;

@@ -16,10 +16,12 @@ namespace moe {
 
 enum class LrSchedule { Cosine, Linear, Constant, Wsd };
 
-// The decay steps of a wsd schedule: `decay_steps`, or with 0 a fifth of the steps after warmup
-// (at least 1).
+// The decay steps of a wsd schedule: `decay_steps`, or with 0 a fifth of the steps after warmup;
+// at least 1, and at most the steps after warmup (a short run of a long run's config, such as
+// `bench` or `--steps 100`, decays over all of them).
 inline int64_t wsd_decay_steps(int64_t total_steps, int64_t warmup_steps, int64_t decay_steps) {
-  return decay_steps > 0 ? decay_steps : std::max<int64_t>(1, (total_steps - warmup_steps) / 5);
+  const int64_t after_warmup = std::max<int64_t>(1, total_steps - warmup_steps);
+  return std::min(after_warmup, decay_steps > 0 ? decay_steps : std::max<int64_t>(1, after_warmup / 5));
 }
 
 // LR for optimizer step `step` (0-based) of `total_steps`.

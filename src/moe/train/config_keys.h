@@ -165,7 +165,7 @@ void visit_config_keys(C& c, V&& v) {
            "after the warmup: cosine or linear decay over the remaining steps, constant, or wsd (constant, then a "
            "linear decay over the last train.decay_steps steps; a run extended on resume keeps its rate until then)");
   v.key("train", "decay_steps", t.decay_steps, count_from(0),
-        "wsd: steps of the final decay; 0 = a fifth of the steps after warmup");
+        "wsd: steps of the final decay (at most the steps after warmup); 0 = a fifth of the steps after warmup");
   v.key("train", "weight_decay", t.weight_decay, between(0.0, 10.0), "AdamW weight decay (matrices only)");
   v.key("train", "beta1", t.beta1, from_up_to(0.0, 1.0), "AdamW beta1");
   v.key("train", "beta2", t.beta2, from_up_to(0.0, 1.0), "AdamW beta2");

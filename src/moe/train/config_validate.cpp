@@ -107,10 +107,6 @@ void Config::validate(int64_t dp) const {
   MOE_CHECK(t.decay_steps == 0 || t.lr_schedule == LrSchedule::Wsd, "train.decay_steps = ", t.decay_steps,
             " sets the final decay of train.lr_schedule = \"wsd\"; the schedule here decays over every step after "
             "the warmup (or not at all): set train.lr_schedule = \"wsd\" or train.decay_steps = 0");
-  MOE_CHECK(t.lr_schedule != LrSchedule::Wsd || t.decay_steps <= std::max<int64_t>(0, t.steps - t.warmup_steps),
-            "train.decay_steps = ", t.decay_steps, " is more than the ", std::max<int64_t>(0, t.steps - t.warmup_steps),
-            " steps after the warmup (train.steps ", t.steps, " - train.warmup_steps ", t.warmup_steps,
-            "); lower it, or use 0 for a fifth of them");
   MOE_CHECK(dp >= 1, "data-parallel ranks must be >= 1, got ", dp);
   // Size products the run forms, checked before anything multiplies them. Route indices and
   // expert-buffer rows are 32-bit on the device: tokens x top-K x capacity x EP stays below 2^31.
