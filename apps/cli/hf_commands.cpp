@@ -1,4 +1,5 @@
 // moetrain export-hf and import-hf: a checkpoint to and from a Hugging Face OLMoE directory.
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +23,22 @@ struct ExportArgs {
   std::string dtype = "f32";
 };
 
+// Says how far a long export or import is, at most every 10 s (nothing for one that takes less):
+// a 7B model moves ~28 GB, minutes of silence otherwise.
+moe::HfProgress progress_lines(const char* command, const char* verb) {
+  const auto start = std::chrono::steady_clock::now();
+  auto said_at = std::make_shared<double>(0.0);
+  return [=](int64_t done, int64_t total) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s - *said_at < 10.0 || done >= total) return;
+    *said_at = s;
+    std::printf("%s: %s of %s %s (%.0f%%, %.0f s)\n", command, moe::format_bytes(static_cast<double>(done)).c_str(),
+                moe::format_bytes(static_cast<double>(total)).c_str(), verb,
+                100.0 * static_cast<double>(done) / static_cast<double>(total), s);
+    std::fflush(stdout);
+  };
+}
+
 int run_export(const ExportArgs& a) {
   if (!std::isfinite(a.shard_gb)) {  // CLI::Range lets NaN through
     std::fprintf(stderr, "error: --max-shard-gb: %g is not a number of GB (see moetrain --help)\n", a.shard_gb);
@@ -29,7 +46,8 @@ int run_export(const ExportArgs& a) {
   }
   const bool bf16 = a.dtype == "bf16";
   const moe::ExportResult r = moe::export_hf(a.checkpoint, a.out, static_cast<int64_t>(a.shard_gb * 1e9), a.tokenizer,
-                                             bf16 ? moe::DType::BF16 : moe::DType::F32);
+                                             bf16 ? moe::DType::BF16 : moe::DType::F32,
+                                             progress_lines("export-hf", "written"));
   std::printf("exported %ld tensors (%s, %s) in %d shard(s) to %s; peak resident memory %s\n",
               static_cast<long>(r.tensors), moe::format_bytes(static_cast<double>(r.bytes)).c_str(),
               bf16 ? "bfloat16" : "float32", r.shards, r.out_dir.c_str(),
@@ -43,7 +61,7 @@ struct ImportArgs {
 };
 
 int run_import(const ImportArgs& a) {
-  const moe::ImportResult r = moe::import_hf(a.hf_dir, a.out);
+  const moe::ImportResult r = moe::import_hf(a.hf_dir, a.out, progress_lines("import-hf", "of weights read"));
   std::printf("imported %ld tensors (%s expert layout) into %s\n  config: %s\n  AdamW moments start at zero.\n"
               "  continue with: moetrain train --config %s --resume %s\n",
               static_cast<long>(r.tensors), r.fused_experts ? "fused" : "per-expert", r.checkpoint_dir.c_str(),

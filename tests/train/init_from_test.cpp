@@ -122,7 +122,19 @@ TEST(InitFrom, AHuggingFaceExportStartsTheSameRunAsItsCheckpoint) {
   testing::TempDir src_dir, hf_parent, a_dir, b_dir;
   const std::string ckpt = train_source(src_dir.path);
   const std::string hf = hf_parent.path + "/hf";
-  export_hf(ckpt, hf, int64_t{1} << 30, {}, DType::F32);  // per-expert tensors (the Hub layout)
+  // Per-expert tensors (the Hub layout); progress after each tensor, rising to the whole.
+  std::vector<std::pair<int64_t, int64_t>> said;
+  const ExportResult exported = export_hf(ckpt, hf, int64_t{1} << 30, {}, DType::F32,
+                                          [&](int64_t done, int64_t total) { said.emplace_back(done, total); });
+  ASSERT_EQ(said.size(), static_cast<size_t>(exported.tensors));
+  for (size_t i = 1; i < said.size(); ++i) EXPECT_LT(said[i - 1].first, said[i].first);
+  EXPECT_EQ(said.back(), std::make_pair(exported.bytes, exported.bytes));
+  // Its import likewise, over the weights it reads (FP32: the export's bytes).
+  said.clear();
+  const ImportResult imported =
+      import_hf(hf, hf_parent.path + "/imported", [&](int64_t done, int64_t total) { said.emplace_back(done, total); });
+  ASSERT_EQ(said.size(), static_cast<size_t>(imported.tensors));
+  EXPECT_EQ(said.back(), std::make_pair(exported.bytes, exported.bytes));
   const std::vector<std::string> ft = {"train.steps=2", "train.lr=1e-3"};
   Trainer from_ckpt(testing::small_config(a_dir.path, ft), init_options(ckpt), testing::local_world());
   Trainer from_hf(testing::small_config(b_dir.path, ft), init_options(hf), testing::local_world());

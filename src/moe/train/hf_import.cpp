@@ -88,7 +88,8 @@ class StagedRunDir {
   bool committed_ = false;
 };
 
-ImportResult import_checked(const std::string& hf_dir, const std::string& out_run_dir, std::string& doing) {
+ImportResult import_checked(const std::string& hf_dir, const std::string& out_run_dir, std::string& doing,
+                            const HfProgress& progress) {
   fs::path out = fs::path(out_run_dir).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();  // "run/" names "run"
   std::error_code ec;
@@ -114,8 +115,10 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
   // The slices of one rank-0 file: weights (produced from the HF tensors) and zero moments.
   std::vector<CheckpointSlice> slices;
   std::vector<bool> is_weight;
+  int64_t weight_bytes = 0, read_bytes = 0;  // the weights' FP32 bytes, in all and read so far
   for (const ParamEntry& e : reg.entries()) {
     const int64_t n = e.global_shape.numel();
+    weight_bytes += n * 4;
     const std::vector<int64_t> shape(e.global_shape.dims.begin(), e.global_shape.dims.begin() + e.global_shape.ndim);
     for (const char* suffix : {"", ".exp_avg", ".exp_avg_sq"}) {
       slices.push_back({e.name + suffix, DType::F32, shape, 0, n, nullptr});
@@ -137,6 +140,8 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
     }
     doing = "reading tensor '" + slice.key + "' of " + hf_dir;
     model.read(slice.key, 0, n, dst);
+    read_bytes += n * 4;
+    if (progress) progress(read_bytes, weight_bytes);
     // Test hook: wait here, the staging folder written to, for a signal (tests/cli/hf_interop_test.cpp);
     // at most a minute, so a test that fails to send one leaves no process behind for long.
     if (s == 0 && std::getenv("MOE_TEST_HF_PAUSE")) ::sleep(60);
@@ -175,12 +180,12 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
 
 }  // namespace
 
-ImportResult import_hf(const std::string& hf_dir, const std::string& out_run_dir) {
+ImportResult import_hf(const std::string& hf_dir, const std::string& out_run_dir, const HfProgress& progress) {
   // Errors of moetrain name their file and key already; those of libraries (a JSON type
   // error, an allocation failure, a filesystem call) get what was being done when they came.
   std::string doing = "starting";
   try {
-    return import_checked(hf_dir, out_run_dir, doing);
+    return import_checked(hf_dir, out_run_dir, doing, progress);
   } catch (const Error&) {
     throw;
   } catch (const std::bad_alloc&) {

@@ -95,7 +95,7 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& mc, const CheckpointReader& 
 }  // namespace
 
 ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, int64_t max_shard_bytes,
-                       const std::vector<std::string>& tokenizer_files, DType dtype) {
+                       const std::vector<std::string>& tokenizer_files, DType dtype, const HfProgress& progress) {
   MOE_CHECK(max_shard_bytes > 0, "export-hf: the shard size (--max-shard-gb) must be > 0");
   MOE_CHECK(dtype == DType::F32 || dtype == DType::BF16, "export-hf: the dtype must be F32 or BF16, got ",
             dtype_name(dtype));
@@ -127,6 +127,8 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   if (dtype == DType::BF16) hf_config["torch_dtype"] = "bfloat16";  // from_pretrained(dtype="auto") keeps BF16
   const std::vector<HfTensor> tensors = hf_tensors(cfg.model, ckpt);
 
+  int64_t total_bytes = 0;
+  for (const HfTensor& t : tensors) total_bytes += t.numel() * esize;
   // Shards: consecutive tensors up to max_shard_bytes each (a larger tensor gets a shard alone).
   std::vector<std::vector<size_t>> shards(1);
   int64_t in_shard = 0;
@@ -196,6 +198,7 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
       weight_map[tensors[i].name] = name_buf;
       r.bytes += tensors[i].numel() * esize;
       ++r.tensors;
+      if (progress) progress(r.bytes, total_bytes);
       // Test hook: wait here, one tensor written, for a signal (tests/cli/hf_interop_test.cpp); at
       // most a minute, so a test that fails to send one leaves no process behind for long.
       if (r.tensors == 1 && std::getenv("MOE_TEST_HF_PAUSE")) ::sleep(60);

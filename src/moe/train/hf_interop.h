@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,10 @@
 #include "moe/train/hf_config.h"
 
 namespace moe {
+
+// Progress of a long export or import: called after each tensor with the bytes of weights done so
+// far and in all (the caller decides how often to say so).
+using HfProgress = std::function<void(int64_t done_bytes, int64_t total_bytes)>;
 
 struct ExportResult {
   std::string out_dir;
@@ -28,7 +33,8 @@ struct ExportResult {
 // and model.safetensors.index.json into out_dir (via a temporary directory renamed at the end);
 // optional tokenizer files are copied in. max_shard_bytes bounds each shard.
 ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, int64_t max_shard_bytes,
-                       const std::vector<std::string>& tokenizer_files = {}, DType dtype = DType::F32);
+                       const std::vector<std::string>& tokenizer_files = {}, DType dtype = DType::F32,
+                       const HfProgress& progress = {});
 
 struct ImportResult {
   std::string checkpoint_dir;  // <out>/step-000000
@@ -41,6 +47,6 @@ struct ImportResult {
 // Refuses, before writing anything, a config.json key it would drop, a file outside hf_dir,
 // and tensors that are not exactly those config.json implies; out_run_dir must not exist or be
 // an empty directory, and holds nothing new unless the import completes.
-ImportResult import_hf(const std::string& hf_dir, const std::string& out_run_dir);
+ImportResult import_hf(const std::string& hf_dir, const std::string& out_run_dir, const HfProgress& progress = {});
 
 }  // namespace moe
