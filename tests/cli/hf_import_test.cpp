@@ -331,6 +331,18 @@ TEST_F(HfImportIndex, config_json_that_is_a_symlink_out_of_the_folder_is_refused
   expect_refused({"config.json", "outside the model folder"});
 }
 
+// "." or a subfolder is a folder, named as such (it read as "outside the model folder (a symlink)").
+TEST_F(HfImportIndex, entry_naming_a_folder_is_refused_as_a_folder) {
+  fs::create_directory(hf() + "/sub");
+  point_shard2_at(".");
+  expect_refused({index_path(), "weight_map entry 'lm_head.weight'", "'.' is a folder"});
+  nlohmann::json index = nlohmann::json::parse(read_file(index_path()));
+  for (auto& [name, value] : index["weight_map"].items())
+    if (value == ".") value = "sub";
+  write_json(index_path(), index);
+  expect_refused({index_path(), "weight_map entry 'lm_head.weight'", "'sub' is a folder"});
+}
+
 TEST_F(HfImportIndex, entry_naming_a_missing_file_is_refused_naming_the_entry) {
   expect_refused({index_path(), "weight_map entry 'lm_head.weight'", kShard2, "does not exist"});
 }

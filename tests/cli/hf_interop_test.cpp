@@ -45,6 +45,7 @@ TEST_F(HfInterop, export_then_import_reproduces_logits_and_loss_exactly) {
   ASSERT_EQ(a.exit_code, 0) << a.err;
   const CliRun ex = moetrain({"export-hf", run_dir(), path("hf")});
   ASSERT_EQ(ex.exit_code, 0) << ex.err;
+  EXPECT_NE(ex.out.find("note: trained with model.capacity_factor"), std::string::npos) << ex.out;
   for (const char* f : {"config.json", "model.safetensors.index.json", "model-00001-of-00001.safetensors"})
     EXPECT_TRUE(fs::exists(path("hf/") + f)) << f;
   // The Hub layout: one gate/up/down projection per expert, no fused tensors.
@@ -63,6 +64,10 @@ TEST_F(HfInterop, export_then_import_reproduces_logits_and_loss_exactly) {
   ASSERT_EQ(b.exit_code, 0) << b.err;
   EXPECT_TRUE(read_file(path("a.npy")) == read_file(path("b.npy"))) << "logits differ after export + import";
   EXPECT_EQ(mean_loss(a), mean_loss(b));
+  // The imported step-0 checkpoint was never trained: its export has no note about dropped routes.
+  const CliRun again = moetrain({"export-hf", path("imported"), path("hf-again")});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.out.find("note:"), std::string::npos) << again.out;
   // The imported run continues training from its own config.
   const CliRun cont = moetrain({"train", "--config", path("imported/config.toml"), "--resume",
                                 path("imported/step-000000"), "--steps", "1", "--set", "train.seq_len=16",
@@ -161,6 +166,17 @@ TEST_F(HfInterop, export_refuses_an_unknown_dtype_before_writing) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--dtype"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(path("hf")));
+}
+
+// Before, `export-hf CKPT CKPT/hf` put a folder inside the user's checkpoint.
+TEST_F(HfInterop, export_into_a_checkpoint_is_refused_and_writes_nothing_there) {
+  const std::string ckpt = run_dir() + "/step-000002";
+  const CliRun r = moetrain({"export-hf", ckpt, ckpt + "/hf/out"});
+  expect_error(r, {ckpt + "/hf/out", "is inside the checkpoint " + ckpt});
+  EXPECT_FALSE(fs::exists(ckpt + "/hf"));
+  ASSERT_EQ(moetrain({"export-hf", ckpt, path("hf")}).exit_code, 0);
+  expect_error(moetrain({"import-hf", path("hf"), ckpt + "/imported"}), {"is inside the checkpoint " + ckpt});
+  EXPECT_FALSE(fs::exists(ckpt + "/imported"));
 }
 
 TEST_F(HfInterop, export_refuses_an_existing_output_and_leaves_it_alone) {

@@ -215,4 +215,13 @@ std::string set_aside_after(const std::string& run_dir, int64_t step, bool recor
   return carry_out(run_dir, intent, also_move);
 }
 
+std::string enclosing_checkpoint(const std::string& path) {
+  std::error_code ec;
+  for (fs::path p = fs::absolute(path, ec).lexically_normal().parent_path(); !p.empty(); p = p.parent_path()) {
+    if (step_of_name(p.filename().string(), "step-") && fs::exists(p / "index.json", ec)) return p.string();
+    if (p == p.parent_path()) break;
+  }
+  return "";
+}
+
 }  // namespace moe

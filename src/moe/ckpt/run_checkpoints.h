@@ -23,6 +23,10 @@ namespace moe {
 // any other name, so a user's `step-notes/` is never taken for a checkpoint.
 std::optional<int64_t> step_of_name(const std::string& name, const std::string& prefix);
 
+// The checkpoint (a step-<digits> folder holding index.json) that `path` would lie inside, or "":
+// outputs are never written into a checkpoint.
+std::string enclosing_checkpoint(const std::string& path);
+
 // Complete checkpoints (step-*/index.json) of run_dir as (step, directory name), ascending,
 // without those a pending set-aside intent is moving away.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir);

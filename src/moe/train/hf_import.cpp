@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/ckpt/checkpoint.h"
+#include "moe/ckpt/run_checkpoints.h"
 #include "moe/ckpt/durable_file.h"
 #include "moe/core/error.h"
 #include "moe/core/interrupt_guard.h"
@@ -93,6 +94,9 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
   fs::path out = fs::path(out_run_dir).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();  // "run/" names "run"
   std::error_code ec;
+  const std::string inside = enclosing_checkpoint(out.string());
+  MOE_CHECK(inside.empty(), "import-hf: output '", out_run_dir, "' is inside the checkpoint ", inside,
+            "; nothing is written into a checkpoint: choose a folder outside it");
   const fs::file_status out_status = fs::symlink_status(out, ec);
   if (fs::exists(out_status)) {
     // A symbolic link is refused as it is (the import renames its result into place, which would

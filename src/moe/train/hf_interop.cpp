@@ -106,6 +106,10 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   MOE_CHECK(!fs::is_symlink(out_status), "export-hf: output '", out_dir,
             "' is a symbolic link; choose a new directory");
   MOE_CHECK(!fs::exists(out_status), "export-hf: output '", out_dir, "' exists; choose a new directory");
+  // A checkpoint is never written into (`export-hf run/step-000100 run/step-000100/hf` would be).
+  const std::string inside = enclosing_checkpoint(out_dir);
+  MOE_CHECK(inside.empty(), "export-hf: output '", out_dir, "' is inside the checkpoint ", inside,
+            "; nothing is written into a checkpoint: choose a folder outside it");
   std::set<std::string> names = {"config.json", "model.safetensors.index.json"};
   for (const auto& t : tokenizer_files) {
     MOE_CHECK(fs::exists(t), "export-hf: tokenizer file '", t, "' not found");
@@ -120,7 +124,8 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   const Config cfg = parse_stored_config(ckpt.train_state_string("config"), dir + "/train_state.json");
   nlohmann::json hf_config = olmoe_hf_config(cfg.model);
   std::string note;
-  if (!cfg.model.dropless)
+  // (A step-0 checkpoint, such as import-hf's, was never trained: nothing was dropped.)
+  if (!cfg.model.dropless && checked_checkpoint_step(ckpt) > 0)
     note = "trained with model.capacity_factor = " + std::to_string(cfg.model.capacity_factor) +
            " (routes past an expert's capacity were dropped); OlmoeForCausalLM drops none, so its outputs differ "
            "where training dropped routes";

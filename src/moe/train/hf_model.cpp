@@ -79,6 +79,8 @@ class ModelFolder {
     const fs::path real = fs::canonical(root_ / p, ec);
     if (ec == std::errc::no_such_file_or_directory) MOE_FAIL(referrer, ": '", name, "' does not exist in ", dir_);
     MOE_CHECK(!ec, referrer, ": cannot resolve '", name, "' in ", dir_, ": ", ec.message());
+    // ("." or a subfolder would otherwise read as a link out of the folder below.)
+    MOE_CHECK(!fs::is_directory(real, ec), referrer, ": '", name, "' is a folder in ", dir_, ", not a file");
     bool inside = false;
     for (const fs::path& base : allowed_) {
       const fs::path rel = real.lexically_relative(base);
