@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "moe/core/error.h"
+#include "moe/data/megatron_index.h"
 #include "moe/data/token_array.h"
+#include "moe/data/token_sources.h"
 #include "../ckpt/temp_dir.h"
 
 using namespace moe;
@@ -104,6 +106,27 @@ TEST(MegatronIndex, AnIndexNamedAsATokenFileIsRefused) {
   write_pair(dir.path + "/a", kDocs32, 4);
   expect_contains(error_of([&] { TokenArray::open(dir.path + "/a.idx", "raw", TokenDType::U32); }),
                   {dir.path + "/a.idx", "is a Megatron-LM index (.idx), not tokens", "*.bin"});
+}
+
+// Documents are separated by EOS in the stream; a .bin written without --append-eod has none, which
+// the index's document ends show: training is warned, and reads such a file as before.
+TEST(MegatronIndex, DocumentsThatDoNotEndWithEosAreWarnedOf) {
+  moe::testing::TempDir dir;
+  const uint16_t eos = 99;
+  write_pair(dir.path + "/with_eod", std::vector<std::vector<uint16_t>>{{5, 6, eos}, {7, eos}, {8, 9, 10, eos}}, 8);
+  write_pair(dir.path + "/without", std::vector<std::vector<uint16_t>>{{5, 6}, {7}, {8, 9, 10}}, 8);
+  std::vector<std::string> warnings;
+  EXPECT_EQ(open_token_files(dir.path + "/with_eod.bin", "raw", TokenDType::U16, "data.path", 100, eos, &warnings)
+                .size(), 1u);
+  EXPECT_TRUE(warnings.empty()) << warnings[0];
+  EXPECT_EQ(open_token_files(dir.path + "/without.bin", "raw", TokenDType::U16, "data.path", 100, eos, &warnings)
+                .size(), 1u);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find(dir.path + "/without.bin: 3 of the 3 documents checked"), std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find("--append-eod"), std::string::npos) << warnings[0];
+  EXPECT_EQ(megatron_document_ends(dir.path + "/with_eod.bin", TokenDType::U16, 64),
+            (std::vector<int64_t>{2, 4, 8}));
 }
 
 TEST(MegatronIndex, ABinWithoutAMegatronIndexReadsAsBefore) {

@@ -1,5 +1,6 @@
 #include "moe/data/megatron_index.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -86,6 +87,38 @@ void check_megatron_index(const std::string& bin_path, TokenDType dtype, uint64_
   }
   MOE_CHECK(end == bin_bytes, "raw token file ", pair, ": the index says its ", sequences, " sequences end at byte ",
             end, ", but the .bin holds ", bin_bytes, " bytes: the pair is incomplete or from different writes");
+}
+
+std::vector<int64_t> megatron_document_ends(const std::string& bin_path, TokenDType dtype, size_t at_most) {
+  namespace fs = std::filesystem;
+  std::vector<int64_t> ends;
+  if (fs::path(bin_path).extension() != ".bin" || at_most == 0) return ends;
+  const std::string idx = fs::path(bin_path).replace_extension(".idx").string();
+  std::ifstream in(idx, std::ios::binary);
+  char magic[kMagicLen] = {};
+  in.read(magic, kMagicLen);
+  if (!in || !is_megatron_index(magic, kMagicLen)) return ends;
+  const auto sequences = read_at<uint64_t>(in, kMagicLen + 9, idx);
+  const auto boundaries = read_at<uint64_t>(in, kMagicLen + 17, idx);  // documents + 1 sequence indices
+  MOE_CHECK(sequences <= (uint64_t{1} << 40) && boundaries <= (uint64_t{1} << 40), "Megatron index ", idx,
+            " claims ", sequences, " sequences and ", boundaries, " document boundaries");
+  if (boundaries < 2) return ends;
+  const uint64_t documents = boundaries - 1;
+  const uint64_t lengths_at = kHeaderBytes, pointers_at = lengths_at + 4 * sequences,
+                 documents_at = pointers_at + 8 * sequences;
+  const uint64_t picks = std::min<uint64_t>(at_most, documents);
+  for (uint64_t k = 0; k < picks; ++k) {
+    const uint64_t d = k * documents / picks;
+    // The document's last sequence: the one before the next document's first.
+    const auto next_first = read_at<int64_t>(in, documents_at + 8 * (d + 1), idx);
+    if (next_first <= 0 || static_cast<uint64_t>(next_first) > sequences) continue;  // an empty or odd document
+    const uint64_t s = static_cast<uint64_t>(next_first) - 1;
+    const auto length = read_at<int32_t>(in, lengths_at + 4 * s, idx);
+    const auto offset = read_at<int64_t>(in, pointers_at + 8 * s, idx);
+    if (length <= 0 || offset < 0) continue;
+    ends.push_back(offset / static_cast<int64_t>(token_dtype_size(dtype)) + length - 1);
+  }
+  return ends;
 }
 
 }  // namespace moe

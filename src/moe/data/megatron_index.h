@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "moe/data/npy.h"
 
@@ -22,5 +23,9 @@ bool is_megatron_index(const char* bytes, size_t n);
 // read as uint32) and that its last sequence ends at the .bin's size (`bin_bytes`). Throws naming
 // both files and the fix; returns when there is no such index.
 void check_megatron_index(const std::string& bin_path, TokenDType dtype, uint64_t bin_bytes);
+
+// The token index of the last token of up to `at_most` documents of a Megatron .bin (spread
+// evenly over them), from its index; empty when there is no index. Call after check_megatron_index.
+std::vector<int64_t> megatron_document_ends(const std::string& bin_path, TokenDType dtype, size_t at_most);
 
 }  // namespace moe

@@ -12,6 +12,7 @@
 
 #include "moe/core/error.h"
 #include "moe/core/printable.h"
+#include "moe/data/megatron_index.h"
 
 namespace moe {
 
@@ -217,6 +218,19 @@ std::vector<TokenArray> open_token_files(const std::string& path, const std::str
     MOE_CHECK(bad < 0, name, ": token ", (bad < 0 ? 0 : file.at(bad)), " at index ", bad,
               " is outside the model vocabulary (vocab_size ", vocab_size, ")",
               format == "raw" ? " (for raw files, check data.dtype)" : "");
+    // Windows see document boundaries only as EOS tokens; a Megatron .bin written without
+    // --append-eod has none, and its documents would run into each other unmarked.
+    if (format == "raw" && eos_token_id && warnings) {
+      const std::vector<int64_t> ends = megatron_document_ends(name, raw_dtype, 64);
+      int64_t without = 0;
+      for (int64_t e : ends) without += e < file.size() && file.at(e) != static_cast<uint32_t>(*eos_token_id);
+      if (without * 2 > static_cast<int64_t>(ends.size()))
+        warnings->push_back(name + ": " + std::to_string(without) + " of the " + std::to_string(ends.size()) +
+                            " documents checked (by its Megatron index) do not end with model.eos_token_id = " +
+                            std::to_string(*eos_token_id) +
+                            ", so training windows run across documents unmarked; Megatron-LM's preprocess_data.py "
+                            "writes the EOS with --append-eod (or set model.eos_token_id to the tokenizer's)");
+    }
     arrays.push_back(std::move(file));
   }
   return arrays;
