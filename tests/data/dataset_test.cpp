@@ -15,6 +15,7 @@
 #include "moe/data/dataset.h"
 #include "moe/data/npy.h"
 #include "moe/data/synthetic.h"
+#include "../error_of.h"
 
 using namespace moe;
 namespace fs = std::filesystem;
@@ -55,14 +56,7 @@ class DatasetTest : public ::testing::Test {
   fs::path dir_;
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moe::testing::error_of;
 
 }  // namespace
 

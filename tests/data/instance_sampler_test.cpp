@@ -18,6 +18,7 @@
 #include "moe/data/instance_sampler.h"
 #include "moe/data/npy.h"
 #include "moe/data/shuffle.h"
+#include "../error_of.h"
 
 using namespace moe;
 namespace fs = std::filesystem;
@@ -28,14 +29,7 @@ namespace {
 constexpr uint32_t kFileStride = 1u << 20;
 constexpr int64_t kVocab = int64_t{8} << 20;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moe::testing::error_of;
 
 class SamplerTest : public ::testing::Test {
  protected:

@@ -17,20 +17,14 @@
 #include "moe/data/token_array.h"
 #include "moe/data/token_sources.h"
 #include "../ckpt/temp_dir.h"
+#include "../error_of.h"
 
 using namespace moe;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moe::testing::error_of;
 
 template <typename T>
 void put(std::ofstream& out, T v) {

@@ -15,6 +15,7 @@
 #include "moe/data/dataset.h"
 #include "moe/data/token_array.h"
 #include "moe/data/prepare.h"
+#include "../error_of.h"
 
 using namespace moe;
 namespace fs = std::filesystem;
@@ -70,14 +71,7 @@ class PrepareTest : public ::testing::Test {
   fs::path dir_;
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moe::testing::error_of;
 
 }  // namespace
 

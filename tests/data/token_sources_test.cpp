@@ -18,6 +18,7 @@
 #include "moe/data/npy.h"
 #include "moe/data/token_sources.h"
 #include "../ckpt/temp_dir.h"
+#include "../error_of.h"
 
 using namespace moe;
 namespace fs = std::filesystem;
@@ -26,14 +27,7 @@ namespace {
 
 constexpr int64_t kVocab = 1000;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moe::testing::error_of;
 
 void expect_contains(const std::string& message, const std::vector<std::string>& parts) {
   ASSERT_FALSE(message.empty()) << "no error";

@@ -17,18 +17,12 @@
 #include "moe/core/error.h"
 #include "moe/train/config.h"
 #include "moe/train/pipeline_layout.h"
+#include "../error_of.h"
 
 namespace moe {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moe::testing::error_of;
 
 TEST(Config, WrittenConfigReadsBackToTheSameValueForEveryKey) {
   // Strings that a hand-written writer got wrong: quotes, backslashes, newlines, TOML syntax.

@@ -9,6 +9,7 @@
 #include "moe/core/device.h"
 #include "moe/train/trainer.h"
 #include "train_test_util.h"
+#include "../error_of.h"
 
 namespace moe {
 namespace {
@@ -17,14 +18,7 @@ using testing::local_world;
 using testing::small_config;
 using testing::TempDir;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using moe::testing::error_of;
 
 TrainOptions quiet() {
   TrainOptions o;
