@@ -53,7 +53,8 @@ class InterruptGuard {
   struct sigaction previous_[std::size(kSignals)] = {};
 };
 
-// Dies of `signo` with its default action (128 + signo for a calling shell); never returns.
+// Dies of `signo` with its default action (128 + signo for a calling shell); never returns. Only
+// async-signal-safe calls (sigaction, sigprocmask, raise, _exit): signal handlers call it too.
 [[noreturn]] void die_of_signal(int signo);
 
 }  // namespace moe

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "moe/core/error.h"
+#include "moe/core/interrupt_guard.h"
 #include "moe/core/printable.h"
 #include "moe/core/signal_safe_write.h"
 
@@ -127,16 +128,7 @@ class PrepareOutputs {
       write_stderr_signal_safe(self->out_dir_.c_str());
       write_stderr_signal_safe(" is as it was before\n");
     }
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, nullptr);
-    sigset_t unblock;
-    sigemptyset(&unblock);
-    sigaddset(&unblock, sig);
-    sigprocmask(SIG_UNBLOCK, &unblock, nullptr);
-    raise(sig);  // dies of the signal, as if it had not been caught
-    ::_exit(128 + sig);
+    die_of_signal(sig);  // as if it had not been caught (async-signal-safe calls only)
   }
 
   static inline std::atomic<PrepareOutputs*> g_active{nullptr};
