@@ -32,9 +32,11 @@ Nothing is overwritten: <out> must be new or empty, unless --append adds the inp
 already there (same tokenizer, vocabulary, EOS and dtype; no input may become a file already listed
 or present). The tokenizer is the same when its file's bytes are: dataset.json records their
 SHA-256 ("tokenizer_sha256"); a dataset.json without one (an older tokenize_hf.py) is appended to
-only with --trust-tokenizer and a tokenizer file of the recorded name (its hash is recorded then). Files are written under temporary names and renamed at the end (dataset.json last);
-on failure, a worker process that dies, SIGINT or SIGTERM, the temporary files are removed and
-nothing is left behind (a signal during the final renames waits for them to finish).
+only with --trust-tokenizer and a tokenizer file of the recorded name (its hash is recorded then).
+Files are written under temporary names and renamed at the end (dataset.json last), never over a
+file that appeared meanwhile; on failure, a worker process that dies, SIGINT or SIGTERM, the
+temporary files are removed and nothing is left behind (a signal during the final renames waits
+for them to finish). One writer at a time per output folder (moetrain prepare included).
 
   python3 python/tokenize_hf.py --tokenizer tokenizer.json --out data/mine a.txt b.jsonl.gz
                                 [--workers N] [--jsonl-field text] [--eos-id N] [--append] [--trust-tokenizer]

@@ -74,8 +74,8 @@ void check_megatron_index(const std::string& bin_path, TokenDType dtype, uint64_
   MOE_CHECK(type.readable, "raw token file ", pair, " holds ", type.name,
             " tokens, which moetrain does not read (uint16, or int32/uint32 as uint32)");
   MOE_CHECK(type.dtype == dtype, "raw token file ", pair, " holds ", type.name, " tokens, but data.dtype = \"",
-            token_dtype_name(dtype), "\" would read them as ", token_dtype_size(dtype), "-byte tokens: set data.dtype = \"",
-            token_dtype_name(type.dtype), "\"");
+            token_dtype_name(dtype), "\" would read them as ", token_dtype_size(dtype),
+            "-byte tokens: set data.dtype = \"", token_dtype_name(type.dtype), "\"");
   MOE_CHECK(sequences <= (uint64_t{1} << 40), "Megatron index ", idx, " claims ", sequences, " sequences");
   // The last sequence's length (int32) and byte offset (int64): where the tokens end.
   uint64_t end = 0;
@@ -100,8 +100,8 @@ std::vector<int64_t> megatron_document_ends(const std::string& bin_path, TokenDT
   if (!in || !is_megatron_index(magic, kMagicLen)) return ends;
   const auto sequences = read_at<uint64_t>(in, kMagicLen + 9, idx);
   const auto boundaries = read_at<uint64_t>(in, kMagicLen + 17, idx);  // documents + 1 sequence indices
-  MOE_CHECK(sequences <= (uint64_t{1} << 40) && boundaries <= (uint64_t{1} << 40), "Megatron index ", idx,
-            " claims ", sequences, " sequences and ", boundaries, " document boundaries");
+  MOE_CHECK(sequences <= (uint64_t{1} << 40) && boundaries <= (uint64_t{1} << 40), "Megatron index ", idx, " claims ",
+            sequences, " sequences and ", boundaries, " document boundaries");
   if (boundaries < 2) return ends;
   const uint64_t documents = boundaries - 1;
   const uint64_t lengths_at = kHeaderBytes, pointers_at = lengths_at + 4 * sequences,
