@@ -15,15 +15,35 @@ def _nearest_existing_folder(path):
     return path
 
 
+# flock errors of a file system that cannot lock a folder opened read-only: NFS (EBADF), Lustre
+# without the flock mount option (ENOSYS), others.
+_LOCKS_UNSUPPORTED = (errno.EBADF, errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
+_said_unlocked = []
+
+
 def _lock(path):
-    """An exclusive flock on folder `path` (an open descriptor); waits for a holder, saying so once."""
+    """An exclusive flock on folder `path` (an open descriptor); waits for a holder, saying so once.
+
+    Where the file system has no such locks, goes on unlocked, saying so once (as moetrain prepare)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        if os.environ.get("MOE_TEST_NO_FOLDER_LOCKS"):  # test hook: a file system without folder locks
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         print(f"tokenize_hf.py: waiting for another tokenize_hf.py or moetrain prepare writing into {path} to "
               f"finish", file=sys.stderr, flush=True)
         fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:
+        if e.errno not in _LOCKS_UNSUPPORTED:
+            os.close(fd)
+            raise
+        if not _said_unlocked:
+            print(f"warning: tokenize_hf.py: the file system of {path} cannot lock folders (NFS, or Lustre without "
+                  f"the flock mount option); this run goes on unlocked, so another tokenize_hf.py or moetrain prepare "
+                  f"writing into the same folder at the same time could leave one's files out of dataset.json",
+                  file=sys.stderr, flush=True)
+            _said_unlocked.append(True)
     return fd
 
 

@@ -194,6 +194,20 @@ TEST_F(PrepareCliTest, a_file_appearing_under_a_target_name_stops_prepare_and_le
   EXPECT_EQ(snapshot(path("data")), expected) << "a.npy renamed before the failure is removed; b.npy is untouched";
 }
 
+// On a file system that cannot lock a folder opened read-only (NFS: EBADF; a test hook fakes it),
+// prepare goes on unlocked and says once what that risks. Before, every prepare there failed with
+// "cannot lock".
+TEST_F(PrepareCliTest, prepare_on_a_file_system_without_folder_locks_goes_on_and_says_so) {
+  const std::string a = write_text("a.txt", 2000, 'a');
+  const CliRun r = run({"/bin/bash", "-c", "MOE_TEST_NO_FOLDER_LOCKS=1 '" MOE_BINARY_DIR "/moetrain' prepare '" + a +
+                                               "' --out '" + path("new/data") + "'"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("cannot lock folders (NFS"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("cannot lock folders", r.err.find("cannot lock folders") + 1), std::string::npos)
+      << "said once:\n" << r.err;
+  EXPECT_EQ(listed_names(path("new/data/dataset.json")), std::vector<std::string>{"a.npy"});
+}
+
 // An --out with a trailing slash (tab completion) names the folder: it is created, and named
 // without the slash. Before, the slash made a second, failing creation of the same folder
 // ("cannot create output folder .../new/data/: Success").

@@ -516,6 +516,19 @@ class LockOutputFolderTest(TempDirTest):
         self.assertNotIn("waiting", r.stderr)
         self.assertEqual(sorted(os.listdir(out)), ["a.npy", "b.npy", "dataset.json"])
 
+    def test_a_file_system_without_folder_locks_is_written_to_unlocked_and_said_once(self):
+        # NFS answers flock on a folder opened read-only with EBADF; a test hook fakes it. Before, it failed.
+        with open(self.path("a.txt"), "w") as f:
+            f.write(sentence(1) + "\n")
+        make_bpe(self.path("bpe.json"))
+        r = subprocess.run([sys.executable, os.path.join(SOURCE_DIR, "python", "tokenize_hf.py"), "--tokenizer",
+                            self.path("bpe.json"), "--out", self.path("new", "data"), self.path("a.txt")],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, MOE_TEST_NO_FOLDER_LOCKS="1"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr.count("cannot lock folders (NFS"), 1, r.stderr)
+        self.assertEqual(sorted(os.listdir(self.path("new", "data"))), ["a.npy", "dataset.json"])
+
     def test_a_folder_that_cannot_be_made_leaves_none_of_the_folders_made_before_it(self):
         with self.assertRaises(OSError):  # new/ is made, then the name too long for a folder is not
             dataset_output.lock_output_folder(self.path("new", "x" * 300, "data"))

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "moe/core/error.h"
@@ -25,11 +26,33 @@ fs::path nearest_existing_folder(const fs::path& out) {
   return p;
 }
 
+// Whether flock failed because the file system cannot lock a folder opened read-only: NFS (its
+// flock is a byte-range lock, which needs write access: EBADF), Lustre without the flock mount
+// option (ENOSYS), others (ENOLCK, EOPNOTSUPP, EINVAL).
+bool folder_locks_unsupported(int err) {
+  return err == EBADF || err == ENOSYS || err == ENOLCK || err == EOPNOTSUPP || err == EINVAL;
+}
+
 // Opens folder `p` and takes an exclusive flock on it, waiting for a holder (said once on stderr).
+// Where the file system has no such locks, goes on without one, saying so once: refusing would
+// make prepare unusable on shared file systems, where datasets live.
 int lock_folder(const fs::path& p) {
   const int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   MOE_CHECK(fd >= 0, "prepare: cannot open ", printable(p.string()), " to lock it: ", std::strerror(errno));
-  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+  // Test hook (tests/cli/prepare_cli_test.cpp): a file system without folder locks.
+  const bool unsupported = std::getenv("MOE_TEST_NO_FOLDER_LOCKS") != nullptr;
+  if (!unsupported && ::flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+  if (unsupported || folder_locks_unsupported(errno)) {
+    static bool said = false;
+    if (!said)
+      std::fprintf(stderr,
+                   "warning: prepare: the file system of %s cannot lock folders (NFS, or Lustre without the flock "
+                   "mount option); this prepare goes on unlocked, so another prepare or tokenize_hf.py writing into "
+                   "the same folder at the same time could leave one's files out of dataset.json\n",
+                   printable(p.string()).c_str());
+    said = true;
+    return fd;
+  }
   if (errno == EWOULDBLOCK) {
     std::fprintf(stderr, "prepare: waiting for another prepare or tokenize_hf.py writing into %s to finish\n",
                  printable(p.string()).c_str());
