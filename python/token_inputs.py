@@ -62,30 +62,36 @@ class ZstdFrames(io.RawIOBase):
     several). A file that ends inside a frame raises EOFError: the zstandard package's own
     stream reader ends there silently, which would tokenize a cut-off file as if it were whole."""
 
+    # Compressed bytes read at a time: what one read decompresses to (held until it is consumed)
+    # grows with the compression ratio, so this stays small.
+    READ_BYTES = 1 << 16
+
     def __init__(self, path):
         super().__init__()
         self._file = open(path, "rb")
         self._decompressor = zstandard.ZstdDecompressor()
         self._frame = self._decompressor.decompressobj()
         self._in_frame = False
-        self._out = b""
+        self._out = memoryview(b"")  # decompressed and not yet consumed (a view: no copy per read)
 
     def readable(self):
         return True
 
     def readinto(self, buffer):
-        while not self._out:
-            data = self._file.read(1 << 20)
+        while not len(self._out):
+            data = self._file.read(self.READ_BYTES)
             if not data:
                 if self._in_frame:
                     raise EOFError("the file ends inside a zstd frame (it is cut short)")
                 return 0
+            parts = []
             while data:
-                self._out += self._frame.decompress(data)
+                parts.append(self._frame.decompress(data))
                 self._in_frame = not self._frame.eof
                 data = self._frame.unused_data if self._frame.eof else b""
                 if self._frame.eof:
                     self._frame = self._decompressor.decompressobj()
+            self._out = memoryview(b"".join(parts))
         n = min(len(buffer), len(self._out))
         buffer[:n] = self._out[:n]
         self._out = self._out[n:]
@@ -96,22 +102,43 @@ class ZstdFrames(io.RawIOBase):
         super().close()
 
 
+def valid_utf8(value):
+    """Whether a pyarrow string scalar's bytes are UTF-8 (a null is)."""
+    raw = value.cast(pyarrow.binary()).as_py() if value.is_valid else b""
+    try:
+        raw.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
 def parquet_pieces(path, chunk_bytes, field):
     """(first row, JSONL bytes, ends_document) pieces of a Parquet file's `field` column, in order."""
     if pyarrow_parquet is None:
         raise missing_package(path, "pyarrow")
     try:
         table = pyarrow_parquet.ParquetFile(path)
+        if table.schema_arrow.names.count(field) > 1:
+            raise InputError(f'{path} has {table.schema_arrow.names.count(field)} columns named "{field}" '
+                             f"(--jsonl-field names the column that holds the text)")
         column = table.schema_arrow.get_field_index(field)
         if column < 0:
             raise InputError(f'{path} has no column "{field}" (--jsonl-field names the column that holds the text; '
                              f"it has {', '.join(table.schema_arrow.names)})")
         kind = table.schema_arrow.field(column).type
+        if pyarrow.types.is_dictionary(kind):  # a categorical column: its values are what it holds
+            kind = kind.value_type
         if not (pyarrow.types.is_string(kind) or pyarrow.types.is_large_string(kind)):
             raise InputError(f'{path}: column "{field}" holds {kind}, not strings')
         lines, size, first, row = [], 0, 1, 0
         for batch in table.iter_batches(batch_size=1024, columns=[field]):
-            for text in batch.column(0).to_pylist():
+            try:
+                texts = batch.column(0).to_pylist()
+            except UnicodeDecodeError as e:  # Parquet does not check that its strings are UTF-8
+                bad = next(k for k, v in enumerate(batch.column(0)) if not valid_utf8(v))
+                raise InputError(f'{path}:{row + bad + 1}: column "{field}" is not valid UTF-8 ({e.reason}); '
+                                 f"text inputs must be UTF-8") from None
+            for text in texts:
                 row += 1
                 if text is None:
                     raise InputError(f'{path}:{row}: column "{field}" is null (no text)')

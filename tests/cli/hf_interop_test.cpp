@@ -177,6 +177,17 @@ TEST_F(HfInterop, export_into_a_checkpoint_is_refused_and_writes_nothing_there) 
   ASSERT_EQ(moetrain({"export-hf", ckpt, path("hf")}).exit_code, 0);
   expect_error(moetrain({"import-hf", path("hf"), ckpt + "/imported"}), {"is inside the checkpoint " + ckpt});
   EXPECT_FALSE(fs::exists(ckpt + "/imported"));
+  // Through a link to the checkpoint, and into a copy of it under another name.
+  fs::create_directory_symlink(ckpt, path("best"));
+  expect_error(moetrain({"export-hf", path("best"), path("best/hf")}), {"is inside the checkpoint " + ckpt});
+  expect_error(moetrain({"import-hf", path("hf"), path("best/imported")}), {"is inside the checkpoint " + ckpt});
+  fs::copy(ckpt, path("step-000002-best"), fs::copy_options::recursive);
+  expect_error(moetrain({"export-hf", path("step-000002-best"), path("step-000002-best/hf")}),
+               {"is inside the checkpoint " + path("step-000002-best")});
+  EXPECT_FALSE(fs::exists(ckpt + "/hf") || fs::exists(ckpt + "/imported") || fs::exists(path("step-000002-best/hf")));
+  // A copy under another name exports like the original (before, a checkpoint named otherwise than
+  // step-<digits> was refused for its note).
+  EXPECT_EQ(moetrain({"export-hf", path("step-000002-best"), path("hf-of-copy")}).exit_code, 0);
 }
 
 TEST_F(HfInterop, export_refuses_an_existing_output_and_leaves_it_alone) {

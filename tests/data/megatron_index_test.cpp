@@ -92,6 +92,11 @@ TEST(MegatronIndex, ABinThatDoesNotEndWhereItsIndexSaysIsRefused) {
   fs::resize_file(dir.path + "/b.idx", 40);
   expect_contains(error_of([&] { TokenArray::open(dir.path + "/b.bin", "raw", TokenDType::U32); }),
                   {dir.path + "/b.idx", "cut short"});
+  // One cut inside its document boundaries (the last part of the file).
+  write_pair(dir.path + "/c", kDocs32, 4);
+  fs::resize_file(dir.path + "/c.idx", fs::file_size(dir.path + "/c.idx") - 8);
+  expect_contains(error_of([&] { TokenArray::open(dir.path + "/c.bin", "raw", TokenDType::U32); }),
+                  {dir.path + "/c.idx", "the index is cut short", "write it again"});
 }
 
 // A glob that matches the .idx files too (data/*) would read each index as tokens.

@@ -217,8 +217,12 @@ std::string set_aside_after(const std::string& run_dir, int64_t step, bool recor
 
 std::string enclosing_checkpoint(const std::string& path) {
   std::error_code ec;
-  for (fs::path p = fs::absolute(path, ec).lexically_normal().parent_path(); !p.empty(); p = p.parent_path()) {
-    if (step_of_name(p.filename().string(), "step-") && fs::exists(p / "index.json", ec)) return p.string();
+  // Through links (a `best -> run/step-000100` link names that checkpoint), and whatever the
+  // folder's name (a copied or renamed checkpoint is one all the same).
+  fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec) p = fs::absolute(path, ec).lexically_normal();
+  for (p = p.parent_path(); !p.empty(); p = p.parent_path()) {
+    if (fs::exists(p / "index.json", ec) && fs::exists(p / "train_state.json", ec)) return p.string();
     if (p == p.parent_path()) break;
   }
   return "";

@@ -23,8 +23,8 @@ namespace moe {
 // any other name, so a user's `step-notes/` is never taken for a checkpoint.
 std::optional<int64_t> step_of_name(const std::string& name, const std::string& prefix);
 
-// The checkpoint (a step-<digits> folder holding index.json) that `path` would lie inside, or "":
-// outputs are never written into a checkpoint.
+// The checkpoint (a folder holding index.json and train_state.json, whatever its name, reached
+// through links too) that `path` would lie inside, or "": outputs are never written into one.
 std::string enclosing_checkpoint(const std::string& path);
 
 // Complete checkpoints (step-*/index.json) of run_dir as (step, directory name), ascending,

@@ -76,7 +76,16 @@ void check_megatron_index(const std::string& bin_path, TokenDType dtype, uint64_
   MOE_CHECK(type.dtype == dtype, "raw token file ", pair, " holds ", type.name, " tokens, but data.dtype = \"",
             token_dtype_name(dtype), "\" would read them as ", token_dtype_size(dtype),
             "-byte tokens: set data.dtype = \"", token_dtype_name(type.dtype), "\"");
-  MOE_CHECK(sequences <= (uint64_t{1} << 40), "Megatron index ", idx, " claims ", sequences, " sequences");
+  const auto boundaries = read_at<uint64_t>(in, kMagicLen + 17, idx);  // documents + 1
+  MOE_CHECK(sequences <= (uint64_t{1} << 40) && boundaries <= (uint64_t{1} << 40), "Megatron index ", idx, " claims ",
+            sequences, " sequences and ", boundaries, " document boundaries");
+  // Lengths (int32) and offsets (int64) per sequence, then the document boundaries (int64).
+  const uint64_t needed = kHeaderBytes + 12 * sequences + 8 * boundaries;
+  std::error_code ec;
+  const uint64_t held = fs::file_size(idx, ec);
+  MOE_CHECK(!ec && held >= needed, "raw token file ", pair, ": the index is cut short (", sequences, " sequences and ",
+            boundaries, " document boundaries need ", needed, " bytes, it holds ", held,
+            "): the pair is incomplete; write it again");
   // The last sequence's length (int32) and byte offset (int64): where the tokens end.
   uint64_t end = 0;
   if (sequences > 0) {

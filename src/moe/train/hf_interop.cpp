@@ -125,7 +125,7 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   nlohmann::json hf_config = olmoe_hf_config(cfg.model);
   std::string note;
   // (A step-0 checkpoint, such as import-hf's, was never trained: nothing was dropped.)
-  if (!cfg.model.dropless && checked_checkpoint_step(ckpt) > 0)
+  if (!cfg.model.dropless && ckpt.train_state_int("step", 0) > 0)
     note = "trained with model.capacity_factor = " + std::to_string(cfg.model.capacity_factor) +
            " (routes past an expert's capacity were dropped); OlmoeForCausalLM drops none, so its outputs differ "
            "where training dropped routes";
