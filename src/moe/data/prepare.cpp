@@ -1,7 +1,5 @@
 #include "moe/data/prepare.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
