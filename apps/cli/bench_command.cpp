@@ -1,6 +1,7 @@
 // moetrain bench: times N training steps and prints tokens/s, MFU and the step-time split; with
-// --check, first compares the fast kernels' loss with the reference kernels'; with --calibrate,
-// measures this GPU into a hardware profile for plan --hardware instead.
+// --check, first compares the fast kernels' loss with the reference kernels'; with --init-from,
+// from trained weights; with --calibrate, measures this GPU into a hardware profile for plan
+// --hardware instead.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -41,7 +42,7 @@ struct BenchArgs {
   ConfigArgs config;
   int64_t steps = 10;
   bool check = false;
-  std::string json, calibrate, hardware = "h200";
+  std::string json, calibrate, hardware = "h200", init_from;
   size_t top_kernels = 20;
 };
 
@@ -50,9 +51,9 @@ int run_calibrate(const BenchArgs& a, Job& job) {
   moe::HardwareProfile base;
   const int startup = job.agree_at_startup([&] {
     if (a.cmd->count("--check") || a.cmd->count("--json") || a.cmd->count("--steps") || a.cmd->count("--set") ||
-        a.cmd->count("--config"))
+        a.cmd->count("--config") || a.cmd->count("--init-from"))
       throw UsageError("bench --calibrate measures the GPU, not a config: it takes no --config, --set, --steps, "
-                       "--json or --check (see moetrain --help)");
+                       "--json, --check or --init-from (see moetrain --help)");
     // Exit 1: the folder, not the command line, is at fault.
     MOE_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(a.calibrate)), "bench --calibrate ",
               a.calibrate, " exists; choose a new file name (nothing is overwritten)");
@@ -82,6 +83,10 @@ int run_timed_steps(const BenchArgs& a, Job& job) {
   if (startup >= 0) return startup;
   moe::TrainOptions opts;
   opts.bench = true;
+  // Trained weights: on a GPU at its power limit a step's time follows its energy, which depends
+  // on the values multiplied; initial weights flattered FP8 against BF16 by ~3% (bench/RESULTS.md,
+  // 2026-12-05).
+  opts.init_from = a.init_from;
   moe::KernelProfiler profiler;
   opts.profiler = &profiler;  // used on the GPU only
   moe::PowerMonitor power;
@@ -183,11 +188,16 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{1000}))
       ->transform(kDecimal);
+  bench->add_option("--init-from", a->init_from,
+                    "time the steps from the weights of a checkpoint dir, a run dir (its newest checkpoint) or a Hugging "
+                    "Face OLMoE folder instead of the initial ones (fresh optimizer state; the model config must match)")
+      ->check(kNonEmpty);
   bench->add_flag("--check", a->check,
                   "first compare one batch's loss between the fast and the reference kernels; fail if they differ");
-  // Each mode runs other collectives.
+  // Each mode runs other collectives; every rank must start from the same weights.
   auto agreed_flags = [a] {
-    return std::string(a->check ? " --check" : "") + (a->calibrate.empty() ? "" : " --calibrate");
+    return std::string(a->check ? " --check" : "") + (a->calibrate.empty() ? "" : " --calibrate") +
+           (a->init_from.empty() ? "" : " --init-from '" + a->init_from + "'");
   };
   return {bench, [a](Job& job) { return run_bench(*a, job); }, agreed_flags};
 }

@@ -2,6 +2,7 @@
 // from a Hugging Face folder says where it started and records it, leaves the source exactly as
 // it was, refuses another architecture (exit 1, naming the key, nothing written), and refuses to
 // be combined with a resume (exit 2); a later resume of the fine-tuning run continues it.
+#include <cmath>
 #include <map>
 
 #include "cli_test_util.h"
@@ -104,6 +105,40 @@ TEST_F(InitFromCli, a_source_inside_run_dir_is_refused_even_with_overwrite) {
   expect_usage_error(moetrain(train_in(source(), {"--init-from", source(), "--overwrite"})),
                      {"--init-from " + source() + " lies inside run.dir", "choose another run.dir"});
   EXPECT_EQ(contents(source()), before);
+}
+
+// bench --init-from times steps from the source's weights: its loss after 2 steps is train
+// --init-from's (the same computation on the CPU; 1e-9 relative for the JSON's decimal round trip),
+// not a bench from the initial weights', its report names the source, and it writes nothing, so a
+// source inside run.dir is no conflict.
+TEST_F(InitFromCli, bench_times_steps_from_the_sources_weights_and_names_it_in_its_report) {
+  const auto before = contents(source());
+  std::vector<std::string> bench = {"bench", "--set", "run.dir=" + source(), "--steps", "2"};
+  for (const std::string& s : tiny_sets()) bench.insert(bench.end(), {"--set", s});
+  std::vector<std::string> from = bench;
+  from.insert(from.end(), {"--init-from", source(), "--json", path("from.json")});
+  const CliRun r = moetrain(from);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("initialized from checkpoint " + source() + "/step-000002"), std::string::npos) << r.out;
+  bench.insert(bench.end(), {"--json", path("fresh.json")});
+  ASSERT_EQ(moetrain(bench).exit_code, 0);
+  const CliRun t = moetrain(train_in(run_dir(), {"--init-from", source(), "--steps", "2", "--set", "train.log_every=1"}));
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+
+  const auto report = nlohmann::json::parse(read_file(path("from.json")));
+  const auto fresh = nlohmann::json::parse(read_file(path("fresh.json")));
+  const double trained = read_metrics(run_dir() + "/metrics.jsonl").back()["loss"].get<double>();
+  const double timed = report["final_loss"].get<double>();
+  EXPECT_NEAR(timed, trained, 1e-9 * std::abs(trained));
+  EXPECT_GT(std::abs(timed - fresh["final_loss"].get<double>()), 1e-4 * std::abs(trained))
+      << "bench --init-from ran from the initial weights";
+  EXPECT_EQ(report["init_from"]["path"], fs::canonical(source() + "/step-000002").string());
+  EXPECT_EQ(report["init_from"]["step"], 2);
+  EXPECT_TRUE(fresh["init_from"].is_null());
+  EXPECT_EQ(contents(source()), before) << "bench wrote into the source run directory";
+
+  const CliRun calibrate = moetrain({"bench", "--calibrate", path("gpu.json"), "--init-from", source()});
+  expect_usage_error(calibrate, {"bench --calibrate", "--init-from"});
 }
 
 TEST_F(InitFromCli, a_missing_or_unrecognized_source_is_named) {

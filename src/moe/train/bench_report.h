@@ -3,7 +3,9 @@
 // (temp file, fsync, rename): a reader sees the whole report or none.
 //
 //   config, device, world_size, parallel_mode, ep, pp, pp_virtual, pp_schedule, pp_layers, ep_backend,
-//   ep_payload, num_experts, experts_per_token, num_layers, moe_layers, hidden_size, seq_len, steps_timed,
+//   ep_payload, num_experts, experts_per_token, num_layers, moe_layers, hidden_size, seq_len, precision,
+//   recompute, init_from (bench --init-from: {path, format, step, run_id} of the weights; null: the
+//   config's initial ones), steps_timed, first_step_timed,
 //   tokens_per_s (all ranks), tokens_per_s_per_gpu, mfu (per device), step_s, comm_s, reduction_wait_s
 //   (CPU: gradient reduction after the backward), graph_nodes, gpu_peak_bytes, arena_bytes, final_loss,
 //   total_params, active_params, ceilings {gemm_tflops, fp8_gemm_tflops, copy_tb_s}, split [{kind,

@@ -123,7 +123,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     resumed_from_ = opts_.checkpoint->dir();
     load_checkpoint(*opts_.checkpoint);
   } else if (!opts_.init_from.empty()) {
-    const std::string conflict = init_from_conflict(opts_.init_from, opts_.resume, cfg_);
+    // A bench neither resumes nor writes run.dir, which is all the conflicts are about.
+    const std::string conflict = opts_.bench ? "" : init_from_conflict(opts_.init_from, opts_.resume, cfg_);
     MOE_CHECK(conflict.empty(), conflict);
     init_weights_from(opts_.init_from);
   } else {
@@ -603,6 +604,7 @@ TrainSummary Trainer::run() {
   summary.device = dev_;
   summary.device_peak_bytes = device_peak_bytes_;
   summary.graph_nodes = graph_ ? graph_->nodes() : 0;
+  summary.init_from = init_from_;
   return summary;
 }
 

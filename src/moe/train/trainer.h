@@ -83,6 +83,7 @@ struct TrainSummary {
   size_t device_peak_bytes = 0;  // GPU: most device memory in use after a step (the process's high-water)
   size_t graph_nodes = 0;        // train.cuda_graph: nodes of the captured step
   std::optional<PowerSummary> power;  // with TrainOptions::power: the steps after the first
+  nlohmann::json init_from;           // where the run's first weights came from (InitSource::record; null: its own)
 };
 
 struct EvalReport {
