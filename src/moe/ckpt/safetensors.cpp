@@ -14,6 +14,7 @@
 #include "moe/ckpt/durable_file.h"
 #include "moe/core/bounded_json.h"
 #include "moe/core/error.h"
+#include "moe/core/mapped_file_faults.h"
 
 namespace moe {
 
@@ -92,6 +93,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   MOE_CHECK(m != MAP_FAILED, "cannot memory-map ", where, ": ", map_error);
   map_ = static_cast<const unsigned char*>(m);
   fd_ = fd;
+  watch_mapping(map_, file_size_, path, "restore it (or resume from another checkpoint) and run again");
 
   try {
     uint64_t header_len = 0;
@@ -210,7 +212,10 @@ SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& o) noexcept 
 }
 
 void SafetensorsReader::release() {
-  if (map_) ::munmap(const_cast<unsigned char*>(map_), file_size_);
+  if (map_) {
+    unwatch_mapping(map_);
+    ::munmap(const_cast<unsigned char*>(map_), file_size_);
+  }
   map_ = nullptr;
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;

@@ -6,75 +6,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <csignal>
 #include <cstring>
 #include <utility>
 
 #include "moe/core/error.h"
-#include "moe/core/signal_safe_write.h"
+#include "moe/core/mapped_file_faults.h"
 #include "moe/data/megatron_index.h"
 
 namespace moe {
-
-namespace {
-
-// A token file truncated or replaced while it is mapped raises SIGBUS at the next read of a page
-// past its new end. Its default action kills the process with no word; this handler names the
-// file (the mappings are recorded below) and ends the process with status 1. Only
-// async-signal-safe calls inside.
-struct Mapping {
-  std::atomic<uintptr_t> begin{0}, end{0};
-  char path[240] = {};
-};
-constexpr int kMaxMappings = 4096;
-Mapping g_mappings[kMaxMappings];
-std::atomic<int> g_mapping_count{0};
-
-extern "C" void report_token_file_fault(int, siginfo_t* info, void*) {
-  const auto at = reinterpret_cast<uintptr_t>(info->si_addr);
-  write_stderr_signal_safe("error: a memory-mapped token file could not be read (SIGBUS): ");
-  const int n = g_mapping_count.load();
-  bool named = false;
-  for (int i = 0; i < n && i < kMaxMappings; ++i)
-    if (at >= g_mappings[i].begin.load() && at < g_mappings[i].end.load()) {
-      write_stderr_signal_safe(g_mappings[i].path);
-      named = true;
-      break;
-    }
-  if (!named) write_stderr_signal_safe("(unknown file)");
-  write_stderr_signal_safe(" was truncated or replaced while training read it; restore it and resume from the last checkpoint\n");
-  ::_exit(1);
-}
-
-void record_mapping(const void* p, size_t bytes, const std::string& path) {
-  static const bool installed = [] {
-    struct sigaction sa {};
-    sa.sa_sigaction = report_token_file_fault;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_SIGINFO;
-    sigaction(SIGBUS, &sa, nullptr);
-    return true;
-  }();
-  (void)installed;
-  const int i = g_mapping_count.fetch_add(1);
-  if (i >= kMaxMappings) return;  // past the table: still mapped, reported without its name
-  std::strncpy(g_mappings[i].path, path.c_str(), sizeof(g_mappings[i].path) - 1);
-  g_mappings[i].end = reinterpret_cast<uintptr_t>(p) + bytes;
-  g_mappings[i].begin = reinterpret_cast<uintptr_t>(p);
-}
-
-void forget_mapping(const void* p) {
-  const int n = std::min(g_mapping_count.load(), kMaxMappings);
-  for (int i = 0; i < n; ++i)
-    if (g_mappings[i].begin.load() == reinterpret_cast<uintptr_t>(p)) {
-      g_mappings[i].begin = 0;
-      g_mappings[i].end = 0;
-    }
-}
-
-}  // namespace
 
 void TokenArray::map(const std::string& path, size_t bytes) {
   path_ = path;
@@ -87,7 +27,7 @@ void TokenArray::map(const std::string& path, size_t bytes) {
   MOE_CHECK(p != MAP_FAILED, "cannot mmap token file ", path, ": ", std::strerror(saved_errno));
   map_ = static_cast<const unsigned char*>(p);
   map_bytes_ = bytes;
-  record_mapping(p, bytes, path);
+  watch_mapping(p, bytes, path, "restore it and resume from the last checkpoint");
 }
 
 TokenArray TokenArray::open_npy(const std::string& path) {
@@ -143,7 +83,7 @@ TokenArray TokenArray::open(const std::string& path, const std::string& format, 
 
 void TokenArray::release() {
   if (map_ != nullptr) {
-    forget_mapping(map_);
+    unwatch_mapping(map_);
     ::munmap(const_cast<unsigned char*>(map_), map_bytes_);
   }
   map_ = nullptr;

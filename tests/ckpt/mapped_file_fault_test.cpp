@@ -1,0 +1,92 @@
+// A safetensors file (a checkpoint's rank file, a Hugging Face weights file) truncated while it is
+// memory-mapped: the read past its new end raises SIGBUS, which now ends the process with status 1
+// and one error naming the file, where it used to kill it with no word. A SIGBUS that is not a
+// fault in a watched mapping still gets the default action.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe/ckpt/safetensors.h"
+#include "temp_dir.h"
+
+namespace moe {
+namespace {
+
+using moe::testing::TempDir;
+
+// One F32 tensor "w" of n elements.
+std::string write_tensor_file(const TempDir& dir, int64_t n) {
+  const std::string path = dir / "rank-00000.safetensors";
+  SafetensorsWriter w;
+  w.add("w", DType::F32, {n});
+  w.open(path);
+  const std::vector<float> values(static_cast<size_t>(n), 1.5f);
+  w.write(values.data(), values.size() * sizeof(float));
+  w.finish();
+  return path;
+}
+
+// The default ("fast") death tests fork here, so the child sees this test's temp files (the
+// "threadsafe" style would re-run the test body and make other ones).
+class MappedFileFault : public ::testing::Test {};
+
+TEST_F(MappedFileFault, a_file_truncated_while_mapped_is_named_and_the_process_exits_1) {
+  TempDir dir;
+  const int64_t n = 1 << 18;  // 1 MiB of data: pages past the cut
+  const std::string path = write_tensor_file(dir, n);
+  EXPECT_EXIT(
+      {
+        SafetensorsReader f(path);
+        if (::truncate(path.c_str(), 4096) != 0) ::_exit(3);
+        const auto* w = static_cast<const volatile float*>(f.data("w"));
+        volatile float last = w[n - 1];
+        (void)last;
+        ::_exit(4);  // the read did not fault
+      },
+      ::testing::ExitedWithCode(1),
+      "^error: " + path + " could not be read \\(SIGBUS\\): it was truncated or replaced while moetrain read it; "
+          "restore it \\(or resume from another checkpoint\\) and run again\n$");
+}
+
+TEST_F(MappedFileFault, a_sigbus_that_is_no_fault_in_a_watched_file_keeps_the_default_action) {
+  TempDir dir;
+  const std::string path = write_tensor_file(dir, 1024);
+  EXPECT_EXIT(
+      {
+        SafetensorsReader f(path);
+        ::raise(SIGBUS);
+        ::_exit(4);
+      },
+      ::testing::KilledBySignal(SIGBUS), "");
+}
+
+TEST_F(MappedFileFault, a_closed_files_slot_is_not_named_for_a_later_mapping) {
+  TempDir dir;
+  const std::string first = write_tensor_file(dir, 1 << 18);
+  const std::string second = dir / "second.safetensors";
+  {
+    SafetensorsWriter w;
+    w.add("w", DType::F32, {1 << 18});
+    w.open(second);
+    const std::vector<float> values(1 << 18, 2.5f);
+    w.write(values.data(), values.size() * sizeof(float));
+    w.finish();
+  }
+  EXPECT_EXIT(
+      {
+        { SafetensorsReader closed(first); }
+        SafetensorsReader f(second);
+        if (::truncate(second.c_str(), 4096) != 0) ::_exit(3);
+        volatile float last = static_cast<const volatile float*>(f.data("w"))[(1 << 18) - 1];
+        (void)last;
+        ::_exit(4);
+      },
+      ::testing::ExitedWithCode(1), "^error: " + second + " could not be read \\(SIGBUS\\)");
+}
+
+}  // namespace
+}  // namespace moe
