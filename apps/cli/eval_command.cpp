@@ -47,9 +47,10 @@ int run_eval(const EvalArgs& a, Job& job) {
     // Pipeline stages are a training layout: a checkpoint trained under them is evaluated by
     // whole-model ranks (any number); --set, applied after these, may ask for a layout again.
     o.insert(o.end(), {"parallel.pp=1", "parallel.pp_virtual=1", "parallel.pp_schedule=1f1b", "parallel.pp_layers=[]"});
+    const size_t fixed = o.size();  // eval's own: an error in the stored config is not the user's --set
     o.insert(o.end(), a.overrides.begin(), a.overrides.end());
     cfg = moe::parse_stored_config(ckpt->train_state_string("config"), ckpt->dir() + "/train_state.json", o,
-                                   /*validate=*/false);
+                                   /*validate=*/false, fixed);
     cfg.train.global_batch_size = cfg.train.micro_batch_size * world.size();
     if (cfg.parallel.ep > world.size() || world.size() % cfg.parallel.ep != 0) cfg.parallel.ep = 1;
     cfg.validate();

@@ -134,4 +134,26 @@ TEST_F(CliTest, a_file_size_limit_is_an_error_that_leaves_no_temporary_folder) {
     EXPECT_EQ(e.path().filename().string().find("hf"), std::string::npos) << "left behind: " << e.path();
 }
 
+// eval reads the checkpoint's stored config with fixed overrides of its own (the data, the
+// layout); an error in that config named it "(with --set overrides)" though the user gave none.
+TEST_F(CliTest, an_error_in_the_config_eval_reads_from_a_checkpoint_blames_a_set_only_when_one_was_given) {
+  ASSERT_EQ(moetrain(tiny_train({})).exit_code, 0);
+  const std::string ckpt = run_dir() + "/step-000001";
+  const std::string path = ckpt + "/train_state.json";
+  nlohmann::json st = nlohmann::json::parse(read_file(path));
+  std::string text = st["config"].get<std::string>();
+  const size_t at = text.find("num_experts_per_tok = 2");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, std::string("num_experts_per_tok = 2").size(), "num_experts_per_tok = -1");
+  st["config"] = text;
+  write_file(path, st.dump(2));
+
+  const CliRun plain = moetrain({"eval", "--checkpoint", ckpt, "--data", "synthetic"});
+  expect_error(plain, {"'model.num_experts_per_tok' in " + path + " must be"});
+  EXPECT_EQ(plain.err.find("with --set overrides"), std::string::npos) << plain.err;
+  const CliRun with_set =
+      moetrain({"eval", "--checkpoint", ckpt, "--data", "synthetic", "--set", "train.micro_batch_size=1"});
+  expect_error(with_set, {"'model.num_experts_per_tok' in " + path + " (with --set overrides) must be"});
+}
+
 }  // namespace

@@ -126,9 +126,12 @@ double parse_duration(const std::string& text, const std::string& key);
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // A config a checkpoint stored (train_state.json): as parse_config, and keys whose form changed since
 // are also read in the form older checkpoints wrote (parallel.pp_layers = "3,1", now [3, 1]).
-// Overrides are read in today's form only.
+// Overrides are read in today's form only. The first `callers_overrides` of them are the caller's
+// own (eval's fixed data and layout keys), not the user's: errors say "(with --set overrides)"
+// only when the user gave some.
 Config parse_stored_config(const std::string& toml_text, const std::string& source_name,
-                           const std::vector<std::string>& overrides = {}, bool validate = true);
+                           const std::vector<std::string>& overrides = {}, bool validate = true,
+                           size_t callers_overrides = 0);
 // The model section and the whole resolved config as TOML text (written by the TOML library,
 // so any string value reads back unchanged).
 std::string model_config_toml(const ModelConfig& m);

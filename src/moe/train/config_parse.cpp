@@ -87,11 +87,13 @@ void read_older_stored_forms(toml::table& root) {
 }
 
 Config parse_config_text(const std::string& toml_text, const std::string& source_name,
-                         const std::vector<std::string>& overrides, bool validate, bool stored) {
+                         const std::vector<std::string>& overrides, bool validate, bool stored,
+                         size_t callers_overrides) {
   toml::table root = parse_toml(toml_text, source_name);
   if (stored) read_older_stored_forms(root);
   for (const auto& o : overrides) apply_override(root, o);
-  const std::string source = overrides.empty() ? source_name : source_name + " (with --set overrides)";
+  const bool users = overrides.size() > callers_overrides;
+  const std::string source = users ? source_name + " (with --set overrides)" : source_name;
   Config c = read_config_table(root, source);
   if (validate) c.validate();
   return c;
@@ -101,12 +103,12 @@ Config parse_config_text(const std::string& toml_text, const std::string& source
 
 Config parse_config(const std::string& toml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides, bool validate) {
-  return parse_config_text(toml_text, source_name, overrides, validate, /*stored=*/false);
+  return parse_config_text(toml_text, source_name, overrides, validate, /*stored=*/false, /*callers_overrides=*/0);
 }
 
 Config parse_stored_config(const std::string& toml_text, const std::string& source_name,
-                           const std::vector<std::string>& overrides, bool validate) {
-  return parse_config_text(toml_text, source_name, overrides, validate, /*stored=*/true);
+                           const std::vector<std::string>& overrides, bool validate, size_t callers_overrides) {
+  return parse_config_text(toml_text, source_name, overrides, validate, /*stored=*/true, callers_overrides);
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
