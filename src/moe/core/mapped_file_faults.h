@@ -13,7 +13,7 @@ namespace moe {
 
 // Watches [p, p + bytes), the mapping of `path`; `advice` ends the message ("restore it and ...").
 // Thread-safe; slots of unwatched mappings are reused. Past 4096 live mappings a fault in a new
-// one is still reported, without the file's name.
+// one is still reported, without the file's name. Call unwatch_mapping once per watched mapping.
 void watch_mapping(const void* p, size_t bytes, const std::string& path, const char* advice);
 // Before the mapping at p is unmapped.
 void unwatch_mapping(const void* p);
