@@ -36,6 +36,15 @@ void print_summary(const moe::TrainSummary& s, bool bench) {
                                                        " steps after the first";
   std::printf("  throughput: %s tokens/s, MFU %.2f%% per device, %.3f s/step (%s)\n",
               moe::format_count(s.mean_tokens_per_s).c_str(), 100 * s.mean_mfu, s.mean_step_time_s, timed.c_str());
+  if (bench) {
+    // What was timed: on a GPU at its power limit the speed depends on the values multiplied, and
+    // initial weights ran FP8 ~3% ahead of where trained ones did (bench/RESULTS.md, 2026-12-05).
+    if (s.init_from.is_object() && s.init_from.contains("path") && s.init_from["path"].is_string())
+      std::printf("  weights: from %s%s\n", s.init_from["path"].get<std::string>().c_str(),
+                  s.init_from.contains("step") ? (" (step " + s.init_from["step"].dump() + ")").c_str() : "");
+    else
+      std::printf("  weights: the config's initial ones (--init-from times trained ones)\n");
+  }
   if (bench && s.timed_steps > 1 && !s.first_step_timed) {
     // The spread says whether the mean is steady (a GPU at its power limit varies from step to step).
     std::vector<double> ms;

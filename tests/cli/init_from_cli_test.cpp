@@ -120,8 +120,13 @@ TEST_F(InitFromCli, bench_times_steps_from_the_sources_weights_and_names_it_in_i
   const CliRun r = moetrain(from);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("initialized from checkpoint " + source() + "/step-000002"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  weights: from " + fs::canonical(source() + "/step-000002").string() + " (step 2)\n"),
+            std::string::npos)
+      << r.out;
   bench.insert(bench.end(), {"--json", path("fresh.json")});
-  ASSERT_EQ(moetrain(bench).exit_code, 0);
+  const CliRun plain = moetrain(bench);
+  ASSERT_EQ(plain.exit_code, 0);
+  EXPECT_NE(plain.out.find("  weights: the config's initial ones"), std::string::npos) << plain.out;
   const CliRun t = moetrain(train_in(run_dir(), {"--init-from", source(), "--steps", "2", "--set", "train.log_every=1"}));
   ASSERT_EQ(t.exit_code, 0) << t.err;
 
