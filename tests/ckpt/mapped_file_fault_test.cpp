@@ -22,9 +22,9 @@ namespace {
 
 using moe::testing::TempDir;
 
-// One F32 tensor "w" of n elements.
-std::string write_tensor_file(const TempDir& dir, int64_t n) {
-  const std::string path = dir / "rank-00000.safetensors";
+// One F32 tensor "w" of n elements, in dir/name.
+std::string write_tensor_file(const TempDir& dir, int64_t n, const std::string& name = "rank-00000.safetensors") {
+  const std::string path = dir / name;
   SafetensorsWriter w;
   w.add("w", DType::F32, {n});
   w.open(path);
@@ -52,7 +52,8 @@ TEST_F(MappedFileFault, a_file_truncated_while_mapped_is_named_and_the_process_e
         ::_exit(4);  // the read did not fault
       },
       ::testing::ExitedWithCode(1),
-      "^error: " + path + " could not be read \\(SIGBUS\\): it was truncated or replaced while moetrain read it; "
+      "^error: " + path +
+          " could not be read \\(SIGBUS\\): it was truncated or replaced while moetrain read it; "
           "restore it \\(or resume from another checkpoint\\) and run again\n$");
 }
 
@@ -134,15 +135,7 @@ TEST_F(MappedFileFault, past_the_tables_slots_a_fault_in_unwatched_memory_keeps_
 TEST_F(MappedFileFault, a_closed_files_slot_is_not_named_for_a_later_mapping) {
   TempDir dir;
   const std::string first = write_tensor_file(dir, 1 << 18);
-  const std::string second = dir / "second.safetensors";
-  {
-    SafetensorsWriter w;
-    w.add("w", DType::F32, {1 << 18});
-    w.open(second);
-    const std::vector<float> values(1 << 18, 2.5f);
-    w.write(values.data(), values.size() * sizeof(float));
-    w.finish();
-  }
+  const std::string second = write_tensor_file(dir, 1 << 18, "second.safetensors");
   EXPECT_EXIT(
       {
         { SafetensorsReader closed(first); }

@@ -31,7 +31,8 @@ TEST(TokenFileFault, a_token_file_truncated_while_mapped_is_named_and_the_proces
         ::_exit(4);  // the read did not fault
       },
       ::testing::ExitedWithCode(1),
-      "^error: " + path + " could not be read \\(SIGBUS\\): it was truncated or replaced while moetrain read it; "
+      "^error: " + path +
+          " could not be read \\(SIGBUS\\): it was truncated or replaced while moetrain read it; "
           "restore it and resume from the last checkpoint\n$");
   std::filesystem::remove_all(tmpl);
 }

@@ -3,7 +3,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -33,13 +32,17 @@ std::atomic<int64_t> g_unnamed{0};
 std::atomic<uintptr_t> g_unnamed_lo{UINTPTR_MAX}, g_unnamed_hi{0};
 struct sigaction g_previous {};
 
-// The default action, once this handler returns: SIGBUS is blocked in here, so the raised one
-// waits until then (and a fault's instruction would fault again anyway).
-void die_of_sigbus() {
+void reset_to_default() {
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
   sigaction(SIGBUS, &dfl, nullptr);
+}
+
+// The default action, once this handler returns: SIGBUS is blocked in here, so the raised one
+// waits until then (and a fault's instruction would fault again anyway).
+void die_of_sigbus() {
+  reset_to_default();
   raise(SIGBUS);
 }
 
@@ -52,12 +55,7 @@ void pass_on(int sig, siginfo_t* info, void* context, bool fault) {
     return die_of_sigbus();
   }
   if (prev.sa_handler == SIG_DFL) return die_of_sigbus();
-  if ((prev.sa_flags & SA_RESETHAND) != 0) {
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(SIGBUS, &dfl, nullptr);
-  }
+  if ((prev.sa_flags & SA_RESETHAND) != 0) reset_to_default();
   if ((prev.sa_flags & SA_SIGINFO) != 0)
     prev.sa_sigaction(sig, info, context);
   else
