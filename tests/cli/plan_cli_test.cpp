@@ -97,6 +97,48 @@ TEST_F(PlanCli, plan_refuses_bad_arguments_with_one_error) {
   EXPECT_NE(cpu_config.out.find("on 1 CPU rank"), std::string::npos) << cpu_config.out;
 }
 
+// train.deterministic on the GPU: cuDNN's deterministic attention backward keeps a B x Hq x T x T
+// BF16 workspace outside the arenas (4 GiB for bench-olmoe-4l's 8 x 4096 tokens, 16 heads). The
+// plan counts it in every rank's total and says so; on a GPU with room for the plain run but not
+// for the workspace, the run does not fit, the message names the workspace and how to free it,
+// and the planned smaller microbatch (which shrinks it too) fits.
+TEST_F(PlanCli, a_gpu_plan_counts_the_deterministic_attention_workspace) {
+#if !defined(MOE_HAVE_CUDA)
+  GTEST_SKIP() << "GPU plans need a build with the CUDA backend (no GPU needed)";
+#else
+  const std::vector<std::string> base = {"plan", "--device", "cuda", "--config",
+                                         MOE_SOURCE_DIR "/configs/bench-olmoe-4l.toml"};
+  const CliRun plain = moetrain(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out << plain.err;
+  EXPECT_EQ(plain.out.find("deterministic"), std::string::npos) << plain.out;
+  std::vector<std::string> det = base;
+  det.insert(det.end(), {"--set", "train.deterministic=true"});
+  const CliRun with = moetrain(det);
+  ASSERT_EQ(with.exit_code, 0) << with.out << with.err;
+  EXPECT_NE(with.out.find("each total counts 4.00 GiB for cuDNN's deterministic attention backward"),
+            std::string::npos)
+      << with.out;
+  EXPECT_NE(with.out.find("train.deterministic's algorithm is not modelled"), std::string::npos) << with.out;
+  EXPECT_EQ(plain.out.find("not modelled"), std::string::npos) << plain.out;
+  const double plain_gib = std::stod(plan_total(plain.out)), with_gib = std::stod(plan_total(with.out));
+  EXPECT_NEAR(with_gib - plain_gib, 4.0, 0.02) << plain.out << "\n---\n" << with.out;
+
+  // Room for the plain run (+ the 2 GiB library reserve + 1 GiB), not for the workspace.
+  const std::string memory = std::to_string(plain_gib + 3.0);
+  std::vector<std::string> tight = det;
+  tight.insert(tight.end(), {"--gpu-memory", memory});
+  std::vector<std::string> tight_plain = base;
+  tight_plain.insert(tight_plain.end(), {"--gpu-memory", memory});
+  const CliRun fits = moetrain(tight_plain), not_fit = moetrain(tight);
+  EXPECT_NE(fits.out.find("fits: the largest rank plans"), std::string::npos) << fits.out;
+  EXPECT_NE(not_fit.out.find("does not fit"), std::string::npos) << not_fit.out;
+  EXPECT_NE(not_fit.out.find("cuDNN's deterministic attention backward 4.00 GiB (train.deterministic = false frees it)"),
+            std::string::npos)
+      << not_fit.out;
+  EXPECT_NE(not_fit.out.find("train.micro_batch_size = 4: total"), std::string::npos) << not_fit.out;
+#endif
+}
+
 // The header states the whole layout and precision the plan is for: pipeline stages (schedule,
 // chunks, given layer split), EP with its dispatch and payload, besides mode and precision.
 TEST_F(PlanCli, plan_header_states_pipeline_stages_and_the_ep_payload) {

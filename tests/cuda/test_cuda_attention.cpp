@@ -50,7 +50,7 @@ std::vector<float> random_bf16_values(int64_t n, uint32_t seed) {
 std::string str(const AttentionShape& s) {
   std::ostringstream os;
   os << "B=" << s.batch << " T=" << s.seq_len << " Hq=" << s.n_heads << " Hkv=" << s.n_kv_heads
-     << " hd=" << s.head_dim;
+     << " hd=" << s.head_dim << (s.deterministic ? " deterministic" : "");
   return os.str();
 }
 
@@ -179,6 +179,44 @@ TEST(CudaAttention, ForwardIsBitwiseRepeatable) {
   const std::vector<float> out2 = d.out.download(), lse2 = d.lse.download();
   EXPECT_EQ(std::memcmp(out1.data(), out2.data(), out1.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(lse1.data(), lse2.data(), lse1.size() * sizeof(float)), 0);
+#endif
+}
+
+// AttentionShape::deterministic: cuDNN's deterministic backward matches the CPU op like the
+// default one, and a second backward over the same inputs gives the same bits (the default
+// algorithm accumulates dQ with atomics and need not).
+TEST(CudaAttention, DeterministicBackwardMatchesCpuAndRepeatsBitForBit) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  MOE_SKIP_WITHOUT_CUDNN();
+  AttentionShape s{2, 300, 8, 2, 128};
+  s.deterministic = true;
+  expect_matches_cpu(s, 8);
+  DeviceProblem d(s);
+  d.q.upload(random_bf16_values(d.rows * d.q_width, 9));
+  d.k.upload(random_bf16_values(d.rows * d.kv_width, 10));
+  d.v.upload(random_bf16_values(d.rows * d.kv_width, 11));
+  d.dout.upload(random_bf16_values(d.rows * d.q_width, 12));
+  d.forward();
+  d.backward();
+  const std::vector<float> dq1 = d.dq.download(), dk1 = d.dk.download(), dv1 = d.dv.download();
+  for (DeviceBuffer* b : {&d.dq, &d.dk, &d.dv}) CUDA_CHECK(cudaMemset(b->tensor().data, 0xff, b->bytes()));
+  d.backward();
+  EXPECT_EQ(d.dq.download(), dq1);
+  EXPECT_EQ(d.dk.download(), dk1);
+  EXPECT_EQ(d.dv.download(), dv1);
+  // The memory plan reserves attention_deterministic_workspace_bytes for this algorithm: cuDNN's
+  // own figure must hold it (the dP buffer) and not pass it by more than the default's workspace.
+  AttentionShape plain = s;
+  plain.deterministic = false;
+  const int64_t planned = attention_deterministic_workspace_bytes(s);
+  const int64_t det_ws = ::moe::cuda::attention_workspace_bytes(s, true, {});
+  const int64_t default_ws = ::moe::cuda::attention_workspace_bytes(plain, true, {});
+  std::printf("[ attention ] %s: backward workspace %lld bytes (default algorithm %lld), planned %lld\n",
+              str(s).c_str(), static_cast<long long>(det_ws), static_cast<long long>(default_ws),
+              static_cast<long long>(planned));
+  EXPECT_GE(det_ws, planned);
+  EXPECT_LE(det_ws, planned + default_ws);
 #endif
 }
 

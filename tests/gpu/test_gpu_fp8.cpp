@@ -119,6 +119,31 @@ TEST(GpuFp8, GraphReplayGivesTheLossesOfEagerExecution) {
   }
 }
 
+// train.deterministic in FP8: the quantizers, the FP8 products and the cache refresh are
+// deterministic already, so with the attention backward's deterministic algorithm two eager runs
+// and a replayed CUDA graph give the same losses and gradient norms at every step, exactly.
+TEST(GpuFp8, DeterministicRunsRepeatBitForBit) {
+  MOE_SKIP_WITHOUT_GPU();
+  TempDir dir;
+  const std::vector<std::string> det = {"train.steps=6", "train.deterministic=true"};
+  std::vector<std::string> det_graph = det;
+  det_graph.push_back("train.cuda_graph=true");
+  Trainer eager_a(fp8_config(dir.path, "cuda", det), quiet_bench(), local_world());
+  Trainer eager_b(fp8_config(dir.path, "cuda", det), quiet_bench(), local_world());
+  Trainer graph(fp8_config(dir.path, "cuda", det_graph), quiet_bench(), local_world());
+  const TrainSummary a = eager_a.run(), b = eager_b.run(), c = graph.run();
+  ASSERT_EQ(a.steps.size(), 6u);
+  ASSERT_EQ(b.steps.size(), 6u);
+  ASSERT_EQ(c.steps.size(), 6u);
+  EXPECT_GT(c.graph_nodes, 0u) << "the step was not captured";
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_EQ(b.steps[i].loss, a.steps[i].loss) << "eager, step " << i + 1;
+    EXPECT_EQ(b.steps[i].grad_norm, a.steps[i].grad_norm) << "eager, step " << i + 1;
+    EXPECT_EQ(c.steps[i].loss, a.steps[i].loss) << "graph, step " << i + 1;
+    EXPECT_EQ(c.steps[i].grad_norm, a.steps[i].grad_norm) << "graph, step " << i + 1;
+  }
+}
+
 // ep.payload = "fp8" on the GPU (written without a GPU at hand; the CPU tests check the same
 // properties bit for bit): the rowwise dispatcher moves each token row's FP8 codes and scales, which
 // are the expert GEMM's operand, so the forward loss is payload bf16's (1e-6 relative: the same

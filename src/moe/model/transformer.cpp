@@ -339,6 +339,10 @@ bool Transformer::drops_activations(int64_t l) const {
   return recompute_ == Recompute::Attention || (recompute_ == Recompute::Experts && cfg_.is_moe_layer(l));
 }
 
+int64_t Transformer::library_workspace_bytes() const {
+  return dev_ == Device::CUDA && attn_shape_.deterministic ? attention_deterministic_workspace_bytes(attn_shape_) : 0;
+}
+
 int64_t Transformer::moe_layers() const {
   int64_t n = 0;
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) n += cfg_.is_moe_layer(l) ? 1 : 0;

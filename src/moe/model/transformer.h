@@ -135,6 +135,13 @@ class Transformer {
   void set_fp8_weights(const Fp8WeightCache* cache);
   // Optional; not owned. Without hooks, weights and gradients are resident.
   void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
+  // train.deterministic: the attention backward in a fixed summation order (AttentionShape), the
+  // one GPU op whose default is not; set before the first backward.
+  void set_deterministic(bool on) { attn_shape_.deterministic = on; }
+  bool deterministic() const { return attn_shape_.deterministic; }
+  // Device memory the model's library calls hold outside the arenas beyond kLibraryReserveBytes:
+  // the deterministic attention backward's workspace on the GPU, else 0.
+  int64_t library_workspace_bytes() const;
   int64_t rows() const { return rows_; }
   int64_t expert_rows() const { return capacity_; }
   Recompute recompute() const { return recompute_; }

@@ -77,6 +77,12 @@ int64_t attention_workspace_elems(const AttentionShape& s) {
   return cpu::attention_workspace_elems(s);
 }
 
+int64_t attention_deterministic_workspace_bytes(const AttentionShape& s) {
+  check_shape("attention_deterministic_workspace_bytes", s);
+  const int64_t t = (s.seq_len + 63) / 64 * 64;
+  return s.batch * s.n_heads * t * t * 2;
+}
+
 void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, const AttentionShape& s,
                        Tensor workspace, Stream stream) {
   const AttentionCheck check("attention_forward", q.device, s);

@@ -14,7 +14,17 @@ struct AttentionShape {
   int64_t n_heads = 0;     // query heads
   int64_t n_kv_heads = 0;  // key/value heads; query head h reads kv head h / (n_heads / n_kv_heads)
   int64_t head_dim = 0;
+  // Backward with a fixed summation order, the same bits on every call. The CPU op always sums in
+  // a fixed order; on the GPU this selects cuDNN's deterministic algorithm, which keeps the score
+  // gradients in a workspace (attention_deterministic_workspace_bytes) instead of accumulating dQ
+  // with atomics.
+  bool deterministic = false;
 };
+
+// The workspace cuDNN's deterministic backward needs for shape s: the B x Hq x T x T BF16 score
+// gradients, T rounded up to 64 (the cuDNN frontend's dP workspace; it replaces the default
+// algorithm's B x Hq x T x hd FP32 dQ accumulator, 32x smaller at T = 4096, hd = 128).
+int64_t attention_deterministic_workspace_bytes(const AttentionShape& s);
 
 // Workspace (FP32 elements) that attention_forward/backward need for a given shape.
 int64_t attention_workspace_elems(const AttentionShape& s);

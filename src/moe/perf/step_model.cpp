@@ -124,6 +124,8 @@ StepPrediction predict_step(const Config& cfg, const Topology& topo, const Hardw
   const double tokens_per_gpu = w.tokens / stages;
   p.tokens_per_s_per_gpu = tokens_per_gpu / p.step_s;
   p.mfu = count_flops(cfg.model, cfg.train.seq_len).flops_per_token * p.tokens_per_s_per_gpu / bf16;
+  if (cfg.train.deterministic)
+    p.caveat = "attention is timed with cuDNN's default backward: train.deterministic's algorithm is not modelled";
   return p;
 }
 
@@ -153,6 +155,7 @@ std::string format_prediction(const StepPrediction& p, const HardwareProfile& hw
     out += line;
     out += '\n';
   }
+  if (!p.caveat.empty()) out += "    (" + p.caveat + ")\n";
   return out;
 }
 

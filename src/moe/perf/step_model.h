@@ -49,6 +49,7 @@ struct StepPrediction {
   double tokens_per_s_per_gpu = 0;
   double mfu = 0;                    // flops_per_token (the MFU convention) x tokens/s / peak BF16
   StepWork work;
+  std::string caveat;                // a setting the model does not time, printed under the split ("" = none)
 };
 
 // Checks the topology against the hardware (nodes divide the GPUs, at most gpus_per_node per node,

@@ -45,6 +45,7 @@ struct TrainConfig {
   int64_t keep_last = 0;           // 0 = keep all checkpoints of this run's line
   int64_t max_skipped_steps = 10;  // consecutive non-finite (skipped) steps that end the run; 0 = never
   bool cuda_graph = false;         // GPU: capture the whole step once, replay it every step
+  bool deterministic = false;      // GPU: the same bits on every run (attention's deterministic backward)
   Recompute recompute = Recompute::None;  // activations dropped in forward and recomputed in backward
   Precision precision = Precision::BF16;  // the linear layers' products: bf16 or fp8 (model/precision.h)
   std::string max_duration;        // wall-clock budget of this process ("90m", "4h", "1h30m"); "" = none

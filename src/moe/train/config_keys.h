@@ -183,6 +183,9 @@ void visit_config_keys(C& c, V&& v) {
   v.key("train", "cuda_graph", t.cuda_graph, any_value<bool>(),
         "GPU: capture the step once, replay it every step (not with parallel.pp > 1, parallel.mode = fsdp or "
         "model.routing = random)");
+  v.key("train", "deterministic", t.deterministic, any_value<bool>(),
+        "GPU: bitwise-reproducible runs (cuDNN's deterministic attention backward, a B x heads x T x T BF16 "
+        "workspace); the CPU always is, for a given thread count");
   v.choice("train", "recompute", t.recompute,
            Choices<Recompute>{{"none", Recompute::None},
                               {"experts", Recompute::Experts},

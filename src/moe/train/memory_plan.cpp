@@ -69,7 +69,8 @@ std::string topology_text(const Config& cfg, Device device) {
 
 }  // namespace
 
-MemoryRoles memory_roles(const Arena& state, const Arena& acts, const TokenDispatcher& dispatcher) {
+MemoryRoles memory_roles(const Arena& state, const Arena& acts, const RunModel& run) {
+  const TokenDispatcher& dispatcher = *run.dispatcher;
   MemoryRoles m;
   const size_t fsdp_w = state.bytes_with_prefix("fsdp.weight_shards");
   const size_t fsdp_w16 = state.bytes_with_prefix("fsdp.weight_shards_bf16");
@@ -81,6 +82,7 @@ MemoryRoles memory_roles(const Arena& state, const Arena& acts, const TokenDispa
   m.activations = acts.total_bytes();
   m.heap = dispatcher.heap_bytes();
   m.expert_buffers = acts.bytes_with_prefix("dispatch.") + m.heap;
+  m.library_workspace = static_cast<size_t>(run.model->library_workspace_bytes());
   return m;
 }
 
@@ -89,7 +91,7 @@ MemoryRoles plan_rank(const Config& cfg, int world_size, int rank, Device device
   PlanCommunicator world(rank, world_size);
   Arena state("model state", device), acts("activations", device);
   const auto run = build_run_model(cfg, world, device, /*device_collectives=*/device == Device::CUDA, state, acts);
-  return memory_roles(state, acts, *run->dispatcher);
+  return memory_roles(state, acts, *run);
 }
 
 MemoryRoles plan_largest_rank(const Config& cfg, int world_size, Device device) {
@@ -215,6 +217,9 @@ std::string does_not_fit_message(const Config& cfg, const MemoryRoles& plan, int
      << gib(plan.optimizer) << "), other state " << gib(plan.other_state) << ", activations "
      << gib(plan.activations) << " (train.recompute = \"" << to_string(cfg.train.recompute) << "\")";
   if (plan.heap > 0) os << ", the expert heap " << gib(plan.heap);
+  if (plan.library_workspace > 0)
+    os << ", cuDNN's deterministic attention backward " << gib(plan.library_workspace)
+       << " (train.deterministic = false frees it)";
   const std::vector<FitOption> options = fit_options(cfg, world_size, device, usable);
   for (const FitOption& o : options) {
     os << "\n  " << o.describe() << ": ";
@@ -277,6 +282,9 @@ std::string plan_report(const Config& cfg, int world_size, Device device, size_t
       *std::max_element(ranks.begin(), ranks.end(), [](const MemoryRoles& a, const MemoryRoles& b) {
         return a.total() < b.total();
       });
+  if (largest.library_workspace > 0)
+    os << "each total counts " << gib(largest.library_workspace)
+       << " for cuDNN's deterministic attention backward (train.deterministic), outside the arenas\n";
   if (all_fit) {
     os << "fits: the largest rank plans " << gib(largest.total()) << " of " << gib(usable) << " ("
        << gib(usable - largest.total()) << " left)\n";

@@ -31,11 +31,14 @@ struct MemoryRoles {
   size_t activations = 0;      // the activation arena (saved activations, scratch, expert buffers in it)
   size_t expert_buffers = 0;   // the expert buffers: their part of the activation arena plus the heap
   size_t heap = 0;             // the dispatcher's symmetric heap, outside the arenas
+  size_t library_workspace = 0;  // outside the arenas and beyond kLibraryReserveBytes: cuDNN's
+                                 // deterministic attention backward (train.deterministic)
   size_t state() const { return parameters + compute_weights + gradients + optimizer + other_state; }
-  size_t total() const { return state() + activations + heap; }
+  size_t total() const { return state() + activations + heap + library_workspace; }
 };
 
-MemoryRoles memory_roles(const Arena& state, const Arena& acts, const TokenDispatcher& dispatcher);
+struct RunModel;
+MemoryRoles memory_roles(const Arena& state, const Arena& acts, const RunModel& run);
 
 // Rank `rank` of `world_size` running `cfg` on `device`: built, reserved, never allocated, no
 // collective. Throws what a run would throw for a config that cannot run at this size.

@@ -114,6 +114,7 @@ std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world
                                              lease_slots, cfg.train.recompute, cfg.train.precision, cfg.ep.payload,
                                              chunks);
   run->model->set_block_hooks(run->store->hooks());
+  run->model->set_deterministic(cfg.train.deterministic);
   if (cfg.train.precision == Precision::FP8) run->model->set_fp8_weights(run->store->fp8_weights());
   return run;
 }

@@ -113,7 +113,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     const DeviceMemory m = device_memory();
     limit = m.free_bytes > kLibraryReserveBytes ? m.free_bytes - kLibraryReserveBytes : 1;
   }
-  const MemoryRoles plan = memory_roles(state_, acts_, *run_->dispatcher);
+  const MemoryRoles plan = memory_roles(state_, acts_, *run_);
   const size_t usable = limit + (dev_ == Device::CUDA ? plan.heap : 0);
   if (plan.total() > usable) MOE_FAIL(does_not_fit_message(cfg_, plan, world_.size(), dev_, usable));
   state_.commit(limit);
@@ -196,7 +196,7 @@ void Trainer::check_run_dir_is_shared() {
             "on a filesystem all ranks share");
 }
 
-MemoryRoles Trainer::memory_plan() const { return memory_roles(state_, acts_, *run_->dispatcher); }
+MemoryRoles Trainer::memory_plan() const { return memory_roles(state_, acts_, *run_); }
 
 void Trainer::print_plan() const {
   const double tokens_per_step = static_cast<double>(cfg_.train.global_batch_size * cfg_.train.seq_len);
@@ -249,6 +249,9 @@ void Trainer::print_plan() const {
   if (run_->dispatcher->heap_bytes() > 0)
     std::printf("  (expert buffers in the %s dispatcher's symmetric heap: %s per rank, outside the arenas)\n",
                 run_->dispatcher->name(), b(run_->dispatcher->heap_bytes()).c_str());
+  if (m.library_workspace > 0)
+    std::printf("  (train.deterministic: cuDNN's deterministic attention backward holds %s, outside the arenas)\n",
+                b(m.library_workspace).c_str());
   std::fflush(stdout);
 }
 

@@ -45,7 +45,8 @@ enum Uid : int64_t { kQ = 1, kK, kV, kOut, kStats, kDout, kDq, kDk, kDv };
 
 std::string shape_str(const AttentionShape& s) {
   return "(B=" + std::to_string(s.batch) + ", T=" + std::to_string(s.seq_len) + ", Hq=" + std::to_string(s.n_heads) +
-         ", Hkv=" + std::to_string(s.n_kv_heads) + ", hd=" + std::to_string(s.head_dim) + ")";
+         ", Hkv=" + std::to_string(s.n_kv_heads) + ", hd=" + std::to_string(s.head_dim) +
+         (s.deterministic ? ", deterministic" : "") + ")";
 }
 
 void check_not_capturing(cudaStream_t stream, const char* what, const AttentionShape& s) {
@@ -134,7 +135,8 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionShape& s) {
                    .set_name("attention_backward")
                    .set_attn_scale(attention_scale(s))
                    .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                   .set_diagonal_band_right_bound(0);
+                   .set_diagonal_band_right_bound(0)
+                   .set_deterministic_algorithm(s.deterministic);
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, out, dout, stats, attrs);
   set_bhsd_output(dq, "dq", kDq, s, s.n_heads);
   set_bhsd_output(dk, "dk", kDk, s, s.n_kv_heads);
@@ -152,8 +154,8 @@ struct StreamBuffer {
   int64_t bytes = 0;
 };
 
-// device, B, T, Hq, Hkv, hd, dtype, backward
-using GraphKey = std::array<int64_t, 8>;
+// device, B, T, Hq, Hkv, hd, dtype, backward, deterministic
+using GraphKey = std::array<int64_t, 9>;
 
 // The process-wide cuDNN state: handles, graphs, per-stream workspaces. Never destroyed (it would
 // run after the CUDA context is gone at exit); the driver frees it with the process.
@@ -177,6 +179,15 @@ class CudnnAttentionContext {
     fe_check(g.graph->execute(h, pack, ws), "execute", op, s);
   }
 
+  int64_t workspace_bytes(bool backward, const AttentionShape& s, cudaStream_t stream) {
+    int device = -1;
+    CUDA_CHECK(cudaGetDevice(&device));
+    std::lock_guard<std::mutex> lock(mutex_);
+    cudnnHandle_t h = handle(device, stream, s);
+    return graph(device, backward, s, h, stream, backward ? "attention_backward" : "attention_forward")
+        .workspace_bytes;
+  }
+
  private:
   CudnnAttentionContext() = default;
 
@@ -193,7 +204,7 @@ class CudnnAttentionContext {
   const CachedGraph& graph(int device, bool backward, const AttentionShape& s, cudnnHandle_t h, cudaStream_t stream,
                            const char* op) {
     const GraphKey key{device, s.batch, s.seq_len, s.n_heads, s.n_kv_heads, s.head_dim,
-                       static_cast<int64_t>(DType::BF16), backward ? 1 : 0};
+                       static_cast<int64_t>(DType::BF16), backward ? 1 : 0, s.deterministic ? 1 : 0};
     auto it = graphs_.find(key);
     if (it != graphs_.end()) return it->second;
     check_not_capturing(stream, backward ? "cuDNN backward plan" : "cuDNN forward plan", s);
@@ -249,6 +260,10 @@ void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, con
   CudnnAttentionContext::get().run(false, s, pack, cuda_stream(stream));
 }
 
+int64_t attention_workspace_bytes(const AttentionShape& s, bool backward, Stream stream) {
+  return CudnnAttentionContext::get().workspace_bytes(backward, s, cuda_stream(stream));
+}
+
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                         Tensor lse, const AttentionShape& s, Tensor workspace, Stream stream) {
   (void)workspace;
@@ -275,6 +290,10 @@ bool attention_supported(std::string* why) {
 
 void attention_forward(Tensor, Tensor, Tensor, Tensor, Tensor, const AttentionShape&, Tensor, Stream) {
   MOE_FAIL("attention_forward: ", kNoCudnn);
+}
+
+int64_t attention_workspace_bytes(const AttentionShape&, bool, Stream) {
+  MOE_FAIL("attention_workspace_bytes: ", kNoCudnn);
 }
 
 void attention_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
