@@ -10,6 +10,7 @@
 
 #include "moe/comm/nccl_communicator.h"
 #include "moe/core/device.h"
+#include "moe/train/trainer.h"
 
 #define MOE_SKIP_WITHOUT_GPU()                                       \
   do {                                                               \
@@ -35,6 +36,16 @@ inline double rel_l2(const std::vector<float>& a, const std::vector<float>& ref)
     den += static_cast<double>(ref[i]) * ref[i];
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// train.deterministic: run b repeats run a bit for bit, every step's loss and gradient norm
+// (`what` names b in the failure).
+inline void expect_same_steps_bit_for_bit(const TrainSummary& a, const TrainSummary& b, const char* what) {
+  ASSERT_EQ(b.steps.size(), a.steps.size()) << what;
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_EQ(b.steps[i].loss, a.steps[i].loss) << what << ", step " << i + 1;
+    EXPECT_EQ(b.steps[i].grad_norm, a.steps[i].grad_norm) << what << ", step " << i + 1;
+  }
 }
 
 }  // namespace moe::testing
