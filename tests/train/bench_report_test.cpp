@@ -29,7 +29,7 @@ TrainSummary two_steps() {
 
 TEST(BenchReport, carries_the_runs_numbers_per_gpu) {
   testing::TempDir dir;
-  Config cfg = testing::small_config(dir.path, {"model.num_experts=16", "parallel.ep=2"});
+  Config cfg = testing::small_config(dir.path, {"model.num_experts=16", "parallel.ep=2", "train.deterministic=true"});
   SplitRow row;
   row.group = KernelGroup::ExpertGemm;
   row.ms_per_step = 12.5;
@@ -50,6 +50,7 @@ TEST(BenchReport, carries_the_runs_numbers_per_gpu) {
   ASSERT_TRUE(j.contains("pp_layers"));
   EXPECT_TRUE(j["pp_layers"].is_array() && j["pp_layers"].empty());
   EXPECT_EQ(j["device"], "cuda");
+  EXPECT_EQ(j["deterministic"], true);
   EXPECT_DOUBLE_EQ(j["tokens_per_s"].get<double>(), 80000);
   EXPECT_DOUBLE_EQ(j["tokens_per_s_per_gpu"].get<double>(), 20000);
   EXPECT_DOUBLE_EQ(j["final_loss"].get<double>(), 3.25);

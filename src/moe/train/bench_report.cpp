@@ -34,6 +34,7 @@ std::string bench_report_json(const Config& cfg, const TrainSummary& s, int worl
   j["seq_len"] = cfg.train.seq_len;
   j["precision"] = to_string(cfg.train.precision);
   j["recompute"] = to_string(cfg.train.recompute);
+  j["deterministic"] = cfg.train.deterministic;  // the attention backward's algorithm: its speed differs
   j["init_from"] = s.init_from;  // null: the config's initial weights
   j["steps_timed"] = s.timed_steps;
   j["first_step_timed"] = s.first_step_timed;
