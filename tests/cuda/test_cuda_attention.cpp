@@ -205,8 +205,9 @@ TEST(CudaAttention, DeterministicBackwardMatchesCpuAndRepeatsBitForBit) {
   EXPECT_EQ(d.dq.download(), dq1);
   EXPECT_EQ(d.dk.download(), dk1);
   EXPECT_EQ(d.dv.download(), dv1);
-  // The memory plan reserves attention_deterministic_workspace_bytes for this algorithm: cuDNN's
-  // own figure must hold it (the dP buffer) and not pass it by more than the default's workspace.
+  // The memory plan reserves attention_deterministic_workspace_bytes for this algorithm (the dP
+  // buffer) beyond the library reserve, which holds the default's workspace: cuDNN's own figure
+  // must not pass the two together (printed, to see how close the plan is).
   AttentionShape plain = s;
   plain.deterministic = false;
   const int64_t planned = attention_deterministic_workspace_bytes(s);
@@ -215,7 +216,6 @@ TEST(CudaAttention, DeterministicBackwardMatchesCpuAndRepeatsBitForBit) {
   std::printf("[ attention ] %s: backward workspace %lld bytes (default algorithm %lld), planned %lld\n",
               str(s).c_str(), static_cast<long long>(det_ws), static_cast<long long>(default_ws),
               static_cast<long long>(planned));
-  EXPECT_GE(det_ws, planned);
   EXPECT_LE(det_ws, planned + default_ws);
 #endif
 }
