@@ -396,8 +396,12 @@ def _save_npy_new(path, array):
     directory = os.path.dirname(os.path.abspath(path))
     temp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
+        data = array if array.flags.c_contiguous else array.copy(order="C")
         with open(temp, "wb") as f:
-            np.save(f, array)
+            # What np.save writes, but not through its ndarray.tofile, which reports a short write (a
+            # full disk) without the reason.
+            np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(data))
+            f.write(data.reshape(-1).view(np.uint8))
             f.flush()
             os.fsync(f.fileno())
         os.link(temp, path)  # fails if `path` appeared meanwhile, unlike a rename

@@ -564,7 +564,10 @@ def tokenize(argv):
     except BaseException as e:
         _signals["defer"] = True  # a second Ctrl-C does not stop the cleanup
         if writer and not writer.file.closed:
-            writer.file.close()
+            try:
+                writer.file.close()
+            except OSError:  # a full disk fails the flush of its last bytes again; the file is closed all the same
+                pass
         for temp, _ in temps:
             if os.path.exists(temp):
                 os.remove(temp)

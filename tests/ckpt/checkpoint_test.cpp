@@ -4,10 +4,12 @@
 #include "moe/ckpt/run_checkpoints.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
@@ -322,6 +324,54 @@ TEST(Checkpoint, CrashDuringSaveLeavesEarlierCheckpointAndNoNewStepDir) {
   save_checkpoint(run, 2, Model(2.f).all(), {{"step", 2}});
   EXPECT_EQ(resolve_checkpoint(run), run + "/step-000002");
   EXPECT_FALSE(fs::exists(run + "/.tmp-step-000002"));
+}
+
+// A full disk, by way of RLIMIT_FSIZE (SIGXFSZ ignored, so a write fails with EFBIG): once in the
+// rank file's tensors, once after it, in index.json (300 one-element tensors: the index is the larger
+// file). Either way the error names the file, the earlier checkpoint stays the newest, and the temp
+// directory is gone: it was left behind, in the second case holding the whole rank file.
+TEST(Checkpoint, a_save_that_hits_a_full_disk_leaves_no_temp_directory_and_the_earlier_checkpoint) {
+  TempDir tmp;
+  const std::string run = tmp / "run";
+  std::vector<float> values(300);
+  std::iota(values.begin(), values.end(), 1.f);
+  std::vector<CheckpointSlice> slices;
+  for (size_t i = 0; i < values.size(); ++i) {
+    std::string key = "t";
+    key += std::to_string(i);  // (GCC 12's -Wrestrict misfires on "t" + std::to_string(i))
+    slices.push_back({key, DType::F32, {1}, 0, 1, &values[i]});
+  }
+  save_checkpoint(run, 1, slices, {{"step", 1}});
+  const std::string rank_file = run + "/step-000001/" + rank_file_name(0);
+  const uintmax_t rank_bytes = fs::file_size(rank_file), index_bytes = fs::file_size(run + "/step-000001/index.json");
+  ASSERT_GT(index_bytes, rank_bytes + 1000) << "the index must be the larger file for the second case";
+  const std::string index_before = moe::testing::read_bytes(run + "/step-000001/index.json");
+
+  struct Case {
+    uintmax_t limit;
+    std::string file;
+  };
+  for (const Case& c : {Case{rank_bytes / 2, rank_file_name(0)}, Case{(rank_bytes + index_bytes) / 2, "index.json"}}) {
+    rlimit old{};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+    rlimit small = old;
+    small.rlim_cur = c.limit;
+    auto* previous = std::signal(SIGXFSZ, SIG_IGN);
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    const std::string msg = error_of([&] { save_checkpoint(run, 2, slices, {{"step", 2}}); });
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, previous);
+    EXPECT_NE(msg.find(run + "/.tmp-step-000002/" + c.file), std::string::npos) << msg;
+    EXPECT_NE(msg.find("File too large"), std::string::npos) << msg;
+    EXPECT_FALSE(fs::exists(run + "/.tmp-step-000002"))
+        << "the failed save's temp directory was left (" << c.file << ")";
+    EXPECT_FALSE(fs::exists(run + "/step-000002"));
+    EXPECT_EQ(resolve_checkpoint(run), run + "/step-000001");
+    EXPECT_EQ(moe::testing::read_bytes(run + "/step-000001/index.json"), index_before);
+  }
+  // With space again the same save commits.
+  save_checkpoint(run, 2, slices, {{"step", 2}});
+  EXPECT_EQ(resolve_checkpoint(run), run + "/step-000002");
 }
 
 TEST(Checkpoint, UnwritableRunDirGivesClearError) {

@@ -360,6 +360,36 @@ TEST_F(CliTest, a_metrics_write_that_hits_the_file_size_limit_leaves_whole_lines
   EXPECT_LT(steps.size(), 8u);
 }
 
+TEST_F(CliTest, a_checkpoint_that_hits_the_file_size_limit_leaves_no_temp_and_the_previous_one_resumes) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--save-every", "1"})).exit_code, 0);
+  const std::string rank_file = run_dir() + "/step-000002/rank-00000.safetensors";
+  const std::string step2_index = read_file(run_dir() + "/step-000002/index.json");
+  // A full disk, by way of RLIMIT_FSIZE (inherited by the child, SIGXFSZ ignored): the records and
+  // the resolved config fit, the next checkpoint's rank file does not. --keep-last 1 must not
+  // take the good checkpoints for the failed one.
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  struct rlimit small = old;
+  small.rlim_cur = fs::file_size(rank_file) / 2;
+  auto* previous = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const CliRun r =
+      moetrain(tiny_train({"--steps", "4", "--save-every", "1", "--keep-last", "1", "--resume", "latest"}));
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous);
+  expect_error(r, {run_dir() + "/.tmp-step-000003/rank-00000.safetensors", "File too large"});
+  EXPECT_FALSE(fs::exists(run_dir() + "/.tmp-step-000003")) << "the failed save's temp directory was left behind";
+  EXPECT_EQ(step_dirs(run_dir()), (std::vector<std::string>{"step-000001", "step-000002"}));
+  EXPECT_EQ(read_file(run_dir() + "/step-000002/index.json"), step2_index);
+
+  // With space again, the same command continues from the last good checkpoint.
+  const CliRun again =
+      moetrain(tiny_train({"--steps", "4", "--save-every", "1", "--keep-last", "1", "--resume", "latest"}));
+  ASSERT_EQ(again.exit_code, 0) << "stdout:\n" << again.out << "\nstderr:\n" << again.err;
+  EXPECT_NE(again.out.find("resumed from " + run_dir() + "/step-000002 at step 2"), std::string::npos) << again.out;
+  EXPECT_EQ(step_dirs(run_dir()).back(), "step-000004");
+}
+
 // A resume whose data settings differ from the checkpoint's (here data.seed and train.seq_len)
 // says which, and that the remaining steps read another run's windows; the same settings say
 // nothing. Before, the change went unmentioned: a step's windows are a function of these keys.

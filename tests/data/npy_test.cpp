@@ -1,7 +1,10 @@
 // .npy token files: round trips, and every malformed file gives an error naming the file.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -110,6 +113,42 @@ TEST_F(NpyTest, float32_logits_never_replace_what_has_their_name) {
   size_t entries = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir_)) ++entries;
   EXPECT_EQ(entries, 3u) << "a temporary file was left behind";
+}
+
+// A file small enough to stay in stdio's buffer fails only when fclose flushes it. The reason given
+// was then errno as an earlier call had left it (here ENOENT, as a failed stat leaves it), not the
+// full disk's; RLIMIT_FSIZE (SIGXFSZ ignored) stands in for the full disk. Nothing is left behind.
+TEST_F(NpyTest, a_write_that_fails_at_the_final_flush_gives_its_own_reason) {
+  const std::vector<uint16_t> tokens(20, 7);
+  const std::vector<float> logits(20, 0.5f);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = 100;  // below the 128-byte header
+  auto* previous = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string token_msg, logits_msg;
+  try {
+    errno = ENOENT;
+    write_new_npy(file("tokens.npy"), tokens);
+  } catch (const Error& e) {
+    token_msg = e.what();
+  }
+  try {
+    errno = ENOENT;
+    write_npy_f32(file("logits.npy"), logits, {4, 5});
+  } catch (const Error& e) {
+    logits_msg = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous);
+  for (const std::string& msg : {token_msg, logits_msg}) {
+    EXPECT_NE(msg.find("File too large"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("No such file"), std::string::npos) << msg;
+  }
+  EXPECT_NE(token_msg.find(file("tokens.npy")), std::string::npos) << token_msg;
+  EXPECT_NE(logits_msg.find(file("logits.npy")), std::string::npos) << logits_msg;
+  EXPECT_TRUE(fs::is_empty(dir_)) << "a partial file was left behind";
 }
 
 TEST_F(NpyTest, empty_array_round_trip) {

@@ -1,8 +1,10 @@
 // Byte-level preparation: tokens are the bytes with EOS after each document, dataset.json
 // describes the files, and failures leave nothing behind.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -182,6 +184,38 @@ TEST_F(PrepareTest, failure_after_writing_temporaries_removes_them_and_leaves_th
   const std::string msg_new = error_of([&] { prepare_byte_level({b, c}, (dir_ / "new" / "out").string()); });
   EXPECT_NE(msg_new.find("holds no text"), std::string::npos) << msg_new;
   EXPECT_FALSE(fs::exists(dir_ / "new"));
+}
+
+// A full disk, by way of RLIMIT_FSIZE (SIGXFSZ ignored, so a write fails with EFBIG), while an
+// --append writes its token file or, with room for that one, dataset.json: the error names the
+// temporary file and the reason (it said "No such file or directory", an earlier call's errno, for
+// the token file, and no reason for dataset.json), and the folder is left as it was.
+TEST_F(PrepareTest, append_that_hits_a_full_disk_names_the_file_and_reason_and_leaves_the_folder_as_it_was) {
+  const fs::path out = dir_ / "out";
+  prepare_byte_level({write_text("a.txt", "first")}, out.string());
+  const auto before = snapshot(out);
+  const std::string b = write_text("b.txt", "second");  // b.npy: 128 header bytes + 7 tokens
+  struct Case {
+    rlim_t limit;
+    std::string temp;
+  };
+  for (const Case& c : {Case{100, ".b.npy.tmp-"}, Case{200, ".dataset.json.tmp-"}}) {
+    ASSERT_GT(fs::file_size(out / "dataset.json"), 200u) << "dataset.json must outgrow the second limit";
+    rlimit old{};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+    rlimit small = old;
+    small.rlim_cur = c.limit;
+    auto* previous = std::signal(SIGXFSZ, SIG_IGN);
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    const std::string msg = error_of([&] { prepare_byte_level({b}, out.string(), /*append=*/true); });
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, previous);
+    EXPECT_NE(msg.find((out / c.temp).string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("File too large"), std::string::npos) << msg;
+    EXPECT_EQ(snapshot(out), before);
+  }
+  prepare_byte_level({b}, out.string(), /*append=*/true);  // with room again
+  EXPECT_EQ(read_json(out / "dataset.json")["files"].size(), 2u);
 }
 
 // A prepare killed outright (SIGKILL, a crash, a power cut) leaves its temporary files; another

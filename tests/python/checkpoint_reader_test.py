@@ -5,6 +5,7 @@ sharded AdamW moments are split over both rank files; every tensor the Python re
 must equal the C++ reader's bit for bit, and a flipped byte must be refused by both, naming the
 rank file and the tensor.
 """
+import io
 import json
 import os
 import shutil
@@ -248,6 +249,21 @@ class CheckpointReaderTest(TempDirTest):
         self.assert_one_line_error(python_tool("moetrain_checkpoint.py", self.run_dir, "--tensor", "nope",
                                                "--out", self.path("x.npy"), check=False), "tensor 'nope' not found")
         self.assertFalse(os.path.exists(self.path("x.npy")))
+
+    def test_command_line_on_a_full_disk_names_the_reason_and_leaves_nothing(self):
+        # RLIMIT_FSIZE stands in for a full disk. np.save's short write carries no reason: the error
+        # said "cannot write ...: None".
+        tensor = mc.Checkpoint(self.step2).tensor("lm_head.weight")
+        out = self.path("head.npy")
+        r = python_tool("moetrain_checkpoint.py", self.run_dir, "--tensor", "lm_head.weight", "--out", out,
+                        check=False, file_size_limit=tensor.nbytes // 2)
+        self.assert_one_line_error(r, out, "File too large")
+        self.assertEqual(os.listdir(self.tmp), [])
+        python_tool("moetrain_checkpoint.py", self.run_dir, "--tensor", "lm_head.weight", "--out", out)
+        saved = io.BytesIO()
+        np.save(saved, tensor)
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), saved.getvalue())  # what np.save writes
 
 
 if __name__ == "__main__":

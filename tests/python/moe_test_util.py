@@ -1,6 +1,7 @@
 """Shared helpers of the Python tests (CTest runs them with MOE_BINARY_DIR, MOE_SOURCE_DIR, MPIEXEC and
 PYTHONPATH=<source>/.deps/python:<source>/python set; see CMakeLists.txt)."""
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -19,10 +20,15 @@ TINY_SETS = ["model.hidden_size=16", "model.intermediate_size=32", "train.seq_le
              "data.synthetic_eval_tokens=2000", "train.eval_batches=2", "run.device=cpu"]
 
 
-def run(cmd, env=None, check=True):
-    """Runs cmd and returns the CompletedProcess (text output); with check, a failure fails the test."""
+def run(cmd, env=None, check=True, file_size_limit=None):
+    """Runs cmd and returns the CompletedProcess (text output); with check, a failure fails the test.
+
+    file_size_limit: RLIMIT_FSIZE of the command, in bytes, a full disk that needs no privileges (Python
+    and moetrain ignore SIGXFSZ, so a write past it fails with EFBIG)."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    r = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=300)
+    limit = None if file_size_limit is None else \
+        (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, resource.RLIM_INFINITY)))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=300, preexec_fn=limit)
     if check and r.returncode != 0:
         raise AssertionError(f"command failed ({r.returncode}): {' '.join(cmd)}\nstdout:\n{r.stdout}\n"
                              f"stderr:\n{r.stderr}")
@@ -40,9 +46,10 @@ def moetrain_train(run_dir, sets=(), ranks=1, extra=()):
     return run(cmd)
 
 
-def python_tool(name, *args, check=True):
+def python_tool(name, *args, check=True, file_size_limit=None):
     """Runs python/<name> with this interpreter."""
-    return run([sys.executable, os.path.join(SOURCE_DIR, "python", name)] + [str(a) for a in args], check=check)
+    return run([sys.executable, os.path.join(SOURCE_DIR, "python", name)] + [str(a) for a in args], check=check,
+               file_size_limit=file_size_limit)
 
 
 class TempDirTest(unittest.TestCase):

@@ -157,9 +157,9 @@ class TokenizeHfTest(TempDirTest):
         write_text_corpus(self.text)
         write_jsonl_corpus(self.jsonl)
 
-    def tokenize(self, out, *args, inputs=None, check=True):
+    def tokenize(self, out, *args, inputs=None, check=True, file_size_limit=None):
         return python_tool("tokenize_hf.py", "--out", self.path(out), *args, *(inputs or [self.text, self.jsonl]),
-                           check=check)
+                           check=check, file_size_limit=file_size_limit)
 
     def npy(self, out, name):
         return np.load(self.path(out, name))
@@ -330,6 +330,31 @@ class TokenizeHfTest(TempDirTest):
         with open(self.path("data", "corpus.npy"), "rb") as f:
             self.assertEqual(f.read(), before)
         self.assertEqual(sorted(os.listdir(self.path("data"))), ["corpus.npy", "dataset.json", "records.npy"])
+
+    def test_a_full_disk_at_the_last_bytes_is_one_error_and_an_append_leaves_the_folder_as_it_was(self):
+        # A file small enough to stay in the write buffer fails when it is closed; the cleanup closed
+        # it again, which failed again: a traceback that left the temporary file in the way of the
+        # next run. RLIMIT_FSIZE just below the file's size stands in for the full disk.
+        small = self.path("small.txt")
+        with open(small, "w") as f:
+            f.write("".join(sentence(i) + "\n" for i in range(10)))
+        self.tokenize("probe", "--tokenizer", self.bpe, inputs=[small])
+        size = os.path.getsize(self.path("probe", "small.npy"))
+        self.assertLess(size, 4096, "the whole file must fit in the write buffer")
+        self.tokenize("data", "--tokenizer", self.bpe, inputs=[self.text])
+
+        def contents():
+            files = {}
+            for name in os.listdir(self.path("data")):
+                with open(self.path("data", name), "rb") as f:
+                    files[name] = f.read()
+            return files
+        before = contents()
+        r = self.tokenize("data", "--tokenizer", self.bpe, "--append", inputs=[small], check=False,
+                          file_size_limit=size - 16)
+        self.assert_one_line_error(r, self.path("data"), "File too large", "temporary files were removed")
+        self.assertEqual(contents(), before)
+        self.tokenize("data", "--tokenizer", self.bpe, "--append", inputs=[small])  # with room again
 
     def test_text_that_is_not_utf8_is_refused_naming_the_file_and_line(self):
         bad = self.path("latin1.txt")

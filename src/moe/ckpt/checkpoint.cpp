@@ -281,13 +281,23 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step) {
   return final_dir;
 }
 
+void abandon_checkpoint(const std::string& run_dir, int64_t step) {
+  std::error_code ignored;
+  fs::remove_all(tmp_dir_path(run_dir, step), ignored);
+}
+
 std::string save_checkpoint(const std::string& run_dir, int64_t step, const std::vector<CheckpointSlice>& slices,
                             const json& train_state) {
   std::string tmp = begin_checkpoint(run_dir, step);
-  std::vector<CheckpointChunk> chunks = write_rank_file(tmp, 0, slices);
-  if (std::getenv("MOE_TEST_CRASH_DURING_SAVE")) std::_Exit(3);  // test hook: die mid-save
-  write_checkpoint_index(tmp, step, chunks, train_state);
-  return commit_checkpoint(run_dir, step);
+  try {
+    std::vector<CheckpointChunk> chunks = write_rank_file(tmp, 0, slices);
+    if (std::getenv("MOE_TEST_CRASH_DURING_SAVE")) std::_Exit(3);  // test hook: die mid-save
+    write_checkpoint_index(tmp, step, chunks, train_state);
+    return commit_checkpoint(run_dir, step);
+  } catch (...) {
+    abandon_checkpoint(run_dir, step);
+    throw;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

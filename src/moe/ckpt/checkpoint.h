@@ -88,8 +88,14 @@ void write_checkpoint_index(const std::string& tmp_dir, int64_t step, const std:
 //    returns the final path.
 std::string commit_checkpoint(const std::string& run_dir, int64_t step);
 
-// All three steps for one process. Test hook: with MOE_TEST_CRASH_DURING_SAVE set in the
-// environment it calls std::_Exit(3) after the rank file and before index.json.
+// Removes <run_dir>/.tmp-step-XXXXXX, the temp directory of a save that failed, once no rank writes
+// into it any more. Best effort: the error being reported is the save's. Its files can be as large
+// as a checkpoint, on a disk that just filled up, so they are not left for the next start to clear.
+void abandon_checkpoint(const std::string& run_dir, int64_t step);
+
+// All three steps for one process; a failure abandons the save. Test hook: with
+// MOE_TEST_CRASH_DURING_SAVE set in the environment it calls std::_Exit(3) after the rank file and
+// before index.json.
 std::string save_checkpoint(const std::string& run_dir, int64_t step, const std::vector<CheckpointSlice>& slices,
                             const nlohmann::json& train_state);
 

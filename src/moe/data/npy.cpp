@@ -157,14 +157,22 @@ void write_npy_impl(const std::string& path, const char* descr, std::span<const 
   const unsigned char version[2] = {1, 0};
   const unsigned char len_le[2] = {static_cast<unsigned char>(header_len & 0xff),
                                    static_cast<unsigned char>(header_len >> 8)};
+  // errno is cleared first: a small file fails only when its buffered bytes are flushed, and the
+  // reason must be that call's, not one left by an earlier call ("No such file or directory" for a
+  // full disk). Fsynced before the caller renames it, so a write error the file system reports
+  // only at writeback is caught here too.
+  errno = 0;
   bool ok = std::fwrite(kNpyMagic, 1, kNpyMagicLen, f) == kNpyMagicLen;
   ok = ok && std::fwrite(version, 1, 2, f) == 2;
   ok = ok && std::fwrite(len_le, 1, 2, f) == 2;
   ok = ok && std::fwrite(dict.data(), 1, dict.size(), f) == dict.size();
   ok = ok && (values.empty() || std::fwrite(values.data(), sizeof(T), values.size(), f) == values.size());
-  const int saved_errno = errno;
-  ok = (std::fclose(f) == 0) && ok;
-  const int write_errno = saved_errno ? saved_errno : errno;
+  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  int write_errno = ok ? 0 : errno;
+  if (std::fclose(f) != 0 && ok) {
+    ok = false;
+    write_errno = errno;
+  }
   if (ok && via_temp && !(replace ? std::rename(tmp.c_str(), path.c_str()) == 0 : rename_no_replace(tmp, path))) {
     const int rename_errno = errno;
     std::remove(tmp.c_str());
@@ -173,7 +181,7 @@ void write_npy_impl(const std::string& path, const char* descr, std::span<const 
     MOE_FAIL("writing ", path, " failed: cannot rename ", tmp, " to it: ", std::strerror(rename_errno));
   }
   if (!ok) std::remove(tmp.c_str());
-  MOE_CHECK(ok, "writing ", path, " failed: ", std::strerror(write_errno ? write_errno : errno));
+  MOE_CHECK(ok, "writing ", path, " failed: ", write_errno ? std::strerror(write_errno) : "short write");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "moe/data/prepare.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,6 +67,24 @@ std::string read_file(const std::string& path) {
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   MOE_CHECK(!in.bad(), "prepare: error reading input ", path);
   return bytes;
+}
+
+// Writes `text` to the new file `path` (a claimed temporary name) and fsyncs it before it is renamed
+// into place. The error names the file and the reason (a full disk); the caller removes the file.
+void write_dataset_json(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  MOE_CHECK(fd >= 0, "prepare: cannot create ", path, ": ", std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  const bool ok = done == text.size() && ::fsync(fd) == 0;
+  const int why = errno;
+  ::close(fd);
+  MOE_CHECK(ok, "prepare: cannot write ", path, ": ", std::strerror(why));
 }
 
 // dataset.json of a byte-level dataset with no files yet.
@@ -236,13 +255,7 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
   result.listed_files = static_cast<int64_t>(meta["files"].size());
 
   const fs::path meta_temp = outputs.claim_temp();
-  {
-    std::ofstream os(meta_temp);
-    MOE_CHECK(os.good(), "prepare: cannot write ", meta_temp.string(), ": ", std::strerror(errno));
-    os << meta.dump(2) << "\n";
-    os.close();
-    MOE_CHECK(!os.fail(), "prepare: writing ", meta_temp.string(), " failed");
-  }
+  write_dataset_json(meta_temp.string(), meta.dump(2) + "\n");
 
   // dataset.json last: its presence (or its new list) marks the new files as part of the dataset.
   renames.emplace_back(meta_temp, out / "dataset.json");
