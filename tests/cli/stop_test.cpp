@@ -137,6 +137,35 @@ TEST_F(StopTest, max_duration_stops_with_a_checkpoint_before_the_budget_runs_out
   expect_error(huge, {"train.max_duration", "longer than 100 years"});
 }
 
+// train.async_save with each write held back 1.5 s (test hook): the stop at max_duration waits for
+// the checkpoint still being written before it writes its own, so the run exits 0 with every
+// checkpoint it started committed (one every 2 steps, and the stop's), no temp folder left, and a
+// resume continues from the stop's.
+TEST_F(StopTest, a_stop_commits_the_checkpoint_written_in_the_background_before_its_own) {
+  std::vector<std::string> args = long_run(run_dir(), 100000);
+  args.insert(args.end(), {"--set", "train.max_duration=\"2s\"", "--set", "train.save_every=2", "--set",
+                           "train.async_save=true"});
+  std::vector<std::string> argv = {"/usr/bin/env", "MOE_TEST_SLOW_BACKGROUND_SAVE=1500",
+                                   std::string(MOE_BINARY_DIR) + "/moetrain"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const CliRun r = run(argv);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("train.max_duration = \"2s\" reached"), std::string::npos) << r.out;
+  const std::vector<std::string> saved = step_dirs(run_dir());
+  ASSERT_GE(saved.size(), 2u) << r.out;
+  const int64_t stopped = read_metrics(run_dir() + "/metrics.jsonl").back()["step"].get<int64_t>();
+  EXPECT_EQ(saved.back(), "step-" + std::string(6 - std::to_string(stopped).size(), '0') + std::to_string(stopped));
+  for (size_t i = 0; i + 1 < saved.size(); ++i) EXPECT_EQ(std::stoll(saved[i].substr(5)), 2 * static_cast<int64_t>(i + 1));
+  EXPECT_NE(r.out.find("then written in the background"), std::string::npos) << r.out;
+  for (const auto& e : fs::directory_iterator(run_dir()))
+    EXPECT_EQ(e.path().filename().string().rfind(".tmp-", 0), std::string::npos) << e.path();
+  std::vector<std::string> cont = long_run(run_dir(), static_cast<int>(stopped) + 1);
+  cont.insert(cont.end(), {"--resume", "latest"});
+  const CliRun resumed = moetrain(cont);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
+}
+
 // A run stopped after its first step times that step (its start-up work included) and says so,
 // instead of printing zeros as a mean "over steps after the first".
 TEST_F(StopTest, a_stop_after_the_first_step_reports_that_steps_time_and_says_it_is_the_only_one) {

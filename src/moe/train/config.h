@@ -43,6 +43,7 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t save_every = 0;          // 0 = only a final checkpoint when run.save_final
   int64_t keep_last = 0;           // 0 = keep all checkpoints of this run's line
+  bool async_save = false;         // save_every checkpoints written on a thread from a host copy
   int64_t max_skipped_steps = 10;  // consecutive non-finite (skipped) steps that end the run; 0 = never
   bool cuda_graph = false;         // GPU: capture the whole step once, replay it every step
   bool deterministic = false;      // GPU: the same bits on every run (attention's deterministic backward)

@@ -178,6 +178,10 @@ void visit_config_keys(C& c, V&& v) {
   v.key("train", "save_every", t.save_every, count_from(0), "checkpoint every N steps; 0 = only the final one");
   v.key("train", "keep_last", t.keep_last, between<int64_t>(0, 1 << 30),
         "keep the newest K checkpoints of this run's line; 0 = keep all");
+  v.key("train", "async_save", t.async_save, any_value<bool>(),
+        "write the save_every checkpoints on a background thread from a host copy of each rank's part while "
+        "training goes on (committed at a later step; in the foreground where a host lacks the memory); stop and "
+        "final checkpoints are written before exit");
   v.key("train", "max_skipped_steps", t.max_skipped_steps, count_from(0),
         "end the run with an error after this many consecutive steps skipped for non-finite gradients; 0 = never");
   v.key("train", "cuda_graph", t.cuda_graph, any_value<bool>(),

@@ -556,10 +556,14 @@ TrainSummary Trainer::run() {
               ") were skipped because their gradients were not finite (train.max_skipped_steps = ",
               t.max_skipped_steps, "); the model has diverged. Resume from an earlier checkpoint with a lower "
               "train.lr or a tighter train.grad_clip");
-    if (!opts_.bench && ((t.save_every > 0 && r.step % t.save_every == 0) || (!r.stop_reason.empty() && !last))) {
-      save_checkpoint_now(r.step);
+    // A stop's checkpoint is written before the process ends; a periodic one may go on in the
+    // background (train.async_save) and is committed at a later step boundary.
+    const bool stopping = !r.stop_reason.empty() && !last;
+    if (!opts_.bench && ((t.save_every > 0 && r.step % t.save_every == 0) || stopping)) {
+      save_checkpoint_now(r.step, /*background=*/t.async_save && !stopping);
       last_saved = r.step;
     }
+    finish_background_save(/*wait=*/stopping);
     if (!r.stop_reason.empty() && !last) {
       summary.stop_reason = r.stop_reason;
       break;
@@ -578,6 +582,7 @@ TrainSummary Trainer::run() {
   if (!opts_.bench && cfg_.run.save_final && last_saved != t.steps && summary.last_step == t.steps &&
       t.steps > start_step_)
     save_checkpoint_now(t.steps);
+  finish_background_save(/*wait=*/true);  // the run ends with every checkpoint it started committed
   if (!opts_.bench && summary.stop_reason.empty() && t.eval_batches > 0 && !summary.eval_loss &&
       !(t.eval_every > 0 && t.steps > start_step_)) {
     summary.eval_loss = evaluate(t.eval_batches);

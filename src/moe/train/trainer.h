@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/ckpt/background_rank_file.h"
 #include "moe/ckpt/checkpoint.h"
 #include "moe/comm/communicator.h"
 #include "moe/comm/mesh.h"
@@ -135,7 +136,27 @@ class Trainer {
  private:
   void load_checkpoint(const CheckpointReader& ckpt);
   void init_weights_from(const std::string& path);  // --init-from
-  void save_checkpoint_now(int64_t step);
+  // Saves step's checkpoint (collective). background (train.async_save; periodic saves only): each
+  // rank's file is written on a thread from a host copy, committed later by finish_background_save;
+  // a save that is not in the background first finishes one that is.
+  void save_checkpoint_now(int64_t step, bool background = false);
+  // The parts of step's checkpoint: this rank's slices (on the GPU with null data, produced from
+  // device_data) and, on rank 0, train_state.json.
+  struct SaveParts {
+    std::vector<CheckpointSlice> slices;
+    std::vector<const void*> device_data;
+    nlohmann::json train_state;
+  };
+  SaveParts save_parts(int64_t step);
+  // Collective: whether every host has the memory for the host copies of its ranks' files (else
+  // the save runs in the foreground; rank 0 says why, once).
+  bool background_save_fits(size_t snapshot_bytes);
+  // Collective. With a background save held: when every rank's file is written (or wait), gathers
+  // the chunk records, commits the checkpoint on rank 0 and prunes, or fails on every rank naming
+  // the rank whose write failed. Called at every step boundary while one is held.
+  void finish_background_save(bool wait);
+  // After a commit on rank 0: train.keep_last pruning and the "saved checkpoint" line.
+  void after_commit(const std::string& dir, double seconds, size_t rss_before, const std::string& how);
   void fail_for_test(int64_t step) const;
   void upload_batch(int64_t step);           // host data -> the step's token buffers (before the step)
   void queue_gradients(int64_t step);        // zero, then every microbatch's forward + backward (no host reads)
@@ -203,6 +224,18 @@ class Trainer {
   bool told_of_other_checkpoints_ = false;  // keep_last found another run's checkpoints (printed once)
   nlohmann::json init_from_;       // where the run's first weights came from (null = its own init)
   std::optional<std::chrono::steady_clock::time_point> deadline_;  // train.max_duration, from run()
+  // train.async_save: the checkpoint whose rank files are being written in the background.
+  struct BackgroundSave {
+    int64_t step = 0;
+    std::string tmp_dir;
+    nlohmann::json train_state;
+    std::chrono::steady_clock::time_point started;
+    double snapshot_s = 0;  // the host copy, in the foreground
+    size_t rss_before = 0;
+  };
+  std::optional<BackgroundSave> background_save_;
+  BackgroundRankFile background_file_;  // its destructor waits for a write still running
+  bool told_save_in_foreground_ = false;  // background_save_fits said no (printed once)
 };
 
 }  // namespace moe

@@ -127,21 +127,19 @@ void Trainer::init_weights_from(const std::string& path) {
                 src.describe().c_str(), seconds_since(t0), bias ? " and router bias" : "");
 }
 
-void Trainer::save_checkpoint_now(int64_t step) {
-  const auto t0 = SteadyClock::now();
-  const size_t rss_before = peak_rss_bytes();
-  const std::string run = cfg_.run_dir();
-  std::vector<CheckpointSlice> slices = run_->store->checkpoint_slices();
+Trainer::SaveParts Trainer::save_parts(int64_t step) {
+  SaveParts p;
+  p.slices = run_->store->checkpoint_slices();
   // GPU state is streamed through host memory one slice at a time: the writer asks for each
-  // slice's bytes just before writing it.
-  std::vector<const void*> device_data(slices.size(), nullptr);
+  // slice's bytes just before writing it (or the background copy, all of them at once).
+  p.device_data.assign(p.slices.size(), nullptr);
   if (dev_ == Device::CUDA)
-    for (size_t i = 0; i < slices.size(); ++i) std::swap(device_data[i], slices[i].data);
+    for (size_t i = 0; i < p.slices.size(); ++i) std::swap(p.device_data[i], p.slices[i].data);
   const int64_t L = cfg_.model.num_hidden_layers, N = cfg_.model.num_experts;
-  if (leader()) slices.push_back({"router_bias", DType::F32, {L, N}, 0, L * N, host_bias_.data()});
-  device_data.resize(slices.size(), nullptr);
-  nlohmann::json st;
+  if (leader()) p.slices.push_back({"router_bias", DType::F32, {L, N}, 0, L * N, host_bias_.data()});
+  p.device_data.resize(p.slices.size(), nullptr);
   if (leader()) {
+    nlohmann::json& st = p.train_state;
     st["step"] = step;
     st["skipped_steps"] = skipped_steps_;
     st["run_id"] = run_id_;
@@ -154,14 +152,33 @@ void Trainer::save_checkpoint_now(int64_t step) {
     st["model_config"] = model_config_toml(cfg_.model);
     st["config"] = config_to_toml(cfg_);
   }
-  const std::string dir = save_checkpoint_collective(
-      host_world_, run, step, slices,
-      [&](size_t i, void* dst) {
-        const CheckpointSlice& s = slices[i];
-        copy_from_tensor(dst, Tensor(const_cast<void*>(device_data[i]), s.dtype, {s.end - s.begin}, dev_));
-      },
-      st);
-  if (!leader()) return;
+  return p;
+}
+
+void Trainer::save_checkpoint_now(int64_t step, bool background) {
+  // One checkpoint at a time, committed in step order: a save held in the background ends first.
+  finish_background_save(/*wait=*/true);
+  const auto t0 = SteadyClock::now();
+  const size_t rss_before = peak_rss_bytes();
+  const std::string run = cfg_.run_dir();
+  SaveParts p = save_parts(step);
+  const SliceProducer produce = [&](size_t i, void* dst) {
+    const CheckpointSlice& s = p.slices[i];
+    copy_from_tensor(dst, Tensor(const_cast<void*>(p.device_data[i]), s.dtype, {s.end - s.begin}, dev_));
+  };
+  if (background && background_save_fits(BackgroundRankFile::snapshot_bytes(p.slices))) {
+    std::string tmp = leader() ? begin_checkpoint(run, step) : std::string();
+    tmp = broadcast_string(host_world_, tmp, 0);  // no rank writes before the directory exists
+    background_file_.start(tmp, host_world_.rank(), p.slices, produce);
+    background_save_ = BackgroundSave{step, tmp, std::move(p.train_state), t0, seconds_since(t0), rss_before};
+    return;
+  }
+  const std::string dir = save_checkpoint_collective(host_world_, run, step, p.slices, produce, p.train_state);
+  if (leader()) after_commit(dir, seconds_since(t0), rss_before, "");
+}
+
+void Trainer::after_commit(const std::string& dir, double seconds, size_t rss_before, const std::string& how) {
+  const std::string run = cfg_.run_dir();
   // Keep the newest keep_last of this line; the checkpoint this process resumed from stays, and so
   // does any other run's checkpoint found in the directory (said once).
   if (cfg_.train.keep_last > 0) {
@@ -180,10 +197,11 @@ void Trainer::save_checkpoint_now(int64_t step) {
   if (!opts_.quiet) {
     uintmax_t bytes = 0;
     for (const auto& e : fs::directory_iterator(dir)) bytes += e.is_regular_file() ? e.file_size() : 0;
-    std::printf("saved checkpoint %s (%s in %.2f s; rank 0 peak resident memory %s before, %s after)\n", dir.c_str(),
-                format_bytes(static_cast<double>(bytes)).c_str(), seconds_since(t0),
+    std::printf("saved checkpoint %s (%s in %.2f s%s; rank 0 peak resident memory %s before, %s after)\n", dir.c_str(),
+                format_bytes(static_cast<double>(bytes)).c_str(), seconds, how.c_str(),
                 format_bytes(static_cast<double>(rss_before)).c_str(),
                 format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
+    std::fflush(stdout);
   }
 }
 

@@ -1,0 +1,104 @@
+// BackgroundRankFile (train.async_save's writer): the file written on its thread is the one
+// write_rank_file writes in the foreground from the slices as they were at start(), even when the
+// caller's memory changes before the thread writes (the write is held back by a test hook, so the
+// change lands first); slices produced on demand are copied at start() too; a failed write comes
+// back from finish() as the error, and finish() without a write is refused.
+#include "moe/ckpt/background_rank_file.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "moe/core/error.h"
+#include "temp_dir.h"
+
+namespace moe {
+namespace {
+
+using moe::testing::TempDir;
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+// Two slices of one 64-element tensor: the first held in `host`, the second produced on demand.
+std::vector<CheckpointSlice> slices_over(const std::vector<float>& host) {
+  return {{"w", DType::F32, {64}, 0, 40, host.data()}, {"w", DType::F32, {64}, 40, 64, nullptr}};
+}
+
+void produce_tail(size_t index, void* dst) {
+  ASSERT_EQ(index, 1u);
+  float* out = static_cast<float*>(dst);
+  for (int i = 0; i < 24; ++i) out[i] = 1000.0f + static_cast<float>(i);
+}
+
+TEST(BackgroundRankFile, WritesTheSlicesAsTheyWereAtStart) {
+  TempDir fg, bg;
+  std::vector<float> host(40);
+  std::iota(host.begin(), host.end(), 1.0f);
+  write_rank_file(fg.path, 3, slices_over(host), produce_tail);
+
+  BackgroundRankFile writer;
+  EXPECT_EQ(BackgroundRankFile::snapshot_bytes(slices_over(host)), 64u * sizeof(float));
+  {
+    const ScopedEnv slow("MOE_TEST_SLOW_BACKGROUND_SAVE", "300");
+    writer.start(bg.path, 3, slices_over(host), produce_tail);
+    ASSERT_TRUE(writer.held());
+    std::fill(host.begin(), host.end(), -7.0f);  // the next training step, before the thread writes
+  }
+  const std::vector<CheckpointChunk> chunks = writer.finish();
+  EXPECT_FALSE(writer.held());
+  EXPECT_TRUE(writer.done());
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[0].file, "rank-00003.safetensors");
+  EXPECT_TRUE(chunks[0].checksum.has_value());
+  EXPECT_EQ(file_bytes(bg.path + "/rank-00003.safetensors"), file_bytes(fg.path + "/rank-00003.safetensors"));
+
+  // The writer takes the next checkpoint once the last is collected.
+  TempDir next;
+  writer.start(next.path, 3, slices_over(host), produce_tail);
+  EXPECT_EQ(writer.finish().size(), 2u);
+}
+
+TEST(BackgroundRankFile, AFailedWriteComesBackFromFinish) {
+  TempDir dir;
+  std::vector<float> host(40, 1.0f);
+  BackgroundRankFile writer;
+  {
+    const ScopedEnv full("MOE_TEST_FAIL_BACKGROUND_SAVE", "1");
+    writer.start(dir.path, 0, slices_over(host), produce_tail);
+  }
+  try {
+    writer.finish();
+    ADD_FAILURE() << "a failed write returned chunk records";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("No space left on device (test hook)"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(writer.held());
+  try {
+    writer.finish();
+    ADD_FAILURE() << "finish() without a write was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("finish() without a write"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace moe
