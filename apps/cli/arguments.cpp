@@ -79,7 +79,9 @@ const CLI::Validator kNonEmpty([](std::string& text) { return text.empty() ? std
 std::string unwritable_output(const std::string& path) {
   const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
   std::error_code ec;
-  if (!std::filesystem::is_directory(parent, ec)) return "its folder " + parent.string() + " does not exist";
+  if (!std::filesystem::is_directory(parent, ec))
+    return "its folder " + parent.string() +
+           (std::filesystem::exists(parent, ec) ? " is not a folder" : " does not exist");
   if (access(parent.c_str(), W_OK) != 0) return "its folder " + parent.string() + " is not writable";
   return "";
 }

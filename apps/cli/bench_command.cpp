@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,9 +53,9 @@ int run_calibrate(const BenchArgs& a, Job& job) {
         a.cmd->count("--config") || a.cmd->count("--init-from"))
       throw UsageError("bench --calibrate measures the GPU, not a config: it takes no --config, --set, --steps, "
                        "--json, --check or --init-from (see moetrain --help)");
-    // Exit 1: the folder, not the command line, is at fault.
-    MOE_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(a.calibrate)), "bench --calibrate ",
-              a.calibrate, " exists; choose a new file name (nothing is overwritten)");
+    // Exit 1: the folder, not the command line, is at fault. Checked before the measurements: a
+    // missing or unwritable folder was found only when saving, after minutes of calibration.
+    check_new_output("bench --calibrate", a.calibrate);
     try {
       base = moe::load_hardware_profile(a.hardware);
     } catch (const moe::Error& e) {

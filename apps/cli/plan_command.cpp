@@ -1,11 +1,13 @@
 // moetrain plan: each rank's memory plan by role for a config and topology, without a GPU and
 // without allocating; with a GPU profile, the predicted step time, and with --search the layouts
 // ranked by predicted tokens/s per GPU.
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cli/arguments.h"
 #include "cli/command.h"
@@ -32,11 +34,19 @@ struct PlanArgs {
   bool search = false;
 };
 
+// --gpu-memory: a decimal number of GiB in range. CLI11 read "0x10" as 16 and "inf" and "nan" as
+// numbers, and called "x" a "Value x not in range 0.000001 to 1000000.000000".
+const CLI::Validator kGiB(
+    [](std::string& text) -> std::string {
+      double v = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) || v < 1e-6 || v > 1e6)
+        return "'" + text + "' is not a number of GiB from 0.000001 to 1000000";
+      return "";
+    },
+    "GiB");
+
 int run_plan(const PlanArgs& a) {
-  if (!std::isfinite(a.memory_gib)) {
-    std::fprintf(stderr, "error: --gpu-memory: %g is not a number of GiB (see moetrain --help)\n", a.memory_gib);
-    return kUsageError;
-  }
   // The run's own planning code on stand-in ranks (memory_plan.h): nothing is allocated.
   const moe::Config cfg = a.config.load();
   // Without --device, the config's run.device; auto is the GPU in a CUDA build, as a run on a GPU machine.
@@ -53,10 +63,18 @@ int run_plan(const PlanArgs& a) {
             "run with --device cpu");
 #endif
   if (gpu && cfg.train.precision == moe::Precision::FP8) moe::check_fp8_gpu_shapes(cfg);
-  const bool predicts = !a.hardware.empty() || a.search || !a.json.empty() || a.cmd->count("--nodes");
-  if (predicts && !gpu) {
-    std::fprintf(stderr, "error: --hardware, --search, --nodes and --json predict a GPU run's step time; this plans "
-                 "a CPU run (--device cpu or run.device); plan the GPU (--device cuda, in a build with CUDA)\n");
+  // The flags given, named: the error listed all four whichever one was given.
+  std::vector<std::string> predicting;
+  for (const char* flag : {"--hardware", "--search", "--nodes", "--json"})
+    if (a.cmd->count(flag)) predicting.emplace_back(flag);
+  if (!predicting.empty() && !gpu) {
+    std::string flags;
+    for (size_t i = 0; i < predicting.size(); ++i)
+      flags += (i == 0 ? "" : i + 1 == predicting.size() ? " and " : ", ") + predicting[i];
+    std::fprintf(stderr,
+                 "error: %s %s to predict a GPU run's step time, but this plans a CPU run (--device cpu or "
+                 "run.device); drop %s, or plan the GPU (--device cuda, in a build with CUDA)\n",
+                 flags.c_str(), predicting.size() == 1 ? "asks" : "ask", predicting.size() == 1 ? "it" : "them");
     return kUsageError;
   }
   // Exit 1 here and for an existing file, as for bench and eval: the folder, not the command line, is at fault.
@@ -148,7 +166,7 @@ Command add_plan_command(CLI::App& app) {
                    "memory free on each GPU when the run starts, GiB (default: the --hardware profile's, 139 for the "
                    "h200); with --device cpu, "
                    "memory per rank (default: this machine's physical memory shared by the ranks)")
-      ->check(CLI::Range(1e-6, 1e6));
+      ->check(kGiB);
   plan->add_option("--device", a->device, "the device the run will use (default: run.device; auto plans the GPU)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   plan->add_option("--nodes", a->nodes, "nodes the GPUs are spread over (evenly)")
@@ -157,7 +175,8 @@ Command add_plan_command(CLI::App& app) {
       ->transform(kDecimal);
   plan->add_option("--hardware", a->hardware,
                    "GPU profile for the predicted step time: a built-in name (h200, h100, b200, b300) or a JSON "
-                   "file (from bench --calibrate); default h200");
+                   "file (from bench --calibrate); default h200")
+      ->check(kNonEmpty);  // "" (an unset variable) planned the default h200 silently
   plan->add_flag("--search", a->search,
                  "rank every layout the trainer runs on --gpus (DDP with each EP, FSDP) by predicted tokens/s per "
                  "GPU, each with its memory and the memory levers it needs to fit");

@@ -2,6 +2,8 @@
 // plan by role, the same bytes the run's start-up printout and metrics.jsonl report for that
 // config; a config that does not fit gets the planned options; bad arguments get one error. Also
 // what bench prints about its timed steps, and the performance model's flags.
+#include <sys/stat.h>
+
 #include <regex>
 
 #include "cli_test_util.h"
@@ -303,4 +305,70 @@ TEST_F(PlanCli, bench_calibrate_refuses_config_flags_and_existing_files) {
   EXPECT_FALSE(fs::exists(path("new.json")));
   const CliRun alone = moetrain({"bench", "--hardware", "h200"});  // the base of --calibrate only
   EXPECT_EQ(alone.exit_code, 2) << alone.err;
+}
+
+// The output's folder is checked before anything is measured: a missing folder, or a file where the
+// folder should be, was found only when saving, after minutes of calibration on a GPU (without one,
+// the error named the GPU instead).
+TEST_F(PlanCli, bench_calibrate_checks_its_output_folder_before_measuring) {
+  const CliRun missing = moetrain({"bench", "--calibrate", path("nowhere/gpu.json")});
+  expect_error(missing, {"bench --calibrate " + path("nowhere/gpu.json") + " cannot be written: its folder " +
+                         path("nowhere") + " does not exist"});
+  write_file(path("file"), "");
+  const CliRun file = moetrain({"bench", "--calibrate", path("file/gpu.json")});
+  expect_error(file, {"its folder " + path("file") + " is not a folder"});
+}
+
+// Bad values of plan's own flags, each one error line naming the flag (exit 2): --hardware ""
+// (a script's unset variable) planned the default h200 silently; --gpu-memory took "0x10" as 16
+// GiB and called "x" a value out of range; a CPU plan given one of the prediction flags listed all
+// four as if all were given.
+TEST_F(PlanCli, plan_names_the_flag_of_each_bad_value) {
+  const CliRun empty = moetrain({"plan", "--hardware", ""});
+  EXPECT_EQ(empty.exit_code, 2) << empty.out << empty.err;
+  EXPECT_NE(empty.err.find("--hardware: must not be empty"), std::string::npos) << empty.err;
+  EXPECT_EQ(empty.out, "");
+  for (const char* memory : {"x", "0x10", "inf", "1e6.5", "0"}) {
+    const CliRun r = moetrain(plan_args({"--gpu-memory", memory}));
+    EXPECT_EQ(r.exit_code, 2) << memory << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(std::string("--gpu-memory: '") + memory + "' is not a number of GiB from 0.000001 to 1000000"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  }
+  const CliRun search = moetrain(plan_args({"--search"}));
+  EXPECT_EQ(search.exit_code, 2) << search.err;
+  EXPECT_NE(search.err.find("error: --search asks to predict a GPU run's step time, but this plans a CPU run"),
+            std::string::npos)
+      << search.err;
+  EXPECT_NE(search.err.find("drop it, or plan the GPU"), std::string::npos) << search.err;
+  const CliRun two = moetrain(plan_args({"--nodes", "1", "--json", path("p.json")}));
+  EXPECT_EQ(two.exit_code, 2) << two.err;
+  EXPECT_NE(two.err.find("error: --nodes and --json ask to predict"), std::string::npos) << two.err;
+  EXPECT_FALSE(fs::exists(path("p.json")));
+}
+
+// A hardware profile that is not a regular file is one error naming it (exit 2): a folder was
+// reported as invalid JSON, and a FIFO blocked plan until something wrote to it (here the test's
+// alarm would kill it after 120 s).
+TEST_F(PlanCli, plan_hardware_that_is_a_folder_or_a_fifo_is_one_error) {
+#if !defined(MOE_HAVE_CUDA)
+  GTEST_SKIP() << "GPU plans need a build with the CUDA backend (no GPU needed)";
+#else
+  fs::create_directories(path("profiles.json"));
+  ASSERT_EQ(mkfifo(path("fifo.json").c_str(), 0600), 0);
+  for (const char* name : {"profiles.json", "fifo.json"}) {
+    const CliRun r = moetrain({"plan", "--device", "cuda", "--hardware", path(name)});
+    EXPECT_EQ(r.exit_code, 2) << name << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find("error: --hardware: hardware profile '" + path(name) + "' is "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(std::string(name) == "fifo.json" ? "is not a regular file" : "is a folder"), std::string::npos)
+        << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+  // Nothing fits on one GPU of 1 GiB (the 2.1 GiB runtime reserve alone): said of "1 GPU".
+  const CliRun none = moetrain({"plan", "--device", "cuda", "--search", "--gpu-memory", "1"});
+  EXPECT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_NE(none.out.find("no layout fits on 1 GPU\n"), std::string::npos) << none.out;
+#endif
 }

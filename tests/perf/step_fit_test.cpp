@@ -142,6 +142,9 @@ TEST(StepFit, fp8_dense_products_get_the_dense_time_left_after_the_bf16_ones) {
 TEST(StepFit, the_fitted_model_predicts_the_reference_steps_measured_groups) {
   using G = KernelGroup;
   HardwareProfile p = round_gpu();
+  // The H200's bandwidth, whose steps these are: at round_gpu's 4 TB/s their AdamW would run at
+  // 1.005 of it, past what a profile can hold.
+  p.memory_tb_s = 4.8;
   double expected_optimizer_ms = 0, bf16_elementwise_bytes = 0;
   for (const char* precision : {"bf16", "fp8"}) {
     const Config cfg = parse_config(builtin::kBenchOlmoe4lToml, "built-in config 'bench-olmoe-4l'",
@@ -223,6 +226,25 @@ TEST(StepFit, a_missing_group_or_an_impossible_split_is_one_error_naming_it) {
     if (r.group == KernelGroup::DenseGemm) r.ms_per_step = 1;
   msg = error_of([&] { fit_bf16_step(p, fast); });
   EXPECT_NE(msg.find("fitting gemm_dense_bf16"), std::string::npos) << msg;
+}
+
+// A fit is bounded as the profile file is: AdamW + gradient norm's 48 GB in 10 ms is 1.2 of the 4
+// TB/s, a factor of 1.33 over the copy's 0.9 (under the factor cap of 2), but 0.9 x 1.33 is past the
+// memory bandwidth, which the parser refuses: `bench --calibrate` wrote a profile that `plan
+// --hardware` would not load. The fit now refuses it; a fit at the bandwidth loads back.
+TEST(StepFit, a_fit_is_refused_where_the_profile_file_could_not_hold_it) {
+  HardwareProfile p = round_gpu();
+  fit_bf16_step(p, round_bf16_step());  // the optimizer at 1.0 of the bandwidth
+  EXPECT_NO_THROW(parse_hardware_profile(hardware_profile_json(p), "fitted.json"));
+  ReferenceStep past = round_bf16_step();
+  for (SplitRow& r : past.split)
+    if (r.group == KernelGroup::AdamW) r.ms_per_step = 8;
+  p = round_gpu();
+  const std::string msg = error_of([&] { fit_bf16_step(p, past); });
+  EXPECT_NE(msg.find("fitting optimizer to the round step: in the step it reaches 1.2 of the peak, so its point at "
+                     "x = 1e+09 (0.9) would reach 1.2, above the 1 of the peak"),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace

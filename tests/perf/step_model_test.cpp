@@ -369,5 +369,43 @@ TEST(StepModel, every_shipped_profile_is_printed_by_its_name_and_how_far_it_is_m
   }
 }
 
+// A profile built in code is not bounded as a file is: an efficiency of 5e-324 made the element-wise
+// part inf s, and the prediction "inf s, 0 tokens/s per GPU" (null in --json). It is an error
+// naming the part and the profile.
+TEST(StepModel, a_profile_that_times_a_part_at_infinity_is_an_error_naming_the_part) {
+  HardwareProfile hw = round_gpu();
+  hw.elementwise.points = {{1, 5e-324}};
+  std::string msg = "(no error)";
+  try {
+    predict_step(tiny(), topology(1, 1, "ddp", 1), hw);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("the performance model on round times 'element-wise, routing' at inf s"), std::string::npos)
+      << msg;
+}
+
+// Every line of the split is printed whole, however long its numbers: the line buffer's remaining
+// size was computed from snprintf's would-be length, so a 1e300 ms part (1e-300 TFLOP/s, before
+// profile files had floors) wrapped it past the end and the next write overran the stack.
+TEST(StepModel, a_split_line_with_huge_numbers_is_printed_whole) {
+  const HardwareProfile hw = round_gpu();
+  StepPrediction p;
+  p.parts = {{"element-wise, routing", 1e300, 6e7, "B", 0.5}, {"expert GEMMs", 1e298, 1e300, "FLOP", 0.25}};
+  p.step_s = 1.01e300, p.tokens_per_s_per_gpu = 1e-297, p.mfu = 1e-300;
+  const std::string text = format_prediction(p, hw);
+  std::vector<std::string> lines;
+  for (size_t begin = 0, end; begin < text.size(); begin = end + 1) {
+    end = text.find('\n', begin);
+    lines.push_back(text.substr(begin, end - begin));
+  }
+  ASSERT_EQ(lines.size(), 3u) << text;
+  EXPECT_EQ(lines[0].rfind("predicted step on round (datasheet profile", 0), 0u) << text;
+  EXPECT_EQ(lines[1].rfind("    element-wise, routing  1000000000", 0), 0u) << text;
+  EXPECT_GT(lines[1].size(), 300u) << text;  // the 301 digits of 1e303 ms, then the rest of the line
+  EXPECT_NE(lines[1].find(" ms   99.0%       0.06 GB at  50% of the memory bandwidth"), std::string::npos) << text;
+  EXPECT_NE(lines[2].find("TFLOP at  25% of the peak"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace moe

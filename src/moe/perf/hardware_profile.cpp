@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -40,13 +41,32 @@ double positive_number(const JsonField& f, double max) {
   return v.get<double>();
 }
 
-// The largest fraction of the peak a curve may reach, alone or inside a step: products and
-// memory-bound kernels cannot beat their peak; attention counts the full square of FLOPs (a causal
-// kernel does about half of them) and the link curves count bytes over a nominal link rate, so
-// those may pass 1.
-double fraction_bound(const std::string& key) {
-  const std::string x = expected_x(key);
-  return x == "seq_len" || x == "message_bytes" ? 1.5 : 1.0;
+// A rate or fraction in [min, max]: one near 0 is as wrong as one past the peak (hardware_profile.h).
+double number_in(const JsonField& f, double min, double max) {
+  const nlohmann::json& v = f.value();
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < min || v.get<double>() > max)
+    f.fail("a number from " + number_text(min) + " to " + number_text(max));
+  return v.get<double>();
+}
+
+// A profile file is a few KiB of JSON.
+constexpr std::uintmax_t kMaxProfileBytes = std::uintmax_t{1} << 20;
+
+// The text of a profile file: a regular file only (a FIFO would block the read until something
+// wrote to it, /dev/zero would fill the memory, a folder reads as empty and was reported as
+// invalid JSON), and one of a profile's size.
+std::string read_profile_file(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(st)) {  // a missing or unreadable file: read_whole_file names why
+    MOE_CHECK(std::filesystem::is_regular_file(st), "hardware profile '", path, "' is ",
+              std::filesystem::is_directory(st) ? "a folder" : "not a regular file",
+              "; give a profile's .json file (hardware/*.json, or one moetrain bench --calibrate wrote)");
+    const std::uintmax_t bytes = std::filesystem::file_size(path, ec);
+    MOE_CHECK(ec || bytes <= kMaxProfileBytes, "hardware profile '", path, "' is ", bytes,
+              " bytes; a profile is a few KiB of JSON (at most ", kMaxProfileBytes, " bytes are read)");
+  }
+  return read_whole_file(path, "hardware profile");
 }
 
 // Every member of `obj` must be one of `known` (a misspelt key is an error, not a default).
@@ -70,20 +90,19 @@ EfficiencyCurve parse_curve(const JsonField& f, const std::string& key) {
   for (const JsonField& p : points) {
     const std::vector<JsonField> xy = p.elements();
     if (xy.size() != 2) p.fail("an [x, efficiency] pair");
-    const double x = positive_number(xy[0], 1e18), e = positive_number(xy[1], fraction_bound(key));
+    const double x = positive_number(xy[0], 1e18), e = number_in(xy[1], kMinEfficiency, max_efficiency(key));
     if (!c.points.empty() && x <= c.points.back().first) xy[0].fail("larger than the previous point's x (increasing x)");
     c.points.emplace_back(x, e);
   }
   if (f.has("in_step")) {
     const JsonField in_step = f["in_step"];
     only_known_keys(in_step, {"factor", "source"});
-    c.in_step = positive_number(in_step["factor"], 2);
+    c.in_step = number_in(in_step["factor"], kMinInStepFactor, kMaxInStepFactor);
     c.in_step_source = in_step.has("source") ? in_step["source"].as_string() : "";
     for (const auto& [x, e] : c.points)
-      if (e * c.in_step > fraction_bound(key))
-        in_step["factor"].fail("a factor that keeps every point at most " + number_text(fraction_bound(key)) +
-                               " of the peak (the point at x = " + number_text(x) + " is " + number_text(e) +
-                               ")");
+      if (e * c.in_step > max_efficiency(key))
+        in_step["factor"].fail("a factor that keeps every point at most " + number_text(max_efficiency(key)) +
+                               " of the peak (the point at x = " + number_text(x) + " is " + number_text(e) + ")");
   }
   return c;
 }
@@ -97,6 +116,11 @@ nlohmann::ordered_json curve_json(const EfficiencyCurve& c) {
 }
 
 }  // namespace
+
+double max_efficiency(const std::string& key) {
+  const std::string x = expected_x(key);
+  return x == "seq_len" || x == "message_bytes" ? 1.5 : 1.0;
+}
 
 double EfficiencyCurve::points_at(double x_value) const {
   MOE_CHECK(!points.empty(), "efficiency curve keyed by ", x, " has no points");
@@ -134,8 +158,9 @@ std::vector<std::pair<const char*, const EfficiencyCurve*>> HardwareProfile::cur
 HardwareProfile parse_hardware_profile(const std::string& json_text, const std::string& origin) {
   nlohmann::json doc;
   try {
-    doc = parse_bounded_json(json_text, "hardware profile " + origin);
-  } catch (const nlohmann::json::parse_error& e) {
+    doc = parse_bounded_json(json_text, "hardware profile " + origin, nullptr, /*allow_exceptions=*/true,
+                             /*unique_keys=*/true);
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number past a double (1e400)
     throw Error("hardware profile " + origin + " is not valid JSON: " + e.what());
   }
   const JsonField top(doc, "hardware profile " + origin);
@@ -145,20 +170,24 @@ HardwareProfile parse_hardware_profile(const std::string& json_text, const std::
                                  "gpus_per_node", "intra_node_gb_s", "inter_node_gb_s", "efficiency"};
   only_known_keys(top, known);
   p.name = top["name"].as_string();
+  // Printed at the head of every prediction: a line break in it would forge the lines after it.
+  if (p.name.empty() || std::any_of(p.name.begin(), p.name.end(),
+                                    [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+    top["name"].fail("a non-empty name on one line (no control characters)");
   if (!top["measured"].value().is_boolean()) top["measured"].fail("true or false");
   p.measured = top["measured"].value().get<bool>();
   p.source = top["source"].as_string();
-  p.peak_bf16_tflops = positive_number(top["peak_bf16_tflops"], 1e5);
-  p.peak_fp8_tflops = positive_number(top["peak_fp8_tflops"], 1e5);
-  p.memory_tb_s = positive_number(top["memory_tb_s"], 1e3);
-  p.memory_gib = positive_number(top["memory_gib"], 1e5);
+  p.peak_bf16_tflops = number_in(top["peak_bf16_tflops"], 1e-3, 1e5);
+  p.peak_fp8_tflops = number_in(top["peak_fp8_tflops"], 1e-3, 1e5);
+  p.memory_tb_s = number_in(top["memory_tb_s"], 1e-3, 1e3);
+  p.memory_gib = number_in(top["memory_gib"], 1e-6, 1e5);  // as plan --gpu-memory
   const JsonField reserve = top["runtime_reserve_gib"];
   if (!reserve.value().is_number() || reserve.value().get<double>() < 0 || reserve.value().get<double>() >= p.memory_gib)
     reserve.fail("a number of GiB from 0 to below memory_gib");
-  p.runtime_reserve_gib = reserve.value().get<double>();
+  p.runtime_reserve_gib = reserve.value().get<double>() + 0.0;  // -0 printed as "-0.00 GiB": made +0
   p.gpus_per_node = static_cast<int>(top["gpus_per_node"].as_int(1, 1024));
-  p.intra_node_gb_s = positive_number(top["intra_node_gb_s"], 1e5);
-  p.inter_node_gb_s = positive_number(top["inter_node_gb_s"], 1e5);
+  p.intra_node_gb_s = number_in(top["intra_node_gb_s"], 1e-3, 1e5);
+  p.inter_node_gb_s = number_in(top["inter_node_gb_s"], 1e-3, 1e5);
   const JsonField eff = top["efficiency"];
   std::set<std::string> curve_keys;
   for (const auto& [key, c] : p.curves()) curve_keys.insert(key);
@@ -199,7 +228,7 @@ std::vector<std::string> builtin_hardware_names() {
 HardwareProfile load_hardware_profile(const std::string& name_or_file) {
   const bool is_file = name_or_file.find('/') != std::string::npos ||
                        (name_or_file.size() > 5 && name_or_file.substr(name_or_file.size() - 5) == ".json");
-  if (is_file) return parse_hardware_profile(read_whole_file(name_or_file, "hardware profile"), name_or_file);
+  if (is_file) return parse_hardware_profile(read_profile_file(name_or_file), name_or_file);
   for (const auto& [name, text] : builtin::kHardwareProfiles)
     if (name_or_file == name) return parse_hardware_profile(text, std::string("built-in '") + name + "'");
   std::string list;

@@ -18,6 +18,11 @@
 // run faster than inside a training step, so `bench --calibrate` keeps what it measured alone as
 // the points and fits the factor to a whole step (step_fit.h); 1 where the points themselves come
 // from whole steps (JSON: "in_step": {"factor": f, "source": "..."}, left out when f is 1).
+//
+// Every rate is bounded below as well as above (a file's key out of range is an error naming it):
+// a rate near 0 would predict a step of 1e300 s or infinity, printed as "inf s, 0 tokens/s"
+// instead of an error. The floors are far below any real GPU: 1 GFLOP/s, 1 GB/s of memory,
+// 1 MB/s of link, an efficiency of 1e-6 and an in-step factor of 1e-3.
 #pragma once
 
 #include <string>
@@ -25,6 +30,15 @@
 #include <vector>
 
 namespace moe {
+
+// The bounds a profile file's efficiencies must keep (the parser's, and `bench --calibrate`'s fit
+// checks against the same ones, so it never writes a profile the parser refuses).
+constexpr double kMinEfficiency = 1e-6;  // a point's fraction of the peak
+constexpr double kMinInStepFactor = 1e-3, kMaxInStepFactor = 2;
+// The largest fraction of the peak the curve `key` may reach, alone or inside a step (points x
+// in_step): 1 for products and memory-bound kernels; 1.5 for attention (its full-square FLOP count
+// is about twice what a causal kernel does) and the link curves (bytes over a nominal link rate).
+double max_efficiency(const std::string& key);
 
 struct EfficiencyCurve {
   std::string x;                                   // what x is (the list above)
@@ -61,11 +75,13 @@ struct HardwareProfile {
   std::vector<std::pair<const char*, const EfficiencyCurve*>> curves() const;
 };
 
-// Parses a profile; `origin` (a file name) is named in every error, with the key and what is wrong.
+// Parses a profile; `origin` (a file name) is named in every error, with the key and what is wrong
+// (a key given twice in one object is refused, not the last one taken).
 HardwareProfile parse_hardware_profile(const std::string& json_text, const std::string& origin);
 std::string hardware_profile_json(const HardwareProfile& p);
 // A built-in profile by name (h200, h100, b200, b300), or a JSON file (a path: contains '/' or ends
-// in .json). Throws naming the built-in names for an unknown one.
+// in .json). Throws naming the built-in names for an unknown one; a file must be a regular file of
+// at most 1 MiB (a FIFO or a device such as /dev/zero would block or never end).
 HardwareProfile load_hardware_profile(const std::string& name_or_file);
 // Writes `p` to `path` (temp name, then rename); refuses an existing file.
 void save_hardware_profile(const HardwareProfile& p, const std::string& path);

@@ -31,9 +31,6 @@ std::string group_names(std::initializer_list<KernelGroup> groups) {
   return s;
 }
 
-// The factors a profile file can hold (hardware_profile.cpp's parser).
-constexpr double kMaxFactor = 2;
-
 // Sets `curve`'s factor so that it gives `work` / (`peak` x `seconds`) at `x`. `less`: what of the
 // groups' time other parts of the model account for (in the source; already out of `seconds`).
 InStepFit fit(EfficiencyCurve& curve, const char* key, std::initializer_list<KernelGroup> groups, double seconds,
@@ -48,9 +45,17 @@ InStepFit fit(EfficiencyCurve& curve, const char* key, std::initializer_list<Ker
   f.efficiency = work / (peak * seconds);
   f.alone = curve.points_at(x);
   f.factor = f.efficiency / f.alone;
-  MOE_CHECK(f.factor > 0 && f.factor <= kMaxFactor, "fitting ", key, " to ", ref.name, ": in the step it reaches ",
-            f.efficiency, " of the peak, ", f.factor, " times what its points give (", f.alone,
-            "); a factor above ", kMaxFactor, " means the points or the step split are wrong");
+  // The bounds of the profile file's parser (hardware_profile.h): a fit outside them wrote a
+  // profile that `plan --hardware` then refused, after the whole calibration had run.
+  MOE_CHECK(f.factor >= kMinInStepFactor && f.factor <= kMaxInStepFactor, "fitting ", key, " to ", ref.name,
+            ": in the step it reaches ", f.efficiency, " of the peak, ", f.factor, " times what its points give (",
+            f.alone, "); a factor outside [", kMinInStepFactor, ", ", kMaxInStepFactor,
+            "] means the points or the step split are wrong");
+  for (const auto& [point_x, point] : curve.points)
+    MOE_CHECK(point * f.factor <= max_efficiency(key), "fitting ", key, " to ", ref.name, ": in the step it reaches ",
+              f.efficiency, " of the peak, so its point at x = ", point_x, " (", point, ") would reach ",
+              point * f.factor, ", above the ", max_efficiency(key), " of the peak a ", key,
+              " curve may: the step split or the model's work count is wrong");
   const bool flops = std::string(work_unit) == "FLOP";
   char how[400];
   std::snprintf(how, sizeof how,

@@ -54,7 +54,9 @@ struct InStepFit {
 };
 
 // Set the BF16 step's factors in `p` (the list above); throws naming the group when a group the
-// fit needs has no time in the split, or the step is not a BF16 one.
+// fit needs has no time in the split, or the step is not a BF16 one, and naming the curve when its
+// factor is one a profile file cannot hold (hardware_profile.h: from 1e-3 to 2, and no point times
+// it past the curve's max_efficiency), so the calibration never writes a profile `plan` refuses.
 std::vector<InStepFit> fit_bf16_step(HardwareProfile& p, const ReferenceStep& ref);
 // Set the FP8 step's factors; call after fit_bf16_step. Throws as fit_bf16_step, and when the
 // dense GEMMs took no longer than their BF16 products alone would.

@@ -1,5 +1,7 @@
 #include "moe/perf/step_model.h"
 
+#include <cmath>
+#include <cstdarg>
 #include <cstdio>
 
 #include "moe/core/error.h"
@@ -23,6 +25,21 @@ double link_gb_s(const Topology& t, int64_t ranks_spanned, const HardwareProfile
 
 // (n - 1) / n: the share of a ring collective's full-size buffer each rank sends (and receives).
 double ring_factor(int64_t n) { return n <= 1 ? 0 : static_cast<double>(n - 1) / static_cast<double>(n); }
+
+// printf into a string as long as the numbers make it: a fixed line buffer whose remaining size was
+// computed from snprintf's would-be length wrapped around past its end on a 1e300 ms part and
+// wrote beyond it.
+[[gnu::format(printf, 1, 2)]] std::string formatted(const char* format, ...) {
+  va_list args, again;
+  va_start(args, format);
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, format, args);
+  va_end(args);
+  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  std::vsnprintf(out.data(), out.size() + 1, format, again);
+  va_end(again);
+  return out;
+}
 
 }  // namespace
 
@@ -120,7 +137,14 @@ StepPrediction predict_step(const Config& cfg, const Topology& topo, const Hardw
   const double chunks_per_stage = static_cast<double>(w.pipeline_virtual_stages);
   add("pipeline bubble", stages > 1 ? compute * (stages - 1) / (chunks_per_stage * w.microbatches) : 0, 0, "", 0);
 
-  for (const PredictedPart& part : p.parts) p.step_s += part.seconds;
+  for (const PredictedPart& part : p.parts) {
+    // A profile built in code (the calibration's, a test's) is not bounded as a file is: an
+    // efficiency of 5e-324 made this part inf s and the step "0 tokens/s", printed as a prediction.
+    MOE_CHECK(std::isfinite(part.seconds) && part.seconds >= 0, "the performance model on ", hw.name, " times '",
+              part.name, "' at ", part.seconds, " s (", part.work, " ", part.unit, " at efficiency ", part.efficiency,
+              "): the hardware profile's rates and efficiencies must be positive and finite");
+    p.step_s += part.seconds;
+  }
   const double tokens_per_gpu = w.tokens / stages;
   p.tokens_per_s_per_gpu = tokens_per_gpu / p.step_s;
   p.mfu = count_flops(cfg.model, cfg.train.seq_len).flops_per_token * p.tokens_per_s_per_gpu / bf16;
@@ -130,29 +154,25 @@ StepPrediction predict_step(const Config& cfg, const Topology& topo, const Hardw
 }
 
 std::string format_prediction(const StepPrediction& p, const HardwareProfile& hw) {
-  std::string out;
-  char line[256];
-  std::snprintf(line, sizeof line, ": %s, %s tokens/s per GPU, MFU %.1f%% of %.0f TFLOP/s\n",
-                format_step_time(p.step_s).c_str(), format_count(p.tokens_per_s_per_gpu).c_str(), 100 * p.mfu,
-                hw.peak_bf16_tflops);
-  // Not through the fixed buffer: the name may be long (a calibrated file's).
-  out += "predicted step on " + hw.name + " (" + profile_kind(hw) + ")" + line;
+  std::string out =
+      "predicted step on " + hw.name + " (" + profile_kind(hw) + ")" +
+      formatted(": %s, %s tokens/s per GPU, MFU %.1f%% of %.0f TFLOP/s\n", format_step_time(p.step_s).c_str(),
+                format_count(p.tokens_per_s_per_gpu).c_str(), 100 * p.mfu, hw.peak_bf16_tflops);
   for (const PredictedPart& part : p.parts) {
     if (part.seconds <= 0) continue;
-    int n = std::snprintf(line, sizeof line, "    %-22s %9.2f ms %6.1f%%", part.name.c_str(), 1e3 * part.seconds,
-                          100 * part.seconds / p.step_s);
+    out +=
+        formatted("    %-22s %9.2f ms %6.1f%%", part.name.c_str(), 1e3 * part.seconds, 100 * part.seconds / p.step_s);
     if (part.work > 0) {
       const bool flops = std::string(part.unit) == "FLOP";
-      n += std::snprintf(line + n, sizeof line - static_cast<size_t>(n), "   %8.2f %s", part.work / (flops ? 1e12 : 1e9),
-                         flops ? "TFLOP" : "GB");
+      out += formatted("   %8.2f %s", part.work / (flops ? 1e12 : 1e9), flops ? "TFLOP" : "GB");
       if (part.efficiency > 0)
-        std::snprintf(line + n, sizeof line - static_cast<size_t>(n), " at %3.0f%% of the %s", 100 * part.efficiency,
-                      flops ? "peak" : part.name == "element-wise, routing" || part.name == "optimizer" ||
-                                               part.name == "FP8 quantize"
-                                           ? "memory bandwidth"
-                                           : "link");
+        out +=
+            formatted(" at %3.0f%% of the %s", 100 * part.efficiency,
+                      flops ? "peak"
+                      : part.name == "element-wise, routing" || part.name == "optimizer" || part.name == "FP8 quantize"
+                          ? "memory bandwidth"
+                          : "link");
     }
-    out += line;
     out += '\n';
   }
   if (!p.caveat.empty()) out += "    (" + p.caveat + ")\n";

@@ -133,7 +133,7 @@ std::string format_search(const std::vector<TopologyCandidate>& ranked, const Co
                   100 * c.prediction.mfu);
     os << line;
   }
-  if (rank == 0) os << "no layout fits on " << gpus << " GPUs\n";
+  if (rank == 0) os << "no layout fits on " << gpus << (gpus == 1 ? " GPU\n" : " GPUs\n");
   for (const TopologyCandidate& c : ranked)
     if (!c.feasible) os << "refused: " << c.describe() << ": " << c.why_not << "\n";
   return os.str();
