@@ -3,8 +3,9 @@
 //   checkpoint's rank file and index are byte for byte the foreground run's: the copy is of the
 //   saved step, not of the weights the next steps change. The run ends with every checkpoint it
 //   started committed, no temp directory left, and one resumes with the uninterrupted losses.
-// - A background write that fails (test hook: a full disk) ends the run with one error naming the
-//   checkpoint and the reason; the checkpoints before it stay, the failed one's temp directory goes.
+// - A background write that fails (test hook: a full disk) ends the run at a later step boundary
+//   with one error naming the checkpoint and the reason; the checkpoints before it stay, the failed
+//   one's temp directory goes. A run that gives up on non-finite steps commits the one in flight.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -121,9 +122,52 @@ TEST(AsyncSave, AFailedBackgroundWriteEndsTheRunAndKeepsTheCheckpointsBeforeIt) 
     EXPECT_NE(what.find("No space left on device (test hook)"), std::string::npos) << what;
   }
   EXPECT_FALSE(fs::exists(run + "/step-000005"));
-  EXPECT_FALSE(fs::exists(run + "/step-000008"));  // the run ended at the failure, not at its last step
+  // The step boundaries after the save found the failure and ended the run before its last step.
+  EXPECT_FALSE(fs::exists(run + "/step-000008"));
+  std::ifstream metrics(run + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(metrics, line))
+    if (!line.empty()) last = line;
+  const size_t at = last.find("\"step\":");
+  ASSERT_NE(at, std::string::npos) << last;
+  const int64_t last_step = std::stoll(last.substr(at + 7));
+  EXPECT_GE(last_step, 5);
+  EXPECT_LT(last_step, 8) << "the run trained on to its last step past a failed save";
   for (const std::string& name : entries(run)) EXPECT_EQ(name.find(".tmp-"), std::string::npos) << name;
   EXPECT_EQ(file_bytes(run + "/step-000003/rank-00000.safetensors"), before);
+}
+
+// A run that gives up on non-finite steps tells the user to resume from an earlier checkpoint: one
+// still being written in the background is committed before that error (it was dropped, its rank
+// file left in the temp folder for the next start to delete).
+TEST(AsyncSave, ADivergedRunCommitsTheCheckpointItPointsTo) {
+  testing::TempDir dir;
+  const ScopedEnv slow("MOE_TEST_SLOW_BACKGROUND_SAVE", "500");
+  const ScopedEnv nonfinite("MOE_TEST_NONFINITE_FROM_STEP", "3");  // steps 3 on have non-finite gradients
+  Trainer t(testing::small_config(dir.path, {"train.steps=8", "train.save_every=2", "train.async_save=true",
+                                             "train.max_skipped_steps=2"}),
+            quiet(), testing::local_world());
+  try {
+    t.run();
+    ADD_FAILURE() << "the run did not give up";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the model has diverged"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_directory(dir.path + "/step-000002"));
+  for (const std::string& name : entries(dir.path)) EXPECT_EQ(name.find(".tmp-"), std::string::npos) << name;
+}
+
+// Any other error while a checkpoint is written in the background: in one process the checkpoint is
+// still committed before the error leaves run() (no other rank takes part in the commit).
+TEST(AsyncSave, AnErrorInALaterStepStillCommitsTheCheckpointInOneProcess) {
+  testing::TempDir dir;
+  const ScopedEnv slow("MOE_TEST_SLOW_BACKGROUND_SAVE", "500");
+  const ScopedEnv fail("MOE_TEST_FAIL_ON_RANK", "0");  // rank 0 throws in its second step
+  Trainer t(testing::small_config(dir.path, {"train.steps=8", "train.save_every=1", "train.async_save=true"}), quiet(),
+            testing::local_world());
+  EXPECT_THROW(t.run(), Error);
+  EXPECT_TRUE(fs::is_directory(dir.path + "/step-000001"));
+  for (const std::string& name : entries(dir.path)) EXPECT_EQ(name.find(".tmp-"), std::string::npos) << name;
 }
 
 }  // namespace

@@ -14,9 +14,10 @@ namespace moe {
 
 namespace {
 
-// The signals a user or a launcher sends to stop or save a run: the trainer's handlers
-// (train/stop_request.h) run on the main thread, which also polls the flags they set. The writer
-// thread starts with them blocked, so it is never the thread the kernel picks to deliver them.
+// Signals sent to the process rather than raised by a write: those a user or a launcher sends to
+// stop a run (the trainer's handlers, train/stop_request.h, set flags the main thread polls) and
+// the others a process is commonly sent. The writer thread starts with them blocked, so the kernel
+// always delivers them to a thread that may act on them.
 sigset_t stop_signals() {
   sigset_t set;
   sigemptyset(&set);
@@ -39,19 +40,21 @@ size_t BackgroundRankFile::snapshot_bytes(const std::vector<CheckpointSlice>& sl
 void BackgroundRankFile::start(const std::string& tmp_dir, int rank, std::vector<CheckpointSlice> slices,
                                const SliceProducer& produce) {
   MOE_CHECK(!held(), "BackgroundRankFile: a checkpoint write is still held; finish() it before the next");
-  storage_.assign(slices.size(), {});
+  storage_.clear();
+  storage_.reserve(slices.size());
   for (size_t i = 0; i < slices.size(); ++i) {
     CheckpointSlice& s = slices[i];
     const size_t bytes = static_cast<size_t>(s.end - s.begin) * dtype_size(s.dtype);
-    storage_[i].resize(bytes);
-    if (bytes == 0) continue;
-    if (s.data != nullptr) {
-      std::copy_n(static_cast<const unsigned char*>(s.data), bytes, storage_[i].data());
-    } else {
+    // Not zero-filled first: the copy is the pause training sees, and a fill would add a pass.
+    storage_.emplace_back(new unsigned char[std::max<size_t>(bytes, 1)]);
+    unsigned char* copy = storage_.back().get();
+    if (bytes != 0 && s.data != nullptr) {
+      std::copy_n(static_cast<const unsigned char*>(s.data), bytes, copy);
+    } else if (bytes != 0) {
       MOE_CHECK(produce != nullptr, "BackgroundRankFile: slice '", s.key, "' has neither data nor a producer");
-      produce(i, storage_[i].data());
+      produce(i, copy);
     }
-    s.data = storage_[i].data();
+    s.data = copy;
   }
   done_.store(false, std::memory_order_release);
   chunks_.clear();
@@ -63,7 +66,11 @@ void BackgroundRankFile::start(const std::string& tmp_dir, int rank, std::vector
   const bool fail = std::getenv("MOE_TEST_FAIL_BACKGROUND_SAVE") != nullptr;
   const sigset_t blocked = stop_signals();
   sigset_t previous;
-  pthread_sigmask(SIG_BLOCK, &blocked, &previous);  // inherited by the thread, restored here below
+  pthread_sigmask(SIG_BLOCK, &blocked, &previous);  // inherited by the thread
+  struct RestoreMask {                              // also when the thread cannot be started
+    const sigset_t& mask;
+    ~RestoreMask() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
+  } restore{previous};
   thread_ = std::thread([this, tmp_dir, rank, slices = std::move(slices), delay_ms, fail] {
     try {
       if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
@@ -74,7 +81,6 @@ void BackgroundRankFile::start(const std::string& tmp_dir, int rank, std::vector
     }
     done_.store(true, std::memory_order_release);
   });
-  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
 }
 
 std::vector<CheckpointChunk> BackgroundRankFile::finish() {

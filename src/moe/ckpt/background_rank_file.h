@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <exception>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,7 +38,7 @@ class BackgroundRankFile {
   std::vector<CheckpointChunk> finish();
 
  private:
-  std::vector<std::vector<unsigned char>> storage_;  // one buffer per slice
+  std::vector<std::unique_ptr<unsigned char[]>> storage_;  // one buffer per slice
   std::thread thread_;
   std::atomic<bool> done_{false};
   std::vector<CheckpointChunk> chunks_;

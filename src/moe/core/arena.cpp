@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <utility>
 #include <sstream>
 
 namespace moe {
@@ -91,18 +93,74 @@ size_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
 }
 
+namespace {
+
+// The first unsigned number in `path`, if it holds one ("max" and missing files do not).
+std::optional<unsigned long long> number_in_file(const char* path) {
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return std::nullopt;
+  unsigned long long v = 0;
+  const bool ok = std::fscanf(f, "%llu", &v) == 1;
+  std::fclose(f);
+  return ok ? std::optional<unsigned long long>(v) : std::nullopt;
+}
+
+// This process's memory cgroup directories, from /proc/self/cgroup: cgroup v2's ("0::<path>"
+// under /sys/fs/cgroup) and v1's ("N:memory:<path>" under /sys/fs/cgroup/memory). Inside a
+// container's cgroup namespace the path is "/", its own root.
+std::pair<std::string, std::string> memory_cgroup_dirs() {
+  std::string v2 = "/sys/fs/cgroup", v1 = "/sys/fs/cgroup/memory";
+  if (FILE* f = std::fopen("/proc/self/cgroup", "r")) {
+    char line[4096];
+    while (std::fgets(line, sizeof line, f)) {
+      std::string entry(line);
+      while (!entry.empty() && (entry.back() == '\n' || entry.back() == '/')) entry.pop_back();
+      const size_t colon = entry.find(':'), second = entry.find(':', colon + 1);
+      if (colon == std::string::npos || second == std::string::npos) continue;
+      const std::string controllers = entry.substr(colon + 1, second - colon - 1), path = entry.substr(second + 1);
+      if (entry.compare(0, colon, "0") == 0 && controllers.empty()) v2 += path;
+      if (controllers == "memory" || controllers.find("memory,") == 0 || controllers.find(",memory") != std::string::npos)
+        v1 += path;
+    }
+    std::fclose(f);
+  }
+  return {v2, v1};
+}
+
+// Room left under this process's memory cgroup limit (a Slurm --mem job, a container), if it has
+// one: cgroup v2's memory.max - memory.current, else v1's limit_in_bytes - usage_in_bytes (v1 says
+// "no limit" with a number near 2^63, which then never binds).
+std::optional<size_t> cgroup_headroom_bytes() {
+  const auto [v2, v1] = memory_cgroup_dirs();
+  const std::pair<std::string, std::string> files[] = {{v2 + "/memory.max", v2 + "/memory.current"},
+                                                       {v1 + "/memory.limit_in_bytes", v1 + "/memory.usage_in_bytes"}};
+  for (const auto& [limit_file, usage_file] : files) {
+    const auto limit = number_in_file(limit_file.c_str()), usage = number_in_file(usage_file.c_str());
+    if (!limit || !usage) continue;
+    return static_cast<size_t>(*limit > *usage ? *limit - *usage : 0);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 size_t available_memory_bytes() {
+  size_t available = 0;
+  bool found = false;
   if (FILE* f = std::fopen("/proc/meminfo", "r")) {
     char line[256];
     unsigned long long kib = 0;
-    bool found = false;
     while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
     std::fclose(f);
-    if (found) return static_cast<size_t>(kib) * 1024;
+    available = static_cast<size_t>(kib) * 1024;
   }
-  const long pages = sysconf(_SC_AVPHYS_PAGES);
-  const long page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+  if (!found) {
+    const long pages = sysconf(_SC_AVPHYS_PAGES);
+    const long page = sysconf(_SC_PAGE_SIZE);
+    available = pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+  }
+  if (const auto headroom = cgroup_headroom_bytes()) available = std::min(available, *headroom);
+  return available;
 }
 
 size_t peak_rss_bytes() {

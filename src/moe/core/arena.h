@@ -59,8 +59,9 @@ class Arena {
 
 // Physical memory of this machine, and this process's peak resident set so far.
 size_t physical_memory_bytes();
-// Memory the kernel says a new allocation can take without swapping (/proc/meminfo MemAvailable:
-// free memory plus reclaimable caches; the free pages where that file is missing).
+// Memory a new allocation can take without swapping or meeting a limit: /proc/meminfo MemAvailable
+// (free memory plus reclaimable caches; the free pages where that file is missing), and at most
+// the room left under this process's memory cgroup limit where it has one (Slurm --mem, a container).
 size_t available_memory_bytes();
 size_t peak_rss_bytes();
 std::string format_bytes(double bytes);

@@ -1,6 +1,7 @@
 #include "moe/train/trainer.h"
 
 #include <algorithm>
+#include <exception>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -476,6 +477,21 @@ TrainSummary Trainer::run() {
     }
   }
   if (!opts_.bench) check_run_dir_is_shared();
+  // An error while a checkpoint is written in the background (train.async_save): in one process it
+  // is still committed, before run_dir's lock is released (nothing else takes part); with several
+  // ranks the others may have gone, so its temp folder is left for the next start to clear.
+  struct CommitOnError {
+    Trainer& trainer;
+    const int uncaught = std::uncaught_exceptions();
+    ~CommitOnError() {
+      if (std::uncaught_exceptions() == uncaught || !trainer.background_save_ || trainer.host_world_.size() != 1) return;
+      try {
+        trainer.finish_background_save(/*wait=*/true);
+      } catch (const std::exception&) {
+        // The error being reported is the run's; this save's own failure cannot replace it.
+      }
+    }
+  } commit_on_error{*this};
   if (!resume_note_.empty()) std::fputs(resume_note_.c_str(), stdout);
   const bool talk = leader() && !opts_.quiet;
   if (talk) print_plan();
@@ -551,7 +567,9 @@ TrainSummary Trainer::run() {
         run_dir->write_record(j);  // metrics.jsonl and, with run.tensorboard, the TensorBoard events
       }
     }
-    // Skipped steps leave the weights as they were; a run that keeps skipping has diverged.
+    // Skipped steps leave the weights as they were; a run that keeps skipping has diverged. Its
+    // error points to the last checkpoint: one still being written is committed first.
+    if (give_up) finish_background_save(/*wait=*/true);
     MOE_CHECK(!give_up, consecutive_skipped, " consecutive steps (up to step ", r.step,
               ") were skipped because their gradients were not finite (train.max_skipped_steps = ",
               t.max_skipped_steps, "); the model has diverged. Resume from an earlier checkpoint with a lower "
@@ -576,13 +594,13 @@ TrainSummary Trainer::run() {
     summary.power = opts_.power->summary();
   }
   if (profile && opts_.profiler->recording()) opts_.profiler->stop();
+  finish_background_save(/*wait=*/true);  // the run ends with every checkpoint it started committed
   MOE_CHECK(skipped_here == 0 || skipped_here < t.steps - start_step_, "every step of this run (", skipped_here,
             ") was skipped because its gradients were not finite: nothing was learned. Lower train.lr or tighten "
             "train.grad_clip");
   if (!opts_.bench && cfg_.run.save_final && last_saved != t.steps && summary.last_step == t.steps &&
       t.steps > start_step_)
     save_checkpoint_now(t.steps);
-  finish_background_save(/*wait=*/true);  // the run ends with every checkpoint it started committed
   if (!opts_.bench && summary.stop_reason.empty() && t.eval_batches > 0 && !summary.eval_loss &&
       !(t.eval_every > 0 && t.steps > start_step_)) {
     summary.eval_loss = evaluate(t.eval_batches);

@@ -61,6 +61,11 @@ void Trainer::finish_background_save(bool wait) {
     float busy = background_file_.done() ? 0.0f : 1.0f;
     host_world_.all_reduce(Tensor(&busy, DType::F32, {1}), ReduceOp::Max);
     if (busy != 0.0f) return;
+  } else if (!background_file_.done() && leader() && !opts_.quiet) {
+    // A stop, the next save or the run's end waits here, for as long as the disk takes: say so.
+    std::printf("waiting for checkpoint %s, still being written in the background (train.async_save)\n",
+                checkpoint_dir_name(background_save_->step).c_str());
+    std::fflush(stdout);
   }
   const BackgroundSave save = std::move(*background_save_);
   background_save_.reset();
@@ -78,6 +83,7 @@ void Trainer::finish_background_save(bool wait) {
     const nlohmann::json j = nlohmann::json::parse(records[r]);
     if (j.is_object() && j.contains("error")) {
       if (leader()) abandon_checkpoint(cfg_.run_dir(), save.step);
+      host_world_.barrier();  // the temp folder is gone before any rank's error can abort the job
       MOE_FAIL("checkpoint ", checkpoint_dir_name(save.step), " was not saved: rank ", r,
                "'s file, written in the background (train.async_save), failed: ", j["error"].get<std::string>(),
                "; the checkpoints before it are intact");
