@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../process_state.h"
 #include "moe/core/error.h"
 #include "temp_dir.h"
 
@@ -29,14 +30,7 @@ std::string file_bytes(const std::string& path) {
   return ss.str();
 }
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+using moe::testing::ScopedEnv;
 
 // Two slices of one 64-element tensor: the first held in `host`, the second produced on demand.
 std::vector<CheckpointSlice> slices_over(const std::vector<float>& host) {

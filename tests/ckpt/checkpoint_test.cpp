@@ -16,6 +16,7 @@
 
 #include "moe/ckpt/checksum.h"
 #include "moe/core/error.h"
+#include "../process_state.h"
 #include "temp_dir.h"
 #include "two_rank_checkpoint.h"
 
@@ -352,15 +353,8 @@ TEST(Checkpoint, a_save_that_hits_a_full_disk_leaves_no_temp_directory_and_the_e
     std::string file;
   };
   for (const Case& c : {Case{rank_bytes / 2, rank_file_name(0)}, Case{(rank_bytes + index_bytes) / 2, "index.json"}}) {
-    rlimit old{};
-    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
-    rlimit small = old;
-    small.rlim_cur = c.limit;
-    auto* previous = std::signal(SIGXFSZ, SIG_IGN);
-    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-    const std::string msg = error_of([&] { save_checkpoint(run, 2, slices, {{"step", 2}}); });
-    ::setrlimit(RLIMIT_FSIZE, &old);
-    std::signal(SIGXFSZ, previous);
+    const std::string msg =
+        moe::testing::error_under_file_size_limit(c.limit, [&] { save_checkpoint(run, 2, slices, {{"step", 2}}); });
     EXPECT_NE(msg.find(run + "/.tmp-step-000002/" + c.file), std::string::npos) << msg;
     EXPECT_NE(msg.find("File too large"), std::string::npos) << msg;
     EXPECT_FALSE(fs::exists(run + "/.tmp-step-000002"))

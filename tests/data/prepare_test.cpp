@@ -18,6 +18,7 @@
 #include "moe/data/token_array.h"
 #include "moe/data/prepare.h"
 #include "../error_of.h"
+#include "../process_state.h"
 
 using namespace moe;
 namespace fs = std::filesystem;
@@ -201,15 +202,8 @@ TEST_F(PrepareTest, append_that_hits_a_full_disk_names_the_file_and_reason_and_l
   };
   for (const Case& c : {Case{100, ".b.npy.tmp-"}, Case{200, ".dataset.json.tmp-"}}) {
     ASSERT_GT(fs::file_size(out / "dataset.json"), 200u) << "dataset.json must outgrow the second limit";
-    rlimit old{};
-    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
-    rlimit small = old;
-    small.rlim_cur = c.limit;
-    auto* previous = std::signal(SIGXFSZ, SIG_IGN);
-    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-    const std::string msg = error_of([&] { prepare_byte_level({b}, out.string(), /*append=*/true); });
-    ::setrlimit(RLIMIT_FSIZE, &old);
-    std::signal(SIGXFSZ, previous);
+    const std::string msg = moe::testing::error_under_file_size_limit(
+        c.limit, [&] { prepare_byte_level({b}, out.string(), /*append=*/true); });
     EXPECT_NE(msg.find((out / c.temp).string()), std::string::npos) << msg;
     EXPECT_NE(msg.find("File too large"), std::string::npos) << msg;
     EXPECT_EQ(snapshot(out), before);

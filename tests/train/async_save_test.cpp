@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../process_state.h"
 #include "moe/core/error.h"
 #include "moe/train/trainer.h"
 #include "train_test_util.h"
@@ -39,15 +40,7 @@ std::vector<std::string> entries(const std::string& dir) {
   return names;
 }
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+using moe::testing::ScopedEnv;
 
 TrainOptions quiet() {
   TrainOptions o;
