@@ -7,11 +7,15 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../process_state.h"
@@ -55,11 +59,12 @@ TEST(BackgroundRankFile, WritesTheSlicesAsTheyWereAtStart) {
     const ScopedEnv slow("MOE_TEST_SLOW_BACKGROUND_SAVE", "300");
     writer.start(bg.path, 3, slices_over(host), produce_tail);
     ASSERT_TRUE(writer.held());
+    EXPECT_FALSE(writer.done());                 // held back 300 ms
     std::fill(host.begin(), host.end(), -7.0f);  // the next training step, before the thread writes
   }
+  while (!writer.done()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   const std::vector<CheckpointChunk> chunks = writer.finish();
   EXPECT_FALSE(writer.held());
-  EXPECT_TRUE(writer.done());
   ASSERT_EQ(chunks.size(), 2u);
   EXPECT_EQ(chunks[0].file, "rank-00003.safetensors");
   EXPECT_TRUE(chunks[0].checksum.has_value());
@@ -92,6 +97,31 @@ TEST(BackgroundRankFile, AFailedWriteComesBackFromFinish) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("finish() without a write"), std::string::npos) << e.what();
   }
+}
+
+// Destroyed while an exception unwinds (an error on one rank of a job, on its way to MPI_Abort),
+// the writer does not wait for the disk: the thread, owning its copy, is left to end on its own.
+// Destroyed otherwise, it waits.
+TEST(BackgroundRankFile, DestructionDuringAnErrorDoesNotWaitForTheDisk) {
+  TempDir dir;
+  std::vector<float> host(40, 2.0f);
+  const ScopedEnv slow("MOE_TEST_SLOW_BACKGROUND_SAVE", "1500");
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    BackgroundRankFile writer;
+    writer.start(dir.path, 0, slices_over(host), produce_tail);
+    throw std::runtime_error("a failing step");
+  } catch (const std::runtime_error&) {
+  }
+  const double unwound_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(unwound_s, 1.0) << "the destructor waited for the write";
+  {
+    BackgroundRankFile writer;
+    writer.start(dir.path, 1, slices_over(host), produce_tail);
+  }
+  const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited_s, 1.5) << "the destructor did not wait for the write";
+  EXPECT_TRUE(std::filesystem::exists(dir.path + "/rank-00001.safetensors"));
 }
 
 }  // namespace

@@ -28,8 +28,14 @@ sigset_t stop_signals() {
 }  // namespace
 
 BackgroundRankFile::~BackgroundRankFile() {
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  if (std::uncaught_exceptions() > 0)
+    thread_.detach();
+  else
+    thread_.join();
 }
+
+bool BackgroundRankFile::done() const { return write_ != nullptr && write_->done.load(std::memory_order_acquire); }
 
 size_t BackgroundRankFile::snapshot_bytes(const std::vector<CheckpointSlice>& slices) {
   size_t bytes = 0;
@@ -40,14 +46,14 @@ size_t BackgroundRankFile::snapshot_bytes(const std::vector<CheckpointSlice>& sl
 void BackgroundRankFile::start(const std::string& tmp_dir, int rank, std::vector<CheckpointSlice> slices,
                                const SliceProducer& produce) {
   MOE_CHECK(!held(), "BackgroundRankFile: a checkpoint write is still held; finish() it before the next");
-  storage_.clear();
-  storage_.reserve(slices.size());
+  auto write = std::make_shared<Write>();
+  write->storage.reserve(slices.size());
   for (size_t i = 0; i < slices.size(); ++i) {
     CheckpointSlice& s = slices[i];
     const size_t bytes = static_cast<size_t>(s.end - s.begin) * dtype_size(s.dtype);
     // Not zero-filled first: the copy is the pause training sees, and a fill would add a pass.
-    storage_.emplace_back(new unsigned char[std::max<size_t>(bytes, 1)]);
-    unsigned char* copy = storage_.back().get();
+    write->storage.emplace_back(new unsigned char[std::max<size_t>(bytes, 1)]);
+    unsigned char* copy = write->storage.back().get();
     if (bytes != 0 && s.data != nullptr) {
       std::copy_n(static_cast<const unsigned char*>(s.data), bytes, copy);
     } else if (bytes != 0) {
@@ -56,9 +62,6 @@ void BackgroundRankFile::start(const std::string& tmp_dir, int rank, std::vector
     }
     s.data = copy;
   }
-  done_.store(false, std::memory_order_release);
-  chunks_.clear();
-  error_ = nullptr;
   // Test hooks, read here (getenv is not safe beside a setenv on another thread): a slow disk, so
   // that the steps after the save run while it is written, and a full one.
   const char* slow = std::getenv("MOE_TEST_SLOW_BACKGROUND_SAVE");
@@ -71,25 +74,25 @@ void BackgroundRankFile::start(const std::string& tmp_dir, int rank, std::vector
     const sigset_t& mask;
     ~RestoreMask() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
   } restore{previous};
-  thread_ = std::thread([this, tmp_dir, rank, slices = std::move(slices), delay_ms, fail] {
+  thread_ = std::thread([write, tmp_dir, rank, slices = std::move(slices), delay_ms, fail] {
     try {
       if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
       if (fail) MOE_FAIL("cannot write ", tmp_dir, "/", rank_file_name(rank), ": No space left on device (test hook)");
-      chunks_ = write_rank_file(tmp_dir, rank, slices);
+      write->chunks = write_rank_file(tmp_dir, rank, slices);
     } catch (...) {
-      error_ = std::current_exception();
+      write->error = std::current_exception();
     }
-    done_.store(true, std::memory_order_release);
+    write->done.store(true, std::memory_order_release);
   });
+  write_ = std::move(write);
 }
 
 std::vector<CheckpointChunk> BackgroundRankFile::finish() {
   MOE_CHECK(held(), "BackgroundRankFile: finish() without a write");
   thread_.join();
-  storage_.clear();
-  storage_.shrink_to_fit();
-  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  return std::move(chunks_);
+  const std::shared_ptr<Write> write = std::move(write_);  // the host copy is freed on return
+  if (write->error) std::rethrow_exception(write->error);
+  return std::move(write->chunks);
 }
 
 }  // namespace moe

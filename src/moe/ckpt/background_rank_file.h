@@ -22,7 +22,10 @@ namespace moe {
 class BackgroundRankFile {
  public:
   BackgroundRankFile() = default;
-  ~BackgroundRankFile();  // waits for a write still running (its result is dropped)
+  // Waits for a write still running (its result is dropped), except while an exception unwinds:
+  // then the thread is left to end on its own (it owns what it uses), so an error on one rank of a
+  // job reaches MPI_Abort without waiting for the disk (minutes for a large checkpoint).
+  ~BackgroundRankFile();
   BackgroundRankFile(const BackgroundRankFile&) = delete;
   BackgroundRankFile& operator=(const BackgroundRankFile&) = delete;
 
@@ -32,17 +35,21 @@ class BackgroundRankFile {
   // Copies every slice (those with null data through produce, as write_rank_file would ask) and
   // starts writing <tmp_dir>/rank-RRRRR.safetensors from the copy. Refused while a write is held.
   void start(const std::string& tmp_dir, int rank, std::vector<CheckpointSlice> slices, const SliceProducer& produce);
-  bool held() const { return thread_.joinable(); }                     // started and not yet collected by finish()
-  bool done() const { return done_.load(std::memory_order_acquire); }  // the write has ended, well or not
+  bool held() const { return thread_.joinable(); }  // started and not yet collected by finish()
+  bool done() const;                                // a write is held and has ended, well or not
   // Waits for the write, frees the snapshot and returns its chunk records, or rethrows its error.
   std::vector<CheckpointChunk> finish();
 
  private:
-  std::vector<std::unique_ptr<unsigned char[]>> storage_;  // one buffer per slice
+  // What the thread uses and produces, shared with it so that it may outlive this object.
+  struct Write {
+    std::vector<std::unique_ptr<unsigned char[]>> storage;  // the host copy, one buffer per slice
+    std::atomic<bool> done{false};
+    std::vector<CheckpointChunk> chunks;  // read after join
+    std::exception_ptr error;             // read after join
+  };
+  std::shared_ptr<Write> write_;
   std::thread thread_;
-  std::atomic<bool> done_{false};
-  std::vector<CheckpointChunk> chunks_;
-  std::exception_ptr error_;
 };
 
 }  // namespace moe
