@@ -10,9 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -26,13 +24,6 @@ namespace moe {
 namespace {
 
 using moe::testing::TempDir;
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 using moe::testing::ScopedEnv;
 
@@ -68,7 +59,8 @@ TEST(BackgroundRankFile, WritesTheSlicesAsTheyWereAtStart) {
   ASSERT_EQ(chunks.size(), 2u);
   EXPECT_EQ(chunks[0].file, "rank-00003.safetensors");
   EXPECT_TRUE(chunks[0].checksum.has_value());
-  EXPECT_EQ(file_bytes(bg.path + "/rank-00003.safetensors"), file_bytes(fg.path + "/rank-00003.safetensors"));
+  EXPECT_EQ(moe::testing::read_bytes(bg.path + "/rank-00003.safetensors"),
+            moe::testing::read_bytes(fg.path + "/rank-00003.safetensors"));
 
   // The writer takes the next checkpoint once the last is collected.
   TempDir next;

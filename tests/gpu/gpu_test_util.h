@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,23 @@ inline void expect_same_steps_bit_for_bit(const TrainSummary& a, const TrainSumm
     EXPECT_EQ(b.steps[i].loss, a.steps[i].loss) << what << ", step " << i + 1;
     EXPECT_EQ(b.steps[i].grad_norm, a.steps[i].grad_norm) << what << ", step " << i + 1;
   }
+}
+
+// train.deterministic: two eager runs of config(extra) and one captured as a CUDA graph repeat
+// the first bit for bit over `steps` steps (`config` builds the test's config from extra settings).
+inline void expect_deterministic_runs_repeat(const std::function<Config(std::vector<std::string>)>& config,
+                                             const TrainOptions& opts, Communicator& world, int64_t steps) {
+  const std::vector<std::string> det = {"train.steps=" + std::to_string(steps), "train.deterministic=true"};
+  std::vector<std::string> det_graph = det;
+  det_graph.push_back("train.cuda_graph=true");
+  Trainer eager_a(config(det), opts, world);
+  Trainer eager_b(config(det), opts, world);
+  Trainer graph(config(det_graph), opts, world);
+  const TrainSummary a = eager_a.run(), b = eager_b.run(), c = graph.run();
+  ASSERT_EQ(a.steps.size(), static_cast<size_t>(steps));
+  EXPECT_GT(c.graph_nodes, 0u) << "the step was not captured";
+  expect_same_steps_bit_for_bit(a, b, "a second eager run");
+  expect_same_steps_bit_for_bit(a, c, "the replayed graph");
 }
 
 }  // namespace moe::testing

@@ -125,17 +125,9 @@ TEST(GpuFp8, GraphReplayGivesTheLossesOfEagerExecution) {
 TEST(GpuFp8, DeterministicRunsRepeatBitForBit) {
   MOE_SKIP_WITHOUT_GPU();
   TempDir dir;
-  const std::vector<std::string> det = {"train.steps=6", "train.deterministic=true"};
-  std::vector<std::string> det_graph = det;
-  det_graph.push_back("train.cuda_graph=true");
-  Trainer eager_a(fp8_config(dir.path, "cuda", det), quiet_bench(), local_world());
-  Trainer eager_b(fp8_config(dir.path, "cuda", det), quiet_bench(), local_world());
-  Trainer graph(fp8_config(dir.path, "cuda", det_graph), quiet_bench(), local_world());
-  const TrainSummary a = eager_a.run(), b = eager_b.run(), c = graph.run();
-  ASSERT_EQ(a.steps.size(), 6u);
-  EXPECT_GT(c.graph_nodes, 0u) << "the step was not captured";
-  testing::expect_same_steps_bit_for_bit(a, b, "a second eager run");
-  testing::expect_same_steps_bit_for_bit(a, c, "the replayed graph");
+  testing::expect_deterministic_runs_repeat(
+      [&](std::vector<std::string> extra) { return fp8_config(dir.path, "cuda", std::move(extra)); }, quiet_bench(),
+      local_world(), 6);
 }
 
 // ep.payload = "fp8" on the GPU (written without a GPU at hand; the CPU tests check the same
