@@ -183,6 +183,19 @@ class _RankFile:
             if offsets[1] > data_size:
                 _fail(f"{what}: data_offsets {offsets} run past the data section ({data_size} bytes; truncated file?)")
             self.entries[name] = (dtype, shape, offsets[0], offsets[1])
+        # Packed, as the format requires (and the C++ reader checks): no overlap, gap or trailing bytes.
+        covered, previous = 0, None
+        for name, (_, _, begin, end) in sorted(self.entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
+            if begin < covered:
+                _fail(f"{where}: tensors '{previous[0]}' [{previous[1]}, {previous[2]}) and '{name}' "
+                      f"[{begin}, {end}) overlap")
+            if begin != covered:
+                _fail(f"{where}: bytes [{covered}, {begin}) of the data section belong to no tensor (before "
+                      f"'{name}'); the format packs tensors without gaps (damaged file?)")
+            covered, previous = end, (name, begin, end)
+        if covered != data_size:
+            _fail(f"{where}: the tensors end at byte {covered} of the {data_size}-byte data section; the "
+                  f"{data_size - covered} bytes after them belong to no tensor (damaged or concatenated file?)")
 
     def raw(self, name):
         """The stored bytes of tensor `name` (a view into the mapping)."""

@@ -306,13 +306,45 @@ TEST(SafetensorsCorrupt, OverlappingTensors) {
   EXPECT_NE(msg.find("'a'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("'b'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("overlap"), std::string::npos) << msg;
-  // Touching ranges, gaps and zero-size tensors inside another's range are fine.
-  write_bytes(c.path, raw_file(R"({"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},)"
-                               R"("z":{"dtype":"F32","shape":[0],"data_offsets":[1,1]},)"
-                               R"("b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+  // Touching ranges in any header order, with zero-size tensors where one ends, are fine.
+  write_bytes(c.path, raw_file(R"({"b":{"dtype":"U8","shape":[5],"data_offsets":[3,8]},)"
+                               R"("z":{"dtype":"F32","shape":[0],"data_offsets":[3,3]},)"
+                               R"("a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}})",
                                kEightBytes));
   SafetensorsReader r(c.path);
   EXPECT_EQ(r.entries().size(), 3u);
+  // A zero-size tensor inside another's range is an overlap, as for the reference reader.
+  msg = c.open_error(raw_file(R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},)"
+                              R"("z":{"dtype":"F32","shape":[0],"data_offsets":[1,1]}})",
+                              kEightBytes));
+  EXPECT_NE(msg.find("'z' [1, 1) overlap"), std::string::npos) << msg;
+}
+
+// The format packs tensors: a gap before, between or after them means a damaged file (the reference
+// reader refuses all three). Each is refused naming the file and the unclaimed bytes.
+TEST(SafetensorsCorrupt, BytesThatBelongToNoTensorAreRefused) {
+  Corrupt c;
+  struct Case {
+    std::string header, expect;
+  };
+  const Case cases[] = {
+      {R"({"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+       "bytes [3, 4) of the data section belong to no tensor (before 'b')"},
+      {R"({"a":{"dtype":"U8","shape":[6],"data_offsets":[2,8]}})",
+       "bytes [0, 2) of the data section belong to no tensor (before 'a')"},
+      {R"({"a":{"dtype":"U8","shape":[5],"data_offsets":[0,5]}})",
+       "the tensors end at byte 5 of the 8-byte data section; the 3 bytes after them"},
+      {R"({"__metadata__":{"k":"v"}})", "the tensors end at byte 0 of the 8-byte data section"},
+  };
+  for (const auto& k : cases) {
+    std::string msg = c.open_error(raw_file(k.header, kEightBytes));
+    EXPECT_NE(msg.find(c.path), std::string::npos) << k.header << " -> " << msg;
+    EXPECT_NE(msg.find(k.expect), std::string::npos) << k.header << " -> " << msg;
+  }
+  // A file of no tensors and no data is a valid (empty) file.
+  write_bytes(c.path, raw_file(R"({"__metadata__":{"k":"v"}})", ""));
+  SafetensorsReader r(c.path);
+  EXPECT_TRUE(r.entries().empty());
 }
 
 // A tensor named twice: nlohmann kept the last entry silently, so a file whose header named one

@@ -216,6 +216,18 @@ class CheckpointReaderTest(TempDirTest):
                                     r"are not stored in any chunk"):
             mc.Checkpoint(ckpt).tensor("model.layers.1.mlp.experts.gate_up_proj")
 
+    def test_bytes_appended_to_a_rank_file_are_refused_by_both_readers_naming_the_file(self):
+        ckpt = self.copy_checkpoint()
+        rank_file = os.path.join(ckpt, "rank-00001.safetensors")
+        with open(rank_file, "ab") as f:
+            f.write(b"\0" * 16)
+        expect = r"rank-00001\.safetensors: the tensors end at byte \d+ of the \d+-byte data section; the 16 bytes"
+        with self.assertRaisesRegex(mc.CheckpointError, expect):
+            mc.Checkpoint(ckpt)
+        r = cpp_tensors(ckpt, self.path("cpp"), check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertRegex(r.stderr, expect)
+
     def test_deeply_nested_json_is_refused_in_one_line_naming_the_file(self):
         for name in ("train_state.json", "index.json"):
             ckpt = self.copy_checkpoint()

@@ -156,18 +156,29 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       entries_.push_back(std::move(e));
     }
 
-    // Overlaps: sort the non-empty ranges by start; each must begin at or after the previous end.
+    // The format packs the tensors: sorted by range, each starts where the one before ends, the
+    // first at 0 and the last at the end of the file (the reference reader refuses anything else, so
+    // a gap or trailing bytes mean a damaged or concatenated file, not another writer's layout).
     std::vector<const SafetensorsEntry*> by_offset;
-    for (const auto& e : entries_)
-      if (e.end > e.begin) by_offset.push_back(&e);
-    std::sort(by_offset.begin(), by_offset.end(),
-              [](const SafetensorsEntry* a, const SafetensorsEntry* b) { return a->begin < b->begin; });
-    for (size_t i = 1; i < by_offset.size(); ++i) {
-      const SafetensorsEntry& a = *by_offset[i - 1];
-      const SafetensorsEntry& b = *by_offset[i];
-      MOE_CHECK(b.begin >= a.end, where, ": tensors '", a.name, "' [", a.begin, ", ", a.end, ") and '", b.name, "' [",
-                b.begin, ", ", b.end, ") overlap");
+    for (const auto& e : entries_) by_offset.push_back(&e);
+    std::sort(by_offset.begin(), by_offset.end(), [](const SafetensorsEntry* a, const SafetensorsEntry* b) {
+      return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+    });
+    uint64_t covered = 0;
+    const SafetensorsEntry* previous = nullptr;
+    for (const SafetensorsEntry* b : by_offset) {
+      if (b->begin < covered) {
+        MOE_FAIL(where, ": tensors '", previous->name, "' [", previous->begin, ", ", previous->end, ") and '", b->name,
+                 "' [", b->begin, ", ", b->end, ") overlap");
+      }
+      MOE_CHECK(b->begin == covered, where, ": bytes [", covered, ", ", b->begin, ") of the data section belong to no "
+                "tensor (before '", b->name, "'); the format packs tensors without gaps (damaged file?)");
+      covered = b->end;
+      previous = b;
     }
+    MOE_CHECK(covered == data_size, where, ": the tensors end at byte ", covered, " of the ", data_size,
+              "-byte data section; the ", data_size - covered,
+              " bytes after them belong to no tensor (damaged or concatenated file?)");
   } catch (const json::exception& e) {  // defensive: any JSON access surprise is a bad file
     release();
     MOE_FAIL(where, ": malformed header: ", e.what());
