@@ -89,6 +89,8 @@ int main(int argc, char** argv) {
   } catch (const moe::Interrupted& e) {  // export-hf, import-hf: their temporaries are gone
     job.fail(e.what());
     moe::die_of_signal(e.signal());
+  } catch (const moe::AgreedError& e) {  // every rank threw it: printed once, no MPI_Abort
+    return job.error_once(e.what(), 1);
   } catch (const std::exception& e) {
     return job.fail(e.what());
   }

@@ -34,8 +34,8 @@ class Job {
   moe::Communicator& world() { return *world_; }
   bool leader() const { return world_->rank() == 0; }
 
-  // An error every rank meets alike (the same arguments): printed by rank 0, which the others wait
-  // for before they return `code`.
+  // An error every rank meets alike (the same arguments, or a moe::AgreedError): printed by rank
+  // 0, which the others wait for before they return `code`.
   int error_once(const std::string& what, int code);
 
   // Start-up work every rank does alike: the command line's checks and reading the config, which

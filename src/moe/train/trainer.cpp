@@ -135,7 +135,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     if (!opts_.bench) {
       const std::string lock = cfg_.run_dir() + "/.lock";
       const std::string who = broadcast_string(host_world_, leader() ? run_lock_holder(lock) : "", 0);
-      MOE_CHECK(who.empty(), "the run directory is in use by ", who, " (", lock,
+      MOE_CHECK_AGREED(who.empty(), "the run directory is in use by ", who, " (", lock,
                 "); wait for it to end, or choose another run.dir");
     }
     resumed_from_ = opts_.bench && opts_.resume.empty() ? "" : resume_source(opts_.resume, cfg_);
@@ -192,7 +192,7 @@ void Trainer::check_run_dir_is_shared() {
   const std::string expected = broadcast_string(host_world_, leader() ? read(lock) : "", 0);
   int32_t blind = !expected.empty() && read(lock) == expected ? 0 : host_world_.rank() + 1;
   host_world_.all_reduce(Tensor(&blind, DType::I32, {1}), ReduceOp::Max);
-  MOE_CHECK(blind == 0, "rank ", blind - 1, " does not see run.dir '", cfg_.run_dir(), "' as rank 0 does (its ",
+  MOE_CHECK_AGREED(blind == 0, "rank ", blind - 1, " does not see run.dir '", cfg_.run_dir(), "' as rank 0 does (its ",
             lock, " is missing or another file): every rank writes its checkpoint there, so it must be one folder "
             "on a filesystem all ranks share");
 }
@@ -570,7 +570,7 @@ TrainSummary Trainer::run() {
     // Skipped steps leave the weights as they were; a run that keeps skipping has diverged. Its
     // error points to the last checkpoint: one still being written is committed first.
     if (give_up) finish_background_save(/*wait=*/true);
-    MOE_CHECK(!give_up, consecutive_skipped, " consecutive steps (up to step ", r.step,
+    MOE_CHECK_AGREED(!give_up, consecutive_skipped, " consecutive steps (up to step ", r.step,
               ") were skipped because their gradients were not finite (train.max_skipped_steps = ",
               t.max_skipped_steps, "); the model has diverged. Resume from an earlier checkpoint with a lower "
               "train.lr or a tighter train.grad_clip");

@@ -84,7 +84,7 @@ void Trainer::finish_background_save(bool wait) {
     if (j.is_object() && j.contains("error")) {
       if (leader()) abandon_checkpoint(cfg_.run_dir(), save.step);
       host_world_.barrier();  // the temp folder is gone before any rank's error can abort the job
-      MOE_FAIL("checkpoint ", checkpoint_dir_name(save.step), " was not saved: rank ", r,
+      MOE_FAIL_AGREED("checkpoint ", checkpoint_dir_name(save.step), " was not saved: rank ", r,
                "'s file, written in the background (train.async_save), failed: ", j["error"].get<std::string>(),
                "; the checkpoints before it are intact");
     }
