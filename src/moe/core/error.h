@@ -37,8 +37,8 @@ std::string concat(const Parts&... parts) {
 }  // namespace moe
 
 // Throws moe::Error("<msg> (at file:line)") when cond is false.
-#define MOE_CHECK(cond, ...)                                                            \
-  do {                                                                                  \
+#define MOE_CHECK(cond, ...)                                                                         \
+  do {                                                                                               \
     if (!(cond)) ::moe::detail::throw_error(__FILE__, __LINE__, ::moe::detail::concat(__VA_ARGS__)); \
   } while (0)
 
@@ -47,7 +47,7 @@ std::string concat(const Parts&... parts) {
 
 // MOE_CHECK and MOE_FAIL for a condition every rank evaluates alike (see AgreedError).
 #define MOE_CHECK_AGREED(cond, ...)                                                                         \
-  do {                                                                                                     \
+  do {                                                                                                      \
     if (!(cond)) ::moe::detail::throw_agreed_error(__FILE__, __LINE__, ::moe::detail::concat(__VA_ARGS__)); \
   } while (0)
 #define MOE_FAIL_AGREED(...) ::moe::detail::throw_agreed_error(__FILE__, __LINE__, ::moe::detail::concat(__VA_ARGS__))

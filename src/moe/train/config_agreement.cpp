@@ -20,11 +20,11 @@ void check_config_agrees(const Config& cfg, Communicator& host) {
   for (const auto& [key, value] : lv) {
     const auto it = in_theirs.find(key);
     const std::string other = it == in_theirs.end() ? "(none)" : it->second;
-    MOE_CHECK(value == other, "the ranks of this job were given different configs: ", key, " = ", value,
+    MOE_CHECK_AGREED(value == other, "the ranks of this job were given different configs: ", key, " = ", value,
               " on rank 0 but ", other, " on rank ", r,
               " (every rank must get the same --config file, --set overrides and flags)");
   }
-  MOE_FAIL("the ranks of this job were given different configs (every rank must get the same --config file, --set "
+  MOE_FAIL_AGREED("the ranks of this job were given different configs (every rank must get the same --config file, --set "
            "overrides and flags)");
 }
 

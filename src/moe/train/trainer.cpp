@@ -1,24 +1,25 @@
 #include "moe/train/trainer.h"
 
 #include <algorithm>
-#include <exception>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <exception>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <random>
+#include <sstream>
 
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/run_checkpoints.h"
+#include "moe/comm/agreed_outcome.h"
 #include "moe/comm/host_strings.h"
 #include "moe/core/device.h"
 #include "moe/core/gpu_power.h"
-#include "moe/core/wall_clock.h"
 #include "moe/core/rng.h"
+#include "moe/core/wall_clock.h"
 #include "moe/data/eval_windows.h"
 #include "moe/data/instance_sampler.h"
 #include "moe/model/router_bias.h"
@@ -62,41 +63,49 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       peak_(mfu_peak(cfg.run.peak_tflops, dev_)),
       world_(run_device_.gpu_world ? *run_device_.gpu_world : world, std::make_shared<double>(0.0)),
       flops_(count_flops(cfg.model, cfg.train.seq_len)),
-      data_(TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id)),
+      // Start-up errors every rank meets alike (a missing file, bad tokens, a config this world
+      // size cannot run) are printed once (agreed_outcome.h).
+      data_(agree_on_outcome(
+          world, [&] { return TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id); })),
       state_("model state", dev_),
       acts_("activations", dev_),
       pipeline_timer_(dev_),
       pipeline_messages_(cfg.parallel.pp > 1 ? dev_ : Device::CPU) {
   const int64_t dp = cfg_.parallel.dp(world_.size());
-  cfg_.validate(dp);
-  // Before anything is written: files too short for one window are left out (with a warning),
-  // every named validation set is opened and checked.
-  std::vector<std::string> warnings = data_.warnings();
-  for (const std::string& w : data_.check_window(cfg_.train.seq_len)) warnings.push_back(w);
-  for (const std::string& w : warnings)
-    if (world.rank() == 0 && !opts_.quiet) std::fprintf(stderr, "warning: %s\n", w.c_str());
-  if (cfg_.data.sampling == "epoch")
-    sampler_ = std::make_unique<InstanceSampler>(data_, cfg_.train.seq_len, cfg_.train.global_batch_size,
-                                                 cfg_.data.seed);
-  for (size_t k = 0; k < cfg_.eval.sets.size(); ++k)
-    eval_sets_.push_back(std::make_unique<EvalWindows>(EvalWindows::open(
-        cfg_.eval.sets[k].path, cfg_.data.format, token_dtype_from_name(cfg_.data.dtype), cfg_.train.seq_len,
-        cfg_.model.vocab_size, 0, "eval.sets[" + std::to_string(k) + "].path")));
-  MOE_CHECK(!cfg_.train.cuda_graph || dev_ == Device::CUDA, "train.cuda_graph = true needs the GPU, but this run uses ",
-            run_device_.note);
-  MOE_CHECK(!cfg_.train.cuda_graph || cfg_.parallel.mode != "fsdp",
-            "train.cuda_graph = true with parallel.mode = \"fsdp\": the FSDP baseline runs eagerly (its per-block "
-            "gathers are counted on the host); use parallel.mode = \"ddp\" or cuda_graph = false");
-  MOE_CHECK(!cfg_.train.cuda_graph || cfg_.model.routing != Routing::Random,
-            "train.cuda_graph = true with model.routing = \"random\": the routing draw is seeded per step by a launch "
-            "argument, which a replayed graph would repeat; use learned or uniform routing, or cuda_graph = false");
-  if (cfg_.train.precision == Precision::FP8 && dev_ == Device::CUDA) {
-    const GpuInfo gpu = current_gpu();
-    MOE_CHECK(gpu.major == 9, "train.precision = \"fp8\" runs on Hopper GPUs (compute capability 9.x: FP8 tensor "
-              "cores with the block-scaled kernels built here); this GPU, ", gpu.name, ", is ", gpu.major, ".",
-              gpu.minor, "; set train.precision = \"bf16\" or run.device = \"cpu\" (FP8 emulated)");
-    check_fp8_gpu_shapes(cfg_);
-  }
+  agree_on_outcome(world, [&] {
+    cfg_.validate(dp);
+    // Before anything is written: files too short for one window are left out (with a warning),
+    // every named validation set is opened and checked.
+    std::vector<std::string> warnings = data_.warnings();
+    for (const std::string& w : data_.check_window(cfg_.train.seq_len)) warnings.push_back(w);
+    for (const std::string& w : warnings)
+      if (world.rank() == 0 && !opts_.quiet) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    if (cfg_.data.sampling == "epoch")
+      sampler_ =
+          std::make_unique<InstanceSampler>(data_, cfg_.train.seq_len, cfg_.train.global_batch_size, cfg_.data.seed);
+    for (size_t k = 0; k < cfg_.eval.sets.size(); ++k)
+      eval_sets_.push_back(std::make_unique<EvalWindows>(EvalWindows::open(
+          cfg_.eval.sets[k].path, cfg_.data.format, token_dtype_from_name(cfg_.data.dtype), cfg_.train.seq_len,
+          cfg_.model.vocab_size, 0, "eval.sets[" + std::to_string(k) + "].path")));
+    MOE_CHECK(!cfg_.train.cuda_graph || dev_ == Device::CUDA,
+              "train.cuda_graph = true needs the GPU, but this run uses ", run_device_.note);
+    MOE_CHECK(!cfg_.train.cuda_graph || cfg_.parallel.mode != "fsdp",
+              "train.cuda_graph = true with parallel.mode = \"fsdp\": the FSDP baseline runs eagerly (its per-block "
+              "gathers are counted on the host); use parallel.mode = \"ddp\" or cuda_graph = false");
+    MOE_CHECK(
+        !cfg_.train.cuda_graph || cfg_.model.routing != Routing::Random,
+        "train.cuda_graph = true with model.routing = \"random\": the routing draw is seeded per step by a launch "
+        "argument, which a replayed graph would repeat; use learned or uniform routing, or cuda_graph = false");
+    if (cfg_.train.precision == Precision::FP8 && dev_ == Device::CUDA) {
+      const GpuInfo gpu = current_gpu();
+      MOE_CHECK(gpu.major == 9,
+                "train.precision = \"fp8\" runs on Hopper GPUs (compute capability 9.x: FP8 tensor "
+                "cores with the block-scaled kernels built here); this GPU, ",
+                gpu.name, ", is ", gpu.major, ".", gpu.minor,
+                "; set train.precision = \"bf16\" or run.device = \"cpu\" (FP8 emulated)");
+      check_fp8_gpu_shapes(cfg_);
+    }
+  });
   run_ = build_run_model(cfg_, world_, dev_, run_device_.gpu_world != nullptr, state_, acts_);
   if (!opts_.bench && !opts_.checkpoint && cfg_.train.eval_batches > 0)
     check_eval_sizes(world.rank() == 0 && !opts_.quiet);
@@ -116,7 +125,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   }
   const MemoryRoles plan = memory_roles(state_, acts_, *run_);
   const size_t usable = limit + (dev_ == Device::CUDA ? plan.heap : 0);
-  if (plan.total() > usable) MOE_FAIL(does_not_fit_message(cfg_, plan, world_.size(), dev_, usable));
+  agree_on_outcome(world, [&] {
+    if (plan.total() > usable) MOE_FAIL(does_not_fit_message(cfg_, plan, world_.size(), dev_, usable));
+  });
   state_.commit(limit);
   acts_.commit(limit > state_.total_bytes() ? limit - state_.total_bytes() : 1);
   run_->store->init(cfg_.train.seed);
@@ -136,9 +147,10 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       const std::string lock = cfg_.run_dir() + "/.lock";
       const std::string who = broadcast_string(host_world_, leader() ? run_lock_holder(lock) : "", 0);
       MOE_CHECK_AGREED(who.empty(), "the run directory is in use by ", who, " (", lock,
-                "); wait for it to end, or choose another run.dir");
+                       "); wait for it to end, or choose another run.dir");
     }
-    resumed_from_ = opts_.bench && opts_.resume.empty() ? "" : resume_source(opts_.resume, cfg_);
+    resumed_from_ = agree_on_outcome(
+        world, [&] { return opts_.bench && opts_.resume.empty() ? "" : resume_source(opts_.resume, cfg_); });
     if (!resumed_from_.empty()) load_checkpoint(CheckpointReader(resumed_from_));
   }
   if (run_id_.empty()) run_id_ = new_run_id();
@@ -193,17 +205,18 @@ void Trainer::check_run_dir_is_shared() {
   int32_t blind = !expected.empty() && read(lock) == expected ? 0 : host_world_.rank() + 1;
   host_world_.all_reduce(Tensor(&blind, DType::I32, {1}), ReduceOp::Max);
   MOE_CHECK_AGREED(blind == 0, "rank ", blind - 1, " does not see run.dir '", cfg_.run_dir(), "' as rank 0 does (its ",
-            lock, " is missing or another file): every rank writes its checkpoint there, so it must be one folder "
-            "on a filesystem all ranks share");
+                   lock,
+                   " is missing or another file): every rank writes its checkpoint there, so it must be one folder "
+                   "on a filesystem all ranks share");
 }
 
 MemoryRoles Trainer::memory_plan() const { return memory_roles(state_, acts_, *run_); }
 
 void Trainer::print_plan() const {
   const double tokens_per_step = static_cast<double>(cfg_.train.global_batch_size * cfg_.train.seq_len);
-  std::printf("moetrain: config '%s', %s parameters (%s active per token, capacity ratio %.2f)\n",
-              cfg_.name.c_str(), format_count(flops_.total_params).c_str(),
-              format_count(flops_.active_params).c_str(), flops_.total_params / flops_.active_params);
+  std::printf("moetrain: config '%s', %s parameters (%s active per token, capacity ratio %.2f)\n", cfg_.name.c_str(),
+              format_count(flops_.total_params).c_str(), format_count(flops_.active_params).c_str(),
+              flops_.total_params / flops_.active_params);
   std::printf("  %s\n", data_.describe().c_str());
   if (sampler_) std::printf("  %s\n", sampler_->describe().c_str());
   for (size_t k = 0; k < eval_sets_.size(); ++k)
@@ -214,14 +227,14 @@ void Trainer::print_plan() const {
     std::printf("  parallel: fsdp over %d ranks (every parameter sharded; full weights gathered per block)\n",
                 world_.size());
   else
-    std::printf("  parallel: %d ranks, ep %d (%s dispatch), expert replicas %d\n", world_.size(),
-                run_->mesh->ep, run_->dispatcher->name(), run_->mesh->ep_dp);
+    std::printf("  parallel: %d ranks, ep %d (%s dispatch), expert replicas %d\n", world_.size(), run_->mesh->ep,
+                run_->dispatcher->name(), run_->mesh->ep_dp);
   if (const PipelinePlan* p = run_->pipeline.get())
-    std::printf("  pipeline: %d stages x %ld data-parallel ranks, %s schedule, %d chunks per rank, layers per chunk "
-                "%s; %d microbatches in flight on stage 0; theoretical bubble %.1f%%\n",
-                p->shape.stages, static_cast<long>(data_ranks()), cfg_.parallel.pp_schedule.c_str(),
-                p->shape.virtual_stages, p->layout.describe().c_str(), p->activation_sets,
-                100 * theoretical_bubble(p->schedule, p->shape));
+    std::printf(
+        "  pipeline: %d stages x %ld data-parallel ranks, %s schedule, %d chunks per rank, layers per chunk "
+        "%s; %d microbatches in flight on stage 0; theoretical bubble %.1f%%\n",
+        p->shape.stages, static_cast<long>(data_ranks()), cfg_.parallel.pp_schedule.c_str(), p->shape.virtual_stages,
+        p->layout.describe().c_str(), p->activation_sets, 100 * theoretical_bubble(p->schedule, p->shape));
   std::printf("  batch: %ld sequences x %ld tokens per step, %ld microbatches of %ld per rank; %s FLOPs per token\n",
               static_cast<long>(cfg_.train.global_batch_size), static_cast<long>(cfg_.train.seq_len),
               static_cast<long>(cfg_.accumulation_steps(data_ranks())), static_cast<long>(cfg_.train.micro_batch_size),
@@ -230,23 +243,25 @@ void Trainer::print_plan() const {
   const MemoryRoles m = memory_plan();
   std::printf("  device: %s; MFU against %.4g TFLOP/s (%s)\n", run_device_.note.c_str(), peak_.tflops,
               peak_.source.c_str());
-  std::printf("  memory plan (%s, %.0f tokens/step): parameters %s (FP32), compute weights %s (%s), gradients %s, "
-              "optimizer %s, other state %s; activations %s (expert buffers %s; recompute %s; precision %s); "
-              "total %s\n",
-              std::string(device_name(dev_)).c_str(), tokens_per_step, b(m.parameters).c_str(),
-              b(m.compute_weights).c_str(),
-              cfg_.train.precision != Precision::FP8 ? "BF16 copy"
-              : dev_ == Device::CUDA                 ? "FP8 caches and a BF16 copy of the unquantized tensors"
-                                                     : "FP8 caches", b(m.gradients).c_str(), b(m.optimizer).c_str(), b(m.other_state).c_str(),
-              b(m.activations).c_str(), b(m.expert_buffers).c_str(), to_string(cfg_.train.recompute),
-              to_string(cfg_.train.precision), b(m.total()).c_str());
+  std::printf(
+      "  memory plan (%s, %.0f tokens/step): parameters %s (FP32), compute weights %s (%s), gradients %s, "
+      "optimizer %s, other state %s; activations %s (expert buffers %s; recompute %s; precision %s); "
+      "total %s\n",
+      std::string(device_name(dev_)).c_str(), tokens_per_step, b(m.parameters).c_str(), b(m.compute_weights).c_str(),
+      cfg_.train.precision != Precision::FP8 ? "BF16 copy"
+      : dev_ == Device::CUDA                 ? "FP8 caches and a BF16 copy of the unquantized tensors"
+                                             : "FP8 caches",
+      b(m.gradients).c_str(), b(m.optimizer).c_str(), b(m.other_state).c_str(), b(m.activations).c_str(),
+      b(m.expert_buffers).c_str(), to_string(cfg_.train.recompute), to_string(cfg_.train.precision),
+      b(m.total()).c_str());
   // Moments per parameter: 8 bytes (FP32) or 4 (BF16) unsharded; the shards leave this rank its part.
   const size_t moments = state_.bytes_with_prefix("optimizer.exp_avg") + state_.bytes_with_prefix("fsdp.exp_avg");
-  std::printf("  optimizer: AdamW moments in %s (optim.moment_dtype), %zu bytes per parameter; this rank stores "
-              "%.2f bytes per parameter it holds (%s)\n",
-              std::string(dtype_name(cfg_.optim.moment_dtype)).c_str(), 2 * dtype_size(cfg_.optim.moment_dtype),
-              static_cast<double>(moments) / static_cast<double>(std::max<int64_t>(1, run_->reg.total_numel())),
-              cfg_.parallel.mode == "fsdp" ? "FSDP shards" : "ZeRO-1 shards over each replica group");
+  std::printf(
+      "  optimizer: AdamW moments in %s (optim.moment_dtype), %zu bytes per parameter; this rank stores "
+      "%.2f bytes per parameter it holds (%s)\n",
+      std::string(dtype_name(cfg_.optim.moment_dtype)).c_str(), 2 * dtype_size(cfg_.optim.moment_dtype),
+      static_cast<double>(moments) / static_cast<double>(std::max<int64_t>(1, run_->reg.total_numel())),
+      cfg_.parallel.mode == "fsdp" ? "FSDP shards" : "ZeRO-1 shards over each replica group");
   if (run_->dispatcher->heap_bytes() > 0)
     std::printf("  (expert buffers in the %s dispatcher's symmetric heap: %s per rank, outside the arenas)\n",
                 run_->dispatcher->name(), b(run_->dispatcher->heap_bytes()).c_str());
@@ -314,9 +329,9 @@ void Trainer::queue_gradients(int64_t step) {
   for (int64_t micro = 0; micro < accum; ++micro) {
     scales.gradients_zeroed = micro == 0 && first_microbatch_writes_experts;
     run_->store->begin_microbatch(micro == accum - 1);
-    run_->model->forward_backward(run_->store->weights(), run_->store->grads(), tokens.rows(micro * rows, (micro + 1) * rows),
-                             targets.rows(micro * rows, (micro + 1) * rows), scales,
-                             routing_seed(t.seed, step, micro * dp + rank), rs);
+    run_->model->forward_backward(
+        run_->store->weights(), run_->store->grads(), tokens.rows(micro * rows, (micro + 1) * rows),
+        targets.rows(micro * rows, (micro + 1) * rows), scales, routing_seed(t.seed, step, micro * dp + rank), rs);
     run_->model->add_stats(stats);
   }
 }
@@ -338,7 +353,7 @@ void Trainer::queue_step(int64_t step, const AdamWConfig& oc, double* optimizer_
   const auto t_opt = Clock::now();
   // On the GPU, AdamW reads lr and step from memory so that a replayed graph sees this step's values.
   run_->store->enqueue_step(oc, static_cast<float>(cfg_.train.grad_clip), step + 1,
-                       dev_ == Device::CUDA ? state_.get(run_->buffers.schedule) : Tensor());
+                            dev_ == Device::CUDA ? state_.get(run_->buffers.schedule) : Tensor());
   // GPU work is asynchronous: the host time of queueing it says nothing (bench splits the GPU step by kernel).
   if (optimizer_s && dev_ == Device::CPU) *optimizer_s = seconds_since(t_opt);
 }
@@ -392,11 +407,13 @@ StepRecord Trainer::train_step(int64_t step) {
   // After the step: one read of its statistics (this waits for the device), then the collectives.
   std::vector<float> st(kNumStepStats, 0.0f);
   copy_from_tensor(st.data(), state_.get(run_->buffers.step_stats).rows(0, kNumMicrobatchStats));
-  run_->dispatcher->check_after_step();  // the GPU dispatcher's count check and byte counters, read now the device is idle
+  run_->dispatcher
+      ->check_after_step();  // the GPU dispatcher's count check and byte counters, read now the device is idle
   // This rank's MoE layers (a pipeline stage's share; summed over the job below).
   int64_t moe_layers = 0;
   for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l)
-    moe_layers += cfg_.model.is_moe_layer(l) && run_->reg.has("model.layers." + std::to_string(l) + ".mlp.gate.weight") ? 1 : 0;
+    moe_layers +=
+        cfg_.model.is_moe_layer(l) && run_->reg.has("model.layers." + std::to_string(l) + ".mlp.gate.weight") ? 1 : 0;
   st[kRoutes] = static_cast<float>(accum * t.micro_batch_size * T * cfg_.model.num_experts_per_tok * moe_layers);
   st[kCapacity] = static_cast<float>(accum * run_->model->expert_rows() * moe_layers);
   st[kBytesMoved] = static_cast<float>(run_->dispatcher->bytes_moved() - bytes_before);
@@ -484,7 +501,8 @@ TrainSummary Trainer::run() {
     Trainer& trainer;
     const int uncaught = std::uncaught_exceptions();
     ~CommitOnError() {
-      if (std::uncaught_exceptions() == uncaught || !trainer.background_save_ || trainer.host_world_.size() != 1) return;
+      if (std::uncaught_exceptions() == uncaught || !trainer.background_save_ || trainer.host_world_.size() != 1)
+        return;
       try {
         trainer.finish_background_save(/*wait=*/true);
       } catch (const std::exception&) {
@@ -505,10 +523,10 @@ TrainSummary Trainer::run() {
   double timed_s = 0;
   int64_t timed_steps = 0, consecutive_skipped = 0, skipped_here = 0;
   int64_t last_saved = start_step_;
-  const bool profile = dev_ == Device::CUDA && opts_.profiler != nullptr && opts_.profiler->available() &&
-                       t.steps - start_step_ > 1;
-  const bool watch_power = dev_ == Device::CUDA && opts_.power != nullptr && opts_.power->available() &&
-                           t.steps - start_step_ > 1;
+  const bool profile =
+      dev_ == Device::CUDA && opts_.profiler != nullptr && opts_.profiler->available() && t.steps - start_step_ > 1;
+  const bool watch_power =
+      dev_ == Device::CUDA && opts_.power != nullptr && opts_.power->available() && t.steps - start_step_ > 1;
   if (opts_.stop_on_signals) install_stop_handlers();
   for (int64_t step = start_step_; step < t.steps; ++step) {
     if (profile && step == start_step_ + 1) opts_.profiler->start();  // the first step builds plans: not timed
@@ -537,11 +555,12 @@ TrainSummary Trainer::run() {
       const double elapsed = seconds_since(run_start);
       const double eta = elapsed / static_cast<double>(step - start_step_ + 1) * static_cast<double>(t.steps - r.step);
       if (talk) {
-        std::printf("step %5ld/%ld | loss %.4f (lm %.4f lb %.3f z %.3f) | gnorm %.3f | lr %.2e | %s tok/s | MFU %.2f%% | %.0f ms/step | ETA %s%s\n",
-                    static_cast<long>(r.step), static_cast<long>(t.steps), r.loss, r.lm_loss, r.lb_loss, r.z_loss,
-                    r.grad_norm, r.lr, format_count(r.tokens_per_s).c_str(), 100 * r.mfu,
-                    1000 * r.step_time_s, format_duration(eta).c_str(),
-                    r.skipped ? " | SKIPPED (non-finite gradient)" : "");
+        std::printf(
+            "step %5ld/%ld | loss %.4f (lm %.4f lb %.3f z %.3f) | gnorm %.3f | lr %.2e | %s tok/s | MFU %.2f%% | %.0f "
+            "ms/step | ETA %s%s\n",
+            static_cast<long>(r.step), static_cast<long>(t.steps), r.loss, r.lm_loss, r.lb_loss, r.z_loss, r.grad_norm,
+            r.lr, format_count(r.tokens_per_s).c_str(), 100 * r.mfu, 1000 * r.step_time_s, format_duration(eta).c_str(),
+            r.skipped ? " | SKIPPED (non-finite gradient)" : "");
         if (r.pipeline_bubble_theory > 0)
           std::printf("  pipeline bubble %.1f%% measured, %.1f%% in theory\n", 100 * r.pipeline_bubble,
                       100 * r.pipeline_bubble_theory);
@@ -570,10 +589,11 @@ TrainSummary Trainer::run() {
     // Skipped steps leave the weights as they were; a run that keeps skipping has diverged. Its
     // error points to the last checkpoint: one still being written is committed first.
     if (give_up) finish_background_save(/*wait=*/true);
-    MOE_CHECK_AGREED(!give_up, consecutive_skipped, " consecutive steps (up to step ", r.step,
-              ") were skipped because their gradients were not finite (train.max_skipped_steps = ",
-              t.max_skipped_steps, "); the model has diverged. Resume from an earlier checkpoint with a lower "
-              "train.lr or a tighter train.grad_clip");
+    MOE_CHECK_AGREED(
+        !give_up, consecutive_skipped, " consecutive steps (up to step ", r.step,
+        ") were skipped because their gradients were not finite (train.max_skipped_steps = ", t.max_skipped_steps,
+        "); the model has diverged. Resume from an earlier checkpoint with a lower "
+        "train.lr or a tighter train.grad_clip");
     // A stop's checkpoint is written before the process ends; a periodic one may go on in the
     // background (train.async_save) and is committed at a later step boundary.
     const bool stopping = !r.stop_reason.empty() && !last;

@@ -1,0 +1,27 @@
+#include "moe/comm/agreed_outcome.h"
+
+#include "moe/core/interrupt_guard.h"
+
+namespace moe::detail {
+
+void settle_outcome(Communicator& world, const std::string& mine, const std::exception_ptr& error) {
+  const StringAgreement a = agree_on_string(world, mine);
+  if (a.differing_rank < 0) {
+    if (mine.empty()) return;
+    try {
+      std::rethrow_exception(error);
+    } catch (const Interrupted&) {
+      throw;  // a signal keeps its own exit
+    } catch (const AgreedError&) {
+      throw;
+    } catch (const std::exception&) {
+      throw AgreedError(mine);
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  const bool leader_failed = !a.leader.empty();
+  MOE_FAIL("stopped at start-up: rank ", leader_failed ? 0 : a.differing_rank,
+           " failed: ", leader_failed ? a.leader : a.differing);
+}
+
+}  // namespace moe::detail

@@ -1,0 +1,52 @@
+// Start-up work whose errors every rank usually meets alike: the data files, the evaluation sets,
+// the checkpoint to resume from, the config against the world size. Run bare, each rank that
+// fails ends the job by MPI_Abort, so a mistyped data.path under mpirun printed one line per rank
+// under Open MPI's abort banner. Here every rank runs the work, then the ranks compare outcomes
+// (one collective): the same error on every rank is rethrown as a moe::AgreedError, which the job
+// prints once (apps/cli/job.h); an error only some ranks meet ends the job as before, and the ranks
+// that did not fail stop too, naming the one that did (none is left waiting in a collective).
+#pragma once
+
+#include <exception>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "moe/comm/host_strings.h"
+#include "moe/core/error.h"
+
+namespace moe {
+
+namespace detail {
+// After the comparison: throws when any rank failed (see above). `mine` is "" when this rank did not.
+void settle_outcome(Communicator& world, const std::string& mine, const std::exception_ptr& error);
+}  // namespace detail
+
+// Collective over `world` (host buffers: MPI or the one-process communicator): every rank calls it
+// at the same point. Returns what `work` returns when no rank failed.
+template <typename Work>
+auto agree_on_outcome(Communicator& world, Work&& work) -> std::invoke_result_t<Work&> {
+  using Result = std::invoke_result_t<Work&>;
+  std::string mine;
+  std::exception_ptr error;
+  if constexpr (std::is_void_v<Result>) {
+    try {
+      work();
+    } catch (const std::exception& e) {
+      mine = e.what(), error = std::current_exception();
+    }
+    detail::settle_outcome(world, mine, error);
+  } else {
+    std::optional<Result> result;
+    try {
+      result.emplace(work());
+    } catch (const std::exception& e) {
+      mine = e.what(), error = std::current_exception();
+    }
+    detail::settle_outcome(world, mine, error);  // throws unless every rank has its result
+    return std::move(*result);
+  }
+}
+
+}  // namespace moe
