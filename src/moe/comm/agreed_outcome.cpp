@@ -25,3 +25,25 @@ void settle_outcome(Communicator& world, const std::string& mine, const std::exc
 }
 
 }  // namespace moe::detail
+
+namespace moe {
+
+std::string leader_decides(Communicator& world, const std::function<std::string()>& work) {
+  std::string outcome;  // "+" and the value, or "-" and the error
+  if (world.rank() == 0) {
+    try {
+      const std::string value = work();
+      outcome.reserve(value.size() + 1);
+      outcome.push_back('+');
+      outcome.append(value);
+    } catch (const std::exception& e) {
+      outcome.assign(1, '-');
+      outcome.append(e.what());
+    }
+  }
+  outcome = broadcast_string(world, outcome, 0);
+  if (outcome[0] == '-') throw AgreedError(outcome.substr(1));
+  return outcome.substr(1);
+}
+
+}  // namespace moe

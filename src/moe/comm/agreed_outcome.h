@@ -8,6 +8,7 @@
 #pragma once
 
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -48,5 +49,10 @@ auto agree_on_outcome(Communicator& world, Work&& work) -> std::invoke_result_t<
     return std::move(*result);
   }
 }
+
+// Work only rank 0 does, because every rank must use its one answer (the newest checkpoint of a
+// run that may save another meanwhile): its string on every rank, or its error, as an
+// AgreedError, on every rank. Collective.
+std::string leader_decides(Communicator& world, const std::function<std::string()>& work);
 
 }  // namespace moe

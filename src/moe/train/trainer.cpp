@@ -151,7 +151,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     }
     resumed_from_ = agree_on_outcome(
         world, [&] { return opts_.bench && opts_.resume.empty() ? "" : resume_source(opts_.resume, cfg_); });
-    if (!resumed_from_.empty()) load_checkpoint(CheckpointReader(resumed_from_));
+    if (!resumed_from_.empty())
+      load_checkpoint(agree_on_outcome(world, [&] { return CheckpointReader(resumed_from_); }));
   }
   if (run_id_.empty()) run_id_ = new_run_id();
   // Each rank reads and verifies only its own ranges of a checkpoint, so a corrupt range fails the

@@ -8,6 +8,7 @@
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/distributed_checkpoint.h"
 #include "moe/ckpt/run_checkpoints.h"
+#include "moe/comm/agreed_outcome.h"
 #include "moe/comm/host_strings.h"
 #include "moe/core/device.h"
 #include "moe/core/wall_clock.h"
@@ -49,8 +50,8 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
   const std::string diff = config_differences(cfg_, stored, "model", "this run", "checkpoint");
   MOE_CHECK(diff.empty(), "cannot load ", dir, " into this run: the model config differs:", diff);
   const int64_t step = checked_checkpoint_step(ckpt);
-  MOE_CHECK(opts_.bench || step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step, ", past train.steps = ",
-            cfg_.train.steps);
+  MOE_CHECK(opts_.bench || step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step,
+            ", past train.steps = ", cfg_.train.steps);
   check_stored_shapes(ckpt, run_->reg, /*moments=*/true);
   // Every checkpoint moetrain writes holds the router's balancing bias; one without it would
   // restart the bias at zero, and with it which experts the tokens reach.
@@ -75,8 +76,10 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
   if (!opts_.quiet && leader()) {
     // Said by run() once the run directory is claimed: a start refused there did not resume.
     char line[1024];
-    std::snprintf(line, sizeof line, "resumed from %s at step %ld (read in %.2f s; rank 0 peak resident memory %s "
-                  "before, %s after)\n", dir.c_str(), static_cast<long>(start_step_), seconds_since(t0),
+    std::snprintf(line, sizeof line,
+                  "resumed from %s at step %ld (read in %.2f s; rank 0 peak resident memory %s "
+                  "before, %s after)\n",
+                  dir.c_str(), static_cast<long>(start_step_), seconds_since(t0),
                   format_bytes(static_cast<double>(rss_before)).c_str(),
                   format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
     resume_note_ = line;
@@ -109,22 +112,29 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
 
 void Trainer::init_weights_from(const std::string& path) {
   const auto t0 = SteadyClock::now();
-  const InitSource src(broadcast_string(host_world_, leader() ? InitSource::resolve(path) : "", 0));
-  // Before anything is read or written: the weights must be of this run's architecture.
-  const std::string mismatch = src.architecture_mismatch(cfg_.model);
-  MOE_CHECK(mismatch.empty(), mismatch);
-  src.check_weight_shapes(run_->reg);
+  // Errors here are every rank's alike (the same files, the same config): printed once.
+  const std::string resolved = leader_decides(host_world_, [&] { return InitSource::resolve(path); });
+  const InitSource src = agree_on_outcome(host_world_, [&] {
+    InitSource s(resolved);
+    // Before anything is read or written: the weights must be of this run's architecture.
+    const std::string mismatch = s.architecture_mismatch(cfg_.model);
+    MOE_CHECK(mismatch.empty(), mismatch);
+    s.check_weight_shapes(run_->reg);
+    return s;
+  });
   // The same reads as a resume (every rank reads the ranges it holds, onto the device the
   // parameters live on), without the moments: they stay at zero, as after init().
-  run_->store->load_weights(
-      [&](const std::string& key, int64_t begin, int64_t end, const Tensor& dst) { src.read_into(key, begin, end, dst); });
+  run_->store->load_weights([&](const std::string& key, int64_t begin, int64_t end, const Tensor& dst) {
+    src.read_into(key, begin, end, dst);
+  });
   const bool bias = src.read_router_bias(static_cast<int64_t>(host_bias_.size()), host_bias_.data());
   if (bias) copy_to_tensor(state_.get(run_->buffers.router_bias), host_bias_.data());
   init_from_ = src.record();
   if (!opts_.quiet && leader())
-    std::printf("initialized from %s in %.2f s: weights%s only; step 0, AdamW moments at zero, data and LR schedule "
-                "from their start, a new run id\n",
-                src.describe().c_str(), seconds_since(t0), bias ? " and router bias" : "");
+    std::printf(
+        "initialized from %s in %.2f s: weights%s only; step 0, AdamW moments at zero, data and LR schedule "
+        "from their start, a new run id\n",
+        src.describe().c_str(), seconds_since(t0), bias ? " and router bias" : "");
 }
 
 Trainer::SaveParts Trainer::save_parts(int64_t step) {
@@ -147,8 +157,11 @@ Trainer::SaveParts Trainer::save_parts(int64_t step) {
     st["data_position"] = {{"step", step},
                            {"note", "training windows are a pure function of (data.seed, step, sequence)"}};
     st["rng"] = {{"train.seed", cfg_.train.seed}, {"data.seed", cfg_.data.seed}};
-    st["topology"] = {{"world_size", world_.size()}, {"mode", cfg_.parallel.mode}, {"ep", cfg_.parallel.ep},
-                      {"pp", cfg_.parallel.pp}, {"pp_virtual", cfg_.parallel.pp_virtual}};
+    st["topology"] = {{"world_size", world_.size()},
+                      {"mode", cfg_.parallel.mode},
+                      {"ep", cfg_.parallel.ep},
+                      {"pp", cfg_.parallel.pp},
+                      {"pp_virtual", cfg_.parallel.pp_virtual}};
     st["model_config"] = model_config_toml(cfg_.model);
     st["config"] = config_to_toml(cfg_);
   }
@@ -187,10 +200,11 @@ void Trainer::after_commit(const std::string& dir, double seconds, size_t rss_be
     if (!others.empty() && !told_of_other_checkpoints_ && !opts_.quiet) {
       std::string names;
       for (const std::string& o : others) names += (names.empty() ? "" : ", ") + o;
-      std::printf("train.keep_last: %s in %s %s no checkpoint of this run's line (run id %s: another run's, or "
-                  "written without an id, as import-hf does) and %s left in place\n",
-                  names.c_str(), run.c_str(), others.size() == 1 ? "is" : "are", run_id_.c_str(),
-                  others.size() == 1 ? "is" : "are");
+      std::printf(
+          "train.keep_last: %s in %s %s no checkpoint of this run's line (run id %s: another run's, or "
+          "written without an id, as import-hf does) and %s left in place\n",
+          names.c_str(), run.c_str(), others.size() == 1 ? "is" : "are", run_id_.c_str(),
+          others.size() == 1 ? "is" : "are");
       told_of_other_checkpoints_ = true;
     }
   }
