@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include "moe/comm/agreed_outcome.h"
@@ -79,6 +81,55 @@ TEST(AgreedOutcome, DifferentErrorsOnEachRankAreEachRanksOwn) {
   const Outcome o = outcome_of(world, [&] { MOE_FAIL("trouble on rank ", world.rank()); });
   EXPECT_FALSE(o.agreed);
   EXPECT_NE(o.what.find("trouble on rank " + std::to_string(world.rank())), std::string::npos) << o.what;
+}
+
+// An error whose message is empty is still an error (it was taken for success, and the value that
+// was never made was returned).
+TEST(AgreedOutcome, AnErrorWithAnEmptyMessageIsStillAnError) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  bool agreed = false;
+  try {
+    agree_on_outcome(world, []() -> std::string { throw std::runtime_error(""); });
+  } catch (const AgreedError& e) {
+    agreed = true;
+    EXPECT_STREQ(e.what(), "");
+  }
+  EXPECT_TRUE(agreed);
+  // On one rank only: that rank keeps its error, the other stops naming it.
+  std::string what = "(returned)";
+  try {
+    agree_on_outcome(world, [&] {
+      if (world.rank() == 1) throw std::runtime_error("");
+      return 1;
+    });
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  EXPECT_EQ(what.find(world.rank() == 1 ? "" : "stopped at start-up: rank 1 failed: "), 0u) << what;
+}
+
+// Out of memory keeps its type on every rank: main prints its own message for it.
+TEST(AgreedOutcome, OutOfMemoryIsNotTurnedIntoAnAgreedError) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  bool bad_alloc = false;
+  try {
+    agree_on_outcome(world, [] { throw std::bad_alloc(); });
+  } catch (const AgreedError&) {
+  } catch (const std::bad_alloc&) {
+    bad_alloc = true;
+  }
+  EXPECT_TRUE(bad_alloc);
+}
+
+// leader_decides: rank 0's answer, or its error agreed on every rank.
+TEST(AgreedOutcome, TheLeadersAnswerOrItsErrorReachesEveryRank) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  int calls = 0;
+  EXPECT_EQ(leader_decides(world, [&] { return ++calls, std::string("step-000004"); }), "step-000004");
+  EXPECT_EQ(calls, world.rank() == 0 ? 1 : 0);
+  const Outcome o = outcome_of(world, [&] { leader_decides(world, []() -> std::string { MOE_FAIL("no run here"); }); });
+  EXPECT_TRUE(o.agreed);
+  EXPECT_NE(o.what.find("no run here"), std::string::npos) << o.what;
 }
 
 }  // namespace

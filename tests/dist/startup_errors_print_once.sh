@@ -2,7 +2,8 @@
 # Start-up errors every rank meets alike in the Trainer are printed once, by rank 0, with exit 1 and
 # no MPI_Abort (comm/agreed_outcome.h): a missing data file, a --resume that does not resolve, a
 # checkpoint whose index.json is damaged (resumed or initialized from), an --init-from that does not
-# exist, and a model the checkpoint's weights do not fit.
+# exist, a model the checkpoint's weights do not fit (initialized from or resumed), a run.dir that
+# already holds a run, and `eval` of a missing --data file.
 # Usage: startup_errors_print_once.sh "MPIRUN ARGS (the launcher and its options)" MOETRAIN
 set -u
 mpirun=$1
@@ -15,22 +16,26 @@ $moetrain train --steps 2 --save-every 2 --set run.dir="$work/ckpt" > "$work/ckp
 cp -r "$work/ckpt" "$work/damaged"
 echo "{" > "$work/damaged/step-000002/index.json"
 
-# expect NAME EXPECTED-FIRST-LINE-START -- ARGS...: exit 1, one "error" line that starts so, no abort.
+# expect NAME EXPECTED-LINE-START -- COMMAND ARGS...: exit 1, one "error" line that starts so, no abort.
 expect() {
   local name=$1 line=$2
   shift 3
-  timeout 60 $mpirun "$moetrain" train --steps 4 "$@" > /dev/null 2> "$work/$name.err"
+  timeout 60 $mpirun "$moetrain" "$@" > /dev/null 2> "$work/$name.err"
   local status=$?
   if [ "$status" != 1 ] || [ "$(grep -c '^error' "$work/$name.err")" != 1 ] ||
     ! grep -q "^error: $line" "$work/$name.err" || grep -q MPI_ABORT "$work/$name.err"; then
     echo "FAIL: $name (exit $status)"; cat "$work/$name.err"; fail=1
   fi
 }
-expect data 'data.path = "/no/such/tokens.bin" does not exist' -- --set data.path=/no/such/tokens.bin --set run.dir="$work/a"
-expect resume 'cannot resolve checkpoint /no/such/checkpoint' -- --resume /no/such/checkpoint --set run.dir="$work/b"
-expect damaged-resume "$work/damaged/step-000002/index.json is not valid JSON" -- --resume latest --set run.dir="$work/damaged"
-expect init-from '--init-from /no/such/run: no such file or directory' -- --init-from /no/such/run --set run.dir="$work/c"
-expect damaged-init "$work/damaged/step-000002/index.json is not valid JSON" -- --init-from "$work/damaged" --set run.dir="$work/d"
-expect architecture "--init-from: model.hidden_size is 128 in this run.s config but 64" -- --init-from "$work/ckpt" --set model.hidden_size=128 --set run.dir="$work/e"
-for d in a b c d e; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
+expect data 'data.path = "/no/such/tokens.bin" does not exist' -- train --steps 4 --set data.path=/no/such/tokens.bin --set run.dir="$work/a"
+expect resume 'cannot resolve checkpoint /no/such/checkpoint' -- train --steps 4 --resume /no/such/checkpoint --set run.dir="$work/b"
+expect damaged-resume "$work/damaged/step-000002/index.json is not valid JSON" -- train --steps 4 --resume latest --set run.dir="$work/damaged"
+expect init-from '--init-from /no/such/run: no such file or directory' -- train --steps 4 --init-from /no/such/run --set run.dir="$work/c"
+expect damaged-init "$work/damaged/step-000002/index.json is not valid JSON" -- train --steps 4 --init-from "$work/damaged" --set run.dir="$work/d"
+expect architecture "--init-from: model.hidden_size is 128 in this run.s config but 64" -- train --steps 4 --init-from "$work/ckpt" --set model.hidden_size=128 --set run.dir="$work/e"
+expect other-model "cannot load $work/ckpt/step-000002 into this run: the model config differs" -- train --steps 4 \
+  --resume "$work/ckpt" --set model.hidden_size=128 --set run.dir="$work/f"
+expect run-dir-held "run.dir '$work/ckpt' already holds a run" -- train --steps 4 --set run.dir="$work/ckpt"
+expect eval-data '--data = "/no/such/tokens.bin" does not exist' -- eval --checkpoint "$work/ckpt" --data /no/such/tokens.bin
+for d in a b c d e f; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
 exit $fail

@@ -1,27 +1,37 @@
 #include "moe/comm/agreed_outcome.h"
 
+#include <new>
+
 #include "moe/core/interrupt_guard.h"
 
 namespace moe::detail {
 
-void settle_outcome(Communicator& world, const std::string& mine, const std::exception_ptr& error) {
+void settle_outcome(Communicator& world, const std::string& what, const std::exception_ptr& error) {
+  // "-" and the message for a rank that failed (the message may be empty), "" for one that did not.
+  std::string mine;
+  if (error) {
+    mine.assign(1, '-');
+    mine.append(what);
+  }
   const StringAgreement a = agree_on_string(world, mine);
   if (a.differing_rank < 0) {
-    if (mine.empty()) return;
+    if (!error) return;
     try {
       std::rethrow_exception(error);
     } catch (const Interrupted&) {
       throw;  // a signal keeps its own exit
+    } catch (const std::bad_alloc&) {
+      throw;  // main's out-of-memory message
     } catch (const AgreedError&) {
       throw;
     } catch (const std::exception&) {
-      throw AgreedError(mine);
+      throw AgreedError(what);
     }
   }
   if (error) std::rethrow_exception(error);
   const bool leader_failed = !a.leader.empty();
   MOE_FAIL("stopped at start-up: rank ", leader_failed ? 0 : a.differing_rank,
-           " failed: ", leader_failed ? a.leader : a.differing);
+           " failed: ", (leader_failed ? a.leader : a.differing).substr(1));
 }
 
 }  // namespace moe::detail
@@ -36,6 +46,10 @@ std::string leader_decides(Communicator& world, const std::function<std::string(
       outcome.reserve(value.size() + 1);
       outcome.push_back('+');
       outcome.append(value);
+    } catch (const Interrupted&) {
+      throw;  // a signal or out of memory keeps its own report; the job ends by MPI_Abort
+    } catch (const std::bad_alloc&) {
+      throw;
     } catch (const std::exception& e) {
       outcome.assign(1, '-');
       outcome.append(e.what());

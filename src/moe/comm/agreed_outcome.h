@@ -20,12 +20,15 @@
 namespace moe {
 
 namespace detail {
-// After the comparison: throws when any rank failed (see above). `mine` is "" when this rank did not.
-void settle_outcome(Communicator& world, const std::string& mine, const std::exception_ptr& error);
+// After the comparison: throws when any rank failed (see above). `error` is null when this rank
+// did not fail; `what` is its message then.
+void settle_outcome(Communicator& world, const std::string& what, const std::exception_ptr& error);
 }  // namespace detail
 
-// Collective over `world` (host buffers: MPI or the one-process communicator): every rank calls it
-// at the same point. Returns what `work` returns when no rank failed.
+// Collective over `world`, which must be the whole job's (host buffers: MPI or the one-process
+// communicator): an error agreed over part of the job would be printed by none of its ranks but
+// one, and the others would wait for it. Every rank calls it at the same point. Returns what
+// `work` returns when no rank failed.
 template <typename Work>
 auto agree_on_outcome(Communicator& world, Work&& work) -> std::invoke_result_t<Work&> {
   using Result = std::invoke_result_t<Work&>;

@@ -212,7 +212,7 @@ ReferenceStep time_reference_step(Communicator& world, const char* precision, co
   ref.seq_len = static_cast<double>(cfg.train.seq_len);
   double step_s = 0;
   int timed = 0;
-  {
+  try {
     Trainer trainer(cfg, opts, *alone);
     const TrainSummary s = trainer.run();
     timed = static_cast<int>(s.steps.size()) - 1;
@@ -220,6 +220,10 @@ ReferenceStep time_reference_step(Communicator& world, const char* precision, co
               kReferenceSteps);
     step_s = s.mean_step_time_s;
     ref.split = split_step(profiler.top(SIZE_MAX), timed, ref.work, ceil);
+  } catch (const AgreedError& e) {
+    // Agreed over this rank alone, not the job: the other ranks may not meet it (a GPU with less
+    // free memory), so it ends the job as any one rank's error does.
+    throw Error(e.what());
   }  // the trainer's memory is free again
   ref.name = std::string("bench-olmoe-4l ") + precision + " (" + std::to_string(timed) + " profiled steps)";
   if (world.rank() == 0) {

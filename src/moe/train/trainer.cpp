@@ -108,7 +108,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   });
   run_ = build_run_model(cfg_, world_, dev_, run_device_.gpu_world != nullptr, state_, acts_);
   if (!opts_.bench && !opts_.checkpoint && cfg_.train.eval_batches > 0)
-    check_eval_sizes(world.rank() == 0 && !opts_.quiet);
+    agree_on_outcome(world, [&] { check_eval_sizes(world.rank() == 0 && !opts_.quiet); });
   const int64_t tokens = cfg_.accumulation_steps(dp) * cfg_.train.micro_batch_size * cfg_.train.seq_len;
   const int64_t LN = cfg_.model.num_hidden_layers * cfg_.model.num_experts;
   host_tokens_.resize(static_cast<size_t>(tokens));
@@ -482,9 +482,13 @@ TrainSummary Trainer::run() {
   summary.attainable_loss = data_.attainable_loss();
   // Rank 0 claims the run directory only now: config, data and any checkpoint are validated.
   std::unique_ptr<RunDirectory> run_dir;
-  if (!opts_.bench && leader()) {
-    run_dir = std::make_unique<RunDirectory>(
-        cfg_, RunStart{resumed_from_, start_step_, opts_.overwrite, cfg_.run.resume == "auto", opts_.config_file});
+  if (!opts_.bench)
+    leader_decides(host_world_, [&] {
+      run_dir = std::make_unique<RunDirectory>(
+          cfg_, RunStart{resumed_from_, start_step_, opts_.overwrite, cfg_.run.resume == "auto", opts_.config_file});
+      return std::string();
+    });
+  if (run_dir) {
     if (!run_dir->set_aside().empty() && !opts_.quiet) {
       if (run_dir->replaced_previous_run())
         std::printf("--overwrite: moved the previous run in %s to %s\n", run_dir->path().c_str(),
@@ -616,9 +620,10 @@ TrainSummary Trainer::run() {
   }
   if (profile && opts_.profiler->recording()) opts_.profiler->stop();
   finish_background_save(/*wait=*/true);  // the run ends with every checkpoint it started committed
-  MOE_CHECK(skipped_here == 0 || skipped_here < t.steps - start_step_, "every step of this run (", skipped_here,
-            ") was skipped because its gradients were not finite: nothing was learned. Lower train.lr or tighten "
-            "train.grad_clip");
+  MOE_CHECK_AGREED(
+      skipped_here == 0 || skipped_here < t.steps - start_step_, "every step of this run (", skipped_here,
+      ") was skipped because its gradients were not finite: nothing was learned. Lower train.lr or tighten "
+      "train.grad_clip");
   if (!opts_.bench && cfg_.run.save_final && last_saved != t.steps && summary.last_step == t.steps &&
       t.steps > start_step_)
     save_checkpoint_now(t.steps);

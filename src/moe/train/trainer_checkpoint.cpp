@@ -45,20 +45,25 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
   const auto t0 = SteadyClock::now();
   const size_t rss_before = peak_rss_bytes();
   const std::string& dir = ckpt.dir();
-  // The model must be the same, compared key by key (values, not the text that stored them).
-  const Config stored = parse_config(ckpt.train_state_string("model_config"), dir + "/train_state.json");
-  const std::string diff = config_differences(cfg_, stored, "model", "this run", "checkpoint");
-  MOE_CHECK(diff.empty(), "cannot load ", dir, " into this run: the model config differs:", diff);
-  const int64_t step = checked_checkpoint_step(ckpt);
-  MOE_CHECK(opts_.bench || step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step,
-            ", past train.steps = ", cfg_.train.steps);
-  check_stored_shapes(ckpt, run_->reg, /*moments=*/true);
-  // Every checkpoint moetrain writes holds the router's balancing bias; one without it would
-  // restart the bias at zero, and with it which experts the tokens reach.
-  const bool bias_matters = cfg_.model.bias_update_rate > 0 && cfg_.model.routing == Routing::Learned;
-  MOE_CHECK(ckpt.has("router_bias") || !bias_matters, "checkpoint ", dir, " holds no 'router_bias', but this run ",
-            "updates the router's balancing bias (model.bias_update_rate = ", cfg_.model.bias_update_rate,
-            "): resuming would restart it at zero and change the routing; the checkpoint is incomplete");
+  // The checks every rank makes alike, printed once (agreed_outcome.h); the range reads below
+  // are each rank's own.
+  const int64_t step = agree_on_outcome(host_world_, [&] {
+    // The model must be the same, compared key by key (values, not the text that stored them).
+    const Config stored = parse_config(ckpt.train_state_string("model_config"), dir + "/train_state.json");
+    const std::string diff = config_differences(cfg_, stored, "model", "this run", "checkpoint");
+    MOE_CHECK(diff.empty(), "cannot load ", dir, " into this run: the model config differs:", diff);
+    const int64_t step = checked_checkpoint_step(ckpt);
+    MOE_CHECK(opts_.bench || step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step,
+              ", past train.steps = ", cfg_.train.steps);
+    check_stored_shapes(ckpt, run_->reg, /*moments=*/true);
+    // Every checkpoint moetrain writes holds the router's balancing bias; one without it would
+    // restart the bias at zero, and with it which experts the tokens reach.
+    const bool bias_matters = cfg_.model.bias_update_rate > 0 && cfg_.model.routing == Routing::Learned;
+    MOE_CHECK(ckpt.has("router_bias") || !bias_matters, "checkpoint ", dir, " holds no 'router_bias', but this run ",
+              "updates the router's balancing bias (model.bias_update_rate = ", cfg_.model.bias_update_rate,
+              "): resuming would restart it at zero and change the routing; the checkpoint is incomplete");
+    return step;
+  });
   // Every rank reads the ranges it holds under the current topology, whatever wrote them.
   run_->store->load(ckpt);
   if (ckpt.has("router_bias")) {

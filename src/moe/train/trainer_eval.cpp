@@ -3,6 +3,7 @@
 // All of them run forward passes only, on every rank (expert parallelism makes them collective).
 #include <chrono>
 
+#include "moe/comm/agreed_outcome.h"
 #include "moe/core/device.h"
 #include "moe/data/eval_windows.h"
 #include "moe/data/npy.h"
@@ -12,8 +13,7 @@
 
 namespace moe {
 
-double Trainer::forward_loss_sum(Tensor tokens, Tensor targets, uint64_t seed, const RoutingState& rs,
-                                 Tensor logits) {
+double Trainer::forward_loss_sum(Tensor tokens, Tensor targets, uint64_t seed, const RoutingState& rs, Tensor logits) {
   if (!run_->pipeline) {
     run_->model->forward_loss(run_->store->weights(), tokens, targets, seed, rs);
     return run_->model->losses().lm_loss_sum;
@@ -43,7 +43,8 @@ EvalReport Trainer::evaluate_windows(int64_t count, const WindowFn& window, int6
   EvalReport r;
   r.windows_skipped = count - per_rank * dp * B;
   if (per_rank <= 0) return r;
-  const Tensor tokens = state_.get(run_->buffers.tokens).rows(0, B * T), targets = state_.get(run_->buffers.targets).rows(0, B * T);
+  const Tensor tokens = state_.get(run_->buffers.tokens).rows(0, B * T),
+               targets = state_.get(run_->buffers.targets).rows(0, B * T);
   const RoutingState rs{state_.get(run_->buffers.router_bias), Tensor()};
   double local = 0;  // summed in double; one rounding to FP32 before the all-reduce
   const auto t0 = std::chrono::steady_clock::now();
@@ -67,8 +68,8 @@ EvalReport Trainer::evaluate_windows(int64_t count, const WindowFn& window, int6
   run_->dispatcher->check_after_step();  // eval's routes are checked and counted here, not in the next step
   r.tokens = per_rank * dp * B * T;
   r.mean_loss = sum[0] / static_cast<double>(r.tokens);
-  r.tokens_per_s = static_cast<double>(r.tokens) /
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.tokens_per_s =
+      static_cast<double>(r.tokens) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
 
@@ -127,16 +128,20 @@ EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, c
   int64_t windows = 0;
   if (path == "synthetic") {
     // The built-in corpus of the checkpoint's config: its held-out stream, in windows of seq_len + 1.
-    MOE_CHECK(data_.attainable_loss().has_value(), "eval --data synthetic: this run's data is not the synthetic corpus");
+    MOE_CHECK(data_.attainable_loss().has_value(),
+              "eval --data synthetic: this run's data is not the synthetic corpus");
     windows = data_.eval_num_sequences(T);
     if (max_tokens > 0) windows = std::min(windows, max_tokens / T);  // whole windows within max_tokens
-    r = evaluate_windows(windows, [&](int64_t i, int32_t* in, int32_t* tg) { data_.eval_batch(i, 1, T, in, tg); }, 0,
-                         logits_npy);
+    r = evaluate_windows(
+        windows, [&](int64_t i, int32_t* in, int32_t* tg) { data_.eval_batch(i, 1, T, in, tg); }, 0, logits_npy);
   } else {
-    const EvalWindows w = EvalWindows::open(path, cfg_.data.format, token_dtype_from_name(cfg_.data.dtype), T, V,
-                                            max_tokens, "--data");
+    const EvalWindows w = agree_on_outcome(host_world_, [&] {
+      return EvalWindows::open(path, cfg_.data.format, token_dtype_from_name(cfg_.data.dtype), T, V, max_tokens,
+                               "--data");
+    });
     windows = w.size();
-    r = evaluate_windows(windows, [&](int64_t i, int32_t* in, int32_t* tg) { w.copy(i, in, tg); }, 0, logits_npy);
+    r = evaluate_windows(
+        windows, [&](int64_t i, int32_t* in, int32_t* tg) { w.copy(i, in, tg); }, 0, logits_npy);
   }
   MOE_CHECK(r.tokens > 0, "eval: ", windows, " windows of ", T + 1, " tokens in ", path,
             " do not fill one microbatch of ", B, " sequences per rank (", dp, " ranks)");
@@ -147,9 +152,9 @@ double Trainer::microbatch_loss(int64_t step) {
   const int64_t rows = cfg_.train.micro_batch_size * cfg_.train.seq_len;
   upload_batch(step);
   const RoutingState rs{state_.get(run_->buffers.router_bias), Tensor()};
-  std::vector<float> sum{static_cast<float>(
-      forward_loss_sum(state_.get(run_->buffers.tokens).rows(0, rows), state_.get(run_->buffers.targets).rows(0, rows),
-                       routing_seed(cfg_.train.seed, step, data_rank()), rs))};
+  std::vector<float> sum{static_cast<float>(forward_loss_sum(state_.get(run_->buffers.tokens).rows(0, rows),
+                                                             state_.get(run_->buffers.targets).rows(0, rows),
+                                                             routing_seed(cfg_.train.seed, step, data_rank()), rs))};
   all_reduce_host(sum);
   return sum[0] / static_cast<double>(rows * data_ranks());
 }
