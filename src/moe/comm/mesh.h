@@ -39,6 +39,9 @@ struct Mesh {
 // the ranks of a stage or the expert count (e.g. "parallel.ep = 3 does not divide 4 ranks; use 1,
 // 2 or 4").
 Mesh make_mesh(Communicator& world, int ep, int64_t num_experts, int pp = 1);
+// make_mesh's checks alone, with no communicator: they depend on the sizes only, so every rank
+// of a job meets the same error (the Trainer checks them among its agreed start-up errors).
+void check_mesh(int job_size, int ep, int64_t num_experts, int pp = 1);
 // The same layout for memory planning: `world` is a PlanCommunicator (no collective is made) and
 // so are the groups, with the ranks and sizes make_mesh's splits would give.
 Mesh plan_mesh(Communicator& world, int ep, int64_t num_experts, int pp = 1);

@@ -53,6 +53,17 @@ std::unique_ptr<PipelinePlan> plan_pipeline(const Config& cfg, const Mesh& mesh,
 
 }  // namespace
 
+void check_run_layout(const Config& cfg, int world_size) {
+  if (cfg.parallel.mode == "fsdp") return;
+  const ModelConfig& mc = cfg.model;
+  const int64_t moe_experts = mc.first_k_dense_replace < mc.num_hidden_layers ? mc.num_experts : 0;
+  // A model without MoE layers has nothing to shard over experts: data parallelism only.
+  MOE_CHECK(moe_experts > 0 || cfg.parallel.ep == 1, "parallel.ep = ", cfg.parallel.ep,
+            " needs MoE layers, but model.first_k_dense_replace makes every layer dense; use parallel.ep = 1");
+  check_mesh(world_size, static_cast<int>(cfg.parallel.ep), moe_experts > 0 ? moe_experts : 1,
+             static_cast<int>(cfg.parallel.pp));
+}
+
 std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world, Device device,
                                           bool device_collectives, Arena& state, Arena& acts) {
   auto run = std::make_unique<RunModel>();
@@ -62,9 +73,7 @@ std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world
     run->reg = build_registry(mc, 0, mc.num_experts, ParamLayout::ByBlock);
     run->store = std::make_unique<FsdpStore>(mc, run->reg, world, state, cfg.optim.moment_dtype);
   } else {
-    // A model without MoE layers has nothing to shard over experts: data parallelism only.
-    MOE_CHECK(moe_experts > 0 || cfg.parallel.ep == 1, "parallel.ep = ", cfg.parallel.ep,
-              " needs MoE layers, but model.first_k_dense_replace makes every layer dense; use parallel.ep = 1");
+    check_run_layout(cfg, world.size());
     const int ep = static_cast<int>(cfg.parallel.ep);
     const int64_t experts = moe_experts > 0 ? moe_experts : 1;
     const int pp = static_cast<int>(cfg.parallel.pp);

@@ -74,6 +74,10 @@ struct RunModel {
   StepBuffers buffers;
 };
 
+// The layout checks build_run_model makes before its first collective (EP and pipeline sizes
+// against the ranks and the experts); they depend on sizes only, the same on every rank.
+void check_run_layout(const Config& cfg, int world_size);
+
 // Builds the run of `cfg` on `world` (the run's ranks, or a PlanCommunicator when planning), on
 // `device`; device_collectives: a GPU run whose collectives go through NCCL. Reserves into `state`
 // (parameters, gradients, optimizer, step buffers) and `acts` (activations, expert buffers);

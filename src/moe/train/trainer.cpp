@@ -74,6 +74,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   const int64_t dp = cfg_.parallel.dp(world_.size());
   agree_on_outcome(world, [&] {
     cfg_.validate(dp);
+    check_run_layout(cfg_, world_.size());
     // Before anything is written: files too short for one window are left out (with a warning),
     // every named validation set is opened and checked.
     std::vector<std::string> warnings = data_.warnings();
