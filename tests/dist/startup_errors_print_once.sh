@@ -3,7 +3,8 @@
 # no MPI_Abort (comm/agreed_outcome.h): a missing data file, a --resume that does not resolve, a
 # checkpoint whose index.json is damaged (resumed or initialized from), an --init-from that does not
 # exist, a model the checkpoint's weights do not fit (initialized from or resumed), a run.dir that
-# already holds a run, `eval` of a missing --data file, and a parallel.ep the ranks cannot hold.
+# already holds a run, `eval` of a missing --data file, a parallel.ep the ranks cannot hold, and
+# run.device = "cuda" on a machine without a GPU.
 # Usage: startup_errors_print_once.sh "MPIRUN ARGS (the launcher and its options)" MOETRAIN
 set -u
 mpirun=$1
@@ -38,5 +39,9 @@ expect other-model "cannot load $work/ckpt/step-000002 into this run: the model 
 expect run-dir-held "run.dir '$work/ckpt' already holds a run" -- train --steps 4 --set run.dir="$work/ckpt"
 expect eval-data '--data = "/no/such/tokens.bin" does not exist' -- eval --checkpoint "$work/ckpt" --data /no/such/tokens.bin
 expect ep 'parallel.ep = 3 does not divide the 2 ranks' -- train --steps 4 --set parallel.ep=3 --set run.dir="$work/g"
-for d in a b c d e f g; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
+# Without a usable GPU here (the build machines), run.device = "cuda" is every rank's error.
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  expect no-gpu 'run.device = "cuda", but ' -- train --steps 4 --set 'run.device="cuda"' --set run.dir="$work/h"
+fi
+for d in a b c d e f g h; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
 exit $fail

@@ -1,5 +1,6 @@
 #include "moe/train/device_choice.h"
 
+#include "moe/comm/agreed_outcome.h"
 #include "moe/comm/nccl_communicator.h"
 #include "moe/core/device.h"
 #include "moe/core/error.h"
@@ -30,8 +31,11 @@ RunDevice choose_device(const Config& cfg, Communicator& world) {
       return r;
     }
   } else {
-    MOE_CHECK(gpu, "run.device = \"cuda\", but ", why);
-    MOE_CHECK(ranks == 1 || nccl, "run.device = \"cuda\" with ", ranks, " ranks needs NCCL: ", nccl_why);
+    // Usually every rank's answer (one build, alike machines): printed once then.
+    agree_on_outcome(world, [&] {
+      MOE_CHECK(gpu, "run.device = \"cuda\", but ", why);
+      MOE_CHECK(ranks == 1 || nccl, "run.device = \"cuda\" with ", ranks, " ranks needs NCCL: ", nccl_why);
+    });
   }
   if (ranks > 1) select_local_gpu();
   r.device = Device::CUDA;
