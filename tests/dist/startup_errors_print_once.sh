@@ -4,7 +4,7 @@
 # checkpoint whose index.json is damaged (resumed or initialized from), an --init-from that does not
 # exist, a model the checkpoint's weights do not fit (initialized from or resumed), a run.dir that
 # already holds a run, `eval` of a missing --data file, a parallel.ep the ranks cannot hold, and
-# run.device = "cuda" on a machine without a GPU.
+# run.device = "cuda" on a machine without a GPU, and a config that one rank's memory cannot hold.
 # Usage: startup_errors_print_once.sh "MPIRUN ARGS (the launcher and its options)" MOETRAIN
 set -u
 mpirun=$1
@@ -43,5 +43,17 @@ expect ep 'parallel.ep = 3 does not divide the 2 ranks' -- train --steps 4 --set
 if ! nvidia-smi -L > /dev/null 2>&1; then
   expect no-gpu 'run.device = "cuda", but ' -- train --steps 4 --set 'run.device="cuda"' --set run.dir="$work/h"
 fi
-for d in a b c d e f g h; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
+# Ranks with different free memory check the smallest (here rank 1 has 20 MiB, which the tiny run
+# does not fit in): one error, naming it, however much rank 0 has.
+one_rank=${mpirun/-np 2/-np 1}
+args=(train --steps 4 --set run.dir="$work/i")
+timeout 60 $one_rank "$moetrain" "${args[@]}" : -np 1 env MOE_TEST_MEMORY_MIB=20 "$moetrain" "${args[@]}" \
+  > /dev/null 2> "$work/memory.err"
+status=$?
+if [ "$status" != 1 ] || [ "$(grep -c '^error' "$work/memory.err")" != 1 ] ||
+  ! grep -q '^error: the run needs .* per rank on the CPU but 20.00 MiB can be planned' "$work/memory.err" ||
+  grep -q MPI_ABORT "$work/memory.err"; then
+  echo "FAIL: memory (exit $status)"; cat "$work/memory.err"; fail=1
+fi
+for d in a b c d e f g h i; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
 exit $fail

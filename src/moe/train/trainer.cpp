@@ -1,6 +1,7 @@
 #include "moe/train/trainer.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -123,6 +124,15 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   if (dev_ == Device::CUDA) {
     const DeviceMemory m = device_memory();
     limit = m.free_bytes > kLibraryReserveBytes ? m.free_bytes - kLibraryReserveBytes : 1;
+  }
+  // Test hook (startup_errors_print_once.sh): this rank's memory, in MiB, as if it had only that.
+  if (const char* mib = std::getenv("MOE_TEST_MEMORY_MIB")) limit = static_cast<size_t>(std::atoll(mib)) << 20;
+  if (world.size() > 1) {
+    // The smallest over the ranks (in whole MiB), so that ranks of one plan check one figure and a
+    // config that does not fit is one error, printed once, not one per GPU with its own free bytes.
+    int32_t neg_mib = -static_cast<int32_t>(std::min<size_t>(limit >> 20, INT32_MAX));
+    world.all_reduce(Tensor(&neg_mib, DType::I32, {1}), ReduceOp::Max);
+    limit = std::min(limit, static_cast<size_t>(-static_cast<int64_t>(neg_mib)) << 20);
   }
   const MemoryRoles plan = memory_roles(state_, acts_, *run_);
   const size_t usable = limit + (dev_ == Device::CUDA ? plan.heap : 0);
