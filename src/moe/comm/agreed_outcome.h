@@ -32,23 +32,18 @@ void settle_outcome(Communicator& world, const std::string& what, const std::exc
 template <typename Work>
 auto agree_on_outcome(Communicator& world, Work&& work) -> std::invoke_result_t<Work&> {
   using Result = std::invoke_result_t<Work&>;
-  std::string mine;
-  std::exception_ptr error;
   if constexpr (std::is_void_v<Result>) {
-    try {
-      work();
-    } catch (const std::exception& e) {
-      mine = e.what(), error = std::current_exception();
-    }
-    detail::settle_outcome(world, mine, error);
+    agree_on_outcome(world, [&] { return work(), true; });
   } else {
     std::optional<Result> result;
+    std::string what;
+    std::exception_ptr error;
     try {
       result.emplace(work());
     } catch (const std::exception& e) {
-      mine = e.what(), error = std::current_exception();
+      what = e.what(), error = std::current_exception();
     }
-    detail::settle_outcome(world, mine, error);  // throws unless every rank has its result
+    detail::settle_outcome(world, what, error);  // throws unless every rank has its result
     return std::move(*result);
   }
 }

@@ -53,10 +53,16 @@ std::unique_ptr<PipelinePlan> plan_pipeline(const Config& cfg, const Mesh& mesh,
 
 }  // namespace
 
+namespace {
+// The experts the EP mesh shards: none when model.first_k_dense_replace makes every layer dense.
+int64_t routed_experts(const ModelConfig& mc) {
+  return mc.first_k_dense_replace < mc.num_hidden_layers ? mc.num_experts : 0;
+}
+}  // namespace
+
 void check_run_layout(const Config& cfg, int world_size) {
   if (cfg.parallel.mode == "fsdp") return;
-  const ModelConfig& mc = cfg.model;
-  const int64_t moe_experts = mc.first_k_dense_replace < mc.num_hidden_layers ? mc.num_experts : 0;
+  const int64_t moe_experts = routed_experts(cfg.model);
   // A model without MoE layers has nothing to shard over experts: data parallelism only.
   MOE_CHECK(moe_experts > 0 || cfg.parallel.ep == 1, "parallel.ep = ", cfg.parallel.ep,
             " needs MoE layers, but model.first_k_dense_replace makes every layer dense; use parallel.ep = 1");
@@ -68,7 +74,7 @@ std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world
                                           bool device_collectives, Arena& state, Arena& acts) {
   auto run = std::make_unique<RunModel>();
   const ModelConfig& mc = cfg.model;
-  const int64_t moe_experts = mc.first_k_dense_replace < mc.num_hidden_layers ? mc.num_experts : 0;
+  const int64_t moe_experts = routed_experts(mc);
   if (cfg.parallel.mode == "fsdp") {
     run->reg = build_registry(mc, 0, mc.num_experts, ParamLayout::ByBlock);
     run->store = std::make_unique<FsdpStore>(mc, run->reg, world, state, cfg.optim.moment_dtype);
