@@ -1,7 +1,8 @@
 // BackgroundRankFile (train.async_save's writer): the file written on its thread is the one
 // write_rank_file writes in the foreground from the slices as they were at start(), even when the
 // caller's memory changes before the thread writes (the write is held back by a test hook, so the
-// change lands first); slices produced on demand are copied at start() too; a failed write comes
+// change lands first); slices produced on demand are copied at start() too; the next write reuses
+// the kept host copy when its slices have the same sizes; a failed write comes
 // back from finish() as the error, and finish() without a write is refused.
 #include "moe/ckpt/background_rank_file.h"
 
@@ -62,10 +63,26 @@ TEST(BackgroundRankFile, WritesTheSlicesAsTheyWereAtStart) {
   EXPECT_EQ(moe::testing::read_bytes(bg.path + "/rank-00003.safetensors"),
             moe::testing::read_bytes(fg.path + "/rank-00003.safetensors"));
 
-  // The writer takes the next checkpoint once the last is collected.
-  TempDir next;
+  // The writer takes the next checkpoint once the last is collected, into the buffers it kept
+  // (nothing allocated), and the file holds the new values, not the kept ones.
+  EXPECT_EQ(writer.kept_bytes(), 64u * sizeof(float));
+  EXPECT_EQ(writer.bytes_to_allocate(slices_over(host)), 0u);
+  TempDir next, next_fg;
   writer.start(next.path, 3, slices_over(host), produce_tail);
+  EXPECT_EQ(writer.kept_bytes(), 0u);  // lent to the write in flight
   EXPECT_EQ(writer.finish().size(), 2u);
+  write_rank_file(next_fg.path, 3, slices_over(host), produce_tail);
+  EXPECT_EQ(moe::testing::read_bytes(next.path + "/rank-00003.safetensors"),
+            moe::testing::read_bytes(next_fg.path + "/rank-00003.safetensors"));
+
+  // Slices of other sizes do not fit the kept buffers: they are allocated anew (and kept).
+  const std::vector<CheckpointSlice> other = {{"w", DType::F32, {64}, 0, 40, host.data()}};
+  EXPECT_EQ(writer.bytes_to_allocate(other), 40u * sizeof(float));
+  TempDir third;
+  writer.start(third.path, 3, other, nullptr);
+  EXPECT_EQ(writer.finish().size(), 1u);
+  EXPECT_EQ(writer.kept_bytes(), 40u * sizeof(float));
+  EXPECT_EQ(writer.bytes_to_allocate(slices_over(host)), 64u * sizeof(float));
 }
 
 TEST(BackgroundRankFile, AFailedWriteComesBackFromFinish) {

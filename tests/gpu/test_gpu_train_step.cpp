@@ -223,10 +223,12 @@ TEST(GpuTrainStep, DeterministicRunsRepeatBitForBit) {
 // train.async_save on the GPU: the host copy is taken from device memory through the compute
 // stream at the save step; with train.deterministic the two runs train the same bits, so the
 // background run's checkpoints (rank file and index) equal the foreground run's byte for byte.
+// Steps 3, 6 and 9 are saved in the background, the later two into the host copy kept from the
+// first (page-locked for the GPU).
 TEST(GpuTrainStep, BackgroundCheckpointsEqualForegroundOnes) {
   MOE_SKIP_WITHOUT_GPU();
   TempDir fg, bg;
-  const std::vector<std::string> o = {"train.steps=6", "train.save_every=3", "train.deterministic=true"};
+  const std::vector<std::string> o = {"train.steps=9", "train.save_every=3", "train.deterministic=true"};
   std::vector<std::string> async = o;
   async.push_back("train.async_save=true");
   TrainOptions opts;
@@ -237,7 +239,7 @@ TEST(GpuTrainStep, BackgroundCheckpointsEqualForegroundOnes) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   };
-  for (const char* step : {"/step-000003", "/step-000006"})
+  for (const char* step : {"/step-000003", "/step-000006", "/step-000009"})
     for (const char* file : {"/rank-00000.safetensors", "/index.json"}) {
       const std::string a = bytes(fg.path + step + file), b = bytes(bg.path + step + file);
       EXPECT_FALSE(a.empty()) << step << file;

@@ -2,13 +2,18 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
+#include "moe/core/arena.h"
 #include "moe/core/error.h"
+#include "moe/core/pinned_host.h"
 
 namespace moe {
 
@@ -25,6 +30,8 @@ sigset_t stop_signals() {
   return set;
 }
 
+size_t slice_bytes(const CheckpointSlice& s) { return static_cast<size_t>(s.end - s.begin) * dtype_size(s.dtype); }
+
 }  // namespace
 
 BackgroundRankFile::~BackgroundRankFile() {
@@ -39,21 +46,65 @@ bool BackgroundRankFile::done() const { return write_ != nullptr && write_->done
 
 size_t BackgroundRankFile::snapshot_bytes(const std::vector<CheckpointSlice>& slices) {
   size_t bytes = 0;
-  for (const CheckpointSlice& s : slices) bytes += static_cast<size_t>(s.end - s.begin) * dtype_size(s.dtype);
+  for (const CheckpointSlice& s : slices) bytes += slice_bytes(s);
   return bytes;
 }
+
+BackgroundRankFile::Snapshot::Snapshot(const std::vector<CheckpointSlice>& slices, bool pin) {
+  size_t total = 0;
+  for (const CheckpointSlice& s : slices) {
+    offsets.push_back(total);
+    sizes.push_back(slice_bytes(s));
+    total += (sizes.back() + 63) / 64 * 64;  // each copy on its own cache lines
+  }
+  mapped = std::max<size_t>(total, 1);
+  // Not zero-filled by a pass of ours: the kernel's fresh pages are, and the copy overwrites them.
+  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED)
+    MOE_FAIL("train.async_save: cannot map ", format_bytes(static_cast<double>(mapped)),
+             " of host memory for the checkpoint's copy: ", std::strerror(errno));
+  base = static_cast<unsigned char*>(p);
+  pinned = pin && pin_host_memory(base, mapped);
+}
+
+BackgroundRankFile::Snapshot::~Snapshot() {
+  if (pinned) unpin_host_memory(base);
+  munmap(base, mapped);
+}
+
+bool BackgroundRankFile::Snapshot::fits(const std::vector<CheckpointSlice>& slices) const {
+  if (sizes.size() != slices.size()) return false;
+  for (size_t i = 0; i < slices.size(); ++i)
+    if (sizes[i] != slice_bytes(slices[i])) return false;
+  return true;
+}
+
+size_t BackgroundRankFile::Snapshot::bytes() const {
+  size_t total = 0;
+  for (size_t b : sizes) total += b;
+  return total;
+}
+
+size_t BackgroundRankFile::bytes_to_allocate(const std::vector<CheckpointSlice>& slices) const {
+  return kept_ && kept_->fits(slices) ? 0 : snapshot_bytes(slices);
+}
+
+size_t BackgroundRankFile::kept_bytes() const { return kept_ ? kept_->bytes() : 0; }
 
 void BackgroundRankFile::start(const std::string& tmp_dir, int rank, std::vector<CheckpointSlice> slices,
                                const SliceProducer& produce) {
   MOE_CHECK(!held(), "BackgroundRankFile: a checkpoint write is still held; finish() it before the next");
   auto write = std::make_shared<Write>();
-  write->storage.reserve(slices.size());
+  if (kept_ && kept_->fits(slices)) {
+    write->snapshot = std::move(kept_);
+  } else {
+    kept_.reset();  // unmapped before the new one is mapped
+    write->snapshot = std::make_unique<Snapshot>(slices, pin_);
+  }
   for (size_t i = 0; i < slices.size(); ++i) {
     CheckpointSlice& s = slices[i];
-    const size_t bytes = static_cast<size_t>(s.end - s.begin) * dtype_size(s.dtype);
-    // Not zero-filled first: the copy is the pause training sees, and a fill would add a pass.
-    write->storage.emplace_back(new unsigned char[std::max<size_t>(bytes, 1)]);
-    unsigned char* copy = write->storage.back().get();
+    const size_t bytes = write->snapshot->sizes[i];
+    unsigned char* copy = write->snapshot->base + write->snapshot->offsets[i];
     if (bytes != 0 && s.data != nullptr) {
       std::copy_n(static_cast<const unsigned char*>(s.data), bytes, copy);
     } else if (bytes != 0) {
@@ -90,7 +141,8 @@ void BackgroundRankFile::start(const std::string& tmp_dir, int rank, std::vector
 std::vector<CheckpointChunk> BackgroundRankFile::finish() {
   MOE_CHECK(held(), "BackgroundRankFile: finish() without a write");
   thread_.join();
-  const std::shared_ptr<Write> write = std::move(write_);  // the host copy is freed on return
+  const std::shared_ptr<Write> write = std::move(write_);
+  kept_ = std::move(write->snapshot);  // the thread has ended: the next start() copies into it
   if (write->error) std::rethrow_exception(write->error);
   return std::move(write->chunks);
 }

@@ -148,9 +148,10 @@ class Trainer {
     nlohmann::json train_state;
   };
   SaveParts save_parts(int64_t step);
-  // Collective: whether every host has the memory for the host copies of its ranks' files (else
-  // the save runs in the foreground; rank 0 says why, once).
-  bool background_save_fits(size_t snapshot_bytes);
+  // Collective: whether every host has the memory for the host copies of its ranks' files, given
+  // the bytes this rank's copy allocates anew (else the save runs in the foreground; rank 0 says
+  // why, once).
+  bool background_save_fits(size_t new_snapshot_bytes);
   // Collective. With a background save held: when every rank's file is written (or wait), gathers
   // the chunk records, commits the checkpoint on rank 0 and prunes, or fails on every rank naming
   // the rank whose write failed. Called at every step boundary while one is held.

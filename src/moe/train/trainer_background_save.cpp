@@ -28,10 +28,11 @@ constexpr size_t kHostMarginBytes = size_t{1} << 30;
 
 }  // namespace
 
-bool Trainer::background_save_fits(size_t snapshot_bytes) {
-  // Ranks on one host copy at the same time: each host must hold the sum of its ranks' copies.
+bool Trainer::background_save_fits(size_t new_snapshot_bytes) {
+  // Ranks on one host copy at the same time: each host must hold the sum of its ranks' new copies
+  // (none where every rank reuses the buffers it kept from the last save).
   const nlohmann::json mine = {
-      {"host", host_name()}, {"bytes", snapshot_bytes}, {"available", available_memory_bytes()}};
+      {"host", host_name()}, {"bytes", new_snapshot_bytes}, {"available", available_memory_bytes()}};
   std::map<std::string, std::pair<size_t, size_t>> hosts;  // host -> (bytes of its ranks, least available seen)
   for (const std::string& text : all_gather_strings(host_world_, mine.dump())) {
     const nlohmann::json r = nlohmann::json::parse(text);
@@ -41,7 +42,7 @@ bool Trainer::background_save_fits(size_t snapshot_bytes) {
   }
   for (const auto& [host, need] : hosts) {
     const auto [bytes, available] = need;
-    if (bytes + kHostMarginBytes <= available) continue;
+    if (bytes == 0 || bytes + kHostMarginBytes <= available) continue;
     if (leader() && !opts_.quiet && !told_save_in_foreground_)
       std::printf(
           "train.async_save: the host copy of this checkpoint needs %s on %s, which has %s available (and %s "

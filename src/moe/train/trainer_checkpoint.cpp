@@ -184,9 +184,10 @@ void Trainer::save_checkpoint_now(int64_t step, bool background) {
     const CheckpointSlice& s = p.slices[i];
     copy_from_tensor(dst, Tensor(const_cast<void*>(p.device_data[i]), s.dtype, {s.end - s.begin}, dev_));
   };
-  if (background && background_save_fits(BackgroundRankFile::snapshot_bytes(p.slices))) {
+  if (background && background_save_fits(background_file_.bytes_to_allocate(p.slices))) {
     std::string tmp = leader() ? begin_checkpoint(run, step) : std::string();
     tmp = broadcast_string(host_world_, tmp, 0);  // no rank writes before the directory exists
+    background_file_.pin_for_gpu(dev_ == Device::CUDA);
     background_file_.start(tmp, host_world_.rank(), p.slices, produce);
     background_save_ = BackgroundSave{step, tmp, std::move(p.train_state), t0, seconds_since(t0), rss_before};
     return;
