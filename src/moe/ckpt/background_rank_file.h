@@ -3,7 +3,7 @@
 // this object owns (the snapshot: the steps after the save change the weights and moments, and what
 // is written must be the saved step's), then one thread runs write_rank_file on the copy. The copy
 // is the pause training sees, and most of it, into fresh memory, is the kernel mapping its pages
-// (3.58 GiB: ~2.2 s on the build machine): the buffers are kept after a write and reused by the next
+// (bench/RESULTS.md, twenty-fourth session): the copy is kept after a write and reused by the next
 // start() with the same slice sizes (every periodic save of a run), which copies into mapped pages. The
 // caller asks done() at step boundaries and collects the chunk records with finish(), which
 // rethrows the thread's error. No collective runs on the thread: the multi-rank commit (index.json,
