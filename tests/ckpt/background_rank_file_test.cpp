@@ -68,22 +68,26 @@ TEST(BackgroundRankFile, WritesTheSlicesAsTheyWereAtStart) {
   // (nothing allocated), and the file holds the new values, not the kept ones.
   EXPECT_EQ(writer.kept_bytes(), 64u * sizeof(float));
   EXPECT_EQ(writer.bytes_to_allocate(slices_over(host)), 0u);
+  EXPECT_EQ(writer.copies_made(), 1);
   TempDir next, next_fg;
   writer.start(next.path, 3, slices_over(host), produce_tail);
   EXPECT_EQ(writer.kept_bytes(), 0u);  // lent to the write in flight
   EXPECT_EQ(writer.finish().size(), 2u);
+  EXPECT_EQ(writer.copies_made(), 1) << "the second write made a new copy instead of reusing the kept one";
   write_rank_file(next_fg.path, 3, slices_over(host), produce_tail);
   EXPECT_EQ(moe::testing::read_bytes(next.path + "/rank-00003.safetensors"),
             moe::testing::read_bytes(next_fg.path + "/rank-00003.safetensors"));
 
-  // Slices of other sizes do not fit the kept buffers: they are allocated anew (and kept).
+  // Slices of other sizes do not fit the kept copy: a new one is made (the kept one freed first,
+  // so a smaller copy adds nothing and a larger one adds the difference), and kept.
   const std::vector<CheckpointSlice> other = {{"w", DType::F32, {64}, 0, 40, host.data()}};
-  EXPECT_EQ(writer.bytes_to_allocate(other), 40u * sizeof(float));
+  EXPECT_EQ(writer.bytes_to_allocate(other), 0u);
   TempDir third;
   writer.start(third.path, 3, other, nullptr);
   EXPECT_EQ(writer.finish().size(), 1u);
+  EXPECT_EQ(writer.copies_made(), 2);
   EXPECT_EQ(writer.kept_bytes(), 40u * sizeof(float));
-  EXPECT_EQ(writer.bytes_to_allocate(slices_over(host)), 64u * sizeof(float));
+  EXPECT_EQ(writer.bytes_to_allocate(slices_over(host)), 24u * sizeof(float));
 }
 
 TEST(BackgroundRankFile, AFailedWriteComesBackFromFinish) {

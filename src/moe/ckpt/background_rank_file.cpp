@@ -60,9 +60,11 @@ BackgroundRankFile::Snapshot::Snapshot(const std::vector<CheckpointSlice>& slice
   mapped = std::max<size_t>(total, 1);
   // Not zero-filled by a pass of ours: the kernel's fresh pages are, and the copy overwrites them.
   void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p == MAP_FAILED)
+  if (p == MAP_FAILED) {
+    const int err = errno;  // before anything else can set it
     MOE_FAIL("train.async_save: cannot map ", format_bytes(static_cast<double>(mapped)),
-             " of host memory for the checkpoint's copy: ", std::strerror(errno));
+             " of host memory for the checkpoint's copy: ", std::strerror(err));
+  }
   base = static_cast<unsigned char*>(p);
   pinned = pin && pin_host_memory(base, mapped);
 }
@@ -86,7 +88,9 @@ size_t BackgroundRankFile::Snapshot::bytes() const {
 }
 
 size_t BackgroundRankFile::bytes_to_allocate(const std::vector<CheckpointSlice>& slices) const {
-  return kept_ && kept_->fits(slices) ? 0 : snapshot_bytes(slices);
+  if (kept_ && kept_->fits(slices)) return 0;
+  const size_t bytes = snapshot_bytes(slices), kept = kept_bytes();
+  return bytes > kept ? bytes - kept : 0;
 }
 
 size_t BackgroundRankFile::kept_bytes() const { return kept_ ? kept_->bytes() : 0; }
@@ -100,6 +104,7 @@ void BackgroundRankFile::start(const std::string& tmp_dir, int rank, std::vector
   } else {
     kept_.reset();  // unmapped before the new one is mapped
     write->snapshot = std::make_unique<Snapshot>(slices, pin_);
+    ++copies_made_;
   }
   for (size_t i = 0; i < slices.size(); ++i) {
     CheckpointSlice& s = slices[i];

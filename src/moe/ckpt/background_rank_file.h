@@ -34,10 +34,11 @@ class BackgroundRankFile {
 
   // Host bytes start() would copy for these slices.
   static size_t snapshot_bytes(const std::vector<CheckpointSlice>& slices);
-  // Host bytes start() would allocate for these slices: none when the kept buffers fit them one for
-  // one, else snapshot_bytes (the kept ones are freed first).
+  // Host bytes start() would add for these slices: none when the kept copy fits them one for one,
+  // else snapshot_bytes less the kept copy's (freed before the new one is made).
   size_t bytes_to_allocate(const std::vector<CheckpointSlice>& slices) const;
-  size_t kept_bytes() const;  // held between writes (the last snapshot's buffers)
+  size_t kept_bytes() const;                        // held between writes (the last snapshot)
+  int copies_made() const { return copies_made_; }  // host copies made so far (a reuse makes none)
 
   // Copies every slice (those with null data through produce, as write_rank_file would ask) and
   // starts writing <tmp_dir>/rank-RRRRR.safetensors from the copy. Refused while a write is held.
@@ -77,6 +78,7 @@ class BackgroundRankFile {
   std::thread thread_;
   std::unique_ptr<Snapshot> kept_;  // the last write's snapshot, once collected
   bool pin_ = false;
+  int copies_made_ = 0;
 };
 
 }  // namespace moe
