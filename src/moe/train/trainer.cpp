@@ -72,6 +72,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       acts_("activations", dev_),
       pipeline_timer_(dev_),
       pipeline_messages_(cfg.parallel.pp > 1 ? dev_ : Device::CPU) {
+  background_file_.pin_for_gpu(dev_ == Device::CUDA);  // its host copies take GPU copies (async_save)
   const int64_t dp = cfg_.parallel.dp(world_.size());
   agree_on_outcome(world, [&] {
     cfg_.validate(dp);

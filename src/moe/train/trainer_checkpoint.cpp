@@ -187,7 +187,6 @@ void Trainer::save_checkpoint_now(int64_t step, bool background) {
   if (background && background_save_fits(background_file_.bytes_to_allocate(p.slices))) {
     std::string tmp = leader() ? begin_checkpoint(run, step) : std::string();
     tmp = broadcast_string(host_world_, tmp, 0);  // no rank writes before the directory exists
-    background_file_.pin_for_gpu(dev_ == Device::CUDA);
     background_file_.start(tmp, host_world_.rank(), p.slices, produce);
     background_save_ = BackgroundSave{step, tmp, std::move(p.train_state), t0, seconds_since(t0), rss_before};
     return;
