@@ -11,7 +11,7 @@ build=${1:-build}
 stage=$(mktemp -d)
 mkdir -p "$stage/.devrun/bin" "$stage/.devrun/lib"
 bins=("$build/moetrain")
-for b in "$build"/test_cuda_* "$build"/test_gpu_* "$build/gpu_pipeline_test" "$build/gpu_overlap_grad_reduce_test" "$build/moe_layer_bench" "$build/dispatch_bench"; do
+for b in "$build"/test_cuda_* "$build"/test_gpu_* "$build/gpu_pipeline_test" "$build/gpu_overlap_grad_reduce_test" "$build/moe_layer_bench" "$build/dispatch_bench" "$build/expert_gemm_variants_bench"; do
   [ -x "$b" ] && bins+=("$b")
 done
 cp "${bins[@]}" "$stage/.devrun/bin/"

@@ -13,15 +13,18 @@
 //     (column-major M x K, leading dim n_out), B = a rows (row-major K x N), C = D = db[e] F32 with
 //     beta = 1.
 //
-// NOTES: schedule and tiles. KernelPtrArrayTmaWarpSpecializedPingpong with 128x128x64 tiles
-// (BF16: 64 elements = 128 bytes of K per stage, so the stage count stays high) and 2x1x1
-// clusters (the B tile is multicast to the two CTAs of a cluster). GPU.md measured CUTLASS's
-// pingpong 128x128 at 670-700 TFLOP/s on these shapes against 500 for cooperative 256x128.
-// Pingpong alternates two consumer warp groups, one in its epilogue while the other runs its
-// mainloop, which hides the epilogue of these short-K (1024-2048) tiles. Measured on the H200
-// (tests/cuda TimingAtBenchShapes, 64 experts x 4096 rows, d 2048, h 1024): the four data products
-// 665-730 TFLOP/s, the two F32 weight gradients 533-553 (they read and write all of db in F32);
-// the tiled kernels ran the same products at 16-22.
+// NOTES: schedule and tiles. KernelPtrArrayTmaWarpSpecializedCooperative with 128x256x64 tiles
+// (BF16: 64 elements = 128 bytes of K per stage) and 1x2x1 clusters (the A tile is multicast to
+// the two CTAs of a cluster): both consumer warp groups work on one 128x256 tile, so each operand
+// byte brought from L2 feeds twice the output of a 128x128 tile. Chosen by energy, not by burst
+// speed: a Hopper GPU runs these products at its 700 W limit, where a kernel's time is its energy
+// per FLOP. bench/expert_gemm_variants (each configuration ~1 s back to back on random operands,
+// NVML energy) measured on an H100 at bench-olmoe-4l and fig4 shapes (bench/RESULTS.md,
+// twenty-fifth session): 1.02-1.17 pJ/FLOP against 1.26-1.78 for the pingpong 128x128x64 2x1
+// kernel used before, the six products of a bench-olmoe-4l layer 15.5 ms against 21.3 ms.
+// (GPU.md's early H200 figure, pingpong 670-700 TFLOP/s against 500 for cooperative 256x128, was
+// timed in short bursts below the power limit.) The three products share the configuration; the
+// bench lists the alternatives tried per product.
 //
 // NOTES: CUTLASS must be compiled with -DNDEBUG: without it ptxas serializes the WGMMAs (C7510)
 // and the kernels run 1.1-1.5x slower (GPU.md). CMake builds these files with -DNDEBUG, the #error
@@ -61,11 +64,12 @@ using GroupShape = ProblemShape::UnderlyingProblemShape;
 enum class Product { kData, kWgrad };
 
 // The tile, cluster and schedules default to the configuration the library runs (NOTES above);
-// bench/wgrad_variants/wgrad_variants_bench.cu instantiates others to compare them on the H200.
-template <class LayoutA_, class LayoutB_, class ElementD_, class TileShape_ = cute::Shape<cute::_128, cute::_128, cute::_64>,
-          class ClusterShape_ = cute::Shape<cute::_2, cute::_1, cute::_1>,
-          class KernelSchedule_ = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
-          class EpilogueSchedule_ = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>
+// bench/expert_gemm_variants instantiates others to compare them on a GPU.
+template <class LayoutA_, class LayoutB_, class ElementD_,
+          class TileShape_ = cute::Shape<cute::_128, cute::_256, cute::_64>,
+          class ClusterShape_ = cute::Shape<cute::_1, cute::_2, cute::_1>,
+          class KernelSchedule_ = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+          class EpilogueSchedule_ = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>
 struct GroupedGemm {
   using ElementA = cutlass::bfloat16_t;
   using ElementB = cutlass::bfloat16_t;

@@ -1,0 +1,8 @@
+// The pingpong configurations of the data-gradient product (one translation unit: its CUTLASS compiles).
+#include "variant_of.cuh"
+
+namespace gemm_variants {
+
+std::vector<Variant> variants_data_grad_pingpong() { return pingpong_variants<Product::kDataGrad>(); }
+
+}  // namespace gemm_variants
