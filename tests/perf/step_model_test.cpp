@@ -358,7 +358,7 @@ TEST(StepModel, every_shipped_profile_is_printed_by_its_name_and_how_far_it_is_m
     const char* builtin;
     const char* label;
   } cases[] = {{"h200", "predicted step on H200 (measured profile): "},
-               {"h100", "predicted step on H100 (datasheet profile, efficiencies not measured on this GPU): "},
+               {"h100", "predicted step on H100 (measured profile): "},
                {"b200", "predicted step on B200 (datasheet profile, efficiencies not measured on this GPU): "},
                {"b300", "predicted step on B300 (datasheet profile, efficiencies not measured on this GPU): "}};
   ASSERT_EQ(builtin_hardware_names().size(), std::size(cases));
