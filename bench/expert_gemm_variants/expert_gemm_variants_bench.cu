@@ -1,7 +1,8 @@
 // expert_gemm_variants_bench: the three BF16 expert products (forward, data gradient, weight
 // gradient; variants.h) under several CUTLASS tile / cluster / schedule configurations, at the
-// shapes of bench-olmoe-4l (64 experts, 262144 routed rows, d 2048, h 1024) and of configs/fig4.toml
-// at 8 experts (65536 rows, d 4096, h 4096), experts evenly loaded.
+// shapes of bench-olmoe-4l (64 experts, 262144 routed rows, d 2048, h 1024), of configs/fig4.toml
+// at 8 experts (65536 rows, d 4096, h 4096), and with few rows per expert (128 experts, 1024 and
+// 256 rows each), experts evenly loaded; `expert_gemm_variants_bench [CASE...]` runs some of them.
 // Each configuration runs back to back for about a second on random operands (values +-[0.5, 2):
 // constant ones toggle fewer bits and draw less power) inside one NVML energy window, because a
 // Hopper GPU at its power limit runs a kernel as fast as its energy per FLOP allows: a short
@@ -74,7 +75,7 @@ struct ProductShape {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   using namespace gemm_variants;
   const std::vector<std::vector<Variant>> by_product = {
       [] {
@@ -93,7 +94,24 @@ int main() {
         return v;
       }(),
   };
-  const Case cases[] = {{"olmoe-4l", 64, 262144, 2048, 1024}, {"fig4-e8", 8, 65536, 4096, 4096}};
+  // The top-4 sweep's shapes (bench-olmoe-4l at top 4: 131072 rows) at 128 experts, and 256 rows per
+  // expert, show the configurations where each expert has few rows.
+  const std::vector<Case> all = {{"olmoe-4l", 64, 262144, 2048, 1024},
+                                 {"fig4-e8", 8, 65536, 4096, 4096},
+                                 {"top4-e128", 128, 131072, 2048, 1024},
+                                 {"e128-r256", 128, 32768, 2048, 1024}};
+  std::vector<Case> cases;  // the cases named on the command line, else all
+  for (int i = 1; i < argc; ++i) {
+    const auto it =
+        std::find_if(all.begin(), all.end(), [&](const Case& c) { return std::strcmp(c.name, argv[i]) == 0; });
+    if (it == all.end()) {
+      std::fprintf(stderr, "expert_gemm_variants_bench: no case '%s' (cases: olmoe-4l fig4-e8 top4-e128 e128-r256)\n",
+                   argv[i]);
+      return 2;
+    }
+    cases.push_back(*it);
+  }
+  if (cases.empty()) cases = all;
   int64_t max_operand = 0, max_out = 0;
   for (const Case& c : cases) {
     max_operand = std::max(max_operand, c.rows * std::max(2 * c.h, c.d));
