@@ -5,7 +5,9 @@
 # sanitizers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh -DMOE_WERROR=ON
+# The expert-GEMM tuning benchmark (bench/expert_gemm_variants, off in a user's build) is compiled
+# here too, so its CUTLASS configurations keep building as the library changes.
+scripts/setup.sh -DMOE_WERROR=ON -DMOE_BENCH_GEMM_VARIANTS=ON
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
 # The configuration of a machine without nvcc (what MOE_CUDA=AUTO becomes there, e.g. a laptop):
