@@ -11,7 +11,8 @@ step time and GPU high-water for the cases of bench/model_cases.json.
 
 Bars (the issue's): one GPU, step time within 10% and memory within 3%; several GPUs, step time
 within 15%. Exit status 1 when a case with role "validation" misses its bar; a case whose recorded
-measurement is marked `stale` (taken with kernels since changed) is shown but not held to it.
+measurement is marked `stale` (taken with kernels since changed) is shown, its step time not held
+to the bar (its memory still is).
 """
 import argparse
 import json
@@ -83,8 +84,13 @@ def table(args):
         t_bar = 10.0 if case["gpus"] == 1 else 15.0
         m_bar = 3.0 if case["gpus"] == 1 else None
         ok = t_err is not None and abs(t_err) <= t_bar and (m_bar is None or m_err is None or abs(m_err) <= m_bar)
+        memory_ok = m_bar is None or m_err is None or abs(m_err) <= m_bar
         if m.get("stale"):
-            stale.append(case["name"])  # measured with kernels since changed: shown, not held to the bar
+            # Measured with kernels since changed: its step is shown, not held to the bar; its memory
+            # (which those kernels do not change) still is.
+            stale.append(case["name"])
+            if case.get("role") == "validation" and not memory_ok:
+                failed.append(case["name"])
         elif case.get("role") == "validation" and not ok:
             failed.append(case["name"])
         rows.append((case, p, m, t_err, m_err, t_bar, m_bar, ok))

@@ -3,13 +3,15 @@
 // shapes of bench-olmoe-4l (64 experts, 262144 routed rows, d 2048, h 1024), of configs/fig4.toml
 // at 8 experts (65536 rows, d 4096, h 4096), and with few rows per expert (128 experts, 1024 and
 // 256 rows each), experts evenly loaded; `expert_gemm_variants_bench [CASE...]` runs some of them.
-// Each configuration runs back to back for about a second on random operands (values +-[0.5, 2):
+// Each configuration runs call after call for about a second (each call timed by its own event
+// pair, so the short gaps between calls are in the window) on random operands (values +-[0.5, 2):
 // constant ones toggle fewer bits and draw less power) inside one NVML energy window, because a
-// Hopper GPU at its power limit runs a kernel as fast as its energy per FLOP allows: a short
-// burst timed alone would rank the configurations by a clock the step never sees. Each line gives
-// the time, rate, mean power, SM clock, energy per FLOP, and the largest difference from the
-// first configuration (the library's) relative to the largest |output|, so a faster configuration
-// is known to compute the same product.
+// Hopper GPU at its power limit runs a kernel as fast as its energy per FLOP allows: a short burst
+// timed alone would rank the configurations by a clock the step never sees. Each line gives the
+// median call time, rate, the window's mean power and SM clock, energy per FLOP (mean power x
+// median time, over the FLOPs), and the largest difference from the first configuration (the
+// library's) relative to the largest |output|, so a faster configuration is known to compute the
+// same product.
 // A tuning benchmark, built with -DMOE_BENCH_GEMM_VARIANTS=ON (it adds a dozen CUTLASS compiles).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -112,12 +114,16 @@ int main(int argc, char** argv) {
     cases.push_back(*it);
   }
   if (cases.empty()) cases = all;
-  int64_t max_operand = 0, max_out = 0;
+  // x: token rows [rows, <= max(2h, d)]; y: token rows too (weight gradient) or the weights
+  // [E, n_out, k_in] (forward, data gradient); out and ref: F32 [E, n_out, k_in] or BF16 [rows, n_out].
+  int64_t max_rows_operand = 0, max_weights = 0, max_experts = 0;
   for (const Case& c : cases) {
-    max_operand = std::max(max_operand, c.rows * std::max(2 * c.h, c.d));
-    max_out = std::max(max_out, int64_t{c.experts} * 2 * c.h * c.d);
+    max_rows_operand = std::max(max_rows_operand, c.rows * std::max(2 * c.h, c.d));
+    max_weights = std::max(max_weights, int64_t{c.experts} * 2 * c.h * c.d);
+    max_experts = std::max(max_experts, int64_t{c.experts});
   }
-  max_out = std::max(max_out, max_operand / 2);  // a BF16 [rows, n_out] output in the F32-sized buffer
+  const int64_t max_y = std::max(max_rows_operand, max_weights);
+  const int64_t max_out = std::max(max_weights, (max_rows_operand + 1) / 2);  // F32 elements: BF16 rows fit in half
 
   int device = 0;
   CHECK_CUDA(cudaGetDevice(&device));
@@ -126,16 +132,16 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   void *x, *y, *out, *ref, *scratch_base;
   unsigned* diff;
-  CHECK_CUDA(cudaMalloc(&x, max_operand * 2));
-  CHECK_CUDA(cudaMalloc(&y, max_operand * 2));
+  CHECK_CUDA(cudaMalloc(&x, max_rows_operand * 2));
+  CHECK_CUDA(cudaMalloc(&y, max_y * 2));
   CHECK_CUDA(cudaMalloc(&out, max_out * 4));
   CHECK_CUDA(cudaMalloc(&ref, max_out * 4));
   CHECK_CUDA(cudaMalloc(&scratch_base, moe::cuda::cutlass_grouped::kScratchBytes));
   CHECK_CUDA(cudaMalloc(&diff, 2 * sizeof(unsigned)));
   int32_t* offsets;
-  CHECK_CUDA(cudaMalloc(&offsets, 1025 * sizeof(int32_t)));
-  fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x), max_operand, 1u);
-  fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(y), max_operand, 2u);
+  CHECK_CUDA(cudaMalloc(&offsets, (max_experts + 1) * sizeof(int32_t)));
+  fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x), max_rows_operand, 1u);
+  fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(y), max_y, 2u);
   const Scratch scratch{scratch_base, device, prop.multiProcessorCount};
   for (const auto& variants : by_product)
     for (const Variant& v : variants) v.prepare();

@@ -3,7 +3,8 @@
 //   forward (c = a b[e]^T, BF16 out), data gradient (c = a b[e], BF16 out), weight gradient
 //   (db[e] = dc_e^T a_e, F32 out, written).
 // The first variant of each product is the library's configuration (grouped_gemm_cutlass.cuh's
-// defaults: cooperative 128x256x64, 1x2 clusters); the second pingpong one is what it used before.
+// defaults: cooperative 128x256x64, 1x2 clusters); the first pingpong one (128x128x64, 2x1 clusters) is
+// what it used before.
 // Each variants_*.cu instantiates a few GroupedGemm configurations (grouped_gemm_cutlass.cuh) in
 // its own translation unit, so the CUTLASS compiles spread over the build's cores.
 #pragma once

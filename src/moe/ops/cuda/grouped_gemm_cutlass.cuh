@@ -21,7 +21,9 @@
 // per FLOP. bench/expert_gemm_variants (each configuration ~1 s back to back on random operands,
 // NVML energy) measured on an H100 at bench-olmoe-4l and fig4 shapes (bench/RESULTS.md,
 // twenty-fifth session): 1.02-1.17 pJ/FLOP against 1.26-1.78 for the pingpong 128x128x64 2x1
-// kernel used before, the six products of a bench-olmoe-4l layer 15.5 ms against 21.3 ms.
+// kernel used before, the six products of a bench-olmoe-4l layer 15.5 ms against 21.3 ms. On an H200
+// alone the pingpong kernel ran bench-olmoe-4l's products ~2% faster and fig4's 14% slower; in
+// the step the cooperative kernel won at both (BF16 bench-olmoe-4l +5.6%, fig4 +13.7%).
 // (GPU.md's early H200 figure, pingpong 670-700 TFLOP/s against 500 for cooperative 256x128, was
 // timed in short bursts below the power limit.) The three products share the configuration; the
 // bench lists the alternatives tried per product.
