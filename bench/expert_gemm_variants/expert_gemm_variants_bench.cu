@@ -79,22 +79,15 @@ struct ProductShape {
 
 int main(int argc, char** argv) {
   using namespace gemm_variants;
+  // Per product (in Product's order): the cooperative configurations first (the library's leads).
+  const auto both = [](std::vector<Variant> v, const std::vector<Variant>& more) {
+    v.insert(v.end(), more.begin(), more.end());
+    return v;
+  };
   const std::vector<std::vector<Variant>> by_product = {
-      [] {
-        auto v = variants_forward_cooperative();
-        for (const Variant& c : variants_forward_pingpong()) v.push_back(c);
-        return v;
-      }(),
-      [] {
-        auto v = variants_data_grad_cooperative();
-        for (const Variant& c : variants_data_grad_pingpong()) v.push_back(c);
-        return v;
-      }(),
-      [] {
-        auto v = variants_weight_grad_cooperative();
-        for (const Variant& c : variants_weight_grad_pingpong()) v.push_back(c);
-        return v;
-      }(),
+      both(variants_forward_cooperative(), variants_forward_pingpong()),
+      both(variants_data_grad_cooperative(), variants_data_grad_pingpong()),
+      both(variants_weight_grad_cooperative(), variants_weight_grad_pingpong()),
   };
   // The top-4 sweep's shapes (bench-olmoe-4l at top 4: 131072 rows) at 128 experts, and 256 rows per
   // expert, show the configurations where each expert has few rows.

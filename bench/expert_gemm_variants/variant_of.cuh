@@ -13,31 +13,8 @@ using PPEpi = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 using Coop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
 using CoopEpi = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 
-// Layouts and output type per product, as grouped_gemm_cutlass_{fwd,dgrad,wgrad}.cu instantiate them.
-template <Product P>
-struct Operands;
-template <>
-struct Operands<Product::kForward> {
-  using A = cutlass::layout::RowMajor;
-  using B = cutlass::layout::ColumnMajor;
-  using D = cutlass::bfloat16_t;
-};
-template <>
-struct Operands<Product::kDataGrad> {
-  using A = cutlass::layout::RowMajor;
-  using B = cutlass::layout::RowMajor;
-  using D = cutlass::bfloat16_t;
-};
-template <>
-struct Operands<Product::kWeightGrad> {
-  using A = cutlass::layout::ColumnMajor;
-  using B = cutlass::layout::RowMajor;
-  using D = float;
-};
-
 template <Product P, class Tile, class Cluster, class KernelSchedule, class EpilogueSchedule>
-using GemmOf = cg::GroupedGemm<typename Operands<P>::A, typename Operands<P>::B, typename Operands<P>::D, Tile, Cluster,
-                               KernelSchedule, EpilogueSchedule>;
+using GemmOf = cg::ExpertGemm<P, Tile, Cluster, KernelSchedule, EpilogueSchedule>;
 
 template <Product P, class G>
 Variant make_variant(const char* name) {

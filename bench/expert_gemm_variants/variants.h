@@ -20,7 +20,7 @@ namespace gemm_variants {
 
 using moe::cuda::cutlass_grouped::Scratch;
 
-enum class Product { kForward, kDataGrad, kWeightGrad };
+using Product = moe::cuda::cutlass_grouped::ExpertProduct;
 
 struct Variant {
   const char* name;

@@ -37,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -112,6 +113,17 @@ struct GroupedGemm {
   using StrideD = typename Kernel::InternalStrideD;
 };
 
+// The operand layouts and output type of each expert product (the top of this file; ExpertProduct
+// in grouped_gemm_cutlass.h), for any tile, cluster and schedule: the library's instantiations
+// (grouped_gemm_cutlass_{fwd,dgrad,wgrad}.cu) and bench/expert_gemm_variants take them from here.
+//   kForward: c = a b[e]^T (A row-major, B column-major, BF16 out); kDataGrad: c = a b[e] (both
+//   row-major, BF16 out); kWeightGrad: db[e] = dc^T a (A column-major, B row-major, F32 out).
+template <ExpertProduct P, class... Config>
+using ExpertGemm = GroupedGemm<
+    std::conditional_t<P == ExpertProduct::kWeightGrad, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>,
+    std::conditional_t<P == ExpertProduct::kForward, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>,
+    std::conditional_t<P == ExpertProduct::kWeightGrad, float, cutlass::bfloat16_t>, Config...>;
+
 // The per-group arrays CUTLASS reads, carved from the front of the scratch; its workspace follows.
 template <class G>
 struct GroupArrays {
@@ -150,8 +162,8 @@ GroupArrays<G> carve_arrays(const Scratch& scratch) {
   arr.stride_c = carve<typename G::StrideC>(cursor);
   arr.stride_d = carve<typename G::StrideD>(cursor);
   const size_t used = static_cast<size_t>(cursor - static_cast<char*>(scratch.base));
-  MOE_CHECK(used < kScratchBytes, "grouped GEMM (CUTLASS): ", used, " bytes of group arrays exceed the ",
-            kScratchBytes, "-byte scratch");
+  MOE_CHECK(used < kScratchBytes, "grouped GEMM (CUTLASS): ", used, " bytes of group arrays exceed the ", kScratchBytes,
+            "-byte scratch");
   arr.workspace = cursor;
   arr.workspace_bytes = kScratchBytes - used;
   return arr;
@@ -199,8 +211,8 @@ inline const char* status_name(cutlass::Status s) { return cutlass::cutlassGetSt
 // Setup kernel, then the grouped GEMM, both on `stream`. Host work: CUTLASS's parameter struct
 // (placeholder TMA descriptors; each SM rewrites them per group on the device), no device calls.
 template <class G, Product kProduct>
-void run_grouped(void* out, const void* x, const void* y, const int32_t* offsets, int groups, int64_t rows,
-                 int n_out, int k_in, float beta, const Scratch& scratch, cudaStream_t stream, const char* op) {
+void run_grouped(void* out, const void* x, const void* y, const int32_t* offsets, int groups, int64_t rows, int n_out,
+                 int k_in, float beta, const Scratch& scratch, cudaStream_t stream, const char* op) {
   MOE_CHECK(groups >= 1 && groups <= kMaxGroups, op, ": ", groups, " groups, expected 1..", kMaxGroups);
   const GroupArrays<G> arr = carve_arrays<G>(scratch);
   // Strides do not depend on a group's row count (L = 1): the same for every group.

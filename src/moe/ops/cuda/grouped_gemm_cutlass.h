@@ -27,6 +27,9 @@ constexpr int kMaxGroups = 1024;  // experts per call; more fall back to the til
 // tensor maps each SM rewrites per group): kScratchBytes, allocated once outside graph capture.
 constexpr size_t kScratchBytes = size_t{2} << 20;
 
+// The three expert products; grouped_gemm_cutlass.cuh's ExpertGemm gives each one's operand layouts.
+enum class ExpertProduct { kForward, kDataGrad, kWeightGrad };
+
 struct Scratch {
   void* base = nullptr;  // kScratchBytes, 256-byte aligned
   int device = 0;

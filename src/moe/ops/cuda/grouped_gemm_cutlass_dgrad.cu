@@ -5,7 +5,7 @@
 
 namespace moe::cuda::cutlass_grouped {
 namespace {
-using GemmNn = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::RowMajor, cutlass::bfloat16_t>;
+using GemmNn = ExpertGemm<ExpertProduct::kDataGrad>;
 }  // namespace
 
 void matmul_nn_bf16(void* c, const void* a, const void* b, const int32_t* offsets, int groups, int64_t rows,

@@ -5,7 +5,7 @@
 
 namespace moe::cuda::cutlass_grouped {
 namespace {
-using GemmNt = GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, cutlass::bfloat16_t>;
+using GemmNt = ExpertGemm<ExpertProduct::kForward>;
 }  // namespace
 
 void matmul_nt_bf16(void* c, const void* a, const void* b, const int32_t* offsets, int groups, int64_t rows,

@@ -8,7 +8,7 @@
 
 namespace moe::cuda::cutlass_grouped {
 namespace {
-using GemmWgrad = GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float>;
+using GemmWgrad = ExpertGemm<ExpertProduct::kWeightGrad>;
 }  // namespace
 
 // With accumulate = false, beta = 0 (db is written, never read) and the experts with no rows,
