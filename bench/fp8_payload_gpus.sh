@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 16's dispatch payload between GPUs: bench-olmoe-4l with expert parallelism over NP GPUs
+# (NP=2 by default; nvidia-h200-x2 and up), each GPU holding 64 / NP experts and its own 8
+# sequences per step (the config's global batch times NP), timed in BF16, in FP8 with BF16 rows moved
+# (ep.payload = "bf16") and in FP8 with FP8 rows and their scales moved (ep.payload = "fp8"),
+# alternated ROUNDS times. Prints tokens/s per rank (GPU), the step, the time the step waits on the
+# links, joules per step over the job's GPUs, and FP8 / BF16.
+# On the machine, from the repo root, binaries in .devrun (as for device_check.sh):
+#   bash bench/fp8_payload_gpus.sh          (about 5 minutes on 2 GPUs)
+# Logs and --json reports go to $OUT. A check on the build machine's CPU ranks (no GPU, no timing):
+#   MOETRAIN=build/moetrain CONFIG=configs/tiny.toml GRAPH=false STEPS=3 ROUNDS=1 bash bench/fp8_payload_gpus.sh
+set -uo pipefail
+if [ -z "${MOETRAIN:-}" ]; then . bench/device_mpi_env.sh; else
+  mpi_launch() { echo mpirun -np "$1" --allow-run-as-root --oversubscribe --bind-to none; }; fi
+moetrain=${MOETRAIN:-.devrun/bin/moetrain}
+np=${NP:-2}
+steps=${STEPS:-12}
+rounds=${ROUNDS:-2}
+out=${OUT:-/tmp}
+mkdir -p "$out"
+read -ra mpi <<< "$(mpi_launch "$np")"
+nvidia-smi --query-gpu=index,name,power.limit --format=csv,noheader 2> /dev/null
+config=${CONFIG:-configs/bench-olmoe-4l.toml}
+per_rank=$(sed -n 's/^global_batch_size *= *\([0-9]*\).*/\1/p' "$config")
+common=(--config "$config" --steps "$steps" --set train.cuda_graph="${GRAPH:-true}"
+        --set parallel.ep="$np" --set train.global_batch_size=$((${per_rank:-8} * np)))
+status=0
+for round in $(seq 1 "$rounds"); do
+  for run in bf16 fp8-payload-bf16 fp8-payload-fp8; do
+    case $run in
+      bf16) sets=(--set train.precision=bf16) ;;
+      fp8-payload-bf16) sets=(--set train.precision=fp8 --set ep.payload=bf16) ;;
+      fp8-payload-fp8) sets=(--set train.precision=fp8 --set ep.payload=fp8) ;;
+    esac
+    name="payload-$run-$round"
+    "${mpi[@]}" "$moetrain" bench "${common[@]}" "${sets[@]}" --json "$out/$name.json" \
+      > "$out/$name.log" 2>&1 || { status=1; echo "$name failed:"; tail -5 "$out/$name.log"; }
+  done
+done
+python3 - "$out" "$rounds" <<'PY'
+import json, os, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def load(run, r):
+    path = os.path.join(out, f"payload-{run}-{r}.json")
+    return json.load(open(path)) if os.path.exists(path) else None
+print("%-6s %-18s %14s %9s %9s %9s %9s" % ("round", "run", "tok/s per rank", "step ms", "comm ms", "J/step", "/ BF16"))
+for r in range(1, rounds + 1):
+    base = load("bf16", r)
+    for run in ("bf16", "fp8-payload-bf16", "fp8-payload-fp8"):
+        j = load(run, r)
+        if j is None:
+            print("%-6d %-18s failed" % (r, run)); continue
+        energy = (j.get("power") or {}).get("energy_j_per_step")
+        ratio = j["tokens_per_s"] / base["tokens_per_s"] if base else float("nan")
+        print("%-6d %-18s %14.0f %9.1f %9.1f %9s %8.3fx" % (r, run, j["tokens_per_s_per_gpu"], 1e3 * j["step_s"],
+              1e3 * j["comm_s"], "%.1f" % energy if energy is not None else "-", ratio))
+PY
+exit $status
