@@ -4,6 +4,9 @@ step time and GPU high-water for the cases of bench/model_cases.json.
 
   validate_model.py run --out DIR [--np N] [--steps S]    # on the GPU machine: `moetrain bench --json`
                                                          # for every case that fits on N GPUs
+  validate_model.py record --measured-dir DIR --source TEXT
+                                                         # those reports become the cases' recorded
+                                                         # numbers (in place; the stale mark goes)
   validate_model.py table [--measured-dir DIR] [--hardware H] [--markdown]
                                                          # the table; measured numbers from DIR's bench
                                                          # reports where present, else the case's
@@ -147,6 +150,33 @@ def run(args):
     return 1 if status else 0
 
 
+def record(args):
+    """Writes the reports of `run` into the cases file as each case's measured numbers (a stale mark
+    goes with the old numbers); cases without a report are left as they are."""
+    with open(args.cases) as f:
+        doc = json.load(f)
+    updated = []
+    for case in doc["cases"]:
+        path = os.path.join(args.measured_dir, slug(case["name"]) + ".json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            report = json.load(f)
+        case["measured"] = {"step_s": round(report["step_s"], 5),
+                            "gpu_high_water_gib": round(report["gpu_peak_bytes"] / 2**30, 2), "source": args.source}
+        updated.append(case["name"])
+    if not updated:
+        print(f"error: no report in {args.measured_dir} is named after a case of {args.cases}", file=sys.stderr)
+        return 1
+    tmp = args.cases + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, args.cases)
+    print(f"recorded {len(updated)} case(s) in {args.cases}: " + ", ".join(updated))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=os.path.join(ROOT, "bench/model_cases.json"))
@@ -162,8 +192,11 @@ def main():
     r.add_argument("--steps", type=int, default=6)
     r.add_argument("--mpi", default="mpirun --allow-run-as-root --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE "
                    "-x NVSHMEM_DISABLE_NVLS", help="launcher prefix for cases on several GPUs (-np is added)")
+    w = sub.add_parser("record", help="write run's reports into the cases file as the measured numbers")
+    w.add_argument("--measured-dir", required=True)
+    w.add_argument("--source", required=True, help="where the numbers come from (RESULTS.md section, machine)")
     args = ap.parse_args()
-    return table(args) if args.cmd == "table" else run(args)
+    return {"table": table, "run": run, "record": record}[args.cmd](args)
 
 
 if __name__ == "__main__":
