@@ -7,11 +7,14 @@
 # links, joules per step over the job's GPUs, and FP8 / BF16.
 # On the machine, from the repo root, binaries in .devrun (as for device_check.sh):
 #   bash bench/fp8_payload_gpus.sh          (about 5 minutes on 2 GPUs)
-# Logs and --json reports go to $OUT. A check on the build machine's CPU ranks (no GPU, no timing):
+# Logs and --json reports go to $OUT. On CPU ranks (no GPU, no timing; CTest fp8_payload_script_runs_on_cpu_ranks):
 #   MOETRAIN=build/moetrain CONFIG=configs/tiny.toml GRAPH=false STEPS=3 ROUNDS=1 bash bench/fp8_payload_gpus.sh
 set -uo pipefail
 if [ -z "${MOETRAIN:-}" ]; then . bench/device_mpi_env.sh; else
-  mpi_launch() { echo mpirun -np "$1" --allow-run-as-root --oversubscribe --bind-to none; }; fi
+  mpi_launch() {
+    echo "${MPIEXEC:-mpirun}" -np "$1" --allow-run-as-root --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none
+  }
+fi
 moetrain=${MOETRAIN:-.devrun/bin/moetrain}
 np=${NP:-2}
 steps=${STEPS:-12}
