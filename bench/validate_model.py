@@ -4,9 +4,10 @@ step time and GPU high-water for the cases of bench/model_cases.json.
 
   validate_model.py run --out DIR [--np N] [--steps S]    # on the GPU machine: `moetrain bench --json`
                                                          # for every case that fits on N GPUs
-  validate_model.py record --measured-dir DIR --source TEXT
+  validate_model.py record --measured-dir DIR --source TEXT [--calibration]
                                                          # those reports become the cases' recorded
-                                                         # numbers (in place; the stale mark goes)
+                                                         # numbers (in place; the stale mark goes;
+                                                         # calibration cases only with --calibration)
   validate_model.py table [--measured-dir DIR] [--hardware H] [--markdown]
                                                          # the table; measured numbers from DIR's bench
                                                          # reports where present, else the case's
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -150,29 +152,59 @@ def run(args):
     return 1 if status else 0
 
 
+def report_numbers(path, case):
+    """(step_s, GPU high-water GiB) of one `bench --json` report, or SystemExit naming the file."""
+    try:
+        with open(path) as f:
+            report = json.load(f)
+        step, peak, ranks = report["step_s"], report["gpu_peak_bytes"], report.get("world_size", case["gpus"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"error: {path}: not a readable bench --json report ({type(e).__name__}: {e})")
+    if not isinstance(step, (int, float)) or step <= 0:
+        raise SystemExit(f"error: {path}: step_s is {step!r}, not a positive number")
+    if not isinstance(peak, (int, float)) or peak <= 0:
+        raise SystemExit(f"error: {path}: gpu_peak_bytes is {peak!r}: not a GPU run's report")
+    if ranks != case["gpus"]:
+        raise SystemExit(f"error: {path}: ran on {ranks} rank(s), case '{case['name']}' is for {case['gpus']} GPU(s)")
+    return round(step, 5), round(peak / 2**30, 2)
+
+
 def record(args):
     """Writes the reports of `run` into the cases file as each case's measured numbers (a stale mark
-    goes with the old numbers); cases without a report are left as they are."""
+    goes with the old numbers); cases without a report are left as they are, and so are calibration
+    cases unless --calibration is given (their numbers are the run the shipped profile was fitted to)."""
+    if not os.path.isdir(args.measured_dir):
+        raise SystemExit(f"error: {args.measured_dir}: no such folder")
     with open(args.cases) as f:
         doc = json.load(f)
-    updated = []
+    updated, skipped = [], []
     for case in doc["cases"]:
         path = os.path.join(args.measured_dir, slug(case["name"]) + ".json")
         if not os.path.exists(path):
             continue
-        with open(path) as f:
-            report = json.load(f)
-        case["measured"] = {"step_s": round(report["step_s"], 5),
-                            "gpu_high_water_gib": round(report["gpu_peak_bytes"] / 2**30, 2), "source": args.source}
+        if case.get("role") == "calibration" and not args.calibration:
+            skipped.append(case["name"])
+            continue
+        step, gib = report_numbers(path, case)
+        case["measured"] = {"step_s": step, "gpu_high_water_gib": gib, "source": args.source}
         updated.append(case["name"])
+    if skipped:
+        print("left as recorded (calibration cases; --calibration replaces them): " + ", ".join(skipped))
     if not updated:
-        print(f"error: no report in {args.measured_dir} is named after a case of {args.cases}", file=sys.stderr)
+        print(f"error: no report in {args.measured_dir} is named after a case of {args.cases} to record",
+              file=sys.stderr)
         return 1
-    tmp = args.cases + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, args.cases)
+    target = os.path.realpath(args.cases)  # through a symlink: the file it names is what changes
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=os.path.basename(target) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+        shutil.copymode(target, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     print(f"recorded {len(updated)} case(s) in {args.cases}: " + ", ".join(updated))
     return 0
 
@@ -195,6 +227,8 @@ def main():
     w = sub.add_parser("record", help="write run's reports into the cases file as the measured numbers")
     w.add_argument("--measured-dir", required=True)
     w.add_argument("--source", required=True, help="where the numbers come from (RESULTS.md section, machine)")
+    w.add_argument("--calibration", action="store_true",
+                   help="also replace calibration cases' numbers (after a new profile was fitted to these runs)")
     args = ap.parse_args()
     return {"table": table, "run": run, "record": record}[args.cmd](args)
 
