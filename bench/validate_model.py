@@ -66,10 +66,8 @@ def measured(case, measured_dir):
     m = dict(case["measured"])
     path = os.path.join(measured_dir, slug(case["name"]) + ".json") if measured_dir else None
     if path and os.path.exists(path):
-        with open(path) as f:
-            report = json.load(f)
-        m = {"step_s": report["step_s"], "gpu_high_water_gib": report["gpu_peak_bytes"] / 2**30,
-             "source": os.path.relpath(path)}
+        step, gib = report_numbers(path, case)
+        m = {"step_s": step, "gpu_high_water_gib": gib, "source": os.path.relpath(path)}
     return m
 
 
@@ -153,7 +151,7 @@ def run(args):
 
 
 def report_numbers(path, case):
-    """(step_s, GPU high-water GiB) of one `bench --json` report, or SystemExit naming the file."""
+    """(step_s, GPU high-water GiB) of one `bench --json` report for `case`, or SystemExit naming the file."""
     try:
         with open(path) as f:
             report = json.load(f)
@@ -166,7 +164,7 @@ def report_numbers(path, case):
         raise SystemExit(f"error: {path}: gpu_peak_bytes is {peak!r}: not a GPU run's report")
     if ranks != case["gpus"]:
         raise SystemExit(f"error: {path}: ran on {ranks} rank(s), case '{case['name']}' is for {case['gpus']} GPU(s)")
-    return round(step, 5), round(peak / 2**30, 2)
+    return step, peak / 2**30
 
 
 def record(args):
@@ -186,7 +184,7 @@ def record(args):
             skipped.append(case["name"])
             continue
         step, gib = report_numbers(path, case)
-        case["measured"] = {"step_s": step, "gpu_high_water_gib": gib, "source": args.source}
+        case["measured"] = {"step_s": round(step, 5), "gpu_high_water_gib": round(gib, 2), "source": args.source}
         updated.append(case["name"])
     if skipped:
         print("left as recorded (calibration cases; --calibration replaces them): " + ", ".join(skipped))

@@ -21,9 +21,8 @@ Variant make_variant(const char* name) {
   return {name, [] { cg::prepare_kernel<G>(); },
           [](void* out, const void* x, const void* y, const int32_t* offsets, int groups, int64_t rows, int n_out,
              int k_in, const Scratch& scratch, cudaStream_t stream) {
-            constexpr cg::Product kind = P == Product::kWeightGrad ? cg::Product::kWgrad : cg::Product::kData;
-            cg::run_grouped<G, kind>(out, x, y, offsets, groups, rows, n_out, k_in, 0.0f, scratch, stream,
-                                     "expert GEMM variant");
+            cg::run_grouped<G, P>(out, x, y, offsets, groups, rows, n_out, k_in, 0.0f, scratch, stream,
+                                  "expert GEMM variant");
           }};
 }
 

@@ -63,9 +63,6 @@ namespace moe::cuda::cutlass_grouped {
 using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // (M, N, K) per group
 using GroupShape = ProblemShape::UnderlyingProblemShape;
 
-// Which product the setup kernel lays out (see the top of this file).
-enum class Product { kData, kWgrad };
-
 // The tile, cluster and schedules default to the configuration the library runs (NOTES above);
 // bench/expert_gemm_variants instantiates others to compare them on a GPU.
 template <class LayoutA_, class LayoutB_, class ElementD_,
@@ -170,9 +167,9 @@ GroupArrays<G> carve_arrays(const Scratch& scratch) {
 }
 
 // One thread per expert: shapes, pointers and strides of group e from expert_offsets.
-//   kData:  x = a [rows, k_in], y = b [E, n_out x k_in], out = c [rows, n_out].
-//   kWgrad: x = dc [rows, n_out], y = a [rows, k_in], out = db [E, n_out, k_in].
-template <class G, Product kProduct>
+//   forward, data gradient: x = a [rows, k_in], y = b [E, n_out x k_in], out = c [rows, n_out].
+//   weight gradient:        x = dc [rows, n_out], y = a [rows, k_in], out = db [E, n_out, k_in].
+template <class G, ExpertProduct kProduct>
 __global__ void build_group_arrays(GroupArrays<G> arr, const int32_t* __restrict__ offsets, int groups, int64_t rows,
                                    int n_out, int k_in, const typename G::ElementA* x, const typename G::ElementB* y,
                                    typename G::ElementD* out, typename G::StrideA stride_a,
@@ -184,7 +181,7 @@ __global__ void build_group_arrays(GroupArrays<G> arr, const int32_t* __restrict
   const int64_t lo = min(max(static_cast<int64_t>(offsets[e]), int64_t{0}), rows);
   const int64_t hi = min(max(static_cast<int64_t>(offsets[e + 1]), int64_t{0}), rows);
   const int m = hi > lo ? static_cast<int>(hi - lo) : 0;
-  if constexpr (kProduct == Product::kData) {
+  if constexpr (kProduct != ExpertProduct::kWeightGrad) {
     arr.shapes[e] = GroupShape(m, n_out, k_in);  // m = 0: no tiles, the group is skipped
     arr.ptr_a[e] = x + lo * k_in;
     arr.ptr_b[e] = y + static_cast<int64_t>(e) * n_out * k_in;
@@ -210,15 +207,15 @@ inline const char* status_name(cutlass::Status s) { return cutlass::cutlassGetSt
 
 // Setup kernel, then the grouped GEMM, both on `stream`. Host work: CUTLASS's parameter struct
 // (placeholder TMA descriptors; each SM rewrites them per group on the device), no device calls.
-template <class G, Product kProduct>
+template <class G, ExpertProduct kProduct>
 void run_grouped(void* out, const void* x, const void* y, const int32_t* offsets, int groups, int64_t rows, int n_out,
                  int k_in, float beta, const Scratch& scratch, cudaStream_t stream, const char* op) {
   MOE_CHECK(groups >= 1 && groups <= kMaxGroups, op, ": ", groups, " groups, expected 1..", kMaxGroups);
   const GroupArrays<G> arr = carve_arrays<G>(scratch);
   // Strides do not depend on a group's row count (L = 1): the same for every group.
-  const int M = kProduct == Product::kData ? 1 : n_out;  // the row-count extent is never a stride
-  const int N = kProduct == Product::kData ? n_out : k_in;
-  const int K = kProduct == Product::kData ? k_in : 1;
+  const int M = kProduct != ExpertProduct::kWeightGrad ? 1 : n_out;  // the row-count extent is never a stride
+  const int N = kProduct != ExpertProduct::kWeightGrad ? n_out : k_in;
+  const int K = kProduct != ExpertProduct::kWeightGrad ? k_in : 1;
   const auto stride_a = cutlass::make_cute_packed_stride(typename G::StrideA{}, {M, K, 1});
   const auto stride_b = cutlass::make_cute_packed_stride(typename G::StrideB{}, {N, K, 1});
   const auto stride_c = cutlass::make_cute_packed_stride(typename G::StrideC{}, {M, N, 1});

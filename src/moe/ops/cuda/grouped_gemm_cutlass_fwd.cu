@@ -10,7 +10,7 @@ using GemmNt = ExpertGemm<ExpertProduct::kForward>;
 
 void matmul_nt_bf16(void* c, const void* a, const void* b, const int32_t* offsets, int groups, int64_t rows,
                     int n_out, int k_in, bool accumulate, const Scratch& scratch, cudaStream_t stream) {
-  run_grouped<GemmNt, Product::kData>(c, a, b, offsets, groups, rows, n_out, k_in, accumulate ? 1.0f : 0.0f, scratch,
+  run_grouped<GemmNt, ExpertProduct::kForward>(c, a, b, offsets, groups, rows, n_out, k_in, accumulate ? 1.0f : 0.0f, scratch,
                                       stream, "grouped_matmul (CUTLASS, trans_b)");
 }
 

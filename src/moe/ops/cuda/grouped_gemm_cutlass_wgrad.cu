@@ -31,7 +31,7 @@ void wgrad_bf16_f32(void* db, const void* dc, const void* a, const int32_t* offs
     zero_empty_experts<<<grid, 256, 0, stream>>>(static_cast<float*>(db), offsets, rows, per_expert);
     CUDA_CHECK_LAUNCH();
   }
-  run_grouped<GemmWgrad, Product::kWgrad>(db, dc, a, offsets, groups, rows, n_out, k_in, accumulate ? 1.0f : 0.0f,
+  run_grouped<GemmWgrad, ExpertProduct::kWeightGrad>(db, dc, a, offsets, groups, rows, n_out, k_in, accumulate ? 1.0f : 0.0f,
                                           scratch, stream, "grouped_matmul_wgrad (CUTLASS)");
 }
 
