@@ -165,6 +165,23 @@ TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
         },
         stream);
     report("dense QKV fwd (cuBLASLt)", qkv, 2.0 * T * QKV * D, "FLOP");
+    // The weight gradient's two-scale promotion (both operands 1 x 128 along the tokens) through
+    // cuBLASLt and through our CUTLASS kernel at one shape: 2048 x 2048 over T tokens, F32 out, as
+    // one dense product and as one group. Tells whether the expert weight gradients' excess energy
+    // per FLOP over the forward is the recipe's (both libraries pay it) or CUTLASS's mainloop.
+    const int64_t Mp1 = fp8_columns_capacity(T, 1);
+    DeviceBuffer off1(DType::I32, {2});
+    off1.upload_i32({0, static_cast<int32_t>(T)});
+    const Fp8Tensor dy_t{front(ca, DType::FP8_E4M3, {2 * H, Mp1}), front(ca_s, DType::F32, {2 * H, tiles(Mp1)}),
+                         Fp8Tiles::Rows};
+    const Fp8Tensor x_t{front(cb, DType::FP8_E4M3, {D, Mp1}), front(cb_s, DType::F32, {D, tiles(Mp1)}), Fp8Tiles::Rows};
+    report("dense wgrad 1x128 both (cuBLASLt)",
+           measure([&] { fp8_matmul(front(g, DType::F32, {2 * H, D}), dy_t, x_t, false, s); }, stream),
+           2.0 * T * 2 * H * D, "FLOP");
+    report("dense wgrad 1x128 both (CUTLASS, 1 group)",
+           measure([&] { fp8_grouped_matmul_wgrad(front(g, DType::F32, {1, 2 * H, D}), dy_t, x_t, off1.tensor(), false, s); },
+                   stream),
+           2.0 * T * 2 * H * D, "FLOP");
   }
   {
     std::printf("BF16 expert products (the same shapes, random values)\n");
