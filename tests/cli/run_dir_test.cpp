@@ -103,6 +103,32 @@ TEST_F(CliTest, a_fresh_run_into_a_directory_holding_a_run_is_refused_and_change
   EXPECT_FALSE(fs::exists(run_dir() + "/.lock"));
 }
 
+TEST_F(CliTest, a_run_dir_that_is_or_lies_inside_a_checkpoint_is_refused_and_nothing_is_written_into_it) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
+  const std::string ckpt = run_dir() + "/step-000002";
+  const auto listing = [](const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) names.push_back(e.path().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const std::vector<std::string> before = listing(ckpt);
+  for (const std::string& dir : {ckpt, ckpt + "/nested", ckpt + "/a/b"}) {
+    std::vector<std::string> args = {"train", "--set", "run.dir=" + dir};
+    for (const std::string& s : tiny_sets()) args.insert(args.end(), {"--set", s});
+    const CliRun r = moetrain(args);
+    expect_error(r, {"run.dir '" + dir + "'", dir == ckpt ? "is the checkpoint" : "is inside the checkpoint", ckpt,
+                     "nothing is written into a checkpoint"});
+  }
+  EXPECT_EQ(listing(ckpt), before) << "the checkpoint must be left as it was";
+  // Through a link to the checkpoint, too.
+  fs::create_directory_symlink(ckpt, path("best"));
+  std::vector<std::string> args = {"train", "--set", "run.dir=" + path("best") + "/run2"};
+  for (const std::string& s : tiny_sets()) args.insert(args.end(), {"--set", s});
+  expect_error(moetrain(args), {"is inside the checkpoint", ckpt});
+  EXPECT_EQ(listing(ckpt), before);
+}
+
 TEST_F(CliTest, a_fresh_run_into_a_run_without_a_checkpoint_is_told_what_starts_it_not_to_resume_it) {
   ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--set", "run.save_final=false"})).exit_code, 0);
   ASSERT_TRUE(step_dirs(run_dir()).empty());

@@ -294,6 +294,21 @@ TEST_F(DatasetTest, malformed_dataset_json_is_an_error_naming_it_and_the_field) 
   EXPECT_EQ(TokenDataset::open(config(), kBigVocab, 0).files().size(), 1u);
 }
 
+// A vocabulary whose synthetic-corpus tables could not fit is refused naming the key, before any
+// allocation (it was met by the kernel's out-of-memory killer, with no message); one past the
+// key's range is refused naming the key and the range.
+TEST(SyntheticDataset, a_vocabulary_too_large_for_the_corpus_tables_is_refused_naming_the_key) {
+  DataConfig cfg;
+  cfg.synthetic_tokens = 1000;
+  cfg.synthetic_eval_tokens = 100;
+  const int64_t huge = int64_t{1} << 31;  // ~240 GiB of tables
+  std::string msg = error_of([&] { TokenDataset::open(cfg, huge, 0); });
+  EXPECT_NE(msg.find("model.vocab_size = 2147483648 needs"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("GiB for the synthetic corpus's tables"), std::string::npos) << msg;
+  msg = error_of([&] { SyntheticCorpus(huge + 1, 0, cfg); });
+  EXPECT_NE(msg.find("model.vocab_size = 2147483649 is outside [2, 2147483648]"), std::string::npos) << msg;
+}
+
 TEST(SyntheticDataset, streams_splits_and_attainable_loss) {
   DataConfig cfg;
   cfg.synthetic_tokens = 50000;

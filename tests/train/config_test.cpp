@@ -259,7 +259,7 @@ TEST(Config, UnparsableSetValuesAreRefusedAsWhatTheyOpenNotTakenAsStrings) {
     const char* needle;
   } cases[] = {
       {"parallel.pp_layers=[1,1", "the array [1,1 given for parallel.pp_layers could not be parsed"},
-      {"parallel.pp_layers= [3,", "the array  [3, given for parallel.pp_layers could not be parsed"},
+      {"parallel.pp_layers= [3,", "the array [3, given for parallel.pp_layers could not be parsed"},
       {"data.sources=[{path=\"a.npy\"}", "the array [{path=\"a.npy\"} given for data.sources could not be parsed"},
       {"eval.sets={name=\"a\"", "the inline table {name=\"a\" given for eval.sets could not be parsed"},
       {"run.dir=\"out", "the quoted string \"out given for run.dir could not be parsed"},
@@ -273,6 +273,17 @@ TEST(Config, UnparsableSetValuesAreRefusedAsWhatTheyOpenNotTakenAsStrings) {
   }
   EXPECT_EQ(load_config("tiny", {"run.dir=runs/a b"}).run.dir, "runs/a b");
   EXPECT_EQ(load_config("tiny", {"data.path=data/*.npy"}).data.path, "data/*.npy");
+}
+
+TEST(Config, SpacesAroundASetKeyItsDotAndItsEqualsSignAreTomlLayoutNotPartOfTheName) {
+  EXPECT_EQ(load_config("tiny", {"train.steps = 7"}).train.steps, 7);
+  EXPECT_EQ(load_config("tiny", {" train . steps\t=9 "}).train.steps, 9);
+  EXPECT_EQ(load_config("tiny", {"run.dir = runs/a b "}).run.dir, "runs/a b");
+  EXPECT_EQ(load_config("tiny", {"run.dir = \" x \""}).run.dir, " x ") << "spaces inside quotes are the value's";
+  for (const char* bad : {" =3", "train. =3", " .steps=3"}) {
+    const std::string e = error_of([&] { load_config("tiny", {bad}); });
+    EXPECT_NE(e.find("--set expects section.key=value"), std::string::npos) << bad << " -> " << e;
+  }
 }
 
 // The "e.g. parallel.pp_layers = [...]" a refusal offers, as a --set override.

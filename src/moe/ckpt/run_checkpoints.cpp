@@ -215,6 +215,12 @@ std::string set_aside_after(const std::string& run_dir, int64_t step, bool recor
   return carry_out(run_dir, intent, also_move);
 }
 
+bool is_checkpoint_dir(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  return fs::exists(p / "index.json", ec) && fs::exists(p / "train_state.json", ec);
+}
+
 std::string enclosing_checkpoint(const std::string& path) {
   std::error_code ec;
   // Through links (a `best -> run/step-000100` link names that checkpoint), and whatever the
@@ -222,7 +228,7 @@ std::string enclosing_checkpoint(const std::string& path) {
   fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
   if (ec) p = fs::absolute(path, ec).lexically_normal();
   for (p = p.parent_path(); !p.empty(); p = p.parent_path()) {
-    if (fs::exists(p / "index.json", ec) && fs::exists(p / "train_state.json", ec)) return p.string();
+    if (is_checkpoint_dir(p.string())) return p.string();
     if (p == p.parent_path()) break;
   }
   return "";

@@ -26,6 +26,8 @@ std::optional<int64_t> step_of_name(const std::string& name, const std::string& 
 // The checkpoint (a folder holding index.json and train_state.json, whatever its name, reached
 // through links too) that `path` would lie inside, or "": outputs are never written into one.
 std::string enclosing_checkpoint(const std::string& path);
+// Whether `path` itself is such a checkpoint folder.
+bool is_checkpoint_dir(const std::string& path);
 
 // Complete checkpoints (step-*/index.json) of run_dir as (step, directory name), ascending,
 // without those a pending set-aside intent is moving away.

@@ -22,8 +22,9 @@ SyntheticCorpus::SyntheticCorpus(int64_t vocab_size, int64_t eos_token_id, const
       successors_(cfg.synthetic_successors),
       end_prob_(cfg.synthetic_doc_end_prob),
       seed_(cfg.seed) {
-  MOE_CHECK(vocab_size >= 2 && vocab_size <= (int64_t{1} << 31) - 1, "synthetic corpus: vocab_size ", vocab_size,
-            " out of range");
+  // Token ids are int32: ids up to 2^31 - 1, a vocabulary of up to 2^31 (model.vocab_size's range).
+  MOE_CHECK(vocab_size >= 2 && vocab_size <= int64_t{1} << 31, "synthetic corpus: model.vocab_size = ", vocab_size,
+            " is outside [2, 2147483648]");
   MOE_CHECK(eos_token_id >= 0 && eos_token_id < vocab_size, "synthetic corpus: eos_token_id ", eos_token_id,
             " is not inside the vocabulary [0, ", vocab_size, ")");
   const int64_t domains = cfg.synthetic_domains;

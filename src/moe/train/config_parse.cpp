@@ -37,8 +37,17 @@ toml::table parse_toml(const std::string& text, const std::string& source) {
 void apply_override(toml::table& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
   MOE_CHECK(eq != std::string::npos && eq > 0, "--set expects section.key=value, got '", assignment, "'");
-  const std::string path = assignment.substr(0, eq);
-  const std::string value = assignment.substr(eq + 1);
+  // Spaces around the key, the dot and the '=' are TOML's own layout ("train.steps = 2"), not part of a name.
+  const auto trim = [](std::string t) {
+    const size_t first = t.find_first_not_of(" \t"), last = t.find_last_not_of(" \t");
+    return first == std::string::npos ? std::string() : t.substr(first, last - first + 1);
+  };
+  std::string path = trim(assignment.substr(0, eq));
+  const std::string value = trim(assignment.substr(eq + 1));
+  if (const size_t at = path.find('.'); at != std::string::npos)
+    path = trim(path.substr(0, at)) + "." + trim(path.substr(at + 1));
+  MOE_CHECK(!path.empty() && path.front() != '.' && path.back() != '.', "--set expects section.key=value, got '",
+            assignment, "'");
   const auto dot = path.find('.');
   toml::table parsed;
   try {
