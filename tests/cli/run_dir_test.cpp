@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <csignal>
+#include <map>
 
 #include "cli_test_util.h"
 
@@ -419,6 +420,23 @@ TEST_F(CliTest, a_checkpoint_that_hits_the_file_size_limit_leaves_no_temp_and_th
 // A resume whose data settings differ from the checkpoint's (here data.seed and train.seq_len)
 // says which, and that the remaining steps read another run's windows; the same settings say
 // nothing. Before, the change went unmentioned: a step's windows are a function of these keys.
+// tokens_seen counts the tokens each step trained on, through resumes that change the batch's
+// shape (it was step x the current tokens per step, rewriting the past).
+TEST_F(CliTest, tokens_seen_carries_through_a_resume_with_another_batch_shape) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);  // 2 steps x 2 x 16 tokens
+  const CliRun r = moetrain(tiny_train({"--steps", "4", "--resume", "latest", "--set", "train.global_batch_size=4",
+                                        "--set", "train.seq_len=8"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::map<int64_t, double> seen;
+  for (const auto& rec : read_metrics(run_dir() + "/metrics.jsonl"))
+    if (rec.contains("tokens_seen")) seen[rec["step"].get<int64_t>()] = rec["tokens_seen"].get<double>();
+  EXPECT_EQ(seen.at(2), 64.0);
+  EXPECT_EQ(seen.at(3), 64.0 + 32.0);
+  EXPECT_EQ(seen.at(4), 64.0 + 64.0);
+  const nlohmann::json st = nlohmann::json::parse(read_file(run_dir() + "/step-000004/train_state.json"));
+  EXPECT_EQ(st.at("tokens_seen").get<int64_t>(), 128);
+}
+
 TEST_F(CliTest, a_resume_with_other_data_settings_says_which_differ_and_what_that_means) {
   ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--save-every", "1"})).exit_code, 0);
   const CliRun same = moetrain(tiny_train({"--steps", "3", "--resume", "latest"}));

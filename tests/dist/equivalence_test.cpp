@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@ struct RunResult {
   // Reduced gradients of each of the 3 steps, as logical tensors (pieces placed at their ranges).
   std::vector<std::map<std::string, std::vector<float>>> grads;
   std::vector<double> losses;
+  std::optional<double> eval_loss;  // the held-out loss after the steps, train.eval_batches = 4
 };
 
 RunResult run(Communicator& world, std::vector<std::string> overrides, bool full_tensors) {
@@ -69,6 +71,7 @@ RunResult run(Communicator& world, std::vector<std::string> overrides, bool full
     });
     out.losses.push_back(t.train_step(step).loss);
   }
+  out.eval_loss = t.evaluate(4);
   return out;
 }
 
@@ -113,6 +116,11 @@ class Equivalence : public testing::JobTempDirTest {
     for (size_t s = 0; s < got.losses.size(); ++s)
       EXPECT_NEAR(got.losses[s], reference_.losses[s], kLossTol * reference_.losses[s])
           << "loss of step " << s + 1 << " under " << label;
+    // train.eval_batches counts microbatches over all data ranks: the same held-out windows, and
+    // the same loss, on any topology whose data ranks divide it (each rank used to take that many).
+    ASSERT_TRUE(got.eval_loss.has_value() && reference_.eval_loss.has_value()) << label;
+    EXPECT_NEAR(*got.eval_loss, *reference_.eval_loss, kLossTol * *reference_.eval_loss)
+        << "held-out loss under " << label;
     // Every logical element of every parameter is held by some rank.
     for (const auto& [name, ref] : reference_.grads[0]) {
       std::vector<float> mine(ref.size(), 0.0f);

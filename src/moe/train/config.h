@@ -39,7 +39,7 @@ struct TrainConfig {
   double grad_clip = 1.0;          // global norm clip; 0 = off
   uint64_t seed = 42;              // initialization and random routing
   int64_t eval_every = 100;        // 0 = no eval
-  int64_t eval_batches = 4;        // microbatches of held-out data per eval
+  int64_t eval_batches = 4;        // microbatches of held-out data per eval, over all data ranks
   int64_t log_every = 10;
   int64_t save_every = 0;          // 0 = only a final checkpoint when run.save_final
   int64_t keep_last = 0;           // 0 = keep all checkpoints of this run's line

@@ -590,7 +590,7 @@ TrainSummary Trainer::run() {
         RunTotals totals{ideal_step_s,
                          world_.size(),
                          skipped_steps_,
-                         static_cast<double>(r.step) * tokens_per_step,
+                         static_cast<double>(tokens_through(r.step)),
                          state_.total_bytes() + acts_.total_bytes(),
                          peak_rss_bytes(),
                          state_.total_bytes(),

@@ -218,6 +218,12 @@ class Trainer {
   // destroyed its communicators first hung at exit; bench/RESULTS.md, 2026-12-02 fourth session).
   std::unique_ptr<StepGraph> graph_;
   int64_t start_step_ = 0;
+  // Training tokens through start_step_ (train_state.json's tokens_seen): a resume may change the
+  // global batch or seq_len, so the count is carried, not step x today's tokens per step.
+  int64_t tokens_at_start_ = 0;
+  int64_t tokens_through(int64_t step) const {
+    return tokens_at_start_ + (step - start_step_) * cfg_.train.global_batch_size * cfg_.train.seq_len;
+  }
   int64_t skipped_steps_ = 0;      // in the whole run, resumes included
   std::string resumed_from_;       // the checkpoint this process started from ("" = fresh)
   std::string run_id_;             // stays the same across resumes (train_state.json)

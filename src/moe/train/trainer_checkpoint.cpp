@@ -74,6 +74,8 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
     copy_to_tensor(state_.get(run_->buffers.router_bias), host_bias_.data());
   }
   start_step_ = step;
+  // A checkpoint written before tokens_seen was recorded: step x this run's tokens per step.
+  tokens_at_start_ = ckpt.train_state_int("tokens_seen", step * cfg_.train.global_batch_size * cfg_.train.seq_len);
   skipped_steps_ = ckpt.train_state_int("skipped_steps", 0);
   if (ckpt.train_state().contains("run_id")) run_id_ = ckpt.train_state_string("run_id");
   // A fine-tuning run keeps the record of where its first weights came from.
@@ -157,6 +159,7 @@ Trainer::SaveParts Trainer::save_parts(int64_t step) {
     nlohmann::json& st = p.train_state;
     st["step"] = step;
     st["skipped_steps"] = skipped_steps_;
+    st["tokens_seen"] = tokens_through(step);
     st["run_id"] = run_id_;
     if (!init_from_.is_null()) st["init_from"] = init_from_;
     st["data_position"] = {{"step", step},

@@ -39,7 +39,9 @@ EvalReport Trainer::evaluate_windows(int64_t count, const WindowFn& window, int6
   const int64_t dp = data_ranks(), rank = data_rank();
   const int64_t B = cfg_.train.micro_batch_size, T = cfg_.train.seq_len, V = cfg_.model.vocab_size;
   int64_t per_rank = count / (B * dp);  // whole microbatches on every rank
-  if (max_microbatches > 0) per_rank = std::min(per_rank, max_microbatches);
+  // max_microbatches (train.eval_batches) counts over all data ranks, rounded up to whole rounds:
+  // the same windows, with the same routing seeds, on any topology whose data ranks divide it.
+  if (max_microbatches > 0) per_rank = std::min(per_rank, (max_microbatches + dp - 1) / dp);
   EvalReport r;
   r.windows_skipped = count - per_rank * dp * B;
   if (per_rank <= 0) return r;
