@@ -3,7 +3,8 @@
 # no MPI_Abort (comm/agreed_outcome.h): a missing data file, a --resume that does not resolve, a
 # checkpoint whose index.json is damaged (resumed or initialized from), an --init-from that does not
 # exist, a model the checkpoint's weights do not fit (initialized from or resumed), a run.dir that
-# already holds a run, `eval` of a missing --data file, a parallel.ep the ranks cannot hold, and
+# already holds a run, `eval` of a missing --data file, a parallel.ep the ranks cannot hold, pipeline
+# layouts they cannot run (pp, its chunks, the interleaved schedule's microbatch groups), and
 # run.device = "cuda" on a machine without a GPU, and a config that one rank's memory cannot hold.
 # Usage: startup_errors_print_once.sh "MPIRUN ARGS (the launcher and its options)" MOETRAIN
 set -u
@@ -39,6 +40,15 @@ expect other-model "cannot load $work/ckpt/step-000002 into this run: the model 
 expect run-dir-held "run.dir '$work/ckpt' already holds a run" -- train --steps 4 --set run.dir="$work/ckpt"
 expect eval-data '--data = "/no/such/tokens.bin" does not exist' -- eval --checkpoint "$work/ckpt" --data /no/such/tokens.bin
 expect ep 'parallel.ep = 3 does not divide the 2 ranks' -- train --steps 4 --set parallel.ep=3 --set run.dir="$work/g"
+# Pipeline layouts the ranks cannot run: every stage used to meet these while building its part.
+expect pp 'parallel.pp = 3 does not divide the 2 ranks' -- train --steps 4 --set model.num_hidden_layers=4 --set parallel.pp=3 \
+  --set run.dir="$work/j"
+expect pp-chunks 'parallel.pp = 2 x parallel.pp_virtual = 3 = 6 pipeline chunks need at least one layer each' -- \
+  train --steps 4 --set parallel.pp=2 --set 'parallel.pp_schedule="interleaved"' --set parallel.pp_virtual=3 \
+  --set run.dir="$work/k"
+expect pp-groups 'parallel.pp_schedule = "interleaved" takes microbatches in groups of parallel.pp = 2' -- \
+  train --steps 4 --set model.num_hidden_layers=4 --set parallel.pp=2 --set 'parallel.pp_schedule="interleaved"' \
+  --set parallel.pp_virtual=2 --set train.global_batch_size=3 --set train.micro_batch_size=1 --set run.dir="$work/l"
 # Without a usable GPU here (the build machines), run.device = "cuda" is every rank's error.
 if ! nvidia-smi -L > /dev/null 2>&1; then
   expect no-gpu 'run.device = "cuda", but ' -- train --steps 4 --set 'run.device="cuda"' --set run.dir="$work/h"
@@ -55,5 +65,5 @@ if [ "$status" != 1 ] || [ "$(grep -c '^error' "$work/memory.err")" != 1 ] ||
   grep -q MPI_ABORT "$work/memory.err"; then
   echo "FAIL: memory (exit $status)"; cat "$work/memory.err"; fail=1
 fi
-for d in a b c d e f g h i; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
+for d in a b c d e f g h i j k l; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
 exit $fail

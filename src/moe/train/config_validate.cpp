@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "moe/core/error.h"
+#include "moe/parallel/pipeline_schedule.h"
 #include "moe/train/config.h"
 #include "moe/train/config_key_text.h"
 #include "moe/train/config_keys.h"
@@ -158,9 +159,19 @@ void Config::validate(int64_t dp) const {
   MOE_CHECK(par.pp_schedule != "interleaved" || par.pp_virtual > 1, "parallel.pp_schedule = \"interleaved\" needs "
             "parallel.pp_virtual >= 2 chunks per rank (with 1 it is the 1F1B schedule); set parallel.pp_virtual, or "
             "use parallel.pp_schedule = \"1f1b\"");
-  // Given chunk sizes must match the chunk count and the layers: refused here, before any rank starts.
-  if (!par.pp_layers.empty())
+  // The chunks must split the layers (given sizes must also match the chunk count and the layers):
+  // refused here, inside the start-up's agreed checks, before any rank builds its stage.
+  if (par.pp > 1 || !par.pp_layers.empty())
     plan_pipeline_layout(model, t.seq_len, static_cast<int>(par.pp), static_cast<int>(par.pp_virtual), par.pp_layers);
+  // The schedule must be able to run this step's microbatches (the interleaved one takes them in
+  // groups of pp): refused here, once, not by every stage as it builds its schedule.
+  if (par.pp > 1) {
+    const PipelineShape shape{static_cast<int>(par.pp), static_cast<int>(par.pp_virtual),
+                              t.global_batch_size / (t.micro_batch_size * dp)};
+    const std::string problem = schedule_problem(
+        par.pp_schedule == "interleaved" ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB, shape);
+    MOE_CHECK(problem.empty(), problem);
+  }
   // FSDP holds a block's weights only between its gather and its release: an FP8 cache per step
   // would have to be gathered with them (not built).
   MOE_CHECK(t.precision != Precision::FP8 || parallel.mode != "fsdp",

@@ -73,8 +73,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       pipeline_timer_(dev_),
       pipeline_messages_(cfg.parallel.pp > 1 ? dev_ : Device::CPU) {
   background_file_.pin_for_gpu(dev_ == Device::CUDA);  // its host copies take GPU copies (async_save)
-  const int64_t dp = cfg_.parallel.dp(world_.size());
+  int64_t dp = 1;
   agree_on_outcome(world, [&] {
+    dp = cfg_.parallel.dp(world_.size());  // refuses a pp that does not divide the ranks: printed once
     cfg_.validate(dp);
     check_run_layout(cfg_, world_.size());
     // Before anything is written: files too short for one window are left out (with a warning),
