@@ -29,6 +29,7 @@ import argparse
 import fcntl
 import hashlib
 import json
+import math
 import os
 import signal
 import sys
@@ -123,7 +124,11 @@ class Sidecar:
         try:
             with open(path, "rb") as f:
                 config = tomllib.load(f)
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        except FileNotFoundError:
+            config = {}
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            print(f"wandb_sidecar: warning: cannot read {path} ({e}); the W&B run's config holds run_dir only",
+                  file=sys.stderr, flush=True)
             config = {}
         config["run_dir"] = os.path.abspath(self.run_dir)
         return config
@@ -203,6 +208,17 @@ def take_lock(run_dir):
     return fd
 
 
+def poll_seconds(text):
+    """--poll: a finite number of seconds above zero (time.sleep refuses a negative one, mid-run)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number of seconds above 0")
+    return value
+
+
 def main(argv=None, wandb=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", metavar="RUN_DIR", help="moetrain run folder (run.dir) holding metrics.jsonl")
@@ -210,8 +226,19 @@ def main(argv=None, wandb=None):
     ap.add_argument("--entity", default=None, help="W&B entity (default: yours)")
     ap.add_argument("--name", default=None, help="W&B run name (default: the run folder's name)")
     ap.add_argument("--follow", action="store_true", help="keep logging while the training runs")
-    ap.add_argument("--poll", type=float, default=5.0, help="seconds between reads with --follow (default 5)")
+    ap.add_argument("--poll", type=poll_seconds, default=5.0, help="seconds between reads with --follow (default 5)")
     args = ap.parse_args(argv)
+    stop = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.append(True))
+    if args.follow and not os.path.exists(args.run_dir):
+        # Started before the job: moetrain creates run.dir when the training starts.
+        print(f"wandb_sidecar: waiting for {args.run_dir} to be created by the training job; Ctrl-C stops",
+              flush=True)
+        while not os.path.exists(args.run_dir) and not stop:
+            time.sleep(args.poll)
+        if stop:
+            return
     if not os.path.isdir(args.run_dir):
         sys.exit(f"error: {args.run_dir} is not a folder (a moetrain run.dir)")
     metrics = os.path.join(args.run_dir, "metrics.jsonl")
@@ -224,9 +251,6 @@ def main(argv=None, wandb=None):
             sys.exit("error: wandb_sidecar.py needs the wandb package: pip install wandb")
 
     lock_fd = take_lock(args.run_dir)
-    stop = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.append(True))
     sidecar = Sidecar(args.run_dir, args, wandb)
     job_lock = os.path.join(args.run_dir, ".lock")
     seen_job = False
@@ -255,8 +279,10 @@ def main(argv=None, wandb=None):
     if total:
         print(f"wandb_sidecar: logged {total} steps (up to step {state['last_step']}) to W&B run "
               f"{state['wandb_run_id']}")
+    elif state.get("wandb_run_id") is None:
+        print(f"wandb_sidecar: nothing to log: {metrics} holds no records yet")
     else:
-        print(f"wandb_sidecar: nothing new to log (W&B run {state.get('wandb_run_id')} has up to step "
+        print(f"wandb_sidecar: nothing new to log (W&B run {state['wandb_run_id']} has up to step "
               f"{state.get('last_step')})")
 
 

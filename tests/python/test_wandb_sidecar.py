@@ -176,6 +176,45 @@ class WandbSidecar(unittest.TestCase):
         self.assert_logged(metrics(self.run_dir), init["run"])
         self.assertEqual(self.logged_steps(), list(range(1, 41)))
 
+    def test_follow_started_before_the_run_dir_exists_waits_for_it(self):
+        os.rmdir(self.run_dir)
+        sidecar = subprocess.Popen([sys.executable, SIDECAR, self.run_dir, "--follow", "--poll", "0.02"],
+                                   env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertIn("waiting for", sidecar.stdout.readline())
+            training = subprocess.run(train_command(self.run_dir, ["train.steps=20", "train.eval_every=0"]),
+                                      capture_output=True, text=True, timeout=120)
+            self.assertEqual(training.returncode, 0, training.stderr)
+            out, err = sidecar.communicate(timeout=60)
+        finally:
+            sidecar.kill()
+        self.assertEqual(sidecar.returncode, 0, out + err)
+        self.assertEqual(self.logged_steps(), list(range(1, 21)))
+
+    def test_a_poll_interval_that_is_not_a_positive_finite_number_is_refused_before_anything_is_logged(self):
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
+        for bad in ("-1", "0", "nan", "inf", "abc"):
+            p = self.sidecar("--follow", "--poll", bad, check=False)
+            self.assertEqual(p.returncode, 2, bad + ": " + p.stderr)
+            self.assertIn("--poll", p.stderr)
+            self.assertNotIn("Traceback", p.stderr)
+        self.assertEqual(self.calls(), [])
+
+    def test_an_unreadable_config_is_warned_of_and_the_records_still_logged(self):
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
+        with open(os.path.join(self.run_dir, "config.toml"), "w") as f:
+            f.write("# moetrain: the resolved config of this run's latest start (every key)\n[model\n")
+        p = self.sidecar()
+        self.assertIn("warning: cannot read " + os.path.join(self.run_dir, "config.toml"), p.stderr)
+        self.assertEqual([c["keys"] for c in self.calls("config")], [["run_dir"]])
+        self.assertEqual(self.logged_steps(), [1])
+
+    def test_an_empty_metrics_file_says_there_is_nothing_to_log(self):
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [])
+        p = self.sidecar()
+        self.assertIn("holds no records yet", p.stdout)
+        self.assertNotIn("None", p.stdout)
+
     def test_the_wandb_config_is_the_resolved_one_not_a_users_own_config_toml_in_the_run_dir(self):
         write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
         with open(os.path.join(self.run_dir, "config.toml"), "w") as f:
