@@ -75,9 +75,26 @@ def pct(pred, meas):
     return None if meas in (None, 0) or pred is None else 100.0 * (pred - meas) / meas
 
 
+def load_cases(path):
+    """The cases file as a dict with a "cases" list, or one error naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise SystemExit(f"error: --cases {path}: {e.strerror}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SystemExit(f"error: --cases {path} is not valid JSON ({e})")
+    cases = doc.get("cases") if isinstance(doc, dict) else None
+    if not isinstance(cases, list) or not all(isinstance(c, dict) and "name" in c for c in cases):
+        raise SystemExit(f"error: --cases {path}: expected an object with a \"cases\" list of cases, each with a "
+                         "\"name\" (as bench/model_cases.json)")
+    return doc
+
+
 def table(args):
-    with open(args.cases) as f:
-        cases = json.load(f)["cases"]
+    if args.measured_dir and not os.path.isdir(args.measured_dir):
+        raise SystemExit(f"error: --measured-dir {args.measured_dir}: no such folder")
+    cases = load_cases(args.cases)["cases"]
     rows, failed, stale = [], [], []
     for case in cases:
         p = predict(args.moetrain, case, args.hardware)
@@ -104,6 +121,9 @@ def table(args):
     if args.markdown:
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "---|" * len(header))
+    else:
+        lines.append(f"{'case':<44} {'GPUs':>4} {'predicted':>10} {'measured':>10} {'error':>7} "
+                     f"{'pred. mem.':>11} {'meas. mem.':>12} {'error':>6}  within")
     for case, p, m, t_err, m_err, t_bar, m_bar, ok in rows:
         cells = [case["name"], str(case["gpus"]), case.get("role", ""), fmt(p.get("step_s"), ".4f") + " s",
                  fmt(m.get("step_s"), ".4f") + " s", fmt(t_err, "+.1f") + "%",
@@ -115,7 +135,7 @@ def table(args):
         if args.markdown:
             lines.append("| " + " | ".join(cells) + " |")
         else:
-            lines.append(f"{cells[0]:<44} {cells[1]:>2} {cells[3]:>10} {cells[4]:>10} {cells[5]:>7} "
+            lines.append(f"{cells[0]:<44} {cells[1]:>4} {cells[3]:>10} {cells[4]:>10} {cells[5]:>7} "
                          f"{cells[6]:>11} {cells[7]:>12} {cells[8]:>6}  {cells[10]}")
     print("\n".join(lines))
     if stale:
@@ -128,8 +148,7 @@ def table(args):
 
 
 def run(args):
-    with open(args.cases) as f:
-        cases = json.load(f)["cases"]
+    cases = load_cases(args.cases)["cases"]
     os.makedirs(args.out, exist_ok=True)
     status = 0
     for case in cases:
@@ -173,8 +192,7 @@ def record(args):
     cases unless --calibration is given (their numbers are the run the shipped profile was fitted to)."""
     if not os.path.isdir(args.measured_dir):
         raise SystemExit(f"error: {args.measured_dir}: no such folder")
-    with open(args.cases) as f:
-        doc = json.load(f)
+    doc = load_cases(args.cases)
     updated, skipped = [], []
     for case in doc["cases"]:
         path = os.path.join(args.measured_dir, slug(case["name"]) + ".json")

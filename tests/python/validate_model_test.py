@@ -17,6 +17,40 @@ SOURCE_DIR = os.environ.get("MOE_SOURCE_DIR", os.path.dirname(os.path.dirname(os
 SCRIPT = os.path.join(SOURCE_DIR, "bench", "validate_model.py")
 
 
+class CasesFileTest(unittest.TestCase):
+    """A missing, corrupt or wrongly shaped --cases file, and a --measured-dir that does not exist, are
+    one error naming the path and a non-zero exit, for every subcommand (no traceback; `table` used
+    to show the recorded numbers in place of a mistyped folder's)."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def script(self, *args):
+        return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
+
+    def test_bad_cases_files_and_a_missing_measured_dir_are_named(self):
+        path = os.path.join(self.tmp.name, "cases.json")
+        for text, needle in ((None, "No such file"), ("{", "is not valid JSON"), ('{"x": 1}', 'a "cases" list'),
+                             ('{"cases": [{"config": "c"}]}', 'each with a "name"')):
+            if text is not None:
+                with open(path, "w") as f:
+                    f.write(text)
+            for sub in (["table"], ["run", "--out", self.tmp.name], ["record", "--measured-dir", self.tmp.name,
+                                                                     "--source", "s"]):
+                r = self.script("--cases", path, *sub)
+                self.assertEqual(r.returncode, 1, f"{text} {sub}: {r.stderr}")
+                self.assertIn("--cases " + path, r.stderr)
+                self.assertIn(needle, r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+        missing = os.path.join(self.tmp.name, "typo")
+        r = self.script("table", "--measured-dir", missing)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn(f"--measured-dir {missing}: no such folder", r.stderr)
+
+
 class RecordTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
