@@ -476,10 +476,14 @@ def tokenize(argv):
             die(f"tokenize_hf.py: input {path} is not a regular file")
         if os.path.getsize(path) == 0:
             die(no_text(path, args.jsonl_field))
-    stems = [stem_of(p) for p in args.inputs]
-    if len(set(stems)) != len(stems):
-        die("tokenize_hf.py: inputs must have distinct file stems (each becomes <stem>.npy; a.txt and a.jsonl.gz "
-            "are both a.npy)")
+    first_with_stem = {}
+    for p in args.inputs:
+        stem = stem_of(p)
+        if stem in first_with_stem:
+            die(f"tokenize_hf.py: inputs {first_with_stem[stem]} and {p} would both become {stem}.npy; inputs must "
+                "have distinct file stems (each becomes <stem>.npy): rename one, or give a file once")
+        first_with_stem[stem] = p
+    stems = list(first_with_stem)
     try:
         with open(args.tokenizer, "rb") as f:
             tokenizer_bytes = f.read()

@@ -394,6 +394,15 @@ class TokenizeHfTest(TempDirTest):
         r = self.tokenize("out", "--tokenizer", self.bpe, inputs=[self.text, self.path("folder")], check=False)
         self.assert_one_line_error(r, f"input {self.path('folder')} is a directory")
 
+    def test_inputs_whose_stems_collide_are_named_and_nothing_is_written(self):
+        os.mkdir(self.path("b"))
+        other = self.path("b", "corpus.txt")
+        write_text_corpus(other)
+        for inputs, second in (([self.text, other], other), ([self.text, self.text], self.text)):
+            r = self.tokenize("out", "--tokenizer", self.bpe, inputs=inputs, check=False)
+            self.assert_one_line_error(r, f"inputs {self.text} and {second} would both become corpus.npy")
+            self.assertFalse(os.path.exists(self.path("out")))
+
     def test_append_refuses_another_tokenizer_and_a_dataset_whose_tokenizer_is_unknown(self):
         # Another tokenizer with the same vocabulary size, EOS and dtype: two tokens trade ids.
         with open(self.bpe) as f:
