@@ -17,6 +17,7 @@
 #include "cli/command.h"
 #include "cli/job.h"
 #include "moe/core/interrupt_guard.h"
+#include "moe/train/stop_request.h"
 
 namespace {
 
@@ -76,6 +77,10 @@ int main(int argc, char** argv) {
     if (command->agreed_flags) line.agreed_flags = command->agreed_flags();
   }
 
+  // A training's stop signal (a scheduler's SIGUSR1 or SIGTERM, Ctrl-C) counts from here, before MPI
+  // starts and the config is read: it stops the run at its first step boundary with a checkpoint,
+  // where the default action of an early one killed it.
+  if (line.command == "train" && line.refusal.empty() && line.help.empty()) moe::install_stop_handlers();
   Job job;
   if (const int code = job.start(&argc, &argv, line); code >= 0) return code;  // a refused line ends here
   try {
