@@ -228,6 +228,17 @@ def main(argv=None, wandb=None):
     ap.add_argument("--follow", action="store_true", help="keep logging while the training runs")
     ap.add_argument("--poll", type=poll_seconds, default=5.0, help="seconds between reads with --follow (default 5)")
     args = ap.parse_args(argv)
+    metrics = os.path.join(args.run_dir, "metrics.jsonl")
+    if not args.follow and not os.path.isdir(args.run_dir):
+        sys.exit(f"error: {args.run_dir} is not a folder (a moetrain run.dir)")
+    if not args.follow and not os.path.exists(metrics):
+        sys.exit(f"error: {metrics} does not exist (no step logged yet?); use --follow to wait for it")
+    if wandb is None:
+        try:
+            import wandb
+        except ImportError:
+            sys.exit("error: wandb_sidecar.py needs the wandb package: pip install wandb")
+    # From here a stop signal ends the sidecar at its next poll, after what it read was logged.
     stop = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.append(True))
@@ -241,15 +252,6 @@ def main(argv=None, wandb=None):
             return
     if not os.path.isdir(args.run_dir):
         sys.exit(f"error: {args.run_dir} is not a folder (a moetrain run.dir)")
-    metrics = os.path.join(args.run_dir, "metrics.jsonl")
-    if not args.follow and not os.path.exists(metrics):
-        sys.exit(f"error: {metrics} does not exist (no step logged yet?); use --follow to wait for it")
-    if wandb is None:
-        try:
-            import wandb
-        except ImportError:
-            sys.exit("error: wandb_sidecar.py needs the wandb package: pip install wandb")
-
     lock_fd = take_lock(args.run_dir)
     sidecar = Sidecar(args.run_dir, args, wandb)
     job_lock = os.path.join(args.run_dir, ".lock")

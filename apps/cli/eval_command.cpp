@@ -52,9 +52,9 @@ int run_eval(const EvalArgs& a, Job& job) {
     o.insert(o.end(), a.overrides.begin(), a.overrides.end());
     cfg = moe::parse_stored_config(ckpt->train_state_string("config"), ckpt->dir() + "/train_state.json", o,
                                    /*validate=*/false, fixed);
-    // The stand-in corpus holds at least one window of a --set train.seq_len longer than it.
-    if (a.data != "synthetic")
-      cfg.data.synthetic_tokens = std::max(cfg.data.synthetic_tokens, cfg.train.seq_len + 1);
+    // The training stream is never evaluated (only --data, or the synthetic held-out stream, which
+    // does not depend on its length): it holds one window of a --set train.seq_len longer than it.
+    cfg.data.synthetic_tokens = std::max(cfg.data.synthetic_tokens, cfg.train.seq_len + 1);
     cfg.train.global_batch_size = cfg.train.micro_batch_size * world.size();
     if (cfg.parallel.ep > world.size() || world.size() % cfg.parallel.ep != 0) cfg.parallel.ep = 1;
     cfg.validate();

@@ -127,8 +127,9 @@ TEST_F(DataCliTest, raw_format_refuses_prepared_folders_and_npy_files_in_train_a
 TEST_F(DataCliTest, eval_with_a_seq_len_longer_than_its_stand_in_corpus_reads_only_the_data_given) {
   ASSERT_EQ(moetrain(tiny_train({"--steps", "1"})).exit_code, 0);
   write_file(path("val.npy"), npy_u16(valid_tokens(3000)));
-  const CliRun r = moetrain({"eval", "--checkpoint", run_dir(), "--data", path("val.npy"), "--set",
-                             "data.synthetic_tokens=8", "--set", "train.seq_len=32", "--set", "train.micro_batch_size=1"});
+  const CliRun r =
+      moetrain({"eval", "--checkpoint", run_dir(), "--data", path("val.npy"), "--set", "data.synthetic_tokens=8",
+                "--set", "train.seq_len=32", "--set", "train.micro_batch_size=1"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("mean loss"), std::string::npos) << r.out;
 }

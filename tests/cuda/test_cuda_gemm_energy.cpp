@@ -160,8 +160,8 @@ TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
     }
     const Measured qkv = measure(
         [&] {
-          fp8_matmul(y.tensor(), {x.tensor(), x_s.tensor(), Fp8Tiles::Rows}, {wq.tensor(), wq_s.tensor(), Fp8Tiles::Blocks},
-                     false, s);
+          fp8_matmul(y.tensor(), {x.tensor(), x_s.tensor(), Fp8Tiles::Rows},
+                     {wq.tensor(), wq_s.tensor(), Fp8Tiles::Blocks}, false, s);
         },
         stream);
     report("dense QKV fwd (cuBLASLt)", qkv, 2.0 * T * QKV * D, "FLOP");
@@ -176,11 +176,18 @@ TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
                          Fp8Tiles::Rows};
     const Fp8Tensor x_t{front(cb, DType::FP8_E4M3, {D, Mp1}), front(cb_s, DType::F32, {D, tiles(Mp1)}), Fp8Tiles::Rows};
     report("dense wgrad 1x128 both (cuBLASLt)",
-           measure([&] { fp8_matmul(front(g, DType::F32, {2 * H, D}), dy_t, x_t, false, s); }, stream),
+           measure(
+               [&] {
+                 fp8_matmul(front(g, DType::F32, {2 * H, D}), dy_t, x_t, false, s);
+               },
+               stream),
            2.0 * T * 2 * H * D, "FLOP");
     report("dense wgrad 1x128 both (CUTLASS, 1 group)",
-           measure([&] { fp8_grouped_matmul_wgrad(front(g, DType::F32, {1, 2 * H, D}), dy_t, x_t, off1.tensor(), false, s); },
-                   stream),
+           measure(
+               [&] {
+                 fp8_grouped_matmul_wgrad(front(g, DType::F32, {1, 2 * H, D}), dy_t, x_t, off1.tensor(), false, s);
+               },
+               stream),
            2.0 * T * 2 * H * D, "FLOP");
   }
   {

@@ -301,10 +301,12 @@ TEST(SyntheticDataset, a_vocabulary_too_large_for_the_corpus_tables_is_refused_n
   DataConfig cfg;
   cfg.synthetic_tokens = 1000;
   cfg.synthetic_eval_tokens = 100;
-  const int64_t huge = int64_t{1} << 31;  // ~240 GiB of tables
+  cfg.synthetic_successors = int64_t{1} << 20;  // ~24 PiB of tables: more than half of any machine's memory
+  const int64_t huge = int64_t{1} << 31;
   std::string msg = error_of([&] { TokenDataset::open(cfg, huge, 0); });
   EXPECT_NE(msg.find("model.vocab_size = 2147483648 needs"), std::string::npos) << msg;
   EXPECT_NE(msg.find("GiB for the synthetic corpus's tables"), std::string::npos) << msg;
+  cfg.synthetic_successors = 6;
   msg = error_of([&] { SyntheticCorpus(huge + 1, 0, cfg); });
   EXPECT_NE(msg.find("model.vocab_size = 2147483649 is outside [2, 2147483648]"), std::string::npos) << msg;
 }

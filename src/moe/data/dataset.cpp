@@ -38,12 +38,12 @@ TokenDataset TokenDataset::open(const DataConfig& cfg, int64_t vocab_size, int64
               cfg.synthetic_eval_tokens);
     // Its Markov chain keeps tables over the vocabulary (~48 bytes a token plus 12 per successor):
     // a vocabulary too large for them is named here, not met by the kernel's out-of-memory killer.
-    const double table_bytes = static_cast<double>(vocab_size) * (48.0 + 12.0 * static_cast<double>(
-                                                                             std::max<int64_t>(cfg.synthetic_successors, 0)));
+    const double table_bytes = static_cast<double>(vocab_size) *
+                               (48.0 + 12.0 * static_cast<double>(std::max<int64_t>(cfg.synthetic_successors, 0)));
     MOE_CHECK(table_bytes < 0.5 * static_cast<double>(physical_memory_bytes()), "model.vocab_size = ", vocab_size,
-              " needs ", table_bytes / double(1 << 30), " GiB for the synthetic corpus's tables (with "
-              "data.synthetic_successors = ", cfg.synthetic_successors, "), more than half of this machine's memory; "
-              "lower model.vocab_size, or train on token files (data.path)");
+              " needs ", table_bytes / double(1 << 30), " GiB for the synthetic corpus's tables (with ",
+              "data.synthetic_successors = ", cfg.synthetic_successors, "), more than half of this machine's ",
+              "memory; lower model.vocab_size, or train on token files (data.path)");
     const SyntheticCorpus corpus(vocab_size, eos_token_id, cfg);
     std::vector<int32_t> train, held_out;
     corpus.generate(kSyntheticTrainStream, cfg.synthetic_tokens, train);

@@ -173,7 +173,9 @@ void visit_config_keys(C& c, V&& v) {
   v.key("train", "grad_clip", t.grad_clip, between(0.0, 1e6), "global gradient-norm clip; 0 = off");
   v.key("train", "seed", t.seed, at_least<uint64_t>(0), "initialization and random-routing seed");
   v.key("train", "eval_every", t.eval_every, count_from(0), "held-out evaluation every N steps; 0 = only at the end");
-  v.key("train", "eval_batches", t.eval_batches, count_from(0), "microbatches of held-out data per evaluation, over all data-parallel ranks (rounded up to a multiple of their number)");
+  v.key("train", "eval_batches", t.eval_batches, count_from(0),
+        "microbatches of held-out data per evaluation, over all data-parallel ranks (rounded up to a multiple of their "
+        "number)");
   v.key("train", "log_every", t.log_every, count_from(1), "progress line and metrics record every N steps");
   v.key("train", "save_every", t.save_every, count_from(0), "checkpoint every N steps; 0 = only the final one");
   v.key("train", "keep_last", t.keep_last, between<int64_t>(0, 1 << 30),

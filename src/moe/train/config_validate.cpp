@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "moe/core/error.h"
-#include "moe/parallel/pipeline_schedule.h"
 #include "moe/train/config.h"
 #include "moe/train/config_key_text.h"
 #include "moe/train/config_keys.h"
@@ -163,15 +162,6 @@ void Config::validate(int64_t dp) const {
   // refused here, inside the start-up's agreed checks, before any rank builds its stage.
   if (par.pp > 1 || !par.pp_layers.empty())
     plan_pipeline_layout(model, t.seq_len, static_cast<int>(par.pp), static_cast<int>(par.pp_virtual), par.pp_layers);
-  // The schedule must be able to run this step's microbatches (the interleaved one takes them in
-  // groups of pp): refused here, once, not by every stage as it builds its schedule.
-  if (par.pp > 1) {
-    const PipelineShape shape{static_cast<int>(par.pp), static_cast<int>(par.pp_virtual),
-                              t.global_batch_size / (t.micro_batch_size * dp)};
-    const std::string problem = schedule_problem(
-        par.pp_schedule == "interleaved" ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB, shape);
-    MOE_CHECK(problem.empty(), problem);
-  }
   // FSDP holds a block's weights only between its gather and its release: an FP8 cache per step
   // would have to be gathered with them (not built).
   MOE_CHECK(t.precision != Precision::FP8 || parallel.mode != "fsdp",

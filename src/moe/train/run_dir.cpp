@@ -184,8 +184,10 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
   MOE_CHECK(!fs::exists(dir_, ec) || fs::is_directory(dir_, ec), "run.dir '", dir_, "' exists and is not a directory");
   // A checkpoint is never written into: a run's records and checkpoints inside another run's
   // checkpoint would be mixed with its files, and deleted with it when that run prunes it.
-  const std::string checkpoint = is_checkpoint_dir(dir_) ? dir_ : enclosing_checkpoint(dir_);
-  MOE_CHECK(checkpoint.empty(), "run.dir '", dir_, "' ", checkpoint == dir_ ? "is the checkpoint " : "is inside the checkpoint ",
+  const bool is_one = is_checkpoint_dir(dir_);
+  std::string checkpoint = is_one ? fs::weakly_canonical(fs::absolute(dir_), ec).string() : enclosing_checkpoint(dir_);
+  if (is_one && checkpoint.empty()) checkpoint = dir_;  // named as given when it cannot be resolved
+  MOE_CHECK(checkpoint.empty(), "run.dir '", dir_, "' ", is_one ? "is the checkpoint " : "is inside the checkpoint ",
             checkpoint, "; nothing is written into a checkpoint: choose a run.dir outside it");
   for (const char* name : {"metrics.jsonl", kConfigName, kResolvedConfigName, ".lock"})
     MOE_CHECK(!fs::exists(dir_ + "/" + name, ec) || fs::is_regular_file(dir_ + "/" + name, ec), "run.dir '", dir_,

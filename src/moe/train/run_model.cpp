@@ -4,6 +4,7 @@
 #include "moe/parallel/dispatcher_factory.h"
 #include "moe/parallel/fsdp_store.h"
 #include "moe/parallel/pipeline_messages.h"
+#include "moe/parallel/pipeline_schedule.h"
 
 namespace moe {
 
@@ -68,6 +69,18 @@ void check_run_layout(const Config& cfg, int world_size) {
             " needs MoE layers, but model.first_k_dense_replace makes every layer dense; use parallel.ep = 1");
   check_mesh(world_size, static_cast<int>(cfg.parallel.ep), moe_experts > 0 ? moe_experts : 1,
              static_cast<int>(cfg.parallel.pp));
+  // The schedule must run each rank's microbatches (the interleaved one takes them in groups of
+  // pp): refused here, with the job's real data ranks, once, not by every stage as it builds its
+  // schedule.
+  const ParallelConfig& par = cfg.parallel;
+  if (par.pp > 1 && world_size % par.pp == 0) {
+    const int64_t dp = world_size / par.pp;
+    const PipelineShape shape{static_cast<int>(par.pp), static_cast<int>(par.pp_virtual),
+                              cfg.train.global_batch_size / (cfg.train.micro_batch_size * dp)};
+    const std::string problem = schedule_problem(
+        par.pp_schedule == "interleaved" ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB, shape);
+    MOE_CHECK(problem.empty(), problem);
+  }
 }
 
 std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world, Device device,
