@@ -132,6 +132,12 @@ TEST_F(DataCliTest, eval_with_a_seq_len_longer_than_its_stand_in_corpus_reads_on
                 "--set", "train.seq_len=32", "--set", "train.micro_batch_size=1"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("mean loss"), std::string::npos) << r.out;
+  // --data synthetic evaluates the held-out stream only, whatever the training stream's length.
+  const CliRun held_out = moetrain({"eval", "--checkpoint", run_dir(), "--data", "synthetic", "--set",
+                                    "data.synthetic_tokens=8", "--set", "train.seq_len=32", "--set",
+                                    "train.micro_batch_size=1"});
+  EXPECT_EQ(held_out.exit_code, 0) << held_out.err;
+  EXPECT_NE(held_out.out.find("mean loss"), std::string::npos) << held_out.out;
 }
 
 // eval reads a folder as train does: its dataset.json is checked, not only for train.
