@@ -14,15 +14,11 @@ namespace moe::cli {
 // A --set without "section.key=" is a command line that cannot be used (exit 2, as CLI11's own
 // errors); what the value means is the config's to judge (exit 1).
 std::string set_form_error(const std::string& assignment) {
-  const size_t eq = assignment.find('=');
-  const std::string key = eq == std::string::npos ? "" : assignment.substr(0, eq);
-  // A key nests at most one level (`name`, `section.key`), and one --set holds one value: a
-  // newline would end it there and the rest was dropped.
-  // Each part of the key holds a name (spaces around them are TOML layout: " train . steps = 2").
-  const auto blank = [](const std::string& t) { return t.find_first_not_of(" \t") == std::string::npos; };
-  const size_t dot = key.find('.');
-  const bool empty_part = blank(key.substr(0, dot)) || (dot != std::string::npos && blank(key.substr(dot + 1)));
-  if (eq == 0 || eq == std::string::npos || std::count(key.begin(), key.end(), '.') > 1 || empty_part ||
+  // A key (each part a name; the spaces TOML allows around them are dropped) nests at most one
+  // level (`name`, `section.key`), and one --set holds one value: a newline would end it there and
+  // the rest was dropped.
+  const std::string key = moe::override_key(assignment);
+  if (key.empty() || std::count(key.begin(), key.end(), '.') > 1 ||
       assignment.find_first_of("\n\r") != std::string::npos) {
     std::string shown;  // one line: line breaks written as \n
     for (char c : assignment) shown += c == '\n' ? "\\n" : c == '\r' ? "\\r" : std::string(1, c);

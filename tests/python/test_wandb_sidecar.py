@@ -159,36 +159,31 @@ class WandbSidecar(unittest.TestCase):
         self.sidecar()  # and the new line's W&B run continues from there on the next restart
         self.assertEqual(len(self.calls("log")), 10)
 
-    def test_follow_logs_while_the_training_writes_and_ends_when_the_job_ends(self):
+    def follow_a_training(self, steps, first_line):
+        """Starts `--follow` before a training of `steps` steps into run_dir (a job that ends before
+        the sidecar looks is never seen), checks its first line, runs the training, and waits for
+        the sidecar to end on its own."""
         sidecar = subprocess.Popen([sys.executable, SIDECAR, self.run_dir, "--follow", "--poll", "0.02"],
                                    env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            # Started before the job (a job that ends before the sidecar looks is never seen).
-            self.assertIn("waiting for one", sidecar.stdout.readline())
-            training = subprocess.run(train_command(self.run_dir, ["train.steps=40", "train.eval_every=0"]),
+            self.assertIn(first_line, sidecar.stdout.readline())
+            training = subprocess.run(train_command(self.run_dir, [f"train.steps={steps}", "train.eval_every=0"]),
                                       capture_output=True, text=True, timeout=120)
             self.assertEqual(training.returncode, 0, training.stderr)
             out, err = sidecar.communicate(timeout=60)
         finally:
             sidecar.kill()
         self.assertEqual(sidecar.returncode, 0, out + err)
+
+    def test_follow_logs_while_the_training_writes_and_ends_when_the_job_ends(self):
+        self.follow_a_training(40, "waiting for one")
         [init] = self.calls("init")
         self.assert_logged(metrics(self.run_dir), init["run"])
         self.assertEqual(self.logged_steps(), list(range(1, 41)))
 
     def test_follow_started_before_the_run_dir_exists_waits_for_it(self):
         os.rmdir(self.run_dir)
-        sidecar = subprocess.Popen([sys.executable, SIDECAR, self.run_dir, "--follow", "--poll", "0.02"],
-                                   env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            self.assertIn("waiting for", sidecar.stdout.readline())
-            training = subprocess.run(train_command(self.run_dir, ["train.steps=20", "train.eval_every=0"]),
-                                      capture_output=True, text=True, timeout=120)
-            self.assertEqual(training.returncode, 0, training.stderr)
-            out, err = sidecar.communicate(timeout=60)
-        finally:
-            sidecar.kill()
-        self.assertEqual(sidecar.returncode, 0, out + err)
+        self.follow_a_training(20, f"waiting for {self.run_dir} to be created")
         self.assertEqual(self.logged_steps(), list(range(1, 21)))
 
     def test_a_poll_interval_that_is_not_a_positive_finite_number_is_refused_before_anything_is_logged(self):

@@ -33,21 +33,17 @@ toml::table parse_toml(const std::string& text, const std::string& source) {
   }
 }
 
+// Without the spaces and tabs around it: TOML's layout, not part of a name or a bare value.
+std::string trim_layout(const std::string& t) {
+  const size_t first = t.find_first_not_of(" \t"), last = t.find_last_not_of(" \t");
+  return first == std::string::npos ? std::string() : t.substr(first, last - first + 1);
+}
+
 // "section.key=value": the value is parsed as a TOML value; a bare word becomes a string.
 void apply_override(toml::table& root, const std::string& assignment) {
-  const auto eq = assignment.find('=');
-  MOE_CHECK(eq != std::string::npos && eq > 0, "--set expects section.key=value, got '", assignment, "'");
-  // Spaces around the key, the dot and the '=' are TOML's own layout ("train.steps = 2"), not part of a name.
-  const auto trim = [](std::string t) {
-    const size_t first = t.find_first_not_of(" \t"), last = t.find_last_not_of(" \t");
-    return first == std::string::npos ? std::string() : t.substr(first, last - first + 1);
-  };
-  std::string path = trim(assignment.substr(0, eq));
-  const std::string value = trim(assignment.substr(eq + 1));
-  if (const size_t at = path.find('.'); at != std::string::npos)
-    path = trim(path.substr(0, at)) + "." + trim(path.substr(at + 1));
-  MOE_CHECK(!path.empty() && path.front() != '.' && path.back() != '.', "--set expects section.key=value, got '",
-            assignment, "'");
+  const std::string path = override_key(assignment);
+  MOE_CHECK(!path.empty(), "--set expects section.key=value, got '", assignment, "'");
+  const std::string value = trim_layout(assignment.substr(assignment.find('=') + 1));
   const auto dot = path.find('.');
   toml::table parsed;
   try {
@@ -109,6 +105,16 @@ Config parse_config_text(const std::string& toml_text, const std::string& source
 }
 
 }  // namespace
+
+std::string override_key(const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos) return "";
+  const std::string key = trim_layout(assignment.substr(0, eq));
+  const size_t dot = key.find('.');
+  if (dot == std::string::npos) return key;
+  const std::string section = trim_layout(key.substr(0, dot)), name = trim_layout(key.substr(dot + 1));
+  return section.empty() || name.empty() ? "" : section + "." + name;
+}
 
 Config parse_config(const std::string& toml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides, bool validate) {

@@ -16,14 +16,22 @@ int PipelinePlan::model_chunk(int layout_chunk) const {
 
 namespace {
 
+// The pipeline schedule a config names, and its shape for `accum` microbatches per rank.
+PipelineSchedule schedule_of(const ParallelConfig& par) {
+  return par.pp_schedule == "interleaved" ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB;
+}
+PipelineShape shape_of(const ParallelConfig& par, int64_t accum) {
+  return PipelineShape{static_cast<int>(par.pp), static_cast<int>(par.pp_virtual), accum};
+}
+
 // This stage's chunks, schedule and in-flight count; refuses a lease_slots override below the need.
 std::unique_ptr<PipelinePlan> plan_pipeline(const Config& cfg, const Mesh& mesh, int64_t accum) {
   const ParallelConfig& par = cfg.parallel;
   auto plan = std::make_unique<PipelinePlan>();
   plan->layout = plan_pipeline_layout(cfg.model, cfg.train.seq_len, static_cast<int>(par.pp),
                                       static_cast<int>(par.pp_virtual), par.pp_layers);
-  plan->schedule = par.pp_schedule == "interleaved" ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB;
-  plan->shape = PipelineShape{static_cast<int>(par.pp), static_cast<int>(par.pp_virtual), accum};
+  plan->schedule = schedule_of(par);
+  plan->shape = shape_of(par, accum);
   plan->ops = schedule_ops(plan->schedule, plan->shape, mesh.stage);
   // Over NCCL a send waits for its receiver and messages are matched by order: the groups of every
   // stage must deliver under those rules (the schedule tests check every accepted shape; this
@@ -74,11 +82,8 @@ void check_run_layout(const Config& cfg, int world_size) {
   // schedule.
   const ParallelConfig& par = cfg.parallel;
   if (par.pp > 1 && world_size % par.pp == 0) {
-    const int64_t dp = world_size / par.pp;
-    const PipelineShape shape{static_cast<int>(par.pp), static_cast<int>(par.pp_virtual),
-                              cfg.train.global_batch_size / (cfg.train.micro_batch_size * dp)};
-    const std::string problem = schedule_problem(
-        par.pp_schedule == "interleaved" ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB, shape);
+    const std::string problem =
+        schedule_problem(schedule_of(par), shape_of(par, cfg.accumulation_steps(world_size / par.pp)));
     MOE_CHECK(problem.empty(), problem);
   }
 }
