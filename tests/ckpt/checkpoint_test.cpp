@@ -26,6 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using moe::testing::error_of;
 using moe::testing::Model;
+using moe::testing::read_bytes;
 using moe::testing::save_two_ranks;
 using moe::testing::TempDir;
 using moe::testing::write_bytes;
@@ -259,9 +260,11 @@ TEST(Checkpoint, PruneKeepsTheNewestK) {
   Model m;
   for (int64_t step : {4, 1, 10, 2, 3}) save_checkpoint(run, step, m.all(), {{"run_id", "a"}});
   EXPECT_EQ(checkpoint_run_id(run + "/step-000004"), "a");
-  EXPECT_TRUE(prune_checkpoints(run, 0, "a").empty());  // keep all
+  EXPECT_TRUE(prune_checkpoints(run, 0, "a").others.empty());  // keep all
   EXPECT_TRUE(fs::exists(run + "/step-000001"));
-  EXPECT_TRUE(prune_checkpoints(run, 2, "a").empty());
+  const PruneOutcome pruned = prune_checkpoints(run, 2, "a");
+  EXPECT_TRUE(pruned.others.empty());
+  EXPECT_TRUE(pruned.holding_other_files.empty());
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(run)) left.push_back(e.path().filename().string());
   std::sort(left.begin(), left.end());
@@ -282,11 +285,42 @@ TEST(Checkpoint, PruneLeavesOtherRunsCheckpointsInPlace) {
   for (int64_t step : {3, 4, 5}) save_checkpoint(run, step, m.all(), {{"run_id", "mine"}});
   EXPECT_EQ(checkpoint_run_id(run + "/step-000002"), "");
   EXPECT_EQ(checkpoint_run_id(run + "/step-000099"), "");  // no such checkpoint
-  const std::vector<std::string> others = prune_checkpoints(run, 1, "mine");
+  const std::vector<std::string> others = prune_checkpoints(run, 1, "mine").others;
   EXPECT_EQ(others, (std::vector<std::string>{"step-000001", "step-000002"}));
   for (const char* kept : {"step-000001", "step-000002", "step-000005"})
     EXPECT_TRUE(fs::exists(run + "/" + kept)) << kept;
   for (const char* gone : {"step-000003", "step-000004"}) EXPECT_FALSE(fs::exists(run + "/" + gone)) << gone;
+}
+
+// Pruning removes checkpoints, never a user's files: one of this line's checkpoints that holds
+// anything besides what a save writes (a note, an evaluation's output folder, a link) is kept
+// whole and reported; the rest of the line is pruned as usual.
+TEST(Checkpoint, PruneKeepsACheckpointHoldingFilesNoSaveWrites) {
+  TempDir tmp;
+  std::string run = tmp / "run";
+  Model m;
+  for (int64_t step : {1, 2, 3, 4, 5}) save_checkpoint(run, step, m.all(), {{"run_id", "a"}});
+  EXPECT_TRUE(files_no_save_wrote(run + "/step-000001").empty());
+  write_bytes(run + "/step-000001/notes.txt", "the loss spike is here");
+  fs::create_directories(run + "/step-000002/eval");
+  fs::create_symlink("/nonexistent", run + "/step-000003/rank-00007.safetensors");  // a link, not a save's file
+  write_bytes(run + "/step-000004/index.json.tmp-123", "");                          // a save's own temp name
+  EXPECT_EQ(files_no_save_wrote(run + "/step-000001"), std::vector<std::string>{"notes.txt"});
+  EXPECT_EQ(files_no_save_wrote(run + "/step-000003"), std::vector<std::string>{"rank-00007.safetensors"});
+  EXPECT_TRUE(files_no_save_wrote(run + "/step-000004").empty());
+
+  const PruneOutcome pruned = prune_checkpoints(run, 1, "a");
+  EXPECT_EQ(pruned.holding_other_files, (std::vector<std::string>{"step-000001 (notes.txt)", "step-000002 (eval)",
+                                                                  "step-000003 (rank-00007.safetensors)"}));
+  EXPECT_EQ(read_bytes(run + "/step-000001/notes.txt"), "the loss spike is here");
+  EXPECT_TRUE(fs::is_directory(run + "/step-000002/eval"));
+  EXPECT_TRUE(fs::is_symlink(run + "/step-000003/rank-00007.safetensors"));
+  EXPECT_FALSE(fs::exists(run + "/step-000004"));
+  EXPECT_TRUE(fs::exists(run + "/step-000005"));
+
+  // Many foreign files are named three at a time.
+  for (const char* f : {"a", "b", "c", "d", "e"}) write_bytes(run + "/step-000002/" + f, "");
+  EXPECT_EQ(prune_checkpoints(run, 1, "a").holding_other_files[1], "step-000002 (a, b, c, and 3 more)");
 }
 
 TEST(Checkpoint, CrashDuringSaveLeavesEarlierCheckpointAndNoNewStepDir) {

@@ -268,6 +268,30 @@ TEST_F(CliTest, resume_latest_into_a_directory_holding_another_runs_checkpoint_i
   EXPECT_EQ(step_dirs(other), (std::vector<std::string>{"step-000002", "step-000004"}));
 }
 
+// A note the user put inside a checkpoint is not the run's to delete: --keep-last keeps that
+// checkpoint whole, says so once on stderr, and prunes the others.
+TEST_F(CliTest, keep_last_keeps_a_checkpoint_holding_a_users_file_and_says_so_once) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--save-every", "1"})).exit_code, 0);
+  write_file(run_dir() + "/step-000001/notes.txt", "compare with run 7");
+  const CliRun r = moetrain(tiny_train({"--steps", "5", "--save-every", "1", "--keep-last", "1", "--resume", "latest"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Step 2 stays as the checkpoint this run resumed from; 3 and 4 went at later saves.
+  EXPECT_EQ(step_dirs(run_dir()), (std::vector<std::string>{"step-000001", "step-000002", "step-000005"}));
+  EXPECT_EQ(read_file(run_dir() + "/step-000001/notes.txt"), "compare with run 7");
+  const std::string said = "kept " + run_dir() + "/step-000001 (notes.txt)";
+  const size_t at = r.err.find(said);
+  ASSERT_NE(at, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(said, at + 1), std::string::npos) << "said more than once:\n" << r.err;
+  EXPECT_NE(r.err.find("move them out"), std::string::npos) << r.err;
+
+  // Moved out, the next save prunes it.
+  fs::remove(run_dir() + "/step-000001/notes.txt");
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "6", "--save-every", "1", "--keep-last", "1", "--resume", "latest"}))
+                .exit_code,
+            0);
+  EXPECT_EQ(step_dirs(run_dir()), (std::vector<std::string>{"step-000005", "step-000006"}));  // 5: resumed from
+}
+
 TEST_F(CliTest, a_lock_held_by_a_live_process_is_refused_a_stale_one_is_taken_over_a_corrupt_one_is_named) {
   fs::create_directories(run_dir());
   const std::string lock = run_dir() + "/.lock";

@@ -157,26 +157,62 @@ std::string checkpoint_run_id(const std::string& ckpt_dir) {
   return st.is_object() && st.contains("run_id") && st["run_id"].is_string() ? st["run_id"].get<std::string>() : "";
 }
 
-std::vector<std::string> prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& run_id,
-                                           const std::string& protect) {
+namespace {
+
+// A file a save writes into a checkpoint: its records, a rank's file, or the temp name one of them
+// had while being written ("<name>.tmp-<pid>").
+bool written_by_a_save(std::string name) {
+  if (const size_t tmp = name.rfind(".tmp-"); tmp != std::string::npos && step_of_name(name.substr(tmp), ".tmp-"))
+    name.resize(tmp);
+  if (name == "index.json" || name == "train_state.json") return true;
+  const std::string suffix = ".safetensors";
+  if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return false;
+  return step_of_name(name.substr(0, name.size() - suffix.size()), "rank-").has_value();
+}
+
+}  // namespace
+
+std::vector<std::string> files_no_save_wrote(const std::string& ckpt_dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  fs::directory_iterator it(ckpt_dir, ec);
+  MOE_CHECK(!ec, "cannot list checkpoint ", ckpt_dir, ": ", ec.message());
+  for (const auto& entry : it) {
+    const std::string name = entry.path().filename().string();
+    if (!written_by_a_save(name) || !entry.is_regular_file(ec) || entry.is_symlink(ec)) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+PruneOutcome prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& run_id,
+                               const std::string& protect) {
   MOE_CHECK(keep_last >= 0, "prune_checkpoints: keep_last must be >= 0, got ", keep_last);
   MOE_CHECK(!run_id.empty(), "prune_checkpoints: no run id to prune the line of");
-  std::vector<std::string> others;
-  if (keep_last == 0) return others;
+  PruneOutcome outcome;
+  if (keep_last == 0) return outcome;
   std::vector<std::pair<int64_t, std::string>> steps;
   for (const auto& step : list_checkpoints(run_dir)) {
     if (checkpoint_run_id(run_dir + "/" + step.second) == run_id)
       steps.push_back(step);
     else
-      others.push_back(step.second);
+      outcome.others.push_back(step.second);
   }
-  if (steps.size() <= static_cast<size_t>(keep_last)) return others;
+  if (steps.size() <= static_cast<size_t>(keep_last)) return outcome;
   std::error_code ec;
   const fs::path protected_path = protect.empty() ? fs::path() : fs::weakly_canonical(protect, ec);
   const size_t drop = steps.size() - static_cast<size_t>(keep_last);
   for (size_t i = 0; i < drop; ++i) {
     const std::string from = run_dir + "/" + steps[i].second;
     if (!protect.empty() && fs::weakly_canonical(from, ec) == protected_path) continue;
+    if (const std::vector<std::string> foreign = files_no_save_wrote(from); !foreign.empty()) {
+      std::string names;
+      for (size_t f = 0; f < foreign.size() && f < 3; ++f) names += (f ? ", " : "") + foreign[f];
+      if (foreign.size() > 3) names += ", and " + std::to_string(foreign.size() - 3) + " more";
+      outcome.holding_other_files.push_back(steps[i].second + " (" + names + ")");
+      continue;
+    }
     // Rename first so a half-deleted directory never carries a step-* name.
     const std::string trash = run_dir + "/.trash-" + steps[i].second;
     if (fs::exists(trash, ec)) remove_tree(trash);
@@ -188,7 +224,7 @@ std::vector<std::string> prune_checkpoints(const std::string& run_dir, int keep_
   for (const auto& [step, name] : list_steps(run_dir, ".tmp-step-", false))
     if (step < oldest_kept) remove_tree(run_dir + "/" + name);
   fsync_dir(run_dir);
-  return others;
+  return outcome;
 }
 
 void remove_unfinished_saves(const std::string& run_dir) {

@@ -46,15 +46,29 @@ int64_t checked_checkpoint_step(const CheckpointReader& ckpt);
 // every checkpoint of one run, across resumes, carries the same id.
 std::string checkpoint_run_id(const std::string& ckpt_dir);
 
+// What prune_checkpoints left in place that a plain count would have removed, for the caller to say.
+struct PruneOutcome {
+  // Checkpoints of another run's line (or without a run id): never this run's to remove.
+  std::vector<std::string> others;
+  // Checkpoints of this run's line that were due for removal but hold files no save writes (a
+  // user's notes, an evaluation's output): "step-000003 (notes.txt, plots)". Kept whole.
+  std::vector<std::string> holding_other_files;
+};
+
 // Keeps the newest keep_last checkpoints of run_id's line in run_dir (0 = keep all) and never
 // removes `protect` (a checkpoint path, e.g. the one this process resumed from; empty = none).
 // Only checkpoints whose train_state.json records run_id count and may go: another run's (or
-// one without an id) is never removed; their directory names are returned so the caller can say
-// so. Checkpoint directories are renamed before they are removed, so a half-removed one never
-// carries a step-* name; temp dirs of saves older than the oldest kept checkpoint are crash
-// leftovers and are removed too.
-std::vector<std::string> prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& run_id,
-                                           const std::string& protect = "");
+// one without an id) is never removed, nor is one that holds anything besides the files a save
+// writes (index.json, train_state.json, rank-*.safetensors): pruning removes checkpoints, never
+// a user's files. Checkpoint directories are renamed before they are removed, so a half-removed
+// one never carries a step-* name; temp dirs of saves older than the oldest kept checkpoint are
+// crash leftovers and are removed too.
+PruneOutcome prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& run_id,
+                               const std::string& protect = "");
+
+// The names of a checkpoint directory's entries that no save writes, sorted; empty when it holds
+// only a save's files.
+std::vector<std::string> files_no_save_wrote(const std::string& ckpt_dir);
 
 // Removes the directories of saves that never finished: .tmp-step-* (a crash before the commit)
 // and .trash-step-* (a crash while pruning). Only for a job that holds the run's lock.

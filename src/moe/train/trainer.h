@@ -14,6 +14,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -229,6 +230,7 @@ class Trainer {
   std::string run_id_;             // stays the same across resumes (train_state.json)
   std::string resume_note_;  // "resumed from ..." (rank 0), printed by run() once run.dir is claimed
   bool told_of_other_checkpoints_ = false;  // keep_last found another run's checkpoints (printed once)
+  std::set<std::string> told_of_kept_checkpoints_;  // keep_last kept these for files they hold (said once each)
   nlohmann::json init_from_;       // where the run's first weights came from (null = its own init)
   std::optional<std::chrono::steady_clock::time_point> deadline_;  // train.max_duration, from run()
   // train.async_save: the checkpoint whose rank files are being written in the background.

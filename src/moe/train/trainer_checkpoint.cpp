@@ -203,8 +203,8 @@ void Trainer::after_commit(const std::string& dir, double seconds, size_t rss_be
   // Keep the newest keep_last of this line; the checkpoint this process resumed from stays, and so
   // does any other run's checkpoint found in the directory (said once).
   if (cfg_.train.keep_last > 0) {
-    const std::vector<std::string> others =
-        prune_checkpoints(run, static_cast<int>(cfg_.train.keep_last), run_id_, resumed_from_);
+    const PruneOutcome pruned = prune_checkpoints(run, static_cast<int>(cfg_.train.keep_last), run_id_, resumed_from_);
+    const std::vector<std::string>& others = pruned.others;
     if (!others.empty() && !told_of_other_checkpoints_ && !opts_.quiet) {
       std::string names;
       for (const std::string& o : others) names += (names.empty() ? "" : ", ") + o;
@@ -215,6 +215,14 @@ void Trainer::after_commit(const std::string& dir, double seconds, size_t rss_be
           others.size() == 1 ? "is" : "are");
       told_of_other_checkpoints_ = true;
     }
+    // Said on stderr, also where other output is quiet (eval), once per checkpoint: the run keeps
+    // more checkpoints than asked, and the disk fills, until the user moves those files.
+    for (const std::string& kept : pruned.holding_other_files)
+      if (told_of_kept_checkpoints_.insert(kept.substr(0, kept.find(' '))).second)
+        std::fprintf(stderr,
+                     "train.keep_last: kept %s/%s: it holds files no save writes, and pruning removes "
+                     "checkpoints, not your files; move them out and the next save prunes it\n",
+                     run.c_str(), kept.c_str());
   }
   if (!opts_.quiet) {
     uintmax_t bytes = 0;
