@@ -3,7 +3,12 @@
 // prepared folders; a glob or a file inside a prepared folder is held to its dataset.json; a
 // glob that matches nothing says why, naming the pattern; messages name the key or flag given.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <filesystem>
 #include <fstream>
@@ -141,6 +146,33 @@ TEST_F(TokenSourcesTest, a_glob_or_a_file_inside_a_prepared_folder_is_held_to_it
   for (const std::string& msg : {train_error(path("data/*.npy")), eval_error(path("data/*.npy"))})
     expect_contains(msg, {path("data/dataset.json"), "lists b.npy", path("data/b.npy"), "does not exist"});
   EXPECT_EQ(TokenDataset::open(config(path("data/a*")), kVocab, 256).files().size(), 1u);
+}
+
+// A reader that meets files dataset.json does not list while a prepare --append holds the folder's
+// lock (it renames the new .npy files in before the dataset.json that lists them) waits for it and
+// reads the whole new dataset; with no writer holding the folder the files are refused at once.
+TEST_F(TokenSourcesTest, unlisted_files_of_an_append_in_progress_are_waited_for_not_refused) {
+  npy("data/a.npy", 500);
+  dataset_json("data", {{"a.npy", 500}});
+  npy("data/b.npy", 300);  // renamed in by the append; its dataset.json not yet
+  for (const std::string& p : {path("data"), path("data/*.npy")}) {
+    const int fd = ::open(path("data").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX), 0);  // as prepare holds it
+    std::thread append([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      dataset_json("data", {{"a.npy", 500}, {"b.npy", 300}});
+      ::flock(fd, LOCK_UN);
+      ::close(fd);
+    });
+    size_t files = 0;
+    const std::string msg = error_of([&] { files = TokenDataset::open(config(p), kVocab, 256).files().size(); });
+    append.join();
+    EXPECT_EQ(msg, "") << p;
+    EXPECT_EQ(files, 2u) << p;
+    dataset_json("data", {{"a.npy", 500}});
+  }
+  expect_contains(train_error(path("data")), {path("data/b.npy"), "is not listed in"});
 }
 
 TEST_F(TokenSourcesTest, a_glob_that_matches_nothing_says_why_naming_the_pattern) {

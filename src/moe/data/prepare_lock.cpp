@@ -99,4 +99,21 @@ void OutputFolderLock::move_to_created() {
   fd_ = fd;
 }
 
+bool wait_for_folder_writer(const fs::path& folder) {
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  if (::flock(fd, LOCK_SH | LOCK_NB) == 0 || errno != EWOULDBLOCK) {
+    ::close(fd);  // (a shared lock taken is released with the descriptor)
+    return false;
+  }
+  std::fprintf(stderr, "waiting for a prepare or tokenize_hf.py adding files to %s to finish\n",
+               printable(folder.string()).c_str());
+  std::fflush(stderr);
+  int rc;
+  while ((rc = ::flock(fd, LOCK_SH)) != 0 && errno == EINTR) {
+  }
+  ::close(fd);
+  return rc == 0;
+}
+
 }  // namespace moe

@@ -32,4 +32,10 @@ class OutputFolderLock {
   int fd_ = -1;  // the locked folder, open
 };
 
+// For readers of a token folder: when a prepare or tokenize_hf.py holds `folder`'s lock (it is
+// adding files: their .npy files are renamed in before the dataset.json that lists them), waits
+// until it lets go, saying so once on stderr, and returns true; returns false at once when none
+// holds it or the file system cannot lock folders.
+bool wait_for_folder_writer(const std::filesystem::path& folder);
+
 }  // namespace moe

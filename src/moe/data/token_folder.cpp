@@ -25,11 +25,15 @@ std::string file_name_list(const std::vector<std::string>& names, size_t shown) 
 void refuse_unlisted(const std::vector<std::string>& unlisted, const std::string& dataset_json) {
   if (unlisted.empty()) return;
   const bool one = unlisted.size() == 1;
-  MOE_FAIL(one ? "token file " : "token files ", file_name_list(unlisted), one ? " is" : " are", " not listed in ",
-           dataset_json, ", which names the files of this dataset, and unlisted files are neither read nor ",
-           "skipped silently: move ", one ? "it" : "them", " out of the folder, or, if ",
-           one ? "it belongs" : "they belong", " to the dataset, delete ", one ? "it" : "them", " and add ",
-           one ? "its" : "their", " text again with `prepare --append`");
+  try {
+    MOE_FAIL(one ? "token file " : "token files ", file_name_list(unlisted), one ? " is" : " are", " not listed in ",
+             dataset_json, ", which names the files of this dataset, and unlisted files are neither read nor ",
+             "skipped silently: move ", one ? "it" : "them", " out of the folder, or, if ",
+             one ? "it belongs" : "they belong", " to the dataset, delete ", one ? "it" : "them", " and add ",
+             one ? "its" : "their", " text again with `prepare --append`");
+  } catch (const Error& e) {
+    throw UnlistedTokenFiles(e.what(), fs::path(dataset_json).parent_path().string());
+  }
 }
 
 nlohmann::ordered_json read_dataset_json(const std::string& path) {

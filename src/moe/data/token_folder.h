@@ -8,6 +8,8 @@
 // out. A folder without dataset.json (written by hand) holds every .npy file in it.
 #pragma once
 
+#include "moe/core/error.h"
+
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -35,8 +37,15 @@ nlohmann::ordered_json read_dataset_json(const std::string& path);
 // "data.path", "--data", "eval.sets[0].path") when it holds no token files.
 std::vector<TokenFile> list_token_files(const std::string& folder, const std::string& key);
 
-// Throws moe::Error naming the token files (paths) that `dataset_json` does not list, and how to
-// fix that; returns when there are none.
+// What refuse_unlisted throws: `folder` holds the dataset.json that does not list the files.
+class UnlistedTokenFiles : public Error {
+ public:
+  UnlistedTokenFiles(const std::string& what, std::string folder_) : Error(what), folder(std::move(folder_)) {}
+  const std::string folder;
+};
+
+// Throws UnlistedTokenFiles naming the token files (paths) that `dataset_json` does not list, and
+// how to fix that; returns when there are none.
 void refuse_unlisted(const std::vector<std::string>& unlisted, const std::string& dataset_json);
 
 // "a, b, c" for at most `shown` names, then "and N more": file names in an error message.

@@ -13,6 +13,8 @@
 #include "moe/core/error.h"
 #include "moe/core/printable.h"
 #include "moe/data/megatron_index.h"
+#include "moe/data/prepare_lock.h"
+#include "moe/data/token_folder.h"
 
 namespace moe {
 
@@ -141,7 +143,24 @@ int64_t first_out_of_vocab(const TokenArray& file, int64_t vocab_size) {
 
 }  // namespace
 
+// source_files without waiting for a writer (below).
+std::vector<TokenFile> source_files_once(const std::string& path, const std::string& format, const std::string& key);
+
 std::vector<TokenFile> source_files(const std::string& path, const std::string& format, const std::string& key) {
+  // A prepare or tokenize_hf.py appending to a folder renames its new token files in before the
+  // dataset.json that lists them, holding the folder's lock (data/prepare_lock.h) meanwhile: a
+  // reader between the two renames finds files the old dataset.json does not list. Such files are
+  // an error only once no writer holds the folder.
+  for (;;) {
+    try {
+      return source_files_once(path, format, key);
+    } catch (const UnlistedTokenFiles& e) {
+      if (!wait_for_folder_writer(e.folder.empty() ? fs::path(".") : fs::path(e.folder))) throw;
+    }
+  }
+}
+
+std::vector<TokenFile> source_files_once(const std::string& path, const std::string& format, const std::string& key) {
   MOE_CHECK(!path.empty(), key, " is empty: give a token file, a folder or a glob");
   std::vector<TokenFile> files;
   std::error_code ec;
