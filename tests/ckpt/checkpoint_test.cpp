@@ -264,7 +264,7 @@ TEST(Checkpoint, PruneKeepsTheNewestK) {
   EXPECT_TRUE(fs::exists(run + "/step-000001"));
   const PruneOutcome pruned = prune_checkpoints(run, 2, "a");
   EXPECT_TRUE(pruned.others.empty());
-  EXPECT_TRUE(pruned.holding_other_files.empty());
+  EXPECT_TRUE(pruned.kept_for_the_user.empty());
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(run)) left.push_back(e.path().filename().string());
   std::sort(left.begin(), left.end());
@@ -310,8 +310,8 @@ TEST(Checkpoint, PruneKeepsACheckpointHoldingFilesNoSaveWrites) {
   EXPECT_TRUE(files_no_save_wrote(run + "/step-000004").empty());
 
   const PruneOutcome pruned = prune_checkpoints(run, 1, "a");
-  EXPECT_EQ(pruned.holding_other_files, (std::vector<std::string>{"step-000001 (notes.txt)", "step-000002 (eval)",
-                                                                  "step-000003 (rank-00007.safetensors)"}));
+  EXPECT_EQ(pruned.kept_for_the_user, (std::vector<std::string>{"step-000001 (it holds notes.txt)", "step-000002 (it holds eval)",
+                                                                  "step-000003 (it holds rank-00007.safetensors)"}));
   EXPECT_EQ(read_bytes(run + "/step-000001/notes.txt"), "the loss spike is here");
   EXPECT_TRUE(fs::is_directory(run + "/step-000002/eval"));
   EXPECT_TRUE(fs::is_symlink(run + "/step-000003/rank-00007.safetensors"));
@@ -320,7 +320,62 @@ TEST(Checkpoint, PruneKeepsACheckpointHoldingFilesNoSaveWrites) {
 
   // Many foreign files are named three at a time.
   for (const char* f : {"a", "b", "c", "d", "e"}) write_bytes(run + "/step-000002/" + f, "");
-  EXPECT_EQ(prune_checkpoints(run, 1, "a").holding_other_files[1], "step-000002 (a, b, c, and 3 more)");
+  EXPECT_EQ(prune_checkpoints(run, 1, "a").kept_for_the_user[1], "step-000002 (it holds a, b, c, and 3 more)");
+}
+
+// A checkpoint the user made read-only is kept whole and reported (for root too, who could remove
+// it); a copy under a name no save gives ("step-2") is not a checkpoint of the run at all.
+TEST(Checkpoint, PruneKeepsReadOnlyCheckpointsAndIgnoresNamesNoSaveGives) {
+  TempDir tmp;
+  std::string run = tmp / "run";
+  Model m;
+  for (int64_t step : {1, 2, 3}) save_checkpoint(run, step, m.all(), {{"run_id", "a"}});
+  fs::copy(run + "/step-000002", run + "/step-2", fs::copy_options::recursive);
+  fs::permissions(run + "/step-000001", fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write,
+                  fs::perm_options::remove);
+  EXPECT_EQ(list_checkpoints(run).size(), 3u);
+  const PruneOutcome pruned = prune_checkpoints(run, 1, "a");
+  fs::permissions(run + "/step-000001", fs::perms::owner_write, fs::perm_options::add);  // for TempDir's cleanup
+  EXPECT_EQ(pruned.kept_for_the_user, std::vector<std::string>{"step-000001 (it is read-only)"});
+  EXPECT_TRUE(fs::exists(run + "/step-000001/index.json"));
+  EXPECT_FALSE(fs::exists(run + "/step-000002"));
+  EXPECT_TRUE(fs::exists(run + "/step-2/index.json"));
+  EXPECT_TRUE(fs::exists(run + "/step-000003"));
+  EXPECT_EQ(resolve_checkpoint(run), run + "/step-000003");
+}
+
+// Setting aside the steps after a resume moves their folders into abandoned/; one that cannot move
+// (read-only, for a user other than root) is named before anything moves, and no intent is left.
+TEST(Checkpoint, SetAsideRefusesAReadOnlyLaterCheckpointBeforeMovingAnything) {
+  TempDir tmp;
+  std::string run = tmp / "run";
+  Model m;
+  for (int64_t step : {2, 4, 6}) save_checkpoint(run, step, m.all(), {{"run_id", "a"}});
+  fs::permissions(run + "/step-000006", fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write,
+                  fs::perm_options::remove);
+  // Root may move a read-only folder: run the call as an unprivileged user then.
+  const bool root = ::geteuid() == 0;
+  if (root) {
+    ASSERT_EQ(::chown(tmp.path.c_str(), 65534, 65534), 0);
+    for (const auto& e : fs::recursive_directory_iterator(tmp.path))
+      ASSERT_EQ(::lchown(e.path().c_str(), 65534, 65534), 0);
+  }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (root && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(3);
+    const std::string msg = error_of([&] { set_aside_after(run, 2, false, nullptr); });
+    const bool named = msg.find(run + "/step-000006") != std::string::npos && msg.find("read-only") != std::string::npos;
+    ::_exit(named ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  fs::permissions(run + "/step-000006", fs::perms::owner_write, fs::perm_options::add);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the error did not name the read-only checkpoint";
+  for (const char* kept : {"step-000002", "step-000004", "step-000006"}) EXPECT_TRUE(fs::exists(run + "/" + kept)) << kept;
+  EXPECT_FALSE(fs::exists(run + "/.set-aside.json"));
+  EXPECT_FALSE(fs::exists(run + "/abandoned"));
 }
 
 TEST(Checkpoint, CrashDuringSaveLeavesEarlierCheckpointAndNoNewStepDir) {

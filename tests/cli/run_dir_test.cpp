@@ -243,7 +243,7 @@ TEST_F(CliTest, resume_from_another_directory_into_one_holding_a_run_is_refused)
   ASSERT_EQ(moetrain(args).exit_code, 0);
   ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
   const CliRun r = moetrain(tiny_train({"--steps", "3", "--resume", other + "/step-000002"}));
-  expect_error(r, {run_dir(), "another directory", "--overwrite"});
+  expect_error(r, {run_dir(), "another directory", "in a new run.dir"});
   EXPECT_EQ(r.out.find("resumed from"), std::string::npos) << "a refused start did not resume:\n" << r.out;
   EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000002"});
 }
@@ -278,7 +278,7 @@ TEST_F(CliTest, keep_last_keeps_a_checkpoint_holding_a_users_file_and_says_so_on
   // Step 2 stays as the checkpoint this run resumed from; 3 and 4 went at later saves.
   EXPECT_EQ(step_dirs(run_dir()), (std::vector<std::string>{"step-000001", "step-000002", "step-000005"}));
   EXPECT_EQ(read_file(run_dir() + "/step-000001/notes.txt"), "compare with run 7");
-  const std::string said = "kept " + run_dir() + "/step-000001 (notes.txt)";
+  const std::string said = "kept " + run_dir() + "/step-000001 (it holds notes.txt)";
   const size_t at = r.err.find(said);
   ASSERT_NE(at, std::string::npos) << r.err;
   EXPECT_EQ(r.err.find(said, at + 1), std::string::npos) << "said more than once:\n" << r.err;
@@ -290,6 +290,17 @@ TEST_F(CliTest, keep_last_keeps_a_checkpoint_holding_a_users_file_and_says_so_on
                 .exit_code,
             0);
   EXPECT_EQ(step_dirs(run_dir()), (std::vector<std::string>{"step-000005", "step-000006"}));  // 5: resumed from
+}
+
+// A file under the name a later checkpoint takes would fail the run at that save, after all the
+// steps since the one before: refused at the start instead, naming it; the file is untouched.
+TEST_F(CliTest, a_file_named_like_a_checkpoint_in_run_dir_is_refused_at_the_start) {
+  fs::create_directories(run_dir());
+  write_file(run_dir() + "/step-000004", "my notes");
+  const CliRun r = moetrain(tiny_train({"--steps", "4", "--save-every", "2"}));
+  expect_error(r, {run_dir(), "step-000004", "not a folder", "step 4"});
+  EXPECT_EQ(read_file(run_dir() + "/step-000004"), "my notes");
+  EXPECT_FALSE(fs::exists(run_dir() + "/step-000002"));
 }
 
 TEST_F(CliTest, a_lock_held_by_a_live_process_is_refused_a_stale_one_is_taken_over_a_corrupt_one_is_named) {

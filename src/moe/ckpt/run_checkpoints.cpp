@@ -1,6 +1,9 @@
 #include "moe/ckpt/run_checkpoints.h"
 
 #include <algorithm>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -26,6 +29,12 @@ std::optional<int64_t> step_of_name(const std::string& name, const std::string& 
   return std::stoll(digits);
 }
 
+std::optional<int64_t> checkpoint_step_of_name(const std::string& name, const std::string& prefix) {
+  const std::optional<int64_t> step = step_of_name(name, prefix);
+  if (!step || name.compare(prefix.size(), std::string::npos, checkpoint_dir_name(*step), 5) != 0) return std::nullopt;
+  return step;
+}
+
 namespace {
 
 constexpr const char* kIntentFile = ".set-aside.json";
@@ -45,7 +54,7 @@ std::vector<std::pair<int64_t, std::string>> list_steps(const std::string& run_d
   MOE_CHECK(!ec, "cannot list run directory ", run_dir, ": ", ec.message());
   for (const auto& entry : it) {
     const std::string name = entry.path().filename().string();
-    const std::optional<int64_t> step = step_of_name(name, prefix);
+    const std::optional<int64_t> step = checkpoint_step_of_name(name, prefix);
     if (!step || !entry.is_directory(ec)) continue;
     if (complete && !fs::exists(entry.path() / "index.json", ec)) continue;
     steps.emplace_back(*step, name);
@@ -210,7 +219,14 @@ PruneOutcome prune_checkpoints(const std::string& run_dir, int keep_last, const 
       std::string names;
       for (size_t f = 0; f < foreign.size() && f < 3; ++f) names += (f ? ", " : "") + foreign[f];
       if (foreign.size() > 3) names += ", and " + std::to_string(foreign.size() - 3) + " more";
-      outcome.holding_other_files.push_back(steps[i].second + " (" + names + ")");
+      outcome.kept_for_the_user.push_back(steps[i].second + " (it holds " + names + ")");
+      continue;
+    }
+    // A checkpoint made read-only (chmod a-w) is the user's to keep, also for root, who could
+    // remove it; for others its files could not be unlinked, and it would be left half removed.
+    struct stat st {};
+    if (::stat(from.c_str(), &st) != 0 || !(st.st_mode & S_IWUSR) || ::access(from.c_str(), W_OK | X_OK) != 0) {
+      outcome.kept_for_the_user.push_back(steps[i].second + " (it is read-only)");
       continue;
     }
     // Rename first so a half-deleted directory never carries a step-* name.
@@ -243,6 +259,12 @@ std::string set_aside_after(const std::string& run_dir, int64_t step, bool recor
   bool later = records_after_step;
   for (const auto& s : list_steps(run_dir, "step-", false)) later = later || s.first > step;
   if (!later) return "";
+  // Moving a folder to another parent rewrites its "..": a read-only one cannot move. Found before
+  // anything moves, so no set-aside is left half done.
+  for (const auto& [s, name] : list_steps(run_dir, "step-", false))
+    MOE_CHECK(s <= step || ::access((run_dir + "/" + name).c_str(), W_OK | X_OK) == 0, "cannot set aside ", run_dir,
+              "/", name, " (after the resumed step ", step, ": it leaves the run's line, into ", run_dir,
+              "/abandoned/): it is read-only; make it writable, or move it out of the run directory yourself");
   char suffix[40];
   std::snprintf(suffix, sizeof suffix, "-after-step-%06lld", static_cast<long long>(step));
   const Intent intent{step, unused_timestamped_name(run_dir + "/abandoned", suffix)};

@@ -22,6 +22,10 @@ namespace moe {
 // The step of a directory name `<prefix><digits>` (prefix "step-" or ".tmp-step-"); nullopt for
 // any other name, so a user's `step-notes/` is never taken for a checkpoint.
 std::optional<int64_t> step_of_name(const std::string& name, const std::string& prefix);
+// The same for the names saves give (checkpoint_dir_name: at least six digits, zero-padded, so
+// "step-000002" but not a user's copy named "step-2"), which alone are a run's checkpoints,
+// unfinished saves (".tmp-step-") and removals (".trash-step-").
+std::optional<int64_t> checkpoint_step_of_name(const std::string& name, const std::string& prefix);
 
 // The checkpoint (a folder holding index.json and train_state.json, whatever its name, reached
 // through links too) that `path` would lie inside, or "": outputs are never written into one.
@@ -51,16 +55,17 @@ struct PruneOutcome {
   // Checkpoints of another run's line (or without a run id): never this run's to remove.
   std::vector<std::string> others;
   // Checkpoints of this run's line that were due for removal but hold files no save writes (a
-  // user's notes, an evaluation's output): "step-000003 (notes.txt, plots)". Kept whole.
-  std::vector<std::string> holding_other_files;
+  // user's notes, an evaluation's output) or were made read-only, with why: "step-000003 (it holds
+  // notes.txt, plots)", "step-000002 (it is read-only)". Kept whole.
+  std::vector<std::string> kept_for_the_user;
 };
 
 // Keeps the newest keep_last checkpoints of run_id's line in run_dir (0 = keep all) and never
 // removes `protect` (a checkpoint path, e.g. the one this process resumed from; empty = none).
 // Only checkpoints whose train_state.json records run_id count and may go: another run's (or
 // one without an id) is never removed, nor is one that holds anything besides the files a save
-// writes (index.json, train_state.json, rank-*.safetensors): pruning removes checkpoints, never
-// a user's files. Checkpoint directories are renamed before they are removed, so a half-removed
+// writes (index.json, train_state.json, rank-*.safetensors) or that cannot be written: pruning
+// removes checkpoints, never a user's files or one the user protected. Checkpoint directories are renamed before they are removed, so a half-removed
 // one never carries a step-* name; temp dirs of saves older than the oldest kept checkpoint are
 // crash leftovers and are removed too.
 PruneOutcome prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& run_id,

@@ -143,8 +143,8 @@ std::string model_config_toml(const ModelConfig& m);
 std::string config_to_toml(const Config& c);
 // ("section.key", canonical value text) for every key, in the order of config_keys.h.
 std::vector<std::pair<std::string, std::string>> config_values(const Config& c);
-// The keys (of `section` only, when not empty) whose values differ, as "\n  a_label: key = a"
-// and "\n  b_label: key = b" lines; empty when they agree.
+// The keys (of `section` only, when not empty) whose values differ, on one line: " key = a in
+// a_label, b in b_label; key2 = ..."; empty when they agree.
 std::string config_differences(const Config& a, const Config& b, const std::string& section, const std::string& a_label,
                                const std::string& b_label);
 // Every key as a markdown table (key, type, default, accepted values, meaning): `moetrain keys`.

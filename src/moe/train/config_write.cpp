@@ -1,6 +1,7 @@
 // The config written out: as TOML text (the run folder's config.toml, a checkpoint's stored config),
 // as (key, value) pairs and the differences between two configs (resume and rank-agreement checks),
 // and as the markdown key table (`moetrain keys`, README.md). Each is a visitor of config_keys.h.
+#include <charconv>
 #include <map>
 #include <sstream>
 #include <string>
@@ -92,13 +93,17 @@ class ValueLister {
   template <typename T>
   void key(const char* section, const char* name, const T& value, const Range<T>&, const char*) {
     std::ostringstream os;
-    os.precision(17);
-    if constexpr (std::is_same_v<T, bool>)
+    if constexpr (std::is_same_v<T, bool>) {
       os << (value ? "true" : "false");
-    else if constexpr (std::is_same_v<T, std::string>)
+    } else if constexpr (std::is_same_v<T, std::string>) {
       os << toml::value<std::string>(value);
-    else
+    } else if constexpr (std::is_floating_point_v<T>) {
+      // The shortest text that reads back as the same value: 1e-06, not 9.9999999999999995e-07.
+      char text[64];
+      os << std::string_view(text, static_cast<size_t>(std::to_chars(text, text + sizeof text, value).ptr - text));
+    } else {
       os << value;
+    }
     values.emplace_back(dotted_key(section, name), os.str());
   }
   template <typename E>
@@ -193,7 +198,7 @@ std::string config_differences(const Config& a, const Config& b, const std::stri
   auto wanted = [&](const std::string& key) { return section.empty() || key.rfind(section + ".", 0) == 0; };
   std::string out;
   auto line = [&](const std::string& key, const std::string& x, const std::string& y) {
-    out += "\n  " + a_label + ": " + key + " = " + x + "\n  " + b_label + ": " + key + " = " + y;
+    out += (out.empty() ? " " : "; ") + key + " = " + x + " in " + a_label + ", " + y + " in " + b_label;
   };
   for (const auto& [key, value] : va) {
     if (!wanted(key)) continue;

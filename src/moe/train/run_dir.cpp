@@ -32,10 +32,10 @@ std::string run_contents(const std::string& dir) {
   int64_t checkpoints = 0, newest = -1, partial = 0;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (const std::optional<int64_t> step = step_of_name(name, "step-"); step && e.is_directory(ec)) {
+    if (const std::optional<int64_t> step = checkpoint_step_of_name(name, "step-"); step && e.is_directory(ec)) {
       ++checkpoints;
       newest = std::max(newest, *step);
-    } else if (step_of_name(name, ".tmp-step-")) {
+    } else if (checkpoint_step_of_name(name, ".tmp-step-")) {
       ++partial;
     }
   }
@@ -85,7 +85,7 @@ std::vector<fs::path> previous_run_entries(const std::string& dir) {
   std::vector<fs::path> entries;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
-    const bool run_file = step_of_name(name, "step-") || step_of_name(name, ".tmp-step-") ||
+    const bool run_file = checkpoint_step_of_name(name, "step-") || checkpoint_step_of_name(name, ".tmp-step-") ||
                           name == "metrics.jsonl" || name == "metrics.jsonl.partial" || name == ".set-aside.json" ||
                           name == "abandoned" || name == "tensorboard" ||
                           ((name == kConfigName || name == kResolvedConfigName) && written_by_moetrain(e.path()));
@@ -193,6 +193,17 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
     MOE_CHECK(!fs::exists(dir_ + "/" + name, ec) || fs::is_regular_file(dir_ + "/" + name, ec), "run.dir '", dir_,
               "' holds '", name, "', which is not a file: moetrain writes that name; move it away or choose another "
               "run.dir");
+  // A save renames its folder onto step-<N>: anything else under that name would fail the run at
+  // that save, after the steps since the last one. (A folder of that name is a checkpoint, or is
+  // refused below as a run's files.)
+  if (fs::is_directory(dir_, ec))
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      const std::string name = e.path().filename().string();
+      const std::optional<int64_t> step = checkpoint_step_of_name(name, "step-");
+      MOE_CHECK(!step || e.is_directory(ec), "run.dir '", dir_, "' holds '", name,
+                "', which is not a folder: moetrain gives that name to the checkpoint of step ", *step,
+                " and would fail to save it; move it away or choose another run.dir");
+    }
   // --resume with --overwrite is refused on the command line; here run.resume = "auto" found a checkpoint.
   MOE_CHECK(!(start.overwrite && !start.resumed_from.empty()), "--overwrite starts afresh, but run.resume = \"auto\" "
             "continues from ", start.resumed_from, ": drop --overwrite, or set run.resume = \"no\"");
@@ -215,8 +226,7 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
                "); continue it with --resume latest (or run.resume = \"auto\"), choose another run.dir, or pass "
                "--overwrite to move its files into ", dir_, "/replaced/ and start afresh");
     MOE_FAIL("run.dir '", dir_, "' already holds a run (", held, ") and the resume checkpoint ", start.resumed_from,
-             " belongs to another directory; choose another run.dir, or pass --overwrite to move the run's files into ",
-             dir_, "/replaced/ first");
+             " belongs to another directory; continue from it in a new run.dir");
   }
   // The resolved config needs a name that holds none of the user's files.
   MOE_CHECK(!exists_not_by_moetrain(dir_ + "/" + kConfigName) ||

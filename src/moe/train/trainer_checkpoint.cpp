@@ -50,7 +50,7 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
   const int64_t step = agree_on_outcome(host_world_, [&] {
     // The model must be the same, compared key by key (values, not the text that stored them).
     const Config stored = parse_config(ckpt.train_state_string("model_config"), dir + "/train_state.json");
-    const std::string diff = config_differences(cfg_, stored, "model", "this run", "checkpoint");
+    const std::string diff = config_differences(cfg_, stored, "model", "this run", "the checkpoint");
     MOE_CHECK(diff.empty(), "cannot load ", dir, " into this run: the model config differs:", diff);
     const int64_t step = checked_checkpoint_step(ckpt);
     MOE_CHECK(opts_.bench || step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step,
@@ -217,11 +217,11 @@ void Trainer::after_commit(const std::string& dir, double seconds, size_t rss_be
     }
     // Said on stderr, also where other output is quiet (eval), once per checkpoint: the run keeps
     // more checkpoints than asked, and the disk fills, until the user moves those files.
-    for (const std::string& kept : pruned.holding_other_files)
+    for (const std::string& kept : pruned.kept_for_the_user)
       if (told_of_kept_checkpoints_.insert(kept.substr(0, kept.find(' '))).second)
         std::fprintf(stderr,
-                     "train.keep_last: kept %s/%s: it holds files no save writes, and pruning removes "
-                     "checkpoints, not your files; move them out and the next save prunes it\n",
+                     "train.keep_last: kept %s/%s: pruning removes the files saves write, never yours or a "
+                     "checkpoint you protected; move them out (or make it writable) and a later save prunes it\n",
                      run.c_str(), kept.c_str());
   }
   if (!opts_.quiet) {
