@@ -251,7 +251,7 @@ TEST(Checkpoint, ResolvePicksTheNewestCompleteStep) {
   std::string msg = error_of([&] { resolve_checkpoint(tmp / "empty-run"); });
   EXPECT_NE(msg.find("no complete checkpoint"), std::string::npos) << msg;
   msg = error_of([&] { resolve_checkpoint(tmp / "no-such-run"); });
-  EXPECT_NE(msg.find("no-such-run"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no-such-run does not exist"), std::string::npos) << msg;
 }
 
 TEST(Checkpoint, PruneKeepsTheNewestK) {

@@ -303,6 +303,40 @@ TEST_F(CliTest, a_file_named_like_a_checkpoint_in_run_dir_is_refused_at_the_star
   EXPECT_FALSE(fs::exists(run_dir() + "/step-000002"));
 }
 
+// The run's config.toml given back as --config, edited by hand, is the user's input: the start
+// writes its resolved config beside it (config.resolved.toml) and leaves it as it was.
+TEST_F(CliTest, the_runs_config_toml_given_as_config_is_not_rewritten) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--save-every", "2"})).exit_code, 0);
+  const std::string config = run_dir() + "/config.toml";
+  std::string text = read_file(config);
+  const size_t lr = text.find("\nlr = ");
+  ASSERT_NE(lr, std::string::npos) << text;
+  text.replace(lr, text.find('\n', lr + 1) - lr, "\nlr = 0.002  # lowered by hand");
+  write_file(config, text);
+  std::vector<std::string> args = tiny_train({"--resume", "latest", "--steps", "4"});
+  args.insert(args.end(), {"--config", config});
+  const CliRun r = moetrain(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(read_file(config), text);
+  const std::string resolved = read_file(run_dir() + "/config.resolved.toml");
+  EXPECT_NE(resolved.find("lr = 0.002"), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find("steps = 4"), std::string::npos) << resolved;
+}
+
+// metrics.jsonl as a link to a file elsewhere: a resume from an older step rewrites the file it
+// names (the later records set aside) and keeps the link.
+TEST_F(CliTest, a_metrics_link_survives_a_resume_from_an_older_step) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "6", "--save-every", "2", "--set", "train.log_every=1"})).exit_code, 0);
+  const std::string elsewhere = path("kept-metrics.jsonl");
+  fs::rename(run_dir() + "/metrics.jsonl", elsewhere);
+  fs::create_symlink(elsewhere, run_dir() + "/metrics.jsonl");
+  const CliRun r = moetrain(tiny_train(
+      {"--resume", run_dir() + "/step-000004", "--steps", "5", "--save-every", "2", "--set", "train.log_every=1"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::is_symlink(run_dir() + "/metrics.jsonl"));
+  EXPECT_EQ(metric_steps(elsewhere), iota_steps(1, 5));
+}
+
 TEST_F(CliTest, a_lock_held_by_a_live_process_is_refused_a_stale_one_is_taken_over_a_corrupt_one_is_named) {
   fs::create_directories(run_dir());
   const std::string lock = run_dir() + "/.lock";

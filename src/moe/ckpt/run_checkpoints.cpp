@@ -134,6 +134,8 @@ std::string resolve_checkpoint(const std::string& run_dir_or_ckpt) {
   // directory that is itself called `latest` is that directory.
   std::string run = p;
   if (fs::path(p).filename() == "latest" && !fs::exists(p, ec)) run = parent_dir(p);
+  MOE_CHECK(fs::exists(run, ec) || fs::is_symlink(run, ec), "cannot resolve checkpoint ", run_dir_or_ckpt, ": ", run,
+            " does not exist");
   MOE_CHECK(fs::is_directory(run, ec), "cannot resolve checkpoint ", run_dir_or_ckpt,
             ": neither a checkpoint directory nor a run directory");
   const auto steps = list_checkpoints(run);

@@ -50,6 +50,11 @@ std::string run_contents(const std::string& dir) {
   return what;
 }
 
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return fs::exists(a, ec) && fs::exists(b, ec) && fs::equivalent(a, b, ec);
+}
+
 bool same_directory(const std::string& a, const std::string& b) {
   std::error_code ec;
   return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
@@ -267,7 +272,10 @@ void RunDirectory::claim(const Config& cfg, const RunStart& start, const std::st
   // config.toml: the resolved config of this start, unless the user keeps a config.toml of their
   // own there (moetrain's carries its header line), which is never overwritten.
   config_path_ = dir_ + "/" + kConfigName;
-  if (exists_not_by_moetrain(config_path_)) config_path_ = dir_ + "/" + kResolvedConfigName;
+  // The run's own config.toml given back as --config (edited by hand, say) is the user's input now:
+  // it is not rewritten either.
+  if (exists_not_by_moetrain(config_path_) || (!start.config_file.empty() && same_file(start.config_file, config_path_)))
+    config_path_ = dir_ + "/" + kResolvedConfigName;
   const std::string header = std::string(kConfigHeader) + "\n";
   write_file_atomic(config_path_, header + config_to_toml(cfg));
   metrics_ = std::make_unique<MetricsLog>(metrics_path);
