@@ -110,8 +110,9 @@ def list_checkpoints(run_dir):
         _fail(f"cannot list run directory {run_dir}: {e.strerror}")
     steps = []
     for name in names:
-        m = re.fullmatch(r"step-([0-9]{1,18})", name)
-        if m and os.path.isdir(os.path.join(run_dir, name)) and os.path.exists(os.path.join(run_dir, name, "index.json")):
+        m = re.fullmatch(r"step-([0-9]{6,18})", name)
+        # Only the names saves give (zero-padded to six digits: step-000002, not a copy named step-2).
+        if m and name == f"step-{int(m.group(1)):06d}" and os.path.isdir(os.path.join(run_dir, name)) and os.path.exists(os.path.join(run_dir, name, "index.json")):
             steps.append((int(m.group(1)), name))
     after = _set_aside_after_step(run_dir)
     return sorted(s for s in steps if after is None or s[0] <= after)
@@ -125,6 +126,8 @@ def resolve_checkpoint(path):
     run = p
     if os.path.basename(p) == "latest" and not os.path.exists(p):  # a run folder named latest is itself
         run = os.path.dirname(p) or "."
+    if not os.path.lexists(run):
+        _fail(f"cannot resolve checkpoint {path}: {run} does not exist")
     if not os.path.isdir(run):
         _fail(f"cannot resolve checkpoint {path}: neither a checkpoint directory nor a run directory")
     steps = list_checkpoints(run)

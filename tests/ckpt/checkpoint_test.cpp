@@ -308,6 +308,9 @@ TEST(Checkpoint, PruneKeepsACheckpointHoldingFilesNoSaveWrites) {
   EXPECT_EQ(files_no_save_wrote(run + "/step-000001"), std::vector<std::string>{"notes.txt"});
   EXPECT_EQ(files_no_save_wrote(run + "/step-000003"), std::vector<std::string>{"rank-00007.safetensors"});
   EXPECT_TRUE(files_no_save_wrote(run + "/step-000004").empty());
+  write_bytes(run + "/step-000005/rank-7.safetensors", "");  // not a name a save gives (rank-00007)
+  EXPECT_EQ(files_no_save_wrote(run + "/step-000005"), std::vector<std::string>{"rank-7.safetensors"});
+  fs::remove(run + "/step-000005/rank-7.safetensors");
 
   const PruneOutcome pruned = prune_checkpoints(run, 1, "a");
   EXPECT_EQ(pruned.kept_for_the_user, (std::vector<std::string>{"step-000001 (it holds notes.txt)", "step-000002 (it holds eval)",
@@ -329,14 +332,20 @@ TEST(Checkpoint, PruneKeepsReadOnlyCheckpointsAndIgnoresNamesNoSaveGives) {
   TempDir tmp;
   std::string run = tmp / "run";
   Model m;
-  for (int64_t step : {1, 2, 3}) save_checkpoint(run, step, m.all(), {{"run_id", "a"}});
+  for (int64_t step : {0, 1, 2, 3}) save_checkpoint(run, step, m.all(), {{"run_id", "a"}});
   fs::copy(run + "/step-000002", run + "/step-2", fs::copy_options::recursive);
+  // Its files made read-only, its folder not: kept as well.
+  for (const auto& e : fs::directory_iterator(run + "/step-000000"))
+    fs::permissions(e.path(), fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write,
+                    fs::perm_options::remove);
   fs::permissions(run + "/step-000001", fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write,
                   fs::perm_options::remove);
-  EXPECT_EQ(list_checkpoints(run).size(), 3u);
+  EXPECT_EQ(list_checkpoints(run).size(), 4u);
   const PruneOutcome pruned = prune_checkpoints(run, 1, "a");
   fs::permissions(run + "/step-000001", fs::perms::owner_write, fs::perm_options::add);  // for TempDir's cleanup
-  EXPECT_EQ(pruned.kept_for_the_user, std::vector<std::string>{"step-000001 (it is read-only)"});
+  EXPECT_EQ(pruned.kept_for_the_user,
+            (std::vector<std::string>{"step-000000 (it is read-only)", "step-000001 (it is read-only)"}));
+  EXPECT_TRUE(fs::exists(run + "/step-000000/index.json"));
   EXPECT_TRUE(fs::exists(run + "/step-000001/index.json"));
   EXPECT_FALSE(fs::exists(run + "/step-000002"));
   EXPECT_TRUE(fs::exists(run + "/step-2/index.json"));

@@ -301,6 +301,10 @@ TEST_F(CliTest, a_file_named_like_a_checkpoint_in_run_dir_is_refused_at_the_star
   expect_error(r, {run_dir(), "step-000004", "not a folder", "step 4"});
   EXPECT_EQ(read_file(run_dir() + "/step-000004"), "my notes");
   EXPECT_FALSE(fs::exists(run_dir() + "/step-000002"));
+  // For a step this run never reaches, the name is no obstacle.
+  fs::rename(run_dir() + "/step-000004", run_dir() + "/step-000100");
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "4", "--save-every", "2"})).exit_code, 0);
+  EXPECT_EQ(read_file(run_dir() + "/step-000100"), "my notes");
 }
 
 // The run's config.toml given back as --config, edited by hand, is the user's input: the start
@@ -321,6 +325,16 @@ TEST_F(CliTest, the_runs_config_toml_given_as_config_is_not_rewritten) {
   const std::string resolved = read_file(run_dir() + "/config.resolved.toml");
   EXPECT_NE(resolved.find("lr = 0.002"), std::string::npos) << resolved;
   EXPECT_NE(resolved.find("steps = 4"), std::string::npos) << resolved;
+  // Edited, it is the user's for later starts too, also without --config.
+  ASSERT_EQ(moetrain(tiny_train({"--resume", "latest", "--steps", "5"})).exit_code, 0);
+  EXPECT_EQ(read_file(config), text);
+  EXPECT_NE(read_file(run_dir() + "/config.resolved.toml").find("steps = 5"), std::string::npos);
+  // With config.resolved.toml the user's as well, there is no name left: refused, both files kept.
+  write_file(run_dir() + "/config.resolved.toml", "# mine\n");
+  expect_error(moetrain(tiny_train({"--resume", "latest", "--steps", "6"})),
+               {"config.toml", "config.resolved.toml", "are yours"});
+  EXPECT_EQ(read_file(config), text);
+  EXPECT_EQ(read_file(run_dir() + "/config.resolved.toml"), "# mine\n");
 }
 
 // metrics.jsonl as a link to a file elsewhere: a resume from an older step rewrites the file it

@@ -120,6 +120,13 @@ class CheckpointReaderTest(TempDirTest):
         self.assertEqual(os.path.basename(mc.resolve_checkpoint(run_dir)), "step-000001")
         with self.assertRaisesRegex(mc.CheckpointError, "no complete checkpoint"):
             mc.resolve_checkpoint(self.tmp)
+        with self.assertRaisesRegex(mc.CheckpointError, "no-such-run does not exist"):
+            mc.resolve_checkpoint(self.path("no-such-run"))
+        # A copy under a name no save gives is not a checkpoint of the run, as moetrain reads it.
+        copied = self.path("copied")
+        shutil.copytree(self.run_dir, copied)
+        shutil.copytree(os.path.join(copied, "step-000001"), os.path.join(copied, "step-99"))
+        self.assertEqual(os.path.basename(mc.resolve_checkpoint(copied)), "step-000002")
 
     def test_a_flipped_byte_is_refused_naming_the_rank_file_and_tensor(self):
         ckpt = self.copy_checkpoint()

@@ -57,6 +57,11 @@ TEST(Config, DifferencesNameEachDifferingKeyWithBothValues) {
   EXPECT_EQ(model_only.find('\n'), std::string::npos) << "one line: " << model_only;
   EXPECT_EQ(model_only.find("train.lr"), std::string::npos) << model_only;
   EXPECT_NE(config_differences(a, b, "", "x", "y").find("train.lr = 0.5 in x, 0.003 in y"), std::string::npos);
+  // Numbers in the shortest text that reads back as the value, plain where that reads best.
+  const std::string eps = config_differences(load_config("tiny", {"model.rms_norm_eps=1e-6", "model.rope_theta=5e5"}),
+                                             load_config("tiny", {"model.rope_theta=1e4"}), "model", "x", "y");
+  EXPECT_NE(eps.find("model.rms_norm_eps = 1e-06 in x, 1e-05 in y"), std::string::npos) << eps;
+  EXPECT_NE(eps.find("model.rope_theta = 500000 in x, 10000 in y"), std::string::npos) << eps;
   // What the rank-agreement and resume messages show for an array key: both arrays as written.
   const std::vector<std::string> eight = {"model.num_hidden_layers=8", "parallel.pp=2"};
   std::vector<std::string> given = eight;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -134,8 +135,9 @@ std::string resolve_checkpoint(const std::string& run_dir_or_ckpt) {
   // directory that is itself called `latest` is that directory.
   std::string run = p;
   if (fs::path(p).filename() == "latest" && !fs::exists(p, ec)) run = parent_dir(p);
-  MOE_CHECK(fs::exists(run, ec) || fs::is_symlink(run, ec), "cannot resolve checkpoint ", run_dir_or_ckpt, ": ", run,
-            " does not exist");
+  const bool exists = fs::exists(run, ec) || fs::is_symlink(run);
+  MOE_CHECK(exists || ec, "cannot resolve checkpoint ", run_dir_or_ckpt, ": ", run, " does not exist");
+  MOE_CHECK(!ec, "cannot resolve checkpoint ", run_dir_or_ckpt, ": ", ec.message());
   MOE_CHECK(fs::is_directory(run, ec), "cannot resolve checkpoint ", run_dir_or_ckpt,
             ": neither a checkpoint directory nor a run directory");
   const auto steps = list_checkpoints(run);
@@ -179,7 +181,22 @@ bool written_by_a_save(std::string name) {
   const std::string suffix = ".safetensors";
   if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
     return false;
-  return step_of_name(name.substr(0, name.size() - suffix.size()), "rank-").has_value();
+  const std::optional<int64_t> rank = step_of_name(name.substr(0, name.size() - suffix.size()), "rank-");
+  return rank && *rank <= INT32_MAX && name == rank_file_name(static_cast<int>(*rank));
+}
+
+// Whether a checkpoint folder, or a file in it, was made read-only (chmod a-w; for root too, who
+// could remove it anyway), or this process cannot unlink its files. A link is judged as a link:
+// removing it touches nothing it points to.
+bool read_only(const std::string& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return true;
+  if (S_ISLNK(st.st_mode)) return false;
+  if (!(st.st_mode & S_IWUSR) || ::access(dir.c_str(), W_OK | X_OK) != 0) return true;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (::lstat(entry.path().c_str(), &st) == 0 && !S_ISLNK(st.st_mode) && !(st.st_mode & S_IWUSR)) return true;
+  return false;
 }
 
 }  // namespace
@@ -217,7 +234,14 @@ PruneOutcome prune_checkpoints(const std::string& run_dir, int keep_last, const 
   for (size_t i = 0; i < drop; ++i) {
     const std::string from = run_dir + "/" + steps[i].second;
     if (!protect.empty() && fs::weakly_canonical(from, ec) == protected_path) continue;
-    if (const std::vector<std::string> foreign = files_no_save_wrote(from); !foreign.empty()) {
+    std::vector<std::string> foreign;
+    try {
+      foreign = files_no_save_wrote(from);
+    } catch (const Error&) {  // unreadable (chmod a-r, say): the user's to sort out, not a failed save
+      outcome.kept_for_the_user.push_back(steps[i].second + " (it cannot be listed)");
+      continue;
+    }
+    if (!foreign.empty()) {
       std::string names;
       for (size_t f = 0; f < foreign.size() && f < 3; ++f) names += (f ? ", " : "") + foreign[f];
       if (foreign.size() > 3) names += ", and " + std::to_string(foreign.size() - 3) + " more";
@@ -226,8 +250,7 @@ PruneOutcome prune_checkpoints(const std::string& run_dir, int keep_last, const 
     }
     // A checkpoint made read-only (chmod a-w) is the user's to keep, also for root, who could
     // remove it; for others its files could not be unlinked, and it would be left half removed.
-    struct stat st {};
-    if (::stat(from.c_str(), &st) != 0 || !(st.st_mode & S_IWUSR) || ::access(from.c_str(), W_OK | X_OK) != 0) {
+    if (read_only(from)) {
       outcome.kept_for_the_user.push_back(steps[i].second + " (it is read-only)");
       continue;
     }
@@ -264,7 +287,8 @@ std::string set_aside_after(const std::string& run_dir, int64_t step, bool recor
   // Moving a folder to another parent rewrites its "..": a read-only one cannot move. Found before
   // anything moves, so no set-aside is left half done.
   for (const auto& [s, name] : list_steps(run_dir, "step-", false))
-    MOE_CHECK(s <= step || ::access((run_dir + "/" + name).c_str(), W_OK | X_OK) == 0, "cannot set aside ", run_dir,
+    MOE_CHECK(s <= step || fs::is_symlink(run_dir + "/" + name) || ::access((run_dir + "/" + name).c_str(), W_OK | X_OK) == 0,
+              "cannot set aside ", run_dir,
               "/", name, " (after the resumed step ", step, ": it leaves the run's line, into ", run_dir,
               "/abandoned/): it is read-only; make it writable, or move it out of the run directory yourself");
   char suffix[40];

@@ -99,21 +99,25 @@ void OutputFolderLock::move_to_created() {
   fd_ = fd;
 }
 
-bool wait_for_folder_writer(const fs::path& folder) {
-  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return false;
-  if (::flock(fd, LOCK_SH | LOCK_NB) == 0 || errno != EWOULDBLOCK) {
-    ::close(fd);  // (a shared lock taken is released with the descriptor)
-    return false;
+FolderReadLock::FolderReadLock(const fs::path& folder) {
+  fd_ = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) return;
+  if (::flock(fd_, LOCK_SH | LOCK_NB) == 0) return;
+  if (errno == EWOULDBLOCK) {
+    std::fprintf(stderr, "waiting for a prepare or tokenize_hf.py adding files to %s to finish\n",
+                 printable(folder.string()).c_str());
+    std::fflush(stderr);
+    int rc;
+    while ((rc = ::flock(fd_, LOCK_SH)) != 0 && errno == EINTR) {
+    }
+    if (rc == 0) return;
   }
-  std::fprintf(stderr, "waiting for a prepare or tokenize_hf.py adding files to %s to finish\n",
-               printable(folder.string()).c_str());
-  std::fflush(stderr);
-  int rc;
-  while ((rc = ::flock(fd, LOCK_SH)) != 0 && errno == EINTR) {
-  }
-  ::close(fd);
-  return rc == 0;
+  ::close(fd_);  // no lock to be had: read unlocked
+  fd_ = -1;
+}
+
+FolderReadLock::~FolderReadLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace moe

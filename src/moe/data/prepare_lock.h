@@ -32,10 +32,20 @@ class OutputFolderLock {
   int fd_ = -1;  // the locked folder, open
 };
 
-// For readers of a token folder: when a prepare or tokenize_hf.py holds `folder`'s lock (it is
-// adding files: their .npy files are renamed in before the dataset.json that lists them), waits
-// until it lets go, saying so once on stderr, and returns true; returns false at once when none
-// holds it or the file system cannot lock folders.
-bool wait_for_folder_writer(const std::filesystem::path& folder);
+// A reader's shared flock on a token folder, held while it lists the folder and reads its
+// dataset.json: a prepare or tokenize_hf.py adding files holds the folder exclusively while it
+// renames its .npy files in and then the dataset.json that lists them, so a reader never sees
+// the one without the other. Waits for such a writer, saying so once on stderr. Where the folder
+// cannot be opened or its file system cannot lock folders, no lock is held (as prepare goes on).
+class FolderReadLock {
+ public:
+  explicit FolderReadLock(const std::filesystem::path& folder);
+  ~FolderReadLock();
+  FolderReadLock(const FolderReadLock&) = delete;
+  FolderReadLock& operator=(const FolderReadLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 }  // namespace moe

@@ -147,16 +147,21 @@ int64_t first_out_of_vocab(const TokenArray& file, int64_t vocab_size) {
 std::vector<TokenFile> source_files_once(const std::string& path, const std::string& format, const std::string& key);
 
 std::vector<TokenFile> source_files(const std::string& path, const std::string& format, const std::string& key) {
-  // A prepare or tokenize_hf.py appending to a folder renames its new token files in before the
-  // dataset.json that lists them, holding the folder's lock (data/prepare_lock.h) meanwhile: a
-  // reader between the two renames finds files the old dataset.json does not list. Such files are
-  // an error only once no writer holds the folder.
-  for (;;) {
-    try {
-      return source_files_once(path, format, key);
-    } catch (const UnlistedTokenFiles& e) {
-      if (!wait_for_folder_writer(e.folder.empty() ? fs::path(".") : fs::path(e.folder))) throw;
-    }
+  // A prepare or tokenize_hf.py writing into a folder renames its new token files in before the
+  // dataset.json that lists them (or, in a new folder, before it writes one at all), holding the
+  // folder's lock meanwhile (data/prepare_lock.h): a folder is listed under a shared lock. Other
+  // paths (a file, a glob) name their folders only once listed: files found unlisted there are
+  // listed again under that folder's lock, and refused only if they still are.
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const FolderReadLock lock{fs::path(path)};
+    return source_files_once(path, format, key);
+  }
+  try {
+    return source_files_once(path, format, key);
+  } catch (const UnlistedTokenFiles& e) {
+    const FolderReadLock lock{e.folder.empty() ? fs::path(".") : fs::path(e.folder)};
+    return source_files_once(path, format, key);
   }
 }
 

@@ -98,9 +98,14 @@ class ValueLister {
     } else if constexpr (std::is_same_v<T, std::string>) {
       os << toml::value<std::string>(value);
     } else if constexpr (std::is_floating_point_v<T>) {
-      // The shortest text that reads back as the same value: 1e-06, not 9.9999999999999995e-07.
+      // The shortest text that reads back as the same value (1e-06, not 9.9999999999999995e-07),
+      // in plain digits where they read best (500000, 0.003).
       char text[64];
-      os << std::string_view(text, static_cast<size_t>(std::to_chars(text, text + sizeof text, value).ptr - text));
+      const T magnitude = value < 0 ? -value : value;
+      const auto done = magnitude >= T(1e-4) && magnitude < T(1e15)
+                            ? std::to_chars(text, text + sizeof text, value, std::chars_format::fixed)
+                            : std::to_chars(text, text + sizeof text, value);
+      os << std::string_view(text, static_cast<size_t>(done.ptr - text));
     } else {
       os << value;
     }

@@ -70,17 +70,39 @@ std::string absolute_path(const std::string& path) {
   return ec ? fs::absolute(path).lexically_normal().string() : p.string();
 }
 
-// True when the file at `path` is a config moetrain wrote: its first line is kConfigHeader.
+// True when the file at `path` is a config moetrain wrote and nobody edited since: its first line
+// is kConfigHeader and the rest is exactly what moetrain writes for the config it holds. One with
+// a hand edit or a comment is the user's now, and is not rewritten or moved.
 bool written_by_moetrain(const std::string& path) {
   std::ifstream in(path);
   std::string first;
   std::getline(in, first);
-  return first == kConfigHeader;
+  if (first != kConfigHeader) return false;
+  std::ostringstream rest;
+  rest << in.rdbuf();
+  try {
+    return rest.str() == config_to_toml(parse_config(rest.str(), path));
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 bool exists_not_by_moetrain(const std::string& path) {
   std::error_code ec;
   return fs::exists(path, ec) && !written_by_moetrain(path);
+}
+
+// Where this start writes its resolved config: config.toml, unless that name holds a file of the
+// user's (one moetrain did not write, or one edited since, or this start's own --config, which
+// the user may have edited); then config.resolved.toml on the same terms; "" when both are the
+// user's.
+std::string resolved_config_path(const std::string& dir, const std::string& config_file) {
+  for (const char* name : {kConfigName, kResolvedConfigName}) {
+    const std::string path = dir + "/" + name;
+    if (exists_not_by_moetrain(path) || (!config_file.empty() && same_file(config_file, path))) continue;
+    return path;
+  }
+  return "";
 }
 
 // What --overwrite moves aside: the previous run's checkpoints (and unfinished saves), its records,
@@ -198,14 +220,15 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
     MOE_CHECK(!fs::exists(dir_ + "/" + name, ec) || fs::is_regular_file(dir_ + "/" + name, ec), "run.dir '", dir_,
               "' holds '", name, "', which is not a file: moetrain writes that name; move it away or choose another "
               "run.dir");
-  // A save renames its folder onto step-<N>: anything else under that name would fail the run at
-  // that save, after the steps since the last one. (A folder of that name is a checkpoint, or is
-  // refused below as a run's files.)
-  if (fs::is_directory(dir_, ec))
+  // A save renames its folder onto step-<N>: anything else under that name, for a step this run
+  // may save, would fail the run at that save, after the steps since the last one. (A folder of
+  // that name is a checkpoint, or is refused below as a run's files; --overwrite moves it aside.)
+  if (fs::is_directory(dir_, ec) && !start.overwrite)
     for (const auto& e : fs::directory_iterator(dir_, ec)) {
       const std::string name = e.path().filename().string();
       const std::optional<int64_t> step = checkpoint_step_of_name(name, "step-");
-      MOE_CHECK(!step || e.is_directory(ec), "run.dir '", dir_, "' holds '", name,
+      MOE_CHECK(!step || *step <= start.step || *step > cfg.train.steps || e.is_directory(ec), "run.dir '", dir_,
+                "' holds '", name,
                 "', which is not a folder: moetrain gives that name to the checkpoint of step ", *step,
                 " and would fail to save it; move it away or choose another run.dir");
     }
@@ -234,11 +257,10 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
              " belongs to another directory; continue from it in a new run.dir");
   }
   // The resolved config needs a name that holds none of the user's files.
-  MOE_CHECK(!exists_not_by_moetrain(dir_ + "/" + kConfigName) ||
-                !exists_not_by_moetrain(dir_ + "/" + kResolvedConfigName),
-            "run.dir '", dir_, "' holds a ", kConfigName, " and a ", kResolvedConfigName,
-            " that moetrain did not write (their first line is not its header); it writes the run's resolved config "
-            "under one of these names and never over a file of yours: move one of them out of run.dir");
+  MOE_CHECK(!resolved_config_path(dir_, start.config_file).empty(), "run.dir '", dir_, "' holds a ", kConfigName,
+            " and a ", kResolvedConfigName, " that are yours (moetrain did not write them, or they were edited since, "
+            "or one is this start's --config); it writes the run's resolved config under one of these names and never "
+            "over a file of yours: move one of them out of run.dir");
   if (start.overwrite && !held.empty())
     refuse_moving_inputs(dir_, previous_run_entries(dir_), run_inputs(cfg, start.config_file));
   fs::create_directories(dir_, ec);
@@ -269,13 +291,7 @@ void RunDirectory::claim(const Config& cfg, const RunStart& start, const std::st
         metrics_after(metrics_path, start.step) || tensorboard_events_after(tensorboard_dir, start.step);
     set_aside_ = set_aside_after(dir_, start.step, records_after, move_records);
   }
-  // config.toml: the resolved config of this start, unless the user keeps a config.toml of their
-  // own there (moetrain's carries its header line), which is never overwritten.
-  config_path_ = dir_ + "/" + kConfigName;
-  // The run's own config.toml given back as --config (edited by hand, say) is the user's input now:
-  // it is not rewritten either.
-  if (exists_not_by_moetrain(config_path_) || (!start.config_file.empty() && same_file(start.config_file, config_path_)))
-    config_path_ = dir_ + "/" + kResolvedConfigName;
+  config_path_ = resolved_config_path(dir_, start.config_file);
   const std::string header = std::string(kConfigHeader) + "\n";
   write_file_atomic(config_path_, header + config_to_toml(cfg));
   metrics_ = std::make_unique<MetricsLog>(metrics_path);
