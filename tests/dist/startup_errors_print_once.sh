@@ -5,7 +5,8 @@
 # exist, a model the checkpoint's weights do not fit (initialized from or resumed), a run.dir that
 # already holds a run, `eval` of a missing --data file, a parallel.ep the ranks cannot hold, pipeline
 # layouts they cannot run (pp, its chunks, the interleaved schedule's microbatch groups), and
-# run.device = "cuda" on a machine without a GPU, and a config that one rank's memory cannot hold.
+# run.device = "cuda" on a machine without a GPU, a config that one rank's memory cannot hold, and
+# ranks that opened different token data.
 # Usage: startup_errors_print_once.sh "MPIRUN ARGS (the launcher and its options)" MOETRAIN
 set -u
 mpirun=$1
@@ -65,5 +66,23 @@ if [ "$status" != 1 ] || [ "$(grep -c '^error' "$work/memory.err")" != 1 ] ||
   grep -q MPI_ABORT "$work/memory.err"; then
   echo "FAIL: memory (exit $status)"; cat "$work/memory.err"; fail=1
 fi
-for d in a b c d e f g h i j k l; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
+# Ranks that open different token data under the same command (here a relative data.path from two
+# working directories, as node-local dataset copies that differ): one error, naming both.
+for r in 0 1; do
+  mkdir -p "$work/node$r"
+  for i in $(seq 1 $((200 + 100 * r))); do echo "line $i of the text on node $r, long enough for a window"; done \
+    > "$work/node$r/text.txt"
+  $moetrain prepare "$work/node$r/text.txt" --out "$work/node$r/data" > /dev/null 2>&1 ||
+    { echo "FAIL: prepare for node $r"; fail=1; }
+done
+args=(train --steps 4 --set data.path=data --set run.dir="$work/m")
+timeout 60 $one_rank -wdir "$work/node0" "$moetrain" "${args[@]}" : -np 1 -wdir "$work/node1" "$moetrain" "${args[@]}" \
+  > /dev/null 2> "$work/data.err"
+status=$?
+if [ "$status" != 1 ] || [ "$(grep -c '^error' "$work/data.err")" != 1 ] ||
+  ! grep -q '^error: the ranks opened different token data: rank 0 read 1 token file of .*, rank 1 1 token file of' \
+    "$work/data.err" || grep -q MPI_ABORT "$work/data.err"; then
+  echo "FAIL: different data (exit $status)"; cat "$work/data.err"; fail=1
+fi
+for d in a b c d e f g h i j k l m; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
 exit $fail

@@ -15,6 +15,7 @@
 
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/run_checkpoints.h"
+#include "moe/ckpt/checksum.h"
 #include "moe/comm/agreed_outcome.h"
 #include "moe/comm/host_strings.h"
 #include "moe/core/device.h"
@@ -36,6 +37,20 @@ namespace fs = std::filesystem;
 
 namespace moe {
 namespace {
+
+// What a rank's TokenDataset holds, for comparing ranks: the number of files and tokens, and a
+// checksum of every file's name and split lengths.
+std::string data_summary(const TokenDataset& data) {
+  std::string listing;
+  int64_t tokens = 0;
+  for (const TokenDataset::File& f : data.files()) {
+    listing += f.name + "\t" + std::to_string(f.train_length) + "\t" + std::to_string(f.eval_length) + "\n";
+    tokens += f.train_length + f.eval_length;
+  }
+  return std::to_string(data.files().size()) + " token file" + (data.files().size() == 1 ? "" : "s") + " of " +
+         std::to_string(tokens) + " tokens (listing checksum " +
+         checksum_hex(checksum_bytes(listing.data(), listing.size())) + ")";
+}
 
 using Clock = SteadyClock;
 
@@ -75,6 +90,14 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   background_file_.pin_for_gpu(dev_ == Device::CUDA);  // its host copies take GPU copies (async_save)
   int64_t dp = 1;
   agree_on_outcome(world, [&] {
+    // First, while every rank is here: ranks that opened different token data (node-local copies
+    // that differ, a folder changed between two ranks' listings) would each train on their own
+    // windows without a word.
+    const StringAgreement same_data = agree_on_string(world, data_summary(data_));
+    MOE_CHECK_AGREED(same_data.differing_rank < 0, "the ranks opened different token data: rank 0 read ",
+                     same_data.leader, ", rank ", same_data.differing_rank, " ", same_data.differing,
+                     "; every rank must see the same files (on several nodes, the same dataset folder); start the "
+                     "job again once they do");
     dp = cfg_.parallel.dp(world_.size());  // refuses a pp that does not divide the ranks: printed once
     cfg_.validate(dp);
     check_run_layout(cfg_, world_.size());
