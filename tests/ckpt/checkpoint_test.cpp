@@ -365,7 +365,8 @@ TEST(Checkpoint, SetAsideRefusesAReadOnlyLaterCheckpointBeforeMovingAnything) {
   // Root may move a read-only folder: run the call as an unprivileged user then.
   const bool root = ::geteuid() == 0;
   if (root) {
-    ASSERT_EQ(::chown(tmp.path.c_str(), 65534, 65534), 0);
+    // (A user-namespaced container may have no such user to hand files to.)
+    if (::chown(tmp.path.c_str(), 65534, 65534) != 0) GTEST_SKIP() << "cannot hand files to uid 65534 here";
     for (const auto& e : fs::recursive_directory_iterator(tmp.path))
       ASSERT_EQ(::lchown(e.path().c_str(), 65534, 65534), 0);
   }

@@ -11,6 +11,7 @@
 #include "moe/comm/agreed_outcome.h"
 #include "moe/comm/host_strings.h"
 #include "moe/core/device.h"
+#include "moe/core/printable.h"
 #include "moe/core/wall_clock.h"
 #include "moe/train/init_source.h"
 #include "moe/train/trainer.h"
@@ -222,7 +223,7 @@ void Trainer::after_commit(const std::string& dir, double seconds, size_t rss_be
         std::fprintf(stderr,
                      "train.keep_last: kept %s/%s: pruning removes the files saves write, never yours or a "
                      "checkpoint you protected; move them out (or make it writable) and a later save prunes it\n",
-                     run.c_str(), kept.c_str());
+                     printable(run).c_str(), printable(kept).c_str());
   }
   if (!opts_.quiet) {
     uintmax_t bytes = 0;
