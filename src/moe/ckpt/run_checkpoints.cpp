@@ -1,9 +1,9 @@
 #include "moe/ckpt/run_checkpoints.h"
 
-#include <algorithm>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -282,15 +282,17 @@ std::string set_aside_after(const std::string& run_dir, int64_t step, bool recor
                             const AlsoSetAside& also_move) {
   complete_pending_set_aside(run_dir, also_move);
   bool later = records_after_step;
-  for (const auto& s : list_steps(run_dir, "step-", false)) later = later || s.first > step;
-  if (!later) return "";
-  // Moving a folder to another parent rewrites its "..": a read-only one cannot move. Found before
-  // anything moves, so no set-aside is left half done.
-  for (const auto& [s, name] : list_steps(run_dir, "step-", false))
-    MOE_CHECK(s <= step || fs::is_symlink(run_dir + "/" + name) || ::access((run_dir + "/" + name).c_str(), W_OK | X_OK) == 0,
-              "cannot set aside ", run_dir,
-              "/", name, " (after the resumed step ", step, ": it leaves the run's line, into ", run_dir,
+  for (const auto& [s, name] : list_steps(run_dir, "step-", false)) {
+    if (s <= step) continue;
+    later = true;
+    // Moving a folder to another parent rewrites its "..": a read-only one cannot move. Found
+    // before anything moves, so no set-aside is left half done.
+    const std::string path = run_dir + "/" + name;
+    MOE_CHECK(fs::is_symlink(path) || ::access(path.c_str(), W_OK | X_OK) == 0, "cannot set aside ", path,
+              " (after the resumed step ", step, ": it leaves the run's line, into ", run_dir,
               "/abandoned/): it is read-only; make it writable, or move it out of the run directory yourself");
+  }
+  if (!later) return "";
   char suffix[40];
   std::snprintf(suffix, sizeof suffix, "-after-step-%06lld", static_cast<long long>(step));
   const Intent intent{step, unused_timestamped_name(run_dir + "/abandoned", suffix)};

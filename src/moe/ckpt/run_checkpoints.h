@@ -65,9 +65,9 @@ struct PruneOutcome {
 // Only checkpoints whose train_state.json records run_id count and may go: another run's (or
 // one without an id) is never removed, nor is one that holds anything besides the files a save
 // writes (index.json, train_state.json, rank-*.safetensors) or that cannot be written: pruning
-// removes checkpoints, never a user's files or one the user protected. Checkpoint directories are renamed before they are removed, so a half-removed
-// one never carries a step-* name; temp dirs of saves older than the oldest kept checkpoint are
-// crash leftovers and are removed too.
+// removes checkpoints, never a user's files or one the user protected. Checkpoint directories are
+// renamed before they are removed, so a half-removed one never carries a step-* name; temp dirs of
+// saves older than the oldest kept checkpoint are crash leftovers and are removed too.
 PruneOutcome prune_checkpoints(const std::string& run_dir, int keep_last, const std::string& run_id,
                                const std::string& protect = "");
 

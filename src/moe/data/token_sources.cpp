@@ -141,10 +141,10 @@ int64_t first_out_of_vocab(const TokenArray& file, int64_t vocab_size) {
   return first_bad == n ? -1 : first_bad;
 }
 
-}  // namespace
-
-// source_files without waiting for a writer (below).
+// source_files without a folder lock (below).
 std::vector<TokenFile> source_files_once(const std::string& path, const std::string& format, const std::string& key);
+
+}  // namespace
 
 std::vector<TokenFile> source_files(const std::string& path, const std::string& format, const std::string& key) {
   // A prepare or tokenize_hf.py writing into a folder renames its new token files in before the
@@ -164,6 +164,8 @@ std::vector<TokenFile> source_files(const std::string& path, const std::string& 
     return source_files_once(path, format, key);
   }
 }
+
+namespace {
 
 std::vector<TokenFile> source_files_once(const std::string& path, const std::string& format, const std::string& key) {
   MOE_CHECK(!path.empty(), key, " is empty: give a token file, a folder or a glob");
@@ -211,6 +213,8 @@ std::vector<TokenFile> source_files_once(const std::string& path, const std::str
   std::sort(files.begin(), files.end(), [](const TokenFile& a, const TokenFile& b) { return a.path < b.path; });
   return files;
 }
+
+}  // namespace
 
 std::vector<TokenArray> open_token_files(const std::string& path, const std::string& format, TokenDType raw_dtype,
                                          const std::string& key, int64_t vocab_size,

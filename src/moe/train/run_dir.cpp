@@ -256,8 +256,10 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
     MOE_FAIL("run.dir '", dir_, "' already holds a run (", held, ") and the resume checkpoint ", start.resumed_from,
              " belongs to another directory; continue from it in a new run.dir");
   }
-  // The resolved config needs a name that holds none of the user's files.
-  MOE_CHECK(!resolved_config_path(dir_, start.config_file).empty(), "run.dir '", dir_, "' holds a ", kConfigName,
+  // The resolved config needs a name that holds none of the user's files (chosen once, here;
+  // claim writes it).
+  config_path_ = resolved_config_path(dir_, start.config_file);
+  MOE_CHECK(!config_path_.empty(), "run.dir '", dir_, "' holds a ", kConfigName,
             " and a ", kResolvedConfigName, " that are yours (moetrain did not write them, or they were edited since, "
             "or one is this start's --config); it writes the run's resolved config under one of these names and never "
             "over a file of yours: move one of them out of run.dir");
@@ -291,7 +293,6 @@ void RunDirectory::claim(const Config& cfg, const RunStart& start, const std::st
         metrics_after(metrics_path, start.step) || tensorboard_events_after(tensorboard_dir, start.step);
     set_aside_ = set_aside_after(dir_, start.step, records_after, move_records);
   }
-  config_path_ = resolved_config_path(dir_, start.config_file);
   const std::string header = std::string(kConfigHeader) + "\n";
   write_file_atomic(config_path_, header + config_to_toml(cfg));
   metrics_ = std::make_unique<MetricsLog>(metrics_path);

@@ -14,8 +14,8 @@
 #include <sstream>
 
 #include "moe/ckpt/checkpoint.h"
-#include "moe/ckpt/run_checkpoints.h"
 #include "moe/ckpt/checksum.h"
+#include "moe/ckpt/run_checkpoints.h"
 #include "moe/comm/agreed_outcome.h"
 #include "moe/comm/host_strings.h"
 #include "moe/core/device.h"
