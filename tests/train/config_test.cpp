@@ -49,6 +49,20 @@ TEST(Config, WrittenConfigReadsBackToTheSameValueForEveryKey) {
   EXPECT_EQ(config_differences(back, c, "", "a", "b"), "");
 }
 
+TEST(Config, WrittenFloatsAreTheShortestTextThatReadsBackAsTheSameValue) {
+  // toml++'s compiled library wrote max_digits10 digits: lr = 0.0030000000000000001.
+  const Config c = load_config("tiny", {"train.lr=0.003", "train.weight_decay=1e-06", "model.rope_theta=500000.0",
+                                        "train.beta2=0.95"});
+  const std::string text = config_to_toml(c);
+  for (const char* line : {"lr = 0.003\n", "weight_decay = 1e-06\n", "rope_theta = 5e+05\n", "beta2 = 0.95\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << "in:\n" << text;
+  }
+  const Config back = parse_config(text, "written config");
+  EXPECT_EQ(back.train.lr, 0.003);
+  EXPECT_EQ(back.train.weight_decay, 1e-6);
+  EXPECT_EQ(back.model.rope_theta, 500000.0);
+}
+
 TEST(Config, DifferencesNameEachDifferingKeyWithBothValues) {
   const Config a = load_config("tiny", {"model.num_experts=4", "train.lr=0.5"});
   const Config b = load_config("tiny");
