@@ -351,6 +351,25 @@ TEST_F(CliTest, a_metrics_link_survives_a_resume_from_an_older_step) {
   EXPECT_EQ(metric_steps(elsewhere), iota_steps(1, 5));
 }
 
+// A relative link renamed two folders deeper would name nothing: --overwrite moves it as a link
+// that still names the previous run's records, which stay where they are, unchanged.
+TEST_F(CliTest, overwrite_moves_a_relative_metrics_link_so_that_it_still_names_the_records) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--set", "train.log_every=1"})).exit_code, 0);
+  const std::string elsewhere = path("kept-metrics.jsonl");
+  fs::rename(run_dir() + "/metrics.jsonl", elsewhere);
+  const std::string records = read_file(elsewhere);
+  fs::create_symlink(fs::relative(elsewhere, run_dir()), run_dir() + "/metrics.jsonl");
+  ASSERT_TRUE(fs::read_symlink(run_dir() + "/metrics.jsonl").is_relative());
+  const CliRun r = moetrain(tiny_train({"--steps", "1", "--overwrite", "--set", "train.log_every=1"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string old = only_subdir(run_dir() + "/replaced");
+  ASSERT_TRUE(fs::is_symlink(old + "/metrics.jsonl"));
+  EXPECT_EQ(read_file(old + "/metrics.jsonl"), records) << "the moved link names the previous run's records";
+  EXPECT_EQ(read_file(elsewhere), records) << "what the link named is not touched";
+  EXPECT_FALSE(fs::is_symlink(run_dir() + "/metrics.jsonl"));
+  EXPECT_EQ(metric_steps(run_dir() + "/metrics.jsonl"), std::vector<int64_t>{1});
+}
+
 TEST_F(CliTest, a_lock_held_by_a_live_process_is_refused_a_stale_one_is_taken_over_a_corrupt_one_is_named) {
   fs::create_directories(run_dir());
   const std::string lock = run_dir() + "/.lock";
