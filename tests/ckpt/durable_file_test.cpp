@@ -1,5 +1,7 @@
 // write_new_file_atomic (ckpt/durable_file.h), the last step of every output that must be new
 // (bench --json, plan --json, bench --calibrate): whatever has the name by then is never replaced.
+// rewrite_file_atomic and move_entry, which the run's records and set-asides use on files that
+// may be a user's links.
 #include "moe/ckpt/durable_file.h"
 
 #include <gtest/gtest.h>
@@ -60,6 +62,54 @@ TEST(WriteNewFileAtomic, a_symbolic_link_even_to_nothing_is_named_and_kept) {
   EXPECT_TRUE(fs::is_symlink(tmp / "report.json"));
   EXPECT_FALSE(fs::exists(tmp / "elsewhere.json"));
   expect_only(tmp, "report.json");
+}
+
+TEST(RewriteFileAtomic, through_a_link_the_file_it_names_is_rewritten_and_the_link_stays) {
+  TempDir tmp;
+  fs::create_directories(tmp / "run");
+  write_bytes(tmp / "elsewhere.jsonl", "old\n");
+  fs::create_symlink("../elsewhere.jsonl", tmp / "run/metrics.jsonl");
+  rewrite_file_atomic(tmp / "run/metrics.jsonl", "kept\n");
+  EXPECT_TRUE(fs::is_symlink(tmp / "run/metrics.jsonl"));
+  EXPECT_EQ(read_bytes(tmp / "elsewhere.jsonl"), "kept\n");
+  rewrite_file_atomic(tmp / "plain.jsonl", "new\n");  // a plain file: write_file_atomic's
+  EXPECT_EQ(read_bytes(tmp / "plain.jsonl"), "new\n");
+}
+
+TEST(MoveEntry, a_relative_link_moved_into_another_folder_still_names_its_target) {
+  TempDir tmp;
+  fs::create_directories(tmp / "run/replaced/t");
+  write_bytes(tmp / "elsewhere.jsonl", "records\n");
+  fs::create_symlink("../elsewhere.jsonl", tmp / "run/metrics.jsonl");
+  move_entry(tmp / "run/metrics.jsonl", tmp / "run/replaced/t/metrics.jsonl");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(tmp / "run/metrics.jsonl")));
+  ASSERT_TRUE(fs::is_symlink(tmp / "run/replaced/t/metrics.jsonl"));
+  EXPECT_EQ(read_bytes(tmp / "run/replaced/t/metrics.jsonl"), "records\n");
+  EXPECT_EQ(read_bytes(tmp / "elsewhere.jsonl"), "records\n") << "what the link names does not move";
+
+  // A crash after the new link and before the old one went: the move, run again, finishes.
+  fs::create_symlink("../elsewhere.jsonl", tmp / "run/metrics.jsonl");
+  move_entry(tmp / "run/metrics.jsonl", tmp / "run/replaced/t/metrics.jsonl");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(tmp / "run/metrics.jsonl")));
+  EXPECT_EQ(read_bytes(tmp / "run/replaced/t/metrics.jsonl"), "records\n");
+}
+
+TEST(MoveEntry, a_plain_file_is_renamed_and_a_name_that_exists_is_refused_moving_nothing) {
+  TempDir tmp;
+  write_bytes(tmp / "a", "a");
+  write_bytes(tmp / "b", "b");
+  fs::create_directories(tmp / "to");
+  move_entry(tmp / "a", tmp / "to/a");
+  EXPECT_EQ(read_bytes(tmp / "to/a"), "a");
+  EXPECT_FALSE(fs::exists(tmp / "a"));
+  fs::create_symlink("nowhere", tmp / "to/b");  // a dangling link is a name that exists
+  try {
+    move_entry(tmp / "b", tmp / "to/b");
+    ADD_FAILURE() << "moved over an existing name";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("that name exists"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_bytes(tmp / "b"), "b");
 }
 
 }  // namespace

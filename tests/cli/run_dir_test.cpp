@@ -71,6 +71,23 @@ TEST_F(CliTest, keep_last_after_resume_from_an_older_step_sets_the_abandoned_lin
   EXPECT_EQ(metric_steps(run_dir() + "/metrics.jsonl"), iota_steps(1, 13));
 }
 
+// A later checkpoint that is a relative link (its files kept on another disk) is set aside as a
+// link that still names them; the files themselves do not move.
+TEST_F(CliTest, a_later_checkpoint_that_is_a_relative_link_is_set_aside_as_a_working_link) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "4", "--save-every", "2"})).exit_code, 0);
+  const std::string elsewhere = path("disk/step-000004");
+  fs::create_directories(path("disk"));
+  fs::rename(run_dir() + "/step-000004", elsewhere);
+  fs::create_symlink(fs::relative(elsewhere, run_dir()), run_dir() + "/step-000004");
+  const std::string index = read_file(elsewhere + "/index.json");
+  const CliRun r = moetrain(tiny_train({"--steps", "3", "--resume", run_dir() + "/step-000002"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string aside = only_subdir(run_dir() + "/abandoned");
+  ASSERT_TRUE(fs::is_symlink(aside + "/step-000004"));
+  EXPECT_EQ(read_file(aside + "/step-000004/index.json"), index);
+  EXPECT_EQ(read_file(elsewhere + "/index.json"), index) << "what the link names does not move";
+}
+
 TEST_F(CliTest, a_set_aside_interrupted_by_a_crash_is_ignored_by_readers_and_completed_by_the_next_run) {
   ASSERT_EQ(moetrain(tiny_train({"--steps", "6", "--save-every", "2", "--set", "train.log_every=1"})).exit_code, 0);
   // As if a resume from step 2 had written its intent and moved step 6 before being killed.

@@ -221,6 +221,29 @@ TEST(TensorBoardEvents, moving_the_events_after_a_step_splits_files_keeps_every_
   EXPECT_EQ(scalar_steps(dest + "/tensorboard/" + a), (std::vector<int64_t>{3, 4}));
 }
 
+// Event files that are links to files elsewhere (the user's choice of disk): a split file is
+// rewritten through its link, a whole one moves as a link that still names it.
+TEST(TensorBoardEvents, moving_the_events_after_a_step_keeps_links_working) {
+  testing::TempDir tmp;
+  const std::string dir = tmp.path + "/run/tensorboard", dest = tmp.path + "/run/abandoned/x";
+  const std::string elsewhere = tmp.path + "/disk";
+  fs::create_directories(dir);
+  fs::create_directories(elsewhere);
+  const std::string a = "events.out.tfevents.100.h.1", b = "events.out.tfevents.200.h.2";
+  write_bytes(elsewhere + "/" + a, event_file({1, 2, 3, 4}));
+  write_bytes(elsewhere + "/" + b, event_file({5, 6}));
+  fs::create_symlink("../../disk/" + a, dir + "/" + a);
+  fs::create_symlink("../../disk/" + b, dir + "/" + b);
+
+  EXPECT_EQ(move_tensorboard_events_after(dir, 2, dest), 4);
+  EXPECT_TRUE(fs::is_symlink(dir + "/" + a)) << "the split file's link stays";
+  EXPECT_EQ(scalar_steps(elsewhere + "/" + a), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(scalar_steps(dest + "/tensorboard/" + a), (std::vector<int64_t>{3, 4}));
+  EXPECT_FALSE(fs::exists(fs::symlink_status(dir + "/" + b)));
+  ASSERT_TRUE(fs::is_symlink(dest + "/tensorboard/" + b));
+  EXPECT_EQ(read_bytes(dest + "/tensorboard/" + b), event_file({5, 6})) << "the moved link names the events";
+}
+
 TEST(TensorBoardRun, a_resume_from_an_older_step_sets_the_abandoned_events_aside_with_the_metrics) {
   testing::TempDir run;
   TrainOptions quiet;

@@ -77,6 +77,36 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   fsync_dir(parent_dir(path));
 }
 
+void rewrite_file_atomic(const std::string& path, std::string_view bytes) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_symlink(path, ec)) return write_file_atomic(path, bytes);
+  const fs::path target = fs::weakly_canonical(path, ec);
+  MOE_CHECK(!ec, "cannot resolve the link ", path, ": ", ec.message());
+  write_file_atomic(target.string(), bytes);
+}
+
+void move_entry(const std::string& from, const std::string& to) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path link = fs::is_symlink(from, ec) ? fs::read_symlink(from, ec) : fs::path();
+  if (link.empty() || link.is_absolute()) {
+    MOE_CHECK(!fs::exists(fs::symlink_status(to, ec)), "cannot move ", from, " to ", to, ": that name exists");
+    MOE_CHECK(std::rename(from.c_str(), to.c_str()) == 0, "cannot move ", from, " to ", to, ": ", errno_text());
+    return;
+  }
+  const fs::path target = fs::weakly_canonical(fs::path(from).parent_path() / link, ec);
+  MOE_CHECK(!ec, "cannot resolve the link ", from, ": ", ec.message());
+  const bool done_before = fs::is_symlink(to, ec) && fs::read_symlink(to, ec) == target;
+  if (!done_before) {
+    MOE_CHECK(!fs::exists(fs::symlink_status(to, ec)), "cannot move ", from, " to ", to, ": that name exists");
+    fs::create_symlink(target, to, ec);
+    MOE_CHECK(!ec, "cannot link ", to, " to ", target.string(), " (moving the link ", from, "): ", ec.message());
+    fsync_dir(parent_dir(to));
+  }
+  MOE_CHECK(::unlink(from.c_str()) == 0, "cannot remove the link ", from, " (now at ", to, "): ", errno_text());
+}
+
 void write_new_file_atomic(const std::string& path, std::string_view bytes, const char* what) {
   const std::string tmp = write_synced_temp(path, bytes);
   if (!rename_no_replace(tmp, path)) {

@@ -22,6 +22,16 @@ std::string parent_dir(const std::string& path);
 // parent directory. On failure the temp file is removed and moe::Error names the path.
 void write_file_atomic(const std::string& path, std::string_view bytes);
 
+// The same for a file that may be a symbolic link (metrics.jsonl -> a file on another disk): the
+// file it names gets the new content and the link stays. A plain file is write_file_atomic's.
+void rewrite_file_atomic(const std::string& path, std::string_view bytes);
+
+// Moves `from` to `to` (rename) and refuses a `to` that exists. A symbolic link with a relative
+// target is re-created at `to` naming its target by absolute path, then removed at `from`: renamed
+// into another folder it would name nothing. A crash between the two leaves both links; the move,
+// run again, finds `to` naming the same and removes `from`. What a link names is never moved.
+void move_entry(const std::string& from, const std::string& to);
+
 // The same for an output that must be new (`what`, e.g. "bench --json", starts the error): the
 // finished file is moved to `path` only while nothing has that name, so a file that appeared
 // there meanwhile, or a symbolic link, is never replaced; then the temp file is removed and

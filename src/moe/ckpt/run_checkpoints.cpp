@@ -103,8 +103,7 @@ std::string carry_out(const std::string& run_dir, const Intent& intent, const Al
   for (const auto& [step, name] : list_steps(run_dir, "step-", false)) {
     if (step <= intent.after_step) continue;
     const std::string from = run_dir + "/" + name, to = dest + "/" + name;
-    MOE_CHECK(!fs::exists(to, ec), "cannot set aside ", from, ": ", to, " already exists");
-    MOE_CHECK(std::rename(from.c_str(), to.c_str()) == 0, "cannot move ", from, " to ", to, ": ", errno_text());
+    move_entry(from, to);
   }
   if (also_move) also_move(dest, intent.after_step);
   fsync_dir(dest);

@@ -144,11 +144,7 @@ int64_t move_metrics_after(const std::string& path, int64_t step, const std::str
   // The copy first, then the shortened file: a crash in between leaves the records in both
   // places (the move runs again and rewrites the same copy), never in neither.
   write_file_atomic(dest_dir + "/metrics.jsonl", moved);
-  // Through a link (metrics.jsonl -> a file elsewhere) the file it names is rewritten; the link stays.
-  std::error_code link_ec;
-  const std::filesystem::path target =
-      std::filesystem::is_symlink(path, link_ec) ? std::filesystem::canonical(path, link_ec) : std::filesystem::path(path);
-  write_file_atomic(link_ec ? path : target.string(), kept);
+  rewrite_file_atomic(path, kept);  // through a link, the file it names; the link stays
   return n;
 }
 

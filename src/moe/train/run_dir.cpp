@@ -156,28 +156,14 @@ void refuse_moving_inputs(const std::string& dir, const std::vector<fs::path>& e
     }
 }
 
-// Moves the previous run's files into <dir>/replaced/<time>/ (--overwrite: nothing is deleted).
-// A link among them (metrics.jsonl -> a file on another disk, say) is moved as a link that names
-// its target by absolute path: renamed as it is, a relative link two folders deeper would dangle.
-// What it names, outside run.dir or not, is left where it is.
+// Moves the previous run's files into <dir>/replaced/<time>/ (--overwrite: nothing is deleted;
+// a link moves as a link, move_entry).
 std::string move_previous_run(const std::string& dir) {
   const std::string dest = dir + "/replaced/" + unused_timestamped_name(dir + "/replaced", "");
   std::error_code ec;
   fs::create_directories(dest, ec);
   MOE_CHECK(!ec, "cannot create ", dest, ": ", ec.message());
-  for (const fs::path& entry : previous_run_entries(dir)) {
-    const std::string to = dest + "/" + entry.filename().string();
-    const fs::path target = fs::is_symlink(entry, ec) ? fs::read_symlink(entry, ec) : fs::path();
-    if (!target.empty() && target.is_relative()) {
-      fs::create_symlink(fs::weakly_canonical(entry.parent_path() / target, ec), to, ec);
-      MOE_CHECK(!ec, "cannot link ", to, " to what ", entry.string(), " names: ", ec.message());
-      fs::remove(entry, ec);  // the copy above resolves: a crash between leaves two links, no loss
-      MOE_CHECK(!ec, "cannot remove the link ", entry.string(), " (now also at ", to, "): ", ec.message());
-      continue;
-    }
-    MOE_CHECK(std::rename(entry.c_str(), to.c_str()) == 0, "cannot move ", entry.string(), " to ", to, ": ",
-              errno_text());
-  }
+  for (const fs::path& entry : previous_run_entries(dir)) move_entry(entry.string(), dest + "/" + entry.filename().string());
   fsync_dir(dest);
   fsync_dir(dir);
   return dest;

@@ -330,8 +330,7 @@ int64_t move_tensorboard_events_after(const std::string& dir, int64_t step, cons
     const std::string dest = dest_tb + "/" + fs::path(path).filename().string();
     if (!keeps_scalars) {
       // Every scalar of this file belongs to the abandoned line: the file moves as it is.
-      MOE_CHECK(!fs::exists(dest, ec), "cannot move ", path, " to ", dest, ": that file exists");
-      MOE_CHECK(std::rename(path.c_str(), dest.c_str()) == 0, "cannot move ", path, " to ", dest, ": ", errno_text());
+      move_entry(path, dest);
     } else {
       // The copy first, then the shortened file: a crash in between leaves the events in both
       // places (the move runs again and rewrites the same copy), never in neither.
@@ -339,7 +338,7 @@ int64_t move_tensorboard_events_after(const std::string& dir, int64_t step, cons
       const std::string version = starts_with_version ? bytes.substr(events.front().offset, events.front().size)
                                                       : tfrecord(file_version_event(unix_seconds()));
       write_file_atomic(dest, version + moved);
-      write_file_atomic(path, kept + bytes.substr(tail));  // a cut-off last record stays where it was
+      rewrite_file_atomic(path, kept + bytes.substr(tail));  // a cut-off last record stays where it was
     }
     moved_events += n;
   }
