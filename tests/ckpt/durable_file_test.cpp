@@ -87,11 +87,31 @@ TEST(MoveEntry, a_relative_link_moved_into_another_folder_still_names_its_target
   EXPECT_EQ(read_bytes(tmp / "run/replaced/t/metrics.jsonl"), "records\n");
   EXPECT_EQ(read_bytes(tmp / "elsewhere.jsonl"), "records\n") << "what the link names does not move";
 
-  // A crash after the new link and before the old one went: the move, run again, finishes.
-  fs::create_symlink("../elsewhere.jsonl", tmp / "run/metrics.jsonl");
-  move_entry(tmp / "run/metrics.jsonl", tmp / "run/replaced/t/metrics.jsonl");
-  EXPECT_FALSE(fs::exists(fs::symlink_status(tmp / "run/metrics.jsonl")));
-  EXPECT_EQ(read_bytes(tmp / "run/replaced/t/metrics.jsonl"), "records\n");
+  // A crash after the link was made absolute, before the rename: the move, run again, finishes.
+  fs::create_symlink(fs::canonical(tmp.path) / "elsewhere.jsonl", tmp / "run/metrics.jsonl");
+  move_entry(tmp / "run/metrics.jsonl", tmp / "run/replaced/t/metrics2.jsonl");
+  EXPECT_EQ(read_bytes(tmp / "run/replaced/t/metrics2.jsonl"), "records\n");
+
+  // What the link names is never looked at: one to a place that cannot be resolved moves as well.
+  fs::create_symlink("../missing/x", tmp / "run/gone");
+  move_entry(tmp / "run/gone", tmp / "run/replaced/t/gone");
+  EXPECT_EQ(fs::read_symlink(tmp / "run/replaced/t/gone"), fs::canonical(tmp.path) / "missing/x");
+}
+
+TEST(MoveEntry, links_inside_a_moved_folder_keep_naming_what_they_named) {
+  TempDir tmp;
+  fs::create_directories(tmp / "run/tensorboard/sub");
+  fs::create_directories(tmp / "run/replaced");
+  write_bytes(tmp / "disk.events", "outside");
+  write_bytes(tmp / "run/tensorboard/own.events", "inside");
+  fs::create_symlink("../../disk.events", tmp / "run/tensorboard/a.events");  // names something outside
+  fs::create_symlink("../own.events", tmp / "run/tensorboard/sub/b.events");  // names something inside
+  move_entry(tmp / "run/tensorboard", tmp / "run/replaced/tensorboard");
+  EXPECT_EQ(read_bytes(tmp / "run/replaced/tensorboard/a.events"), "outside");
+  EXPECT_EQ(read_bytes(tmp / "run/replaced/tensorboard/sub/b.events"), "inside");
+  EXPECT_TRUE(fs::read_symlink(tmp / "run/replaced/tensorboard/a.events").is_absolute());
+  EXPECT_EQ(fs::read_symlink(tmp / "run/replaced/tensorboard/sub/b.events"), "../own.events")
+      << "a link inside the folder to something inside it stays as it was";
 }
 
 TEST(MoveEntry, a_plain_file_is_renamed_and_a_name_that_exists_is_refused_moving_nothing) {

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "moe/core/error.h"
 #include "moe/core/rename_no_replace.h"
@@ -86,25 +88,78 @@ void rewrite_file_atomic(const std::string& path, std::string_view bytes) {
   write_file_atomic(target.string(), bytes);
 }
 
-void move_entry(const std::string& from, const std::string& to) {
-  namespace fs = std::filesystem;
+namespace {
+
+namespace fs = std::filesystem;
+
+// Whether `p` (absolute, normalized) lies inside `dir` (the same).
+bool lexically_inside(const fs::path& p, const fs::path& dir) {
+  const fs::path rel = p.lexically_relative(dir);
+  return !rel.empty() && *rel.begin() != "..";
+}
+
+// Replaces the relative link `link` by one that names the same by absolute path: the folder the
+// link lies in, resolved, less one level per leading ".." of the link's text, then the rest of
+// that text as written (the kernel resolves it from there as it did before). What the link names
+// is never looked at, so a link to something missing or unreadable moves as well as any. A
+// temporary link renamed over the old one: the name never vanishes, and a crash leaves the old
+// link or the new.
+void make_link_absolute(const fs::path& link, const fs::path& target) {
   std::error_code ec;
-  const fs::path link = fs::is_symlink(from, ec) ? fs::read_symlink(from, ec) : fs::path();
-  if (link.empty() || link.is_absolute()) {
-    MOE_CHECK(!fs::exists(fs::symlink_status(to, ec)), "cannot move ", from, " to ", to, ": that name exists");
-    MOE_CHECK(std::rename(from.c_str(), to.c_str()) == 0, "cannot move ", from, " to ", to, ": ", errno_text());
-    return;
+  const fs::path folder = fs::canonical(fs::absolute(link, ec).parent_path(), ec);
+  MOE_CHECK(!ec, "cannot resolve the folder of the link ", link.string(), ": ", ec.message());
+  fs::path base = folder, rest;
+  for (const fs::path& part : target) {
+    if (rest.empty() && part == "..")
+      base = base.parent_path();
+    else if (!(rest.empty() && part == "."))
+      rest /= part;
   }
-  const fs::path target = fs::weakly_canonical(fs::path(from).parent_path() / link, ec);
-  MOE_CHECK(!ec, "cannot resolve the link ", from, ": ", ec.message());
-  const bool done_before = fs::is_symlink(to, ec) && fs::read_symlink(to, ec) == target;
-  if (!done_before) {
-    MOE_CHECK(!fs::exists(fs::symlink_status(to, ec)), "cannot move ", from, " to ", to, ": that name exists");
-    fs::create_symlink(target, to, ec);
-    MOE_CHECK(!ec, "cannot link ", to, " to ", target.string(), " (moving the link ", from, "): ", ec.message());
-    fsync_dir(parent_dir(to));
+  const std::string tmp = link.string() + ".tmp-link-" + std::to_string(::getpid());
+  ::unlink(tmp.c_str());  // one a crashed move left
+  fs::create_symlink(base / rest, tmp, ec);
+  MOE_CHECK(!ec, "cannot create the link ", tmp, ": ", ec.message());
+  if (std::rename(tmp.c_str(), link.c_str()) != 0) {
+    const std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    MOE_FAIL("cannot replace the link ", link.string(), ": ", why);
   }
-  MOE_CHECK(::unlink(from.c_str()) == 0, "cannot remove the link ", from, " (now at ", to, "): ", errno_text());
+  fsync_dir(folder.string());
+}
+
+// The relative links under `entry` (itself, or inside it when it is a folder: links to folders
+// are not followed) that would name something else once `entry` moves: those whose target lies
+// outside it. A link to something inside moves with it and keeps naming it.
+std::vector<std::pair<fs::path, fs::path>> links_that_a_move_breaks(const fs::path& entry) {
+  std::vector<std::pair<fs::path, fs::path>> links;
+  std::error_code ec;
+  const fs::path root = fs::absolute(entry, ec).lexically_normal();
+  const auto consider = [&](const fs::path& link) {
+    std::error_code link_ec;
+    const fs::path target = fs::read_symlink(link, link_ec);
+    if (link_ec || target.is_absolute()) return;
+    const fs::path named = ((root / link.lexically_relative(entry)).parent_path() / target).lexically_normal();
+    if (link != entry && lexically_inside(named, root)) return;
+    links.emplace_back(link, target);
+  };
+  if (fs::is_symlink(entry, ec)) {
+    consider(entry);
+  } else if (fs::is_directory(entry, ec)) {
+    for (auto it = fs::recursive_directory_iterator(entry, ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec))
+      if (it->is_symlink(ec)) consider(it->path());
+    MOE_CHECK(!ec, "cannot list ", entry.string(), " to move it: ", ec.message());
+  }
+  return links;
+}
+
+}  // namespace
+
+void move_entry(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  MOE_CHECK(!fs::exists(fs::symlink_status(to, ec)), "cannot move ", from, " to ", to, ": that name exists");
+  for (const auto& [link, target] : links_that_a_move_breaks(from)) make_link_absolute(link, target);
+  MOE_CHECK(std::rename(from.c_str(), to.c_str()) == 0, "cannot move ", from, " to ", to, ": ", errno_text());
 }
 
 void write_new_file_atomic(const std::string& path, std::string_view bytes, const char* what) {

@@ -26,10 +26,11 @@ void write_file_atomic(const std::string& path, std::string_view bytes);
 // file it names gets the new content and the link stays. A plain file is write_file_atomic's.
 void rewrite_file_atomic(const std::string& path, std::string_view bytes);
 
-// Moves `from` to `to` (rename) and refuses a `to` that exists. A symbolic link with a relative
-// target is re-created at `to` naming its target by absolute path, then removed at `from`: renamed
-// into another folder it would name nothing. A crash between the two leaves both links; the move,
-// run again, finds `to` naming the same and removes `from`. What a link names is never moved.
+// Moves `from` to `to` (rename) and refuses a `to` that exists. Relative links that the move
+// would break (`from` itself, or one inside the folder `from` whose target lies outside it) are
+// first made to name the same by absolute path, in place: renamed into another folder they would
+// name nothing. What a link names is never moved or looked at. A crash leaves `from` whole, with
+// some of its links absolute; the move, run again, finishes.
 void move_entry(const std::string& from, const std::string& to);
 
 // The same for an output that must be new (`what`, e.g. "bench --json", starts the error): the
