@@ -1,6 +1,6 @@
 // write_new_file_atomic (ckpt/durable_file.h), the last step of every output that must be new
 // (bench --json, plan --json, bench --calibrate): whatever has the name by then is never replaced.
-// rewrite_file_atomic and move_entry, which the run's records and set-asides use on files that
+// rewrite_file_atomic and move_entries, which the run's records and set-asides use on files that
 // may be a user's links.
 #include "moe/ckpt/durable_file.h"
 
@@ -76,29 +76,24 @@ TEST(RewriteFileAtomic, through_a_link_the_file_it_names_is_rewritten_and_the_li
   EXPECT_EQ(read_bytes(tmp / "plain.jsonl"), "new\n");
 }
 
-TEST(MoveEntry, a_relative_link_moved_into_another_folder_still_names_its_target) {
+TEST(MoveEntries, a_relative_link_moved_into_another_folder_still_names_its_target) {
   TempDir tmp;
   fs::create_directories(tmp / "run/replaced/t");
   write_bytes(tmp / "elsewhere.jsonl", "records\n");
   fs::create_symlink("../elsewhere.jsonl", tmp / "run/metrics.jsonl");
-  move_entry(tmp / "run/metrics.jsonl", tmp / "run/replaced/t/metrics.jsonl");
+  move_entries(tmp / "run", {"metrics.jsonl"}, tmp / "run/replaced/t");
   EXPECT_FALSE(fs::exists(fs::symlink_status(tmp / "run/metrics.jsonl")));
   ASSERT_TRUE(fs::is_symlink(tmp / "run/replaced/t/metrics.jsonl"));
   EXPECT_EQ(read_bytes(tmp / "run/replaced/t/metrics.jsonl"), "records\n");
   EXPECT_EQ(read_bytes(tmp / "elsewhere.jsonl"), "records\n") << "what the link names does not move";
 
-  // A crash after the link was made absolute, before the rename: the move, run again, finishes.
-  fs::create_symlink(fs::canonical(tmp.path) / "elsewhere.jsonl", tmp / "run/metrics.jsonl");
-  move_entry(tmp / "run/metrics.jsonl", tmp / "run/replaced/t/metrics2.jsonl");
-  EXPECT_EQ(read_bytes(tmp / "run/replaced/t/metrics2.jsonl"), "records\n");
-
   // What the link names is never looked at: one to a place that cannot be resolved moves as well.
   fs::create_symlink("../missing/x", tmp / "run/gone");
-  move_entry(tmp / "run/gone", tmp / "run/replaced/t/gone");
+  move_entries(tmp / "run", {"gone"}, tmp / "run/replaced/t");
   EXPECT_EQ(fs::read_symlink(tmp / "run/replaced/t/gone"), fs::canonical(tmp.path) / "missing/x");
 }
 
-TEST(MoveEntry, links_inside_a_moved_folder_keep_naming_what_they_named) {
+TEST(MoveEntries, links_inside_a_moved_folder_keep_naming_what_they_named) {
   TempDir tmp;
   fs::create_directories(tmp / "run/tensorboard/sub");
   fs::create_directories(tmp / "run/replaced");
@@ -106,7 +101,7 @@ TEST(MoveEntry, links_inside_a_moved_folder_keep_naming_what_they_named) {
   write_bytes(tmp / "run/tensorboard/own.events", "inside");
   fs::create_symlink("../../disk.events", tmp / "run/tensorboard/a.events");  // names something outside
   fs::create_symlink("../own.events", tmp / "run/tensorboard/sub/b.events");  // names something inside
-  move_entry(tmp / "run/tensorboard", tmp / "run/replaced/tensorboard");
+  move_entries(tmp / "run", {"tensorboard"}, tmp / "run/replaced");
   EXPECT_EQ(read_bytes(tmp / "run/replaced/tensorboard/a.events"), "outside");
   EXPECT_EQ(read_bytes(tmp / "run/replaced/tensorboard/sub/b.events"), "inside");
   EXPECT_TRUE(fs::read_symlink(tmp / "run/replaced/tensorboard/a.events").is_absolute());
@@ -114,22 +109,36 @@ TEST(MoveEntry, links_inside_a_moved_folder_keep_naming_what_they_named) {
       << "a link inside the folder to something inside it stays as it was";
 }
 
-TEST(MoveEntry, a_plain_file_is_renamed_and_a_name_that_exists_is_refused_moving_nothing) {
+TEST(MoveEntries, a_link_to_another_entry_moved_with_it_stays_relative_and_working) {
+  TempDir tmp;
+  fs::create_directories(tmp / "run/tensorboard");
+  fs::create_directories(tmp / "run/replaced");
+  write_bytes(tmp / "run/tensorboard/metrics.jsonl", "records\n");
+  fs::create_symlink("tensorboard/metrics.jsonl", tmp / "run/metrics.jsonl");
+  move_entries(tmp / "run", {"metrics.jsonl", "tensorboard"}, tmp / "run/replaced");
+  EXPECT_EQ(fs::read_symlink(tmp / "run/replaced/metrics.jsonl"), "tensorboard/metrics.jsonl");
+  EXPECT_EQ(read_bytes(tmp / "run/replaced/metrics.jsonl"), "records\n");
+}
+
+TEST(MoveEntries, plain_files_are_renamed_and_a_name_that_exists_is_refused_before_anything_moves) {
   TempDir tmp;
   write_bytes(tmp / "a", "a");
   write_bytes(tmp / "b", "b");
   fs::create_directories(tmp / "to");
-  move_entry(tmp / "a", tmp / "to/a");
-  EXPECT_EQ(read_bytes(tmp / "to/a"), "a");
-  EXPECT_FALSE(fs::exists(tmp / "a"));
   fs::create_symlink("nowhere", tmp / "to/b");  // a dangling link is a name that exists
   try {
-    move_entry(tmp / "b", tmp / "to/b");
+    move_entries(tmp.path, {"a", "b"}, tmp / "to");
     ADD_FAILURE() << "moved over an existing name";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("that name exists"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("that name exists (nothing was moved)"), std::string::npos) << e.what();
   }
+  EXPECT_EQ(read_bytes(tmp / "a"), "a");
   EXPECT_EQ(read_bytes(tmp / "b"), "b");
+  fs::remove(tmp / "to/b");
+  move_entries(tmp.path, {"a", "b"}, tmp / "to");
+  EXPECT_EQ(read_bytes(tmp / "to/a"), "a");
+  EXPECT_EQ(read_bytes(tmp / "to/b"), "b");
+  EXPECT_FALSE(fs::exists(tmp / "a"));
 }
 
 }  // namespace

@@ -127,39 +127,52 @@ void make_link_absolute(const fs::path& link, const fs::path& target) {
   fsync_dir(folder.string());
 }
 
-// The relative links under `entry` (itself, or inside it when it is a folder: links to folders
-// are not followed) that would name something else once `entry` moves: those whose target lies
-// outside it. A link to something inside moves with it and keeps naming it.
-std::vector<std::pair<fs::path, fs::path>> links_that_a_move_breaks(const fs::path& entry) {
+// The relative links among `entries` (absolute, normalized; one that is a link, or any inside one
+// that is a folder: links to folders are not followed) that would name something else once the
+// entries move together into another folder: those whose target lies outside all of them. A link
+// to something that moves with it keeps naming it.
+std::vector<std::pair<fs::path, fs::path>> links_that_a_move_breaks(const std::vector<fs::path>& entries) {
   std::vector<std::pair<fs::path, fs::path>> links;
-  std::error_code ec;
-  const fs::path root = fs::absolute(entry, ec).lexically_normal();
   const auto consider = [&](const fs::path& link) {
-    std::error_code link_ec;
-    const fs::path target = fs::read_symlink(link, link_ec);
-    if (link_ec || target.is_absolute()) return;
-    const fs::path named = ((root / link.lexically_relative(entry)).parent_path() / target).lexically_normal();
-    if (link != entry && lexically_inside(named, root)) return;
+    std::error_code ec;
+    const fs::path target = fs::read_symlink(link, ec);
+    if (ec || target.is_absolute()) return;
+    const fs::path named = (link.parent_path() / target).lexically_normal();
+    for (const fs::path& entry : entries)
+      if (named == entry || lexically_inside(named, entry)) return;
     links.emplace_back(link, target);
   };
-  if (fs::is_symlink(entry, ec)) {
-    consider(entry);
-  } else if (fs::is_directory(entry, ec)) {
-    for (auto it = fs::recursive_directory_iterator(entry, ec); !ec && it != fs::recursive_directory_iterator();
-         it.increment(ec))
-      if (it->is_symlink(ec)) consider(it->path());
-    MOE_CHECK(!ec, "cannot list ", entry.string(), " to move it: ", ec.message());
+  for (const fs::path& entry : entries) {
+    std::error_code ec;
+    if (fs::is_symlink(entry, ec)) {
+      consider(entry);
+    } else if (fs::is_directory(entry, ec)) {
+      for (auto it = fs::recursive_directory_iterator(entry, ec); !ec && it != fs::recursive_directory_iterator();
+           it.increment(ec))
+        if (it->is_symlink(ec)) consider(it->path());
+      MOE_CHECK(!ec, "cannot list ", entry.string(), " to move it: ", ec.message());
+    }
   }
   return links;
 }
 
 }  // namespace
 
-void move_entry(const std::string& from, const std::string& to) {
+void move_entries(const std::string& from_dir, const std::vector<std::string>& names, const std::string& to_dir) {
   std::error_code ec;
-  MOE_CHECK(!fs::exists(fs::symlink_status(to, ec)), "cannot move ", from, " to ", to, ": that name exists");
-  for (const auto& [link, target] : links_that_a_move_breaks(from)) make_link_absolute(link, target);
-  MOE_CHECK(std::rename(from.c_str(), to.c_str()) == 0, "cannot move ", from, " to ", to, ": ", errno_text());
+  const fs::path from = fs::absolute(from_dir, ec).lexically_normal();
+  std::vector<fs::path> entries;
+  for (const std::string& name : names) {
+    const std::string to = to_dir + "/" + name;
+    MOE_CHECK(!fs::exists(fs::symlink_status(to, ec)), "cannot move ", (from / name).string(), " to ", to,
+              ": that name exists (nothing was moved)");
+    entries.push_back(from / name);
+  }
+  for (const auto& [link, target] : links_that_a_move_breaks(entries)) make_link_absolute(link, target);
+  for (const std::string& name : names) {
+    const std::string f = from_dir + "/" + name, to = to_dir + "/" + name;
+    MOE_CHECK(std::rename(f.c_str(), to.c_str()) == 0, "cannot move ", f, " to ", to, ": ", errno_text());
+  }
 }
 
 void write_new_file_atomic(const std::string& path, std::string_view bytes, const char* what) {

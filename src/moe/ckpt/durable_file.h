@@ -6,6 +6,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace moe {
 
@@ -26,12 +27,14 @@ void write_file_atomic(const std::string& path, std::string_view bytes);
 // file it names gets the new content and the link stays. A plain file is write_file_atomic's.
 void rewrite_file_atomic(const std::string& path, std::string_view bytes);
 
-// Moves `from` to `to` (rename) and refuses a `to` that exists. Relative links that the move
-// would break (`from` itself, or one inside the folder `from` whose target lies outside it) are
-// first made to name the same by absolute path, in place: renamed into another folder they would
-// name nothing. What a link names is never moved or looked at. A crash leaves `from` whole, with
-// some of its links absolute; the move, run again, finishes.
-void move_entry(const std::string& from, const std::string& to);
+// Moves the entries `names` of folder `from_dir` into folder `to_dir` under the same names (one
+// rename each), refusing, before anything moves, a name that exists there. Relative links that
+// the move would break (an entry that is one, or one inside an entry that is a folder, whose
+// target lies outside everything moved) are first made to name the same by absolute path, in
+// place: renamed into another folder they would name nothing. Links between the moved entries
+// stay as they are. What a link names is never moved or looked at. A crash leaves the entries not
+// yet renamed whole, with some of their links absolute.
+void move_entries(const std::string& from_dir, const std::vector<std::string>& names, const std::string& to_dir);
 
 // The same for an output that must be new (`what`, e.g. "bench --json", starts the error): the
 // finished file is moved to `path` only while nothing has that name, so a file that appeared

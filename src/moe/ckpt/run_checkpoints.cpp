@@ -100,11 +100,10 @@ std::string carry_out(const std::string& run_dir, const Intent& intent, const Al
   std::error_code ec;
   fs::create_directories(dest, ec);
   MOE_CHECK(!ec, "cannot create ", dest, ": ", ec.message());
-  for (const auto& [step, name] : list_steps(run_dir, "step-", false)) {
-    if (step <= intent.after_step) continue;
-    const std::string from = run_dir + "/" + name, to = dest + "/" + name;
-    move_entry(from, to);
-  }
+  std::vector<std::string> later;
+  for (const auto& [step, name] : list_steps(run_dir, "step-", false))
+    if (step > intent.after_step) later.push_back(name);
+  move_entries(run_dir, later, dest);
   if (also_move) also_move(dest, intent.after_step);
   fsync_dir(dest);
   fsync_dir(abandoned);

@@ -157,13 +157,15 @@ void refuse_moving_inputs(const std::string& dir, const std::vector<fs::path>& e
 }
 
 // Moves the previous run's files into <dir>/replaced/<time>/ (--overwrite: nothing is deleted;
-// a link moves as a link, move_entry).
+// links keep naming what they named, move_entries).
 std::string move_previous_run(const std::string& dir) {
   const std::string dest = dir + "/replaced/" + unused_timestamped_name(dir + "/replaced", "");
   std::error_code ec;
   fs::create_directories(dest, ec);
   MOE_CHECK(!ec, "cannot create ", dest, ": ", ec.message());
-  for (const fs::path& entry : previous_run_entries(dir)) move_entry(entry.string(), dest + "/" + entry.filename().string());
+  std::vector<std::string> names;
+  for (const fs::path& entry : previous_run_entries(dir)) names.push_back(entry.filename().string());
+  move_entries(dir, names, dest);
   fsync_dir(dest);
   fsync_dir(dir);
   return dest;

@@ -330,7 +330,7 @@ int64_t move_tensorboard_events_after(const std::string& dir, int64_t step, cons
     const std::string dest = dest_tb + "/" + fs::path(path).filename().string();
     if (!keeps_scalars) {
       // Every scalar of this file belongs to the abandoned line: the file moves as it is.
-      move_entry(path, dest);
+      move_entries(dir, {fs::path(path).filename().string()}, dest_tb);
     } else {
       // The copy first, then the shortened file: a crash in between leaves the events in both
       // places (the move runs again and rewrites the same copy), never in neither.
