@@ -19,6 +19,8 @@
 
 namespace moe {
 
+namespace fs = std::filesystem;
+
 std::string errno_text() { return std::strerror(errno); }
 
 void fsync_dir(const std::string& dir) {
@@ -80,7 +82,6 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
 }
 
 void rewrite_file_atomic(const std::string& path, std::string_view bytes) {
-  namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_symlink(path, ec)) return write_file_atomic(path, bytes);
   const fs::path target = fs::weakly_canonical(path, ec);
@@ -89,8 +90,6 @@ void rewrite_file_atomic(const std::string& path, std::string_view bytes) {
 }
 
 namespace {
-
-namespace fs = std::filesystem;
 
 // Whether `p` (absolute, normalized) lies inside `dir` (the same).
 bool lexically_inside(const fs::path& p, const fs::path& dir) {

@@ -327,17 +327,17 @@ int64_t move_tensorboard_events_after(const std::string& dir, int64_t step, cons
     std::error_code ec;
     fs::create_directories(dest_tb, ec);
     MOE_CHECK(!ec, "cannot create ", dest_tb, ": ", ec.message());
-    const std::string dest = dest_tb + "/" + fs::path(path).filename().string();
+    const std::string name = fs::path(path).filename().string();
     if (!keeps_scalars) {
       // Every scalar of this file belongs to the abandoned line: the file moves as it is.
-      move_entries(dir, {fs::path(path).filename().string()}, dest_tb);
+      move_entries(dir, {name}, dest_tb);
     } else {
       // The copy first, then the shortened file: a crash in between leaves the events in both
       // places (the move runs again and rewrites the same copy), never in neither.
       const bool starts_with_version = !events.empty() && !events.front().summary;
       const std::string version = starts_with_version ? bytes.substr(events.front().offset, events.front().size)
                                                       : tfrecord(file_version_event(unix_seconds()));
-      write_file_atomic(dest, version + moved);
+      write_file_atomic(dest_tb + "/" + name, version + moved);
       rewrite_file_atomic(path, kept + bytes.substr(tail));  // a cut-off last record stays where it was
     }
     moved_events += n;
