@@ -369,6 +369,6 @@ TEST_F(PlanCli, plan_hardware_that_is_a_folder_or_a_fifo_is_one_error) {
   // Nothing fits on one GPU of 1 GiB (the 2.1 GiB runtime reserve alone): said of "1 GPU".
   const CliRun none = moetrain({"plan", "--device", "cuda", "--search", "--gpu-memory", "1"});
   EXPECT_EQ(none.exit_code, 0) << none.err;
-  EXPECT_NE(none.out.find("no layout fits on 1 GPU\n"), std::string::npos) << none.out;
+  EXPECT_NE(none.out.find("no layout fits in the memory of 1 GPU\n"), std::string::npos) << none.out;
 #endif
 }

@@ -54,8 +54,7 @@ TEST(TopologySearch, ranks_every_layout_that_fits_by_predicted_tokens_per_gpu) {
 
 TEST(TopologySearch, refuses_layouts_that_cannot_run_or_do_not_fit_and_says_why) {
   // EP is bounded by the GPUs of a node: with 2 per node, ep 4 is not offered.
-  for (const auto& c : search_topologies(tiny(8), 4, 2, gpu(64, 2), Device::CPU))
-    EXPECT_NE(c.describe(), "ddp ep 4");
+  for (const auto& c : search_topologies(tiny(8), 4, 2, gpu(64, 2), Device::CPU)) EXPECT_NE(c.describe(), "ddp ep 4");
   // A batch the ranks cannot split: every layout refused, naming the key.
   const auto odd = search_topologies(tiny(6), 4, 1, gpu(64), Device::CPU);
   ASSERT_FALSE(odd.empty());
@@ -63,13 +62,18 @@ TEST(TopologySearch, refuses_layouts_that_cannot_run_or_do_not_fit_and_says_why)
     EXPECT_FALSE(c.feasible) << c.describe();
     EXPECT_NE(c.why_not.find("global_batch_size"), std::string::npos) << c.why_not;
   }
+  // Refused by a rule of the config, not by memory: no "fits", which would send the user after memory.
+  const std::string odd_text = format_search(odd, tiny(6), 4, 1, gpu(64));
+  EXPECT_NE(odd_text.find("no layout can run on 4 GPUs (each layout's reason below)\n"), std::string::npos) << odd_text;
+  EXPECT_EQ(odd_text.find("fits"), std::string::npos) << odd_text;
   // Too little memory for any lever: refused with the bytes it needs.
   const auto small = search_topologies(tiny(8), 4, 1, gpu(1e-4), Device::CPU);
   for (const auto& c : small) {
     EXPECT_FALSE(c.feasible) << c.describe();
     EXPECT_NE(c.why_not.find("per GPU"), std::string::npos) << c.why_not;
   }
-  EXPECT_NE(format_search(small, tiny(8), 4, 1, gpu(1e-4)).find("no layout fits on 4 GPUs"), std::string::npos);
+  EXPECT_NE(format_search(small, tiny(8), 4, 1, gpu(1e-4)).find("no layout fits in the memory of 4 GPUs\n"),
+            std::string::npos);
 }
 
 TEST(TopologySearch, a_layout_that_fits_only_with_a_lever_carries_the_lever) {
@@ -83,7 +87,8 @@ TEST(TopologySearch, a_layout_that_fits_only_with_a_lever_carries_the_lever) {
   const double gib = static_cast<double>(size_t{1} << 30);
   const double between = (static_cast<double>(bf16.total()) + static_cast<double>(f32.total())) / 2 / gib;
   const auto ranked = search_topologies(c, 1, 1, gpu(between), Device::CPU);
-  const auto it = std::find_if(ranked.begin(), ranked.end(), [](const auto& x) { return x.describe().rfind("ddp", 0) == 0; });
+  const auto it =
+      std::find_if(ranked.begin(), ranked.end(), [](const auto& x) { return x.describe().rfind("ddp", 0) == 0; });
   ASSERT_NE(it, ranked.end());
   ASSERT_TRUE(it->feasible) << it->why_not;
   EXPECT_FALSE(it->changes.empty());

@@ -91,6 +91,7 @@ std::vector<TopologyCandidate> search_topologies(const Config& cfg, int64_t gpus
       c.prediction = predict_step(c.cfg, c.topo, hw);
     } else {
       // The fastest lever (or combination) that fits, EP left as enumerated.
+      c.out_of_memory = true;
       c.why_not = "needs " + format_bytes(static_cast<double>(c.memory.total()) + hw.runtime_reserve_gib * gib) +
                   " per GPU of " + format_bytes(hw.memory_gib * gib) + ", and no memory lever makes it fit";
       for (const FitOption& o : fit_options(c.cfg, static_cast<int>(gpus), device, usable)) {
@@ -121,19 +122,26 @@ std::string format_search(const std::vector<TopologyCandidate>& ranked, const Co
      << (nodes == 1 ? " node" : " nodes") << "; " << format_bytes(hw.memory_gib * double(size_t{1} << 30))
      << " per GPU), ranked by predicted tokens/s per GPU (" << profile_kind(hw) << ")\n";
   char line[320];
-  std::snprintf(line, sizeof line, "%-4s %-44s %12s %10s %14s %7s\n", "rank", "layout", "GPU memory", "step", "tokens/s/GPU",
-                "MFU");
+  std::snprintf(line, sizeof line, "%-4s %-44s %12s %10s %14s %7s\n", "rank", "layout", "GPU memory", "step",
+                "tokens/s/GPU", "MFU");
   os << line;
   int rank = 0;
   for (const TopologyCandidate& c : ranked) {
     if (!c.feasible) continue;
     std::snprintf(line, sizeof line, "%-4d %-44s %12s %10s %14s %6.1f%%\n", ++rank, c.describe().c_str(),
                   format_bytes(c.memory_gib * double(size_t{1} << 30)).c_str(),
-                  format_step_time(c.prediction.step_s).c_str(), format_count(c.prediction.tokens_per_s_per_gpu).c_str(),
-                  100 * c.prediction.mfu);
+                  format_step_time(c.prediction.step_s).c_str(),
+                  format_count(c.prediction.tokens_per_s_per_gpu).c_str(), 100 * c.prediction.mfu);
     os << line;
   }
-  if (rank == 0) os << "no layout fits on " << gpus << (gpus == 1 ? " GPU\n" : " GPUs\n");
+  // "fits" only when memory is what refused every layout: a layout the config's rules refuse (the
+  // batch does not divide among its ranks) would not run on any amount of memory.
+  const bool memory_only = !ranked.empty() && std::all_of(ranked.begin(), ranked.end(), [](const TopologyCandidate& c) {
+    return c.feasible || c.out_of_memory;
+  });
+  if (rank == 0)
+    os << (memory_only ? "no layout fits in the memory of " : "no layout can run on ") << gpus
+       << (gpus == 1 ? " GPU" : " GPUs") << (memory_only ? "\n" : " (each layout's reason below)\n");
   for (const TopologyCandidate& c : ranked)
     if (!c.feasible) os << "refused: " << c.describe() << ": " << c.why_not << "\n";
   return os.str();
