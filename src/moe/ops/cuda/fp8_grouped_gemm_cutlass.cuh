@@ -45,6 +45,14 @@
 // the stock collective's, the step unchanged: the promotion already hides behind the other
 // consumer warp group's MMAs.
 //
+// NOTES: shared memory and stages. The stage count is what is left after the epilogue's shared
+// memory (StageCountAutoCarveout); a stage is ~33 KB (two 16 KB operand tiles and their scales).
+// The forward and data gradient never read C (beta = 0), so their instantiation has C void: the
+// epilogue keeps only D's stages (17 KB instead of 34) and the mainloop gets 6 stages instead of 5,
+// as cuBLASLt's FP8 kernels run (twenty-eighth session's Nsight Compute). Measured on an H100
+// (bench/RESULTS.md, thirtieth session), alternated with 5 stages: the bench-olmoe-4l step's
+// expert GEMMs 46.5-46.7 -> 45.2-45.5 ms, FP8 throughput +1.3%. The weight gradient reads C (it
+// accumulates into F32 gradients) and keeps 4 stages.
 // NOTES: CUTLASS must be compiled with -DNDEBUG (grouped_gemm_cutlass.cuh stops a build without it).
 #pragma once
 
@@ -80,19 +88,21 @@ struct MainloopWithGroupScaleLayouts : Stock {
 };
 
 // kScaleN: the N extent of B's scale blocks (128: Blocks weights; 1: Rows columns operands).
-template <int kScaleN, class ElementD_>
+// ElementC_: D's type when C is D (in place, read when beta != 0), void for a product that never
+// reads C (no C stages in the epilogue's shared memory: NOTES).
+template <int kScaleN, class ElementD_, class ElementC_ = ElementD_>
 struct Fp8GroupedGemm {
   using ElementA = cutlass::float_e4m3_t;
   using ElementB = cutlass::float_e4m3_t;
   using ElementD = ElementD_;
-  using ElementC = ElementD_;  // C is D (in place), read only when beta != 0
+  using ElementC = ElementC_;
   using ElementAccumulator = float;
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = cutlass::layout::ColumnMajor;
   using LayoutC = cutlass::layout::RowMajor;
   static constexpr int kAlignA = 128 / cutlass::sizeof_bits<ElementA>::value;  // 16 bytes: TMA
   static constexpr int kAlignB = 128 / cutlass::sizeof_bits<ElementB>::value;
-  static constexpr int kAlignC = 128 / cutlass::sizeof_bits<ElementC>::value;
+  static constexpr int kAlignC = 128 / cutlass::sizeof_bits<ElementD>::value;  // C's layout when it has one
 
   using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleN, kFp8ScaleBlock, cute::GMMA::Major::K,
                                                                 cute::GMMA::Major::K>;
@@ -108,7 +118,7 @@ struct Fp8GroupedGemm {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator, ElementC, LayoutC*,
       kAlignC, ElementD, LayoutC*, kAlignC, EpilogueSchedule,
-      cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator>>::CollectiveOp;
+      cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator, ElementC>>::CollectiveOp;
 
   using StockMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA*, LayoutSFA*>, kAlignA,
