@@ -32,7 +32,9 @@
 // faster alone, the weight gradient within 2%, the step 0.9% faster; 2x1x1 (B multicast) gained
 // 0.3%. 2x2x1 and 1x4x1 (fourteenth session) were 10-12% slower in every product (one layer's six
 // 978.9 -> 872.4 and 863.2 TFLOP/s) and the step 3.3% slower. Pingpong (64x128x128, measured
-// 2026-12-02): equal in fwd/dgrad, slower in wgrad (625 vs 778 TFLOP/s). M-major scales (a K tile's
+// 2026-12-02): equal in fwd/dgrad, slower in wgrad (625 vs 778 TFLOP/s); with C void and 8 stages
+// (2026-12-06, H100) the forward and data gradient took 0.95-1.02 pJ/FLOP against 0.75-0.87 and the
+// step 3.5% longer (a 64-row tile reads each B tile for half the FLOPs). M-major scales (a K tile's
 // 128 K-major row scales are a row stride apart: 128 scattered 4-byte loads per operand and K tile)
 // are not worth their layout change: pointing them all at one row, their best case, took 3-4% off
 // the weight gradient's energy (~0.5 J of a 111 J step; seventeenth session) and made the
@@ -52,7 +54,8 @@
 // as cuBLASLt's FP8 kernels run (twenty-eighth session's Nsight Compute). Measured on an H100
 // (bench/RESULTS.md, thirtieth session), alternated with 5 stages: the bench-olmoe-4l step's
 // expert GEMMs 46.5-46.7 -> 45.2-45.5 ms, FP8 throughput +1.3%. The weight gradient reads C (it
-// accumulates into F32 gradients) and keeps 4 stages.
+// accumulates into F32 gradients) and keeps 4 stages: a 128x16 epilogue tile gives it 5, which
+// gained nothing (same call series: 1.01 / 0.97 -> 1.02 / 0.98 pJ/FLOP, the step unchanged).
 // NOTES: CUTLASS must be compiled with -DNDEBUG (grouped_gemm_cutlass.cuh stops a build without it).
 #pragma once
 
