@@ -91,7 +91,6 @@ std::vector<TopologyCandidate> search_topologies(const Config& cfg, int64_t gpus
       c.prediction = predict_step(c.cfg, c.topo, hw);
     } else {
       // The fastest lever (or combination) that fits, EP left as enumerated.
-      c.out_of_memory = true;
       c.why_not = "needs " + format_bytes(static_cast<double>(c.memory.total()) + hw.runtime_reserve_gib * gib) +
                   " per GPU of " + format_bytes(hw.memory_gib * gib) + ", and no memory lever makes it fit";
       for (const FitOption& o : fit_options(c.cfg, static_cast<int>(gpus), device, usable)) {
@@ -104,6 +103,7 @@ std::vector<TopologyCandidate> search_topologies(const Config& cfg, int64_t gpus
           c.feasible = true, c.changes = o.changes, c.cfg = x, c.memory = o.plan, c.prediction = p;
         }
       }
+      c.out_of_memory = !c.feasible;
     }
     c.memory_gib = static_cast<double>(c.memory.total()) / gib + hw.runtime_reserve_gib;
     (c.feasible ? feasible : refused).push_back(c);

@@ -22,7 +22,7 @@ struct TopologyCandidate {
   Config cfg;                // the config with the layout and the levers applied
   bool feasible = false;
   std::string why_not;       // what makes it infeasible (feasible == false)
-  bool out_of_memory = false;  // infeasible only for its memory (not for a rule of the config)
+  bool out_of_memory = false;  // infeasible for its memory alone (no lever fits), not for a rule of the config
   MemoryRoles memory;        // the largest rank's plan (feasible or planned but too large)
   double memory_gib = 0;     // plan + the profile's runtime reserve: the predicted GPU high-water
   StepPrediction prediction;  // feasible only
