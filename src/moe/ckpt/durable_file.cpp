@@ -160,18 +160,17 @@ std::vector<std::pair<fs::path, fs::path>> links_that_a_move_breaks(const std::v
 void move_entries(const std::string& from_dir, const std::vector<std::string>& names, const std::string& to_dir) {
   std::error_code ec;
   const fs::path from = fs::absolute(from_dir, ec).lexically_normal();
-  std::vector<fs::path> entries;
+  std::vector<fs::path> entries, dests;
   for (const std::string& name : names) {
-    const std::string to = to_dir + "/" + name;
-    MOE_CHECK(!fs::exists(fs::symlink_status(to, ec)), "cannot move ", (from / name).string(), " to ", to,
-              ": that name exists (nothing was moved)");
     entries.push_back(from / name);
+    dests.push_back(fs::path(to_dir) / name);
+    MOE_CHECK(!fs::exists(fs::symlink_status(dests.back(), ec)), "cannot move ", entries.back().string(), " to ",
+              dests.back().string(), ": that name exists (nothing was moved)");
   }
   for (const auto& [link, target] : links_that_a_move_breaks(entries)) make_link_absolute(link, target);
-  for (const std::string& name : names) {
-    const std::string f = from_dir + "/" + name, to = to_dir + "/" + name;
-    MOE_CHECK(std::rename(f.c_str(), to.c_str()) == 0, "cannot move ", f, " to ", to, ": ", errno_text());
-  }
+  for (size_t i = 0; i < entries.size(); ++i)
+    MOE_CHECK(std::rename(entries[i].c_str(), dests[i].c_str()) == 0, "cannot move ", entries[i].string(), " to ",
+              dests[i].string(), ": ", errno_text());
 }
 
 void write_new_file_atomic(const std::string& path, std::string_view bytes, const char* what) {
