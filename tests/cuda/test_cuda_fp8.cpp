@@ -173,7 +173,7 @@ void check_columns(DType dtype, const std::vector<int32_t>& counts, int64_t M, i
   const int64_t Mp = fp8_columns_capacity(M, G) + extra_columns;
   std::vector<float> x = rows_input(M, K, seed, bf16);
   if (M > 7 && K > 3) x[7 * K + 3] = kInf;  // an infinity in a column tile too
-  HostFp8 cpu({K, Mp}, Fp8Tiles::Rows);
+  HostFp8 cpu({K, Mp}, Fp8Tiles::Columns);
   std::vector<int32_t> host_offsets = offsets;
   const Tensor cpu_offsets = counts.empty() ? Tensor() : i32_tensor(host_offsets.data(), {G + 1});
   fp8_quantize_columns(cpu.t, f32_tensor(x.data(), {M, K}), cpu_offsets);
@@ -181,7 +181,7 @@ void check_columns(DType dtype, const std::vector<int32_t>& counts, int64_t M, i
   DeviceInput dx(dtype, {M, K}, x);
   DeviceBuffer doff(DType::I32, {G + 1});
   if (!counts.empty()) doff.upload_i32(offsets);
-  DeviceFp8 gpu({K, Mp}, Fp8Tiles::Rows);
+  DeviceFp8 gpu({K, Mp}, Fp8Tiles::Columns);
   fp8_quantize_columns(gpu.t(), dx.buffer, counts.empty() ? Tensor() : doff.tensor());
   std::string what = "columns " + std::string(dtype_name(dtype)) + " M=" + std::to_string(M) +
                      " K=" + std::to_string(K) + " Mp=" + std::to_string(Mp) + " counts=";
@@ -200,7 +200,7 @@ void check_rows_and_columns(DType dtype, const std::vector<int32_t>& counts, int
   const int64_t covered = counts.empty() ? M : offsets.back();
   const int64_t Mp = fp8_columns_capacity(M, G) + extra_columns;
   std::vector<float> x = rows_input(M, K, seed, bf16);
-  HostFp8 cpu_rows({M, K}, Fp8Tiles::Rows), cpu_columns({K, Mp}, Fp8Tiles::Rows);
+  HostFp8 cpu_rows({M, K}, Fp8Tiles::Rows), cpu_columns({K, Mp}, Fp8Tiles::Columns);
   std::vector<int32_t> host_offsets = offsets;
   const Tensor cpu_offsets = counts.empty() ? Tensor() : i32_tensor(host_offsets.data(), {G + 1});
   fp8_quantize_rows(cpu_rows.t, f32_tensor(x.data(), {M, K}));
@@ -209,7 +209,7 @@ void check_rows_and_columns(DType dtype, const std::vector<int32_t>& counts, int
   DeviceInput dx(dtype, {M, K}, x);
   DeviceBuffer doff(DType::I32, {G + 1});
   if (!counts.empty()) doff.upload_i32(offsets);
-  DeviceFp8 gpu_rows({M, K}, Fp8Tiles::Rows), gpu_columns({K, Mp}, Fp8Tiles::Rows);
+  DeviceFp8 gpu_rows({M, K}, Fp8Tiles::Rows), gpu_columns({K, Mp}, Fp8Tiles::Columns);
   fp8_quantize_rows_and_columns(gpu_rows.t(), gpu_columns.t(), dx.buffer, counts.empty() ? Tensor() : doff.tensor());
   std::string what = "rows and columns " + std::string(dtype_name(dtype)) + " M=" + std::to_string(M) +
                      " K=" + std::to_string(K) + " Mp=" + std::to_string(Mp) + " counts=";
@@ -328,13 +328,17 @@ TEST(CudaFp8Dequantize, MatchesCpuValues) {
     Fp8Tiles kind;
   };
   for (const Case& c : {Case{{37, 300}, Fp8Tiles::Rows}, Case{{3, 200, 264}, Fp8Tiles::Blocks},
-                        Case{{130, 129}, Fp8Tiles::Blocks}}) {
+                        Case{{130, 129}, Fp8Tiles::Blocks}, Case{{200, 384}, Fp8Tiles::Columns}}) {
     const int64_t cols = c.shape[c.shape.ndim - 1], rows = c.shape.numel() / cols;
-    std::vector<float> x = rows_input(rows, cols, 70, false);
-    DeviceInput dx(DType::F32, c.shape, x);
+    // Columns [200, 384] hold the columns of x [300, 200] (one segment: 384 = capacity(300, 1)).
+    const Shape x_shape = c.kind == Fp8Tiles::Columns ? Shape{300, rows} : c.shape;
+    std::vector<float> x = rows_input(x_shape[0], x_shape.numel() / x_shape[0], 70, false);
+    DeviceInput dx(DType::F32, x_shape, x);
     DeviceFp8 q(c.shape, c.kind);
     if (c.kind == Fp8Tiles::Rows)
       fp8_quantize_rows(q.t(), dx.buffer);
+    else if (c.kind == Fp8Tiles::Columns)
+      fp8_quantize_columns(q.t(), dx.buffer, Tensor());
     else
       fp8_quantize_blocks(q.t(), Fp8Tensor{}, dx.buffer);
     HostFp8 h = q.to_host();
@@ -423,7 +427,7 @@ void check_linear_layer(int64_t M, int64_t K, int64_t N, uint64_t seed) {
   fp8_quantize_blocks(wq.t(), wq_t.t(), dw.buffer);
   fp8_quantize_rows(dyq.t(), ddy.buffer);
   const int64_t Mp = fp8_columns_capacity(M, 1);
-  DeviceFp8 dy_t({N, Mp}, Fp8Tiles::Rows), x_t({K, Mp}, Fp8Tiles::Rows);
+  DeviceFp8 dy_t({N, Mp}, Fp8Tiles::Columns), x_t({K, Mp}, Fp8Tiles::Columns);
   fp8_quantize_columns(dy_t.t(), ddy.buffer, Tensor());
   fp8_quantize_columns(x_t.t(), dx.buffer, Tensor());
 
@@ -463,6 +467,31 @@ TEST(CudaFp8Matmul, AccumulatesIntoBf16AndF32) {
     expect_matmul_matches_cpu(xq, wq, c_dtype, true, c0, "accumulate, b Blocks" + c);
     expect_matmul_matches_cpu(xq, wr, c_dtype, true, c0, "accumulate, b Rows" + c);
   }
+}
+
+// The weight gradient's Columns operands go to cuBLASLt as they are when their scales are 16-byte
+// aligned, and are copied into the staging buffer when not: both give the same bits.
+TEST(CudaFp8Matmul, ColumnsOperandsWithUnalignedScalesAreStagedToTheSameProduct) {
+  MOE_SKIP_WITHOUT_GPU();
+  const int64_t M = 300, K = 256, N = 136, Mp = fp8_columns_capacity(M, 1);
+  DeviceInput dx(DType::BF16, {M, K}, random_values(M, K, 143, true, 8));
+  DeviceInput ddy(DType::BF16, {M, N}, random_values(M, N, 144, true, 8));
+  DeviceFp8 x_t({K, Mp}, Fp8Tiles::Columns), dy_t({N, Mp}, Fp8Tiles::Columns);
+  fp8_quantize_columns(x_t.t(), dx.buffer, Tensor());
+  fp8_quantize_columns(dy_t.t(), ddy.buffer, Tensor());
+  DeviceBuffer aligned_out(DType::F32, {N, K}), unaligned_out(DType::F32, {N, K});
+  fp8_matmul(aligned_out, dy_t.t(), x_t.t(), false);
+  // The same scales one float into a buffer: 4-byte aligned only.
+  const Shape scale_shape = fp8_scale_shape({N, Mp}, Fp8Tiles::Columns);
+  DeviceBuffer shifted(DType::F32, {scale_shape.numel() + 1});
+  CUDA_CHECK(cudaMemcpy(static_cast<float*>(shifted.tensor().data) + 1, dy_t.scales.tensor().data,
+                        dy_t.scales.bytes(), cudaMemcpyDeviceToDevice));
+  Fp8Tensor unaligned = dy_t.t();
+  unaligned.scales = Tensor(static_cast<float*>(shifted.tensor().data) + 1, DType::F32, scale_shape, Device::CUDA);
+  fp8_matmul(unaligned_out, unaligned, x_t.t(), false);
+  const std::vector<float> want = aligned_out.download(), got = unaligned_out.download();
+  EXPECT_EQ(got, want) << "staged and unstaged Columns scales give different products";
+  expect_matmul_matches_cpu(dy_t, x_t, DType::F32, false, {}, "Columns x Columns");
 }
 
 // A K that is not a multiple of 128 (allowed: K % 16 == 0): the last 1 x 128 and 128 x 128 tiles
@@ -519,7 +548,7 @@ TEST(CudaFp8Matmul, QuantizeAndMatmulReplayInsideACapturedGraph) {
   DeviceBuffer dx(DType::BF16, {M, K}), dw(DType::F32, {N, K}), doff(DType::I32, {4});
   doff.upload_i32(offsets);
   DeviceFp8 xq({M, K}, Fp8Tiles::Rows), wq({N, K}, Fp8Tiles::Blocks), wq_t({K, N}, Fp8Tiles::Blocks),
-      x_t({K, Mp}, Fp8Tiles::Rows);
+      x_t({K, Mp}, Fp8Tiles::Columns);
   DeviceBuffer y(DType::BF16, {M, N}), g(DType::F32, {K, K});
   cudaStream_t s = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -572,7 +601,7 @@ TEST(CudaFp8Matmul, TimingAgainstBf16) {
   w.upload(random_values(N, K, 191, false, 6));
   wb.upload(testing::round_bf16(random_values(N, K, 191, false, 6)));
   DeviceFp8 xq({M, K}, Fp8Tiles::Rows), wq({N, K}, Fp8Tiles::Blocks), wq_t({K, N}, Fp8Tiles::Blocks),
-      x_t({K, fp8_columns_capacity(M, 1)}, Fp8Tiles::Rows);
+      x_t({K, fp8_columns_capacity(M, 1)}, Fp8Tiles::Columns);
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));

@@ -56,9 +56,10 @@ std::vector<float> normal_values(int64_t n, float sigma, uint64_t seed, bool bf1
 
 struct DeviceFp8 {
   DeviceBuffer codes, scales;
-  explicit DeviceFp8(Shape shape)
-      : codes(DType::FP8_E4M3, shape), scales(DType::F32, fp8_scale_shape(shape, Fp8Tiles::Rows)) {}
-  Fp8Tensor t() const { return {codes.tensor(), scales.tensor(), Fp8Tiles::Rows}; }
+  Fp8Tiles tiles;
+  explicit DeviceFp8(Shape shape, Fp8Tiles tiles_kind = Fp8Tiles::Rows)
+      : codes(DType::FP8_E4M3, shape), scales(DType::F32, fp8_scale_shape(shape, tiles_kind)), tiles(tiles_kind) {}
+  Fp8Tensor t() const { return {codes.tensor(), scales.tensor(), tiles}; }
 };
 
 // The first `rows` rows of a Rows-tiled operand of `cols` features: codes and scales bytes.
@@ -84,7 +85,7 @@ std::string describe(DType dtype, int64_t R, int64_t H, const std::vector<int32_
 struct BothLayouts {
   DeviceFp8 rows, ref_rows, columns, ref_columns;
   BothLayouts(int64_t R, int64_t K, int64_t Mp)
-      : rows({R, K}), ref_rows({R, K}), columns({K, Mp}), ref_columns({K, Mp}) {
+      : rows({R, K}), ref_rows({R, K}), columns({K, Mp}, Fp8Tiles::Columns), ref_columns({K, Mp}, Fp8Tiles::Columns) {
     for (const DeviceFp8* b : {&rows, &ref_rows, &columns, &ref_columns}) {
       CUDA_CHECK(cudaMemset(b->codes.tensor().data, 0x5a, b->codes.bytes()));
       CUDA_CHECK(cudaMemset(b->scales.tensor().data, 0x5a, b->scales.bytes()));
@@ -216,12 +217,13 @@ void check_requantize(DType values, const std::vector<int32_t>& counts, int64_t 
   fp8_quantize_rows(host_rows, f32_tensor(x.data(), {M, K}));
   const Tensor host_offsets = counts.empty() ? Tensor() : i32_tensor(offsets.data(), {G + 1});
   std::vector<uint8_t> want_codes(static_cast<size_t>(K * Mp));
-  std::vector<float> want_scales(static_cast<size_t>(fp8_scale_shape({K, Mp}, Fp8Tiles::Rows).numel()));
+  std::vector<float> want_scales(static_cast<size_t>(fp8_scale_shape({K, Mp}, Fp8Tiles::Columns).numel()));
   fp8_requantize_columns({Tensor(want_codes.data(), DType::FP8_E4M3, {K, Mp}),
-                          f32_tensor(want_scales.data(), fp8_scale_shape({K, Mp}, Fp8Tiles::Rows)), Fp8Tiles::Rows},
+                          f32_tensor(want_scales.data(), fp8_scale_shape({K, Mp}, Fp8Tiles::Columns)),
+                          Fp8Tiles::Columns},
                          host_rows, values, host_offsets);
 
-  DeviceFp8 rows({M, K}), columns({K, Mp});
+  DeviceFp8 rows({M, K}), columns({K, Mp}, Fp8Tiles::Columns);
   CUDA_CHECK(cudaMemcpy(rows.codes.tensor().data, codes.data(), codes.size(), cudaMemcpyHostToDevice));
   rows.scales.upload(scales);
   DeviceBuffer doff(DType::I32, {G + 1});

@@ -39,12 +39,13 @@ std::vector<uint8_t> host_bytes(const std::vector<T>& v) {
 
 struct DeviceFp8 {
   DeviceBuffer codes, scales;
-  explicit DeviceFp8(Shape shape)
-      : codes(DType::FP8_E4M3, shape), scales(DType::F32, fp8_scale_shape(shape, Fp8Tiles::Rows)) {
+  Fp8Tiles tiles;
+  explicit DeviceFp8(Shape shape, Fp8Tiles tiles_kind = Fp8Tiles::Rows)
+      : codes(DType::FP8_E4M3, shape), scales(DType::F32, fp8_scale_shape(shape, tiles_kind)), tiles(tiles_kind) {
     CUDA_CHECK(cudaMemset(codes.tensor().data, 0x5a, codes.bytes()));
     CUDA_CHECK(cudaMemset(scales.tensor().data, 0x5a, scales.bytes()));
   }
-  Fp8Tensor t() const { return {codes.tensor(), scales.tensor(), Fp8Tiles::Rows}; }
+  Fp8Tensor t() const { return {codes.tensor(), scales.tensor(), tiles}; }
 };
 
 // A placement of T tokens' top-K routes over N experts clamped at `capacity` rows, made on the CPU
@@ -100,7 +101,7 @@ void check_gather(DType dtype, int64_t T, int64_t N, int64_t K, int64_t D, doubl
   };
 
   // The expert input's columns.
-  DeviceFp8 in_want(columns), in_got(columns);
+  DeviceFp8 in_want(columns, Fp8Tiles::Columns), in_got(columns, Fp8Tiles::Columns);
   scatter_rows_to_routes(stored, dx, index, static_cast<int>(K));
   fp8_quantize_columns(in_want.t(), stored, offsets);
   fp8_quantize_gathered_columns(in_got.t(), GatheredRows{dx, route_of_row, {}, static_cast<int>(K)}, offsets);
@@ -108,7 +109,8 @@ void check_gather(DType dtype, int64_t T, int64_t N, int64_t K, int64_t D, doubl
 
   // The expert output gradient's rows and columns, and the weights' gradient alone.
   DeviceBuffer dweights(DType::F32, {T, K}), dweights_alone(DType::F32, {T, K});
-  DeviceFp8 out_rows_want(rows), out_rows_got(rows), out_want(columns), out_got(columns);
+  DeviceFp8 out_rows_want(rows), out_rows_got(rows), out_want(columns, Fp8Tiles::Columns),
+      out_got(columns, Fp8Tiles::Columns);
   combine_rows_backward(stored, dweights, dx, y, dw, index, static_cast<int>(K));
   fp8_quantize_rows_and_columns(out_rows_want.t(), out_want.t(), stored, offsets);
   fp8_quantize_gathered_rows_and_columns(out_rows_got.t(), out_got.t(),
@@ -122,9 +124,9 @@ void check_gather(DType dtype, int64_t T, int64_t N, int64_t K, int64_t D, doubl
   if (bf16) return;
   std::vector<float> cpu_x = x, cpu_w = w;
   std::vector<uint8_t> codes(static_cast<size_t>(columns.numel()));
-  std::vector<float> scales(static_cast<size_t>(fp8_scale_shape(columns, Fp8Tiles::Rows).numel()));
+  std::vector<float> scales(static_cast<size_t>(fp8_scale_shape(columns, Fp8Tiles::Columns).numel()));
   const Fp8Tensor cpu_out{Tensor(codes.data(), DType::FP8_E4M3, columns),
-                          f32_tensor(scales.data(), fp8_scale_shape(columns, Fp8Tiles::Rows)), Fp8Tiles::Rows};
+                          f32_tensor(scales.data(), fp8_scale_shape(columns, Fp8Tiles::Columns)), Fp8Tiles::Columns};
   const GatheredRows cpu_src{f32_tensor(cpu_x.data(), {T, D}), i32_tensor(p.route_of_row.data(), {p.rows}),
                              f32_tensor(cpu_w.data(), {T, K}), static_cast<int>(K)};
   fp8_quantize_gathered_columns(cpu_out, cpu_src, i32_tensor(p.offsets.data(), {N + 1}));

@@ -48,17 +48,19 @@ constexpr double kBoundTolF32 = 1e-3, kNormTolF32 = 1e-3;
 int64_t tiles(int64_t n) { return (n + kFp8Tile - 1) / kFp8Tile; }
 bool same_bits(float x, float y) { return std::memcmp(&x, &y, sizeof(float)) == 0; }
 
-// Uniform(-1, 1) times 2^(r_i + c_j), r per row and c per 128-column block in [-3, 3].
+// Uniform(-1, 1) times 2^(r_i + c_j), r per block of 37 rows and c per column, both in [-3, 3]:
+// the 1 x 128 tiles' scales differ between neighbouring columns (the Columns operands' features) and
+// between 128-row tiles, so a product that reads a scale from the wrong place shows.
 std::vector<float> tiled_values(int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::uniform_int_distribution<int> mag(-3, 3);
-  std::vector<int> row_mag(static_cast<size_t>(rows)), col_mag(static_cast<size_t>(tiles(cols)));
+  std::vector<int> row_mag(static_cast<size_t>((rows + 36) / 37)), col_mag(static_cast<size_t>(cols));
   for (int& m : row_mag) m = mag(rng);
   for (int& m : col_mag) m = mag(rng);
   std::vector<float> v(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) v[r * cols + c] = std::ldexp(u(rng), row_mag[r] + col_mag[c / kFp8Tile]);
+    for (int64_t c = 0; c < cols; ++c) v[r * cols + c] = std::ldexp(u(rng), row_mag[r / 37] + col_mag[c]);
   return v;
 }
 
@@ -185,7 +187,7 @@ std::vector<float> cpu_wgrad(std::vector<float> db0, Shape db_shape, const HostF
 }
 std::vector<float> cpu_wgrad_bound(Shape db_shape, const HostFp8& dc_t, const HostFp8& x_t,
                                    const std::vector<int32_t>& offsets) {
-  HostFp8 abs_dc(dc_t.t.codes.shape, Fp8Tiles::Rows), abs_x(x_t.t.codes.shape, Fp8Tiles::Rows);
+  HostFp8 abs_dc(dc_t.t.codes.shape, dc_t.t.tiles), abs_x(x_t.t.codes.shape, x_t.t.tiles);
   abs_dc.take_magnitudes_of(dc_t);
   abs_x.take_magnitudes_of(x_t);
   return cpu_wgrad(std::vector<float>(static_cast<size_t>(db_shape.numel())), db_shape, abs_dc, abs_x, offsets,
@@ -243,7 +245,7 @@ void expect_wgrad_matches_cpu(const std::vector<int32_t>& counts, int32_t tail, 
   const Layout l = make_layout(counts, 0, tail);
   const int64_t E = static_cast<int64_t>(counts.size()), M = l.rows;
   const int64_t Mp = fp8_columns_capacity(M, E) + extra_columns;
-  HostFp8 dc_t({n_out, Mp}, Fp8Tiles::Rows), x_t({k_in, Mp}, Fp8Tiles::Rows);
+  HostFp8 dc_t({n_out, Mp}, Fp8Tiles::Columns), x_t({k_in, Mp}, Fp8Tiles::Columns);
   quantize_columns(dc_t, tiled_values(M, n_out, seed), M, l.offsets);
   quantize_columns(x_t, tiled_values(M, k_in, seed + 1), M, l.offsets);
 
@@ -360,7 +362,7 @@ TEST(CudaFp8Grouped, CapturedGraphReplaysWithNewOffsets) {
       {0, 0, 0, 0, 0, 0, 0, 0, 1000},               // every row in the last expert
   };
   const std::vector<float> dc = tiled_values(R, N, 63), x = tiled_values(R, K, 64), g0 = tiled_values(E, N * K, 65);
-  HostFp8 a({R, K}, Fp8Tiles::Rows), dc_t({N, Mp}, Fp8Tiles::Rows), x_t({K, Mp}, Fp8Tiles::Rows);
+  HostFp8 a({R, K}, Fp8Tiles::Rows), dc_t({N, Mp}, Fp8Tiles::Columns), x_t({K, Mp}, Fp8Tiles::Columns);
   quantize_rows(a, tiled_values(R, K, 61));
   const Weights w(E, N, K, 62);
   quantize_columns(dc_t, dc, R, offset_sets[0]);
@@ -481,8 +483,8 @@ TEST(CudaFp8Grouped, UnsupportedShapesAreRefusedWithTheReason) {
     return [=] {
       fp8_grouped_matmul_wgrad(
           fake(DType::F32, {experts, n, k}),
-          {fake(DType::FP8_E4M3, {n, columns}), fake(DType::F32, {n, tiles(columns)}), Fp8Tiles::Rows},
-          {fake(DType::FP8_E4M3, {k, columns}), fake(DType::F32, {k, tiles(columns)}), Fp8Tiles::Rows},
+          {fake(DType::FP8_E4M3, {n, columns}), fake(DType::F32, {tiles(columns), n}), Fp8Tiles::Columns},
+          {fake(DType::FP8_E4M3, {k, columns}), fake(DType::F32, {tiles(columns), k}), Fp8Tiles::Columns},
           fake(DType::I32, {experts + 1}), true, {});
     };
   };
@@ -503,8 +505,8 @@ TEST(CudaFp8Grouped, TimingAtBenchShapes) {
   const int64_t E = 64, rows = 32768 * 8, Mp = fp8_columns_capacity(rows, E), D = kD, H = kH;
   DeviceBuffer in(DType::FP8_E4M3, {rows, 2 * H}), in_s(DType::F32, {rows, tiles(2 * H)});
   DeviceBuffer w(DType::FP8_E4M3, {E, 2 * H, D}), w_s(DType::F32, {E, tiles(2 * H), tiles(D)});
-  DeviceBuffer cols_a(DType::FP8_E4M3, {2 * H, Mp}), cols_a_s(DType::F32, {2 * H, tiles(Mp)});
-  DeviceBuffer cols_b(DType::FP8_E4M3, {2 * H, Mp}), cols_b_s(DType::F32, {2 * H, tiles(Mp)});
+  DeviceBuffer cols_a(DType::FP8_E4M3, {2 * H, Mp}), cols_a_s(DType::F32, {tiles(Mp), 2 * H});
+  DeviceBuffer cols_b(DType::FP8_E4M3, {2 * H, Mp}), cols_b_s(DType::F32, {tiles(Mp), 2 * H});
   DeviceBuffer out(DType::BF16, {rows, 2 * H}), g(DType::F32, {E, 2 * H, D}), off(DType::I32, {E + 1});
   for (const DeviceBuffer* b : {&in, &w, &cols_a, &cols_b}) CUDA_CHECK(cudaMemset(b->tensor().data, 0x38, b->bytes()));
   for (const DeviceBuffer* b : {&in_s, &w_s, &cols_a_s, &cols_b_s}) {
@@ -537,9 +539,9 @@ TEST(CudaFp8Grouped, TimingAtBenchShapes) {
       if (p.wgrad) {
         fp8_grouped_matmul_wgrad(front(g, DType::F32, {E, p.n_out, p.k_in}),
                                  {front(cols_a, DType::FP8_E4M3, {p.n_out, Mp}),
-                                  front(cols_a_s, DType::F32, {p.n_out, tiles(Mp)}), Fp8Tiles::Rows},
+                                  front(cols_a_s, DType::F32, {tiles(Mp), p.n_out}), Fp8Tiles::Columns},
                                  {front(cols_b, DType::FP8_E4M3, {p.k_in, Mp}),
-                                  front(cols_b_s, DType::F32, {p.k_in, tiles(Mp)}), Fp8Tiles::Rows},
+                                  front(cols_b_s, DType::F32, {tiles(Mp), p.k_in}), Fp8Tiles::Columns},
                                  off, p.accumulate, s);
       } else {
         fp8_grouped_matmul(front(out, DType::BF16, {rows, p.n_out}),

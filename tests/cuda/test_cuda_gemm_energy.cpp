@@ -118,8 +118,8 @@ TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
                 static_cast<long long>(rows / E));
     DeviceBuffer in(DType::FP8_E4M3, {rows, 2 * H}), in_s(DType::F32, {rows, tiles(2 * H)});
     DeviceBuffer w(DType::FP8_E4M3, {E, 2 * H, D}), w_s(DType::F32, {E, tiles(2 * H), tiles(D)});
-    DeviceBuffer ca(DType::FP8_E4M3, {2 * H, Mp}), ca_s(DType::F32, {2 * H, tiles(Mp)});
-    DeviceBuffer cb(DType::FP8_E4M3, {2 * H, Mp}), cb_s(DType::F32, {2 * H, tiles(Mp)});
+    DeviceBuffer ca(DType::FP8_E4M3, {2 * H, Mp}), ca_s(DType::F32, {tiles(Mp), 2 * H});
+    DeviceBuffer cb(DType::FP8_E4M3, {2 * H, Mp}), cb_s(DType::F32, {tiles(Mp), 2 * H});
     DeviceBuffer out(DType::BF16, {rows, 2 * H}), g(DType::F32, {E, 2 * H, D});
     for (const DeviceBuffer* b : {&in, &w, &ca, &cb}) fill_random(*b, e4m3_pair);
     for (const DeviceBuffer* b : {&in_s, &w_s, &ca_s, &cb_s}) {
@@ -132,10 +132,10 @@ TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
             if (p.kind == 2)
               fp8_grouped_matmul_wgrad(
                   front(g, DType::F32, {E, p.n_out, p.k_in}),
-                  {front(ca, DType::FP8_E4M3, {p.n_out, Mp}), front(ca_s, DType::F32, {p.n_out, tiles(Mp)}),
-                   Fp8Tiles::Rows},
-                  {front(cb, DType::FP8_E4M3, {p.k_in, Mp}), front(cb_s, DType::F32, {p.k_in, tiles(Mp)}),
-                   Fp8Tiles::Rows},
+                  {front(ca, DType::FP8_E4M3, {p.n_out, Mp}), front(ca_s, DType::F32, {tiles(Mp), p.n_out}),
+                   Fp8Tiles::Columns},
+                  {front(cb, DType::FP8_E4M3, {p.k_in, Mp}), front(cb_s, DType::F32, {tiles(Mp), p.k_in}),
+                   Fp8Tiles::Columns},
                   off.tensor(), false, s);
             else
               fp8_grouped_matmul(front(out, DType::BF16, {rows, p.n_out}),
@@ -172,9 +172,10 @@ TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
     const int64_t Mp1 = fp8_columns_capacity(T, 1);
     DeviceBuffer off1(DType::I32, {2});
     off1.upload_i32({0, static_cast<int32_t>(T)});
-    const Fp8Tensor dy_t{front(ca, DType::FP8_E4M3, {2 * H, Mp1}), front(ca_s, DType::F32, {2 * H, tiles(Mp1)}),
-                         Fp8Tiles::Rows};
-    const Fp8Tensor x_t{front(cb, DType::FP8_E4M3, {D, Mp1}), front(cb_s, DType::F32, {D, tiles(Mp1)}), Fp8Tiles::Rows};
+    const Fp8Tensor dy_t{front(ca, DType::FP8_E4M3, {2 * H, Mp1}), front(ca_s, DType::F32, {tiles(Mp1), 2 * H}),
+                         Fp8Tiles::Columns};
+    const Fp8Tensor x_t{front(cb, DType::FP8_E4M3, {D, Mp1}), front(cb_s, DType::F32, {tiles(Mp1), D}),
+                        Fp8Tiles::Columns};
     report("dense wgrad 1x128 both (cuBLASLt)",
            measure(
                [&] {
@@ -224,12 +225,12 @@ TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
     // columns (2 bytes read, 1 + 1 written per element).
     std::printf("FP8 quantizer (routed rows, BF16 in)\n");
     DeviceBuffer x(DType::BF16, {rows, D}), q(DType::FP8_E4M3, {rows, D}), q_s(DType::F32, {rows, tiles(D)});
-    DeviceBuffer c(DType::FP8_E4M3, {D, Mp}), c_s(DType::F32, {D, tiles(Mp)});
+    DeviceBuffer c(DType::FP8_E4M3, {D, Mp}), c_s(DType::F32, {tiles(Mp), D});
     fill_random(x, bf16_word);
     report("quantize rows and columns",
            measure([&] {
              fp8_quantize_rows_and_columns({q.tensor(), q_s.tensor(), Fp8Tiles::Rows},
-                                           {c.tensor(), c_s.tensor(), Fp8Tiles::Rows}, x.tensor(), off.tensor(), s);
+                                           {c.tensor(), c_s.tensor(), Fp8Tiles::Columns}, x.tensor(), off.tensor(), s);
            }, stream),
            4.0 * rows * D, "B");
     // Each half alone (2 bytes read, 1 written per element): which of them costs the energy.
@@ -238,7 +239,7 @@ TEST(GpuEnergy, ExpertAndDenseProductsAndAQuantizerAtBenchShapes) {
            3.0 * rows * D, "B");
     report("quantize columns alone",
            measure([&] {
-             fp8_quantize_columns({c.tensor(), c_s.tensor(), Fp8Tiles::Rows}, x.tensor(), off.tensor(), s);
+             fp8_quantize_columns({c.tensor(), c_s.tensor(), Fp8Tiles::Columns}, x.tensor(), off.tensor(), s);
            }, stream),
            3.0 * rows * D, "B");
     // The memory's own cost per byte: a device copy of the same 1 GiB (read and written: 2 GiB moved).

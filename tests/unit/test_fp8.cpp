@@ -141,7 +141,7 @@ TEST(Fp8Quantize, rows_of_bf16_input_quantize_its_values) {
 void expect_columns_quantized(const std::vector<float>& x, int64_t K, const std::vector<int32_t>& offsets,
                               int64_t Mp, const OwnedFp8& q) {
   std::vector<uint8_t> codes(static_cast<size_t>(K * Mp), 0);
-  std::vector<float> scales(static_cast<size_t>(K * tiles(Mp)), 1.0f);
+  std::vector<float> scales(static_cast<size_t>(tiles(Mp) * K), 1.0f);  // tile-major [tiles(Mp), K]
   int64_t p = 0;
   for (size_t g = 0; g + 1 < offsets.size(); ++g) {
     const int64_t rows = offsets[g + 1] - offsets[g];
@@ -151,7 +151,7 @@ void expect_columns_quantized(const std::vector<float>& x, int64_t K, const std:
         for (int64_t i = t * kTile; i < std::min(rows, (t + 1) * kTile); ++i)
           tile.push_back(x[(offsets[g] + i) * K + k]);
         const float scale = reference_scale(tile);
-        scales[k * tiles(Mp) + (p / kTile + t)] = scale;
+        scales[(p / kTile + t) * K + k] = scale;
         for (size_t i = 0; i < tile.size(); ++i) codes[k * Mp + p + t * kTile + i] = reference_code(tile[i], scale);
       }
     p += tiles(rows) * kTile;
@@ -172,16 +172,16 @@ TEST(Fp8Quantize, columns_place_each_segment_on_its_tile_with_zero_padding) {
   x[129 * K + 7] = kNan;  // segment 1's second tile (rows 128, 129), at k = 7
   x[130 * K + 50] = kInf;  // segment 3's only row
   const int64_t Mp = fp8_columns_capacity(M, G) + kTile;  // one more tile than needed: scale 1
-  OwnedFp8 q({K, Mp}, Fp8Tiles::Rows);
+  OwnedFp8 q({K, Mp}, Fp8Tiles::Columns);
   fp8_quantize_columns(q.t, f32_tensor(x.data(), {M, K}), i32_tensor(offsets.data(), {G + 1}));
   expect_columns_quantized(x, K, offsets, Mp, q);
   // The padded positions by hand: segment 1 covers columns [0, 256), segment 3 starts at 256.
   EXPECT_EQ(q.codes[0 * Mp + 200], 0);  // segment 1's second tile past its 2 rows
-  EXPECT_TRUE(std::isnan(q.scales[7 * tiles(Mp) + 1]));
+  EXPECT_TRUE(std::isnan(q.scales[1 * K + 7]));  // tile 1, feature 7
   EXPECT_EQ(q.codes[7 * Mp + 129], fp8::kE4m3NanCode);  // that tile holds the NaN: NaN codes ...
   EXPECT_EQ(q.codes[7 * Mp + 200], 0);                   // ... but its padding stays 0
-  EXPECT_TRUE(std::isnan(q.scales[50 * tiles(Mp) + 2]));  // segment 3 = tile 2, its infinity
-  EXPECT_EQ(q.scales[0 * tiles(Mp) + tiles(Mp) - 1], 1.0f);  // the extra tile past the last segment
+  EXPECT_TRUE(std::isnan(q.scales[2 * K + 50]));  // segment 3 = tile 2, its infinity
+  EXPECT_EQ(q.scales[(tiles(Mp) - 1) * K + 0], 1.0f);  // the extra tile past the last segment
 }
 
 // What ep.payload = "fp8" relies on for the expert weight gradient: quantizing along the tokens
@@ -198,7 +198,7 @@ TEST(Fp8Quantize, columns_of_dequantized_row_tiles_equal_columns_of_the_rows_whe
   std::vector<int32_t> offsets = {0, 100, 100, 300};
   const int64_t G = 3, Mp = fp8_columns_capacity(M, G);
   std::vector<float> x = random_values(M, K, 29);
-  OwnedFp8 rows({M, K}, Fp8Tiles::Rows), direct({K, Mp}, Fp8Tiles::Rows), via_rows({K, Mp}, Fp8Tiles::Rows);
+  OwnedFp8 rows({M, K}, Fp8Tiles::Rows), direct({K, Mp}, Fp8Tiles::Columns), via_rows({K, Mp}, Fp8Tiles::Columns);
   fp8_quantize_rows(rows.t, f32_tensor(x.data(), {M, K}));
   std::vector<float> x_rows(x.size());
   fp8_dequantize(f32_tensor(x_rows.data(), {M, K}), rows.t);
@@ -216,7 +216,7 @@ TEST(Fp8Quantize, columns_of_dequantized_row_tiles_equal_columns_of_the_rows_whe
       const int64_t p = column + (t - offsets[g]);  // token t's column in the columns layout
       for (int64_t j = 0; j < K; ++j) {
         const float v = x[t * K + j], s_row = rows.scales[t * tiles(K) + j / kTile];
-        const float s_a = direct.scales[j * tiles(Mp) + p / kTile], s_b = via_rows.scales[j * tiles(Mp) + p / kTile];
+        const float s_a = direct.scales[p / kTile * K + j], s_b = via_rows.scales[p / kTile * K + j];
         const float got = b[j * Mp + p], want = a[j * Mp + p];
         const bool normal_everywhere = std::fabs(v) >= normal * s_row && std::fabs(v) >= normal * s_a &&
                                        std::fabs(x_rows[t * K + j]) >= normal * s_b;
@@ -246,7 +246,7 @@ TEST(Fp8Quantize, columns_without_offsets_are_one_segment_of_all_rows) {
   }
   const int64_t Mp = fp8_columns_capacity(M, 1);
   EXPECT_EQ(Mp, 384);
-  OwnedFp8 q({K, Mp}, Fp8Tiles::Rows);
+  OwnedFp8 q({K, Mp}, Fp8Tiles::Columns);
   fp8_quantize_columns(q.t, Tensor(x_bf16.data(), DType::BF16, {M, K}), Tensor());
   expect_columns_quantized(x, K, {0, static_cast<int32_t>(M)}, Mp, q);
 }
@@ -256,7 +256,7 @@ TEST(Fp8Quantize, columns_of_segments_without_rows_are_all_padding) {
   std::vector<float> x = random_values(M, K, 23);
   std::vector<int32_t> offsets = {0, 0, 0};
   const int64_t Mp = fp8_columns_capacity(M, 2);
-  OwnedFp8 q({K, Mp}, Fp8Tiles::Rows);
+  OwnedFp8 q({K, Mp}, Fp8Tiles::Columns);
   fp8_quantize_columns(q.t, f32_tensor(x.data(), {M, K}), i32_tensor(offsets.data(), {3}));
   expect_same_codes(q.codes, std::vector<uint8_t>(q.codes.size(), 0));
   expect_same_scales(q.scales, std::vector<float>(q.scales.size(), 1.0f));
@@ -346,6 +346,36 @@ TEST(Fp8Dequantize, values_are_code_times_tile_scale_in_f32_and_bf16) {
         }
       }
   }
+}
+
+// Columns tiles: codes [K, Mp], the scale of row k's tile j at scales[j K + k] (tile-major).
+TEST(Fp8Dequantize, columns_values_are_code_times_their_tile_major_scale) {
+  const int64_t M = 300, K = 200;
+  // A random binade per feature, so that neighbouring features' tiles have different scales.
+  Rng rng(37);
+  std::vector<int> binade(static_cast<size_t>(K));
+  for (int& b : binade) b = static_cast<int>(rng.below(40)) - 20;
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) x[m * K + k] = static_cast<float>(rng.normal() * std::ldexp(1.0, binade[k]));
+  std::vector<int32_t> offsets = {0, 130, 300};
+  const int64_t Mp = fp8_columns_capacity(M, 2);
+  OwnedFp8 q({K, Mp}, Fp8Tiles::Columns);
+  fp8_quantize_columns(q.t, f32_tensor(const_cast<float*>(x.data()), {M, K}), i32_tensor(offsets.data(), {3}));
+  std::vector<float> out(static_cast<size_t>(K * Mp));
+  std::vector<uint16_t> out_bf16(out.size());
+  fp8_dequantize(f32_tensor(out.data(), {K, Mp}), q.t);
+  fp8_dequantize(Tensor(out_bf16.data(), DType::BF16, {K, Mp}), q.t);
+  int64_t distinct_scales = 0;
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t c = 0; c < Mp; ++c) {
+      const float scale = q.scales[c / kTile * K + k];
+      distinct_scales += c % kTile == 0 && k > 0 && scale != q.scales[c / kTile * K + k - 1];
+      const float want = fp8::e4m3_to_f32(q.codes[k * Mp + c]) * scale;
+      ASSERT_EQ(out[k * Mp + c], want) << k << ", " << c;
+      ASSERT_EQ(bf16_to_f32(out_bf16[k * Mp + c]), want) << k << ", " << c << " (the value is exact in BF16)";
+    }
+  EXPECT_GT(distinct_scales, K) << "neighbouring features should have different scales, or the layout goes unchecked";
 }
 
 // E4M3 keeps 3 mantissa bits: rounding to nearest moves a value x/s in the normal range

@@ -45,11 +45,11 @@ struct Operand {
   std::vector<uint8_t> codes;
   std::vector<float> scales;
   Fp8Tensor t;
-  explicit Operand(Shape shape) {
-    const Shape s = fp8_scale_shape(shape, Fp8Tiles::Rows);
+  explicit Operand(Shape shape, Fp8Tiles tiles = Fp8Tiles::Rows) {
+    const Shape s = fp8_scale_shape(shape, tiles);
     codes.assign(static_cast<size_t>(shape.numel()), 0xAB);
     scales.assign(static_cast<size_t>(s.numel()), -1.0f);
-    t = Fp8Tensor{Tensor(codes.data(), DType::FP8_E4M3, shape), Tensor(scales.data(), DType::F32, s), Fp8Tiles::Rows};
+    t = Fp8Tensor{Tensor(codes.data(), DType::FP8_E4M3, shape), Tensor(scales.data(), DType::F32, s), tiles};
   }
 };
 
@@ -91,7 +91,7 @@ TEST(Fp8Gather, ColumnsOfGatheredTokenRowsAreThoseOfTheScatteredRows) {
     const Tensor xt(x.data(), DType::F32, {c.T, c.D}), st(stored.data(), DType::F32, {p.rows, c.D});
     scatter_rows_to_routes(st, xt, p.index(), static_cast<int>(c.K));
     const Shape columns{c.D, fp8_columns_capacity(p.rows, c.N)};
-    Operand want(columns), got(columns);
+    Operand want(columns, Fp8Tiles::Columns), got(columns, Fp8Tiles::Columns);
     fp8_quantize_columns(want.t, st, p.offsets_tensor());
     fp8_quantize_gathered_columns(
         got.t, GatheredRows{xt, Tensor(p.route_of_row.data(), DType::I32, {p.rows}), {}, static_cast<int>(c.K)},
@@ -113,7 +113,7 @@ TEST(Fp8Gather, BothLayoutsOfWeightedTokenRowsAreThoseOfTheCombineGradient) {
     combine_rows_backward(dy_t, Tensor(dw.data(), DType::F32, {c.T, c.K}), dout_t,
                           Tensor(y.data(), DType::F32, {p.rows, c.D}), w_t, p.index(), static_cast<int>(c.K));
     const Shape columns{c.D, fp8_columns_capacity(p.rows, c.N)}, rows{p.rows, c.D};
-    Operand want_c(columns), got_c(columns), want_r(rows), got_r(rows);
+    Operand want_c(columns, Fp8Tiles::Columns), got_c(columns, Fp8Tiles::Columns), want_r(rows), got_r(rows);
     fp8_quantize_rows_and_columns(want_r.t, want_c.t, dy_t, p.offsets_tensor());
     fp8_quantize_gathered_rows_and_columns(
         got_r.t, got_c.t,
@@ -141,7 +141,7 @@ TEST(Fp8Gather, Bf16TokenRowsRoundTheWeightedProductToBf16) {
           f32_to_bf16(w[i] * bf16_to_f32(x[static_cast<size_t>(i / c.K * c.D + j)]));
   }
   const Shape columns{c.D, fp8_columns_capacity(p.rows, c.N)}, rows{p.rows, c.D};
-  Operand want_c(columns), got_c(columns), want_r(rows), got_r(rows);
+  Operand want_c(columns, Fp8Tiles::Columns), got_c(columns, Fp8Tiles::Columns), want_r(rows), got_r(rows);
   fp8_quantize_rows_and_columns(want_r.t, want_c.t, Tensor(stored.data(), DType::BF16, rows), p.offsets_tensor());
   std::vector<float> wv = w;
   fp8_quantize_gathered_rows_and_columns(got_r.t, got_c.t,
@@ -157,7 +157,7 @@ TEST(Fp8Gather, Bf16TokenRowsRoundTheWeightedProductToBf16) {
 TEST(Fp8Gather, BadArgumentsAreRefusedNamingThem) {
   std::vector<float> x(8 * 32), w(8 * 2);
   std::vector<int32_t> routes(16, -1), offsets = {0, 8, 16};
-  Operand columns({32, fp8_columns_capacity(16, 2)}), rows({16, 32});
+  Operand columns({32, fp8_columns_capacity(16, 2)}, Fp8Tiles::Columns), rows({16, 32});
   auto expect_error = [&](const GatheredRows& src, const char* name) {
     try {
       fp8_quantize_gathered_rows_and_columns(rows.t, columns.t, src, Tensor(offsets.data(), DType::I32, {3}));

@@ -54,7 +54,7 @@ Operand blocks_of(std::vector<float>& w, Shape shape) {
 }
 
 Operand columns_of(std::vector<float>& x, int64_t M, int64_t K, std::vector<int32_t>& offsets, int64_t Mp) {
-  Operand q({K, Mp}, Fp8Tiles::Rows);
+  Operand q({K, Mp}, Fp8Tiles::Columns);
   fp8_quantize_columns(q.t, f32_tensor(x.data(), {M, K}),
                        i32_tensor(offsets.data(), {static_cast<int64_t>(offsets.size())}));
   q.dequantize();

@@ -42,6 +42,7 @@ Tensor codes(Shape s) { return Tensor(g_u8.data(), DType::FP8_E4M3, s); }
 Fp8Tensor fp8(Shape s, Fp8Tiles tiles) { return {codes(s), f32(fp8_scale_shape(s, tiles)), tiles}; }
 Fp8Tensor rows(Shape s) { return fp8(s, Fp8Tiles::Rows); }
 Fp8Tensor blocks(Shape s) { return fp8(s, Fp8Tiles::Blocks); }
+Fp8Tensor columns(Shape s) { return fp8(s, Fp8Tiles::Columns); }
 
 TEST(Fp8Layout, scale_shape_counts_tiles_and_keeps_leading_dims) {
   EXPECT_EQ(fp8_scale_shape({5, 300}, Fp8Tiles::Rows), (Shape{5, 3}));
@@ -49,6 +50,11 @@ TEST(Fp8Layout, scale_shape_counts_tiles_and_keeps_leading_dims) {
   EXPECT_EQ(fp8_scale_shape({4, 128, 256}, Fp8Tiles::Blocks), (Shape{4, 1, 2}));
   EXPECT_EQ(fp8_scale_shape({7, 0}, Fp8Tiles::Rows), (Shape{7, 0}));
   expect_contains(error_of([] { fp8_scale_shape({300}, Fp8Tiles::Rows); }), {"fp8_scale_shape", "rank >= 2"});
+  // Columns: codes [K, Mp] -> scales [ceil(Mp / 128), K], tile-major.
+  EXPECT_EQ(fp8_scale_shape({40, 384}, Fp8Tiles::Columns), (Shape{3, 40}));
+  EXPECT_EQ(fp8_scale_shape({40, 300}, Fp8Tiles::Columns), (Shape{3, 40}));
+  expect_contains(error_of([] { fp8_scale_shape({2, 40, 384}, Fp8Tiles::Columns); }),
+                  {"fp8_scale_shape", "Columns codes must be [K, Mp]"});
 }
 
 TEST(Fp8Layout, columns_capacity_bounds_every_split_into_padded_segments) {
@@ -91,18 +97,20 @@ TEST(Fp8OpChecks, quantize_columns_refuses_too_few_columns_and_bad_offsets) {
   const Tensor x = f32({300, 40});
   std::vector<int32_t> offsets = {0, 100, 250};
   const Tensor off = i32_tensor(offsets.data(), {3});
-  expect_contains(error_of([&] { fp8_quantize_columns(rows({40, 384}), x, off); }),
+  expect_contains(error_of([&] { fp8_quantize_columns(columns({40, 384}), x, off); }),
                   {"fp8_quantize_columns", "out.codes", "Mp >= 512", "fp8_columns_capacity(300 rows, 2 segments)"});
-  expect_contains(error_of([&] { fp8_quantize_columns(rows({41, 512}), x, off); }),
+  expect_contains(error_of([&] { fp8_quantize_columns(columns({41, 512}), x, off); }),
                   {"fp8_quantize_columns", "expected [40, Mp]"});
+  expect_contains(error_of([&] { fp8_quantize_columns(rows({40, 512}), x, off); }),
+                  {"fp8_quantize_columns", "out has Rows", "expected Columns"});
   std::vector<int32_t> late_start = {5, 100, 250}, decreasing = {0, 100, 90}, too_many = {0, 100, 301};
-  expect_contains(error_of([&] { fp8_quantize_columns(rows({40, 512}), x, i32_tensor(late_start.data(), {3})); }),
+  expect_contains(error_of([&] { fp8_quantize_columns(columns({40, 512}), x, i32_tensor(late_start.data(), {3})); }),
                   {"fp8_quantize_columns", "offsets[0] = 5", "expected 0"});
-  expect_contains(error_of([&] { fp8_quantize_columns(rows({40, 512}), x, i32_tensor(decreasing.data(), {3})); }),
+  expect_contains(error_of([&] { fp8_quantize_columns(columns({40, 512}), x, i32_tensor(decreasing.data(), {3})); }),
                   {"fp8_quantize_columns", "offsets decrease at segment 1"});
-  expect_contains(error_of([&] { fp8_quantize_columns(rows({40, 512}), x, i32_tensor(too_many.data(), {3})); }),
+  expect_contains(error_of([&] { fp8_quantize_columns(columns({40, 512}), x, i32_tensor(too_many.data(), {3})); }),
                   {"fp8_quantize_columns", "offsets[2] = 301", "exceeds the 300 rows"});
-  expect_contains(error_of([&] { fp8_quantize_columns(rows({40, 512}), x, f32({3})); }),
+  expect_contains(error_of([&] { fp8_quantize_columns(columns({40, 512}), x, f32({3})); }),
                   {"fp8_quantize_columns", "offsets must be I32"});
 }
 
@@ -163,19 +171,22 @@ TEST(Fp8OpChecks, grouped_wgrad_refuses_mismatched_columns_and_segments_past_the
   std::vector<int32_t> offsets = {0, 3, 132};  // padded segments end at 128 + 256 = 384
   const Tensor off = i32_tensor(offsets.data(), {3});
   const Tensor db = f32({2, 16, 8});
-  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, rows({16, 384}), rows({8, 256}), off, false); }),
+  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, columns({16, 384}), columns({8, 256}), off, false); }),
                   {"fp8_grouped_matmul_wgrad", "dc_t.codes [16, 384]", "x_t.codes [8, 256]", "same columns"});
-  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, rows({16, 256}), rows({8, 256}), off, false); }),
+  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, columns({16, 256}), columns({8, 256}), off, false); }),
                   {"fp8_grouped_matmul_wgrad", "end at column 384", "past the 256 columns"});
-  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, rows({15, 384}), rows({8, 384}), off, false); }),
+  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, columns({15, 384}), columns({8, 384}), off, false); }),
                   {"fp8_grouped_matmul_wgrad", "dc_t.codes has 15 rows, expected 16"});
-  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, rows({16, 384}), rows({9, 384}), off, false); }),
+  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, columns({16, 384}), columns({9, 384}), off, false); }),
                   {"fp8_grouped_matmul_wgrad", "x_t.codes has 9 rows, expected 8"});
-  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(f32({3, 16, 8}), rows({16, 384}), rows({8, 384}), off,
+  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(f32({3, 16, 8}), columns({16, 384}), columns({8, 384}), off,
                                                           false); }),
                   {"fp8_grouped_matmul_wgrad", "expert_offsets has shape [3]", "expected [4]"});
-  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, blocks({16, 384}), rows({8, 384}), off, false); }),
-                  {"fp8_grouped_matmul_wgrad", "dc_t has Blocks", "expected Rows"});
+  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, blocks({16, 384}), columns({8, 384}), off, false); }),
+                  {"fp8_grouped_matmul_wgrad", "dc_t has Blocks", "expected Columns"});
+  // Rows tiles of the same codes: their scales are laid out K-major, which the product would misread.
+  expect_contains(error_of([&] { fp8_grouped_matmul_wgrad(db, columns({16, 384}), rows({8, 384}), off, false); }),
+                  {"fp8_grouped_matmul_wgrad", "x_t has Rows", "expected Columns"});
 }
 
 // The device's dtype contract applies on CUDA too: checks run before dispatch, so a CUDA build
@@ -203,17 +214,17 @@ TEST(Fp8OpChecks, swiglu_forward_rows_and_columns_refuses_outputs_that_do_not_fi
   std::vector<int32_t> offsets{0, 100, 300};
   const Tensor off = i32_tensor(offsets.data(), {3});
   const char* op = "fp8_swiglu_forward_rows_and_columns";
-  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 40}), rows({40, 512}), f32({300, 81}),
+  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 40}), columns({40, 512}), f32({300, 81}),
                                                                      off); }),
                   {op, "gate_up [300, 81] must be [R, 2H]"});
-  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 41}), rows({40, 512}), f32({300, 80}),
+  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 41}), columns({40, 512}), f32({300, 80}),
                                                                      off); }),
                   {op, "out_rows.codes"});
-  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 40}), rows({40, 384}), f32({300, 80}),
+  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 40}), columns({40, 384}), f32({300, 80}),
                                                                      off); }),
                   {op, "out_columns.codes", "Mp >= 512"});
   const Tensor i32_gate_up(g_f32.data(), DType::I32, {300, 80});
-  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 40}), rows({40, 512}), i32_gate_up,
+  expect_contains(error_of([&] { fp8_swiglu_forward_rows_and_columns(rows({300, 40}), columns({40, 512}), i32_gate_up,
                                                                      off); }),
                   {op, "gate_up"});
 }
@@ -223,13 +234,13 @@ TEST(Fp8OpChecks, swiglu_backward_refuses_operands_that_do_not_fit_gate_up) {
   std::vector<int32_t> offsets{0, 100, 300};
   const Tensor off = i32_tensor(offsets.data(), {3});
   const char* op = "fp8_swiglu_backward";
-  expect_contains(error_of([&] { fp8_swiglu_backward(rows({300, 80}), rows({80, 512}), f32({300, 41}), f32({300, 80}),
+  expect_contains(error_of([&] { fp8_swiglu_backward(rows({300, 80}), columns({80, 512}), f32({300, 41}), f32({300, 80}),
                                                      off); }),
                   {op, "gate_up [300, 80] must be [R, 2H] for dout [300, 41]"});
-  expect_contains(error_of([&] { fp8_swiglu_backward(rows({300, 40}), rows({80, 512}), f32({300, 40}), f32({300, 80}),
+  expect_contains(error_of([&] { fp8_swiglu_backward(rows({300, 40}), columns({80, 512}), f32({300, 40}), f32({300, 80}),
                                                      off); }),
                   {op, "rows.codes"});
-  expect_contains(error_of([&] { fp8_swiglu_backward(rows({300, 80}), rows({80, 384}), f32({300, 40}), f32({300, 80}),
+  expect_contains(error_of([&] { fp8_swiglu_backward(rows({300, 80}), columns({80, 384}), f32({300, 40}), f32({300, 80}),
                                                      off); }),
                   {op, "columns.codes", "Mp >= 512"});
   expect_contains(error_of([&] { fp8_swiglu_backward(rows({300, 80}), blocks({80, 512}), f32({300, 40}),
@@ -297,11 +308,11 @@ TEST(Fp8FusedOps, cpu_fused_ops_equal_their_two_steps) {
 
 TEST(Fp8OpChecks, requantize_columns_refuses_a_values_type_and_columns_that_do_not_fit) {
   // x: 300 rows of 40 features as Rows tiles; its columns operand is [40, Mp >= 384].
-  expect_contains(error_of([] { fp8_requantize_columns(rows({40, 384}), rows({300, 40}), DType::I32, {}); }),
+  expect_contains(error_of([] { fp8_requantize_columns(columns({40, 384}), rows({300, 40}), DType::I32, {}); }),
                   {"fp8_requantize_columns", "values must be F32 or BF16"});
-  expect_contains(error_of([] { fp8_requantize_columns(rows({40, 256}), rows({300, 40}), DType::BF16, {}); }),
+  expect_contains(error_of([] { fp8_requantize_columns(columns({40, 256}), rows({300, 40}), DType::BF16, {}); }),
                   {"fp8_requantize_columns", "out.codes", "Mp >= 384"});
-  expect_contains(error_of([] { fp8_requantize_columns(rows({40, 384}), blocks({300, 40}), DType::BF16, {}); }),
+  expect_contains(error_of([] { fp8_requantize_columns(columns({40, 384}), blocks({300, 40}), DType::BF16, {}); }),
                   {"fp8_requantize_columns", "x has Blocks"});
 }
 

@@ -50,13 +50,17 @@ Projections::Projections(const ModelConfig& cfg, Precision precision, int64_t ro
           std::max(dense_in * tiles(dense_cols), expert_in * tiles(expert_cols)));
 }
 
-Fp8Tensor Projections::operand(const Buffer& b, int64_t rows, int64_t cols) {
+Fp8Tensor Projections::operand(const Buffer& b, int64_t rows, int64_t cols, Fp8Tiles tiles) {
   const Tensor codes = arena_.get(b.codes), scales = arena_.get(b.scales);
-  const Shape shape{rows, cols}, scale_shape = fp8_scale_shape(shape, Fp8Tiles::Rows);
+  const Shape shape{rows, cols}, scale_shape = fp8_scale_shape(shape, tiles);
   MOE_CHECK(shape.numel() <= codes.numel() && scale_shape.numel() <= scales.numel(), "FP8 operand [", rows, ", ",
             cols, "] exceeds its scratch (", codes.numel(), " codes)");
   return Fp8Tensor{codes.view({codes.numel()}).rows(0, shape.numel()).view(shape),
-                   scales.view({scales.numel()}).rows(0, scale_shape.numel()).view(scale_shape), Fp8Tiles::Rows};
+                   scales.view({scales.numel()}).rows(0, scale_shape.numel()).view(scale_shape), tiles};
+}
+
+Fp8Tensor Projections::columns_operand(const Buffer& b, int64_t features, int64_t rows, int64_t segments) {
+  return operand(b, features, fp8_columns_capacity(rows, segments), Fp8Tiles::Columns);
 }
 
 Fp8Tensor Projections::quantize_rows(const Buffer& b, Tensor x) {
@@ -68,14 +72,14 @@ Fp8Tensor Projections::quantize_rows(const Buffer& b, Tensor x) {
 
 Fp8Tensor Projections::quantize_columns(const Buffer& b, Tensor x, Tensor offsets, int64_t segments) {
   const int64_t cols = x.dim(-1), rows = x.numel() / cols;
-  Fp8Tensor q = operand(b, cols, fp8_columns_capacity(rows, segments));
+  Fp8Tensor q = columns_operand(b, cols, rows, segments);
   fp8_quantize_columns(q, x.view({rows, cols}), offsets);
   return q;
 }
 
 std::pair<Fp8Tensor, Fp8Tensor> Projections::quantize_output_grad(Tensor dy, Tensor offsets, int64_t segments) {
   const int64_t cols = dy.dim(-1), rows = dy.numel() / cols;
-  Fp8Tensor r = operand(rows_, rows, cols), c = operand(grad_columns_, cols, fp8_columns_capacity(rows, segments));
+  Fp8Tensor r = operand(rows_, rows, cols), c = columns_operand(grad_columns_, cols, rows, segments);
   fp8_quantize_rows_and_columns(r, c, dy.view({rows, cols}), offsets);
   return {r, c};
 }
@@ -113,7 +117,7 @@ std::pair<Fp8Tensor, Fp8Tensor> Projections::swiglu_backward_operands(Tensor dac
   const int64_t cols = gu.dim(-1), rows = gu.numel() / cols;
   const int64_t segments = offsets.empty() ? 1 : offsets.numel() - 1;
   const Fp8Tensor r = operand(rows_, rows, cols);
-  const Fp8Tensor c = operand(grad_columns_, cols, fp8_columns_capacity(rows, segments));
+  const Fp8Tensor c = columns_operand(grad_columns_, cols, rows, segments);
   fp8_swiglu_backward(r, c, dact.view({rows, cols / 2}), gu.view({rows, cols}), offsets);
   return {r, c};
 }
@@ -230,7 +234,7 @@ ExpertOutputGrad Projections::experts_data_grad(Tensor dx, const GatheredRows& d
   MOE_CHECK(!f.empty(), "experts_data_grad: gathered output gradients need the FP8 weight cache");
   const int64_t rows = dy.route_of_row.dim(0), cols = dy.x.dim(1);
   const Fp8Tensor r = operand(rows_, rows, cols);
-  const Fp8Tensor c = operand(grad_columns_, cols, fp8_columns_capacity(rows, offsets.numel() - 1));
+  const Fp8Tensor c = columns_operand(grad_columns_, cols, rows, offsets.numel() - 1);
   fp8_quantize_gathered_rows_and_columns(r, c, dy, offsets);
   fp8_grouped_matmul(dx, r, f.w_t, offsets);
   return {Tensor(), c};
@@ -275,14 +279,14 @@ void Projections::experts_weight_grad(Tensor dw, const ExpertOutputGrad& dy, Ten
 
 Fp8Tensor Projections::expert_input_columns(Fp8Tensor x, DType values, Tensor offsets) {
   const int64_t rows = x.codes.dim(0), cols = x.codes.dim(1);
-  Fp8Tensor q = operand(input_columns_, cols, fp8_columns_capacity(rows, offsets.numel() - 1));
+  Fp8Tensor q = columns_operand(input_columns_, cols, rows, offsets.numel() - 1);
   fp8_requantize_columns(q, x, values, offsets);
   return q;
 }
 
 Fp8Tensor Projections::expert_input_columns(const GatheredRows& x, Tensor offsets) {
   const int64_t rows = x.route_of_row.dim(0), cols = x.x.dim(1);
-  Fp8Tensor q = operand(input_columns_, cols, fp8_columns_capacity(rows, offsets.numel() - 1));
+  Fp8Tensor q = columns_operand(input_columns_, cols, rows, offsets.numel() - 1);
   fp8_quantize_gathered_columns(q, x, offsets);
   return q;
 }

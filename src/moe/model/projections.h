@@ -129,8 +129,10 @@ class Projections {
   struct Buffer {
     Arena::Slot codes, scales;
   };
-  // Views of a buffer as an operand of `rows` x `cols` codes.
-  Fp8Tensor operand(const Buffer& b, int64_t rows, int64_t cols);
+  // Views of a buffer as an operand of `rows` x `cols` codes with `tiles` scales.
+  Fp8Tensor operand(const Buffer& b, int64_t rows, int64_t cols, Fp8Tiles tiles = Fp8Tiles::Rows);
+  // The columns operand (Columns tiles, codes [features, fp8_columns_capacity(rows, segments)]).
+  Fp8Tensor columns_operand(const Buffer& b, int64_t features, int64_t rows, int64_t segments);
   Fp8Tensor quantize_rows(const Buffer& b, Tensor x);
   Fp8Tensor quantize_columns(const Buffer& b, Tensor x, Tensor offsets, int64_t segments);
   // dy as the data gradient's rows (in rows_) and the weight gradient's columns (in grad_columns_), one pass.

@@ -110,8 +110,8 @@ Transformer::Transformer(const ModelConfig& cfg, int64_t batch, int64_t seq_len,
                            bool keep) {
       const int64_t columns = fp8_columns_capacity(rows, segments);
       layer_buffer(t.codes, name + "_columns.codes", DType::FP8_E4M3, {width, columns}, keep);
-      layer_buffer(t.scales, name + "_columns.scales", F, fp8_scale_shape({width, columns}, Fp8Tiles::Rows), keep);
-      t.tiles = Fp8Tiles::Rows;
+      layer_buffer(t.scales, name + "_columns.scales", F, fp8_scale_shape({width, columns}, Fp8Tiles::Columns), keep);
+      t.tiles = Fp8Tiles::Columns;
     };
     auto ffn_act = [&](Tensor& act, Fp8Tensor& columns, const std::string& name, int64_t width, bool keep) {
       if (precision == Precision::FP8) return fp8_columns(columns, name, width, R, 1, keep);

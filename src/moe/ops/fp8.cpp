@@ -24,7 +24,14 @@ namespace {
 
 int64_t tiles_along(int64_t n) { return (n + kFp8Tile - 1) / kFp8Tile; }
 
-const char* tiles_name(Fp8Tiles tiles) { return tiles == Fp8Tiles::Rows ? "Rows (1 x 128)" : "Blocks (128 x 128)"; }
+const char* tiles_name(Fp8Tiles tiles) {
+  switch (tiles) {
+    case Fp8Tiles::Rows: return "Rows (1 x 128)";
+    case Fp8Tiles::Blocks: return "Blocks (128 x 128)";
+    case Fp8Tiles::Columns: return "Columns (1 x 128, tile-major scales)";
+  }
+  return "unknown";
+}
 
 // A default-constructed Tensor (no shape, no data) or one without elements: not given.
 bool not_given(const Tensor& t) { return t.numel() == 0 || (t.ndim() == 0 && t.data == nullptr); }
@@ -76,7 +83,7 @@ void check_f32_or_bf16(const OpCheck& check, const char* name, const Tensor& t) 
 
 void check_columns_layout(const OpCheck& check, const char* name, const Fp8Tensor& out, int64_t M, int64_t K,
                           const Tensor& offsets) {
-  check_fp8(check, name, out, Fp8Tiles::Rows, 2, 2);
+  check_fp8(check, name, out, Fp8Tiles::Columns, 2, 2);
   const int64_t G = not_given(offsets) ? 1 : check_segment_offsets(check, "offsets", offsets, M);
   const int64_t capacity = fp8_columns_capacity(M, G);
   MOE_CHECK(out.codes.dim(0) == K && out.codes.dim(1) >= capacity, check.op(), ": ", name, ".codes has shape ",
@@ -109,6 +116,10 @@ void check_block_caches(const OpCheck& check, const Fp8Tensor& out, const Fp8Ten
 
 Shape fp8_scale_shape(const Shape& codes, Fp8Tiles tiles) {
   MOE_CHECK(codes.ndim >= 2, "fp8_scale_shape: codes must have rank >= 2, got ", codes.str());
+  if (tiles == Fp8Tiles::Columns) {
+    MOE_CHECK(codes.ndim == 2, "fp8_scale_shape: Columns codes must be [K, Mp], got ", codes.str());
+    return Shape{tiles_along(codes[1]), codes[0]};
+  }
   Shape s = codes;
   s.dims[s.ndim - 1] = tiles_along(codes[codes.ndim - 1]);
   if (tiles == Fp8Tiles::Blocks) s.dims[s.ndim - 2] = tiles_along(codes[codes.ndim - 2]);
@@ -154,7 +165,7 @@ void fp8_quantize_blocks(Fp8Tensor out, Fp8Tensor out_t, Tensor w, Stream stream
 void fp8_dequantize(Tensor out, Fp8Tensor in, Stream stream) {
   const OpCheck check("fp8_dequantize", out.device);
   check_f32_or_bf16(check, "out", out);
-  check_fp8(check, "in", in, in.tiles, 2, in.tiles == Fp8Tiles::Rows ? 2 : 3);
+  check_fp8(check, "in", in, in.tiles, 2, in.tiles == Fp8Tiles::Blocks ? 3 : 2);
   check.same_shape("out", out, "in.codes", in.codes);
   MOE_OP_DISPATCH(out.device, fp8_dequantize, out, in, stream);
 }
@@ -164,7 +175,7 @@ void fp8_matmul(Tensor c, Fp8Tensor a, Fp8Tensor b, bool accumulate, Stream stre
   const char* op = check.op();
   check.compute_dtype("c", c);
   check.ndim("c", c, 2);
-  check_fp8(check, "a", a, Fp8Tiles::Rows, 2, 2);
+  check_fp8(check, "a", a, a.tiles == Fp8Tiles::Columns ? Fp8Tiles::Columns : Fp8Tiles::Rows, 2, 2);
   check_fp8(check, "b", b, b.tiles, 2, 2);
   const int64_t M = a.codes.dim(0), K = a.codes.dim(1), N = b.codes.dim(0);
   MOE_CHECK(b.codes.dim(1) == K, op, ": b.codes ", b.codes.shape.str(), " does not match a.codes ",
@@ -205,8 +216,8 @@ void fp8_grouped_matmul_wgrad(Tensor db, Fp8Tensor dc_t, Fp8Tensor x_t, Tensor e
   const OpCheck check("fp8_grouped_matmul_wgrad", db.device);
   const char* op = check.op();
   check.tensor("db", db, DType::F32, 3);
-  check_fp8(check, "dc_t", dc_t, Fp8Tiles::Rows, 2, 2);
-  check_fp8(check, "x_t", x_t, Fp8Tiles::Rows, 2, 2);
+  check_fp8(check, "dc_t", dc_t, Fp8Tiles::Columns, 2, 2);
+  check_fp8(check, "x_t", x_t, Fp8Tiles::Columns, 2, 2);
   const int64_t E = db.dim(0), N = db.dim(1), K = db.dim(2), Mp = x_t.codes.dim(1);
   MOE_CHECK(dc_t.codes.dim(0) == N, op, ": dc_t.codes has ", dc_t.codes.dim(0), " rows, expected ", N,
             " (db's N) from db ", db.shape.str());

@@ -10,10 +10,17 @@
 //                       is x[m, 128 j : 128 j + 128).
 //   Blocks (128 x 128): weights. w [N, K] (or [E, N, K]): scales [ceil(N/128), ceil(K/128)] (or
 //                       [E, ...]); block (i, j) is w[128 i : 128 i + 128, 128 j : 128 j + 128).
+//   Columns  (1 x 128): the weight gradient's operands (below). codes [K, Mp]: scales
+//                       [ceil(Mp / 128), K], tile-major; tile (k, j) is codes[k, 128 j : 128 j + 128).
 // A partial tile at an edge is scaled over the elements it has.
 //
 // The weight gradient contracts over tokens, so its operands are quantized along the tokens and
-// stored transposed ("columns"): x [M, K] gives codes [K, Mp] with Rows tiles along Mp. Rows are
+// stored transposed ("columns"): x [M, K] gives codes [K, Mp] with Columns tiles along Mp. Their
+// scales are tile-major (one token tile's scales contiguous over the K features), the order the
+// weight gradients read them in, 128 features per 128-deep slice: CUTLASS's M-major scales (5.8% and
+// 3.3% off the expert weight gradients on an H100 against K-major ones, bench/RESULTS.md,
+// thirty-second session) and cuBLASLt's VEC128_32F layout (the dense weight gradient passes them to
+// cuBLASLt as they are, without the restaging the other operands get). Rows are
 // split into segments (the experts' row ranges, from offsets [G + 1]; a dense layer has one), and
 // segment g starts at column p_g = sum over g' < g of round_up(M_g', 128), so that no tile spans two
 // experts and every segment starts on a tile; Mp = columns_capacity(M, G) bounds p_G for any split
@@ -31,7 +38,7 @@ namespace moe {
 
 inline constexpr int64_t kFp8Tile = 128;
 
-enum class Fp8Tiles : uint8_t { Rows, Blocks };
+enum class Fp8Tiles : uint8_t { Rows, Blocks, Columns };
 
 // E4M3 codes (DType::FP8_E4M3) with their F32 scales (shapes above).
 struct Fp8Tensor {
@@ -40,7 +47,8 @@ struct Fp8Tensor {
   Fp8Tiles tiles = Fp8Tiles::Rows;
 };
 
-// Shapes of the scales for codes of shape [.., rows, cols] (leading dims kept).
+// Shapes of the scales for codes of shape [.., rows, cols] (leading dims kept); Columns tiles (codes
+// [K, Mp] only): [ceil(Mp / 128), K].
 Shape fp8_scale_shape(const Shape& codes, Fp8Tiles tiles);
 // Mp for M rows in G segments: round_up(M, 128) + 128 * (G - 1), a bound on p_G for any split.
 int64_t fp8_columns_capacity(int64_t rows, int64_t segments);
@@ -48,7 +56,7 @@ int64_t fp8_columns_capacity(int64_t rows, int64_t segments);
 // x [M, K] (F32 or BF16) -> out (Rows tiles, codes [M, K]).
 void fp8_quantize_rows(Fp8Tensor out, Tensor x, Stream stream = {});
 
-// x [M, K] -> out (Rows tiles along the tokens, codes [K, Mp], Mp >= fp8_columns_capacity(M, G)),
+// x [M, K] -> out (Columns tiles: along the tokens, codes [K, Mp], Mp >= fp8_columns_capacity(M, G)),
 // segments from offsets (I32 [G + 1], offsets[0] = 0, offsets[G] <= M, read on x's device; empty, a
 // default Tensor or one without elements: one segment of all M rows). Writes every column of out,
 // the padding with zeros.
@@ -66,11 +74,11 @@ void fp8_quantize_rows_and_columns(Fp8Tensor rows, Fp8Tensor columns, Tensor x, 
 void fp8_quantize_blocks(Fp8Tensor out, Fp8Tensor out_t, Tensor w, Stream stream = {});
 
 // The exact values the codes stand for: out (F32 or BF16, codes' shape) = e4m3(code) * scale.
-// Columns tiles dequantize as plain Rows tiles of the [K, Mp] codes.
 void fp8_dequantize(Tensor out, Fp8Tensor in, Stream stream = {});
 
-// c [M, N] (= or +=, per accumulate) a [M, K] * b [N, K]^T: a Rows tiles; b Blocks tiles (weights)
-// or Rows tiles (the weight gradient's columns operands). c is BF16 or F32 on the GPU, F32 on the CPU.
+// c [M, N] (= or +=, per accumulate) a [M, K] * b [N, K]^T: a Rows or Columns tiles (the weight
+// gradient's columns operands); b Blocks tiles (weights), Rows or Columns tiles. c is BF16 or F32 on
+// the GPU, F32 on the CPU.
 void fp8_matmul(Tensor c, Fp8Tensor a, Fp8Tensor b, bool accumulate, Stream stream = {});
 
 // Expert products over an expert-major row buffer (moe/ops/grouped_gemm.h): for each expert e with

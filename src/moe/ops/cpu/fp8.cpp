@@ -1,4 +1,4 @@
-// CPU FP8 quantize and dequantize: OpenMP over rows (Rows tiles), over token tiles (columns) and
+// CPU FP8 quantize and dequantize: OpenMP over rows (Rows tiles), over token tiles (Columns) and
 // over block rows (Blocks); each tile's amax, then tile_scale and quantize_with_scale from
 // moe/core/fp8.h, so every code and scale is the GPU's bit for bit.
 #include "moe/ops/cpu/fp8.h"
@@ -86,10 +86,10 @@ void quantize_columns_typed(const In* x, int64_t K, const std::vector<ColumnTile
         const In* xr = x + (tile.row + r) * K;
         for (int64_t k = 0; k < K; ++k) amax[k] = std::max(amax[k], magnitude_bits(to_f32(xr[k])));
       }
-      const int64_t tile_index = tile.column / kTile;
+      float* tile_scales = scales + tile.column / kTile * K;  // tile-major: [T, K]
       for (int64_t k = 0; k < K; ++k) {
         scale[k] = tile_scale_of(amax[k]);
-        scales[k * T + tile_index] = scale[k];
+        tile_scales[k] = scale[k];
       }
       for (int64_t k0 = 0; k0 < K; k0 += kColumnChunk) {
         const int64_t k1 = std::min(K, k0 + kColumnChunk);
@@ -106,10 +106,8 @@ void quantize_columns_typed(const In* x, int64_t K, const std::vector<ColumnTile
   }
   // The columns past the last segment: code 0, and scale 1 for their tiles (end is a tile boundary).
 #pragma omp parallel for schedule(static) if ((Mp - end) * K > kParallelElements)
-  for (int64_t k = 0; k < K; ++k) {
-    std::memset(codes + k * Mp + end, 0, static_cast<size_t>(Mp - end));
-    for (int64_t j = end / kTile; j < T; ++j) scales[k * T + j] = 1.0f;
-  }
+  for (int64_t k = 0; k < K; ++k) std::memset(codes + k * Mp + end, 0, static_cast<size_t>(Mp - end));
+  std::fill(scales + end / kTile * K, scales + T * K, 1.0f);
 }
 
 template <typename Out>
@@ -117,17 +115,19 @@ void dequantize_rows_typed(const Fp8Tensor& in, int64_t row_begin, int64_t row_e
   const float* values = e4m3_values();
   const int64_t K = in.codes.dim(-1), T = tiles_along(K);
   // Blocks tiles: codes [.., N, K] (leading dims folded into rows), a scales row per 128 rows of N.
-  const bool blocks = in.tiles == Fp8Tiles::Blocks;
+  // Columns tiles: codes [N, K], row r's tile j scale at scales[j N + r] (tile-major).
+  const bool blocks = in.tiles == Fp8Tiles::Blocks, columns = in.tiles == Fp8Tiles::Columns;
   const int64_t N = in.codes.dim(-2), TN = tiles_along(N);
   const uint8_t* codes = in.codes.ptr<const uint8_t>();
   const float* scales = in.scales.ptr<const float>();
 #pragma omp parallel for schedule(static) if ((row_end - row_begin) * K > kParallelElements)
   for (int64_t r = row_begin; r < row_end; ++r) {
     const int64_t scale_row = blocks ? (r / N) * TN + (r % N) / kTile : r;
-    const float* sr = scales + scale_row * T;
+    const float* sr = scales + (columns ? r : scale_row * T);
+    const int64_t tile_stride = columns ? N : 1;
     const uint8_t* cr = codes + r * K;
     Out* orow = out + (r - row_begin) * K;
-    for (int64_t k = 0; k < K; ++k) store(orow + k, values[cr[k]] * sr[k / kTile]);
+    for (int64_t k = 0; k < K; ++k) store(orow + k, values[cr[k]] * sr[k / kTile * tile_stride]);
   }
 }
 

@@ -6,7 +6,7 @@
 // needs on Hopper: read column-major, b is cuBLAS's A = [K, N] with op T and a is cuBLAS's B =
 // [K, M] with op N, giving C^T = c (row-major [M, N] = column-major [N, M], ld N). a's Rows tiles
 // are cuBLAS's VEC128_32F (one FP32 scale per 128 K-elements of a row); b's Blocks tiles are
-// BLK128x128_32F and b's Rows tiles (the weight gradient's columns operands) VEC128_32F. cuBLAS
+// BLK128x128_32F and b's Rows or Columns tiles (the weight gradient's columns operands) VEC128_32F. cuBLAS
 // multiplies the E4M3 codes with FP32 accumulation and applies the two scales once per 128-deep
 // slice of K (the DeepSeek-V3 promotion); it refuses FP8 fast accumulation with these modes, so
 // CUBLASLT_MATMUL_DESC_FAST_ACCUM stays 0. D is BF16 or F32 (C = D in place, beta = 1 to
@@ -17,11 +17,15 @@
 //   VEC128_32F:      scales [ceil(K / 128), round_up(R, 4)], R fastest (ours: [R, ceil(K / 128)]);
 //   BLK128x128_32F:  scales [ceil(R / 128), round_up(ceil(K / 128), 4)], K tiles fastest (ours: the
 //                    same without the padding, equal when ceil(K / 128) % 4 == 0).
-// So each call first restages both operands' scales into a per-stream device buffer in cuBLAS's
-// layout: one small kernel (M ceil(K/128) + N ceil(K/128) floats, e.g. 96 K floats for M = 4096,
-// N = 1024, K = 2048: about 1 us), then the matmul. Writing cuBLAS's layout in the quantize kernels
-// would save that launch, but the CPU ops and the expert products share our layout (K tiles
-// fastest, so an expert's rows are a contiguous range of scale rows).
+//   Columns tiles:   scales [ceil(K / 128), R], R fastest: VEC128_32F's layout when R % 4 == 0
+//                    (always here: R % 8 == 0).
+// So each call first restages the Rows and Blocks operands' scales into a per-stream device buffer
+// in cuBLAS's layout: one small kernel (M ceil(K/128) + N ceil(K/128) floats, e.g. 96 K floats for
+// M = 4096, N = 1024, K = 2048: about 1 us), then the matmul. The forward's and the data gradient's
+// Rows tiles keep K tiles fastest because the expert products read them so (an expert's rows are a
+// contiguous range of scale rows, and CUTLASS's forward ran 1.5% slower on M-major scales, bench/
+// RESULTS.md, thirty-second session). Columns operands (the weight gradient's both) are passed as
+// they are, 16-byte aligned scales allowed; the weight gradient restages nothing.
 // The staging buffer is created at the first call of a stream and grows (never during a CUDA graph
 // capture, which fails with a clear error instead; the step's eager first run sizes it) by
 // replacement; a replaced buffer is kept, since a captured graph may still read it.
@@ -71,40 +75,45 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// Where an operand's restaged scales go: elements of cuBLAS's layout (see NOTES above).
+// An operand's scales as cuBLAS reads them: restaged into `elements` of the staging buffer, or,
+// with elements = 0, read where they are (see NOTES above).
 struct StagedScales {
+  Fp8Tiles tiles = Fp8Tiles::Rows;
+  int64_t rows = 0;  // R of the operand [R, K]
   int64_t elements = 0;
   int64_t bytes() const { return round_up256(elements * 4); }
 };
 
-// VEC128_32F of [R, K] (ours [R, kt]) or BLK128x128_32F of [R, K] (ours [ceil(R/128), kt]).
+// VEC128_32F of [R, K] (ours [R, kt]; Columns [kt, R] as it is when 16-byte aligned, else copied)
+// or BLK128x128_32F of [R, K] (ours [ceil(R/128), kt]).
 StagedScales staged_scales(const Fp8Tensor& t) {
   const int64_t R = t.codes.dim(0), kt = tiles(t.codes.dim(1));
-  return {t.tiles == Fp8Tiles::Rows ? kt * round_up4(R) : tiles(R) * round_up4(kt)};
+  if (t.tiles == Fp8Tiles::Blocks) return {t.tiles, R, tiles(R) * round_up4(kt)};
+  if (t.tiles == Fp8Tiles::Columns && pointer_alignment(t.scales.data) >= 16) return {t.tiles, R, 0};
+  return {t.tiles, R, kt * round_up4(R)};
 }
 
-// a's Rows scales [M, kt] -> [kt, round_up4(M)]; b's Rows scales likewise, or b's Blocks scales
-// [nt, kt] -> [nt, round_up4(kt)]. One thread per staged element (padding written as 0; cuBLAS never
-// reads it here since M and N are multiples of 8).
-__global__ void stage_scales_kernel(const float* a, float* a_staged, int64_t M, const float* b, float* b_staged,
-                                    int64_t b_rows, bool b_blocks, int64_t kt, int64_t a_total, int64_t b_total) {
-  const int64_t ld_a = (M + 3) / 4 * 4;
-  const int64_t ld_b = b_blocks ? (kt + 3) / 4 * 4 : (b_rows + 3) / 4 * 4;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a_total + b_total;
+// Element i of an operand's staged scales (cuBLAS's layout) from ours: Rows [R, kt] -> [kt,
+// round_up4(R)]; Columns [kt, R] -> [kt, round_up4(R)]; Blocks [nt, kt] -> [nt, round_up4(kt)].
+// Padding is 0 (cuBLAS never reads it here since M and N are multiples of 8).
+__device__ __forceinline__ float staged_scale(const float* ours, Fp8Tiles tiles, int64_t R, int64_t kt, int64_t i) {
+  const int64_t ld = tiles == Fp8Tiles::Blocks ? (kt + 3) / 4 * 4 : (R + 3) / 4 * 4;
+  const int64_t outer = i / ld, inner = i - outer * ld;
+  if (tiles == Fp8Tiles::Blocks) return inner < kt ? ours[outer * kt + inner] : 0.0f;
+  if (inner >= R) return 0.0f;
+  return tiles == Fp8Tiles::Columns ? ours[outer * R + inner] : ours[inner * kt + outer];
+}
+
+// Both operands' staged scales, one thread per staged element.
+__global__ void stage_scales_kernel(const float* a, float* a_staged, StagedScales a_layout, const float* b,
+                                    float* b_staged, StagedScales b_layout, int64_t kt) {
+  const int64_t a_total = a_layout.elements, total = a_total + b_layout.elements;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (i < a_total) {
-      const int64_t j = i / ld_a, m = i - j * ld_a;
-      a_staged[i] = m < M ? a[m * kt + j] : 0.0f;
-    } else {
-      const int64_t d = i - a_total, outer = d / ld_b, inner = d - outer * ld_b;
-      float v = 0.0f;
-      if (b_blocks) {
-        if (inner < kt) v = b[outer * kt + inner];  // [nt][kt] -> [nt][round_up4(kt)]
-      } else if (inner < b_rows) {
-        v = b[inner * kt + outer];  // [N][kt] -> [kt][round_up4(N)]
-      }
-      b_staged[d] = v;
-    }
+    if (i < a_total)
+      a_staged[i] = staged_scale(a, a_layout.tiles, a_layout.rows, kt, i);
+    else
+      b_staged[i - a_total] = staged_scale(b, b_layout.tiles, b_layout.rows, kt, i - a_total);
   }
 }
 
@@ -287,14 +296,16 @@ void fp8_matmul(Tensor c, Fp8Tensor a, Fp8Tensor b, bool accumulate, Stream stre
   Fp8MatmulContext& context = Fp8MatmulContext::get();
   std::lock_guard<std::mutex> lock(context.mutex());
   const cublasLtHandle_t handle = context.handle(s);
-  float* staging = context.staging(s, a_staged.bytes() + b_staged.bytes());
-  float* a_scales = staging;
-  float* b_scales = staging + a_staged.bytes() / 4;
   const int64_t total = a_staged.elements + b_staged.elements;
-  stage_scales_kernel<<<static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 1024)), 256, 0, s>>>(
-      a.scales.ptr<const float>(), a_scales, M, b.scales.ptr<const float>(), b_scales, N,
-      b.tiles == Fp8Tiles::Blocks, kt, a_staged.elements, b_staged.elements);
-  CUDA_CHECK_LAUNCH();
+  float* staging = total > 0 ? context.staging(s, a_staged.bytes() + b_staged.bytes()) : nullptr;
+  const float* a_scales = a_staged.elements > 0 ? staging : a.scales.ptr<const float>();
+  const float* b_scales = b_staged.elements > 0 ? staging + a_staged.bytes() / 4 : b.scales.ptr<const float>();
+  if (total > 0) {
+    stage_scales_kernel<<<static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 1024)), 256, 0, s>>>(
+        a.scales.ptr<const float>(), staging, a_staged, b.scales.ptr<const float>(), staging + a_staged.bytes() / 4,
+        b_staged, kt);
+    CUDA_CHECK_LAUNCH();
+  }
 
   const Fp8PlanKey key = {M,
                           N,

@@ -90,10 +90,13 @@ struct MainloopWithGroupScaleLayouts : Stock {
   }
 };
 
-// kScaleN: the N extent of B's scale blocks (128: Blocks weights; 1: Rows columns operands).
+// kScaleN: the N extent of B's scale blocks (128: Blocks weights; 1: Columns operands).
 // ElementC_: D's type when C is D (in place, read when beta != 0), void for a product that never
 // reads C (no C stages in the epilogue's shared memory: NOTES).
-template <int kScaleN, class ElementD_, class ElementC_ = ElementD_>
+// kScalesMajor: how both operands' scales are laid out: K (Rows and Blocks tiles, K blocks fastest)
+// or MN (Columns tiles: tile-major, M or N fastest).
+template <int kScaleN, class ElementD_, class ElementC_ = ElementD_,
+          cute::GMMA::Major kScalesMajor = cute::GMMA::Major::K>
 struct Fp8GroupedGemm {
   using ElementA = cutlass::float_e4m3_t;
   using ElementB = cutlass::float_e4m3_t;
@@ -107,8 +110,8 @@ struct Fp8GroupedGemm {
   static constexpr int kAlignB = 128 / cutlass::sizeof_bits<ElementB>::value;
   static constexpr int kAlignC = 128 / cutlass::sizeof_bits<ElementD>::value;  // C's layout when it has one
 
-  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleN, kFp8ScaleBlock, cute::GMMA::Major::K,
-                                                                cute::GMMA::Major::K>;
+  using ScaleConfig =
+      cutlass::detail::Sm90BlockwiseScaleConfig<1, kScaleN, kFp8ScaleBlock, kScalesMajor, kScalesMajor>;
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
@@ -147,6 +150,15 @@ __device__ inline Layout k_major_scales(int blocks_mn, int blocks_k, int row_str
   using namespace cute;
   return Layout(make_shape(make_shape(Int<kVecMN>{}, blocks_mn), make_shape(Int<kFp8ScaleBlock>{}, blocks_k), 1),
                 make_stride(make_stride(_0{}, row_stride), make_stride(_0{}, _1{}), 0));
+}
+
+// An MN-major scale layout (Columns tiles, per-element scales along M or N): `blocks_mn` scales per
+// K block, consecutive K blocks `k_stride` scales apart.
+template <class Layout>
+__device__ inline Layout mn_major_scales(int blocks_mn, int blocks_k, int k_stride) {
+  using namespace cute;
+  return Layout(make_shape(make_shape(_1{}, blocks_mn), make_shape(Int<kFp8ScaleBlock>{}, blocks_k), 1),
+                make_stride(make_stride(_0{}, _1{}), make_stride(_0{}, k_stride), 0));
 }
 
 // The per-group arrays CUTLASS reads, carved from the front of the scratch; its workspace follows.

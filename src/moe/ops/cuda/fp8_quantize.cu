@@ -87,18 +87,21 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dequantize: out [batches, R, C] = e4m3(code) * scale; tile_rows 1 (Rows) or 128 (Blocks).
+// Dequantize: out [batches, R, C] = e4m3(code) * scale; tile_rows 1 (Rows, Columns) or 128 (Blocks);
+// tile_major: Columns' scales [ceil(C / 128), R].
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(T* out, const uint8_t* codes, const float* scales,
-                                                              int64_t total, int64_t R, int64_t C, int tile_rows) {
+                                                              int64_t total, int64_t R, int64_t C, int tile_rows,
+                                                              bool tile_major) {
   const int64_t col_tiles = (C + kTile - 1) / kTile;
   const int64_t row_tiles = (R + tile_rows - 1) / tile_rows;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = i / C, c = i - row * C;
     const int64_t b = row / R, r = row - b * R;
-    const float scale = scales[(b * row_tiles + r / tile_rows) * col_tiles + c / kTile];
+    const float scale = tile_major ? scales[c / kTile * R + r]
+                                   : scales[(b * row_tiles + r / tile_rows) * col_tiles + c / kTile];
     store_value<T>(out + i, fp8::e4m3_to_f32(codes[i]) * scale);
   }
 }
@@ -118,7 +121,7 @@ void launch_dequantize(const Tensor& out, const Fp8Tensor& in, cudaStream_t s) {
   const int64_t R = in.tiles == Fp8Tiles::Blocks ? in.codes.dim(-2) : folded_rows(in.codes);
   dequantize_kernel<T><<<grid_stride_blocks(total, kThreads), kThreads, 0, s>>>(
       out.ptr<T>(), in.codes.ptr<const uint8_t>(), in.scales.ptr<const float>(), total, R, C,
-      in.tiles == Fp8Tiles::Blocks ? kTile : 1);
+      in.tiles == Fp8Tiles::Blocks ? kTile : 1, in.tiles == Fp8Tiles::Columns);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -216,8 +216,7 @@ __device__ __forceinline__ void store_staged_column_tile(const uint4* stage, Til
   const float scale = fp8::tile_scale(__uint_as_float(own & 1 ? pair & 0xffff0000u : pair << 16));
   const float own_quantizer = TileQuantizer(scale).packed();
   const int64_t first_feature = k0 + 16 * warp + 4 * run;
-  const int64_t column_tiles = (out.Mp + kTile - 1) / kTile;
-  if (group < 4 && first_feature + own < K) out.scales[(first_feature + own) * column_tiles + column_tile] = scale;
+  if (group < 4 && first_feature + own < K) *out.scale(first_feature + own, column_tile) = scale;
 
   const int64_t c0 = column_tile * kTile;
   const int width = static_cast<int>(min(out.Mp - c0, int64_t{kTile}));

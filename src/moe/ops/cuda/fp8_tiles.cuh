@@ -374,14 +374,19 @@ struct TensorColumns {
   }
 };
 
-// Where the columns quantizers write: codes [K, Mp], scales [K, ceil(Mp / 128)]; word_ok: 4-byte
-// code stores are aligned (Mp % 4 == 0, aligned base); pairs_ok: 8-byte ones (Mp % 8 == 0).
+// Where the columns quantizers write: codes [K, Mp], scales [ceil(Mp / 128), K] (Columns tiles,
+// tile-major); word_ok: 4-byte code stores are aligned (Mp % 4 == 0, aligned base); pairs_ok: 8-byte
+// ones (Mp % 8 == 0).
 struct ColumnsOutput {
   uint8_t* codes = nullptr;
   float* scales = nullptr;
   int64_t Mp = 0;
+  int64_t features = 0;  // K
   bool word_ok = false;
   bool pairs_ok = false;
+  __device__ __forceinline__ float* scale(int64_t feature, int64_t column_tile) const {
+    return scales + column_tile * features + feature;
+  }
 };
 
 // The columns half of a column tile, shared by both columns kernels: the lane's run[s] holds
@@ -397,7 +402,7 @@ __device__ __forceinline__ void store_column_tile(const Run16<T> (&run)[4], cons
   const float own_quantizer = TileQuantizer(scale).packed();
   const int own = (lane >> 1) & 15;
   // Padding tiles (no rows) get tile_scale(0) = 1, as the CPU writes them.
-  if (lane % 2 == 0 && own < features) out.scales[(kw + own) * ((out.Mp + kTile - 1) / kTile) + column_tile] = scale;
+  if (lane % 2 == 0 && own < features) *out.scale(kw + own, column_tile) = scale;
   const int valid = min(max(width - 4 * lane, 0), 4);
   const int own_rows = min(max(tile_rows - 4 * lane, 0), 4);  // this lane's 4 rows inside the segment
   const uint32_t own_rows_mask = own_rows == 4 ? 0xffffffffu : (1u << (8 * own_rows)) - 1u;
@@ -509,8 +514,8 @@ inline Segments segments_of(const Tensor& offsets) {
 
 // The columns output of `out` (codes [K, Mp]).
 inline ColumnsOutput columns_output(const Fp8Tensor& out, int64_t Mp) {
-  return {out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), Mp, Mp % 4 == 0 && aligned(out.codes.data, 4),
-          Mp % 8 == 0 && aligned(out.codes.data, 8)};
+  return {out.codes.ptr<uint8_t>(), out.scales.ptr<float>(), Mp, out.codes.dim(0),
+          Mp % 4 == 0 && aligned(out.codes.data, 4), Mp % 8 == 0 && aligned(out.codes.data, 8)};
 }
 
 // Quantizes the values of src [M, K] (element type T) along the tokens into `out` (codes [K, Mp]),
