@@ -479,18 +479,31 @@ TEST(CudaFp8Matmul, ColumnsOperandsWithUnalignedScalesAreStagedToTheSameProduct)
   DeviceFp8 x_t({K, Mp}, Fp8Tiles::Columns), dy_t({N, Mp}, Fp8Tiles::Columns);
   fp8_quantize_columns(x_t.t(), dx.buffer, Tensor());
   fp8_quantize_columns(dy_t.t(), ddy.buffer, Tensor());
-  DeviceBuffer aligned_out(DType::F32, {N, K}), unaligned_out(DType::F32, {N, K});
+  DeviceBuffer aligned_out(DType::F32, {N, K});
   fp8_matmul(aligned_out, dy_t.t(), x_t.t(), false);
+  const std::vector<float> want = aligned_out.download();
   // The same scales one float into a buffer: 4-byte aligned only.
-  const Shape scale_shape = fp8_scale_shape({N, Mp}, Fp8Tiles::Columns);
-  DeviceBuffer shifted(DType::F32, {scale_shape.numel() + 1});
-  CUDA_CHECK(cudaMemcpy(static_cast<float*>(shifted.tensor().data) + 1, dy_t.scales.tensor().data,
-                        dy_t.scales.bytes(), cudaMemcpyDeviceToDevice));
-  Fp8Tensor unaligned = dy_t.t();
-  unaligned.scales = Tensor(static_cast<float*>(shifted.tensor().data) + 1, DType::F32, scale_shape, Device::CUDA);
-  fp8_matmul(unaligned_out, unaligned, x_t.t(), false);
-  const std::vector<float> want = aligned_out.download(), got = unaligned_out.download();
-  EXPECT_EQ(got, want) << "staged and unstaged Columns scales give different products";
+  DeviceBuffer dy_shifted(DType::F32, {dy_t.scales.tensor().numel() + 1});
+  DeviceBuffer x_shifted(DType::F32, {x_t.scales.tensor().numel() + 1});
+  const auto unaligned = [](const DeviceFp8& q, const DeviceBuffer& shifted) {
+    float* at = static_cast<float*>(shifted.tensor().data) + 1;
+    CUDA_CHECK(cudaMemcpy(at, q.scales.tensor().data, q.scales.bytes(), cudaMemcpyDeviceToDevice));
+    Fp8Tensor t = q.t();
+    t.scales = Tensor(at, DType::F32, t.scales.shape, Device::CUDA);
+    return t;
+  };
+  const Fp8Tensor dy_unaligned = unaligned(dy_t, dy_shifted), x_unaligned = unaligned(x_t, x_shifted);
+  struct Case {
+    Fp8Tensor a, b;
+    const char* what;
+  };
+  for (const Case& c : {Case{dy_unaligned, x_t.t(), "a staged, b as it is"},
+                        Case{dy_t.t(), x_unaligned, "a as it is, b staged"},
+                        Case{dy_unaligned, x_unaligned, "both staged"}}) {
+    DeviceBuffer out(DType::F32, {N, K});
+    fp8_matmul(out, c.a, c.b, false);
+    EXPECT_EQ(out.download(), want) << c.what << ": staged and unstaged Columns scales give different products";
+  }
   expect_matmul_matches_cpu(dy_t, x_t, DType::F32, false, {}, "Columns x Columns");
 }
 

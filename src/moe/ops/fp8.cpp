@@ -175,7 +175,8 @@ void fp8_matmul(Tensor c, Fp8Tensor a, Fp8Tensor b, bool accumulate, Stream stre
   const char* op = check.op();
   check.compute_dtype("c", c);
   check.ndim("c", c, 2);
-  check_fp8(check, "a", a, a.tiles == Fp8Tiles::Columns ? Fp8Tiles::Columns : Fp8Tiles::Rows, 2, 2);
+  MOE_CHECK(a.tiles != Fp8Tiles::Blocks, op, ": a has Blocks (128 x 128) tiles, expected Rows or Columns (1 x 128)");
+  check_fp8(check, "a", a, a.tiles, 2, 2);
   check_fp8(check, "b", b, b.tiles, 2, 2);
   const int64_t M = a.codes.dim(0), K = a.codes.dim(1), N = b.codes.dim(0);
   MOE_CHECK(b.codes.dim(1) == K, op, ": b.codes ", b.codes.shape.str(), " does not match a.codes ",

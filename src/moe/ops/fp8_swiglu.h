@@ -19,7 +19,7 @@ void fp8_swiglu_forward(Tensor out, Fp8Tensor out_rows, Tensor gate_up, Stream s
 
 // The SwiGLU when the backward keeps its output in FP8 (every MLP in train.precision = "fp8" but the
 // routed experts under recompute = "experts"): swiglu(gate_up [R, 2H]) in the activation dtype is
-// never stored; out_rows (Rows tiles, codes [R, H]) and out_columns (Rows tiles along the tokens in
+// never stored; out_rows (Rows tiles, codes [R, H]) and out_columns (Columns tiles, along the tokens in
 // the segments of offsets, empty: one; codes [H, Mp]) are what fp8_quantize_rows_and_columns makes of
 // swiglu_forward's output, bit for bit. out_columns is the down product's weight-gradient operand: the
 // backward reads it instead of the 2-byte output and its own quantization pass (docs/architecture.md,
@@ -29,7 +29,7 @@ void fp8_swiglu_forward_rows_and_columns(Fp8Tensor out_rows, Fp8Tensor out_colum
 
 // The SwiGLU backward when its output gradient feeds FP8 products (the gate/up projection's data and
 // weight gradients in train.precision = "fp8"): dgate_up = swiglu_backward(dout [R, H], gate_up
-// [R, 2H]) is never stored; rows (Rows tiles, codes [R, 2H]) and columns (Rows tiles along the
+// [R, 2H]) is never stored; rows (Rows tiles, codes [R, 2H]) and columns (Columns tiles, along the
 // tokens in the segments of offsets, empty: one; codes [2H, Mp]) are what
 // fp8_quantize_rows_and_columns makes of it, bit for bit (rows outside the segments may be left
 // unwritten, as there).

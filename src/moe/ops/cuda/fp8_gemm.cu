@@ -230,7 +230,7 @@ class Fp8MatmulContext {
     if (rc != CUBLAS_STATUS_SUCCESS || returned == 0) {
       destroy(p);
       MOE_FAIL("fp8_matmul: cuBLASLt found no block-scaled FP8 algorithm for M=", M, " N=", N, " K=", K,
-               " (a Rows, b ", b_blocks ? "Blocks" : "Rows", ", c ", dtype_name(c_dtype),
+               " (a 1 x 128, b ", b_blocks ? "128 x 128" : "1 x 128", ", c ", dtype_name(c_dtype),
                accumulate ? ", accumulating" : "", ", alignments a/b/c ", align_a, "/", align_b, "/", align_c,
                "): ", cublasLtGetStatusName(rc), " (block-scaled FP8 runs on Hopper, sm_90, only)");
     }

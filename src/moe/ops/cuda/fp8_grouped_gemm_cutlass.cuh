@@ -11,19 +11,21 @@
 //   forward / data gradient: M = the expert's rows, N = n_out, K = k_in; A = a rows, Rows scales
 //     (granularity 1 x 128); B = b[e], Blocks scales (128 x 128); D = c rows, BF16, beta = 0.
 //   weight gradient: M = n_out, N = k_in, K = round_up(expert's rows, 128); A = dc_t columns
-//     [p_e, p_e + K) (row stride `columns`), B = x_t columns alike, both Rows scales (1 x 128);
+//     [p_e, p_e + K) (row stride `columns`), B = x_t columns alike, both Columns scales (1 x 128);
 //     C = D = db[e] F32, beta = 1 (or 0 when not accumulating).
-// Both scale tensors are K-major (a row's K blocks contiguous), as moe/ops/fp8.h stores them.
+// The forward's scales are K-major (a row's K blocks contiguous), the weight gradient's M-major (a
+// K block's rows contiguous: Columns tiles are tile-major), as moe/ops/fp8.h stores them.
 //
 // NOTES: per-group scale layouts. The SM90 blockwise mainloop takes an array of per-group scale
 // layouts (layout_SFA / layout_SFB) but, as of CUTLASS 4.2 (and upstream main when this was
-// written), its device code ignores them: load_init rebuilds each group's layout as a packed
-// [M, ceil(K / 128)] array from the group's (M, N, K). That matches the forward's operands, not
-// the weight gradient's columns operands, whose rows are `columns / 128` scales apart while a
-// group spans only K / 128 of them. MainloopWithGroupScaleLayouts below reads the per-group
-// layouts CUTLASS already carries to the device (one load per group change, in the two producer
-// warps); nothing else of the collective changes. Without it, the columns scales would have to be
-// stored M-major ([columns / 128, rows], so a group's block is a packed [K / 128, rows] array).
+// written), its device code ignores them: load_init rebuilds each group's layout as a packed array
+// from the group's (M, N, K). That matched the forward's operands, not the weight gradient's
+// columns operands while their scales were K-major (rows `columns / 128` scales apart while a group
+// spans only K / 128 of them). MainloopWithGroupScaleLayouts below reads the per-group layouts
+// CUTLASS already carries to the device (one load per group change, in the two producer warps);
+// nothing else of the collective changes. Since the columns scales are tile-major (M-major: a
+// group's block is a packed [K / 128, M] array, thirty-second session) the packed layout would
+// match them too, so the subclass may be redundant; it stays until a GPU run checks without it.
 //
 // NOTES: schedule and tiles. KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise, 128x128x128
 // tiles (128 is the scale block: one promotion per K tile), 1x2x1 clusters (each A tile loaded once
@@ -34,11 +36,11 @@
 // 978.9 -> 872.4 and 863.2 TFLOP/s) and the step 3.3% slower. Pingpong (64x128x128, measured
 // 2026-12-02): equal in fwd/dgrad, slower in wgrad (625 vs 778 TFLOP/s); with C void and 8 stages
 // (2026-12-06, H100) the forward and data gradient took 0.95-1.02 pJ/FLOP against 0.75-0.87 and the
-// step 3.5% longer (a 64-row tile reads each B tile for half the FLOPs). M-major scales (a K tile's
-// 128 K-major row scales are a row stride apart: 128 scattered 4-byte loads per operand and K tile)
-// are not worth their layout change: pointing them all at one row, their best case, took 3-4% off
-// the weight gradient's energy (~0.5 J of a 111 J step; seventeenth session) and made the
-// forward's 1-3% worse. At the H200's power cap what counts is energy per FLOP: the forward and
+// step 3.5% longer (a 64-row tile reads each B tile for half the FLOPs). M-major scales (with K-major
+// ones a K tile's 128 row scales are a row stride apart: 128 scattered 4-byte loads per operand and
+// K tile): read at M-major addresses (thirty-second session, H100) the weight gradients took 5.8%
+// (gate_up) and 3.3% (down) less time, the forward and data gradient 1-2% more; so Columns tiles
+// store them M-major and Rows tiles K-major. At the H200's power cap what counts is energy per FLOP: the forward and
 // data gradient 0.77-0.80 pJ (the K = 1024 forward down 0.91), the weight gradient 0.96-1.00 (its
 // promotion multiplies two scale vectors: an FMUL and an FFMA per accumulator element and K tile),
 // cuBLASLt's dense FP8 0.70.

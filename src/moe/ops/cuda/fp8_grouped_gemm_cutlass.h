@@ -35,7 +35,7 @@ void fp8_matmul_nt_bf16(void* c, Fp8Operand a, Fp8Operand b, const int32_t* offs
                         int n_out, int k_in, const Scratch& scratch, cudaStream_t stream);
 
 // db[e] [n_out, k_in] (+= when accumulate, else =) dc_e^T x_e from the columns operands:
-// dc_t codes [n_out, columns] and x_t codes [k_in, columns], Rows scales [., ceil(columns / 128)],
+// dc_t codes [n_out, columns] and x_t codes [k_in, columns], Columns scales [ceil(columns / 128), .],
 // expert e's rows in columns [p_e, p_e + round_up(M_e, 128)) with p_e the sum of round_up(M_g, 128)
 // over g < e (computed on the device from offsets). db F32. An expert without rows, or whose
 // columns would pass `columns` (offsets that do not match the quantization), is skipped: db[e]

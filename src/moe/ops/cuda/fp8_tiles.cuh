@@ -1,6 +1,6 @@
 // The FP8 tile quantizers shared by the quantize kernels (fp8_quantize.cu) and the kernels that
 // quantize what they produce (fp8_swiglu.cu): the Rows kernel (1 x 128 tiles) and the columns kernel
-// (Rows tiles along the tokens, optionally with the Rows tiles of the same values in one pass), both
+// (Columns tiles: 1 x 128 along the tokens, optionally with the Rows tiles of the same values in one pass), both
 // templated on a Source that produces the values to quantize. A Source is what makes a producer
 // kernel out of a quantizer: TensorRows / TensorColumns read a tensor; a fused producer computes its
 // values (rounded to its output type, so the codes are those of quantizing its stored output) and may
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_kernel(Source src, uin
 }
 
 // ---------------------------------------------------------------------------------------------
-// Columns: x [M, K] -> codes [K, Mp], scales [K, ceil(Mp / 128)]; with kRows also the Rows tiles
+// Columns: x [M, K] -> codes [K, Mp], scales [ceil(Mp / 128), K]; with kRows also the Rows tiles
 // of the same rows, codes [M, K], scales [M, ceil(K / 128)].
 //
 // A block of 8 warps takes one column tile (128 rows of one segment) x 128 features; warp w takes
