@@ -12,8 +12,9 @@ config (RUN_DIR/config.toml, or config.resolved.toml where config.toml is the us
 W&B run's config.
 
 --follow keeps reading as the training appends records and ends after the last one, once the
-job holding RUN_DIR (its .lock) has ended; started before the job, it waits for it. Ctrl-C or
-SIGTERM ends it cleanly at any time.
+job holding RUN_DIR (its .lock) has ended; started before the job, it waits for it (a .lock left
+by a killed job is no job). A job that starts and ends between two polls is seen by the records
+it wrote. Ctrl-C or SIGTERM ends it cleanly at any time.
 
 Restarts log no step twice: RUN_DIR/wandb_sidecar.json keeps the W&B run id, the last step
 logged and a digest of that step's record, and a restarted sidecar continues the same W&B run
@@ -208,6 +209,34 @@ def take_lock(run_dir):
     return fd
 
 
+def job_holds(lock_path):
+    """Whether a training job holds RUN_DIR/.lock now. The kernel's flock is the lock: a file left by
+    a job that was killed is not held. Asking for a shared lock for an instant tells them apart (a
+    job starting in that instant asks again, run_lock.cpp)."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        sys.exit(f"error: cannot read {lock_path} to see whether the training job runs: {e.strerror}")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the shared lock, if taken
+
+
+def file_state(path):
+    """What changes when a job writes `path` (None when there is no file)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def poll_seconds(text):
     """--poll: a finite number of seconds above zero (time.sleep refuses a negative one, mid-run)."""
     try:
@@ -238,6 +267,9 @@ def main(argv=None, wandb=None):
             import wandb
         except ImportError:
             sys.exit("error: wandb_sidecar.py needs the wandb package: pip install wandb")
+    # Before any wait: metrics.jsonl changing after this means a job ran since, even one that began
+    # and ended between two polls (only a job holding the run's lock writes it).
+    start_state = file_state(metrics)
     # From here a stop signal ends the sidecar at its next poll, after what it read was logged.
     stop = []
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -257,7 +289,7 @@ def main(argv=None, wandb=None):
     job_lock = os.path.join(args.run_dir, ".lock")
     seen_job = False
     if args.follow:
-        held = "" if os.path.exists(job_lock) else " (no job holds it yet: waiting for one)"
+        held = "" if job_holds(job_lock) else " (no job holds it yet: waiting for one)"
         print(f"wandb_sidecar: following {metrics} until the training job in {args.run_dir} ends{held}; "
               f"Ctrl-C stops", flush=True)
     total = 0
@@ -266,9 +298,11 @@ def main(argv=None, wandb=None):
             total += sidecar.poll()
             if not args.follow or stop:
                 break
-            if os.path.exists(job_lock):
+            # Asked after the poll: a job that does not hold the lock now has written all it will.
+            if job_holds(job_lock):
                 seen_job = True
-            elif seen_job:  # the job ended after its last record: take what it wrote, then stop
+            elif seen_job or file_state(metrics) != start_state:
+                # The job ended (seen running, or seen only by what it wrote): take the rest, then stop.
                 total += sidecar.poll()
                 break
             time.sleep(args.poll)

@@ -160,9 +160,8 @@ class WandbSidecar(unittest.TestCase):
         self.assertEqual(len(self.calls("log")), 10)
 
     def follow_a_training(self, steps, first_line):
-        """Starts `--follow` before a training of `steps` steps into run_dir (a job that ends before
-        the sidecar looks is never seen), checks its first line, runs the training, and waits for
-        the sidecar to end on its own."""
+        """Starts `--follow` before a training of `steps` steps into run_dir, checks its first line,
+        runs the training, and waits for the sidecar to end on its own."""
         sidecar = subprocess.Popen([sys.executable, SIDECAR, self.run_dir, "--follow", "--poll", "0.02"],
                                    env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -185,6 +184,45 @@ class WandbSidecar(unittest.TestCase):
         os.rmdir(self.run_dir)
         self.follow_a_training(20, f"waiting for {self.run_dir} to be created")
         self.assertEqual(self.logged_steps(), list(range(1, 21)))
+
+    def start_following(self, poll, first_line):
+        sidecar = subprocess.Popen([sys.executable, SIDECAR, self.run_dir, "--follow", "--poll", str(poll)],
+                                   env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(sidecar.kill)
+        self.assertIn(first_line, sidecar.stdout.readline())
+        return sidecar
+
+    def job_appends(self, records):
+        """What a training job does to run_dir, without the trainer: holds .lock (flock, as
+        run_lock.cpp does) while it appends `records`, then removes the file and releases it."""
+        lock = os.path.join(self.run_dir, ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            write_lines(os.path.join(self.run_dir, "metrics.jsonl"), records, mode="a")
+        finally:
+            os.unlink(lock)
+            os.close(fd)
+
+    def test_a_job_that_starts_and_ends_between_two_polls_is_seen_by_its_records(self):
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
+        sidecar = self.start_following(3, "waiting for one")  # it has read step 1 and sleeps
+        self.job_appends([record(2), record(3)])  # the whole job, well inside one poll interval
+        out, err = sidecar.communicate(timeout=30)
+        self.assertEqual(sidecar.returncode, 0, out + err)
+        self.assertEqual(self.logged_steps(), [1, 2, 3])
+
+    def test_a_lock_file_left_by_a_killed_job_is_no_job_the_next_one_is_followed(self):
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
+        with open(os.path.join(self.run_dir, ".lock"), "w") as f:  # its content, but nobody's flock
+            f.write('{"pid": 4242, "host": "elsewhere", "started": "20260101-000000"}\n')
+        sidecar = self.start_following(0.02, "waiting for one")
+        with self.assertRaises(subprocess.TimeoutExpired):  # it waits: no job has run since it started
+            sidecar.wait(timeout=1)
+        self.job_appends([record(2)])
+        out, err = sidecar.communicate(timeout=30)
+        self.assertEqual(sidecar.returncode, 0, out + err)
+        self.assertEqual(self.logged_steps(), [1, 2])
 
     def test_a_poll_interval_that_is_not_a_positive_finite_number_is_refused_before_anything_is_logged(self):
         write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])

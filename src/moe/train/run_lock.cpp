@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "moe/ckpt/durable_file.h"
 #include "moe/core/bounded_json.h"
@@ -43,7 +45,11 @@ std::string holder(const std::string& text) {
 }  // namespace
 
 RunLock::RunLock(std::string path) : path_(std::move(path)) {
-  for (int attempt = 0; attempt < 8 && fd_ < 0; ++attempt) {
+  // A probe (run_lock_holder, or wandb_sidecar.py --follow asking whether a job runs) holds a
+  // shared lock for an instant; a job holds its exclusive one for its whole life. Asking again for
+  // kBusyFor tells the two apart, so a probe never refuses a job's start.
+  const auto busy_until = std::chrono::steady_clock::now() + kBusyFor;
+  for (int attempt = 0; attempt < 8 && fd_ < 0;) {
     const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     MOE_CHECK(fd >= 0, "cannot open the lock file ", path_, ": ", errno_text());
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -51,9 +57,14 @@ RunLock::RunLock(std::string path) : path_(std::move(path)) {
       const std::string who = holder(read_fd(fd));
       ::close(fd);
       MOE_CHECK(err == EWOULDBLOCK, "cannot lock ", path_, ": ", std::strerror(err));
+      if (std::chrono::steady_clock::now() < busy_until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
       MOE_FAIL("the run directory is in use by ", who.empty() ? "another job" : who, " (", path_,
                "); wait for it to end, or choose another run.dir");
     }
+    ++attempt;
     // The previous holder removes the file before it releases the lock: if this file is no longer
     // the one at the path, another job may lock a new one there, so start again with that.
     struct stat mine {}, at_path {};
@@ -98,7 +109,7 @@ std::string run_lock_holder(const std::string& path) {
   if (fd < 0) return "";
   std::string who;
   // A shared lock conflicts only with a holder's exclusive one (two probes do not collide); a job
-  // taking its lock in the instant this one is held is refused and can start again.
+  // taking its lock in the instant this one is held asks again (RunLock, kBusyFor).
   if (::flock(fd, LOCK_SH | LOCK_NB) == 0) {
     ::flock(fd, LOCK_UN);
   } else if (errno == EWOULDBLOCK) {

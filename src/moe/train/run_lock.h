@@ -5,9 +5,14 @@
 // lock file whose content is not what moetrain writes, are errors naming the file.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 namespace moe {
+
+// How long a job's start asks again for a lock someone holds before it says the directory is in
+// use: far longer than a probe holds its shared lock, short beside a job's start.
+inline constexpr std::chrono::milliseconds kBusyFor{500};
 
 class RunLock {
  public:
