@@ -227,11 +227,16 @@ TEST_F(PrepareCliTest, a_prepare_into_a_folder_another_is_creating_waits_for_it_
   const std::string b = write_text("b.txt", 1500, 'b');
   const std::string out = path("new/data");
   const std::string resume = path("resume");
+  const std::string second_err = path("second.err");
+  // The first is resumed once the second has said it waits (30 s at most), not after a fixed time:
+  // a loaded machine may take longer than any fixed time to start the second.
   const std::string cmd = "MOE_TEST_PREPARE_PAUSE='" + resume + "' '" MOE_BINARY_DIR "/moetrain' prepare '" + a +
                           "' --out '" + out + "' > /dev/null & first=$!; " + until_a_temporary_is_in(out) +
                           "; '" MOE_BINARY_DIR "/moetrain' prepare '" + b + "' --append --out '" + out +
-                          "' > /dev/null & second=$!; sleep 0.5; kill -0 $second || exit 3; touch '" + resume +
-                          "'; wait $first || exit 4; wait $second";
+                          "' > /dev/null 2> '" + second_err + "' & second=$!; for i in $(seq 1500); do grep -q "
+                          "'waiting for another prepare' '" + second_err + "' && break; kill -0 $second || exit 3; "
+                          "sleep 0.02; done; touch '" + resume + "'; wait $first || exit 4; wait $second; rc=$?; cat '" +
+                          second_err + "' >&2; exit $rc";
   const CliRun r = run({"/bin/bash", "-c", cmd});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("prepare: waiting for another prepare or tokenize_hf.py writing into " + out + " to finish"),

@@ -208,23 +208,33 @@ TEST(MpiCommunicator, split_orders_by_key_and_collectives_stay_inside_groups) {
 
 // A message above the shared-memory eager limit moves only while its sender is inside MPI. The
 // send queue's progress thread keeps it moving while the sender computes (here: sleeps, making no
-// MPI call for 1.5 s), so the receiver has it long before the sender's next call. Without the thread
-// the receive would return only after that sleep. The bound (0.75 s) leaves a loaded machine room.
+// MPI call for 1.5 s), so the receiver has it before the sender's next call. Without the thread the
+// receive would return only after that sleep. The check is causal, not a time bound a loaded
+// machine could miss: the receive ended before the moment the sender's sleep ended (steady_clock
+// is CLOCK_MONOTONIC, one clock for the processes of one host; mpirun starts them on this one).
 TEST(MpiCommunicator, a_queued_send_reaches_its_receiver_while_the_sender_makes_no_mpi_call) {
   if (!world().threads_may_call_concurrently()) GTEST_SKIP() << "MPI does not provide MPI_THREAD_MULTIPLE";
   constexpr int64_t kFloats = 1 << 20;  // 4 MiB: far above any eager limit
   const int r = world().rank();
   std::vector<float> buf(kFloats, r == 0 ? 3.0f : 0.0f);
   world().barrier();
+  const auto ticks = [] { return std::chrono::steady_clock::now().time_since_epoch().count(); };
+  std::vector<int64_t> sleep_ended{0};
   if (r == 0) {
     world().send(f32(buf), 1, 7);
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    sleep_ended[0] = ticks();
+    world().wait_sends();
+    world().send(i64(sleep_ended), 1, 8);
     world().wait_sends();
   } else if (r == 1) {
-    const auto t0 = std::chrono::steady_clock::now();
     world().recv(f32(buf), 0, 7);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_LT(seconds, 0.75) << "the receive waited for the sender's next MPI call";
+    const int64_t received = ticks();
+    world().recv(i64(sleep_ended), 0, 8);
+    EXPECT_LT(received, sleep_ended[0]) << "the receive waited for the sender's next MPI call ("
+                                        << std::chrono::duration<double>(std::chrono::steady_clock::duration(
+                                               received - sleep_ended[0])).count()
+                                        << " s after its sleep ended)";
     EXPECT_EQ(buf.front(), 3.0f);
     EXPECT_EQ(buf.back(), 3.0f);
   }

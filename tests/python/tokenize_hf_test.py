@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -540,12 +541,15 @@ class TokenizeHfTest(TempDirTest):
         prepare = subprocess.Popen([os.path.join(os.environ["MOE_BINARY_DIR"], "moetrain"), "prepare",
                                     self.path("bytes.txt"), "--append", "--out", out],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        time.sleep(0.5)
+        # Resumed once prepare says it waits (30 s at most), not after a fixed time: a loaded machine
+        # may take longer than any fixed time to start it.
+        ready, _, _ = select.select([prepare.stderr], [], [], 30)
+        first_line = prepare.stderr.readline() if ready else ""
         waited = prepare.poll() is None
         tokenize.send_signal(signal.SIGCONT)
-        self.assertTrue(waited, "prepare did not wait for tokenize_hf.py")
+        self.assertTrue(waited, "prepare did not wait for tokenize_hf.py: " + first_line)
         self.assertEqual(self.finish(tokenize).returncode, 0)
-        err = prepare.communicate(timeout=60)[1]
+        err = first_line + prepare.communicate(timeout=60)[1]
         self.assertEqual(prepare.returncode, 1, err)
         self.assertIn(f"prepare: waiting for another prepare or tokenize_hf.py writing into {out} to finish", err)
         self.assertTrue(err.splitlines()[-1].startswith(f"error: prepare --append: {out}/dataset.json has"), err)

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <ctime>
 #include <exception>
 #include <filesystem>
@@ -373,6 +374,17 @@ void Trainer::queue_gradients(int64_t step) {
   }
 }
 
+// Test hook (tests/cli/stop_test.cpp): after step MOE_TEST_AWAIT_STOP_AFTER_STEP's record, wait
+// (60 s at most) for a stop signal, so that a test's signal arrives at a known step however loaded
+// the machine is. The next step's statistics carry it: the run stops after that step.
+static void await_stop_for_test(int64_t step) {
+  const char* after = std::getenv("MOE_TEST_AWAIT_STOP_AFTER_STEP");
+  if (!after || std::atoll(after) != step) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (stop_signal() == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
 // Test hook: make one rank fail in the middle of a step (the job must end, not hang).
 void Trainer::fail_for_test(int64_t step) const {
   if (const char* r = std::getenv("MOE_TEST_FAIL_ON_RANK"); r && std::atoi(r) == world_.rank() && step == 1)
@@ -627,6 +639,7 @@ TrainSummary Trainer::run() {
         run_dir->write_record(j);  // metrics.jsonl and, with run.tensorboard, the TensorBoard events
       }
     }
+    await_stop_for_test(r.step);
     // Skipped steps leave the weights as they were; a run that keeps skipping has diverged. Its
     // error points to the last checkpoint: one still being written is committed first.
     if (give_up) finish_background_save(/*wait=*/true);
