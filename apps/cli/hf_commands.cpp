@@ -52,7 +52,7 @@ int run_export(const ExportArgs& a) {
               static_cast<long>(r.tensors), moe::format_bytes(static_cast<double>(r.bytes)).c_str(),
               bf16 ? "bfloat16" : "float32", r.shards, r.out_dir.c_str(),
               moe::format_bytes(static_cast<double>(r.peak_rss_bytes)).c_str());
-  if (!r.note.empty()) std::printf("  note: %s\n", r.note.c_str());
+  for (const std::string& note : r.notes) std::printf("  note: %s\n", note.c_str());
   return 0;
 }
 

@@ -135,11 +135,66 @@ TEST_F(HfInterop, export_refuses_a_shard_size_that_is_not_a_number_as_a_usage_er
 }
 
 TEST_F(HfInterop, export_copies_tokenizer_files_byte_for_byte) {
-  std::string bytes = "{\"model\": {\"type\": \"BPE\"}}\n";
-  bytes += std::string("\0\xff\n", 3);
+  // Ids up to 511 of the tiny model's 512, its own layout and UTF-8 kept as they are.
+  const std::string bytes =
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0,   \"\xc3\xa9\": 1}},\n"
+      " \"added_tokens\": [{\"id\": 511, \"content\": \"<|endoftext|>\"}]}\n";
+  constexpr char kMerges[] = "#version: 0.2\n\0\xff\n";
+  const std::string merges(kMerges, sizeof kMerges - 1);  // with its NUL and non-UTF-8 byte
   write_file(path("tokenizer.json"), bytes);
-  ASSERT_EQ(moetrain({"export-hf", run_dir(), path("hf"), "--tokenizer", path("tokenizer.json")}).exit_code, 0);
+  write_file(path("merges.txt"), merges);
+  const CliRun r = moetrain(
+      {"export-hf", run_dir(), path("hf"), "--tokenizer", path("tokenizer.json"), "--tokenizer", path("merges.txt")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(read_file(path("hf/tokenizer.json")), bytes);
+  EXPECT_EQ(read_file(path("hf/merges.txt")), merges);
+  EXPECT_EQ(r.out.find("note: copied"), std::string::npos) << "names Hugging Face finds are not noted:\n" << r.out;
+}
+
+// Before, --tokenizer copied any file: another model's model.safetensors went in beside the
+// export's shards, and transformers would load it instead of them (import-hf refused the folder).
+TEST_F(HfInterop, export_refuses_a_weight_file_as_a_tokenizer_file_before_writing) {
+  for (const char* name : {"model.safetensors", "pytorch_model.bin", "consolidated.pth", "x.safetensors.index.json"}) {
+    write_file(path(name), "weights");
+    const CliRun r = moetrain({"export-hf", run_dir(), path("hf"), "--tokenizer", path(name)});
+    expect_error(r, {path(name), "is named like a weight file", "tokenizer.json"});
+    EXPECT_FALSE(fs::exists(path("hf"))) << name;
+  }
+}
+
+// Another model's tokenizer (ids past the model's vocab_size, in its vocabulary or its added
+// tokens) was copied without a word: the exported model would index past its embedding.
+TEST_F(HfInterop, export_refuses_a_tokenizer_with_ids_past_the_models_vocabulary) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"tokenizer.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1999}}}"},
+      {"tokenizer.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"added_tokens\": [{\"id\": 512}]}"},
+      {"tokenizer.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": " + [] {
+         std::string list = "[[\"p\", -1.0]";
+         for (int i = 1; i < 600; ++i) list += ", [\"p\", -1.0]";
+         return list + "]";
+       }() + "}}"},
+      {"vocab.json", "{\"a\": 0, \"b\": 700}"}};
+  for (const auto& [name, text] : cases) {
+    const std::string dir = path("tok-" + std::to_string(&name - &cases[0].first));
+    fs::create_directories(dir);
+    write_file(dir + "/" + name, text);
+    const CliRun r = moetrain({"export-hf", run_dir(), path("hf"), "--tokenizer", dir + "/" + name});
+    expect_error(r, {dir + "/" + name, "has token ids up to", "vocabulary has 512 (model.vocab_size)"});
+    EXPECT_FALSE(fs::exists(path("hf"))) << text;
+  }
+  write_file(path("tokenizer.json"), "{\"model\": ");
+  expect_error(moetrain({"export-hf", run_dir(), path("hf"), "--tokenizer", path("tokenizer.json")}),
+               {path("tokenizer.json"), "is not JSON"});
+  EXPECT_FALSE(fs::exists(path("hf")));
+}
+
+// A tokenizer file under a name Hugging Face does not look for is copied as given, and said.
+TEST_F(HfInterop, export_notes_a_tokenizer_file_hugging_face_will_not_find_by_its_name) {
+  write_file(path("tok300.json"), "{}");
+  const CliRun r = moetrain({"export-hf", run_dir(), path("hf"), "--tokenizer", path("tok300.json")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(read_file(path("hf/tok300.json")), "{}");
+  EXPECT_NE(r.out.find("note: copied tok300.json under the name given"), std::string::npos) << r.out;
 }
 
 // An empty path (a script's unset variable) ended in "filesystem error: cannot make absolute path:

@@ -21,6 +21,7 @@
 #include "moe/model/weights.h"
 #include "moe/train/config.h"
 #include "moe/train/hf_config.h"
+#include "moe/train/hf_tokenizer_files.h"
 #include "moe/train/init_source.h"
 
 namespace fs = std::filesystem;
@@ -115,14 +116,16 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
     MOE_CHECK(fs::exists(t), "export-hf: tokenizer file '", t, "' not found");
     MOE_CHECK(fs::is_regular_file(t), "export-hf: --tokenizer '", t, "' is not a file (give each file: tokenizer.json, ",
               "tokenizer_config.json, ...)");
+    check_tokenizer_file_name(t);
     const std::string name = fs::path(t).filename().string();
-    MOE_CHECK(name.rfind("model-", 0) != 0 && names.insert(name).second, "export-hf: --tokenizer '", t,
-              "' would be written as ", name, ", a name the export already uses");
+    MOE_CHECK(names.insert(name).second, "export-hf: --tokenizer '", t, "' would be written as ", name,
+              ", a name the export already uses");
   }
   const std::string dir = resolve_checkpoint(checkpoint);
   CheckpointReader ckpt(dir);
   const Config cfg = parse_stored_config(ckpt.train_state_string("config"), dir + "/train_state.json");
   nlohmann::json hf_config = olmoe_hf_config(cfg.model);
+  const std::string tokenizer_note = check_tokenizer_files_fit(tokenizer_files, cfg.model.vocab_size);
   std::string note;
   // (A step-0 checkpoint, such as import-hf's, was never trained: nothing was dropped.)
   if (!cfg.model.dropless && ckpt.train_state_int("step", 0) > 0)
@@ -177,7 +180,8 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
   ExportResult r;
   r.out_dir = out_dir;
   r.shards = static_cast<int>(shards.size());
-  r.note = note;
+  for (const std::string& n : {note, tokenizer_note})
+    if (!n.empty()) r.notes.push_back(n);
   nlohmann::json weight_map = nlohmann::json::object();
   std::vector<float> buffer;     // one tensor at a time
   std::vector<uint16_t> rounded;  // its BF16 values, for a BF16 export

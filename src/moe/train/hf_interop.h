@@ -26,7 +26,9 @@ struct ExportResult {
   int64_t tensors = 0;
   int64_t bytes = 0;
   size_t peak_rss_bytes = 0;
-  std::string note;  // what the exported model does differently from the trained one ("" = nothing)
+  // What to tell the user: where the exported model does differently from the trained one, and
+  // tokenizer files Hugging Face will not find by their names.
+  std::vector<std::string> notes;
 };
 // Writes config.json, model-0000i-of-0000n.safetensors (per-expert tensors, in `dtype`: F32, or
 // BF16 rounded to nearest even from the FP32 main weights, with config.json's torch_dtype to match)
