@@ -189,6 +189,12 @@ def main(argv=None):
                  "(scripts/setup.sh installs it into .deps/python-tracking: PYTHONPATH=.deps/python-tracking)")
     extension = check_out(args.out, args.overwrite, FigureCanvasAgg.get_supported_filetypes())
     runs = [(run, *load_run(run, args.abandoned)) for run in args.runs]
+    empty = [run for run, current, abandoned in runs if not current and not any(r for _, r in abandoned)]
+    if len(empty) == len(runs):  # an image of empty panels would pass for a plot
+        sys.exit(f"error: no records to plot: {', '.join(os.path.join(r, 'metrics.jsonl') for r in empty)} "
+                 f"{'holds' if len(empty) == 1 else 'hold'} none yet; {args.out} not written")
+    for run in empty:
+        print(f"{run}: {os.path.join(run, 'metrics.jsonl')} holds no records yet; drawn without it")
 
     fig, axes = plt.subplots(2, 3, figsize=(17, 9))
     current_style = {"linestyle": "-", "linewidth": 1.5}

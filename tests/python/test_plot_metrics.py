@@ -163,6 +163,18 @@ class PlotMetrics(unittest.TestCase):
         run = self.write_run("writing", [{"step": 1, "lm_loss": 7.0}], tail='{"step": 2, "note": "é'.encode()[:-1])
         self.assertEqual([r["step"] for r in plot_metrics.load_run(run, with_abandoned=False)[0]], [1])
 
+    def test_runs_without_records_are_an_error_and_one_empty_run_beside_others_is_said(self):
+        # Before, no records at all gave an image of six "no data" panels and exit 0.
+        empty = self.write_run("empty", [], tail=b"\n\n")
+        out_png = os.path.join(self.tmp.name, "x.png")
+        self.assert_one_line_error(self.run_tool(empty, "--out", out_png),
+                                   "no records to plot", os.path.join(empty, "metrics.jsonl"), "x.png not written")
+        self.assertFalse(os.path.exists(out_png))
+        run = self.write_run("run", [{"step": 1, "lm_loss": 7.0}])
+        out = self.plot(run, empty, "--out", out_png)
+        self.assertIn(f"{empty}: {os.path.join(empty, 'metrics.jsonl')} holds no records yet", out)
+        self.assert_png(out_png)
+
     def test_an_unreadable_run_is_an_error_naming_the_file(self):
         p = subprocess.run([sys.executable, PLOT, os.path.join(self.tmp.name, "missing"), "--out",
                             os.path.join(self.tmp.name, "x.png")], capture_output=True, text=True, timeout=60)
