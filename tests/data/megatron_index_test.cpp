@@ -92,6 +92,14 @@ TEST(MegatronIndex, ABinThatDoesNotEndWhereItsIndexSaysIsRefused) {
   fs::resize_file(dir.path + "/b.idx", 40);
   expect_contains(error_of([&] { TokenArray::open(dir.path + "/b.bin", "raw", TokenDType::U32); }),
                   {dir.path + "/b.idx", "cut short"});
+  // One cut before the end of its magic, or empty (an interrupted copy): before, taken for another
+  // program's .idx, so the .bin was read without the type check.
+  for (const uintmax_t bytes : {0, 4}) {
+    write_pair(dir.path + "/m", kDocs32, 4);
+    fs::resize_file(dir.path + "/m.idx", bytes);
+    expect_contains(error_of([&] { TokenArray::open(dir.path + "/m.bin", "raw", TokenDType::U16); }),
+                    {dir.path + "/m.idx", "is cut short (" + std::to_string(bytes) + " bytes", "write it again"});
+  }
   // One cut inside its document boundaries (the last part of the file).
   write_pair(dir.path + "/c", kDocs32, 4);
   fs::resize_file(dir.path + "/c.idx", fs::file_size(dir.path + "/c.idx") - 8);

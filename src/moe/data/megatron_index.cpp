@@ -81,7 +81,13 @@ std::optional<IndexHeader> open_index(const std::string& bin_path) {
   if (!h.in) return std::nullopt;  // none (or unreadable: then nothing to check the tokens against)
   char magic[kMagicLen] = {};
   h.in.read(magic, kMagicLen);
-  if (!h.in || !is_megatron_index(magic, kMagicLen)) return std::nullopt;  // another program's .idx
+  const auto got = static_cast<size_t>(h.in.gcount());
+  // Shorter than the magic but the start of it (empty too): a Megatron index whose writing or copy
+  // was cut short, not another program's. Reading on without it would skip the type check.
+  MOE_CHECK(got >= kMagicLen || std::memcmp(magic, kMagic, got) != 0, "raw token file ", printable(bin_path),
+            ": its Megatron index ", printable(h.idx), " is cut short (", got,
+            " bytes, not even its header): the pair is incomplete; write it again");
+  if (!is_megatron_index(magic, got)) return std::nullopt;  // another program's .idx
   const auto version = read_at<uint64_t>(h.in, kMagicLen, h.idx);
   MOE_CHECK(version == 1, "Megatron index ", printable(h.idx), ": version ", version,
             ", of which moetrain knows 1 only");
