@@ -250,8 +250,19 @@ TEST(Checkpoint, ResolvePicksTheNewestCompleteStep) {
   fs::create_directories(tmp / "empty-run");
   std::string msg = error_of([&] { resolve_checkpoint(tmp / "empty-run"); });
   EXPECT_NE(msg.find("no complete checkpoint"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("empty-run (at "), std::string::npos) << "nothing recognized, nothing guessed: " << msg;
   msg = error_of([&] { resolve_checkpoint(tmp / "no-such-run"); });
   EXPECT_NE(msg.find("no-such-run does not exist"), std::string::npos) << msg;
+  // What the path is instead, where that is recognizable: an unfinished save, a Hugging Face folder.
+  msg = error_of([&] { resolve_checkpoint(run + "/.tmp-step-000099"); });
+  EXPECT_NE(msg.find(".tmp-step-000099 is a checkpoint still being written, or one whose save was cut short"),
+            std::string::npos) << msg;
+  fs::create_directories(tmp / "hf");
+  std::ofstream(tmp / "hf/config.json") << "{}";
+  std::ofstream(tmp / "hf/model.safetensors.index.json") << "{}";
+  msg = error_of([&] { resolve_checkpoint(tmp / "hf"); });
+  EXPECT_NE(msg.find("it is a Hugging Face model folder: `moetrain import-hf " + (tmp / "hf")), std::string::npos)
+      << msg;
 }
 
 TEST(Checkpoint, PruneKeepsTheNewestK) {

@@ -219,6 +219,16 @@ TEST_F(PrepareCliTest, an_output_folder_given_with_a_trailing_slash_is_created) 
   EXPECT_EQ(listed_names(path("new/data/dataset.json")), std::vector<std::string>{"a.npy"});
 }
 
+// An --out that is a link to nothing said "cannot create output folder ...: File exists".
+TEST_F(PrepareCliTest, an_output_that_is_a_link_to_nothing_is_named_as_such_and_left_alone) {
+  const std::string a = write_text("a.txt", 2000, 'a');
+  fs::create_symlink(path("gone"), path("link"));
+  const CliRun r = moetrain({"prepare", a, "--out", path("link")});
+  expect_error(r, {path("link"), "is a symbolic link to nothing (to a missing " + path("gone") + ")"});
+  EXPECT_TRUE(fs::is_symlink(path("link")));
+  EXPECT_FALSE(fs::exists(path("gone")));
+}
+
 // A prepare into a folder that another prepare is creating waits for it (saying so), then sees
 // what it wrote. Before, it locked the new folder while the first held only the folder's parent,
 // and took the first call's temporary files for an interrupted prepare's.

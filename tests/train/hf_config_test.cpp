@@ -153,8 +153,8 @@ TEST(HfConfig, required_size_that_is_absent_or_null_is_named) {
     json j = base();
     j.erase(key);
     expect_refused(j, {std::string("lacks '").append(key).append("'")});
-    j[key] = nullptr;
-    expect_refused(j, {std::string("lacks '").append(key).append("'")});
+    j[key] = nullptr;  // present, but null: said as such (it read "lacks" before)
+    expect_refused(j, {std::string("has null for '").append(key).append("'")});
   }
 }
 

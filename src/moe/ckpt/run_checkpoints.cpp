@@ -124,6 +124,28 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return steps;
 }
 
+namespace {
+
+// What a folder without a complete checkpoint is instead, when that is recognizable: the reason
+// the user's path is not one, in the words of what to do ("" when nothing is recognized).
+std::string why_no_checkpoint(const std::string& dir) {
+  if (const auto intent = read_intent(dir))
+    return " (an interrupted set-aside, " + dir + "/" + kIntentFile + ", hides the checkpoints after step " +
+           std::to_string(intent->after_step) + "; the next training run in this directory completes it)";
+  const std::string name = fs::path(dir).filename().string();
+  if (step_of_name(name, ".tmp-step-") || step_of_name(name, "step-"))
+    return " (" + name + " is a checkpoint still being written, or one whose save was cut short: it has no "
+           "index.json yet; give its run directory for the newest complete one)";
+  std::error_code ec;
+  if (fs::exists(dir + "/config.json", ec) &&
+      (fs::exists(dir + "/model.safetensors", ec) || fs::exists(dir + "/model.safetensors.index.json", ec)))
+    return " (it is a Hugging Face model folder: `moetrain import-hf " + dir +
+           " OUT` makes a checkpoint of it; train --init-from reads it as it is)";
+  return "";
+}
+
+}  // namespace
+
 std::string resolve_checkpoint(const std::string& run_dir_or_ckpt) {
   std::string p = run_dir_or_ckpt;
   while (p.size() > 1 && p.back() == '/') p.pop_back();
@@ -139,11 +161,7 @@ std::string resolve_checkpoint(const std::string& run_dir_or_ckpt) {
   MOE_CHECK(fs::is_directory(run, ec), "cannot resolve checkpoint ", run_dir_or_ckpt,
             ": neither a checkpoint directory nor a run directory");
   const auto steps = list_checkpoints(run);
-  MOE_CHECK(!steps.empty(), "no complete checkpoint (step-*/index.json) in ", run,
-            read_intent(run) ? " (an interrupted set-aside, " + run + "/" + kIntentFile +
-                                   ", hides the checkpoints after step " + std::to_string(read_intent(run)->after_step) +
-                                   "; the next training run in this directory completes it)"
-                             : std::string());
+  MOE_CHECK(!steps.empty(), "no complete checkpoint (step-*/index.json) in ", run, why_no_checkpoint(run));
   return run + "/" + steps.back().second;
 }
 

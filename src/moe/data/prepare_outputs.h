@@ -79,8 +79,13 @@ class PrepareOutputs {
   void create_next_dir() {
     const size_t i = dirs_created_.load();
     std::error_code ec;
-    MOE_CHECK(std::filesystem::create_directory(dirs_[i], ec) && !ec, "prepare: cannot create output folder ",
-              printable(dirs_[i]), ": ", ec.message());
+    const bool created = std::filesystem::create_directory(dirs_[i], ec) && !ec;
+    if (!created && std::filesystem::is_symlink(std::filesystem::symlink_status(dirs_[i])))
+      MOE_FAIL("prepare: cannot create output folder ", printable(dirs_[i]),
+               ": it is a symbolic link to nothing (to a missing ",
+               printable(std::filesystem::read_symlink(dirs_[i], ec).string()),
+               "); create what it names, or remove the link");
+    MOE_CHECK(created, "prepare: cannot create output folder ", printable(dirs_[i]), ": ", ec.message());
     dirs_created_.store(i + 1);
   }
   size_t dirs() const { return dirs_.size(); }

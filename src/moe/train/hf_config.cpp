@@ -55,7 +55,7 @@ class HfConfigReader {
   }
   const json& need(const std::string& key) const {
     const json* v = find(key);
-    if (!v) MOE_FAIL(source_, " lacks '", key, "', which moetrain needs");
+    if (!v) MOE_FAIL(source_, j_.contains(key) ? " has null for '" : " lacks '", key, "', which moetrain needs");
     return *v;
   }
   // An integer in [lo, kHfMaxSize]: 2.5, "8", true, -1 and 1e30 are refused rather than converted.
