@@ -12,9 +12,12 @@ config (RUN_DIR/config.toml, or config.resolved.toml where config.toml is the us
 W&B run's config.
 
 --follow keeps reading as the training appends records and ends after the last one, once the
-job holding RUN_DIR (its .lock) has ended; started before the job, it waits for it (a .lock left
-by a killed job is no job). A job that starts and ends between two polls is seen by the records
-it wrote. Ctrl-C or SIGTERM ends it cleanly at any time.
+job holding RUN_DIR (its .lock) has ended; started before the job, it waits for it. A job that
+starts and ends between two polls is seen by the records it wrote (one that wrote none, failing at
+start-up, is not: the sidecar waits on). A .lock left by a job killed on this host is no job; one
+naming another host counts as held (its flock may not reach this host), so a sidecar following a
+job killed on another host waits until the next job there ends, or Ctrl-C. Ctrl-C or SIGTERM ends
+it cleanly at any time.
 
 Restarts log no step twice: RUN_DIR/wandb_sidecar.json keeps the W&B run id, the last step
 logged and a digest of that step's record, and a restarted sidecar continues the same W&B run
@@ -33,6 +36,7 @@ import json
 import math
 import os
 import signal
+import socket
 import sys
 import time
 import tomllib
@@ -211,8 +215,10 @@ def take_lock(run_dir):
 
 def job_holds(lock_path):
     """Whether a training job holds RUN_DIR/.lock now. The kernel's flock is the lock: a file left by
-    a job that was killed is not held. Asking for a shared lock for an instant tells them apart (a
-    job starting in that instant asks again, run_lock.cpp)."""
+    a job that was killed on this host is not held. Asking for a shared lock for an instant tells
+    them apart (a job starting in that instant asks again, run_lock.cpp). A file naming another host
+    counts as held: a flock may not reach across hosts (Lustre's localflock, NFS's local_lock), so
+    only the job's own host can tell a killed job's file."""
     try:
         fd = os.open(lock_path, os.O_RDONLY)
     except FileNotFoundError:
@@ -220,12 +226,18 @@ def job_holds(lock_path):
     except OSError as e:
         sys.exit(f"error: cannot read {lock_path} to see whether the training job runs: {e.strerror}")
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        content = os.read(fd, 4096)  # {"pid": ..., "host": ..., "started": ...} (run_lock.cpp)
     finally:
         os.close(fd)  # releases the shared lock, if taken
+    try:
+        host = json.loads(content).get("host")
+    except (ValueError, AttributeError):
+        return False  # empty (a job between creating and locking it) or not moetrain's
+    return isinstance(host, str) and host != socket.gethostname()
 
 
 def file_state(path):
@@ -258,6 +270,13 @@ def main(argv=None, wandb=None):
     ap.add_argument("--poll", type=poll_seconds, default=5.0, help="seconds between reads with --follow (default 5)")
     args = ap.parse_args(argv)
     metrics = os.path.join(args.run_dir, "metrics.jsonl")
+    job_lock = os.path.join(args.run_dir, ".lock")
+    # Before anything slow (importing wandb takes seconds, opening a W&B run more): a job holding the
+    # run's lock now, or metrics.jsonl changing after this, means a job ran since the sidecar
+    # started, even one that began and ended between two polls (only a job holding the lock writes
+    # metrics.jsonl).
+    start_state = file_state(metrics)
+    seen_job = args.follow and job_holds(job_lock)
     if not args.follow and not os.path.isdir(args.run_dir):
         sys.exit(f"error: {args.run_dir} is not a folder (a moetrain run.dir)")
     if not args.follow and not os.path.exists(metrics):
@@ -267,9 +286,6 @@ def main(argv=None, wandb=None):
             import wandb
         except ImportError:
             sys.exit("error: wandb_sidecar.py needs the wandb package: pip install wandb")
-    # Before any wait: metrics.jsonl changing after this means a job ran since, even one that began
-    # and ended between two polls (only a job holding the run's lock writes it).
-    start_state = file_state(metrics)
     # From here a stop signal ends the sidecar at its next poll, after what it read was logged.
     stop = []
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -286,10 +302,9 @@ def main(argv=None, wandb=None):
         sys.exit(f"error: {args.run_dir} is not a folder (a moetrain run.dir)")
     lock_fd = take_lock(args.run_dir)
     sidecar = Sidecar(args.run_dir, args, wandb)
-    job_lock = os.path.join(args.run_dir, ".lock")
-    seen_job = False
     if args.follow:
-        held = "" if job_holds(job_lock) else " (no job holds it yet: waiting for one)"
+        seen_job = seen_job or job_holds(job_lock)
+        held = "" if seen_job else " (no job holds it yet: waiting for one)"
         print(f"wandb_sidecar: following {metrics} until the training job in {args.run_dir} ends{held}; "
               f"Ctrl-C stops", flush=True)
     total = 0

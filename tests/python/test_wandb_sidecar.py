@@ -7,6 +7,7 @@ import fcntl
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -17,7 +18,7 @@ from tracking_util import PYTHON_TOOLS, metrics, moe_metrics, train, train_comma
 SIDECAR = os.path.join(PYTHON_TOOLS, "wandb_sidecar.py")
 
 FAKE_WANDB = '''
-import json, os, uuid
+import json, os, time, uuid
 
 def _write(entry):
     with open(os.environ["FAKE_WANDB_LOG"], "a") as f:
@@ -39,6 +40,12 @@ class _Run:
         _write({"call": "finish", "run": self.id})
 
 def init(project=None, entity=None, name=None, id=None, resume=None, **kwargs):
+    # Opening a W&B run takes seconds online: a test holds it until the file it names exists.
+    hold = os.environ.get("FAKE_WANDB_INIT_WAITS_FOR")
+    for _ in range(3000):
+        if not hold or os.path.exists(hold):
+            break
+        time.sleep(0.01)
     run = _Run(id or uuid.uuid4().hex[:8], name)
     _write({"call": "init", "run": run.id, "requested_id": id, "name": name, "project": project, "resume": resume})
     return run
@@ -192,17 +199,56 @@ class WandbSidecar(unittest.TestCase):
         self.assertIn(first_line, sidecar.stdout.readline())
         return sidecar
 
-    def job_appends(self, records):
-        """What a training job does to run_dir, without the trainer: holds .lock (flock, as
-        run_lock.cpp does) while it appends `records`, then removes the file and releases it."""
+    def job_starts(self):
+        """A training job's lock, without the trainer: .lock with its content, under flock (as
+        run_lock.cpp takes it). job_ends releases it as a job does: removes the file, then unlocks."""
         lock = os.path.join(self.run_dir, ".lock")
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": "x"}).encode())
+        return fd
+
+    def job_ends(self, fd):
+        os.unlink(os.path.join(self.run_dir, ".lock"))
+        os.close(fd)
+
+    def job_appends(self, records):
+        """A whole job: holds the lock while it appends `records`."""
+        fd = self.job_starts()
         try:
             write_lines(os.path.join(self.run_dir, "metrics.jsonl"), records, mode="a")
         finally:
-            os.unlink(lock)
-            os.close(fd)
+            self.job_ends(fd)
+
+    def test_a_job_seen_at_the_start_that_ends_while_the_first_records_are_logged_ends_the_sidecar(self):
+        # Before, the first look at the lock only chose the start-up message: a job that ended
+        # during the first poll (opening the W&B run) was never counted as seen, and the sidecar
+        # waited for another for ever.
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
+        job = self.job_starts()
+        opened = os.path.join(self.tmp.name, "open-the-wandb-run")
+        self.env["FAKE_WANDB_INIT_WAITS_FOR"] = opened
+        sidecar = self.start_following(0.02, "until the training job")
+        self.job_ends(job)  # while the sidecar waits for W&B
+        open(opened, "w").close()
+        out, err = sidecar.communicate(timeout=30)
+        self.assertEqual(sidecar.returncode, 0, out + err)
+        self.assertEqual(self.logged_steps(), [1])
+
+    def test_a_lock_file_naming_another_host_counts_as_held(self):
+        # flock may not reach across hosts: only the job's host can tell its lock is stale.
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
+        lock = os.path.join(self.run_dir, ".lock")
+        with open(lock, "w") as f:
+            f.write('{"pid": 4242, "host": "another-host-of-the-cluster", "started": "20260101-000000"}\n')
+        sidecar = self.start_following(0.02, "until the training job")
+        with self.assertRaises(subprocess.TimeoutExpired):  # the job there may still be writing
+            sidecar.wait(timeout=1)
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(2)], mode="a")
+        os.unlink(lock)  # that job ends
+        out, err = sidecar.communicate(timeout=30)
+        self.assertEqual(sidecar.returncode, 0, out + err)
+        self.assertEqual(self.logged_steps(), [1, 2])
 
     def test_a_job_that_starts_and_ends_between_two_polls_is_seen_by_its_records(self):
         write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
@@ -214,8 +260,8 @@ class WandbSidecar(unittest.TestCase):
 
     def test_a_lock_file_left_by_a_killed_job_is_no_job_the_next_one_is_followed(self):
         write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
-        with open(os.path.join(self.run_dir, ".lock"), "w") as f:  # its content, but nobody's flock
-            f.write('{"pid": 4242, "host": "elsewhere", "started": "20260101-000000"}\n')
+        with open(os.path.join(self.run_dir, ".lock"), "w") as f:  # this host's job's, but nobody's flock
+            f.write(json.dumps({"pid": 4242, "host": socket.gethostname(), "started": "20260101-000000"}))
         sidecar = self.start_following(0.02, "waiting for one")
         with self.assertRaises(subprocess.TimeoutExpired):  # it waits: no job has run since it started
             sidecar.wait(timeout=1)

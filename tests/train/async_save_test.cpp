@@ -116,7 +116,7 @@ TEST(AsyncSave, AFailedBackgroundWriteEndsTheRunAndKeepsTheCheckpointsBeforeIt) 
   }
   EXPECT_FALSE(fs::exists(run + "/step-000005"));
   // The step boundaries after the save found the failure and ended the run long before its last
-  // step (40: room for a loaded machine to start the background writer late).
+  // step (40 steps: a loaded machine may start the background writer late).
   EXPECT_FALSE(fs::exists(run + "/step-000040"));
   std::ifstream metrics(run + "/metrics.jsonl");
   std::string line, last;
@@ -126,7 +126,8 @@ TEST(AsyncSave, AFailedBackgroundWriteEndsTheRunAndKeepsTheCheckpointsBeforeIt) 
   ASSERT_NE(at, std::string::npos) << last;
   const int64_t last_step = std::stoll(last.substr(at + 7));
   EXPECT_GE(last_step, 5);
-  EXPECT_LT(last_step, 40) << "the run trained on to its last step past a failed save";
+  // At the latest the next save (step 10) waits for the failed one and ends the run.
+  EXPECT_LE(last_step, 10) << "the run trained on past a failed save";
   for (const std::string& name : entries(run)) EXPECT_EQ(name.find(".tmp-"), std::string::npos) << name;
   EXPECT_EQ(file_bytes(run + "/step-000003/rank-00000.safetensors"), before);
 }

@@ -8,6 +8,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -46,19 +47,25 @@ class RunLockTest : public ::testing::Test {
 
 TEST_F(RunLockTest, AProbesSharedLockHeldAtTheStartIsWaitedOut) {
   const int probe = hold(LOCK_SH);
-  constexpr auto kProbeHolds = std::chrono::milliseconds(50);  // far inside kBusyFor, for a loaded machine
-  static_assert(kProbeHolds < kBusyFor);
-  const auto start = Clock::now();  // before the release can happen
-  std::thread release([&] {
-    std::this_thread::sleep_for(kProbeHolds);
-    ::close(probe);
-  });
+  std::atomic<bool> taken{false};
   std::optional<RunLock> lock;
-  EXPECT_NO_THROW(lock.emplace(path_));
-  release.join();
-  // It asked while the probe held the file (the lock was not free before the release).
-  EXPECT_GE(Clock::now() - start, kProbeHolds);
-  EXPECT_TRUE(lock.has_value());
+  std::string error;
+  std::thread start([&] {
+    try {
+      lock.emplace(path_);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    taken = true;
+  });
+  // The start asks while the probe holds its shared lock: it must still be asking, not refused.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  static_assert(std::chrono::milliseconds(100) < kBusyFor);
+  EXPECT_FALSE(taken) << "the start did not wait for the probe: " << error;
+  ::close(probe);
+  start.join();
+  EXPECT_EQ(error, "");
+  ASSERT_TRUE(lock.has_value());
   EXPECT_EQ(run_lock_holder(path_).rfind("process " + std::to_string(::getpid()), 0), 0u) << run_lock_holder(path_);
   lock.reset();
   EXPECT_FALSE(fs::exists(path_));  // removed at the end

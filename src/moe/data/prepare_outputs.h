@@ -80,7 +80,9 @@ class PrepareOutputs {
     const size_t i = dirs_created_.load();
     std::error_code ec;
     const bool created = std::filesystem::create_directory(dirs_[i], ec) && !ec;
-    if (!created && std::filesystem::is_symlink(std::filesystem::symlink_status(dirs_[i])))
+    std::error_code link_ec;
+    if (!created && std::filesystem::is_symlink(std::filesystem::symlink_status(dirs_[i], link_ec)) &&
+        !std::filesystem::exists(dirs_[i], link_ec))
       MOE_FAIL("prepare: cannot create output folder ", printable(dirs_[i]),
                ": it is a symbolic link to nothing (to a missing ",
                printable(std::filesystem::read_symlink(dirs_[i], ec).string()),

@@ -6,13 +6,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <ctime>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/checksum.h"
@@ -378,8 +378,9 @@ void Trainer::queue_gradients(int64_t step) {
 // (60 s at most) for a stop signal, so that a test's signal arrives at a known step however loaded
 // the machine is. The next step's statistics carry it: the run stops after that step.
 static void await_stop_for_test(int64_t step) {
-  const char* after = std::getenv("MOE_TEST_AWAIT_STOP_AFTER_STEP");
+  static const char* const after = std::getenv("MOE_TEST_AWAIT_STOP_AFTER_STEP");
   if (!after || std::atoll(after) != step) return;
+  std::fprintf(stderr, "test hook MOE_TEST_AWAIT_STOP_AFTER_STEP: waiting up to 60 s for a stop signal\n");
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (stop_signal() == 0 && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
