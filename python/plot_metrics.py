@@ -191,8 +191,11 @@ def main(argv=None):
     runs = [(run, *load_run(run, args.abandoned)) for run in args.runs]
     empty = [run for run, current, abandoned in runs if not current and not any(r for _, r in abandoned)]
     if len(empty) == len(runs):  # an image of empty panels would pass for a plot
+        set_aside = not args.abandoned and any(os.path.isdir(os.path.join(r, "abandoned")) for r in empty)
         sys.exit(f"error: no records to plot: {', '.join(os.path.join(r, 'metrics.jsonl') for r in empty)} "
-                 f"{'holds' if len(empty) == 1 else 'hold'} none yet; {args.out} not written")
+                 f"{'holds' if len(empty) == 1 else 'hold'} none yet; {args.out} not written"
+                 + ("; lines a resume set aside are under <run>/abandoned/: --abandoned draws them" if set_aside
+                    else ""))
     for run in empty:
         print(f"{run}: {os.path.join(run, 'metrics.jsonl')} holds no records yet; drawn without it")
 

@@ -170,6 +170,8 @@ class PlotMetrics(unittest.TestCase):
         self.assert_one_line_error(self.run_tool(empty, "--out", out_png),
                                    "no records to plot", os.path.join(empty, "metrics.jsonl"), "x.png not written")
         self.assertFalse(os.path.exists(out_png))
+        os.makedirs(os.path.join(empty, "abandoned"))  # a resume set its only line aside
+        self.assert_one_line_error(self.run_tool(empty, "--out", out_png), "--abandoned draws them")
         run = self.write_run("run", [{"step": 1, "lm_loss": 7.0}])
         out = self.plot(run, empty, "--out", out_png)
         self.assertIn(f"{empty}: {os.path.join(empty, 'metrics.jsonl')} holds no records yet", out)
