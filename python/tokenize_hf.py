@@ -242,8 +242,9 @@ class NpyAppender:
 
 def leftover_temp_pid(name):
     """The writer's process id of a temporary file a tokenize_hf.py or moetrain prepare run leaves
-    when it is killed (".<stem>.npy.tmp-<pid>", ".dataset.json.tmp-<pid>", and the older
-    ".<stem>.npy.tmp-<pid>.tmp-<pid>"), or 0 for any other name."""
+    when it is killed (".<stem>.npy.tmp-<pid>", ".dataset.json.tmp-<pid>", prepare's
+    ".write-check.tmp-<pid>", and the older ".<stem>.npy.tmp-<pid>.tmp-<pid>"), or 0 for any other
+    name."""
     def strip_tmp(n):
         head, sep, digits = n.rpartition(".tmp-")
         if not sep or not digits.isdigit() or len(digits) > 9 or not digits.isascii():
@@ -256,7 +257,7 @@ def leftover_temp_pid(name):
         return 0
     if target.endswith(".npy.tmp-" + str(pid)):
         target, _ = strip_tmp(target)
-    if target != "dataset.json" and not (len(target) > 4 and target.endswith(".npy")):
+    if target not in ("dataset.json", "write-check") and not (len(target) > 4 and target.endswith(".npy")):
         return 0
     return pid
 

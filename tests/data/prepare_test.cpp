@@ -156,6 +156,13 @@ TEST_F(PrepareTest, unwritable_output_is_an_error_and_leaves_no_partial_files) {
   }
   EXPECT_FALSE(fs::exists(ro / "a.npy"));
   EXPECT_FALSE(fs::exists(ro / "dataset.json"));
+  // Said before any input is read: an input that holds no text (a lone document separator) would
+  // otherwise be the error, after reading it (before, a large input was tokenized first).
+  const std::string no_text = write_text("no_text.txt", "\f\n");
+  const std::string no_text_error = error_of([&] { prepare_byte_level({no_text}, (dir_ / "fresh").string()); });
+  EXPECT_NE(no_text_error.find("holds no text"), std::string::npos) << no_text_error;
+  const std::string ro_error = error_of([&] { prepare_byte_level({no_text}, ro.string(), /*append=*/true); });
+  EXPECT_NE(ro_error.find("cannot create files in the output folder " + ro.string()), std::string::npos) << ro_error;
   if (!root) {
     fs::permissions(ro, fs::perms::owner_all);
     EXPECT_TRUE(fs::is_empty(ro));
@@ -223,11 +230,13 @@ TEST_F(PrepareTest, temporary_files_left_by_a_killed_prepare_are_named_and_refus
   std::ofstream(out / ".big.npy.tmp-99999990") << "half a token file";
   std::ofstream(out / ".big.npy.tmp-99999991.tmp-99999991") << "the name older versions wrote tokens under";
   std::ofstream(out / ".dataset.json.tmp-99999990") << "{";
+  std::ofstream(out / ".write-check.tmp-99999990") << "";  // killed between creating and removing it
   std::ofstream(out / ".notes.txt.tmp-99999990") << "not a name prepare writes";
   const auto before = snapshot(out);
   for (const bool append : {false, true}) {
     const std::string msg = error_of([&] { prepare_byte_level({a}, out.string(), append); });
-    for (const char* name : {".big.npy.tmp-99999990", ".big.npy.tmp-99999991.tmp-99999991", ".dataset.json.tmp-99999990"})
+    for (const char* name : {".big.npy.tmp-99999990", ".big.npy.tmp-99999991.tmp-99999991", ".dataset.json.tmp-99999990",
+                           ".write-check.tmp-99999990"})
       EXPECT_NE(msg.find((out / name).string()), std::string::npos) << name << ": " << msg;
     EXPECT_EQ(msg.find(".notes.txt.tmp-"), std::string::npos) << msg;
     EXPECT_NE(msg.find("left by an interrupted prepare"), std::string::npos) << msg;
@@ -236,7 +245,8 @@ TEST_F(PrepareTest, temporary_files_left_by_a_killed_prepare_are_named_and_refus
     EXPECT_EQ(snapshot(out), before) << "append " << append;
   }
   // Once they are deleted, the folder takes the inputs (here with --append: notes are left).
-  for (const char* name : {".big.npy.tmp-99999990", ".big.npy.tmp-99999991.tmp-99999991", ".dataset.json.tmp-99999990"})
+  for (const char* name : {".big.npy.tmp-99999990", ".big.npy.tmp-99999991.tmp-99999991", ".dataset.json.tmp-99999990",
+                           ".write-check.tmp-99999990"})
     fs::remove(out / name);
   EXPECT_EQ(prepare_byte_level({a, b}, out.string(), /*append=*/true).listed_files, 2);
   // A temporary name carrying the id of a running process (this one) may still be written:

@@ -191,6 +191,7 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
     hidden.append(name).append(tmp_suffix);
     return (out / hidden).string();
   };
+  temps.push_back(temp_of("write-check"));  // created and removed before any input is read (below)
   for (const std::string& input : inputs) temps.push_back(temp_of(fs::path(input).stem().string() + ".npy"));
   temps.push_back(temp_of("dataset.json"));
   PrepareOutputs outputs(temps, missing, out_dir);
@@ -231,6 +232,19 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
         }
       }
     }
+  }
+
+  // Before any input is read: a folder this process cannot create files in would fail at the first
+  // token file, after that file's whole input was read and tokenized. The check's own temporary
+  // name is created and removed again (an interruption meanwhile removes it as it does the others).
+  {
+    const std::string& check = outputs.claim_temp();
+    std::FILE* f = std::fopen(check.c_str(), "wbx");
+    MOE_CHECK(f != nullptr, "prepare: cannot create files in the output folder ", out_dir, " (tried ",
+              printable(check), "): ", std::strerror(errno), "; nothing was written");
+    std::fclose(f);
+    std::error_code ec;
+    fs::remove(check, ec);
   }
 
   PrepareResult result;

@@ -15,9 +15,10 @@
 // dataset.json is accepted only when it holds no .npy file.
 // Every file is written under a temporary name in <out> (".<stem>.npy.tmp-<pid>",
 // ".dataset.json.tmp-<pid>") and renamed when all are complete (dataset.json last). Everything
-// is checked before anything is written: a missing input, an input path that is not UTF-8 (it
-// goes into dataset.json), two inputs with the same stem, a folder that is not empty (or not
-// appendable), a name collision, or an output folder that cannot be created or written is a
+// is checked before anything is written or any input read: a missing input, an input path that is
+// not UTF-8 (it goes into dataset.json), two inputs with the same stem, a folder that is not empty
+// (or not appendable), a name collision, or an output folder that cannot be created or written (a
+// ".write-check.tmp-<pid>" is created and removed there first) is a
 // moe::Error, and leaves no partial files (nor an output folder this call created). A folder
 // holding temporary files of that naming (left by a prepare or tokenize_hf.py that was killed)
 // is refused, with or without `append`, naming them; they are never deleted here.

@@ -27,7 +27,8 @@ long leftover_temp_pid(const std::string& name) {
   const long pid = strip_tmp(target);
   if (pid <= 0) return 0;
   if (target.ends_with(".npy.tmp-" + std::to_string(pid))) strip_tmp(target);
-  if (target != "dataset.json" && (target.size() <= 4 || !target.ends_with(".npy"))) return 0;
+  if (target != "dataset.json" && target != "write-check" && (target.size() <= 4 || !target.ends_with(".npy")))
+    return 0;
   return pid;
 }
 

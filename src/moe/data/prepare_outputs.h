@@ -155,7 +155,7 @@ class PrepareOutputs {
 // The writer's process id of a temporary file that a prepare (or tokenize_hf.py, which names them
 // alike) writes in the output folder and renames at the end: ".<name>.npy.tmp-<pid>" or
 // ".dataset.json.tmp-<pid>" (and ".<name>.npy.tmp-<pid>.tmp-<pid>", the name earlier versions wrote
-// the tokens under); 0 for any other name.
+// the tokens under), or creates and removes first, ".write-check.tmp-<pid>"; 0 for any other name.
 long leftover_temp_pid(const std::string& name);
 
 // Refuses a folder that holds temporaries of an earlier prepare, naming them: they were never
