@@ -169,16 +169,11 @@ class WandbSidecar(unittest.TestCase):
     def follow_a_training(self, steps, first_line):
         """Starts `--follow` before a training of `steps` steps into run_dir, checks its first line,
         runs the training, and waits for the sidecar to end on its own."""
-        sidecar = subprocess.Popen([sys.executable, SIDECAR, self.run_dir, "--follow", "--poll", "0.02"],
-                                   env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            self.assertIn(first_line, sidecar.stdout.readline())
-            training = subprocess.run(train_command(self.run_dir, [f"train.steps={steps}", "train.eval_every=0"]),
-                                      capture_output=True, text=True, timeout=120)
-            self.assertEqual(training.returncode, 0, training.stderr)
-            out, err = sidecar.communicate(timeout=60)
-        finally:
-            sidecar.kill()
+        sidecar = self.start_following(0.02, first_line)
+        training = subprocess.run(train_command(self.run_dir, [f"train.steps={steps}", "train.eval_every=0"]),
+                                  capture_output=True, text=True, timeout=120)
+        self.assertEqual(training.returncode, 0, training.stderr)
+        out, err = sidecar.communicate(timeout=60)
         self.assertEqual(sidecar.returncode, 0, out + err)
 
     def test_follow_logs_while_the_training_writes_and_ends_when_the_job_ends(self):

@@ -15,10 +15,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 // The names transformers' tokenizer and generation loaders look for in a model folder.
 bool hugging_face_looks_for(const std::string& name) {
   static const char* const kNames[] = {
@@ -27,7 +23,7 @@ bool hugging_face_looks_for(const std::string& name) {
       "tokenizer.model",   "spiece.model",            "spm.model",               "sentencepiece.bpe.model",
       "source.spm",        "target.spm",              "generation_config.json",  "chat_template.jinja",
       "chat_template.json"};
-  return ends_with(name, ".tiktoken") ||
+  return name.ends_with(".tiktoken") ||
          std::any_of(std::begin(kNames), std::end(kNames), [&](const char* n) { return name == n; });
 }
 
@@ -63,7 +59,7 @@ void check_tokenizer_file_name(const std::string& path) {
                                                 ".h5", ".msgpack", ".index.json"};
   const bool weights = name.rfind("model-", 0) == 0 || name.rfind("pytorch_model", 0) == 0 ||
                        std::any_of(std::begin(kWeightEndings), std::end(kWeightEndings),
-                                   [&](const char* e) { return ends_with(name, e); });
+                                   [&](const char* e) { return name.ends_with(e); });
   MOE_CHECK(!weights, "export-hf: --tokenizer '", path, "' is named like a weight file (", name,
             "); transformers would load it instead of the exported weights. --tokenizer copies the tokenizer's "
             "files: tokenizer.json, tokenizer_config.json, special_tokens_map.json, ...");
