@@ -59,9 +59,18 @@ struct GatheredColumns {
 // r is token row route / top_k (route = route_of_row[r]; a row no route fills stays zero), copied
 // into the stage by cp.async and, with kWeighted, multiplied in place by weights[route], rounded as
 // GatheredColumns rounds.
+//
+// NOTES: the weights are loaded by copy, a tile ahead, into the thread's Pending registers: prepare
+// used to read route_of_row and then weights[route] after the copies landed, two dependent loads
+// on each tile's critical path.
 template <bool kWeighted>
 struct StagedGatheredRows {
   static constexpr bool kPrepares = kWeighted;
+  // The weights of the thread's rows (StageChunks::row(j)); 0 where its chunk is zero-filled (a row
+  // without a route, or past K), which so stays +0 (a weight never read may be infinite).
+  struct Pending {
+    float weight[kWeighted ? StageChunks<kThreads>::kSteps : 1];
+  };
   const __nv_bfloat16* x = nullptr;
   int64_t K = 0;
   const int32_t* route_of_row = nullptr;
@@ -75,30 +84,29 @@ struct StagedGatheredRows {
     const int32_t route = route_of_row[tile.first_row + r];
     return route >= 0 && route < routes ? route : -1;
   }
-  __device__ __forceinline__ void copy(uint4* stage, TileRows tile, int64_t k0, int thread) const {
+  __device__ __forceinline__ Pending copy(uint4* stage, TileRows tile, int64_t k0, int thread) const {
     const StageChunks<kThreads> chunks(stage, thread);
     const int64_t k = k0 + 8 * chunks.c;
     const bool inside_k = k < K;  // K % 8 == 0: a chunk is all in or all out
+    Pending pending{};
 #pragma unroll
     for (int j = 0; j < StageChunks<kThreads>::kSteps; ++j) {
       const int32_t route = this->route(tile, chunks.row(j));
       const bool inside = inside_k && route >= 0;
       const uint32_t token = inside ? top_k.quotient(static_cast<uint32_t>(route)) : 0;
       copy_chunk_async(chunks.slot(j), inside ? x + static_cast<int64_t>(token) * K + k : x, inside);
+      if constexpr (kWeighted) pending.weight[j] = inside ? weights[route] : 0.0f;
     }
+    return pending;
   }
-  // The thread's own chunks (those it copied): w x, rounded to BF16. Chunks past K and rows without
-  // a route stay zero (0 times an infinite weight would not).
-  __device__ __forceinline__ void prepare(uint4* stage, TileRows tile, int64_t k0, int thread) const {
+  // The thread's own chunks (those it copied): w x, rounded to BF16. Chunks past K stay zero.
+  __device__ __forceinline__ void prepare(uint4* stage, const Pending& pending, int64_t k0, int thread) const {
     const StageChunks<kThreads> chunks(stage, thread);
     if (k0 + 8 * chunks.c >= K) return;
 #pragma unroll
     for (int j = 0; j < StageChunks<kThreads>::kSteps; ++j) {
-      const int r = chunks.row(j);
-      const int32_t route = this->route(tile, r);
-      if (route < 0) continue;
-      const float w = weights[route];
-      uint4& q = stage[stage_slot(r, chunks.c)];
+      const float w = pending.weight[j];
+      uint4& q = stage[stage_slot(chunks.row(j), chunks.c)];
       uint32_t words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e)

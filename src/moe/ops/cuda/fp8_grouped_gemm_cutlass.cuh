@@ -17,15 +17,13 @@
 // K block's rows contiguous: Columns tiles are tile-major), as moe/ops/fp8.h stores them.
 //
 // NOTES: per-group scale layouts. The SM90 blockwise mainloop takes an array of per-group scale
-// layouts (layout_SFA / layout_SFB) but, as of CUTLASS 4.2 (and upstream main when this was
-// written), its device code ignores them: load_init rebuilds each group's layout as a packed array
-// from the group's (M, N, K). That matched the forward's operands, not the weight gradient's
-// columns operands while their scales were K-major (rows `columns / 128` scales apart while a group
-// spans only K / 128 of them). MainloopWithGroupScaleLayouts below reads the per-group layouts
-// CUTLASS already carries to the device (one load per group change, in the two producer warps);
-// nothing else of the collective changes. Since the columns scales are tile-major (M-major: a
-// group's block is a packed [K / 128, M] array, thirty-second session) the packed layout would
-// match them too, so the subclass may be redundant; it stays until a GPU run checks without it.
+// layouts (layout_SFA / layout_SFB) but its device code ignores them (CUTLASS 4.2): load_init builds
+// each group's layout as a packed array from the group's (M, N, K) at the group's scale pointer. So
+// every operand's scales are stored packed per group, and nothing passes layouts: Rows [m, K / 128]
+// (K-major), Blocks [N / 128, K / 128] per expert, Columns tile-major [K / 128, M] with each group
+// starting on a 128-row tile (the weight gradient's K spans are padded to 128; M-major). Until the
+// thirty-fourth session a subclass of the mainloop read the per-group layouts, from when the
+// Columns scales were K-major with a row stride the packed layout did not have.
 //
 // NOTES: schedule and tiles. KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise, 128x128x128
 // tiles (128 is the scale block: one promotion per K tile), 1x2x1 clusters (each A tile loaded once
@@ -73,25 +71,6 @@ namespace moe::cuda::cutlass_grouped {
 
 constexpr int kFp8ScaleBlock = 128;  // moe::kFp8Tile: the K extent of every scale (and the N extent of Blocks)
 
-// The stock collective, except that each group's scale tensors take the group's entry of the
-// layout_SFA / layout_SFB arrays (NOTES above). The kernel calls tensors_perform_update, in both
-// producer warps, before the first load of every group.
-template <class Stock>
-struct MainloopWithGroupScaleLayouts : Stock {
-  static_assert(Stock::IsGroupedGemmKernel, "per-group scale layouts exist only in the grouped kernel");
-
-  template <class InputTensors, class ProblemShape_MNKL>
-  CUTLASS_DEVICE InputTensors tensors_perform_update(InputTensors const& /*previous group's*/,
-                                                     typename Stock::Params const& params,
-                                                     ProblemShape_MNKL problem_shape_mnkl, int32_t next_group) {
-    const InputTensors packed = this->load_init(problem_shape_mnkl, params);  // A and B as the stock collective
-    return cute::make_tuple(
-        cute::get<0>(packed), cute::get<1>(packed),
-        cute::make_tensor(cute::make_gmem_ptr(params.ptr_SFA[next_group]), params.layout_SFA[next_group]),
-        cute::make_tensor(cute::make_gmem_ptr(params.ptr_SFB[next_group]), params.layout_SFB[next_group]));
-  }
-};
-
 // kScaleN: the N extent of B's scale blocks (128: Blocks weights; 1: Columns operands).
 // ElementC_: D's type when C is D (in place, read when beta != 0), void for a product that never
 // reads C (no C stages in the epilogue's shared memory: NOTES).
@@ -128,13 +107,12 @@ struct Fp8GroupedGemm {
       kAlignC, ElementD, LayoutC*, kAlignC, EpilogueSchedule,
       cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator, ElementC>>::CollectiveOp;
 
-  using StockMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, cute::tuple<LayoutA*, LayoutSFA*>, kAlignA,
       ElementB, cute::tuple<LayoutB*, LayoutSFB*>, kAlignB, ElementAccumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
-  using CollectiveMainloop = MainloopWithGroupScaleLayouts<StockMainloop>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -145,79 +123,30 @@ struct Fp8GroupedGemm {
   using StrideD = typename Kernel::InternalStrideD;
 };
 
-// A K-major scale layout: `blocks_mn` rows (scale blocks of kVecMN elements along M or N) of
-// `blocks_k` scales, consecutive rows `row_stride` scales apart. L = 1: the batch stride is unused.
-template <class Layout, int kVecMN>
-__device__ inline Layout k_major_scales(int blocks_mn, int blocks_k, int row_stride) {
-  using namespace cute;
-  return Layout(make_shape(make_shape(Int<kVecMN>{}, blocks_mn), make_shape(Int<kFp8ScaleBlock>{}, blocks_k), 1),
-                make_stride(make_stride(_0{}, row_stride), make_stride(_0{}, _1{}), 0));
-}
-
-// An MN-major scale layout (Columns tiles, per-element scales along M or N): `blocks_mn` scales per
-// K block, consecutive K blocks `k_stride` scales apart.
-template <class Layout>
-__device__ inline Layout mn_major_scales(int blocks_mn, int blocks_k, int k_stride) {
-  using namespace cute;
-  return Layout(make_shape(make_shape(_1{}, blocks_mn), make_shape(Int<kFp8ScaleBlock>{}, blocks_k), 1),
-                make_stride(make_stride(_0{}, _1{}), make_stride(_0{}, k_stride), 0));
-}
-
-// The per-group arrays CUTLASS reads, carved from the front of the scratch; its workspace follows.
+// The per-group arrays CUTLASS reads (the BF16 products' and each group's two scale pointers), carved
+// from the front of the scratch; its workspace follows.
 template <class G>
-struct Fp8GroupArrays {
-  GroupShape* shapes;
-  const typename G::ElementA** ptr_a;
-  const typename G::ElementB** ptr_b;
-  const typename G::ElementC** ptr_c;
-  typename G::ElementD** ptr_d;
-  typename G::StrideA* stride_a;
-  typename G::StrideB* stride_b;
-  typename G::StrideC* stride_c;
-  typename G::StrideD* stride_d;
+struct Fp8GroupArrays : GroupArrays<G> {
   const float** ptr_sfa;
   const float** ptr_sfb;
-  typename G::LayoutSFA* layout_sfa;
-  typename G::LayoutSFB* layout_sfb;
-  void* workspace;
-  size_t workspace_bytes;
 };
 
 template <class G>
 Fp8GroupArrays<G> carve_fp8_arrays(const Scratch& scratch) {
   char* cursor = static_cast<char*>(scratch.base);
   Fp8GroupArrays<G> arr;
-  arr.shapes = carve<GroupShape>(cursor);
-  arr.ptr_a = carve<const typename G::ElementA*>(cursor);
-  arr.ptr_b = carve<const typename G::ElementB*>(cursor);
-  arr.ptr_c = carve<const typename G::ElementC*>(cursor);
-  arr.ptr_d = carve<typename G::ElementD*>(cursor);
-  arr.stride_a = carve<typename G::StrideA>(cursor);
-  arr.stride_b = carve<typename G::StrideB>(cursor);
-  arr.stride_c = carve<typename G::StrideC>(cursor);
-  arr.stride_d = carve<typename G::StrideD>(cursor);
+  carve_group_arrays<G>(cursor, arr);
   arr.ptr_sfa = carve<const float*>(cursor);
   arr.ptr_sfb = carve<const float*>(cursor);
-  arr.layout_sfa = carve<typename G::LayoutSFA>(cursor);
-  arr.layout_sfb = carve<typename G::LayoutSFB>(cursor);
-  const size_t used = static_cast<size_t>(cursor - static_cast<char*>(scratch.base));
-  MOE_CHECK(used < kScratchBytes, "FP8 grouped GEMM (CUTLASS): ", used, " bytes of group arrays exceed the ",
-            kScratchBytes, "-byte scratch");
-  arr.workspace = cursor;
-  arr.workspace_bytes = kScratchBytes - used;
+  give_rest_as_workspace<G>(scratch, cursor, arr);
   return arr;
 }
 
 // The grouped GEMM on `stream`, after the product's setup kernel filled `arr` on the same stream.
-// Host work: CUTLASS's parameter struct (placeholder TMA descriptors; each SM rewrites them per
-// group on the device), no device calls.
 template <class G>
 void run_fp8_grouped(const Fp8GroupArrays<G>& arr, int groups, float beta, const Scratch& scratch,
                      cudaStream_t stream, const char* op) {
   using Gemm = typename G::Gemm;
-  cutlass::KernelHardwareInfo hw_info;
-  hw_info.device_id = scratch.device;
-  hw_info.sm_count = scratch.sm_count;
   typename Gemm::Arguments args;
   decltype(args.epilogue.thread) fusion{};
   fusion.alpha = 1.0f;
@@ -225,20 +154,10 @@ void run_fp8_grouped(const Fp8GroupArrays<G>& arr, int groups, float beta, const
   args = typename Gemm::Arguments{
       cutlass::gemm::GemmUniversalMode::kGrouped,
       {groups, arr.shapes, nullptr},  // problem shapes only on the device
-      {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b, arr.ptr_sfa, arr.layout_sfa, arr.ptr_sfb, arr.layout_sfb},
+      {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b, arr.ptr_sfa, nullptr, arr.ptr_sfb, nullptr},  // layouts: NOTES
       {fusion, arr.ptr_c, arr.stride_c, arr.ptr_d, arr.stride_d},
-      hw_info};
-  const size_t workspace_bytes = Gemm::get_workspace_size(args);
-  MOE_CHECK(workspace_bytes <= arr.workspace_bytes, op, ": CUTLASS wants ", workspace_bytes,
-            " workspace bytes, the scratch has ", arr.workspace_bytes);
-  cutlass::Status status = Gemm::can_implement(args);
-  MOE_CHECK(status == cutlass::Status::kSuccess, op, ": CUTLASS cannot run this problem: ", status_name(status));
-  status = G::Kernel::initialize_workspace(args, arr.workspace, stream);
-  MOE_CHECK(status == cutlass::Status::kSuccess, op, ": CUTLASS workspace: ", status_name(status));
-  typename Gemm::Params params = G::Kernel::to_underlying_arguments(args, arr.workspace);
-  status = Gemm::run(params, stream);
-  MOE_CHECK(status == cutlass::Status::kSuccess, op, ": CUTLASS launch failed: ", status_name(status));
-  CUDA_CHECK_LAUNCH();
+      hardware_info(scratch)};
+  launch_grouped<G>(args, arr, stream, op);
 }
 
 }  // namespace moe::cuda::cutlass_grouped

@@ -7,7 +7,7 @@
 // Operands are E4M3 codes with F32 power-of-two scales in the tiles of moe/ops/fp8.h; every
 // product contracts over the last, contiguous dim of both operands, which is the only orientation
 // Hopper's FP8 tensor cores take (K-major A and B). As with the BF16 products, a setup kernel on
-// the stream writes each group's problem shape, pointers, strides and scale layouts from the
+// the stream writes each group's problem shape, pointers and strides from the
 // device offsets into the scratch: no host copy, capturable in a CUDA graph.
 // The host checks what it knows (fp8_grouped_gemm.cu); the caller guarantees the tile layouts of
 // moe/ops/fp8.h, groups <= kMaxGroups and dims < 2^31.

@@ -11,7 +11,7 @@ namespace {
 // fp8_grouped_gemm_cutlass.cuh).
 using GemmNt = Fp8GroupedGemm<kFp8ScaleBlock, cutlass::bfloat16_t, void>;
 
-// One thread per expert: shapes, pointers, strides and scale layouts of group e from the offsets.
+// One thread per expert: shapes, pointers and strides of group e from the offsets.
 // a [rows, k_in] Rows tiles, b [E, n_out, k_in] Blocks tiles, c [rows, n_out].
 __global__ void build_nt_groups(Fp8GroupArrays<GemmNt> arr, const int32_t* __restrict__ offsets, int groups,
                                 int64_t rows, int n_out, int k_in, const uint8_t* a_codes, const float* a_scales,
@@ -32,8 +32,6 @@ __global__ void build_nt_groups(Fp8GroupArrays<GemmNt> arr, const int32_t* __res
   arr.ptr_d[e] = c + lo * n_out;
   arr.ptr_sfa[e] = a_scales + lo * k_blocks;
   arr.ptr_sfb[e] = b_scales + static_cast<int64_t>(e) * n_blocks * k_blocks;
-  arr.layout_sfa[e] = k_major_scales<GemmNt::LayoutSFA, 1>(m, k_blocks, k_blocks);
-  arr.layout_sfb[e] = k_major_scales<GemmNt::LayoutSFB, kFp8ScaleBlock>(n_blocks, k_blocks, k_blocks);
   arr.stride_a[e] = stride_a;
   arr.stride_b[e] = stride_b;
   arr.stride_c[e] = stride_c;

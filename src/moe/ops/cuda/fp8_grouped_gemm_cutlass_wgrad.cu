@@ -46,9 +46,6 @@ __global__ void __launch_bounds__(kMaxGroups)
   const int64_t first_tile = first / kFp8ScaleBlock;
   arr.ptr_sfa[g] = dc_scales + first_tile * n_out;
   arr.ptr_sfb[g] = x_scales + first_tile * k_in;
-  const int k_blocks = k / kFp8ScaleBlock;
-  arr.layout_sfa[g] = mn_major_scales<GemmWgrad::LayoutSFA>(n_out, k_blocks, n_out);
-  arr.layout_sfb[g] = mn_major_scales<GemmWgrad::LayoutSFB>(k_in, k_blocks, k_in);
   arr.stride_a[g] = stride_a;
   arr.stride_b[g] = stride_b;
   arr.stride_c[g] = stride_c;

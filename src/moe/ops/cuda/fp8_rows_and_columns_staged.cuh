@@ -107,13 +107,23 @@ __device__ __forceinline__ void copy_tile_async(uint4* stage, const __nv_bfloat1
   }
 }
 
+// cp.async.wait_group kPending: the thread's own copies but the newest kPending groups have landed
+// and are visible to it. Unlike __pipeline_wait_prior it is a compiler memory barrier too, so the
+// thread's reads of its own chunks stay after it without a __syncthreads (a Source's prepare).
+template <int kPending>
+__device__ __forceinline__ void wait_own_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // The staged source of a stored BF16 tensor x [M, K].
 struct StagedTensor {
   static constexpr bool kPrepares = false;
+  struct Pending {};
   const __nv_bfloat16* x = nullptr;
   int64_t K = 0;
-  __device__ __forceinline__ void copy(uint4* stage, TileRows tile, int64_t k0, int thread) const {
+  __device__ __forceinline__ Pending copy(uint4* stage, TileRows tile, int64_t k0, int thread) const {
     copy_tile_async(stage, x, K, K, tile, k0, thread);
+    return {};
   }
 };
 
@@ -264,9 +274,11 @@ __device__ __forceinline__ void store_staged_column_tile(const uint4* stage, Til
 // with kRows, the Rows tiles (rows_out), in the segments of offsets. Resident blocks loop over the
 // tiles t = blockIdx.x, + gridDim.x, ... (column tile t / feature_tiles, features k0 = 128 (t %
 // feature_tiles) ..): while a block quantizes tile t out of one stage, its next tile streams into the
-// other. Source::copy(stage, tile, k0, thread) starts a tile's cp.async copies; with
-// Source::kPrepares, prepare(stage, tile, k0, thread) turns the landed stage into the values to
-// quantize, in place (a Source without it needs no prepare). The Rows half ignores rows_out.vector:
+// other. Source::copy(stage, tile, k0, thread) starts a tile's cp.async copies and returns a
+// Source::Pending, what the thread will need to prepare them (loads it started: they complete while
+// the block quantizes the tile before); with Source::kPrepares, prepare(stage, pending, k0, thread)
+// turns the thread's own landed chunks (those its copy started) into the values to quantize, in
+// place (a Source without it needs no prepare). The Rows half ignores rows_out.vector:
 // its 8-byte stores need only staged_source_fit's alignment. Dynamic shared memory: kStagedSharedBytes. (The name holds "quantize_columns":
 // the step split times it as FP8 quantize, train/step_split.cpp.)
 template <class Source, bool kRows>
@@ -278,28 +290,29 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (t >= tile_count) return;
   TileRows tile = find_tile_rows(offsets, segments, M, t / feature_tiles * kTile);
   const int thread = static_cast<int>(threadIdx.x);
-  src.copy(stages, tile, t % feature_tiles * kTile, thread);
+  typename Source::Pending pending = src.copy(stages, tile, t % feature_tiles * kTile, thread);
   __pipeline_commit();
   for (int stage = 0; t < tile_count; t += gridDim.x, stage ^= 1) {
     const int64_t next = t + gridDim.x;
     TileRows next_tile{};
+    typename Source::Pending next_pending{};
     if (next < tile_count) {
       next_tile = find_tile_rows(offsets, segments, M, next / feature_tiles * kTile);
-      src.copy(stages + (stage ^ 1) * kStageWords, next_tile, next % feature_tiles * kTile, thread);
+      next_pending = src.copy(stages + (stage ^ 1) * kStageWords, next_tile, next % feature_tiles * kTile, thread);
     }
     __pipeline_commit();
-    __pipeline_wait_prior(1);  // this tile's copies are done (the next tile's may be in flight)
-    __syncthreads();
+    wait_own_copies<1>();  // this thread's copies of this tile are done (the next tile's may be in flight)
     uint4* current = stages + stage * kStageWords;
     const int64_t column_tile = t / feature_tiles, k0 = t % feature_tiles * kTile;
-    if constexpr (Source::kPrepares) {
-      src.prepare(current, tile, k0, thread);
-      __syncthreads();
-    }
+    // prepare touches only the chunks this thread copied, which the wait made visible to it, so it
+    // runs before the barrier that publishes the stage: one barrier per tile, not two.
+    if constexpr (Source::kPrepares) src.prepare(current, pending, k0, thread);
+    __syncthreads();
     if constexpr (kRows) store_staged_row_tiles(current, tile, k0, K, rows_out, thread);
     store_staged_column_tile(current, tile, column_tile, k0, K, out, thread);
     __syncthreads();  // every thread is done with this stage before the next iteration refills it
     tile = next_tile;
+    pending = next_pending;
   }
 }
 

@@ -145,10 +145,9 @@ T* carve(char*& cursor) {
   return p;
 }
 
+// Carves the arrays of GroupArrays<G> from `cursor` on.
 template <class G>
-GroupArrays<G> carve_arrays(const Scratch& scratch) {
-  char* cursor = static_cast<char*>(scratch.base);
-  GroupArrays<G> arr;
+void carve_group_arrays(char*& cursor, GroupArrays<G>& arr) {
   arr.shapes = carve<GroupShape>(cursor);
   arr.ptr_a = carve<const typename G::ElementA*>(cursor);
   arr.ptr_b = carve<const typename G::ElementB*>(cursor);
@@ -158,11 +157,24 @@ GroupArrays<G> carve_arrays(const Scratch& scratch) {
   arr.stride_b = carve<typename G::StrideB>(cursor);
   arr.stride_c = carve<typename G::StrideC>(cursor);
   arr.stride_d = carve<typename G::StrideD>(cursor);
+}
+
+// The workspace: the rest of the scratch after the arrays, which end at `cursor`.
+template <class G>
+void give_rest_as_workspace(const Scratch& scratch, const char* cursor, GroupArrays<G>& arr) {
   const size_t used = static_cast<size_t>(cursor - static_cast<char*>(scratch.base));
   MOE_CHECK(used < kScratchBytes, "grouped GEMM (CUTLASS): ", used, " bytes of group arrays exceed the ", kScratchBytes,
             "-byte scratch");
-  arr.workspace = cursor;
+  arr.workspace = static_cast<char*>(scratch.base) + used;
   arr.workspace_bytes = kScratchBytes - used;
+}
+
+template <class G>
+GroupArrays<G> carve_arrays(const Scratch& scratch) {
+  char* cursor = static_cast<char*>(scratch.base);
+  GroupArrays<G> arr;
+  carve_group_arrays(cursor, arr);
+  give_rest_as_workspace(scratch, cursor, arr);
   return arr;
 }
 
@@ -205,8 +217,37 @@ __global__ void build_group_arrays(GroupArrays<G> arr, const int32_t* __restrict
 
 inline const char* status_name(cutlass::Status s) { return cutlass::cutlassGetStatusString(s); }
 
-// Setup kernel, then the grouped GEMM, both on `stream`. Host work: CUTLASS's parameter struct
-// (placeholder TMA descriptors; each SM rewrites them per group on the device), no device calls.
+inline cutlass::KernelHardwareInfo hardware_info(const Scratch& scratch) {
+  cutlass::KernelHardwareInfo hw_info;
+  hw_info.device_id = scratch.device;
+  hw_info.sm_count = scratch.sm_count;
+  return hw_info;
+}
+
+// The grouped GEMM of G with `args` on `stream`, after a setup kernel filled the group arrays (and
+// their workspace follows them: arr.workspace) on the same stream. Host work: CUTLASS's parameter
+// struct (placeholder TMA descriptors; each SM rewrites them per group on the device), no device
+// calls.
+template <class G>
+void launch_grouped(const typename G::Gemm::Arguments& args, const GroupArrays<G>& arr, cudaStream_t stream,
+                    const char* op) {
+  using Gemm = typename G::Gemm;
+  const size_t workspace_bytes = Gemm::get_workspace_size(args);
+  MOE_CHECK(workspace_bytes <= arr.workspace_bytes, op, ": CUTLASS wants ", workspace_bytes,
+            " workspace bytes, the scratch has ", arr.workspace_bytes);
+  cutlass::Status status = Gemm::can_implement(args);
+  MOE_CHECK(status == cutlass::Status::kSuccess, op, ": CUTLASS cannot run this problem: ", status_name(status));
+  // Gemm::initialize without its cudaFuncSetAttribute on every call (prepare_kernel does it once).
+  // For this kernel initialize_workspace launches nothing; were it to, it would run on `stream`.
+  status = G::Kernel::initialize_workspace(args, arr.workspace, stream);
+  MOE_CHECK(status == cutlass::Status::kSuccess, op, ": CUTLASS workspace: ", status_name(status));
+  typename Gemm::Params params = G::Kernel::to_underlying_arguments(args, arr.workspace);
+  status = Gemm::run(params, stream);
+  MOE_CHECK(status == cutlass::Status::kSuccess, op, ": CUTLASS launch failed: ", status_name(status));
+  CUDA_CHECK_LAUNCH();
+}
+
+// Setup kernel, then the grouped GEMM, both on `stream`.
 template <class G, ExpertProduct kProduct>
 void run_grouped(void* out, const void* x, const void* y, const int32_t* offsets, int groups, int64_t rows, int n_out,
                  int k_in, float beta, const Scratch& scratch, cudaStream_t stream, const char* op) {
@@ -228,9 +269,6 @@ void run_grouped(void* out, const void* x, const void* y, const int32_t* offsets
   CUDA_CHECK_LAUNCH();
 
   using Gemm = typename G::Gemm;
-  cutlass::KernelHardwareInfo hw_info;
-  hw_info.device_id = scratch.device;
-  hw_info.sm_count = scratch.sm_count;
   typename Gemm::Arguments args;
   decltype(args.epilogue.thread) fusion{};
   fusion.alpha = 1.0f;
@@ -241,20 +279,8 @@ void run_grouped(void* out, const void* x, const void* y, const int32_t* offsets
                                   {groups, arr.shapes, nullptr},
                                   {arr.ptr_a, arr.stride_a, arr.ptr_b, arr.stride_b},
                                   {fusion, arr.ptr_c, arr.stride_c, arr.ptr_d, arr.stride_d},
-                                  hw_info};
-  const size_t workspace_bytes = Gemm::get_workspace_size(args);
-  MOE_CHECK(workspace_bytes <= arr.workspace_bytes, op, ": CUTLASS wants ", workspace_bytes,
-            " workspace bytes, the scratch has ", arr.workspace_bytes);
-  cutlass::Status status = Gemm::can_implement(args);
-  MOE_CHECK(status == cutlass::Status::kSuccess, op, ": CUTLASS cannot run this problem: ", status_name(status));
-  // Gemm::initialize without its cudaFuncSetAttribute on every call (prepare_kernel does it once).
-  // For this kernel initialize_workspace launches nothing; were it to, it would run on `stream`.
-  status = G::Kernel::initialize_workspace(args, arr.workspace, stream);
-  MOE_CHECK(status == cutlass::Status::kSuccess, op, ": CUTLASS workspace: ", status_name(status));
-  typename Gemm::Params params = G::Kernel::to_underlying_arguments(args, arr.workspace);
-  status = Gemm::run(params, stream);
-  MOE_CHECK(status == cutlass::Status::kSuccess, op, ": CUTLASS launch failed: ", status_name(status));
-  CUDA_CHECK_LAUNCH();
+                                  hardware_info(scratch)};
+  launch_grouped<G>(args, arr, stream, op);
 }
 
 template <class G>
