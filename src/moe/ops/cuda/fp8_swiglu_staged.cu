@@ -44,11 +44,8 @@ struct ForwardProducer {
   static constexpr int kInputs = 2, kGroups = 1, kBlocksPerSm = 3;
   const __nv_bfloat16* gate_up = nullptr;
   int64_t H = 0;
-  // The tiles compute overwrites with its output (the gate's), and those it only reads (the up's).
-  __device__ __forceinline__ void copy_overwritten(uint4* stage, TileRows tile, int64_t u0, int thread) const {
+  __device__ __forceinline__ void copy(uint4* stage, TileRows tile, int64_t u0, int thread) const {
     copy_tile_async<kGroups * kThreads>(stage, gate_up, 2 * H, H, tile, u0, thread);
-  }
-  __device__ __forceinline__ void copy_read_only(uint4* stage, TileRows tile, int64_t u0, int thread) const {
     copy_tile_async<kGroups * kThreads>(stage + kStageWords, gate_up + H, 2 * H, H, tile, u0, thread);
   }
   // Slot i of every staged tile holds the same rows and units; zero-filled slots give 0.
@@ -82,12 +79,9 @@ struct BackwardProducer {
   const __nv_bfloat16* gate_up = nullptr;
   const __nv_bfloat16* dout = nullptr;
   int64_t H = 0;
-  // The tiles compute overwrites with its outputs (gate and up), and the one it only reads (dout).
-  __device__ __forceinline__ void copy_overwritten(uint4* stage, TileRows tile, int64_t u0, int thread) const {
+  __device__ __forceinline__ void copy(uint4* stage, TileRows tile, int64_t u0, int thread) const {
     copy_tile_async<kGroups * kThreads>(stage, gate_up, 2 * H, H, tile, u0, thread);
     copy_tile_async<kGroups * kThreads>(stage + kStageWords, gate_up + H, 2 * H, H, tile, u0, thread);
-  }
-  __device__ __forceinline__ void copy_read_only(uint4* stage, TileRows tile, int64_t u0, int thread) const {
     copy_tile_async<kGroups * kThreads>(stage + 2 * kStageWords, dout, H, H, tile, u0, thread);
   }
   __device__ __forceinline__ void compute(uint4* stage, int thread) const {
@@ -128,9 +122,7 @@ constexpr size_t staged_bytes() {
 
 // The producer's output [M, features] -> columns codes and scales (out) and Rows tiles (rows_out),
 // over the segments of offsets; tile t = (column tile t / unit_tiles, units 128 (t % unit_tiles) ..),
-// tiles t = blockIdx.x, blockIdx.x + gridDim.x, ... Dynamic shared memory: staged_bytes<P>(). The
-// next tile's read-only inputs start streaming in as soon as compute is done with them, while this
-// tile's outputs are quantized; the inputs compute overwrites follow once the outputs are out. (The
+// tiles t = blockIdx.x, blockIdx.x + gridDim.x, ... Dynamic shared memory: staged_bytes<P>(). (The
 // name holds "quantize_rows": the step split times the kernel as FP8 quantize, train/step_split.cpp.)
 template <class P>
 __global__ void __launch_bounds__(P::kGroups * kThreads, P::kBlocksPerSm)
@@ -142,29 +134,22 @@ __global__ void __launch_bounds__(P::kGroups * kThreads, P::kBlocksPerSm)
   if (t >= tile_count) return;
   const int thread = static_cast<int>(threadIdx.x), warp = thread >> 5, group = warp / (kThreads / 32);
   TileRows tile = find_tile_rows(offsets, segments, M, t / unit_tiles * kTile);
-  producer.copy_overwritten(stage, tile, t % unit_tiles * kTile, thread);
-  producer.copy_read_only(stage, tile, t % unit_tiles * kTile, thread);
-  for (;;) {
+  producer.copy(stage, tile, t % unit_tiles * kTile, thread);
+  for (; t < tile_count; t += gridDim.x) {
     __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
     producer.compute(stage, thread);
-    __syncthreads();  // every thread is done reading the read-only inputs
-    const int64_t next = t + gridDim.x;
-    TileRows next_tile{};
-    if (next < tile_count) {
-      next_tile = find_tile_rows(offsets, segments, M, next / unit_tiles * kTile);
-      producer.copy_read_only(stage, next_tile, next % unit_tiles * kTile, thread);
-    }
+    __syncthreads();
     const int64_t column_tile = t / unit_tiles, k0 = producer.first_feature(group, t % unit_tiles * kTile);
     const uint4* values = stage + group * kStageWords;
     store_staged_row_tiles(values, tile, k0, producer.features(), rows_out, thread % kThreads);
     store_staged_column_tile(values, tile, column_tile, k0, producer.features(), out, thread % kThreads);
+    const int64_t next = t + gridDim.x;
     if (next >= tile_count) break;
-    __syncthreads();  // every thread is done with the outputs before their tiles are refilled
-    producer.copy_overwritten(stage, next_tile, next % unit_tiles * kTile, thread);
-    tile = next_tile;
-    t = next;
+    tile = find_tile_rows(offsets, segments, M, next / unit_tiles * kTile);
+    __syncthreads();  // every thread is done with the stage before it is refilled
+    producer.copy(stage, tile, next % unit_tiles * kTile, thread);
   }
 }
 
