@@ -8,8 +8,9 @@
 // which loads each lane's 16-feature runs from the token rows.
 //
 // NOTES (bench-olmoe-4l's expert output gradient, both layouts, ms per layer; bench/RESULTS.md):
-// the one-block kernel 1.31; the staged form 1.44 when first tried (eleventh session) and 1.08 once
-// the staged halves spent fewer instructions per element (eighteenth session). Not kept: the rows
+// the one-block kernel 1.31; the staged form 1.44 when first tried (eleventh session), 1.08 once
+// the staged halves spent fewer instructions per element (eighteenth session), 0.875 on the H200
+// once the route weights were loaded a tile ahead (StagedGatheredRows, thirty-fourth session). Not kept: the rows
 // half moved into the FP8 dispatch's per-token scatter with the route weights (each token row read
 // once): weighted columns alone ~0.75 ms plus that scatter 0.55, the same as the one pass (thirteenth
 // session): the kernel is bound by its per-element work, not by its reads. Nor did ordering the
@@ -62,7 +63,7 @@ struct GatheredColumns {
 //
 // NOTES: the weights are loaded by copy, a tile ahead, into the thread's Pending registers: prepare
 // used to read route_of_row and then weights[route] after the copies landed, two dependent loads
-// on each tile's critical path.
+// on each tile's critical path, and ran behind a second barrier (1.08 -> 0.875 ms per layer).
 template <bool kWeighted>
 struct StagedGatheredRows {
   static constexpr bool kPrepares = kWeighted;

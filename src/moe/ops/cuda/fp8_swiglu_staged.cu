@@ -23,6 +23,10 @@
 // with two stages per block (192 KiB: one 16-warp block per SM) took 1.54 against 1.61 for the plain
 // pair in the same call; with one stage per block and two blocks per SM, 1.28 against 1.55 (0.62 +
 // 0.93). The forward: 0.76 staged against 0.87 for the one-block kernel, in the same call.
+// Tried and not kept (thirty-fourth session, H200): starting the next tile's read-only inputs (the
+// up tile, dout) right after compute, while the outputs are quantized: both kernels 1-3% slower
+// (backward 0.98 -> 1.00, forward 0.52 -> 0.53 ms per layer); the resident blocks already overlap
+// one block's copies with another's work.
 #include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 
