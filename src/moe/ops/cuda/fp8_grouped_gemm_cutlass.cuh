@@ -1,8 +1,8 @@
 // The CUTLASS side of fp8_grouped_gemm_cutlass.h: the Fp8GroupedGemm<...> type and the code both
-// FP8 instantiations share (the per-group argument arrays, the launch). Included only by
-// fp8_grouped_gemm_cutlass_{nt,wgrad}.cu, each of which instantiates one type and holds its own
-// setup kernel. The plumbing (problem shapes on the device, scratch carving, kernel attributes)
-// is the BF16 products' (grouped_gemm_cutlass.cuh).
+// FP8 instantiations share (the per-group argument arrays with their scale pointers, the
+// arguments). Included only by fp8_grouped_gemm_cutlass_{nt,wgrad}.cu, each of which instantiates
+// one type and holds its own setup kernel. The plumbing (problem shapes on the device, scratch
+// carving, the launch, kernel attributes) is the BF16 products' (grouped_gemm_cutlass.cuh).
 //
 // CUTLASS's view: D (M x N) = alpha A (M x K) B (K x N) + beta C per group, A row-major (K-major),
 // B column-major (K-major: rows of an [N, K] array), each with F32 scales per blocks of

@@ -107,7 +107,7 @@ __device__ __forceinline__ void copy_tile_async(uint4* stage, const __nv_bfloat1
   }
 }
 
-// cp.async.wait_group kPending: the thread's own copies but the newest kPending groups have landed
+// cp.async.wait_group kPending: all the thread's own copies but the newest kPending groups have landed
 // and are visible to it. Unlike __pipeline_wait_prior it is a compiler memory barrier too, so the
 // thread's reads of its own chunks stay after it without a __syncthreads (a Source's prepare).
 template <int kPending>
