@@ -52,13 +52,13 @@ class TokenSourcesTest : public ::testing::Test {
   }
   // A dataset.json in folder `sub` listing {name: tokens}, as prepare writes it.
   void dataset_json(const std::string& sub, const std::vector<std::pair<std::string, int64_t>>& files,
-                    int64_t vocab_size = 257) const {
+                    int64_t vocab_size = 257, const nlohmann::json& dtype = "uint16") const {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& [name, tokens] : files) list.push_back({{"name", name}, {"tokens", tokens}});
     std::ofstream(path(sub + "/dataset.json")) << nlohmann::json{{"tokenizer", "byte"},
                                                                  {"vocab_size", vocab_size},
                                                                  {"eos_token_id", 256},
-                                                                 {"dtype", "uint16"},
+                                                                 {"dtype", dtype},
                                                                  {"files", list}}
                                                       .dump();
   }
@@ -116,6 +116,16 @@ TEST_F(TokenSourcesTest, eval_applies_the_dataset_json_checks_that_training_appl
   dataset_json("data", {{"a.npy", 500}, {"b.npy", 299}});
   for (const std::string& msg : {train_error(path("data")), eval_error(path("data"))})
     expect_contains(msg, {path("data/b.npy"), "holds 300 tokens", "lists it with 299"});
+  // The files are uint16 .npy: a dataset.json that says uint32 describes other files; a dtype
+  // that is no token type is refused, naming the key.
+  dataset_json("data", {{"a.npy", 500}, {"b.npy", 300}}, 257, "uint32");
+  for (const std::string& msg : {train_error(path("data")), eval_error(path("data")), train_error(path("data/b.npy"))})
+    expect_contains(msg, {"holds uint16 tokens (its .npy header)", path("data/dataset.json"), "\"dtype\": \"uint32\""});
+  for (const nlohmann::json& bad : {nlohmann::json("int64"), nlohmann::json(16)}) {
+    dataset_json("data", {{"a.npy", 500}, {"b.npy", 300}}, 257, bad);
+    for (const std::string& msg : {train_error(path("data")), eval_error(path("data"))})
+      expect_contains(msg, {path("data/dataset.json"), "\"dtype\" is " + bad.dump(), "expected \"uint16\" or \"uint32\""});
+  }
   dataset_json("data", {{"a.npy", 500}, {"b.npy", 300}});  // the control
   EXPECT_EQ(EvalWindows::open(path("data"), "npy", TokenDType::U16, 16, kVocab, 0, "--data").size(), 31 + 18);
   EXPECT_EQ(TokenDataset::open(config(path("data")), kVocab, 256).files().size(), 2u);

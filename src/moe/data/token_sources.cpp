@@ -222,9 +222,16 @@ std::vector<TokenArray> open_token_files(const std::string& path, const std::str
   const std::vector<TokenFile> files = source_files(path, format, key);
   // A prepared folder says which tokenizer wrote it: its ids must fit this model.
   std::set<std::string> checked;
+  std::map<std::string, std::string> listed_dtype;  // dataset.json -> its "dtype", when it gives one
   for (const TokenFile& f : files) {
     if (f.dataset_json.empty() || !checked.insert(f.dataset_json).second) continue;
     const nlohmann::ordered_json j = read_dataset_json(f.dataset_json);
+    if (j.contains("dtype")) {
+      const nlohmann::ordered_json& d = j["dtype"];
+      MOE_CHECK(d.is_string() && (d.get<std::string>() == "uint16" || d.get<std::string>() == "uint32"),
+                f.dataset_json, ": \"dtype\" is ", d.dump(), "; expected \"uint16\" or \"uint32\"");
+      listed_dtype[f.dataset_json] = d.get<std::string>();
+    }
     if (j.contains("vocab_size") && j["vocab_size"].is_number_integer())
       MOE_CHECK(j["vocab_size"].get<int64_t>() <= vocab_size, f.dataset_json, ": the tokenizer's vocab_size ",
                 j["vocab_size"].get<int64_t>(), " is larger than model.vocab_size = ", vocab_size,
@@ -242,6 +249,11 @@ std::vector<TokenArray> open_token_files(const std::string& path, const std::str
     MOE_CHECK(!listed.listed_tokens || *listed.listed_tokens == file.size(), name, " holds ", file.size(),
               " tokens, but ", listed.dataset_json, " lists it with ", listed.listed_tokens.value_or(0),
               ": the file changed after dataset.json was written; prepare the dataset again into a new folder");
+    // The .npy header is what the reader follows; a dataset.json that says otherwise describes other files.
+    if (const auto d = listed_dtype.find(listed.dataset_json); d != listed_dtype.end())
+      MOE_CHECK(d->second == token_dtype_name(file.dtype()), name, " holds ", token_dtype_name(file.dtype()),
+                " tokens (its .npy header), but ", listed.dataset_json, " says \"dtype\": \"", d->second,
+                "\": the file changed after dataset.json was written; prepare the dataset again into a new folder");
     const int64_t bad = first_out_of_vocab(file, vocab_size);
     MOE_CHECK(bad < 0, name, ": token ", (bad < 0 ? 0 : file.at(bad)), " at index ", bad,
               " is outside the model vocabulary (vocab_size ", vocab_size, ")",
