@@ -15,6 +15,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "moe/core/error.h"
@@ -52,12 +53,13 @@ class TokenSourcesTest : public ::testing::Test {
   }
   // A dataset.json in folder `sub` listing {name: tokens}, as prepare writes it.
   void dataset_json(const std::string& sub, const std::vector<std::pair<std::string, int64_t>>& files,
-                    int64_t vocab_size = 257, const nlohmann::json& dtype = "uint16") const {
+                    const nlohmann::json& vocab_size = 257, const nlohmann::json& dtype = "uint16",
+                    const nlohmann::json& eos_token_id = 256) const {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& [name, tokens] : files) list.push_back({{"name", name}, {"tokens", tokens}});
     std::ofstream(path(sub + "/dataset.json")) << nlohmann::json{{"tokenizer", "byte"},
                                                                  {"vocab_size", vocab_size},
-                                                                 {"eos_token_id", 256},
+                                                                 {"eos_token_id", eos_token_id},
                                                                  {"dtype", dtype},
                                                                  {"files", list}}
                                                       .dump();
@@ -125,6 +127,16 @@ TEST_F(TokenSourcesTest, eval_applies_the_dataset_json_checks_that_training_appl
     dataset_json("data", {{"a.npy", 500}, {"b.npy", 300}}, 257, bad);
     for (const std::string& msg : {train_error(path("data")), eval_error(path("data"))})
       expect_contains(msg, {path("data/dataset.json"), "\"dtype\" is " + bad.dump(), "expected \"uint16\" or \"uint32\""});
+  }
+  // vocab_size and eos_token_id that prepare would not write are refused, not skipped (the
+  // vocabulary check above would be bypassed).
+  for (const auto& [vocab, eos, field] : {std::tuple<nlohmann::json, nlohmann::json, std::string>{"100000", 256, "\"vocab_size\" is \"100000\""},
+                                          {100000.0, 256, "\"vocab_size\" is 100000.0"},
+                                          {-1, 256, "\"vocab_size\" is -1"},
+                                          {257, "x", "\"eos_token_id\" is \"x\""}}) {
+    dataset_json("data", {{"a.npy", 500}, {"b.npy", 300}}, vocab, "uint16", eos);
+    for (const std::string& msg : {train_error(path("data")), eval_error(path("data"))})
+      expect_contains(msg, {path("data/dataset.json"), field, "expected an integer >= "});
   }
   dataset_json("data", {{"a.npy", 500}, {"b.npy", 300}});  // the control
   EXPECT_EQ(EvalWindows::open(path("data"), "npy", TokenDType::U16, 16, kVocab, 0, "--data").size(), 31 + 18);

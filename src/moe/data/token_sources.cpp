@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "moe/core/error.h"
 #include "moe/core/printable.h"
@@ -232,12 +233,17 @@ std::vector<TokenArray> open_token_files(const std::string& path, const std::str
                 f.dataset_json, ": \"dtype\" is ", d.dump(), "; expected \"uint16\" or \"uint32\"");
       listed_dtype[f.dataset_json] = d.get<std::string>();
     }
-    if (j.contains("vocab_size") && j["vocab_size"].is_number_integer())
+    // Optional, but when given they must be what prepare and tokenize_hf.py write: a count >= 1 and
+    // an id >= 0 (a string or a float here means the file was not written by them).
+    for (const auto& [field, least] : {std::pair<const char*, int64_t>{"vocab_size", 1}, {"eos_token_id", 0}})
+      MOE_CHECK(!j.contains(field) || (j[field].is_number_integer() && j[field].get<int64_t>() >= least),
+                f.dataset_json, ": \"", field, "\" is ", j.contains(field) ? j[field].dump() : "",
+                "; expected an integer >= ", least);
+    if (j.contains("vocab_size"))
       MOE_CHECK(j["vocab_size"].get<int64_t>() <= vocab_size, f.dataset_json, ": the tokenizer's vocab_size ",
                 j["vocab_size"].get<int64_t>(), " is larger than model.vocab_size = ", vocab_size,
                 ": this data was tokenized for another model");
-    if (eos_token_id && warnings && j.contains("eos_token_id") && j["eos_token_id"].is_number_integer() &&
-        j["eos_token_id"].get<int64_t>() != *eos_token_id)
+    if (eos_token_id && warnings && j.contains("eos_token_id") && j["eos_token_id"].get<int64_t>() != *eos_token_id)
       warnings->push_back(f.dataset_json + ": the tokenizer's eos_token_id " +
                           std::to_string(j["eos_token_id"].get<int64_t>()) + " is not model.eos_token_id = " +
                           std::to_string(*eos_token_id) + " (exported Hugging Face configs will name the model's)");
