@@ -313,6 +313,8 @@ TEST_F(CliTest, a_set_without_key_and_equals_sign_is_a_usage_error) {
        {tiny_train({"--set", "train.steps"}), tiny_train({"--set", "=3"}), tiny_train({"--set", "a.b.c=1"}),
         tiny_train({"--set", " =3"}), tiny_train({"--set", "train. =3"}), tiny_train({"--set", " .steps=3"}),
         tiny_train({"--set", "train.lr=1\nx=2"}),  // the second line was dropped
+        tiny_train({"--set", "train={steps=2}"}),   // a whole section, replacing the file's keys there
+        tiny_train({"--set", "steps=2"}),
         std::vector<std::string>{"bench", "--set", "run.device"}, std::vector<std::string>{"plan", "--set", "x"},
         std::vector<std::string>{"eval", "--checkpoint", path("x"), "--data", "synthetic", "--set", "train.seq_len"}}) {
     const CliRun r = moetrain(args);

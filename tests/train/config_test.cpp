@@ -298,7 +298,8 @@ TEST(Config, SpacesAroundASetKeyItsDotAndItsEqualsSignAreTomlLayoutNotPartOfTheN
   EXPECT_EQ(load_config("tiny", {" train . steps\t=9 "}).train.steps, 9);
   EXPECT_EQ(load_config("tiny", {"run.dir = runs/a b "}).run.dir, "runs/a b");
   EXPECT_EQ(load_config("tiny", {"run.dir = \" x \""}).run.dir, " x ") << "spaces inside quotes are the value's";
-  for (const char* bad : {" =3", "train. =3", " .steps=3"}) {
+  EXPECT_EQ(load_config("tiny", {" name = x"}).name, "x") << "the one key outside a section";
+  for (const char* bad : {" =3", "train. =3", " .steps=3", "train={steps=2}", "steps=2"}) {
     const std::string e = error_of([&] { load_config("tiny", {bad}); });
     EXPECT_NE(e.find("--set expects section.key=value"), std::string::npos) << bad << " -> " << e;
   }

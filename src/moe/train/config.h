@@ -123,7 +123,8 @@ void check_fp8_gpu_shapes(const Config& c);
 Config parse_config(const std::string& toml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {}, bool validate = true);
 // The key of an override "section.key=value" without the spaces TOML allows around its parts
-// (" train . steps = 2" -> "train.steps"), or "" when it has no '=' or a part of it is empty.
+// (" train . steps = 2" -> "train.steps"), or "" when it has no '=', a part of it is empty, or it
+// has no section and is not the top-level `name` ("train={steps=2}" would replace a whole section).
 std::string override_key(const std::string& assignment);
 // "1h30m", "45m", "90s", "2d", "3600" (seconds) -> seconds; "" -> 0 (no limit). Throws naming `key`.
 double parse_duration(const std::string& text, const std::string& key);

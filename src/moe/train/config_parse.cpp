@@ -111,7 +111,9 @@ std::string override_key(const std::string& assignment) {
   if (eq == std::string::npos) return "";
   const std::string key = trim_layout(assignment.substr(0, eq));
   const size_t dot = key.find('.');
-  if (dot == std::string::npos) return key;
+  // The one key outside a section is `name`; any other dotless path would name a whole section
+  // (train={steps=2}), whose table would replace every key the config file set there.
+  if (dot == std::string::npos) return key == "name" ? key : "";
   const std::string section = trim_layout(key.substr(0, dot)), name = trim_layout(key.substr(dot + 1));
   return section.empty() || name.empty() ? "" : section + "." + name;
 }
