@@ -131,6 +131,20 @@ def resolve_checkpoint(path):
     if not os.path.isdir(run):
         _fail(f"cannot resolve checkpoint {path}: neither a checkpoint directory nor a run directory")
     steps = list_checkpoints(run)
+    # As moetrain resolves it: a step-N folder newer than every complete checkpoint but without
+    # index.json is damage (saves name a folder step-N only once it is complete), not skipped.
+    newest = steps[-1][0] if steps else -1
+    after = _set_aside_after_step(run)
+    for name in sorted(os.listdir(run)):
+        m = re.fullmatch(r"step-([0-9]{6,18})", name)
+        if not m or name != f"step-{int(m.group(1)):06d}" or not os.path.isdir(os.path.join(run, name)):
+            continue
+        step = int(m.group(1))
+        if step > newest and (after is None or step <= after) and not os.path.exists(os.path.join(run, name, "index.json")):
+            hint = f", or name the checkpoint to use, e.g. {os.path.join(run, steps[-1][1])}" if steps else ""
+            _fail(f"cannot resolve checkpoint {path}: {os.path.join(run, name)} is newer than every complete checkpoint "
+                  f"there but has no index.json (saves name a folder step-N only once it is complete: it was damaged, "
+                  f"or copied in unfinished); move it out of {run}{hint}")
     if not steps:
         _fail(f"no complete checkpoint (step-*/index.json) in {run}")
     return os.path.join(run, steps[-1][1])

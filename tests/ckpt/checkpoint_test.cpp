@@ -246,6 +246,19 @@ TEST(Checkpoint, ResolvePicksTheNewestCompleteStep) {
   EXPECT_EQ(resolve_checkpoint(run + "/latest"), run + "/step-000020");
   EXPECT_EQ(resolve_checkpoint(run + "/step-000003"), run + "/step-000003");
   EXPECT_EQ(CheckpointReader(resolve_checkpoint(run)).train_state()["step"], 20);
+  // A step-N folder without index.json: older than the newest complete one it is not "latest"'s
+  // concern; newer, it is damage, and "latest" would silently be an older checkpoint.
+  fs::create_directories(run + "/step-000007");
+  EXPECT_EQ(resolve_checkpoint(run), run + "/step-000020");
+  fs::create_directories(run + "/step-000030");
+  for (const std::string& path : {run, run + "/latest"}) {
+    const std::string damaged = error_of([&] { resolve_checkpoint(path); });
+    EXPECT_NE(damaged.find(run + "/step-000030 is newer than every complete checkpoint there but has no index.json"),
+              std::string::npos) << damaged;
+    EXPECT_NE(damaged.find("e.g. " + run + "/step-000020"), std::string::npos) << damaged;
+  }
+  EXPECT_EQ(resolve_checkpoint(run + "/step-000020"), run + "/step-000020") << "named, it is used";
+  fs::remove(run + "/step-000030");
 
   fs::create_directories(tmp / "empty-run");
   std::string msg = error_of([&] { resolve_checkpoint(tmp / "empty-run"); });

@@ -127,6 +127,11 @@ class CheckpointReaderTest(TempDirTest):
         shutil.copytree(self.run_dir, copied)
         shutil.copytree(os.path.join(copied, "step-000001"), os.path.join(copied, "step-99"))
         self.assertEqual(os.path.basename(mc.resolve_checkpoint(copied)), "step-000002")
+        # A newer step-N without index.json is damage, as moetrain reads it: refused, not skipped.
+        os.makedirs(os.path.join(copied, "step-000003"))
+        with self.assertRaisesRegex(mc.CheckpointError, "step-000003 is newer than every complete checkpoint"):
+            mc.resolve_checkpoint(copied)
+        self.assertEqual(mc.Checkpoint(os.path.join(copied, "step-000002")).step, 2)
 
     def test_a_flipped_byte_is_refused_naming_the_rank_file_and_tensor(self):
         ckpt = self.copy_checkpoint()
