@@ -179,7 +179,7 @@ void visit_config_keys(C& c, V&& v) {
   v.key("train", "log_every", t.log_every, count_from(1), "progress line and metrics record every N steps");
   v.key("train", "save_every", t.save_every, count_from(0), "checkpoint every N steps; 0 = only the final one");
   v.key("train", "keep_last", t.keep_last, between<int64_t>(0, 1 << 30),
-        "keep the newest K checkpoints of this run's line; 0 = keep all");
+        "keep the newest K checkpoints of this run's line (and the one this process resumed from); 0 = keep all");
   v.key("train", "async_save", t.async_save, any_value<bool>(),
         "write the save_every checkpoints on a background thread from a host copy of each rank's part while "
         "training goes on (committed at a later step; in the foreground where a host lacks the memory); stop and "
