@@ -264,10 +264,21 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
             "over a file of yours: move one of them out of run.dir");
   if (start.overwrite && !held.empty())
     refuse_moving_inputs(dir_, previous_run_entries(dir_), run_inputs(cfg, start.config_file));
+  const bool created = !fs::exists(dir_, ec);
   fs::create_directories(dir_, ec);
   MOE_CHECK(!ec, "cannot create run directory '", dir_, "' (run.dir): ", ec.message());
   lock_ = std::make_unique<RunLock>(dir_ + "/.lock");
-  claim(cfg, start, held);
+  try {
+    claim(cfg, start, held);
+  } catch (...) {
+    // A start that fails here (a full disk refusing config.toml) leaves no run directory it made:
+    // only its lock can be in it, and an empty run.dir would look like a run that was started.
+    if (created) {
+      lock_.reset();         // removes the lock file
+      fs::remove(dir_, ec);  // only if empty: whatever else is there stays
+    }
+    throw;
+  }
 }
 
 void RunDirectory::claim(const Config& cfg, const RunStart& start, const std::string& held) {
