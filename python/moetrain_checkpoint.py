@@ -29,7 +29,7 @@ float32, so nothing is lost and no extra package is needed). F8 dtypes are refus
 
 CKPT is a step-* folder, a run folder (its newest complete step-* folder, leaving out the ones an
 interrupted set-aside, <run>/.set-aside.json, is moving away, as `moetrain train --resume` does) or
-<run>/latest. Needs numpy and xxhash (scripts/setup.sh installs both into .deps/python).
+<run>/latest; a newer step-* folder without index.json (damaged) is refused, naming it, as moetrain does. Needs numpy and xxhash (scripts/setup.sh installs both into .deps/python).
 """
 import argparse
 import json

@@ -362,7 +362,8 @@ def existing_dataset(out, append, header, inputs, names, trust=False):
         if meta.get("tokenizer") == header["tokenizer"]:
             check_same_tokenizer(meta, meta_path, header, trust)
         for key in ("tokenizer", "vocab_size", "eos_token_id", "dtype"):
-            if meta.get(key) != header[key]:
+            # type() as well: 257.0 == 257 in Python, but moetrain refuses a vocab_size that is no integer.
+            if meta.get(key) != header[key] or type(meta.get(key)) is not type(header[key]):
                 die(f'tokenize_hf.py --append: {meta_path} has "{key}": {json.dumps(meta.get(key))}, but this '
                     f"tokenizer gives {json.dumps(header[key])}, so the new files would not belong to that dataset")
         listed = [f["name"] for f in files]

@@ -258,6 +258,10 @@ TEST(Checkpoint, ResolvePicksTheNewestCompleteStep) {
     EXPECT_NE(damaged.find("e.g. " + run + "/step-000020"), std::string::npos) << damaged;
   }
   EXPECT_EQ(resolve_checkpoint(run + "/step-000020"), run + "/step-000020") << "named, it is used";
+  // An interrupted set-aside from step 3 is moving everything after it away: not damage to refuse.
+  std::ofstream(run + "/.set-aside.json") << R"({"after_step": 3, "dir": "20260101-000000-after-step-000003"})";
+  EXPECT_EQ(resolve_checkpoint(run), run + "/step-000003");
+  fs::remove(run + "/.set-aside.json");
   fs::remove(run + "/step-000030");
 
   fs::create_directories(tmp / "empty-run");

@@ -253,6 +253,27 @@ TEST_F(CliTest, run_resume_auto_starts_when_there_is_nothing_and_continues_when_
   EXPECT_EQ(metric_steps(run_dir() + "/metrics.jsonl"), iota_steps(1, 3));
 }
 
+// A newest step-N folder without index.json is damage: --resume latest and run.resume = "auto"
+// refuse it, naming it, with or without an older complete checkpoint, rather than resume the
+// older one (or start afresh) and set the damaged one aside unnamed. Named, the older one resumes.
+TEST_F(CliTest, resume_latest_and_auto_refuse_a_damaged_newest_checkpoint_naming_it) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "4", "--save-every", "2"})).exit_code, 0);
+  fs::remove(run_dir() + "/step-000004/index.json");
+  for (const std::vector<std::string>& how : {std::vector<std::string>{"--resume", "latest"},
+                                              std::vector<std::string>{"--set", "run.resume=auto"}}) {
+    std::vector<std::string> args = {"--steps", "6"};
+    args.insert(args.end(), how.begin(), how.end());
+    const CliRun r = moetrain(tiny_train(args));
+    expect_error(r, {run_dir() + "/step-000004 is newer than every complete checkpoint", "no index.json",
+                     "e.g. " + run_dir() + "/step-000002"});
+    EXPECT_EQ(step_dirs(run_dir()), (std::vector<std::string>{"step-000002", "step-000004"})) << how[0];
+  }
+  fs::remove_all(run_dir() + "/step-000002");  // no complete checkpoint left: auto must not start afresh
+  expect_error(moetrain(tiny_train({"--steps", "6", "--set", "run.resume=auto"})),
+               {run_dir() + "/step-000004 is newer than every complete checkpoint"});
+  EXPECT_EQ(step_dirs(run_dir()), std::vector<std::string>{"step-000004"});
+}
+
 TEST_F(CliTest, resume_from_another_directory_into_one_holding_a_run_is_refused) {
   const std::string other = path("other");
   std::vector<std::string> args = tiny_train({"--steps", "2"});

@@ -387,6 +387,7 @@ TEST_F(PrepareTest, append_to_a_folder_that_is_not_a_byte_level_prepare_dataset_
   const std::pair<std::string, nlohmann::ordered_json> cases[] = {
       {"tokenizer", "huggingface"}, {"vocab_size", 50280}, {"eos_token_id", 0},
       {"dtype", "uint32"},          {"dtype", nullptr},    {"files", "x.npy"},
+      {"vocab_size", 257.0},        {"eos_token_id", 256.0},  // equal in value, but no integer: train refuses them
   };
   for (const auto& [key, value] : cases) {
     json_with(key, value);

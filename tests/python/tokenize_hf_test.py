@@ -446,6 +446,13 @@ class TokenizeHfTest(TempDirTest):
             meta = json.load(f)
         self.assertEqual(len(meta["files"]), 2)
         self.assertIn("tokenizer_sha256", meta)
+        # A vocab_size equal in value but not an integer (257.0): moetrain refuses such a folder, so
+        # appending to it is refused too, naming the key.
+        meta["vocab_size"] = float(meta["vocab_size"])
+        with open(self.path("old", "dataset.json"), "w") as f:
+            json.dump(meta, f)
+        r = self.tokenize("old", "--tokenizer", self.bpe, "--append", inputs=[self.text], check=False)
+        self.assert_one_line_error(r, '"vocab_size": %s' % json.dumps(meta["vocab_size"]))
 
     def start(self, out, *args, inputs):
         cmd = [sys.executable, os.path.join(SOURCE_DIR, "python", "tokenize_hf.py"), "--tokenizer", self.bpe,

@@ -146,6 +146,23 @@ std::string why_no_checkpoint(const std::string& dir) {
 
 }  // namespace
 
+std::string damaged_newest_step(const std::string& run_dir) {
+  const auto steps = list_checkpoints(run_dir);
+  const int64_t newest = steps.empty() ? -1 : steps.back().first;
+  const std::optional<Intent> intent = read_intent(run_dir);
+  for (const auto& [step, name] : list_steps(run_dir, "step-", /*complete=*/false)) {
+    if (step <= newest || (intent && step > intent->after_step)) continue;
+    const std::string dir = run_dir + "/" + name;
+    std::error_code ec;
+    const bool indexed = fs::exists(dir + "/index.json", ec);
+    if (ec) return dir + " cannot be read (" + ec.message() + ")";
+    if (!indexed)
+      return dir + " is newer than every complete checkpoint there but has no index.json (saves name a folder " +
+             "step-N only once it is complete: it was damaged, or copied in unfinished)";
+  }
+  return "";
+}
+
 std::string resolve_checkpoint(const std::string& run_dir_or_ckpt) {
   std::string p = run_dir_or_ckpt;
   while (p.size() > 1 && p.back() == '/') p.pop_back();
@@ -161,18 +178,9 @@ std::string resolve_checkpoint(const std::string& run_dir_or_ckpt) {
   MOE_CHECK(fs::is_directory(run, ec), "cannot resolve checkpoint ", run_dir_or_ckpt,
             ": neither a checkpoint directory nor a run directory");
   const auto steps = list_checkpoints(run);
-  // Saves give a folder its step-N name only once it is complete, so a step-N newer than every
-  // complete one but without index.json is damage (or a copy taken mid-save): "the newest" would
-  // silently be an older checkpoint, and a resume would set the damaged one aside unnamed.
-  const int64_t newest = steps.empty() ? -1 : steps.back().first;
-  const std::optional<Intent> intent = read_intent(run);
-  for (const auto& [step, name] : list_steps(run, "step-", /*complete=*/false))
-    MOE_CHECK(
-        step <= newest || (intent && step > intent->after_step) || fs::exists(run + "/" + name + "/index.json", ec),
-        "cannot resolve checkpoint ", run_dir_or_ckpt, ": ", run, "/", name,
-        " is newer than every complete checkpoint there but has no index.json (saves name a folder step-N only once ",
-        "it is complete: it was damaged, or copied in unfinished); move it out of ", run,
-        steps.empty() ? std::string() : ", or name the checkpoint to use, e.g. " + run + "/" + steps.back().second);
+  const std::string damaged = damaged_newest_step(run);
+  MOE_CHECK(damaged.empty(), "cannot resolve checkpoint ", run_dir_or_ckpt, ": ", damaged, "; move it out of ", run,
+            steps.empty() ? std::string() : ", or name the checkpoint to use, e.g. " + run + "/" + steps.back().second);
   MOE_CHECK(!steps.empty(), "no complete checkpoint (step-*/index.json) in ", run, why_no_checkpoint(run));
   return run + "/" + steps.back().second;
 }

@@ -37,8 +37,14 @@ bool is_checkpoint_dir(const std::string& path);
 // without those a pending set-aside intent is moving away.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir);
 
-// A step-* dir as is; "<run>/latest" or a run dir -> its newest complete step-* dir.
+// A step-* dir as is; "<run>/latest" or a run dir -> its newest complete step-* dir, refused
+// (naming it) when a newer step-* folder is damaged (damaged_newest_step).
 std::string resolve_checkpoint(const std::string& run_dir_or_ckpt);
+// Saves give a folder its step-N name only once it is complete, so a step-N newer than every
+// complete checkpoint of run_dir (and not hidden by a pending set-aside) without index.json is
+// damage, or a copy taken mid-save: "the newest" would silently be an older checkpoint, and a
+// resume would set the damaged one aside unnamed. Its path and what is wrong with it, or "".
+std::string damaged_newest_step(const std::string& run_dir);
 
 class CheckpointReader;
 // The step of an opened checkpoint, once its three records of it agree (index.json,

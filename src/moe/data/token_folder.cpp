@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <utility>
 
 #include "moe/core/bounded_json.h"
 #include "moe/core/error.h"
@@ -73,6 +74,15 @@ nlohmann::ordered_json read_dataset_json(const std::string& path) {
       MOE_CHECK(f["tokens"].is_number_integer() && f["tokens"].get<int64_t>() >= 0, path, ": \"", field,
                 ".tokens\" must be an integer >= 0, got ", f["tokens"].dump());
   }
+  // Optional, but when given what prepare and tokenize_hf.py write (a string or a float here means
+  // another writer): readers compare them with the model and the files' headers.
+  for (const auto& [key, least] : {std::pair<const char*, int64_t>{"vocab_size", 1}, {"eos_token_id", 0}})
+    MOE_CHECK(!meta.contains(key) || (meta[key].is_number_integer() && meta[key].get<int64_t>() >= least), path,
+              ": \"", key, "\" is ", meta.contains(key) ? meta[key].dump() : "", "; expected an integer >= ", least);
+  MOE_CHECK(!meta.contains("dtype") ||
+                (meta["dtype"].is_string() && (meta["dtype"] == "uint16" || meta["dtype"] == "uint32")),
+            path, ": \"dtype\" is ", meta.contains("dtype") ? meta["dtype"].dump() : "",
+            "; expected \"uint16\" or \"uint32\"");
   return meta;
 }
 

@@ -26,7 +26,9 @@ struct TokenFile {
 
 // Parses the dataset.json at `path` and checks what readers rely on: a JSON object whose
 // "files" is a non-empty array of objects with a "name" (a plain file name ending in .npy, each
-// name once) and optionally "tokens" (an integer >= 0). Other keys are returned unchecked.
+// name once) and optionally "tokens" (an integer >= 0); "vocab_size" (an integer >= 1),
+// "eos_token_id" (an integer >= 0) and "dtype" ("uint16" or "uint32") when present. Other keys
+// are returned unchecked.
 // Throws moe::Error naming the file and the field (and saying so when `path` is a folder).
 nlohmann::ordered_json read_dataset_json(const std::string& path);
 

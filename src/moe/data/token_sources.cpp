@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <map>
 #include <set>
-#include <utility>
 
 #include "moe/core/error.h"
 #include "moe/core/printable.h"
@@ -227,18 +226,8 @@ std::vector<TokenArray> open_token_files(const std::string& path, const std::str
   for (const TokenFile& f : files) {
     if (f.dataset_json.empty() || !checked.insert(f.dataset_json).second) continue;
     const nlohmann::ordered_json j = read_dataset_json(f.dataset_json);
-    if (j.contains("dtype")) {
-      const nlohmann::ordered_json& d = j["dtype"];
-      MOE_CHECK(d.is_string() && (d.get<std::string>() == "uint16" || d.get<std::string>() == "uint32"),
-                f.dataset_json, ": \"dtype\" is ", d.dump(), "; expected \"uint16\" or \"uint32\"");
-      listed_dtype[f.dataset_json] = d.get<std::string>();
-    }
-    // Optional, but when given they must be what prepare and tokenize_hf.py write: a count >= 1 and
-    // an id >= 0 (a string or a float here means the file was not written by them).
-    for (const auto& [field, least] : {std::pair<const char*, int64_t>{"vocab_size", 1}, {"eos_token_id", 0}})
-      MOE_CHECK(!j.contains(field) || (j[field].is_number_integer() && j[field].get<int64_t>() >= least),
-                f.dataset_json, ": \"", field, "\" is ", j.contains(field) ? j[field].dump() : "",
-                "; expected an integer >= ", least);
+    // read_dataset_json checked the types of dtype, vocab_size and eos_token_id.
+    if (j.contains("dtype")) listed_dtype[f.dataset_json] = j["dtype"].get<std::string>();
     if (j.contains("vocab_size"))
       MOE_CHECK(j["vocab_size"].get<int64_t>() <= vocab_size, f.dataset_json, ": the tokenizer's vocab_size ",
                 j["vocab_size"].get<int64_t>(), " is larger than model.vocab_size = ", vocab_size,

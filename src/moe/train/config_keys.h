@@ -257,7 +257,8 @@ void visit_config_keys(C& c, V&& v) {
            Choices<std::string>{{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}},
            "auto: the GPU when this build has CUDA and one is usable");
   v.choice("run", "resume", c.run.resume, Choices<std::string>{{"no", "no"}, {"auto", "auto"}},
-           "auto: continue from run.dir's newest checkpoint when there is one, else start (like --resume latest)");
+           "auto: continue from run.dir's newest checkpoint when there is one, else start (like --resume latest; a "
+           "damaged newest step-N folder is refused, not taken for none)");
   v.key("run", "tensorboard", c.run.tensorboard, any_value<bool>(),
         "rank 0 also writes every metrics record as TensorBoard scalars into <run.dir>/tensorboard/");
 }

@@ -199,7 +199,9 @@ std::string resume_source(const std::string& resume, const Config& cfg) {
   if (!resume.empty()) return resolve_checkpoint(resume);
   if (cfg.run.resume == "auto") {
     std::error_code ec;
-    if (fs::is_directory(cfg.run_dir(), ec) && !list_checkpoints(cfg.run_dir()).empty())
+    // A damaged newest step-N is refused by resolve_checkpoint, not taken for "no checkpoint".
+    if (fs::is_directory(cfg.run_dir(), ec) &&
+        (!list_checkpoints(cfg.run_dir()).empty() || !damaged_newest_step(cfg.run_dir()).empty()))
       return resolve_checkpoint(cfg.run_dir());
   }
   return "";
