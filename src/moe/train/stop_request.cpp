@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <initializer_list>
 
 namespace moe {
@@ -35,8 +36,16 @@ void install_stop_handlers() {
   struct sigaction sa {};
   sa.sa_handler = record_stop;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
+  // Under mpirun a SIGTERM comes with mpirun no longer reading the ranks' output: rank 0 may then
+  // be blocked writing a progress line to a full pipe, and a restarted write would keep it there
+  // past mpirun's kill, the stop's checkpoint unwritten. There SIGTERM interrupts the write (the
+  // line is lost; Trainer::say holds the rest back until the checkpoint is saved). Elsewhere, and
+  // for the other signals, calls restart: the files and libraries retry EINTR, but a terminal
+  // shared with the shell needs no such help.
+  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr ||
+                            std::getenv("PMI_RANK") != nullptr;
   for (int signo : {SIGTERM, SIGUSR1, SIGHUP, SIGINT}) {
+    sa.sa_flags = signo == SIGTERM && under_mpirun ? 0 : SA_RESTART;
     // An ignored SIGHUP stays ignored: `nohup moetrain train` must outlive its terminal, not stop
     // when it closes. (The others are caught even when ignored: a shell script's background job
     // starts with SIGINT ignored, and `kill -INT` is still meant to stop it.)

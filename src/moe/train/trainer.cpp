@@ -609,19 +609,29 @@ TrainSummary Trainer::run() {
       const double elapsed = seconds_since(run_start);
       const double eta = elapsed / static_cast<double>(step - start_step_ + 1) * static_cast<double>(t.steps - r.step);
       if (talk) {
-        std::printf(
+        char line[1024];
+        std::snprintf(
+            line, sizeof line,
             "step %5ld/%ld | loss %.4f (lm %.4f lb %.3f z %.3f) | gnorm %.3f | lr %.2e | %s tok/s | MFU %.2f%% | %.0f "
             "ms/step | ETA %s%s\n",
             static_cast<long>(r.step), static_cast<long>(t.steps), r.loss, r.lm_loss, r.lb_loss, r.z_loss, r.grad_norm,
             r.lr, format_count(r.tokens_per_s).c_str(), 100 * r.mfu, 1000 * r.step_time_s, format_duration(eta).c_str(),
             r.skipped ? " | SKIPPED (non-finite gradient)" : "");
-        if (r.pipeline_bubble_theory > 0)
-          std::printf("  pipeline bubble %.1f%% measured, %.1f%% in theory\n", 100 * r.pipeline_bubble,
-                      100 * r.pipeline_bubble_theory);
-        if (eval) std::printf("  eval loss %.4f%s\n", *eval, std::isfinite(*eval) ? "" : " (not finite)");
-        for (const auto& [name, loss] : eval_sets)
-          std::printf("  eval loss on %s %.4f%s\n", name.c_str(), loss, std::isfinite(loss) ? "" : " (not finite)");
-        std::fflush(stdout);
+        std::string text = line;
+        if (r.pipeline_bubble_theory > 0) {
+          std::snprintf(line, sizeof line, "  pipeline bubble %.1f%% measured, %.1f%% in theory\n",
+                        100 * r.pipeline_bubble, 100 * r.pipeline_bubble_theory);
+          text += line;
+        }
+        if (eval) {
+          std::snprintf(line, sizeof line, "  eval loss %.4f%s\n", *eval, std::isfinite(*eval) ? "" : " (not finite)");
+          text += line;
+        }
+        for (const auto& [name, loss] : eval_sets) {
+          std::snprintf(line, sizeof line, "%.4f%s", loss, std::isfinite(loss) ? "" : " (not finite)");
+          text += "  eval loss on " + name + " " + line + "\n";
+        }
+        say(text);
       }
       if (run_dir) {
         RunTotals totals{ideal_step_s,
@@ -662,6 +672,7 @@ TrainSummary Trainer::run() {
       break;
     }
   }
+  release_held_output();  // a stop's checkpoint is committed by now
   summary.last_step = summary.steps.empty() ? start_step_ : summary.steps.back().step;
   if (watch_power && opts_.power->running()) {
     device_synchronize();  // the window ends with its work (before the profiler's own flush)
@@ -708,6 +719,23 @@ TrainSummary Trainer::run() {
   summary.graph_nodes = graph_ ? graph_->nodes() : 0;
   summary.init_from = init_from_;
   return summary;
+}
+
+void Trainer::say(const std::string& text) {
+  if (stop_signal() != 0 && !output_released_) {
+    held_output_ += text;
+    return;
+  }
+  std::fputs(text.c_str(), stdout);
+  std::fflush(stdout);
+}
+
+void Trainer::release_held_output() {
+  output_released_ = stop_signal() != 0;  // from here on a stop's output goes out as it comes
+  if (held_output_.empty()) return;
+  std::fputs(held_output_.c_str(), stdout);
+  std::fflush(stdout);
+  held_output_.clear();
 }
 
 }  // namespace moe

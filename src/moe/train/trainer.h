@@ -167,6 +167,12 @@ class Trainer {
   // Sums v over the world through the step-statistics buffer (v.size() <= its length).
   void all_reduce_host(std::vector<float>& v);
   void print_plan() const;
+  // The training loop's output on stdout. Once a stop signal has reached this process it is held
+  // back until the stop's checkpoint is committed (release_held_output): a SIGTERM to mpirun makes it
+  // stop reading the ranks' output, and a print blocked on the full pipe would keep rank 0 from
+  // saving before mpirun's kill.
+  void say(const std::string& text);
+  void release_held_output();
   // Collective: every rank sees the run directory rank 0 claimed (throws on every rank if not).
   void check_run_dir_is_shared();
   // Mean LM loss over `count` windows, window(i, inputs, targets) filling window i; windows are
@@ -229,6 +235,8 @@ class Trainer {
   std::string resumed_from_;       // the checkpoint this process started from ("" = fresh)
   std::string run_id_;             // stays the same across resumes (train_state.json)
   std::string resume_note_;  // "resumed from ..." (rank 0), printed by run() once run.dir is claimed
+  std::string held_output_;  // say()'s text since a stop signal, printed once the stop's checkpoint is saved
+  bool output_released_ = false;
   bool told_of_other_checkpoints_ = false;  // keep_last found another run's checkpoints (printed once)
   std::set<std::string> told_of_kept_checkpoints_;  // keep_last kept these for files they hold (said once each)
   nlohmann::json init_from_;       // where the run's first weights came from (null = its own init)
