@@ -56,7 +56,17 @@ int run_eval(const EvalArgs& a, Job& job) {
     // does not depend on its length): it holds one window of a --set train.seq_len longer than it.
     cfg.data.synthetic_tokens = std::max(cfg.data.synthetic_tokens, cfg.train.seq_len + 1);
     cfg.train.global_batch_size = cfg.train.micro_batch_size * world.size();
-    if (cfg.parallel.ep > world.size() || world.size() % cfg.parallel.ep != 0) cfg.parallel.ep = 1;
+    // The checkpoint's expert-parallel degree, where this topology can hold it: it must divide the
+    // ranks of a pipeline stage (--set parallel.pp) and FSDP keeps every expert on every rank. A
+    // parallel.ep given with --set is the user's: validate() names it if it does not fit.
+    const bool ep_given = std::any_of(a.overrides.begin(), a.overrides.end(),
+                                      [](const std::string& o) { return moe::override_key(o) == "parallel.ep"; });
+    const int64_t stage_ranks = cfg.parallel.pp >= 1 && world.size() % cfg.parallel.pp == 0
+                                    ? world.size() / cfg.parallel.pp
+                                    : world.size();
+    if (!ep_given &&
+        (cfg.parallel.mode == "fsdp" || cfg.parallel.ep > stage_ranks || stage_ranks % cfg.parallel.ep != 0))
+      cfg.parallel.ep = 1;
     cfg.validate();
     // --tokens N evaluates whole microbatches (micro_batch_size windows of seq_len predicted
     // tokens on every data rank), at most N tokens: an N below one of them would evaluate nothing.
