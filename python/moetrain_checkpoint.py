@@ -108,14 +108,19 @@ def list_checkpoints(run_dir):
         names = os.listdir(run_dir)
     except OSError as e:
         _fail(f"cannot list run directory {run_dir}: {e.strerror}")
-    steps = []
-    for name in names:
-        m = re.fullmatch(r"step-([0-9]{6,18})", name)
-        # Only the names saves give (zero-padded to six digits: step-000002, not a copy named step-2).
-        if m and name == f"step-{int(m.group(1)):06d}" and os.path.isdir(os.path.join(run_dir, name)) and os.path.exists(os.path.join(run_dir, name, "index.json")):
-            steps.append((int(m.group(1)), name))
+    steps = [(step, name) for step, name in _step_folders(run_dir, names)
+             if os.path.exists(os.path.join(run_dir, name, "index.json"))]
     after = _set_aside_after_step(run_dir)
     return sorted(s for s in steps if after is None or s[0] <= after)
+
+
+def _step_folders(run_dir, names):
+    """(step, name) of the folders among names that carry a name saves give (zero-padded to six
+    digits: step-000002, not a copy named step-2), complete or not."""
+    for name in names:
+        m = re.fullmatch(r"step-([0-9]{6,18})", name)
+        if m and name == f"step-{int(m.group(1)):06d}" and os.path.isdir(os.path.join(run_dir, name)):
+            yield int(m.group(1)), name
 
 
 def resolve_checkpoint(path):
@@ -135,11 +140,7 @@ def resolve_checkpoint(path):
     # index.json is damage (saves name a folder step-N only once it is complete), not skipped.
     newest = steps[-1][0] if steps else -1
     after = _set_aside_after_step(run)
-    for name in sorted(os.listdir(run)):
-        m = re.fullmatch(r"step-([0-9]{6,18})", name)
-        if not m or name != f"step-{int(m.group(1)):06d}" or not os.path.isdir(os.path.join(run, name)):
-            continue
-        step = int(m.group(1))
+    for step, name in sorted(_step_folders(run, os.listdir(run))):
         if step > newest and (after is None or step <= after) and not os.path.exists(os.path.join(run, name, "index.json")):
             hint = f", or name the checkpoint to use, e.g. {os.path.join(run, steps[-1][1])}" if steps else ""
             _fail(f"cannot resolve checkpoint {path}: {os.path.join(run, name)} is newer than every complete checkpoint "

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -609,29 +610,17 @@ TrainSummary Trainer::run() {
       const double elapsed = seconds_since(run_start);
       const double eta = elapsed / static_cast<double>(step - start_step_ + 1) * static_cast<double>(t.steps - r.step);
       if (talk) {
-        char line[1024];
-        std::snprintf(
-            line, sizeof line,
-            "step %5ld/%ld | loss %.4f (lm %.4f lb %.3f z %.3f) | gnorm %.3f | lr %.2e | %s tok/s | MFU %.2f%% | %.0f "
+        say("step %5ld/%ld | loss %.4f (lm %.4f lb %.3f z %.3f) | gnorm %.3f | lr %.2e | %s tok/s | MFU %.2f%% | %.0f "
             "ms/step | ETA %s%s\n",
             static_cast<long>(r.step), static_cast<long>(t.steps), r.loss, r.lm_loss, r.lb_loss, r.z_loss, r.grad_norm,
             r.lr, format_count(r.tokens_per_s).c_str(), 100 * r.mfu, 1000 * r.step_time_s, format_duration(eta).c_str(),
             r.skipped ? " | SKIPPED (non-finite gradient)" : "");
-        std::string text = line;
-        if (r.pipeline_bubble_theory > 0) {
-          std::snprintf(line, sizeof line, "  pipeline bubble %.1f%% measured, %.1f%% in theory\n",
-                        100 * r.pipeline_bubble, 100 * r.pipeline_bubble_theory);
-          text += line;
-        }
-        if (eval) {
-          std::snprintf(line, sizeof line, "  eval loss %.4f%s\n", *eval, std::isfinite(*eval) ? "" : " (not finite)");
-          text += line;
-        }
-        for (const auto& [name, loss] : eval_sets) {
-          std::snprintf(line, sizeof line, "%.4f%s", loss, std::isfinite(loss) ? "" : " (not finite)");
-          text += "  eval loss on " + name + " " + line + "\n";
-        }
-        say(text);
+        if (r.pipeline_bubble_theory > 0)
+          say("  pipeline bubble %.1f%% measured, %.1f%% in theory\n", 100 * r.pipeline_bubble,
+              100 * r.pipeline_bubble_theory);
+        if (eval) say("  eval loss %.4f%s\n", *eval, std::isfinite(*eval) ? "" : " (not finite)");
+        for (const auto& [name, loss] : eval_sets)
+          say("  eval loss on %s %.4f%s\n", name.c_str(), loss, std::isfinite(loss) ? "" : " (not finite)");
       }
       if (run_dir) {
         RunTotals totals{ideal_step_s,
@@ -721,7 +710,15 @@ TrainSummary Trainer::run() {
   return summary;
 }
 
-void Trainer::say(const std::string& text) {
+void Trainer::say(const char* format, ...) {
+  std::va_list args;
+  va_start(args, format);
+  std::va_list again;
+  va_copy(again, args);
+  std::string text(static_cast<size_t>(std::max(std::vsnprintf(nullptr, 0, format, args), 0)), '\0');
+  std::vsnprintf(text.data(), text.size() + 1, format, again);
+  va_end(again);
+  va_end(args);
   if (stop_signal() != 0 && !output_released_) {
     held_output_ += text;
     return;

@@ -171,7 +171,7 @@ class Trainer {
   // back until the stop's checkpoint is committed (release_held_output): a SIGTERM to mpirun makes it
   // stop reading the ranks' output, and a print blocked on the full pipe would keep rank 0 from
   // saving before mpirun's kill.
-  void say(const std::string& text);
+  void say(const char* format, ...) __attribute__((format(printf, 2, 3)));
   void release_held_output();
   // Collective: every rank sees the run directory rank 0 claimed (throws on every rank if not).
   void check_run_dir_is_shared();

@@ -64,8 +64,8 @@ void Trainer::finish_background_save(bool wait) {
     if (busy != 0.0f) return;
   } else if (!background_file_.done() && leader() && !opts_.quiet) {
     // A stop, the next save or the run's end waits here, for as long as the disk takes: say so.
-    say("waiting for checkpoint " + checkpoint_dir_name(background_save_->step) +
-        ", still being written in the background (train.async_save)\n");
+    say("waiting for checkpoint %s, still being written in the background (train.async_save)\n",
+        checkpoint_dir_name(background_save_->step).c_str());
   }
   const BackgroundSave save = std::move(*background_save_);
   background_save_.reset();

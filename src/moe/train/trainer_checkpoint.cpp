@@ -228,13 +228,10 @@ void Trainer::after_commit(const std::string& dir, double seconds, size_t rss_be
   if (!opts_.quiet) {
     uintmax_t bytes = 0;
     for (const auto& e : fs::directory_iterator(dir)) bytes += e.is_regular_file() ? e.file_size() : 0;
-    char line[1024];
-    std::snprintf(line, sizeof line, " (%s in %.2f s", format_bytes(static_cast<double>(bytes)).c_str(), seconds);
-    std::string text = "saved checkpoint " + dir + line + how;
-    std::snprintf(line, sizeof line, "; rank 0 peak resident memory %s before, %s after)\n",
-                  format_bytes(static_cast<double>(rss_before)).c_str(),
-                  format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
-    say(text + line);  // held back after a stop signal, as the progress lines (Trainer::say)
+    // Held back after a stop signal, as the progress lines (Trainer::say).
+    say("saved checkpoint %s (%s in %.2f s%s; rank 0 peak resident memory %s before, %s after)\n", dir.c_str(),
+        format_bytes(static_cast<double>(bytes)).c_str(), seconds, how.c_str(),
+        format_bytes(static_cast<double>(rss_before)).c_str(), format_bytes(static_cast<double>(peak_rss_bytes())).c_str());
   }
 }
 
