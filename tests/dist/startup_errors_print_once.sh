@@ -4,7 +4,8 @@
 # checkpoint whose index.json is damaged (resumed or initialized from), an --init-from that does not
 # exist, a model the checkpoint's weights do not fit (initialized from or resumed), a run.dir that
 # already holds a run, `eval` of a missing --data file, a parallel.ep the ranks cannot hold, pipeline
-# layouts they cannot run (pp, its chunks, the interleaved schedule's microbatch groups), and
+# layouts they cannot run (pp, its chunks, the interleaved schedule's microbatch groups, a
+# parallel.lease_slots too small for one stage), and
 # run.device = "cuda" on a machine without a GPU, a config that one rank's memory cannot hold, and
 # ranks that opened different token data.
 # Usage: startup_errors_print_once.sh "MPIRUN ARGS (the launcher and its options)" MOETRAIN
@@ -50,6 +51,11 @@ expect pp-chunks 'parallel.pp = 2 x parallel.pp_virtual = 3 = 6 pipeline chunks 
 expect pp-groups 'parallel.pp_schedule = "interleaved" takes microbatches in groups of parallel.pp = 2' -- \
   train --steps 4 --set model.num_hidden_layers=4 --set parallel.pp=2 --set 'parallel.pp_schedule="interleaved"' \
   --set parallel.pp_virtual=2 --set train.global_batch_size=3 --set train.micro_batch_size=1 --set run.dir="$work/l"
+# A lease_slots override too small for stage 0 only (1F1B keeps pp microbatches in flight there, 1
+# on the last stage): every rank refuses it, where stage 0 alone used to, while building its model.
+expect pp-lease-slots 'parallel.lease_slots = 1 is below the 2 microbatches the 1f1b schedule keeps in flight on pipeline stage 0' -- \
+  train --steps 4 --set model.num_hidden_layers=4 --set parallel.pp=2 --set parallel.lease_slots=1 \
+  --set train.global_batch_size=4 --set train.micro_batch_size=1 --set run.dir="$work/m"
 # Without a usable GPU here (the build machines), run.device = "cuda" is every rank's error.
 if ! nvidia-smi -L > /dev/null 2>&1; then
   expect no-gpu 'run.device = "cuda", but ' -- train --steps 4 --set 'run.device="cuda"' --set run.dir="$work/h"

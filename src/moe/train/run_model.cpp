@@ -24,7 +24,8 @@ PipelineShape shape_of(const ParallelConfig& par, int64_t accum) {
   return PipelineShape{static_cast<int>(par.pp), static_cast<int>(par.pp_virtual), accum};
 }
 
-// This stage's chunks, schedule and in-flight count; refuses a lease_slots override below the need.
+// This stage's chunks, schedule and in-flight count (a lease_slots override below the need was
+// refused by check_run_layout, for every stage at once).
 std::unique_ptr<PipelinePlan> plan_pipeline(const Config& cfg, const Mesh& mesh, int64_t accum) {
   const ParallelConfig& par = cfg.parallel;
   auto plan = std::make_unique<PipelinePlan>();
@@ -53,10 +54,6 @@ std::unique_ptr<PipelinePlan> plan_pipeline(const Config& cfg, const Mesh& mesh,
   }
   plan->chunks = plan->layout.chunks_of(mesh.stage);
   for (int c : plan->chunks) plan->activation_sets = std::max(plan->activation_sets, in_flight(plan->ops, c));
-  MOE_CHECK(par.lease_slots == 0 || par.lease_slots >= plan->activation_sets, "parallel.lease_slots = ",
-            par.lease_slots, " is below the ", plan->activation_sets, " microbatches the ", par.pp_schedule,
-            " schedule keeps in flight on pipeline stage ", mesh.stage, "; use parallel.lease_slots >= ",
-            plan->activation_sets, " or 0 (sized from the schedule)");
   return plan;
 }
 
@@ -85,6 +82,23 @@ void check_run_layout(const Config& cfg, int world_size) {
     const std::string problem =
         schedule_problem(schedule_of(par), shape_of(par, cfg.accumulation_steps(world_size / par.pp)));
     MOE_CHECK(problem.empty(), problem);
+    // A lease_slots override must hold the microbatches in flight on the stage that keeps the most:
+    // checked here for all stages, so every rank refuses it with one message, not only the ranks
+    // of the stages it is too small for as they build their models.
+    if (par.lease_slots > 0) {
+      const PipelineShape shape = shape_of(par, cfg.accumulation_steps(world_size / par.pp));
+      const PipelineLayout layout = plan_pipeline_layout(cfg.model, cfg.train.seq_len, static_cast<int>(par.pp),
+                                                         static_cast<int>(par.pp_virtual), par.pp_layers);
+      int need = 0, stage_of_need = 0;
+      for (int r = 0; r < shape.stages; ++r) {
+        const std::vector<PipelineOp> ops = schedule_ops(schedule_of(par), shape, r);
+        for (int c : layout.chunks_of(r))
+          if (in_flight(ops, c) > need) need = in_flight(ops, c), stage_of_need = r;
+      }
+      MOE_CHECK(par.lease_slots >= need, "parallel.lease_slots = ", par.lease_slots, " is below the ", need,
+                " microbatches the ", par.pp_schedule, " schedule keeps in flight on pipeline stage ", stage_of_need,
+                "; use parallel.lease_slots >= ", need, " or 0 (sized from the schedule)");
+    }
   }
 }
 
