@@ -237,7 +237,8 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
   MOE_CHECK(!(start.overwrite && !start.resumed_from.empty()), "--overwrite starts afresh, but run.resume = \"auto\" "
             "continues from ", start.resumed_from, ": drop --overwrite, or set run.resume = \"no\"");
   // Refusals first: nothing is created or moved before the directory is known to be usable.
-  const std::string held = run_contents(dir_);
+  held_ = run_contents(dir_);
+  const std::string& held = held_;
   const bool continues_this_run = !start.resumed_from.empty() && same_directory(parent_dir(start.resumed_from), dir_);
   if (continues_this_run) refuse_mixed_runs(dir_, start.resumed_from);
   // run.resume = "auto" found no checkpoint: an earlier attempt that never saved one left only
@@ -266,24 +267,15 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
             "over a file of yours: move one of them out of run.dir");
   if (start.overwrite && !held.empty())
     refuse_moving_inputs(dir_, previous_run_entries(dir_), run_inputs(cfg, start.config_file));
-  const bool created = !fs::exists(dir_, ec);
+  created_ = !fs::exists(dir_, ec);
   fs::create_directories(dir_, ec);
   MOE_CHECK(!ec, "cannot create run directory '", dir_, "' (run.dir): ", ec.message());
   lock_ = std::make_unique<RunLock>(dir_ + "/.lock");
-  try {
-    claim(cfg, start, held);
-  } catch (...) {
-    // A start that fails here (a full disk refusing config.toml) leaves no run directory it made:
-    // only its lock can be in it, and an empty run.dir would look like a run that was started.
-    if (created) {
-      lock_.reset();         // removes the lock file
-      fs::remove(dir_, ec);  // only if empty: whatever else is there stays
-    }
-    throw;
-  }
 }
 
-void RunDirectory::claim(const Config& cfg, const RunStart& start, const std::string& held) {
+void RunDirectory::claim(const Config& cfg, const RunStart& start) {
+  MOE_CHECK(!claimed_, "run.dir '", dir_, "' is claimed once");
+  const std::string& held = held_;
   const std::string metrics_path = dir_ + "/metrics.jsonl";
   const std::string tensorboard_dir = dir_ + "/tensorboard";
   // Saves that never finished (a crash mid-save or mid-prune) are garbage, whatever their step:
@@ -309,6 +301,7 @@ void RunDirectory::claim(const Config& cfg, const RunStart& start, const std::st
   write_file_atomic(config_path_, header + config_to_toml(cfg));
   metrics_ = std::make_unique<MetricsLog>(metrics_path);
   if (cfg.run.tensorboard) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);
+  claimed_ = true;
 }
 
 void RunDirectory::write_record(const nlohmann::json& record) {
@@ -316,6 +309,13 @@ void RunDirectory::write_record(const nlohmann::json& record) {
   if (tensorboard_) tensorboard_->write(record);
 }
 
-RunDirectory::~RunDirectory() = default;
+RunDirectory::~RunDirectory() {
+  // A start that ends before its claim is done (ranks that do not share run.dir, a full disk
+  // refusing config.toml) leaves no run directory it made: only its lock can be in it, and an
+  // empty run.dir would look like a run that was started.
+  lock_.reset();  // removes the lock file
+  std::error_code ec;
+  if (created_ && !claimed_) fs::remove(dir_, ec);  // only if empty: whatever else is there stays
+}
 
 }  // namespace moe

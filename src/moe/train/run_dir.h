@@ -51,13 +51,20 @@ bool path_lies_inside(const std::string& inner, const std::string& outer);
 class RunDirectory {
  public:
   // Rank 0 of a training job, after the config, data and checkpoint have been validated: checks
-  // the directory may be used, takes its lock, sets aside what a resume abandons (or, with
-  // overwrite, the previous run) and writes config.toml. Throws naming the directory otherwise,
-  // with nothing written.
+  // the directory may be used and takes its lock (creating the directory if need be). Throws
+  // naming the directory otherwise, with nothing written. Nothing is moved or written beyond the
+  // lock until claim(): the other ranks first check that they see that lock (a run.dir their
+  // filesystem does not share with rank 0's must not have moved or written anything).
   RunDirectory(const Config& cfg, const RunStart& start);
-  ~RunDirectory();  // releases the lock
+  // Releases the lock; a directory this start created and never claimed is removed with it
+  // (only its lock was there).
+  ~RunDirectory();
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;
+
+  // Sets aside what the start leaves behind (or, with overwrite, the previous run), writes
+  // config.toml and opens the metrics. Once, with the constructor's cfg and start.
+  void claim(const Config& cfg, const RunStart& start);
 
   const std::string& path() const { return dir_; }
   // Where the resolved config went: config.toml, or config.resolved.toml beside a user's own.
@@ -71,10 +78,10 @@ class RunDirectory {
   bool replaced_previous_run() const { return replaced_previous_run_; }
 
  private:
-  // After the lock: sets aside what the start leaves behind, writes config.toml, opens the metrics.
-  void claim(const Config& cfg, const RunStart& start, const std::string& held);
-
   std::string dir_;
+  std::string held_;     // what the directory held before this start (run_contents), "" if nothing
+  bool created_ = false;  // this start made the directory
+  bool claimed_ = false;
   bool replaced_previous_run_ = false;
   std::unique_ptr<RunLock> lock_;
   std::string config_path_;

@@ -530,14 +530,22 @@ TrainSummary Trainer::run() {
   summary.first_step = start_step_;
   summary.planned_steps = t.steps;
   summary.attainable_loss = data_.attainable_loss();
-  // Rank 0 claims the run directory only now: config, data and any checkpoint are validated.
+  // Rank 0 claims the run directory only now: config, data and any checkpoint are validated. It
+  // takes the lock first; the claim (setting aside, config.toml) waits until every rank has seen
+  // that lock, so a run.dir the ranks do not share moves and writes nothing.
   std::unique_ptr<RunDirectory> run_dir;
-  if (!opts_.bench)
+  if (!opts_.bench) {
+    const RunStart start{resumed_from_, start_step_, opts_.overwrite, cfg_.run.resume == "auto", opts_.config_file};
     leader_decides(host_world_, [&] {
-      run_dir = std::make_unique<RunDirectory>(
-          cfg_, RunStart{resumed_from_, start_step_, opts_.overwrite, cfg_.run.resume == "auto", opts_.config_file});
+      run_dir = std::make_unique<RunDirectory>(cfg_, start);
       return std::string();
     });
+    check_run_dir_is_shared();
+    leader_decides(host_world_, [&] {
+      if (run_dir) run_dir->claim(cfg_, start);
+      return std::string();
+    });
+  }
   if (run_dir) {
     if (!run_dir->set_aside().empty() && !opts_.quiet) {
       if (run_dir->replaced_previous_run())
@@ -548,7 +556,6 @@ TrainSummary Trainer::run() {
                     run_dir->path().c_str(), run_dir->set_aside().c_str());
     }
   }
-  if (!opts_.bench) check_run_dir_is_shared();
   // An error while a checkpoint is written in the background (train.async_save): in one process it
   // is still committed, before run_dir's lock is released (nothing else takes part); with several
   // ranks the others may have gone, so its temp folder is left for the next start to clear.
