@@ -531,29 +531,32 @@ TEST_F(CliTest, a_metrics_write_that_hits_the_file_size_limit_leaves_whole_lines
 }
 
 // A start that cannot write the resolved config (a full disk, by way of RLIMIT_FSIZE, inherited by
-// the child, SIGXFSZ ignored) leaves no run directory it made: an empty one would look like a
-// started run. A run directory that existed stays, with what it held.
+// the child, SIGXFSZ ignored) leaves no run directory it made, nor the parents it made for it: an
+// empty one would look like a started run. A run directory that existed stays, with what it held.
 TEST_F(CliTest, a_start_whose_config_write_hits_the_file_size_limit_leaves_no_run_directory_it_made) {
   ASSERT_EQ(moetrain(tiny_train({"--steps", "1", "--set", "run.save_final=false"})).exit_code, 0);
   const size_t config = read_file(run_dir() + "/config.toml").size();
   fs::remove_all(run_dir());
-  const auto start_with_a_full_disk = [&] {
+  const auto start_with_a_full_disk = [&](const std::string& dir) {
     struct rlimit old {};
     EXPECT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
     struct rlimit small = old;
     small.rlim_cur = config / 2;
     auto* previous = std::signal(SIGXFSZ, SIG_IGN);
     EXPECT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-    const CliRun r = moetrain(tiny_train({"--steps", "1"}));
+    const CliRun r = moetrain(tiny_train({"--steps", "1", "--set", "run.dir=" + dir}));
     ::setrlimit(RLIMIT_FSIZE, &old);
     std::signal(SIGXFSZ, previous);
     return r;
   };
-  expect_error(start_with_a_full_disk(), {"config.toml", "File too large"});
+  expect_error(start_with_a_full_disk(run_dir()), {"config.toml", "File too large"});
   EXPECT_FALSE(fs::exists(run_dir())) << "the failed start left the run directory it made";
+  // Nor the missing parents it made for it.
+  expect_error(start_with_a_full_disk(run_dir() + "/a/b/run"), {"config.toml", "File too large"});
+  EXPECT_FALSE(fs::exists(run_dir())) << "the failed start left the parent folders it made";
   fs::create_directories(run_dir());
   std::ofstream(run_dir() + "/notes.txt") << "mine";
-  expect_error(start_with_a_full_disk(), {"config.toml", "File too large"});
+  expect_error(start_with_a_full_disk(run_dir()), {"config.toml", "File too large"});
   EXPECT_EQ(read_file(run_dir() + "/notes.txt"), "mine");
   EXPECT_FALSE(fs::exists(run_dir() + "/.lock"));
 }

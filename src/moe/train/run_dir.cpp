@@ -267,7 +267,12 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
             "over a file of yours: move one of them out of run.dir");
   if (start.overwrite && !held.empty())
     refuse_moving_inputs(dir_, previous_run_entries(dir_), run_inputs(cfg, start.config_file));
-  created_ = !fs::exists(dir_, ec);
+  // The folders this start makes (run.dir and any missing parents), innermost first.
+  for (fs::path p = fs::absolute(dir_, ec).lexically_normal(); !p.empty() && !fs::exists(p, ec);
+       p = p.parent_path()) {
+    created_.push_back(p.string());
+    if (p == p.parent_path()) break;
+  }
   fs::create_directories(dir_, ec);
   MOE_CHECK(!ec, "cannot create run directory '", dir_, "' (run.dir): ", ec.message());
   lock_ = std::make_unique<RunLock>(dir_ + "/.lock");
@@ -311,11 +316,13 @@ void RunDirectory::write_record(const nlohmann::json& record) {
 
 RunDirectory::~RunDirectory() {
   // A start that ends before its claim is done (ranks that do not share run.dir, a full disk
-  // refusing config.toml) leaves no run directory it made: only its lock can be in it, and an
-  // empty run.dir would look like a run that was started.
+  // refusing config.toml) leaves no run directory it made, nor the parents it made for it: only
+  // its lock can be in it, and an empty run.dir would look like a run that was started.
   lock_.reset();  // removes the lock file
   std::error_code ec;
-  if (created_ && !claimed_) fs::remove(dir_, ec);  // only if empty: whatever else is there stays
+  if (claimed_) return;
+  for (const std::string& d : created_)  // innermost first; each only if empty: whatever else is there stays
+    if (!fs::remove(d, ec)) break;
 }
 
 }  // namespace moe

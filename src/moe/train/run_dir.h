@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "moe/train/config.h"
 #include "moe/train/metrics.h"
@@ -57,7 +58,7 @@ class RunDirectory {
   // filesystem does not share with rank 0's must not have moved or written anything).
   RunDirectory(const Config& cfg, const RunStart& start);
   // Releases the lock; a directory this start created and never claimed is removed with it
-  // (only its lock was there).
+  // (only its lock was there), and so are the parents it created for it.
   ~RunDirectory();
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;
@@ -80,7 +81,7 @@ class RunDirectory {
  private:
   std::string dir_;
   std::string held_;     // what the directory held before this start (run_contents), "" if nothing
-  bool created_ = false;  // this start made the directory
+  std::vector<std::string> created_;  // the folders this start made (run.dir, missing parents), innermost first
   bool claimed_ = false;
   bool replaced_previous_run_ = false;
   std::unique_ptr<RunLock> lock_;
