@@ -122,8 +122,8 @@ void dequantize_rows_typed(const Fp8Tensor& in, int64_t row_begin, int64_t row_e
   const float* scales = in.scales.ptr<const float>();
 #pragma omp parallel for schedule(static) if ((row_end - row_begin) * K > kParallelElements)
   for (int64_t r = row_begin; r < row_end; ++r) {
-    const int64_t scale_row = blocks ? (r / N) * TN + (r % N) / kTile : r;
-    const float* sr = scales + (columns ? r : scale_row * T);
+    // Columns: row r's tiles are N apart from scales[r]; Rows and Blocks: a row of T scales.
+    const float* sr = columns ? scales + r : scales + (blocks ? (r / N) * TN + (r % N) / kTile : r) * T;
     const int64_t tile_stride = columns ? N : 1;
     const uint8_t* cr = codes + r * K;
     Out* orow = out + (r - row_begin) * K;
