@@ -551,9 +551,20 @@ TEST_F(CliTest, a_start_whose_config_write_hits_the_file_size_limit_leaves_no_ru
   };
   expect_error(start_with_a_full_disk(run_dir()), {"config.toml", "File too large"});
   EXPECT_FALSE(fs::exists(run_dir())) << "the failed start left the run directory it made";
-  // Nor the missing parents it made for it.
-  expect_error(start_with_a_full_disk(run_dir() + "/a/b/run"), {"config.toml", "File too large"});
-  EXPECT_FALSE(fs::exists(run_dir())) << "the failed start left the parent folders it made";
+  // Nor the missing parents it made for it, however run.dir ends.
+  for (const std::string tail : {"", "/", "/."}) {
+    expect_error(start_with_a_full_disk(run_dir() + "/a/b/run" + tail), {"config.toml", "File too large"});
+    EXPECT_FALSE(fs::exists(run_dir())) << "the failed start left the parent folders it made (run.dir a/b/run" << tail
+                                        << ")";
+  }
+  // A lock file that cannot be written (no byte fits; stderr goes through a pipe to cat, outside
+  // the limit): the folders go too, and no emptied .lock stays.
+  std::string command = "set -o pipefail; (ulimit -f 0; trap '' XFSZ; exec " MOE_BINARY_DIR "/moetrain";
+  for (const std::string& a : tiny_train({"--steps", "1", "--set", "run.dir=" + run_dir() + "/a/run"}))
+    command += " '" + a + "'";
+  command += ") 2>&1 >/dev/null | cat >&2";
+  expect_error(run({"/bin/bash", "-c", command}), {"cannot write the lock file", ".lock"});
+  EXPECT_FALSE(fs::exists(run_dir())) << "the start that could not write its lock left folders it made";
   fs::create_directories(run_dir());
   std::ofstream(run_dir() + "/notes.txt") << "mine";
   expect_error(start_with_a_full_disk(run_dir()), {"config.toml", "File too large"});

@@ -268,14 +268,20 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
   if (start.overwrite && !held.empty())
     refuse_moving_inputs(dir_, previous_run_entries(dir_), run_inputs(cfg, start.config_file));
   // The folders this start makes (run.dir and any missing parents), innermost first.
-  for (fs::path p = fs::absolute(dir_, ec).lexically_normal(); !p.empty() && !fs::exists(p, ec);
-       p = p.parent_path()) {
+  fs::path innermost = fs::absolute(dir_, ec).lexically_normal();
+  if (!innermost.has_filename()) innermost = innermost.parent_path();  // "run/" and "run/." name run
+  for (fs::path p = innermost; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
     created_.push_back(p.string());
     if (p == p.parent_path()) break;
   }
   fs::create_directories(dir_, ec);
   MOE_CHECK(!ec, "cannot create run directory '", dir_, "' (run.dir): ", ec.message());
-  lock_ = std::make_unique<RunLock>(dir_ + "/.lock");
+  try {
+    lock_ = std::make_unique<RunLock>(dir_ + "/.lock");
+  } catch (...) {
+    remove_created();  // no destructor runs for a constructor that throws
+    throw;
+  }
 }
 
 void RunDirectory::claim(const Config& cfg, const RunStart& start) {
@@ -319,8 +325,11 @@ RunDirectory::~RunDirectory() {
   // refusing config.toml) leaves no run directory it made, nor the parents it made for it: only
   // its lock can be in it, and an empty run.dir would look like a run that was started.
   lock_.reset();  // removes the lock file
+  if (!claimed_) remove_created();
+}
+
+void RunDirectory::remove_created() {
   std::error_code ec;
-  if (claimed_) return;
   for (const std::string& d : created_)  // innermost first; each only if empty: whatever else is there stays
     if (!fs::remove(d, ec)) break;
 }

@@ -79,6 +79,8 @@ class RunDirectory {
   bool replaced_previous_run() const { return replaced_previous_run_; }
 
  private:
+  void remove_created();  // the folders in created_, innermost first, each only while empty
+
   std::string dir_;
   std::string held_;     // what the directory held before this start (run_contents), "" if nothing
   std::vector<std::string> created_;  // the folders this start made (run.dir, missing parents), innermost first

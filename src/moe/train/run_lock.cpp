@@ -96,6 +96,7 @@ RunLock::RunLock(std::string path) : path_(std::move(path)) {
     if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size()) ||
         ::fsync(fd) != 0) {
       const std::string why = errno_text();
+      ::unlink(path_.c_str());  // ours while we hold it: an emptied lock file is not left behind
       ::close(fd);
       MOE_FAIL("cannot write the lock file ", path_, ": ", why);
     }
