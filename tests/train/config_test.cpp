@@ -496,5 +496,30 @@ TEST(Config, Fp8OnTheGpuRefusesWidthsAndMicrobatchesThatAreNotMultiplesOf16) {
   refused({"model.num_attention_heads=16", "model.num_key_value_heads=1"}, "model.num_key_value_heads");
 }
 
+// train.max_duration: plain decimal numbers, each with a unit from the largest down (the last may
+// go without one: seconds). std::stod used to take signs, exponents and hex ("0x10s" ran 16 s).
+TEST(Config, DurationsAreDecimalNumbersWithUnitsFromTheLargestDown) {
+  EXPECT_DOUBLE_EQ(parse_duration("90s", "k"), 90);
+  EXPECT_DOUBLE_EQ(parse_duration("1h30m", "k"), 5400);
+  EXPECT_DOUBLE_EQ(parse_duration("1d2h3m4s", "k"), 86400 + 7200 + 180 + 4);
+  EXPECT_DOUBLE_EQ(parse_duration("1.5h", "k"), 5400);
+  EXPECT_DOUBLE_EQ(parse_duration("45", "k"), 45);
+  EXPECT_DOUBLE_EQ(parse_duration("", "k"), 0);  // no limit
+  // Refused, each naming the key and the text (as "not a duration", or the unit at fault).
+  for (const char* text : {"0x10s", "0x1p4s", "+5m", "-5m", "1e3s", "1e9h", ".s", "inf", "nan", "h", "1..5h", " 5m",
+                           "1h30", "1h1h", "30m1h"}) {
+    const std::string e = error_of([&] { parse_duration(text, "train.max_duration"); });
+    EXPECT_NE(e.find(std::string("train.max_duration = \"") + text + "\""), std::string::npos) << text << ": " << e;
+  }
+  for (const char* text : {"+5m", "-5m", ".s", "inf", " 5m"})
+    EXPECT_NE(error_of([&] { parse_duration(text, "k"); }).find("is not a duration"), std::string::npos) << text;
+  for (const char* text : {"1h1h", "30m1h", "1m2m"})
+    EXPECT_NE(error_of([&] { parse_duration(text, "k"); }).find("each unit once, from the largest down"),
+              std::string::npos)
+        << text;
+  EXPECT_NE(error_of([&] { parse_duration("5x", "k"); }).find("unknown unit 'x'"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse_duration("0s", "k"); }).find("must be longer than zero"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace moe

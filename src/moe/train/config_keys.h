@@ -204,7 +204,7 @@ void visit_config_keys(C& c, V&& v) {
            "passes; needs parallel.mode = ddp, any pp; GPU: Hopper only, widths and microbatch tokens multiples of 16; "
            "the CPU emulates it exactly)");
   v.key("train", "max_duration", t.max_duration, any_value<std::string>(),
-        "wall-clock budget of this process (\"4h\", \"1h30m\", \"90s\"): at the first step boundary past it, save a "
+        "wall-clock budget of this process (decimal numbers with units d, h, m, s from the largest down: \"4h\", \"1h30m\", \"1.5h\", \"90s\"): at the first step boundary past it, save a "
         "checkpoint and stop; \"\" = none");
 
   v.table_array("eval", "sets", c.eval.sets, "named validation sets, each reported under its name",

@@ -145,30 +145,40 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 double parse_duration(const std::string& text, const std::string& key) {
   if (text.empty()) return 0;
+  const std::string usage = "\" is not a duration; write e.g. \"4h\", \"1h30m\", \"45m\" or \"90s\"";
   double total = 0;
   size_t i = 0;
-  bool any = false;
+  int parts = 0;
+  double last_unit = 0;  // units go from the largest down, each once: "1h30m", not "30m1h" or "1h1h"
   while (i < text.size()) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(text.substr(i), &used);
-    } catch (const std::exception&) {
-      used = 0;
+    // A plain decimal number: digits with at most one point (no sign, exponent or hex, which
+    // std::stod would take: "0x10s", "+5m").
+    const size_t start = i;
+    bool digits = false, point = false;
+    for (; i < text.size(); ++i) {
+      const char c = text[i];
+      if (c >= '0' && c <= '9')
+        digits = true;
+      else if (c == '.' && !point)
+        point = true;
+      else
+        break;
     }
-    MOE_CHECK(used > 0 && std::isfinite(v) && v >= 0, key, " = \"", text,
-              "\" is not a duration; write e.g. \"4h\", \"1h30m\", \"45m\" or \"90s\"");
-    i += used;
+    MOE_CHECK(digits, key, " = \"", text, usage);
+    const double v = std::stod(text.substr(start, i - start));
     double unit = 1;
     if (i < text.size()) {
       const char u = text[i++];
       unit = u == 's' ? 1 : u == 'm' ? 60 : u == 'h' ? 3600 : u == 'd' ? 86400 : -1;
       MOE_CHECK(unit > 0, key, " = \"", text, "\": unknown unit '", u, "' (use s, m, h or d)");
+      MOE_CHECK(last_unit == 0 || unit < last_unit, key, " = \"", text,
+                "\": each unit once, from the largest down (e.g. \"1d2h\", \"1h30m\")");
+      last_unit = unit;
     } else {
-      MOE_CHECK(!any, key, " = \"", text, "\": a unit (s, m, h or d) must follow every number but the only one");
+      MOE_CHECK(parts == 0, key, " = \"", text, "\": a unit (s, m, h or d) must follow every number but the only one");
     }
     total += v * unit;
-    any = true;
+    ++parts;
   }
   MOE_CHECK(total > 0, key, " = \"", text, "\" must be longer than zero (\"\" means no limit)");
   // The deadline is kept in the steady clock's nanoseconds (int64: ~292 years); a longer one
