@@ -4,6 +4,7 @@
 // what bench prints about its timed steps, and the performance model's flags.
 #include <sys/stat.h>
 
+#include <chrono>
 #include <regex>
 
 #include "cli_test_util.h"
@@ -188,6 +189,57 @@ TEST_F(PlanCli, a_train_run_that_does_not_fit_names_the_planned_options_and_writ
   EXPECT_NE(r.err.find("optim.moment_dtype = \"bf16\": saves"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(run_dir() + "/metrics.jsonl"));
   EXPECT_TRUE(step_dirs(run_dir()).empty());
+}
+
+// A global batch whose tokens alone cannot fit (256 GiB of the step's tokens and targets here) is
+// refused by the plan, naming train.global_batch_size, before the host's copies of the batch are
+// made (they were allocated first: the process was killed for memory, or failed naming no key).
+TEST_F(PlanCli, a_global_batch_too_large_for_memory_is_refused_naming_the_key_before_allocating_it) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliRun r = moetrain(tiny_train({}, [] {
+    std::vector<std::string> sets = tiny_sets();
+    sets.push_back("train.global_batch_size=33554432");  // x 1024 tokens x 8 bytes (tokens, targets) = 256 GiB
+    sets.push_back("train.seq_len=1024");
+    return sets;
+  }()));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("of it the step's tokens and targets 256.00 GiB: train.global_batch_size 33554432 x "
+                       "train.seq_len 1024 over 1 data rank"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("a smaller train.global_batch_size"), std::string::npos) << r.err;
+  EXPECT_LT(seconds, 20.0);
+  EXPECT_FALSE(fs::exists(run_dir()));
+}
+
+// The microbatch options: at each halving the largest divisor of the current size, and none
+// smaller than the largest that fits (a smaller one only costs more), instead of every divisor.
+TEST_F(PlanCli, microbatch_options_halve_and_stop_at_the_largest_that_fits) {
+  const CliRun r = moetrain(tiny_train({}, [] {
+    std::vector<std::string> sets = tiny_sets();
+    sets.insert(sets.end(), {"train.micro_batch_size=720720", "train.global_batch_size=720720",
+                             "train.eval_batches=0"});  // 240 divisors
+    return sets;
+  }()));
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  std::vector<int64_t> offered;
+  const std::regex option(R"(train\.micro_batch_size = (\d+): total .* \((fits|does not fit)\))");
+  int fitting = 0;
+  for (auto it = std::sregex_iterator(r.err.begin(), r.err.end(), option); it != std::sregex_iterator(); ++it) {
+    offered.push_back(std::stoll((*it)[1].str()));
+    fitting += (*it)[2].str() == "fits";
+  }
+  ASSERT_FALSE(offered.empty()) << r.err;
+  EXPECT_LE(offered.size(), 20u) << r.err;  // log2(720720) ~ 19.5 halvings at most
+  EXPECT_LE(fitting, 1) << r.err;
+  for (size_t k = 0; k < offered.size(); ++k) {
+    EXPECT_EQ(720720 % offered[k], 0) << offered[k];
+    if (k > 0) {
+      EXPECT_LT(offered[k], offered[k - 1]);
+    }
+  }
+  EXPECT_EQ(offered[0], 360360) << r.err;
 }
 
 }  // namespace

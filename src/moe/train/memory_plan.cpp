@@ -161,11 +161,21 @@ std::vector<FitOption> fit_options(const Config& cfg, int world_size, Device dev
       v.cfg.parallel.ep = ep;
       eps.push_back(v);
     }
-  // Every smaller microbatch that divides the current one (the global batch stays divisible).
+  // Smaller microbatches that divide the current one (the global batch stays divisible): at each
+  // halving, the largest divisor at most that size, so a microbatch with many divisors offers a
+  // few sizes across the whole range (one line each), not every divisor.
+  const int64_t current = cfg.train.micro_batch_size;
+  std::vector<int64_t> divisors;  // of the current size, by trial division up to its square root
+  for (int64_t d = 1; d * d <= current; ++d)
+    if (current % d == 0) divisors.insert(divisors.end(), {d, current / d});
+  std::sort(divisors.begin(), divisors.end());
   std::vector<Variant> micro{{cfg, {}, 0}};
-  for (int64_t mb = cfg.train.micro_batch_size - 1; mb >= 1; --mb) {
-    if (cfg.train.micro_batch_size % mb != 0) continue;
-    Variant v{cfg, {{"train.micro_batch_size", std::to_string(mb)}}, factor_cost(cfg.train.micro_batch_size / mb)};
+  int64_t last = current;
+  for (int64_t cap = current / 2; cap >= 1; cap /= 2) {
+    const int64_t mb = *(std::upper_bound(divisors.begin(), divisors.end(), cap) - 1);  // divisors[0] = 1 <= cap
+    if (mb == last) continue;
+    last = mb;
+    Variant v{cfg, {{"train.micro_batch_size", std::to_string(mb)}}, factor_cost(current / mb)};
     v.cfg.train.micro_batch_size = mb;
     micro.push_back(v);
   }
@@ -196,6 +206,14 @@ std::vector<FitOption> fit_options(const Config& cfg, int world_size, Device dev
   const auto better = [](const FitOption& p, const FitOption& q) {
     return p.cost != q.cost ? p.cost < q.cost : p.plan.total() < q.plan.total();
   };
+  // A smaller microbatch than the largest one that fits only costs more: not offered.
+  const auto micro_only = [](const FitOption& o) { return o.changes[0].first == "train.micro_batch_size"; };
+  int64_t largest_fitting_micro = 0;
+  for (const FitOption& o : singles)
+    if (micro_only(o) && o.fits) largest_fitting_micro = std::max<int64_t>(largest_fitting_micro, std::stoll(o.changes[0].second));
+  std::erase_if(singles, [&](const FitOption& o) {
+    return micro_only(o) && std::stoll(o.changes[0].second) < largest_fitting_micro;
+  });
   std::stable_sort(singles.begin(), singles.end(), better);
   const bool single_fits = std::any_of(singles.begin(), singles.end(), [](const FitOption& o) { return o.fits; });
   if (!single_fits) {
@@ -214,8 +232,18 @@ std::string does_not_fit_message(const Config& cfg, const MemoryRoles& plan, int
   os << "the run needs " << gib(plan.total()) << " per rank on the " << (device == Device::CUDA ? "GPU" : "CPU")
      << " but " << gib(usable) << " can be planned: parameters + gradients + optimizer take " << gib(weights)
      << " (parameters " << gib(plan.parameters + plan.compute_weights) << ", gradients " << gib(plan.gradients) << ", optimizer "
-     << gib(plan.optimizer) << "), other state " << gib(plan.other_state) << ", activations "
-     << gib(plan.activations) << " (train.recompute = \"" << to_string(cfg.train.recompute) << "\")";
+     << gib(plan.optimizer) << "), other state " << gib(plan.other_state);
+  // The step's tokens and targets (I32, every microbatch of the rank's share of the global batch)
+  // are other state: named when they are what a large train.global_batch_size made large.
+  const size_t batch = 2 * sizeof(int32_t) * static_cast<size_t>(cfg.accumulation_steps(cfg.parallel.dp(world_size))) *
+                       static_cast<size_t>(cfg.train.micro_batch_size * cfg.train.seq_len);
+  const bool batch_matters = batch >= plan.total() / 10;
+  if (batch_matters)
+    os << " (of it the step's tokens and targets " << gib(batch) << ": train.global_batch_size "
+       << cfg.train.global_batch_size << " x train.seq_len " << cfg.train.seq_len << " over "
+       << cfg.parallel.dp(world_size) << (cfg.parallel.dp(world_size) == 1 ? " data rank)" : " data ranks)");
+  os << ", activations " << gib(plan.activations) << " (train.recompute = \"" << to_string(cfg.train.recompute)
+     << "\")";
   if (plan.heap > 0) os << ", the expert heap " << gib(plan.heap);
   if (plan.library_workspace > 0)
     os << ", cuDNN's deterministic attention backward " << gib(plan.library_workspace)
@@ -235,6 +263,7 @@ std::string does_not_fit_message(const Config& cfg, const MemoryRoles& plan, int
   if (!fit)
     os << "\nnone of these fits at " << world_size << (world_size == 1 ? " rank" : " ranks") << ": use more ranks"
        << (cfg.parallel.mode == "fsdp" ? "" : " (with a larger parallel.ep, or parallel.mode = \"fsdp\")")
+       << (batch_matters ? ", a smaller train.global_batch_size" : "")
        << ", a shorter train.seq_len or a smaller model; `moetrain plan --gpus N` plans other sizes";
   else
     os << "\ncheapest that fits: " << fit->set_flags();

@@ -138,12 +138,6 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   run_ = build_run_model(cfg_, world_, dev_, run_device_.gpu_world != nullptr, state_, acts_);
   if (!opts_.bench && !opts_.checkpoint && cfg_.train.eval_batches > 0)
     agree_on_outcome(world, [&] { check_eval_sizes(world.rank() == 0 && !opts_.quiet); });
-  const int64_t tokens = cfg_.accumulation_steps(dp) * cfg_.train.micro_batch_size * cfg_.train.seq_len;
-  const int64_t LN = cfg_.model.num_hidden_layers * cfg_.model.num_experts;
-  host_tokens_.resize(static_cast<size_t>(tokens));
-  host_targets_.resize(static_cast<size_t>(tokens));
-  host_bias_.assign(static_cast<size_t>(LN), 0.0f);
-  host_load_.assign(static_cast<size_t>(LN), 0.0f);
   // Fail before any work when the plan cannot fit in this machine's (or this GPU's) memory, saying
   // what would (memory_plan.h). On the GPU the dispatcher's heap is allocated by now: the free
   // memory no longer counts it.
@@ -168,6 +162,13 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   });
   state_.commit(limit);
   acts_.commit(limit > state_.total_bytes() ? limit - state_.total_bytes() : 1);
+  // The host's copies of a step's batch, only now that the plan (which counts them) fits.
+  const int64_t tokens = cfg_.accumulation_steps(dp) * cfg_.train.micro_batch_size * cfg_.train.seq_len;
+  const int64_t LN = cfg_.model.num_hidden_layers * cfg_.model.num_experts;
+  host_tokens_.resize(static_cast<size_t>(tokens));
+  host_targets_.resize(static_cast<size_t>(tokens));
+  host_bias_.assign(static_cast<size_t>(LN), 0.0f);
+  host_load_.assign(static_cast<size_t>(LN), 0.0f);
   run_->store->init(cfg_.train.seed);
   if (opts_.checkpoint) {
     resumed_from_ = opts_.checkpoint->dir();
