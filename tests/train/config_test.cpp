@@ -216,8 +216,8 @@ TEST(Config, PpLayersElementsThatAreNotPositiveIntegersAreRefusedNamingTheKey) {
       {"parallel.pp_layers=[3,1.5]", "must be an integer, got 1.5"},
       {"parallel.pp_layers=[3,\"5\"]", "must be an integer"},
       {"parallel.pp_layers=[[3],5]", "must be an integer"},
-      {"parallel.pp_layers=[8,0]", "must be in [1, 65536], got 0"},
-      {"parallel.pp_layers=[9,-1]", "must be in [1, 65536], got -1"},
+      {"parallel.pp_layers=[8,0]", "must be in [1, 2048], got 0"},
+      {"parallel.pp_layers=[9,-1]", "must be in [1, 2048], got -1"},
       {"parallel.pp_layers=8", "must be an array of integers, got 8"},
   };
   for (const auto& c : cases) {
@@ -229,7 +229,7 @@ TEST(Config, PpLayersElementsThatAreNotPositiveIntegersAreRefusedNamingTheKey) {
   Config c = pipelined(2, {});
   c.parallel.pp_layers = {9, -1};
   const std::string built = error_of([&] { c.validate(); });
-  EXPECT_NE(built.find("parallel.pp_layers = [9, -1]: element 1 must be in [1, 65536], got -1"), std::string::npos)
+  EXPECT_NE(built.find("parallel.pp_layers = [9, -1]: element 1 must be in [1, 2048], got -1"), std::string::npos)
       << built;
 }
 

@@ -79,7 +79,7 @@ void visit_config_keys(C& c, V&& v) {
   auto& m = c.model;
   v.key("model", "vocab_size", m.vocab_size, between<int64_t>(2, int64_t{1} << 31), "vocabulary size (OlmoeConfig.vocab_size)");
   v.key("model", "hidden_size", m.hidden_size, count_from(1), "d_model");
-  v.key("model", "num_hidden_layers", m.num_hidden_layers, between<int64_t>(1, 1 << 16), "transformer blocks");
+  v.key("model", "num_hidden_layers", m.num_hidden_layers, between<int64_t>(1, 1 << 11), "transformer blocks");
   v.key("model", "num_attention_heads", m.num_attention_heads, between<int64_t>(1, 1 << 16), "query heads; divides hidden_size");
   v.key("model", "num_key_value_heads", m.num_key_value_heads, between<int64_t>(1, 1 << 16),
         "key/value heads (grouped-query attention when fewer than the query heads); default: num_attention_heads");
@@ -232,7 +232,7 @@ void visit_config_keys(C& c, V&& v) {
            "of pp)");
   v.key("parallel", "pp_virtual", c.parallel.pp_virtual, between<int64_t>(1, 1 << 10),
         "model chunks per pipeline rank (interleaved schedule)");
-  v.integer_array("parallel", "pp_layers", c.parallel.pp_layers, between<int64_t>(1, 1 << 16),
+  v.integer_array("parallel", "pp_layers", c.parallel.pp_layers, between<int64_t>(1, 1 << 11),
                   "layers per pipeline chunk, an array ([3, 1]; pp x pp_virtual numbers adding up to "
                   "model.num_hidden_layers); empty = balanced by a per-layer cost with the embedding and LM head "
                   "counted");
