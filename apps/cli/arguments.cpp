@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "moe/core/error.h"
+#include "moe/train/config_keys.h"
 
 namespace moe::cli {
 
@@ -50,8 +51,12 @@ moe::Config ConfigArgs::load(const std::vector<KeyFlag>& flags) const {
   return cfg;
 }
 
-const CLI::Range kCountFromZero(int64_t{0}, std::numeric_limits<int64_t>::max());
-const CLI::Range kCountFromOne(int64_t{1}, std::numeric_limits<int64_t>::max());
+// The config keys' own bounds: a value past them is a usage error (exit 2) stating the real range,
+// not a config error after parsing.
+const CLI::Range kCountFromZero(int64_t{0}, moe::kMaxCount);
+const CLI::Range kCountFromOne(int64_t{1}, moe::kMaxCount);
+const CLI::Range kKeepLastRange(int64_t{0}, moe::kMaxKeepLast);
+const CLI::Range kAnyNonNegative(int64_t{0}, std::numeric_limits<int64_t>::max());
 
 // CLI11 converts integers with base detection (strtoll base 0), so `--steps 010` ran 8 steps and
 // `0x10` 16; here leading zeros are dropped ("010" is 10) and any other form is refused, before

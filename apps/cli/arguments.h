@@ -22,9 +22,12 @@ struct UsageError : std::runtime_error {
 };
 
 // Counts on the command line, with errors that state their range in plain integers (CLI11's
-// NonNegativeNumber / PositiveNumber print it as doubles up to 1.8e308).
+// NonNegativeNumber / PositiveNumber print it as doubles up to 1.8e308); a flag that sets a config
+// key takes that key's range (at most 2^40), so a value past it is a usage error.
 extern const CLI::Range kCountFromZero;
 extern const CLI::Range kCountFromOne;
+extern const CLI::Range kKeepLastRange;  // train.keep_last's range, for --keep-last
+extern const CLI::Range kAnyNonNegative;  // a flag of no config key (eval --tokens): any int64 >= 0
 // Integers on the command line are decimal ("010" is 10; "0x10" and "1e3" are refused).
 extern const CLI::Validator kDecimal;
 // A path flag given as "" (a script's unset variable) would silently mean "not given".

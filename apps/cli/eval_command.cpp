@@ -118,7 +118,7 @@ Command add_eval_command(CLI::App& app) {
   eval->add_option("--tokens", a->tokens,
                    "evaluate at most N predicted tokens: the whole microbatches of seq_len-token windows that fit "
                    "(0 = all)")
-      ->check(kCountFromZero)
+      ->check(kAnyNonNegative)
       ->transform(kDecimal);
   eval->add_option("--logits", a->logits, "write the first microbatch's logits to this .npy (float32)")
       ->check(kNonEmpty);

@@ -75,7 +75,7 @@ Command add_train_command(CLI::App& app) {
       ->check(kCountFromZero)
       ->transform(kDecimal);
   train->add_option("--keep-last", a->keep_last, "keep only the newest K checkpoints (train.keep_last)")
-      ->check(kCountFromZero)
+      ->check(kKeepLastRange)
       ->transform(kDecimal);
   train->add_option("--steps", a->steps, "total optimizer steps (train.steps)")
       ->check(kCountFromZero)

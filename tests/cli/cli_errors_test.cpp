@@ -171,12 +171,20 @@ TEST_F(CliTest, an_error_in_the_config_file_names_the_file_and_no_set_under_flag
   EXPECT_FALSE(fs::exists(path("runs")));
 }
 
-// A flag's value that its config key does not take names the flag, not a --set.
+// A flag's value that its config key does not take is a usage error (exit 2) naming the flag and
+// the key's own range, not a --set (it was exit 1, and the flag's message gave int64's range).
 TEST_F(CliTest, a_flag_value_its_config_key_refuses_names_the_flag) {
   for (const std::vector<std::string>& extra :
-       {std::vector<std::string>{"--steps", "9223372036854775807"}, {"--keep-last", "2000000000"}}) {
-    const CliRun r = moetrain({"train", extra[0], extra[1]});
-    expect_error(r, {"in " + extra[0] + " must be", extra[1]});
+       {std::vector<std::string>{"train", "--steps", "9223372036854775807", "0 to 1099511627776"},
+        {"train", "--steps", "1099511627777", "0 to 1099511627776"},
+        {"train", "--save-every", "1099511627777", "0 to 1099511627776"},
+        {"train", "--keep-last", "2000000000", "0 to 1073741824"},
+        {"bench", "--steps", "1099511627777", "1 to 1099511627776"}}) {
+    const CliRun r = moetrain({extra[0], extra[1], extra[2]});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("error: " + extra[1] + ": Value " + extra[2] + " not in range " + extra[3]), std::string::npos)
+        << r.err;
     EXPECT_EQ(r.err.find("--set"), std::string::npos) << r.err;
   }
   EXPECT_FALSE(fs::exists(path("runs")));

@@ -58,6 +58,7 @@ Range<T> from_up_to(T lo, T hi) { return {lo, hi, false, true}; }
 // and floating-point keys bounds that FP32 (where they are used) represents, so an absurd value
 // is refused here instead of after minutes of planning or as an infinite learning rate.
 constexpr int64_t kMaxCount = int64_t{1} << 40;
+constexpr int64_t kMaxKeepLast = int64_t{1} << 30;  // train.keep_last (the --keep-last flag too)
 inline Range<int64_t> count_from(int64_t lo) { return between<int64_t>(lo, kMaxCount); }
 // A width from 1 up to 2^40, or 0 when `condition` holds (written as the key table shows it).
 inline Range<int64_t> width_or_zero_when(const char* condition) {
@@ -178,7 +179,7 @@ void visit_config_keys(C& c, V&& v) {
         "number)");
   v.key("train", "log_every", t.log_every, count_from(1), "progress line and metrics record every N steps");
   v.key("train", "save_every", t.save_every, count_from(0), "checkpoint every N steps; 0 = only the final one");
-  v.key("train", "keep_last", t.keep_last, between<int64_t>(0, 1 << 30),
+  v.key("train", "keep_last", t.keep_last, between<int64_t>(0, kMaxKeepLast),
         "keep the newest K checkpoints of this run's line (and the one this process resumed from); 0 = keep all");
   v.key("train", "async_save", t.async_save, any_value<bool>(),
         "write the save_every checkpoints on a background thread from a host copy of each rank's part while "
