@@ -171,6 +171,21 @@ TEST_F(CliTest, an_error_in_the_config_file_names_the_file_and_no_set_under_flag
   EXPECT_FALSE(fs::exists(path("runs")));
 }
 
+// A new run of no steps is refused before run.dir is claimed: it used to exit 0 ("nothing to do")
+// leaving a run.dir with only config.toml, which no --resume could continue.
+TEST_F(CliTest, a_new_run_of_zero_steps_is_refused_and_writes_nothing) {
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--steps", "0"}, std::vector<std::string>{"--set", "train.steps=0"}}) {
+    expect_error(moetrain(tiny_train(extra)), {"train.steps = 0: a new run trains at least one step"});
+    EXPECT_FALSE(fs::exists(run_dir()));
+  }
+  // A run already at its last step still has nothing to do, and says so.
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
+  const CliRun again = moetrain(tiny_train({"--steps", "2", "--resume", "latest"}));
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.out.find("nothing to do: already at step 2"), std::string::npos) << again.out;
+}
+
 // A flag's value that its config key does not take is a usage error (exit 2) naming the flag and
 // the key's own range, not a --set (it was exit 1, and the flag's message gave int64's range).
 TEST_F(CliTest, a_flag_value_its_config_key_refuses_names_the_flag) {

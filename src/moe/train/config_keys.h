@@ -148,7 +148,7 @@ void visit_config_keys(C& c, V&& v) {
         "probability that a synthetic document ends after a token");
 
   auto& t = c.train;
-  v.key("train", "steps", t.steps, count_from(0), "optimizer steps of the run");
+  v.key("train", "steps", t.steps, count_from(0), "optimizer steps of the run (a new run: at least 1)");
   v.key("train", "global_batch_size", t.global_batch_size, count_from(1),
         "sequences per optimizer step (fixes the math on any topology)");
   v.key("train", "micro_batch_size", t.micro_batch_size, count_from(1),
