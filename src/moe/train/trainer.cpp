@@ -531,16 +531,16 @@ TrainSummary Trainer::run() {
   summary.first_step = start_step_;
   summary.planned_steps = t.steps;
   summary.attainable_loss = data_.attainable_loss();
-  // Rank 0 claims the run directory only now: config, data and any checkpoint are validated. It
-  // takes the lock first; the claim (setting aside, config.toml) waits until every rank has seen
-  // that lock, so a run.dir the ranks do not share moves and writes nothing.
-  std::unique_ptr<RunDirectory> run_dir;
   // A new run of no steps would claim run.dir and leave only its config.toml: no checkpoint, nothing
   // to resume (every rank has the same values: one error, printed once).
   if (!opts_.bench && start_step_ == 0)
     agree_on_outcome(host_world_, [&] {
       MOE_CHECK(t.steps > 0, "train.steps = 0: a new run trains at least one step (set train.steps, or --steps)");
     });
+  // Rank 0 claims the run directory only now: config, data and any checkpoint are validated. It
+  // takes the lock first; the claim (setting aside, config.toml) waits until every rank has seen
+  // that lock, so a run.dir the ranks do not share moves and writes nothing.
+  std::unique_ptr<RunDirectory> run_dir;
   if (!opts_.bench) {
     const RunStart start{resumed_from_, start_step_, opts_.overwrite, cfg_.run.resume == "auto", opts_.config_file};
     leader_decides(host_world_, [&] {
