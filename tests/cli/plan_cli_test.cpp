@@ -167,6 +167,13 @@ TEST_F(PlanCli, plan_offers_every_dividing_microbatch_and_ep) {
                                         "--gpu-memory", "0.0001"}));
   ASSERT_EQ(mb.exit_code, 0) << mb.err;
   EXPECT_NE(mb.out.find("train.micro_batch_size = 1:"), std::string::npos) << mb.out;
+  // A size with a few divisors offers each of them (12: 6, 4, 3, 2 and 1), not only halvings.
+  const CliRun twelve = moetrain(plan_args({"--set", "train.micro_batch_size=12", "--set",
+                                            "train.global_batch_size=12", "--gpu-memory", "0.0001"}));
+  ASSERT_EQ(twelve.exit_code, 0) << twelve.err;
+  for (const char* m : {"train.micro_batch_size = 6:", "train.micro_batch_size = 4:", "train.micro_batch_size = 3:",
+                        "train.micro_batch_size = 2:", "train.micro_batch_size = 1:"})
+    EXPECT_NE(twelve.out.find(m), std::string::npos) << m << "\n" << twelve.out;
   const CliRun ep = moetrain(plan_args({"--gpus", "6", "--set", "model.num_experts=12", "--set",
                                         "train.global_batch_size=48", "--gpu-memory", "0.0001"}));
   ASSERT_EQ(ep.exit_code, 0) << ep.err;

@@ -511,7 +511,9 @@ TEST(Config, DurationsAreDecimalNumbersWithUnitsFromTheLargestDown) {
     const std::string e = error_of([&] { parse_duration(text, "train.max_duration"); });
     EXPECT_NE(e.find(std::string("train.max_duration = \"") + text + "\""), std::string::npos) << text << ": " << e;
   }
-  for (const char* text : {"+5m", "-5m", ".s", "inf", " 5m"})
+  const std::string huge = "1" + std::string(400, '0') + "s", tiny = "0." + std::string(400, '0') + "1s";
+  for (const std::string& text : {std::string("+5m"), std::string("-5m"), std::string(".s"), std::string("inf"),
+                                  std::string(" 5m"), huge, tiny})
     EXPECT_NE(error_of([&] { parse_duration(text, "k"); }).find("is not a duration"), std::string::npos) << text;
   for (const char* text : {"1h1h", "30m1h", "1m2m"})
     EXPECT_NE(error_of([&] { parse_duration(text, "k"); }).find("each unit once, from the largest down"),

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -165,7 +166,12 @@ double parse_duration(const std::string& text, const std::string& key) {
         break;
     }
     MOE_CHECK(digits, key, " = \"", text, usage);
-    const double v = std::stod(text.substr(start, i - start));
+    double v = 0;
+    try {
+      v = std::stod(text.substr(start, i - start));
+    } catch (const std::out_of_range&) {  // past a double's range, either way
+      MOE_FAIL(key, " = \"", text, usage);
+    }
     double unit = 1;
     if (i < text.size()) {
       const char u = text[i++];

@@ -161,20 +161,27 @@ std::vector<FitOption> fit_options(const Config& cfg, int world_size, Device dev
       v.cfg.parallel.ep = ep;
       eps.push_back(v);
     }
-  // Smaller microbatches that divide the current one (the global batch stays divisible): at each
-  // halving, the largest divisor at most that size, so a microbatch with many divisors offers a
-  // few sizes across the whole range (one line each), not every divisor.
+  // Smaller microbatches that divide the current one (the global batch stays divisible): all of
+  // them when there are a few, else at each halving the largest divisor at most that size, so a
+  // microbatch with many divisors offers a few sizes across the whole range, not every divisor.
   const int64_t current = cfg.train.micro_batch_size;
   std::vector<int64_t> divisors;  // of the current size, by trial division up to its square root
   for (int64_t d = 1; d * d <= current; ++d)
     if (current % d == 0) divisors.insert(divisors.end(), {d, current / d});
   std::sort(divisors.begin(), divisors.end());
+  divisors.erase(std::unique(divisors.begin(), divisors.end()), divisors.end());
+  divisors.pop_back();  // the current size itself
+  std::vector<int64_t> sizes;  // largest first
+  if (divisors.size() <= 8) {
+    sizes.assign(divisors.rbegin(), divisors.rend());
+  } else {
+    for (int64_t cap = current / 2; cap >= 1; cap /= 2) {
+      const int64_t mb = *(std::upper_bound(divisors.begin(), divisors.end(), cap) - 1);  // divisors[0] = 1 <= cap
+      if (sizes.empty() || sizes.back() != mb) sizes.push_back(mb);
+    }
+  }
   std::vector<Variant> micro{{cfg, {}, 0}};
-  int64_t last = current;
-  for (int64_t cap = current / 2; cap >= 1; cap /= 2) {
-    const int64_t mb = *(std::upper_bound(divisors.begin(), divisors.end(), cap) - 1);  // divisors[0] = 1 <= cap
-    if (mb == last) continue;
-    last = mb;
+  for (const int64_t mb : sizes) {
     Variant v{cfg, {{"train.micro_batch_size", std::to_string(mb)}}, factor_cost(current / mb)};
     v.cfg.train.micro_batch_size = mb;
     micro.push_back(v);

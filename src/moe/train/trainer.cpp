@@ -162,7 +162,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   });
   state_.commit(limit);
   acts_.commit(limit > state_.total_bytes() ? limit - state_.total_bytes() : 1);
-  // The host's copies of a step's batch, only now that the plan (which counts them) fits.
+  // The host's copies of a step's batch, only now that the plan fits: it counts the arena's copy
+  // (batch.tokens, batch.targets), of which these are one more, so an absurd batch is refused by
+  // the plan before it is allocated here.
   const int64_t tokens = cfg_.accumulation_steps(dp) * cfg_.train.micro_batch_size * cfg_.train.seq_len;
   const int64_t LN = cfg_.model.num_hidden_layers * cfg_.model.num_experts;
   host_tokens_.resize(static_cast<size_t>(tokens));
@@ -533,7 +535,7 @@ TrainSummary Trainer::run() {
   summary.attainable_loss = data_.attainable_loss();
   // A new run of no steps would claim run.dir and leave only its config.toml: no checkpoint, nothing
   // to resume (every rank has the same values: one error, printed once).
-  if (!opts_.bench && start_step_ == 0)
+  if (!opts_.bench && resumed_from_.empty())
     agree_on_outcome(host_world_, [&] {
       MOE_CHECK(t.steps > 0, "train.steps = 0: a new run trains at least one step (set train.steps, or --steps)");
     });
