@@ -242,13 +242,14 @@ std::string does_not_fit_message(const Config& cfg, const MemoryRoles& plan, int
      << gib(plan.optimizer) << "), other state " << gib(plan.other_state);
   // The step's tokens and targets (I32, every microbatch of the rank's share of the global batch)
   // are other state: named when they are what a large train.global_batch_size made large.
-  const size_t batch = 2 * sizeof(int32_t) * static_cast<size_t>(cfg.accumulation_steps(cfg.parallel.dp(world_size))) *
+  const int64_t dp = cfg.parallel.dp(world_size);
+  const size_t batch = 2 * sizeof(int32_t) * static_cast<size_t>(cfg.accumulation_steps(dp)) *
                        static_cast<size_t>(cfg.train.micro_batch_size * cfg.train.seq_len);
   const bool batch_matters = batch >= plan.total() / 10;
   if (batch_matters)
     os << " (of it the step's tokens and targets " << gib(batch) << ": train.global_batch_size "
-       << cfg.train.global_batch_size << " x train.seq_len " << cfg.train.seq_len << " over "
-       << cfg.parallel.dp(world_size) << (cfg.parallel.dp(world_size) == 1 ? " data rank)" : " data ranks)");
+       << cfg.train.global_batch_size << " x train.seq_len " << cfg.train.seq_len << " over " << dp
+       << (dp == 1 ? " data rank)" : " data ranks)");
   os << ", activations " << gib(plan.activations) << " (train.recompute = \"" << to_string(cfg.train.recompute)
      << "\")";
   if (plan.heap > 0) os << ", the expert heap " << gib(plan.heap);

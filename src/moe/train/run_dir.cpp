@@ -286,13 +286,12 @@ RunDirectory::RunDirectory(const Config& cfg, const RunStart& start) : dir_(cfg.
 
 void RunDirectory::claim(const Config& cfg, const RunStart& start) {
   MOE_CHECK(!claimed_, "run.dir '", dir_, "' is claimed once");
-  const std::string& held = held_;
   const std::string metrics_path = dir_ + "/metrics.jsonl";
   const std::string tensorboard_dir = dir_ + "/tensorboard";
   // Saves that never finished (a crash mid-save or mid-prune) are garbage, whatever their step:
   // this job holds the lock, so no other job is writing them.
   remove_unfinished_saves(dir_);
-  if (start.overwrite && !held.empty()) {
+  if (start.overwrite && !held_.empty()) {
     set_aside_ = move_previous_run(dir_);
     replaced_previous_run_ = true;
   } else {

@@ -24,6 +24,13 @@ PipelineShape shape_of(const ParallelConfig& par, int64_t accum) {
   return PipelineShape{static_cast<int>(par.pp), static_cast<int>(par.pp_virtual), accum};
 }
 
+// The microbatches a stage keeps in flight at once: the most over its chunks under its schedule ops.
+int stage_activation_sets(const std::vector<PipelineOp>& ops, const PipelineLayout& layout, int stage) {
+  int sets = 0;
+  for (int c : layout.chunks_of(stage)) sets = std::max(sets, in_flight(ops, c));
+  return sets;
+}
+
 // This stage's chunks, schedule and in-flight count (a lease_slots override below the need was
 // refused by check_run_layout, for every stage at once).
 std::unique_ptr<PipelinePlan> plan_pipeline(const Config& cfg, const Mesh& mesh, int64_t accum) {
@@ -53,7 +60,7 @@ std::unique_ptr<PipelinePlan> plan_pipeline(const Config& cfg, const Mesh& mesh,
               ", parallel.pp_virtual = ", par.pp_virtual, " and ", accum, " microbatches: ", problem);
   }
   plan->chunks = plan->layout.chunks_of(mesh.stage);
-  for (int c : plan->chunks) plan->activation_sets = std::max(plan->activation_sets, in_flight(plan->ops, c));
+  plan->activation_sets = std::max(plan->activation_sets, stage_activation_sets(plan->ops, plan->layout, mesh.stage));
   return plan;
 }
 
@@ -79,22 +86,19 @@ void check_run_layout(const Config& cfg, int world_size) {
   // schedule.
   const ParallelConfig& par = cfg.parallel;
   if (par.pp > 1 && world_size % par.pp == 0) {
-    const std::string problem =
-        schedule_problem(schedule_of(par), shape_of(par, cfg.accumulation_steps(world_size / par.pp)));
+    const PipelineShape shape = shape_of(par, cfg.accumulation_steps(world_size / par.pp));
+    const std::string problem = schedule_problem(schedule_of(par), shape);
     MOE_CHECK(problem.empty(), problem);
     // A lease_slots override must hold the microbatches in flight on the stage that keeps the most:
     // checked here for all stages, so every rank refuses it with one message, not only the ranks
     // of the stages it is too small for as they build their models.
     if (par.lease_slots > 0) {
-      const PipelineShape shape = shape_of(par, cfg.accumulation_steps(world_size / par.pp));
       const PipelineLayout layout = plan_pipeline_layout(cfg.model, cfg.train.seq_len, static_cast<int>(par.pp),
                                                          static_cast<int>(par.pp_virtual), par.pp_layers);
       int need = 0, stage_of_need = 0;
-      for (int r = 0; r < shape.stages; ++r) {
-        const std::vector<PipelineOp> ops = schedule_ops(schedule_of(par), shape, r);
-        for (int c : layout.chunks_of(r))
-          if (in_flight(ops, c) > need) need = in_flight(ops, c), stage_of_need = r;
-      }
+      for (int r = 0; r < shape.stages; ++r)
+        if (const int sets = stage_activation_sets(schedule_ops(schedule_of(par), shape, r), layout, r); sets > need)
+          need = sets, stage_of_need = r;
       MOE_CHECK(par.lease_slots >= need, "parallel.lease_slots = ", par.lease_slots, " is below the ", need,
                 " microbatches the ", par.pp_schedule, " schedule keeps in flight on pipeline stage ", stage_of_need,
                 "; use parallel.lease_slots >= ", need, " or 0 (sized from the schedule)");
