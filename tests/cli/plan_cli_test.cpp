@@ -198,20 +198,21 @@ TEST_F(PlanCli, a_train_run_that_does_not_fit_names_the_planned_options_and_writ
   EXPECT_TRUE(step_dirs(run_dir()).empty());
 }
 
-// A global batch whose tokens alone cannot fit (256 GiB of the step's tokens and targets here) is
-// refused by the plan, naming train.global_batch_size, before the host's copies of the batch are
-// made (they were allocated first: the process was killed for memory, or failed naming no key).
+// A global batch whose tokens alone cannot fit (512 GiB of the step's tokens and targets here, the
+// arena's and the host's copies) is refused by the plan, naming train.global_batch_size, before the
+// host's copies of the batch are made (they were allocated first: the process was killed for
+// memory, or failed naming no key).
 TEST_F(PlanCli, a_global_batch_too_large_for_memory_is_refused_naming_the_key_before_allocating_it) {
   const auto t0 = std::chrono::steady_clock::now();
   const CliRun r = moetrain(tiny_train({}, [] {
     std::vector<std::string> sets = tiny_sets();
-    sets.push_back("train.global_batch_size=33554432");  // x 1024 tokens x 8 bytes (tokens, targets) = 256 GiB
+    sets.push_back("train.global_batch_size=33554432");  // x 1024 tokens x 8 bytes (tokens, targets) x 2 copies = 512 GiB
     sets.push_back("train.seq_len=1024");
     return sets;
   }()));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("of it the step's tokens and targets 256.00 GiB: train.global_batch_size 33554432 x "
+  EXPECT_NE(r.err.find("of it the step's tokens and targets, two copies, 512.00 GiB: train.global_batch_size 33554432 x "
                        "train.seq_len 1024 over 1 data rank"),
             std::string::npos)
       << r.err;

@@ -190,6 +190,23 @@ TEST_F(MemoryPlan, Fp8PipelineStagesOnTheGpuKeepBf16CopiesOfTheirOwnUnquantizedT
   }
 }
 
+// On the CPU the trainer's host copy of the step's batch takes the memory the plan is checked
+// against: a larger global batch grows the plan by both copies of its tokens and targets (I32,
+// 16 bytes per token), not only by the arena's (the plan counted 8, one batch short).
+TEST_F(MemoryPlan, OnTheCpuThePlanCountsTheHostCopyOfTheBatch) {
+  std::vector<std::string> o = base(1);
+  const Config small = load_config("tiny", o);
+  o.push_back("train.global_batch_size=64");
+  const Config large = load_config("tiny", o);
+  const auto tokens = [](const Config& c) {
+    return static_cast<size_t>(c.accumulation_steps(1) * c.train.micro_batch_size * c.train.seq_len);
+  };
+  ASSERT_GT(tokens(large), tokens(small));
+  const MemoryRoles a = plan_rank(small, 1, 0, Device::CPU), b = plan_rank(large, 1, 0, Device::CPU);
+  EXPECT_EQ(b.other_state - a.other_state, 2 * 2 * sizeof(int32_t) * (tokens(large) - tokens(small)));
+  EXPECT_EQ(b.total() - a.total(), b.other_state - a.other_state);
+}
+
 // The largest rank of a pipeline is whichever stage holds the most: 1F1B keeps the most
 // microbatches in flight on the first stage, but a middle stage may hold more layers (here 5 of
 // the 8). plan_largest_rank, which fit_options and the topology search rely on, plans every stage

@@ -79,6 +79,9 @@ MemoryRoles memory_roles(const Arena& state, const Arena& acts, const RunModel& 
   m.gradients = state.bytes_with_prefix("gradients") + state.bytes_with_prefix("fsdp.grad_shards");
   m.optimizer = state.bytes_with_prefix("optimizer.") + state.bytes_with_prefix("fsdp.exp_avg");
   m.other_state = state.total_bytes() - m.parameters - m.compute_weights - m.gradients - m.optimizer;
+  // On the CPU the trainer's host copy of the step's batch (Trainer::host_tokens_ and host_targets_,
+  // as large as batch.tokens and batch.targets) takes the same memory the plan is checked against.
+  if (state.device() == Device::CPU) m.other_state += state.bytes_with_prefix("batch.");
   m.activations = acts.total_bytes();
   m.heap = dispatcher.heap_bytes();
   m.expert_buffers = acts.bytes_with_prefix("dispatch.") + m.heap;
@@ -242,12 +245,15 @@ std::string does_not_fit_message(const Config& cfg, const MemoryRoles& plan, int
      << gib(plan.optimizer) << "), other state " << gib(plan.other_state);
   // The step's tokens and targets (I32, every microbatch of the rank's share of the global batch)
   // are other state: named when they are what a large train.global_batch_size made large.
+  // On the CPU twice: the arena's copy and the trainer's host copy (memory_roles).
   const int64_t dp = cfg.parallel.dp(world_size);
-  const size_t batch = 2 * sizeof(int32_t) * static_cast<size_t>(cfg.accumulation_steps(dp)) *
+  const size_t copies = device == Device::CPU ? 2 : 1;
+  const size_t batch = copies * 2 * sizeof(int32_t) * static_cast<size_t>(cfg.accumulation_steps(dp)) *
                        static_cast<size_t>(cfg.train.micro_batch_size * cfg.train.seq_len);
   const bool batch_matters = batch >= plan.total() / 10;
   if (batch_matters)
-    os << " (of it the step's tokens and targets " << gib(batch) << ": train.global_batch_size "
+    os << " (of it the step's tokens and targets" << (copies == 2 ? ", two copies, " : " ") << gib(batch)
+       << ": train.global_batch_size "
        << cfg.train.global_batch_size << " x train.seq_len " << cfg.train.seq_len << " over " << dp
        << (dp == 1 ? " data rank)" : " data ranks)");
   os << ", activations " << gib(plan.activations) << " (train.recompute = \"" << to_string(cfg.train.recompute)

@@ -27,7 +27,8 @@ struct MemoryRoles {
   size_t gradients = 0;
   size_t optimizer = 0;        // the optimizer's buffers: AdamW moments, schedule, and under ZeRO-1 the
                                // gradient shard and the reduce/gather staging
-  size_t other_state = 0;      // router bias and load, step buffers, FSDP gather buffers
+  size_t other_state = 0;      // router bias and load, step buffers, FSDP gather buffers; on the CPU
+                               // also the trainer's host copy of the step's batch
   size_t activations = 0;      // the activation arena (saved activations, scratch, expert buffers in it)
   size_t expert_buffers = 0;   // the expert buffers: their part of the activation arena plus the heap
   size_t heap = 0;             // the dispatcher's symmetric heap, outside the arenas

@@ -163,8 +163,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   state_.commit(limit);
   acts_.commit(limit > state_.total_bytes() ? limit - state_.total_bytes() : 1);
   // The host's copies of a step's batch, only now that the plan fits: it counts the arena's copy
-  // (batch.tokens, batch.targets), of which these are one more, so an absurd batch is refused by
-  // the plan before it is allocated here.
+  // (batch.tokens, batch.targets) and, on the CPU, these (memory_roles), so an absurd batch is
+  // refused by the plan before it is allocated here.
   const int64_t tokens = cfg_.accumulation_steps(dp) * cfg_.train.micro_batch_size * cfg_.train.seq_len;
   const int64_t LN = cfg_.model.num_hidden_layers * cfg_.model.num_experts;
   host_tokens_.resize(static_cast<size_t>(tokens));
