@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -99,14 +100,22 @@ void OutputFolderLock::move_to_created() {
   fd_ = fd;
 }
 
+namespace {
+std::atomic<bool> folder_wait_notices{true};
+}  // namespace
+
+void set_folder_wait_notices(bool on) { folder_wait_notices = on; }
+
 FolderReadLock::FolderReadLock(const fs::path& folder) {
   fd_ = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd_ < 0) return;
   if (::flock(fd_, LOCK_SH | LOCK_NB) == 0) return;
   if (errno == EWOULDBLOCK) {
-    std::fprintf(stderr, "waiting for a prepare or tokenize_hf.py adding files to %s to finish\n",
-                 printable(folder.string()).c_str());
-    std::fflush(stderr);
+    if (folder_wait_notices) {
+      std::fprintf(stderr, "waiting for a prepare or tokenize_hf.py adding files to %s to finish\n",
+                   printable(folder.string()).c_str());
+      std::fflush(stderr);
+    }
     int rc;
     while ((rc = ::flock(fd_, LOCK_SH)) != 0 && errno == EINTR) {
     }

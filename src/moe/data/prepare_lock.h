@@ -1,7 +1,9 @@
-// The lock that keeps `moetrain prepare` calls (and python/tokenize_hf.py runs, which lock alike)
-// into one output folder apart: two --append runs would each rewrite dataset.json from what they
-// read, and one's files would end up unlisted; a call into a folder another is still creating
-// would take that one's temporary files for an interrupted prepare's. Used by data/prepare.cpp only.
+// The locks on token folders: the one that keeps `moetrain prepare` calls (and
+// python/tokenize_hf.py runs, which lock alike) into one output folder apart (two --append runs
+// would each rewrite dataset.json from what they read, and one's files would end up unlisted; a
+// call into a folder another is still creating would take that one's temporary files for an
+// interrupted prepare's; data/prepare.cpp), and the shared lock readers of a token folder take
+// against such a writer (data/token_sources.cpp).
 #pragma once
 
 #include <filesystem>
@@ -37,6 +39,10 @@ class OutputFolderLock {
 // renames its .npy files in and then the dataset.json that lists them, so a reader never sees
 // the one without the other. Waits for such a writer, saying so once on stderr. Where the folder
 // cannot be opened or its file system cannot lock folders, no lock is held (as prepare goes on).
+//
+// The wait is said by a process whose folder-wait notices are on (the default): a job's ranks all
+// read the same folders, so the trainer leaves them on for rank 0 only (set_folder_wait_notices),
+// and one line, not one per rank, says why the job waits.
 class FolderReadLock {
  public:
   explicit FolderReadLock(const std::filesystem::path& folder);
@@ -47,5 +53,8 @@ class FolderReadLock {
  private:
   int fd_ = -1;
 };
+
+// Whether this process's FolderReadLocks say on stderr that they wait (on by default).
+void set_folder_wait_notices(bool on);
 
 }  // namespace moe

@@ -26,6 +26,7 @@
 #include "moe/core/wall_clock.h"
 #include "moe/data/eval_windows.h"
 #include "moe/data/instance_sampler.h"
+#include "moe/data/prepare_lock.h"
 #include "moe/model/router_bias.h"
 #include "moe/ops/elementwise.h"
 #include "moe/optim/lr_schedule.h"
@@ -83,8 +84,11 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       flops_(count_flops(cfg.model, cfg.train.seq_len)),
       // Start-up errors every rank meets alike (a missing file, bad tokens, a config this world
       // size cannot run) are printed once (agreed_outcome.h).
-      data_(agree_on_outcome(
-          world, [&] { return TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id); })),
+      data_(agree_on_outcome(world,
+                             [&] {
+                               set_folder_wait_notices(world.rank() == 0);  // one line for the job's wait
+                               return TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id);
+                             })),
       state_("model state", dev_),
       acts_("activations", dev_),
       pipeline_timer_(dev_),
