@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -237,4 +238,38 @@ TEST_F(TokenSourcesTest, names_read_from_dataset_json_are_quoted_printably) {
   const std::string msg = train_error(path("data"));
   expect_contains(msg, {"a\\x00b\\nc.txt", "not a file name ending in .npy"});
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+}
+
+// Each file's checksum of its token bytes (by which ranks compare node-local copies) comes from the
+// pass that checks the tokens: it is the XXH3-64 of the file's 4 MiB chunks' checksums, the same at
+// any thread count; one token changed changes it; the first out-of-vocabulary token is still the
+// first in the file when a later chunk also holds one.
+TEST_F(TokenSourcesTest, each_file_has_a_checksum_of_its_tokens_at_any_thread_count) {
+  const int64_t n = 5 << 20;  // 10 MiB of uint16: three chunks, the last one short
+  npy("c/a.npy", n);
+  std::vector<uint64_t> sums;
+  const int threads = omp_get_max_threads();
+  for (int t : {1, 2}) {
+    omp_set_num_threads(t);
+    std::vector<uint64_t> one;
+    open_token_files(path("c/a.npy"), "npy", TokenDType::U16, "data.path", kVocab, std::nullopt, nullptr, &one);
+    ASSERT_EQ(one.size(), 1u);
+    sums.push_back(one[0]);
+  }
+  omp_set_num_threads(threads);
+  EXPECT_EQ(sums[0], sums[1]);
+  EXPECT_NE(sums[0], 0u);
+  std::vector<uint16_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<uint16_t>(i % kVocab);
+  v[static_cast<size_t>(n - 7)] ^= 1;  // one token of the last chunk
+  write_npy(path("c/b.npy"), v);
+  std::vector<uint64_t> changed;
+  open_token_files(path("c/b.npy"), "npy", TokenDType::U16, "data.path", kVocab, std::nullopt, nullptr, &changed);
+  EXPECT_NE(changed.at(0), sums[0]);
+  // The training data's files carry the same checksums.
+  EXPECT_EQ(TokenDataset::open(config(path("c/a.npy")), kVocab, 256).files().at(0).checksum, sums[0]);
+  v[static_cast<size_t>(n - 7)] = 4000;            // out of the vocabulary in the last chunk
+  v[static_cast<size_t>((2 << 20) + 3)] = 5000;    // and earlier, in the middle chunk
+  write_npy(path("c/c.npy"), v);
+  expect_contains(train_error(path("c/c.npy")), {"token 5000 at index " + std::to_string((2 << 20) + 3)});
 }

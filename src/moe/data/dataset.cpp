@@ -73,13 +73,16 @@ TokenDataset TokenDataset::open(const DataConfig& cfg, int64_t vocab_size, int64
               sources[s].weight);
     Source src{cfg.sources.empty() ? "data.path" : "data.sources[" + std::to_string(s) + "]", sources[s].path,
                sources[s].weight, {}};
-    for (TokenArray& file : open_token_files(sources[s].path, cfg.format, raw_dtype, key, vocab_size, eos_token_id,
-                                             &ds.warnings_)) {
+    std::vector<uint64_t> checksums;
+    std::vector<TokenArray> opened = open_token_files(sources[s].path, cfg.format, raw_dtype, key, vocab_size,
+                                                      eos_token_id, &ds.warnings_, &checksums);
+    for (size_t k = 0; k < opened.size(); ++k) {
+      TokenArray& file = opened[k];
       const std::string name = file.path();
       const int64_t n = file.size();
       const int64_t held_out = static_cast<int64_t>(std::floor(cfg.eval_fraction * static_cast<double>(n)));
       src.files.push_back(ds.files_.size());
-      ds.files_.push_back({name, s, 0, n - held_out, n - held_out, held_out});
+      ds.files_.push_back({name, s, 0, n - held_out, n - held_out, held_out, checksums[k]});
       ds.arrays_.push_back(std::move(file));
     }
     ds.sources_.push_back(std::move(src));

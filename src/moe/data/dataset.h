@@ -56,6 +56,7 @@ class TokenDataset {
     size_t source = 0;                         // index into mixture()
     int64_t train_begin = 0, train_length = 0;  // token range of the training split
     int64_t eval_begin = 0, eval_length = 0;    // token range of the held-out split
+    uint64_t checksum = 0;  // XXH3-64 of the file's token bytes (open_token_files); 0 for the synthetic stream
   };
   // One training source of the mixture: its files and weight.
   struct Source {

@@ -11,7 +11,7 @@ EvalWindows EvalWindows::open(const std::string& path, const std::string& format
   EvalWindows w;
   w.seq_len_ = seq_len;
   // Checked as `train` checks its data: a folder's dataset.json, its listed token counts, the vocabulary.
-  w.files_ = open_token_files(path, format, dtype, key, vocab_size);
+  w.files_ = open_token_files(path, format, dtype, key, vocab_size, std::nullopt, nullptr, &w.checksums_);
   int64_t predicted = 0;
   for (size_t k = 0; k < w.files_.size(); ++k) {
     const TokenArray& f = w.files_[k];

@@ -25,6 +25,9 @@ class EvalWindows {
   int64_t seq_len() const { return seq_len_; }
   // inputs = w[0..seq_len), targets = w[1..seq_len] of window i.
   void copy(int64_t i, int32_t* inputs, int32_t* targets) const;
+  // The files read, in order, and each one's XXH3-64 checksum of its token bytes.
+  const std::vector<TokenArray>& files() const { return files_; }
+  const std::vector<uint64_t>& checksums() const { return checksums_; }
 
  private:
   struct Window {
@@ -33,6 +36,7 @@ class EvalWindows {
   };
   int64_t seq_len_ = 0;
   std::vector<TokenArray> files_;
+  std::vector<uint64_t> checksums_;
   std::vector<Window> windows_;
 };
 

@@ -10,6 +10,8 @@
 #include <map>
 #include <set>
 
+#include <xxhash.h>
+
 #include "moe/core/error.h"
 #include "moe/core/printable.h"
 #include "moe/data/megatron_index.h"
@@ -130,15 +132,36 @@ std::vector<TokenFile> held_to_dataset_json(const std::vector<std::string>& matc
   return files;
 }
 
-// Index of the first token >= vocab_size, or -1. Parallel: token files can be large.
-int64_t first_out_of_vocab(const TokenArray& file, int64_t vocab_size) {
-  const int64_t n = file.size();
-  if (file.dtype() == TokenDType::U16 && vocab_size > 65535) return -1;
+// One pass over a file's tokens, parallel (token files can be large): the index of the first token
+// >= vocab_size (-1: none) and an XXH3-64 checksum of its token bytes, by which ranks that opened
+// node-local copies compare contents. The checksum is of fixed 4 MiB chunks' checksums, so it is
+// the same whatever the thread count.
+struct TokenScan {
+  int64_t first_out_of_vocab = -1;
+  uint64_t checksum = 0;
+};
+
+TokenScan scan_tokens(const TokenArray& file, int64_t vocab_size) {
+  constexpr int64_t kChunkBytes = int64_t{4} << 20;
+  const int64_t n = file.size(), token_bytes = file.dtype() == TokenDType::U16 ? 2 : 4;
+  const int64_t bytes = n * token_bytes, per_chunk = kChunkBytes / token_bytes;
+  const int64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
+  const bool check_vocab = !(file.dtype() == TokenDType::U16 && vocab_size > 65535);
+  std::vector<XXH64_hash_t> chunk_sums(static_cast<size_t>(chunks));
   int64_t first_bad = n;
-#pragma omp parallel for schedule(static) reduction(min : first_bad)
-  for (int64_t i = 0; i < n; ++i)
-    if (static_cast<int64_t>(file.at(i)) >= vocab_size && i < first_bad) first_bad = i;
-  return first_bad == n ? -1 : first_bad;
+#pragma omp parallel for schedule(dynamic, 4) reduction(min : first_bad)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * per_chunk, end = std::min(n, begin + per_chunk);
+    chunk_sums[static_cast<size_t>(c)] =
+        XXH3_64bits(file.bytes() + begin * token_bytes, static_cast<size_t>((end - begin) * token_bytes));
+    if (check_vocab)
+      for (int64_t i = begin; i < end; ++i)
+        if (static_cast<int64_t>(file.at(i)) >= vocab_size) {
+          first_bad = std::min(first_bad, i);
+          break;
+        }
+  }
+  return {first_bad == n ? -1 : first_bad, XXH3_64bits(chunk_sums.data(), chunk_sums.size() * sizeof(XXH64_hash_t))};
 }
 
 // source_files without a folder lock (below).
@@ -218,7 +241,8 @@ std::vector<TokenFile> source_files_once(const std::string& path, const std::str
 
 std::vector<TokenArray> open_token_files(const std::string& path, const std::string& format, TokenDType raw_dtype,
                                          const std::string& key, int64_t vocab_size,
-                                         std::optional<int64_t> eos_token_id, std::vector<std::string>* warnings) {
+                                         std::optional<int64_t> eos_token_id, std::vector<std::string>* warnings,
+                                         std::vector<uint64_t>* checksums) {
   const std::vector<TokenFile> files = source_files(path, format, key);
   // A prepared folder says which tokenizer wrote it: its ids must fit this model.
   std::set<std::string> checked;
@@ -249,7 +273,8 @@ std::vector<TokenArray> open_token_files(const std::string& path, const std::str
       MOE_CHECK(d->second == token_dtype_name(file.dtype()), name, " holds ", token_dtype_name(file.dtype()),
                 " tokens (its .npy header), but ", listed.dataset_json, " says \"dtype\": \"", d->second,
                 "\": the file changed after dataset.json was written; prepare the dataset again into a new folder");
-    const int64_t bad = first_out_of_vocab(file, vocab_size);
+    const TokenScan scan = scan_tokens(file, vocab_size);
+    const int64_t bad = scan.first_out_of_vocab;
     MOE_CHECK(bad < 0, name, ": token ", (bad < 0 ? 0 : file.at(bad)), " at index ", bad,
               " is outside the model vocabulary (vocab_size ", vocab_size, ")",
               format == "raw" ? " (for raw files, check data.dtype)" : "");
@@ -267,6 +292,7 @@ std::vector<TokenArray> open_token_files(const std::string& path, const std::str
                             "writes the EOS with --append-eod (or set model.eos_token_id to the tokenizer's)");
     }
     arrays.push_back(std::move(file));
+    if (checksums) checksums->push_back(scan.checksum);
   }
   return arrays;
 }

@@ -35,10 +35,12 @@ std::vector<TokenFile> source_files(const std::string& path, const std::string& 
 // and `eval` both read them: a dataset.json whose tokenizer vocab_size exceeds `vocab_size` is
 // refused; a file must hold the token count its dataset.json lists; every token must be
 // < vocab_size (the error names the file, index and value). With an eos_token_id, a dataset.json
-// that names another EOS adds a line to `warnings` (when given).
+// that names another EOS adds a line to `warnings` (when given). `checksums` (when given) gets each
+// file's XXH3-64 checksum of its token bytes, from the same pass over the tokens as the check.
 std::vector<TokenArray> open_token_files(const std::string& path, const std::string& format, TokenDType raw_dtype,
                                          const std::string& key, int64_t vocab_size,
                                          std::optional<int64_t> eos_token_id = std::nullopt,
-                                         std::vector<std::string>* warnings = nullptr);
+                                         std::vector<std::string>* warnings = nullptr,
+                                         std::vector<uint64_t>* checksums = nullptr);
 
 }  // namespace moe

@@ -41,18 +41,35 @@ namespace fs = std::filesystem;
 namespace moe {
 namespace {
 
-// What a rank's TokenDataset holds, for comparing ranks: the number of files and tokens, and a
-// checksum of every file's name and split lengths.
+// What a rank's token files hold, for comparing ranks: the number of files and tokens, and a
+// checksum of every file's name, lengths and token bytes (each file's checksum comes from the pass
+// that checked its tokens when it was opened).
+std::string token_data_summary(const std::string& listing, size_t files, int64_t tokens) {
+  return std::to_string(files) + " token file" + (files == 1 ? "" : "s") + " of " + std::to_string(tokens) +
+         " tokens (checksum of their names, lengths and tokens " +
+         checksum_hex(checksum_bytes(listing.data(), listing.size())) + ")";
+}
+
 std::string data_summary(const TokenDataset& data) {
   std::string listing;
   int64_t tokens = 0;
   for (const TokenDataset::File& f : data.files()) {
-    listing += f.name + "\t" + std::to_string(f.train_length) + "\t" + std::to_string(f.eval_length) + "\n";
+    listing += f.name + "\t" + std::to_string(f.train_length) + "\t" + std::to_string(f.eval_length) + "\t" +
+               checksum_hex(f.checksum) + "\n";
     tokens += f.train_length + f.eval_length;
   }
-  return std::to_string(data.files().size()) + " token file" + (data.files().size() == 1 ? "" : "s") + " of " +
-         std::to_string(tokens) + " tokens (listing checksum " +
-         checksum_hex(checksum_bytes(listing.data(), listing.size())) + ")";
+  return token_data_summary(listing, data.files().size(), tokens);
+}
+
+std::string data_summary(const EvalWindows& set) {
+  std::string listing;
+  int64_t tokens = 0;
+  for (size_t k = 0; k < set.files().size(); ++k) {
+    listing += set.files()[k].path() + "\t" + std::to_string(set.files()[k].size()) + "\t" +
+               checksum_hex(set.checksums()[k]) + "\n";
+    tokens += set.files()[k].size();
+  }
+  return token_data_summary(listing, set.files().size(), tokens);
 }
 
 using Clock = SteadyClock;
@@ -139,6 +156,16 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       check_fp8_gpu_shapes(cfg_);
     }
   });
+  // The named validation sets alike, once every rank has opened them (a rank that failed to has
+  // ended the block above on every rank).
+  for (size_t k = 0; k < eval_sets_.size(); ++k)
+    agree_on_outcome(world, [&] {
+      const StringAgreement same = agree_on_string(world, data_summary(*eval_sets_[k]));
+      MOE_CHECK_AGREED(same.differing_rank < 0, "the ranks opened different token data for eval.sets[", k,
+                       "]: rank 0 read ", same.leader, ", rank ", same.differing_rank, " ", same.differing,
+                       "; every rank must see the same files (on several nodes, the same dataset folder); start "
+                       "the job again once they do");
+    });
   run_ = build_run_model(cfg_, world_, dev_, run_device_.gpu_world != nullptr, state_, acts_);
   if (!opts_.bench && !opts_.checkpoint && cfg_.train.eval_batches > 0)
     agree_on_outcome(world, [&] { check_eval_sizes(world.rank() == 0 && !opts_.quiet); });
