@@ -345,10 +345,12 @@ def existing_dataset(out, append, header, inputs, names, trust=False):
     npy_on_disk = [e for e in entries if e.endswith(".npy") and os.path.isfile(os.path.join(out, e))]
     meta_path = os.path.join(out, "dataset.json")
     if not os.path.exists(meta_path):
-        if npy_on_disk:
-            die(f"tokenize_hf.py --append: {out} holds .npy files ({names_text(npy_on_disk)}) but no "
-                f"dataset.json, so what they hold is unknown; write into a new or empty folder")
-        meta = dict(header, files=[])
+        # Not a dataset this script or prepare wrote (they write dataset.json into a folder that was
+        # new or empty): refused whatever it holds, rather than filled among the user's own files.
+        unknown = " and what its .npy files hold is unknown" if npy_on_disk else ""
+        die(f"tokenize_hf.py --append: {out} holds {names_text(npy_on_disk or entries)} but no dataset.json, so it "
+            f"is not a dataset tokenize_hf.py or prepare wrote{unknown}; --append adds to such a dataset only: "
+            f"write into a new or empty folder")
     else:
         try:
             with open(meta_path) as f:

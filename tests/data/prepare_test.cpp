@@ -131,6 +131,24 @@ TEST_F(PrepareTest, missing_input_is_an_error_and_creates_nothing) {
   EXPECT_FALSE(fs::exists(out));
 }
 
+// For root: an existing empty folder of sysfs in which creating a file fails (checked here), or
+// an empty path when there is none.
+static fs::path empty_folder_nobody_can_write() {
+  std::error_code ec;
+  for (const char* parent : {"/sys/class", "/sys/kernel", "/sys/fs"})
+    for (const fs::directory_entry& e : fs::directory_iterator(parent, ec)) {
+      if (!e.is_directory(ec) || e.is_symlink(ec) || !fs::is_empty(e.path(), ec) || ec) continue;
+      const fs::path probe = e.path() / ".moe-probe";
+      if (std::FILE* f = std::fopen(probe.c_str(), "wbx")) {
+        std::fclose(f);
+        fs::remove(probe, ec);
+        continue;
+      }
+      return e.path();
+    }
+  return {};
+}
+
 TEST_F(PrepareTest, unwritable_output_is_an_error_and_leaves_no_partial_files) {
   const std::string a = write_text("a.txt", "text");
   const std::string blocker = write_text("blocker", "a file, not a folder");
@@ -138,17 +156,17 @@ TEST_F(PrepareTest, unwritable_output_is_an_error_and_leaves_no_partial_files) {
   EXPECT_THROW(prepare_byte_level({a}, blocker + "/sub"), Error);
   EXPECT_TRUE(fs::is_regular_file(blocker));
 
-  // An existing folder that cannot be written: a read-only folder, or /proc/self for root
-  // (which ignores permission bits).
+  // An existing empty folder that cannot be written: a read-only folder, or for root (which ignores
+  // permission bits) an empty folder of sysfs, where no one creates files. (A non-empty one is
+  // refused before any write is tried, even with --append, unless it holds a dataset.json.)
   const bool root = ::geteuid() == 0;
-  const fs::path ro = root ? fs::path("/proc/self") : dir_ / "readonly";
+  const fs::path ro = root ? empty_folder_nobody_can_write() : dir_ / "readonly";
+  if (ro.empty()) GTEST_SKIP() << "running as root, and no empty sysfs folder found to stand for a read-only one";
   if (!root) {
     fs::create_directories(ro);
     fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
   }
   try {
-    // --append, because /proc/self is not empty: without it the folder would be refused before
-    // any write is tried.
     prepare_byte_level({a}, ro.string(), /*append=*/true);
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
@@ -244,10 +262,21 @@ TEST_F(PrepareTest, temporary_files_left_by_a_killed_prepare_are_named_and_refus
     EXPECT_EQ(msg.find("pass --append"), std::string::npos) << msg;
     EXPECT_EQ(snapshot(out), before) << "append " << append;
   }
-  // Once they are deleted, the folder takes the inputs (here with --append: notes are left).
+  // Once they are deleted, the folder holds only the user's file and no dataset.json: not a
+  // dataset prepare wrote, so --append is refused there too, naming them (it used to write the
+  // token files and a dataset.json among the user's files); emptied, it takes the inputs.
   for (const char* name : {".big.npy.tmp-99999990", ".big.npy.tmp-99999991.tmp-99999991", ".dataset.json.tmp-99999990",
                            ".write-check.tmp-99999990"})
     fs::remove(out / name);
+  const auto user_only = snapshot(out);
+  const std::string foreign = error_of([&] { prepare_byte_level({a, b}, out.string(), /*append=*/true); });
+  for (const std::string& part : std::vector<std::string>{out.string() + " holds .notes.txt.tmp-99999990 but no "
+                                                         "dataset.json",
+                                                         "not a dataset prepare or tokenize_hf.py wrote",
+                                                         "new or empty folder"})
+    EXPECT_NE(foreign.find(part), std::string::npos) << foreign;
+  EXPECT_EQ(snapshot(out), user_only);
+  fs::remove(out / ".notes.txt.tmp-99999990");
   EXPECT_EQ(prepare_byte_level({a, b}, out.string(), /*append=*/true).listed_files, 2);
   // A temporary name carrying the id of a running process (this one) may still be written:
   // the message says so.

@@ -404,6 +404,17 @@ class TokenizeHfTest(TempDirTest):
             self.assert_one_line_error(r, f"inputs {self.text} and {second} would both become corpus.npy")
             self.assertFalse(os.path.exists(self.path("out")))
 
+    def test_append_refuses_a_folder_neither_tool_wrote(self):
+        # A folder of the user's own files, without dataset.json: --append wrote the token files and a
+        # dataset.json among them. Now refused, naming what it holds, and left as it was.
+        os.mkdir(self.path("mine"))
+        with open(self.path("mine", "notes.txt"), "w") as f:
+            f.write("the user's notes\n")
+        r = self.tokenize("mine", "--tokenizer", self.bpe, "--append", inputs=[self.text], check=False)
+        self.assert_one_line_error(r, f"{self.path('mine')} holds notes.txt but no dataset.json",
+                                   "not a dataset tokenize_hf.py or prepare wrote", "new or empty folder")
+        self.assertEqual(os.listdir(self.path("mine")), ["notes.txt"])
+
     def test_append_refuses_another_tokenizer_and_a_dataset_whose_tokenizer_is_unknown(self):
         # Another tokenizer with the same vocabulary size, EOS and dtype: two tokens trade ids.
         with open(self.bpe) as f:

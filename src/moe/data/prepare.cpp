@@ -107,8 +107,10 @@ std::vector<std::string> folder_entries(const fs::path& dir) {
   return names;
 }
 
-// The dataset an --append adds to: the folder's dataset.json, checked to be byte-level and to
-// match the folder, or a fresh one when the folder holds no token data at all.
+// The dataset an --append adds to (the folder holds something): its dataset.json, checked to be
+// byte-level and to match the folder. A folder without one was not written by prepare or
+// tokenize_hf.py (they write dataset.json into a folder that was new or empty): it is refused,
+// whatever it holds, rather than filled with token files among the user's own.
 nlohmann::ordered_json appendable_dataset_json(const fs::path& out, const std::vector<std::string>& entries) {
   const fs::path meta_path = out / "dataset.json";
   std::error_code ec;
@@ -116,10 +118,10 @@ nlohmann::ordered_json appendable_dataset_json(const fs::path& out, const std::v
     std::vector<std::string> npy;
     for (const std::string& name : entries)
       if (fs::path(name).extension() == ".npy") npy.push_back(name);
-    MOE_CHECK(npy.empty(), "prepare --append: ", out.string(), " holds .npy files (", file_name_list(npy),
-              ") but no dataset.json, so it was not written by prepare and what they hold is unknown; "
-              "prepare into a new or empty folder");
-    return byte_dataset_json();
+    MOE_FAIL("prepare --append: ", printable(out.string()), " holds ", file_name_list(npy.empty() ? entries : npy),
+             " but no dataset.json, so it is not a dataset prepare or tokenize_hf.py wrote",
+             npy.empty() ? "" : " and what its .npy files hold is unknown",
+             "; --append adds to such a dataset only: prepare into a new or empty folder");
   }
   nlohmann::ordered_json meta = read_dataset_json(meta_path.string());
   const nlohmann::ordered_json expected = byte_dataset_json();
