@@ -7,7 +7,7 @@
 # layouts they cannot run (pp, its chunks, the interleaved schedule's microbatch groups, a
 # parallel.lease_slots too small for one stage), and
 # run.device = "cuda" on a machine without a GPU, a config that one rank's memory cannot hold, and
-# ranks that opened different token data.
+# ranks that opened different token data (train data, eval.sets, eval --data).
 # Usage: startup_errors_print_once.sh "MPIRUN ARGS (the launcher and its options)" MOETRAIN
 set -u
 mpirun=$1
@@ -91,8 +91,8 @@ if [ "$status" != 1 ] || [ "$(grep -c '^error' "$work/data.err")" != 1 ] ||
   echo "FAIL: different data (exit $status)"; cat "$work/data.err"; fail=1
 fi
 # Copies that differ only in their tokens (same file names and token counts; "node 0" / "node 1" in
-# the text) were not told apart (only the listing was compared); the train data, then a named
-# validation set.
+# the text) were not told apart (only the listing was compared): the train data, a named
+# validation set, and eval's --data (never compared before).
 for r in 0 1; do
   mkdir -p "$work/same$r"
   for i in $(seq 1 200); do echo "line $i of the text on node $r, long enough for a window"; done > "$work/same$r/text.txt"
@@ -118,5 +118,7 @@ two_copies same_size_data 'the ranks opened different token data: rank 0 read 1 
   train --steps 4 --set data.path=data --set run.dir="$work/n"
 two_copies same_size_eval_set 'the ranks opened different token data for eval.sets\[0\]: rank 0 read 1 token file' \
   train --steps 4 --set data.path="$work/same0/data" --set run.dir="$work/o" --set 'eval.sets=[{name="v",path="data"}]'
+two_copies same_size_eval_data 'the ranks opened different --data files: rank 0 read 1 token file' \
+  eval --checkpoint "$work/ckpt" --data data
 for d in a b c d e f g h i j k l m n o; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
 exit $fail

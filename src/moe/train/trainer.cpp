@@ -16,10 +16,8 @@
 #include <thread>
 
 #include "moe/ckpt/checkpoint.h"
-#include "moe/ckpt/checksum.h"
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/comm/agreed_outcome.h"
-#include "moe/comm/host_strings.h"
 #include "moe/core/device.h"
 #include "moe/core/gpu_power.h"
 #include "moe/core/rng.h"
@@ -31,6 +29,7 @@
 #include "moe/ops/elementwise.h"
 #include "moe/optim/lr_schedule.h"
 #include "moe/train/config_agreement.h"
+#include "moe/train/data_agreement.h"
 #include "moe/train/init_source.h"
 #include "moe/train/run_dir.h"
 #include "moe/train/run_lock.h"
@@ -40,37 +39,6 @@ namespace fs = std::filesystem;
 
 namespace moe {
 namespace {
-
-// What a rank's token files hold, for comparing ranks: the number of files and tokens, and a
-// checksum of every file's name, lengths and token bytes (each file's checksum comes from the pass
-// that checked its tokens when it was opened).
-std::string token_data_summary(const std::string& listing, size_t files, int64_t tokens) {
-  return std::to_string(files) + " token file" + (files == 1 ? "" : "s") + " of " + std::to_string(tokens) +
-         " tokens (checksum of their names, lengths and tokens " +
-         checksum_hex(checksum_bytes(listing.data(), listing.size())) + ")";
-}
-
-std::string data_summary(const TokenDataset& data) {
-  std::string listing;
-  int64_t tokens = 0;
-  for (const TokenDataset::File& f : data.files()) {
-    listing += f.name + "\t" + std::to_string(f.train_length) + "\t" + std::to_string(f.eval_length) + "\t" +
-               checksum_hex(f.checksum) + "\n";
-    tokens += f.train_length + f.eval_length;
-  }
-  return token_data_summary(listing, data.files().size(), tokens);
-}
-
-std::string data_summary(const EvalWindows& set) {
-  std::string listing;
-  int64_t tokens = 0;
-  for (size_t k = 0; k < set.files().size(); ++k) {
-    listing += set.files()[k].path() + "\t" + std::to_string(set.files()[k].size()) + "\t" +
-               checksum_hex(set.checksums()[k]) + "\n";
-    tokens += set.files()[k].size();
-  }
-  return token_data_summary(listing, set.files().size(), tokens);
-}
 
 using Clock = SteadyClock;
 
@@ -116,11 +84,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
     // First, while every rank is here: ranks that opened different token data (node-local copies
     // that differ, a folder changed between two ranks' listings) would each train on their own
     // windows without a word.
-    const StringAgreement same_data = agree_on_string(world, data_summary(data_));
-    MOE_CHECK_AGREED(same_data.differing_rank < 0, "the ranks opened different token data: rank 0 read ",
-                     same_data.leader, ", rank ", same_data.differing_rank, " ", same_data.differing,
-                     "; every rank must see the same files (on several nodes, the same dataset folder); start the "
-                     "job again once they do");
+    check_same_token_data(world, token_data_summary(data_), "token data");
     dp = cfg_.parallel.dp(world_.size());  // refuses a pp that does not divide the ranks: printed once
     cfg_.validate(dp);
     check_run_layout(cfg_, world_.size());
@@ -160,11 +124,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   // ended the block above on every rank).
   for (size_t k = 0; k < eval_sets_.size(); ++k)
     agree_on_outcome(world, [&] {
-      const StringAgreement same = agree_on_string(world, data_summary(*eval_sets_[k]));
-      MOE_CHECK_AGREED(same.differing_rank < 0, "the ranks opened different token data for eval.sets[", k,
-                       "]: rank 0 read ", same.leader, ", rank ", same.differing_rank, " ", same.differing,
-                       "; every rank must see the same files (on several nodes, the same dataset folder); start "
-                       "the job again once they do");
+      check_same_token_data(world, token_data_summary(*eval_sets_[k]),
+                            "token data for eval.sets[" + std::to_string(k) + "]");
     });
   run_ = build_run_model(cfg_, world_, dev_, run_device_.gpu_world != nullptr, state_, acts_);
   if (!opts_.bench && !opts_.checkpoint && cfg_.train.eval_batches > 0)

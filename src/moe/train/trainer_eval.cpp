@@ -8,6 +8,7 @@
 #include "moe/data/eval_windows.h"
 #include "moe/data/npy.h"
 #include "moe/ops/elementwise.h"
+#include "moe/train/data_agreement.h"
 #include "moe/train/pipeline_executor.h"
 #include "moe/train/trainer.h"
 
@@ -141,6 +142,7 @@ EvalReport Trainer::evaluate_data(const std::string& path, int64_t max_tokens, c
       return EvalWindows::open(path, cfg_.data.format, token_dtype_from_name(cfg_.data.dtype), T, V, max_tokens,
                                "--data");
     });
+    agree_on_outcome(host_world_, [&] { check_same_token_data(host_world_, token_data_summary(w), "--data files"); });
     windows = w.size();
     r = evaluate_windows(
         windows, [&](int64_t i, int32_t* in, int32_t* tg) { w.copy(i, in, tg); }, 0, logits_npy);
