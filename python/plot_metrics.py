@@ -20,13 +20,13 @@ only with --overwrite; the image is written under a temporary name and then move
   python3 python/plot_metrics.py runs/tiny runs/tiny-sigmoid --out curves.png [--abandoned] [--overwrite]
 """
 import argparse
-import errno
 import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import moe_metrics  # noqa: E402  (next to this script)
+import figure_output  # noqa: E402  (next to this script)
+import moe_metrics  # noqa: E402
 
 # (panel title, y label, metric tags drawn in it); "expert_load/layer_*" stands for every layer,
 # "eval_loss/*" for every named validation set.
@@ -121,55 +121,6 @@ def draw(ax, records, tags, color, label, style):
     return drawn
 
 
-def check_out(out, overwrite, formats):
-    """The image format of --out (its extension); exits, before any work, when it cannot be written."""
-    if os.path.isdir(out):
-        sys.exit(f"error: --out {out} is a folder; name the image file to write")
-    if os.path.lexists(out) and not overwrite:
-        sys.exit(f"error: --out {out} exists; nothing is overwritten: pass --overwrite to replace it, or choose "
-                 f"another file")
-    folder = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(folder):
-        sys.exit(f"error: --out {out}: its folder {folder} does not exist")
-    extension = os.path.splitext(out)[1][1:].lower()
-    if extension not in formats:
-        which = f"'.{extension}' files" if extension else "a file without an extension (it names the format)"
-        sys.exit(f"error: --out {out}: matplotlib cannot write {which}; use one of "
-                 f"{', '.join('.' + f for f in sorted(formats))}")
-    return extension
-
-
-def save_figure(fig, out, extension, overwrite):
-    """Writes fig under a temporary name beside `out`, then moves it there (a link when not overwriting:
-    a file that appeared at `out` meanwhile is not replaced either)."""
-    folder, name = os.path.split(os.path.abspath(out))
-    temp = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
-    try:
-        fig.savefig(temp, format=extension, dpi=110)
-        if overwrite:
-            os.replace(temp, out)
-        else:
-            try:
-                os.link(temp, out)
-            except OSError as e:
-                if isinstance(e, FileExistsError) or e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV,
-                                                                       errno.EOPNOTSUPP, errno.EMLINK):
-                    raise
-                # A filesystem without hard links (exFAT, SMB, some FUSE mounts): claim the name
-                # with an exclusive create, then move the image over the empty claim.
-                os.close(os.open(out, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-                os.replace(temp, out)
-    except FileExistsError:
-        sys.exit(f"error: --out {out} appeared while plotting; nothing is overwritten: pass --overwrite to replace "
-                 f"it, or choose another file")
-    except (OSError, RuntimeError, ValueError) as e:  # also a format whose writer needs what is missing (LaTeX)
-        why = " ".join(str(getattr(e, "strerror", None) or e).split())  # one line
-        sys.exit(f"error: cannot write --out {out}: {why}")
-    finally:
-        if os.path.lexists(temp):
-            os.remove(temp)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders holding metrics.jsonl")
@@ -187,7 +138,7 @@ def main(argv=None):
     except ImportError:
         sys.exit("error: plot_metrics.py needs matplotlib: pip install matplotlib "
                  "(scripts/setup.sh installs it into .deps/python-tracking: PYTHONPATH=.deps/python-tracking)")
-    extension = check_out(args.out, args.overwrite, FigureCanvasAgg.get_supported_filetypes())
+    extension = figure_output.check_out(args.out, args.overwrite, FigureCanvasAgg.get_supported_filetypes())
     runs = [(run, *load_run(run, args.abandoned)) for run in args.runs]
     empty = [run for run, current, abandoned in runs if not current and not any(r for _, r in abandoned)]
     if len(empty) == len(runs):  # an image of empty panels would pass for a plot
@@ -218,7 +169,7 @@ def main(argv=None):
             ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="gray")
     fig.tight_layout()
     try:
-        save_figure(fig, args.out, extension, args.overwrite)
+        figure_output.save_figure(fig, args.out, extension, args.overwrite)
     finally:
         plt.close(fig)
     for run, current, _ in runs:
