@@ -270,7 +270,8 @@ class Checkpoint:
         return value
 
     def _read_tensor_record(self, index_path, key, t):
-        where = f"{index_path}: tensors.{key}"
+        field = f"tensors.{key}"
+        where = f"{index_path}: {field}"
         if not isinstance(t, dict):
             _fail(f"{where} must be an object")
         dtype, shape, chunks = t.get("dtype"), t.get("shape"), t.get("chunks")
@@ -283,6 +284,8 @@ class Checkpoint:
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             _fail(f"{where}.shape must be an array of integers >= 0")
         numel = math.prod(shape)
+        if numel > 2**63 - 1:  # as the C++ reader: an element count that fits in 64 bits
+            _fail(f"{where}.shape {shape} holds {numel} elements, more than a 64-bit count")
         if not isinstance(chunks, list):
             _fail(f"{where}.chunks must be an array")
         esize = STORED_DTYPES[dtype][0]
@@ -296,8 +299,8 @@ class Checkpoint:
                 _fail(f"{at}.file must be a plain file name inside the checkpoint directory")
             if not isinstance(file_key, str):
                 _fail(f"{at}.key must be a string")
-            begin = self._int(r, "begin", index_path, f"{at}.begin", low=0, high=numel)
-            end = self._int(r, "end", index_path, f"{at}.end", low=begin, high=numel)
+            begin = self._int(r, "begin", index_path, f"{field}.chunks[{i}].begin", low=0, high=numel)
+            end = self._int(r, "end", index_path, f"{field}.chunks[{i}].end", low=begin, high=numel)
             checksum = None
             if self.version >= 2:
                 s = r.get("checksum")
@@ -324,14 +327,21 @@ class Checkpoint:
                       f"({b1 - b0} bytes), index says {dtype} [{end - begin}]")
             records.append((begin, end, file, file_key, checksum))
         records.sort(key=lambda c: (c[0], c[1]))
-        prev = None
+        prev, covered = None, 0  # elements [0, covered) are stored
         for c in records:
             if c[0] == c[1]:
                 continue
             if prev is not None and c[0] < prev[1]:
                 _fail(f"{index_path}: chunks of tensor '{key}' overlap: [{prev[0]}, {prev[1]}) in {prev[2]} and "
                       f"[{c[0]}, {c[1]}) in {c[2]}")
-            prev = c
+            if c[0] > covered:
+                break
+            prev, covered = c, c[1]
+        # Every element in some chunk, as the C++ reader requires (a verify that passed used to
+        # vouch for a checkpoint neither it nor moetrain could read).
+        if covered < numel:
+            gap_end = next((c[0] for c in records if c[0] > covered), numel)
+            _fail(f"{index_path}: elements [{covered}, {gap_end}) of tensor '{key}' are not stored in any chunk")
         return dtype, shape, numel, records
 
     @property
@@ -454,6 +464,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if (args.tensor is None) != (args.out is None):
         ap.error("--tensor and --out go together")
+    if args.list and args.tensor is not None:
+        ap.error("--list only lists; --tensor and --out write one tensor: give one or the other")
     if args.out is not None and os.path.lexists(args.out):
         ap.error(f"--out {args.out} exists; nothing is overwritten, choose another file")
     try:
@@ -481,4 +493,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # --list into `head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

@@ -227,6 +227,26 @@ class CheckpointReaderTest(TempDirTest):
                                     r"elements \[0, 4096\) of tensor 'model.layers.1.mlp.experts.gate_up_proj' "
                                     r"are not stored in any chunk"):
             mc.Checkpoint(ckpt).tensor("model.layers.1.mlp.experts.gate_up_proj")
+        # The verify mode refuses it too (it said every checksum matched and exited 0), as do a tensor
+        # with no chunks, one whose shape is larger than its chunks, and a shape past a 64-bit count
+        # (a numpy traceback before).
+        self.assert_one_line_error(python_tool("moetrain_checkpoint.py", ckpt, check=False),
+                                   "elements [0, 4096) of tensor 'model.layers.1.mlp.experts.gate_up_proj'")
+        shutil.rmtree(ckpt)
+        rows, cols = mc.Checkpoint(self.step2).shape("lm_head.weight")
+        for change, message in ((lambda t: t.update(chunks=[]),
+                                 f"elements [0, {rows * cols}) of tensor 'lm_head.weight'"),
+                                (lambda t: t.update(shape=[rows + 1, cols]),
+                                 f"elements [{rows * cols}, {(rows + 1) * cols}) of tensor 'lm_head.weight'"),
+                                (lambda t: t.update(shape=[2**40, 2**40]), "more than a 64-bit count")):
+            ckpt = self.copy_checkpoint()
+            with open(os.path.join(ckpt, "index.json")) as f:
+                index = json.load(f)
+            change(index["tensors"]["lm_head.weight"])
+            with open(os.path.join(ckpt, "index.json"), "w") as f:
+                json.dump(index, f)
+            self.assert_one_line_error(python_tool("moetrain_checkpoint.py", ckpt, check=False), message)
+            shutil.rmtree(ckpt)
 
     def test_bytes_appended_to_a_rank_file_are_refused_by_both_readers_naming_the_file(self):
         ckpt = self.copy_checkpoint()
@@ -264,6 +284,11 @@ class CheckpointReaderTest(TempDirTest):
         self.assertIn("exists", r.stderr)
         with open(out, "rb") as f:
             self.assertEqual(f.read(), before)
+        # --list with --tensor/--out: refused (the write was skipped without a word).
+        r = python_tool("moetrain_checkpoint.py", self.step2, "--list", "--tensor", "lm_head.weight", "--out",
+                        self.path("l.npy"), check=False)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--list only lists", r.stderr)
         listing = python_tool("moetrain_checkpoint.py", self.step2, "--list").stdout.splitlines()
         self.assertEqual(len(listing), len(mc.Checkpoint(self.step2).keys()))
         self.assertIn("model.layers.0.mlp.experts.gate_up_proj\tF32\t[8, 64, 16]\t2 chunk(s)", "\n".join(listing))
