@@ -32,7 +32,10 @@ def number(value):
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, (int, float)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer past a double's range: as a double, ±inf
+            return math.inf if value > 0 else -math.inf
     if isinstance(value, str):
         return NON_FINITE.get(value)
     return None
@@ -88,7 +91,10 @@ def parse_lines(text, path, first_line=1):
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise MetricsError(f"{path}:{n}: not a JSON record: {e}") from None
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        except RecursionError:
+            raise MetricsError(f"{path}:{n}: not a JSON record: nested too deeply") from None
+        step = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):  # true is an int in Python, and == 1
             raise MetricsError(f"{path}:{n}: a record without an integer 'step'")
         records.append(record)
     return records

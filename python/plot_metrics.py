@@ -76,6 +76,12 @@ def non_finite(records):
     return found
 
 
+def label_text(name):
+    """A folder name as legend text: bytes that are not UTF-8 (os gives them as surrogate escapes,
+    which matplotlib cannot draw) shown as U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def load_run(run_dir, with_abandoned):
     """(current line, [(label, abandoned line)]) of a run folder; exits with the reason when unreadable."""
     path = os.path.join(run_dir, "metrics.jsonl")
@@ -157,7 +163,7 @@ def main(argv=None):
         drawn = False
         for i, (run, current, abandoned) in enumerate(runs):
             color = f"C{i % 10}"
-            name = os.path.basename(os.path.normpath(run))
+            name = label_text(os.path.basename(os.path.normpath(run)))
             drawn |= draw(ax, current, tags, color, name, current_style)
             for label, records in abandoned:
                 drawn |= draw(ax, records, tags, color, f"{name} ({label})", abandoned_style)
@@ -172,9 +178,12 @@ def main(argv=None):
         figure_output.save_figure(fig, args.out, extension, args.overwrite)
     finally:
         plt.close(fig)
-    for run, current, _ in runs:
-        for tag, steps in sorted(non_finite(current).items()):
-            print(f"{run}: {tag} not finite at step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}")
+    for run, current, abandoned in runs:
+        drawn = [(run, current)] + ([(f"{run} ({label})", records) for label, records in abandoned])
+        for where, records in drawn:
+            for tag, steps in sorted(non_finite(records).items()):
+                print(f"{where}: {tag} not finite at step{'s' if len(steps) > 1 else ''} "
+                      f"{', '.join(map(str, steps))}")
     print(f"wrote {args.out}")
 
 

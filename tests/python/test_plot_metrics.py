@@ -17,7 +17,8 @@ import unittest
 from tracking_util import PYTHON_TOOLS, metrics, require, train
 
 require("matplotlib", "plot_metrics.py")
-import plot_metrics  # noqa: E402  (python/, on the path through tracking_util)
+import moe_metrics  # noqa: E402  (python/, on the path through tracking_util)
+import plot_metrics  # noqa: E402
 
 PLOT = os.path.join(PYTHON_TOOLS, "plot_metrics.py")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -162,6 +163,39 @@ class PlotMetrics(unittest.TestCase):
         # A last line still being written may end inside a character: it waits, as any unfinished line.
         run = self.write_run("writing", [{"step": 1, "lm_loss": 7.0}], tail='{"step": 2, "note": "é'.encode()[:-1])
         self.assertEqual([r["step"] for r in plot_metrics.load_run(run, with_abandoned=False)[0]], [1])
+
+    def test_odd_lines_are_errors_or_values_never_tracebacks(self):
+        out_png = os.path.join(self.tmp.name, "x.png")
+        # Nested too deeply for Python's JSON parser (a RecursionError traceback before).
+        run = self.write_run("deep", [{"step": 1, "lm_loss": 7.0}], tail=b"[" * 100000 + b"]" * 100000 + b"\n")
+        self.assert_one_line_error(self.run_tool(run, "--out", out_png),
+                                   f"{os.path.join(run, 'metrics.jsonl')}:2: not a JSON record: nested too deeply")
+        # "step": true is no integer step (it replaced step 1's record: True == 1 in Python).
+        run = self.write_run("bool", [{"step": 1, "lm_loss": 7.0}, {"step": True, "lm_loss": 1.0}])
+        self.assert_one_line_error(self.run_tool(run, "--out", out_png),
+                                   f"{os.path.join(run, 'metrics.jsonl')}:2: a record without an integer 'step'")
+        # An integer past a double's range is inf (an OverflowError traceback before), listed as not finite.
+        run = self.write_run("huge", [{"step": 1, "lm_loss": 7.0}, {"step": 2, "lm_loss": 10**400}])
+        self.assertEqual(moe_metrics.scalars({"step": 2, "lm_loss": 10**400})["lm_loss"], math.inf)
+        self.assertEqual(moe_metrics.number(-10**400), -math.inf)
+        self.assertIn(f"{run}: lm_loss not finite at step 2", self.plot(run, "--out", out_png))
+        os.remove(out_png)
+        # A run folder whose name is not UTF-8 is drawn (matplotlib refused its label: a traceback).
+        odd = os.fsencode(self.tmp.name) + b"/r\xffun"
+        os.rename(self.write_run("odd", [{"step": 1, "lm_loss": 7.0}]), odd)
+        p = subprocess.run([sys.executable, os.fsencode(PLOT), odd, b"--out", os.fsencode(out_png)],
+                           capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assert_png(out_png)
+
+    def test_non_finite_values_of_an_abandoned_line_are_listed_too(self):
+        run = self.write_run("run", [{"step": 1, "lm_loss": 7.0}, {"step": 2, "lm_loss": 6.0}])
+        line = os.path.join(run, "abandoned", "20261207T000000-after-step-1")
+        os.makedirs(line)
+        with open(os.path.join(line, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 2, "lm_loss": "nan"}) + "\n")
+        out = self.plot(run, "--abandoned", "--out", os.path.join(self.tmp.name, "x.png"))
+        self.assertIn(f"{run} ({os.path.basename(line)}): lm_loss not finite at step 2", out)
 
     def test_runs_without_records_are_an_error_and_one_empty_run_beside_others_is_said(self):
         # Before, no records at all gave an image of six "no data" panels and exit 0.
