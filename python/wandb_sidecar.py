@@ -103,9 +103,12 @@ class Sidecar:
                 state = json.load(f)
         except FileNotFoundError:
             return {"line": 1}
-        except (OSError, json.JSONDecodeError) as e:
-            sys.exit(f"error: cannot read {self.state_path} ({e}); move it away to start a new W&B run")
-        if not isinstance(state, dict) or not isinstance(state.get("line"), int):
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or not UTF-8
+            why = "nested too deeply" if isinstance(e, RecursionError) else e
+            sys.exit(f"error: cannot read {self.state_path} ({why}); move it away to start a new W&B run")
+        last = state.get("last_step") if isinstance(state, dict) else None
+        if (not isinstance(state, dict) or type(state.get("line")) is not int or
+                (last is not None and type(last) is not int)):
             sys.exit(f"error: {self.state_path} is not a wandb_sidecar.py state; move it away to start a new W&B run")
         return state
 
@@ -244,9 +247,12 @@ def file_state(path):
     """What changes when a job writes `path` (None when there is no file)."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # also a RUN_DIR that is a file: said by the caller
         return None
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+MAX_POLL_S = 86400.0  # a day; time.sleep fails mid-run past the platform's time_t (1e10 did)
 
 
 def poll_seconds(text):
@@ -255,8 +261,8 @@ def poll_seconds(text):
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be a finite number of seconds above 0")
+    if not math.isfinite(value) or value <= 0 or value > MAX_POLL_S:
+        raise argparse.ArgumentTypeError(f"{text} must be a number of seconds above 0 and at most {MAX_POLL_S:g}")
     return value
 
 

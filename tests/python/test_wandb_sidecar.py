@@ -267,7 +267,7 @@ class WandbSidecar(unittest.TestCase):
 
     def test_a_poll_interval_that_is_not_a_positive_finite_number_is_refused_before_anything_is_logged(self):
         write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
-        for bad in ("-1", "0", "nan", "inf", "abc"):
+        for bad in ("-1", "0", "nan", "inf", "abc", "1e10"):  # 1e10: time.sleep's OverflowError after logging
             p = self.sidecar("--follow", "--poll", bad, check=False)
             self.assertEqual(p.returncode, 2, bad + ": " + p.stderr)
             self.assertIn("--poll", p.stderr)
@@ -315,6 +315,28 @@ class WandbSidecar(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("another wandb_sidecar.py is streaming", p.stderr)
         self.assertEqual(self.calls(), [])
+
+    def test_a_run_dir_that_is_a_file_and_an_odd_state_file_are_one_error_line(self):
+        # A file for RUN_DIR: a NotADirectoryError traceback before.
+        a_file = os.path.join(self.run_dir, "config.toml")
+        with open(a_file, "w") as f:
+            f.write("")
+        p = subprocess.run([sys.executable, SIDECAR, a_file], env=self.env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertEqual(p.stderr, f"error: {a_file} is not a folder (a moetrain run.dir)\n")
+        # A state file that is not UTF-8 (a traceback before), or whose last_step is no step (accepted
+        # before, then reported as "the step-x record").
+        write_lines(os.path.join(self.run_dir, "metrics.jsonl"), [record(1)])
+        state = os.path.join(self.run_dir, "wandb_sidecar.json")
+        for content in (b'{"line": 1, "x": "\xff"}', b'{"line": 1, "last_step": "x"}', b'{"line": true}'):
+            with open(state, "wb") as f:
+                f.write(content)
+            p = self.sidecar(check=False)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertTrue(p.stderr.startswith("error: ") and p.stderr.count("\n") == 1, p.stderr)
+            self.assertIn(state, p.stderr)
+            self.assertIn("move it away", p.stderr)
+        self.assertEqual(self.calls("log"), [])
 
     def test_a_run_without_metrics_is_an_error_naming_the_file(self):
         p = self.sidecar(check=False)
