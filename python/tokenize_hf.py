@@ -140,6 +140,8 @@ def documents_of(path, first_line, data, ends_document):
                 record = json.loads(line)
             except ValueError as e:
                 raise InputError(f"{where} is not valid JSON: {e}")
+            except RecursionError:
+                raise InputError(f"{where} is not valid JSON: nested too deeply")
             if not isinstance(record, dict):
                 raise InputError(f"{where} is not a JSON object")
             if field not in record:
@@ -355,8 +357,9 @@ def existing_dataset(out, append, header, inputs, names, trust=False):
         try:
             with open(meta_path) as f:
                 meta = json.load(f)
-        except (OSError, ValueError) as e:
-            die(f"tokenize_hf.py --append: {meta_path} is not valid JSON ({e})")
+        except (OSError, ValueError, RecursionError) as e:
+            why = "nested too deeply" if isinstance(e, RecursionError) else e
+            die(f"tokenize_hf.py --append: {meta_path} is not valid JSON ({why})")
         files = meta.get("files") if isinstance(meta, dict) else None
         if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("name"), str)
                                                   for f in files):

@@ -292,7 +292,10 @@ class TokenizeHfTest(TempDirTest):
                  # A JSON escape of a lone surrogate: no UTF-8 text holds it, and the tokenizer cannot take it.
                  (b'{"text": "fine"}\n{"text": "bad \\udc80 x"}\n',
                   'bad.jsonl:2: field "text" holds the lone surrogate \\udc80 at character 5'),
-                 (b'{"text": "bad \\udc80 x"}\n', 'bad.jsonl:1: field "text" holds the lone surrogate')]
+                 (b'{"text": "bad \\udc80 x"}\n', 'bad.jsonl:1: field "text" holds the lone surrogate'),
+                 # Nested past Python's recursion limit: a RecursionError traceback before.
+                 (b'{"text": "fine"}\n' + b"[" * 100000 + b"]" * 100000 + b"\n",
+                  "bad.jsonl:2 is not valid JSON: nested too deeply")]
         for k, (content, needle) in enumerate(cases):
             with open(bad, "wb") as f:
                 f.write(content)
