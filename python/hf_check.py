@@ -9,7 +9,9 @@ B. Create a random OlmoeForCausalLM in transformers, save it, `moetrain import-h
 Both in float32 on the CPU; the bar is a relative error of at most 1e-4.
 
 Usage: python3 python/hf_check.py --moetrain build/moetrain [--workdir DIR]
-Needs torch, transformers and numpy (present on the H200 machine's image).
+Needs torch, transformers and numpy (present on the H200 machine's image). --workdir (default: a
+new temporary folder) must be new or empty: the check writes its corpus, token data, run and
+exports there.
 """
 import argparse
 import glob
@@ -84,14 +86,28 @@ def main():
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--tokens", type=int, default=8192)
     args = ap.parse_args()
-    import torch
-    import transformers
-    from transformers import OlmoeConfig, OlmoeForCausalLM
+    mt = os.path.abspath(args.moetrain)
+    if not os.path.isfile(mt) or not os.access(mt, os.X_OK):
+        sys.exit(f"error: --moetrain {args.moetrain} is not an executable file (build/moetrain after the build)")
+    if args.workdir is not None:  # never among a user's files: corpus.txt, data/, run/ ... would replace theirs
+        if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):
+            sys.exit(f"error: --workdir {args.workdir} exists and is not a folder")
+        if os.path.isdir(args.workdir) and os.listdir(args.workdir):
+            sys.exit(f"error: --workdir {args.workdir} is not empty; hf_check.py writes its corpus, data, run and "
+                     f"exports there: give a new or empty folder")
+    try:
+        import torch
+        import transformers
+        from transformers import OlmoeConfig, OlmoeForCausalLM
+    except ImportError as e:
+        sys.exit(f"error: hf_check.py needs torch and transformers ({e}): pip install torch transformers")
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}", flush=True)
     work = args.workdir or tempfile.mkdtemp(prefix="hf-check-")
-    os.makedirs(work, exist_ok=True)
-    mt = os.path.abspath(args.moetrain)
+    try:
+        os.makedirs(work, exist_ok=True)
+    except OSError as e:
+        sys.exit(f"error: cannot create --workdir {work}: {e.strerror}")
     seq_len, batch = 128, 8  # the tiny config's train.seq_len and train.micro_batch_size
 
     # Token data: byte-level text (vocab 257 fits the tiny model's 512).
