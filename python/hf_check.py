@@ -20,8 +20,6 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
 TOL = 1e-4
 
 
@@ -95,12 +93,15 @@ def main():
         if os.path.isdir(args.workdir) and os.listdir(args.workdir):
             sys.exit(f"error: --workdir {args.workdir} is not empty; hf_check.py writes its corpus, data, run and "
                      f"exports there: give a new or empty folder")
-    try:
+    try:  # numpy too (the helpers above use it): a missing package is this one line, not a traceback
+        global np
+        import numpy as np
         import torch
         import transformers
         from transformers import OlmoeConfig, OlmoeForCausalLM
     except ImportError as e:
-        sys.exit(f"error: hf_check.py needs torch and transformers ({e}): pip install torch transformers")
+        sys.exit(f"error: hf_check.py needs numpy, torch and transformers ({e}): pip install numpy torch "
+                 f"transformers")
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}", flush=True)
     work = args.workdir or tempfile.mkdtemp(prefix="hf-check-")

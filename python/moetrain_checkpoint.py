@@ -340,7 +340,7 @@ class Checkpoint:
         # Every element in some chunk, as the C++ reader requires (a verify that passed used to
         # vouch for a checkpoint neither it nor moetrain could read).
         if covered < numel:
-            gap_end = next((c[0] for c in records if c[0] > covered), numel)
+            gap_end = next((c[0] for c in records if c[0] > covered and c[1] > c[0]), numel)
             _fail(f"{index_path}: elements [{covered}, {gap_end}) of tensor '{key}' are not stored in any chunk")
         return dtype, shape, numel, records
 

@@ -342,8 +342,11 @@ def existing_dataset(out, append, header, inputs, names, trust=False):
         return None
     refuse_leftover_temps(out, entries, append)
     if not append:
+        advice = ("pass --append to add these inputs to the dataset there, or choose a new or empty folder"
+                  if os.path.exists(os.path.join(out, "dataset.json")) else
+                  "it holds no dataset.json, so --append cannot add to it either; choose a new or empty folder")
         die(f"tokenize_hf.py: output folder {out} is not empty (it holds {names_text(entries)}); nothing is "
-            f"overwritten: pass --append to add these inputs to the dataset there, or choose a new or empty folder")
+            f"overwritten: {advice}")
     npy_on_disk = [e for e in entries if e.endswith(".npy") and os.path.isfile(os.path.join(out, e))]
     meta_path = os.path.join(out, "dataset.json")
     if not os.path.exists(meta_path):

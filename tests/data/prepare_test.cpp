@@ -319,14 +319,17 @@ TEST_F(PrepareTest, prepare_into_a_folder_holding_output_is_refused_and_the_outp
     const std::string msg = error_of([&] { prepare_byte_level(inputs, out.string()); });
     EXPECT_NE(msg.find(out.string()), std::string::npos) << msg;
     EXPECT_NE(msg.find("a.npy, dataset.json"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("--append"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("pass --append"), std::string::npos) << msg;
     EXPECT_EQ(snapshot(out), first);
   }
-  // Any entry makes a folder non-empty, not only prepare output.
+  // Any entry makes a folder non-empty, not only prepare output; without a dataset.json there the
+  // message does not suggest --append (which refuses such a folder too).
   const fs::path other = dir_ / "other";
   fs::create_directories(other / "notes");
   const std::string msg = error_of([&] { prepare_byte_level({b}, other.string()); });
   EXPECT_NE(msg.find("notes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("holds no dataset.json, so --append cannot add to it either"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("pass --append"), std::string::npos) << msg;
   EXPECT_FALSE(fs::exists(other / "b.npy"));
   // An existing empty folder is fine.
   fs::create_directories(dir_ / "empty");

@@ -8,7 +8,10 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include <filesystem>
@@ -241,35 +244,59 @@ TEST_F(TokenSourcesTest, names_read_from_dataset_json_are_quoted_printably) {
 }
 
 // Each file's checksum of its token bytes (by which ranks compare node-local copies) comes from the
-// pass that checks the tokens: it is the XXH3-64 of the file's 4 MiB chunks' checksums, the same at
-// any thread count; one token changed changes it; the first out-of-vocabulary token is still the
-// first in the file when a later chunk also holds one.
+// pass that checks the tokens: the XXH3-64 of its 4 MiB pieces' XXH3-64s (computed here the plain
+// way, serially), the same at 1, 2 and 4 threads for uint16 and uint32 files of many pieces and for
+// an empty file; one token changed changes it; the first out-of-vocabulary token is still the
+// first in the file when a later piece also holds one.
+static uint64_t plain_checksum(const std::vector<unsigned char>& bytes) {
+  constexpr size_t kPiece = size_t{4} << 20;
+  std::vector<XXH64_hash_t> pieces;
+  for (size_t at = 0; at < bytes.size(); at += kPiece)
+    pieces.push_back(XXH3_64bits(bytes.data() + at, std::min(kPiece, bytes.size() - at)));
+  return XXH3_64bits(pieces.data(), pieces.size() * sizeof(XXH64_hash_t));
+}
+
+template <typename T>
+static std::vector<unsigned char> bytes_of(const std::vector<T>& v) {
+  std::vector<unsigned char> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
 TEST_F(TokenSourcesTest, each_file_has_a_checksum_of_its_tokens_at_any_thread_count) {
-  const int64_t n = 5 << 20;  // 10 MiB of uint16: three chunks, the last one short
-  npy("c/a.npy", n);
-  std::vector<uint64_t> sums;
+  const int64_t n = (19 << 20) + 5;  // 38 MiB + 10 bytes of uint16: ten pieces, the last one short
+  std::vector<uint16_t> v16(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v16[static_cast<size_t>(i)] = static_cast<uint16_t>((i * 7919) % kVocab);
+  std::vector<uint32_t> v32(v16.begin(), v16.begin() + (11 << 20) + 3);  // 44 MiB + 12 bytes: twelve pieces
+  fs::create_directories(path("c"));
+  write_npy(path("c/a16.npy"), v16);
+  write_npy(path("c/a32.npy"), v32);
+  write_npy(path("c/empty.npy"), std::vector<uint16_t>{});
+  const std::vector<std::pair<std::string, uint64_t>> expected = {{"c/a16.npy", plain_checksum(bytes_of(v16))},
+                                                                  {"c/a32.npy", plain_checksum(bytes_of(v32))},
+                                                                  {"c/empty.npy", plain_checksum({})}};
   const int threads = omp_get_max_threads();
-  for (int t : {1, 2}) {
+  for (int t : {1, 2, 4}) {
     omp_set_num_threads(t);
-    std::vector<uint64_t> one;
-    open_token_files(path("c/a.npy"), "npy", TokenDType::U16, "data.path", kVocab, std::nullopt, nullptr, &one);
-    ASSERT_EQ(one.size(), 1u);
-    sums.push_back(one[0]);
+    for (const auto& [name, sum] : expected) {
+      std::vector<uint64_t> one;
+      const TokenDType dtype = name == "c/a32.npy" ? TokenDType::U32 : TokenDType::U16;
+      open_token_files(path(name), "npy", dtype, "data.path", kVocab, std::nullopt, nullptr, &one);
+      ASSERT_EQ(one.size(), 1u);
+      EXPECT_EQ(one[0], sum) << name << " at " << t << " threads";
+    }
   }
   omp_set_num_threads(threads);
-  EXPECT_EQ(sums[0], sums[1]);
-  EXPECT_NE(sums[0], 0u);
-  std::vector<uint16_t> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<uint16_t>(i % kVocab);
-  v[static_cast<size_t>(n - 7)] ^= 1;  // one token of the last chunk
-  write_npy(path("c/b.npy"), v);
+  // One token changed (in the last piece) changes it; the training data's files carry the same checksums.
+  v16[static_cast<size_t>(n - 7)] ^= 1;
+  write_npy(path("c/b16.npy"), v16);
   std::vector<uint64_t> changed;
-  open_token_files(path("c/b.npy"), "npy", TokenDType::U16, "data.path", kVocab, std::nullopt, nullptr, &changed);
-  EXPECT_NE(changed.at(0), sums[0]);
-  // The training data's files carry the same checksums.
-  EXPECT_EQ(TokenDataset::open(config(path("c/a.npy")), kVocab, 256).files().at(0).checksum, sums[0]);
-  v[static_cast<size_t>(n - 7)] = 4000;            // out of the vocabulary in the last chunk
-  v[static_cast<size_t>((2 << 20) + 3)] = 5000;    // and earlier, in the middle chunk
-  write_npy(path("c/c.npy"), v);
-  expect_contains(train_error(path("c/c.npy")), {"token 5000 at index " + std::to_string((2 << 20) + 3)});
+  open_token_files(path("c/b16.npy"), "npy", TokenDType::U16, "data.path", kVocab, std::nullopt, nullptr, &changed);
+  EXPECT_NE(changed.at(0), expected[0].second);
+  EXPECT_EQ(changed.at(0), plain_checksum(bytes_of(v16)));
+  EXPECT_EQ(TokenDataset::open(config(path("c/a16.npy")), kVocab, 256).files().at(0).checksum, expected[0].second);
+  v16[static_cast<size_t>(n - 7)] = 4000;          // out of the vocabulary in the last piece
+  v16[static_cast<size_t>((6 << 20) + 3)] = 5000;  // and earlier, in the fourth piece
+  write_npy(path("c/c16.npy"), v16);
+  expect_contains(train_error(path("c/c16.npy")), {"token 5000 at index " + std::to_string((6 << 20) + 3)});
 }

@@ -56,7 +56,7 @@ class HfCheckArguments(unittest.TestCase):
             pass
         work = os.path.join(self.tmp.name, "w")
         self.assert_one_line_error(self.run_tool("--moetrain", MOETRAIN, "--workdir", work),
-                                   "needs torch and transformers")
+                                   "needs numpy, torch and transformers")
         self.assertFalse(os.path.exists(work))
 
 

@@ -417,6 +417,10 @@ class TokenizeHfTest(TempDirTest):
         self.assert_one_line_error(r, f"{self.path('mine')} holds notes.txt but no dataset.json",
                                    "not a dataset tokenize_hf.py or prepare wrote", "new or empty folder")
         self.assertEqual(os.listdir(self.path("mine")), ["notes.txt"])
+        # Without --append the refusal does not suggest it (it would be refused as above).
+        r = self.tokenize("mine", "--tokenizer", self.bpe, inputs=[self.text], check=False)
+        self.assert_one_line_error(r, "holds no dataset.json, so --append cannot add to it either")
+        self.assertNotIn("pass --append", r.stderr)
 
     def test_append_refuses_another_tokenizer_and_a_dataset_whose_tokenizer_is_unknown(self):
         # Another tokenizer with the same vocabulary size, EOS and dtype: two tokens trade ids.

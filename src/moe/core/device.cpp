@@ -1,12 +1,12 @@
 #include "moe/core/device.h"
 
-#include <cstdlib>
 #include <cstring>
 
 #include "moe/core/arena.h"
 
 #if defined(MOE_HAVE_CUDA)
 #include "moe/core/cuda_check.h"
+#include "moe/core/local_rank.h"
 #endif
 
 namespace moe {
@@ -52,12 +52,7 @@ cudaStream_t compute_stream() {
 
 void select_local_gpu() {
 #if defined(MOE_HAVE_CUDA)
-  int local = 0;
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"})
-    if (const char* v = std::getenv(var)) {
-      local = std::atoi(v);
-      break;
-    }
+  const int local = local_rank();
   int count = 0;
   CUDA_CHECK(cudaGetDeviceCount(&count));
   MOE_CHECK(count > 0, "select_local_gpu: no CUDA device");

@@ -212,14 +212,16 @@ PrepareResult prepare_byte_level(const std::vector<std::string>& inputs, const s
       MOE_CHECK(fs::is_directory(out, ec), "prepare: output path ", out_dir, " exists and is not a folder");
       const std::vector<std::string> entries = folder_entries(out);
       if (!entries.empty()) {
-        const bool others = std::any_of(entries.begin(), entries.end(),
-                                        [](const std::string& n) { return leftover_temp_pid(n) == 0; });
-        refuse_leftover_temps(out, entries, others, append);
+        const bool has_dataset = fs::exists(out / "dataset.json", ec);
+        refuse_leftover_temps(out, entries, has_dataset, append);
         MOE_CHECK(append, "prepare: output folder ", out_dir, " is not empty (it holds ", file_name_list(entries),
-                  "); prepare never overwrites: pass --append to add these inputs to the dataset there, or choose "
-                  "a new or empty folder");
-        meta = appendable_dataset_json(out, entries);
-        had_dataset_json = fs::exists(out / "dataset.json", ec);
+                  "); prepare never overwrites: ",
+                  has_dataset ? "pass --append to add these inputs to the dataset there, or choose a new or empty "
+                                "folder"
+                              : "it holds no dataset.json, so --append cannot add to it either; choose a new or "
+                                "empty folder");
+        meta = appendable_dataset_json(out, entries);  // refuses a folder without dataset.json
+        had_dataset_json = true;
         std::set<std::string> listed;
         for (const auto& f : meta["files"]) listed.insert(f["name"].get<std::string>());
         for (const std::string& input : inputs) {

@@ -41,8 +41,9 @@ class OutputFolderLock {
 // cannot be opened or its file system cannot lock folders, no lock is held (as prepare goes on).
 //
 // The wait is said by a process whose folder-wait notices are on (the default): a job's ranks all
-// read the same folders, so the trainer leaves them on for rank 0 only (set_folder_wait_notices),
-// and one line, not one per rank, says why the job waits.
+// read the same folders, so the trainer leaves them on for one rank per host (rank 0 and each
+// host's local rank 0: set_folder_wait_notices), and one line per host, not one per rank, says why
+// the job waits (node-local copies of a folder wait apart).
 class FolderReadLock {
  public:
   explicit FolderReadLock(const std::filesystem::path& folder);

@@ -32,7 +32,8 @@ long leftover_temp_pid(const std::string& name) {
   return pid;
 }
 
-void refuse_leftover_temps(const fs::path& out, const std::vector<std::string>& entries, bool others, bool append) {
+void refuse_leftover_temps(const fs::path& out, const std::vector<std::string>& entries, bool has_dataset,
+                           bool append) {
   std::vector<std::string> leftovers;
   std::vector<long> running;
   for (const std::string& name : entries)
@@ -51,7 +52,7 @@ void refuse_leftover_temps(const fs::path& out, const std::vector<std::string>& 
   MOE_FAIL("prepare", append ? " --append" : "", ": output folder ", printable(out.string()), " holds ",
            one ? "a temporary file" : "temporary files", " left by an interrupted prepare or tokenize_hf.py (",
            file_name_list(leftovers), "), never part of the dataset; ", whose, ". Delete ", one ? "it" : "them",
-           " and run again", others && !append ? " (with --append to add to the dataset there)" : "",
+           " and run again", has_dataset && !append ? " (with --append to add to the dataset there)" : "",
            "; nothing was written");
 }
 

@@ -159,9 +159,9 @@ class PrepareOutputs {
 long leftover_temp_pid(const std::string& name);
 
 // Refuses a folder that holds temporaries of an earlier prepare, naming them: they were never
-// part of the dataset. They are not deleted here: this process did not create them. `others`:
-// the folder holds other entries too; `append`: the call is an --append.
-void refuse_leftover_temps(const std::filesystem::path& out, const std::vector<std::string>& entries, bool others,
-                           bool append);
+// part of the dataset. They are not deleted here: this process did not create them.
+// `has_dataset`: the folder holds a dataset.json (what --append adds to); `append`: the call is an --append.
+void refuse_leftover_temps(const std::filesystem::path& out, const std::vector<std::string>& entries,
+                           bool has_dataset, bool append);
 
 }  // namespace moe

@@ -149,7 +149,7 @@ TokenScan scan_tokens(const TokenArray& file, int64_t vocab_size) {
   const bool check_vocab = !(file.dtype() == TokenDType::U16 && vocab_size > 65535);
   std::vector<XXH64_hash_t> chunk_sums(static_cast<size_t>(chunks));
   int64_t first_bad = n;
-#pragma omp parallel for schedule(dynamic, 4) reduction(min : first_bad)
+#pragma omp parallel for schedule(dynamic, 1) reduction(min : first_bad)  // a chunk each: small files spread too
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t begin = c * per_chunk, end = std::min(n, begin + per_chunk);
     chunk_sums[static_cast<size_t>(c)] =

@@ -20,6 +20,7 @@
 #include "moe/comm/agreed_outcome.h"
 #include "moe/core/device.h"
 #include "moe/core/gpu_power.h"
+#include "moe/core/local_rank.h"
 #include "moe/core/rng.h"
 #include "moe/core/wall_clock.h"
 #include "moe/data/eval_windows.h"
@@ -71,7 +72,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       // size cannot run) are printed once (agreed_outcome.h).
       data_(agree_on_outcome(world,
                              [&] {
-                               set_folder_wait_notices(world.rank() == 0);  // one line for the job's wait
+                               // One line per host for a wait there (node-local folders wait apart).
+                               set_folder_wait_notices(world.rank() == 0 || local_rank() == 0);
                                return TokenDataset::open(cfg.data, cfg.model.vocab_size, cfg.model.eos_token_id);
                              })),
       state_("model state", dev_),
