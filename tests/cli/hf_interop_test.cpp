@@ -381,6 +381,14 @@ TEST_F(HfInterop, export_refuses_a_model_with_a_selection_bias) {
   ASSERT_EQ(moetrain(tiny_train({"--steps", "1"}, sets)).exit_code, 0);
   expect_error(moetrain({"export-hf", path("biased"), path("hf")}), {"bias_update_rate"});
   EXPECT_FALSE(fs::exists(path("hf")));
+  // A run started from it with --init-from keeps the bias but no longer updates it: its export
+  // loaded and routed differently, without a word. Refused by the bias's values.
+  std::vector<std::string> ft = tiny_sets();
+  ft.push_back("run.dir=" + path("ft"));
+  ft.push_back("run.device=cpu");
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "1", "--init-from", path("biased")}, ft)).exit_code, 0);
+  expect_error(moetrain({"export-hf", path("ft"), path("hf")}), {"router_bias that is not zero", "--init-from"});
+  EXPECT_FALSE(fs::exists(path("hf")));
 }
 
 TEST_F(HfInterop, import_refuses_a_non_empty_output_and_leaves_it_alone) {

@@ -43,6 +43,24 @@ struct HfTensor {
   }
 };
 
+// The selection bias decides which experts a token reaches, and OlmoeForCausalLM has none: a
+// checkpoint whose bias is not zero is refused, also when its config no longer updates it (a run
+// started with --init-from from one that did keeps the bias with model.bias_update_rate = 0; its
+// export loaded and evaluated, routing differently, without a word).
+void check_router_bias_is_zero(const CheckpointReader& ckpt) {
+  if (!ckpt.has("router_bias")) return;
+  int64_t n = 1;
+  for (int64_t d : ckpt.global_shape("router_bias")) n *= d;
+  std::vector<float> bias(static_cast<size_t>(n));
+  ckpt.read("router_bias", DType::F32, 0, n, bias.data());
+  const auto nonzero = std::find_if(bias.begin(), bias.end(), [](float b) { return b != 0.0f; });
+  MOE_CHECK(nonzero == bias.end(), "export-hf: checkpoint ", ckpt.dir(), " holds a router_bias that is not zero (",
+            *nonzero, " at element ", nonzero - bias.begin(), " of ", n,
+            "): the auxiliary-loss-free selection bias decides which experts a token reaches, and OlmoeForCausalLM "
+            "has none, so the export would route differently (a run started with --init-from from a run with "
+            "model.bias_update_rate > 0 keeps its bias)");
+}
+
 // Expert tensors are stored fused ([N, 2H, D] gate rows first, [N, D, H]); the Hub layout has
 // one gate_proj [H, D], up_proj [H, D] and down_proj [D, H] per expert.
 std::vector<HfTensor> hf_tensors(const ModelConfig& mc, const CheckpointReader& ckpt) {
@@ -133,6 +151,7 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
            " (routes past an expert's capacity were dropped); OlmoeForCausalLM drops none, so its outputs differ "
            "where training dropped routes";
   if (dtype == DType::BF16) hf_config["torch_dtype"] = "bfloat16";  // from_pretrained(dtype="auto") keeps BF16
+  check_router_bias_is_zero(ckpt);
   const std::vector<HfTensor> tensors = hf_tensors(cfg.model, ckpt);
 
   int64_t total_bytes = 0;
