@@ -1,8 +1,11 @@
 // moetrain export-hf and import-hf: a checkpoint to and from a Hugging Face OLMoE directory.
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,12 +63,24 @@ struct ImportArgs {
   std::string hf_dir, out;
 };
 
+// A path as one shell word: as it is when it holds only plain characters, else in single quotes
+// (the printed command is meant to be pasted; "io/my run" split into two arguments).
+std::string shell_word(const std::string& s) {
+  const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("/._-+:=@%,", c) != nullptr;
+  });
+  if (plain) return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 int run_import(const ImportArgs& a) {
   const moe::ImportResult r = moe::import_hf(a.hf_dir, a.out, progress_lines("import-hf", "of weights read"));
   std::printf("imported %ld tensors (%s expert layout) into %s\n  config: %s\n  AdamW moments start at zero.\n"
               "  continue with: moetrain train --config %s --resume %s\n",
               static_cast<long>(r.tensors), r.fused_experts ? "fused" : "per-expert", r.checkpoint_dir.c_str(),
-              r.config_path.c_str(), r.config_path.c_str(), r.checkpoint_dir.c_str());
+              r.config_path.c_str(), shell_word(r.config_path).c_str(), shell_word(r.checkpoint_dir).c_str());
   return 0;
 }
 

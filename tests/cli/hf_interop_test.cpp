@@ -391,6 +391,43 @@ TEST_F(HfInterop, export_refuses_a_model_with_a_selection_bias) {
   EXPECT_FALSE(fs::exists(path("hf")));
 }
 
+// Outputs spelled "hf/" or "hf/." are the folder "hf" (export built its temporary folder inside the
+// output and failed at the final rename, after all the work); "." is refused before any work (the
+// import failed at its rename); a folder named with characters a run's name cannot hold gets a
+// name it can (config.toml said name = "my run", which every later start refused), and the
+// printed command quotes the path; paths that are not UTF-8, which the checkpoints record as
+// text, are refused before anything is written (the import failed after its rank file, a run
+// --init-from one after its steps, at the first save).
+TEST_F(HfInterop, output_and_source_paths_are_checked_before_the_work) {
+  ASSERT_EQ(moetrain({"export-hf", run_dir(), path("ex/slash/")}).exit_code, 0);
+  EXPECT_TRUE(fs::exists(path("ex/slash/config.json")));
+  ASSERT_EQ(moetrain({"export-hf", run_dir(), path("ex/dot/.")}).exit_code, 0);
+  EXPECT_TRUE(fs::exists(path("ex/dot/config.json")));
+  fs::create_directories(path("empty"));
+  const std::string in_empty = "cd '" + path("empty") + "' && '" MOE_BINARY_DIR "/moetrain' import-hf ../ex/slash .";
+  const CliRun dot = run({"/bin/bash", "-c", in_empty});
+  expect_error(dot, {"output '.' names the current folder"});
+  EXPECT_TRUE(fs::is_empty(path("empty")));
+
+  const CliRun spaced = moetrain({"import-hf", path("ex/slash"), path("my run")});
+  ASSERT_EQ(spaced.exit_code, 0) << spaced.err;
+  EXPECT_NE(spaced.out.find("--config '" + path("my run") + "/config.toml'"), std::string::npos) << spaced.out;
+  const CliRun evaluated = moetrain({"eval", "--checkpoint", path("my run/step-000000"), "--data", "synthetic",
+                                     "--tokens", "2048", "--set", "run.device=\"cpu\""});
+  EXPECT_EQ(evaluated.exit_code, 0) << evaluated.err;
+
+  const std::string odd = path("bad\xffname");
+  fs::copy(path("ex/slash"), odd);
+  expect_error(moetrain({"import-hf", odd, path("io")}), {"is not valid UTF-8", "bad\\xffname"});
+  EXPECT_FALSE(fs::exists(path("io")));
+  expect_error(moetrain({"import-hf", path("ex/slash"), path("out\xff")}), {"is not valid UTF-8"});
+  std::vector<std::string> sets = tiny_sets();
+  sets.push_back("run.dir=" + path("ft"));
+  const CliRun init = moetrain(tiny_train({"--steps", "1", "--init-from", odd}, sets));
+  expect_error(init, {"--init-from", "is not valid UTF-8"});
+  EXPECT_FALSE(fs::exists(path("ft")));
+}
+
 TEST_F(HfInterop, import_refuses_a_non_empty_output_and_leaves_it_alone) {
   ASSERT_EQ(moetrain({"export-hf", run_dir(), path("hf")}).exit_code, 0);
   expect_error(moetrain({"import-hf", path("hf"), run_dir()}), {run_dir(), "not empty"});

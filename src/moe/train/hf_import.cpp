@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/ckpt/durable_file.h"
 #include "moe/core/error.h"
+#include "moe/core/printable.h"
 #include "moe/core/interrupt_guard.h"
 #include "moe/model/weights.h"
 #include "moe/train/config.h"
@@ -89,10 +91,23 @@ class StagedRunDir {
   bool committed_ = false;
 };
 
+// A run's name from its folder's: run.dir is given, so any plain name serves, but config.toml's
+// name must be one (letters, digits, '.', '_', '-'): other characters become '_' (a folder
+// "my run" gave name = "my run", which every later start refused).
+std::string run_name_of(const std::string& folder) {
+  std::string name = folder;
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
+  return name;
+}
+
 ImportResult import_checked(const std::string& hf_dir, const std::string& out_run_dir, std::string& doing,
                             const HfProgress& progress) {
-  fs::path out = fs::path(out_run_dir).lexically_normal();
-  if (!out.has_filename()) out = out.parent_path();  // "run/" names "run"
+  const fs::path out = output_folder(out_run_dir, "import-hf");  // "run/" names "run"; "." is refused
+  // The source is recorded in train_state.json (JSON text): a path that is not UTF-8 failed there,
+  // after the rank file was written.
+  MOE_CHECK(is_valid_utf8(hf_dir), "import-hf: the model folder '", printable(hf_dir),
+            "' is not valid UTF-8 (the checkpoint records it as UTF-8 text); rename it or link it under a UTF-8 name");
   std::error_code ec;
   const std::string inside = enclosing_checkpoint(out.string());
   MOE_CHECK(inside.empty(), "import-hf: output '", out_run_dir, "' is inside the checkpoint ", inside,
@@ -152,10 +167,12 @@ ImportResult import_checked(const std::string& hf_dir, const std::string& out_ru
   };
 
   Config cfg;
-  cfg.name = out.filename().string();
+  cfg.name = run_name_of(out.filename().string());
   cfg.model = mc;
   // Absolute, so the printed "continue with" command works from any directory.
   cfg.run.dir = fs::absolute(out).lexically_normal().string();
+  MOE_CHECK(is_valid_utf8(cfg.run.dir), "import-hf: the output's absolute path '", printable(cfg.run.dir),
+            "' is not valid UTF-8 (config.toml records it as run.dir); choose a UTF-8 path");
   const std::string config_text = config_to_toml(cfg);
   json st;
   st["step"] = 0;

@@ -17,6 +17,7 @@
 #include "moe/ckpt/safetensors.h"
 #include "moe/core/arena.h"
 #include "moe/core/error.h"
+#include "moe/core/printable.h"
 #include "moe/core/interrupt_guard.h"
 #include "moe/model/weights.h"
 #include "moe/train/config.h"
@@ -113,8 +114,23 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& mc, const CheckpointReader& 
 
 }  // namespace
 
-ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, int64_t max_shard_bytes,
+std::string output_folder(const std::string& path, const char* command) {
+  MOE_CHECK(!path.empty(), command, ": the output path is empty");
+  MOE_CHECK(is_valid_utf8(path), command, ": output '", printable(path),
+            "' is not valid UTF-8 (moetrain records paths as UTF-8 text); choose a UTF-8 name");
+  fs::path p = fs::path(path).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path() && p != p.root_path()) p = p.parent_path();  // "hf/" names "hf"
+  const std::string name = p.filename().string();
+  MOE_CHECK(name != "." && name != ".." && !name.empty(), command, ": output '", path,
+            "' names the current folder, its parent or the root; give the new folder's own name (from its parent "
+            "folder)");
+  return p.string();
+}
+
+ExportResult export_hf(const std::string& checkpoint, const std::string& out_arg, int64_t max_shard_bytes,
                        const std::vector<std::string>& tokenizer_files, DType dtype, const HfProgress& progress) {
+  // "hf/" or "hf/." built the temporary folder inside the output and failed at the final rename.
+  const std::string out_dir = output_folder(out_arg, "export-hf");
   MOE_CHECK(max_shard_bytes > 0, "export-hf: the shard size (--max-shard-gb) must be > 0");
   MOE_CHECK(dtype == DType::F32 || dtype == DType::BF16, "export-hf: the dtype must be F32 or BF16, got ",
             dtype_name(dtype));

@@ -38,6 +38,12 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_dir
                        const std::vector<std::string>& tokenizer_files = {}, DType dtype = DType::F32,
                        const HfProgress& progress = {});
 
+// The folder an output path names, lexically normal and without a trailing separator ("hf/" and
+// "hf/." name "hf"); refused, naming `command` and the path, when that is "." or ".." (the
+// current folder or its parent cannot be renamed into place) or not valid UTF-8 (the import
+// records its output in config.toml, the export's notes name it).
+std::string output_folder(const std::string& path, const char* command);
+
 struct ImportResult {
   std::string checkpoint_dir;  // <out>/step-000000
   std::string config_path;     // <out>/config.toml (the model from config.json, the rest defaults)

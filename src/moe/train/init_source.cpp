@@ -7,6 +7,7 @@
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/core/device.h"
 #include "moe/core/error.h"
+#include "moe/core/printable.h"
 #include "moe/train/run_dir.h"
 
 namespace fs = std::filesystem;
@@ -51,7 +52,13 @@ std::string init_from_conflict(const std::string& init_from, const std::string& 
 
 std::string InitSource::resolve(const std::string& path) {
   std::error_code ec;
-  MOE_CHECK(fs::exists(path, ec), "--init-from ", path, ": no such file or directory");
+  MOE_CHECK(fs::exists(path, ec), "--init-from ", printable(path), ": no such file or directory");
+  // Every checkpoint of the run records the source's absolute path in train_state.json (JSON
+  // text): one that is not UTF-8 failed the first save, after the steps before it had run.
+  const std::string absolute = fs::absolute(path, ec).lexically_normal().string();
+  MOE_CHECK(is_valid_utf8(absolute), "--init-from ", printable(absolute),
+            ": the path is not valid UTF-8 (every checkpoint records it as UTF-8 text); rename it or link it under "
+            "a UTF-8 name");
   MOE_CHECK(fs::is_directory(path, ec), "--init-from ", path, " is not a directory; give a checkpoint (step-*), a run ",
             "directory or a Hugging Face model folder (config.json with model.safetensors)");
   if (HfModel::is_hf_folder(path) && !fs::exists(fs::path(path) / "index.json", ec)) return path;
