@@ -428,6 +428,24 @@ TEST_F(HfInterop, output_and_source_paths_are_checked_before_the_work) {
   EXPECT_FALSE(fs::exists(path("ft")));
 }
 
+// train_state.json records the model twice: a start that loads the checkpoint compares its
+// "model_config", the export read only "config", so an edited config exported another model (a
+// rope_theta here) where eval refused the checkpoint. Now the export compares the two.
+TEST_F(HfInterop, export_refuses_a_train_state_whose_two_model_records_differ) {
+  const std::string step = run_dir() + "/step-000002", edited = path("edited");
+  fs::copy(step, edited);
+  nlohmann::json st = nlohmann::json::parse(read_file(edited + "/train_state.json"));
+  std::string config = st["config"].get<std::string>();
+  const size_t at = config.find("rope_theta = ");
+  ASSERT_NE(at, std::string::npos);
+  config.replace(at, config.find('\n', at) - at, "rope_theta = 123456.0");
+  st["config"] = config;
+  write_file(edited + "/train_state.json", st.dump());
+  expect_error(moetrain({"export-hf", edited, path("hf")}),
+               {"records two different models", "model.rope_theta = 123456 in its config"});
+  EXPECT_FALSE(fs::exists(path("hf")));
+}
+
 TEST_F(HfInterop, import_refuses_a_non_empty_output_and_leaves_it_alone) {
   ASSERT_EQ(moetrain({"export-hf", run_dir(), path("hf")}).exit_code, 0);
   expect_error(moetrain({"import-hf", path("hf"), run_dir()}), {run_dir(), "not empty"});

@@ -158,6 +158,15 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_arg
   const std::string dir = resolve_checkpoint(checkpoint);
   CheckpointReader ckpt(dir);
   const Config cfg = parse_stored_config(ckpt.train_state_string("config"), dir + "/train_state.json");
+  // The model is recorded twice in train_state.json; a start that loads the checkpoint compares
+  // "model_config" (eval refused an edited one), so the export does too rather than describe a
+  // model from the other record.
+  if (ckpt.train_state().contains("model_config")) {
+    const Config stored = parse_config(ckpt.train_state_string("model_config"), dir + "/train_state.json");
+    const std::string diff = config_differences(cfg, stored, "model", "its config", "its model_config");
+    MOE_CHECK(diff.empty(), "export-hf: ", dir, "/train_state.json records two different models:", diff,
+              "; the checkpoint was edited or damaged");
+  }
   nlohmann::json hf_config = olmoe_hf_config(cfg.model);
   const std::string tokenizer_note = check_tokenizer_files_fit(tokenizer_files, cfg.model.vocab_size);
   std::string note;
