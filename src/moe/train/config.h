@@ -94,6 +94,9 @@ struct EvalConfig {
   std::vector<EvalSetConfig> sets;  // named validation sets, besides the held-out tail of the training data
 };
 
+// The characters of a run's name (Config::name, which becomes the folder runs/<name>).
+inline constexpr const char* kRunNameCharacters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-";
+
 struct Config {
   std::string name = "tiny";
   ModelConfig model;

@@ -84,8 +84,7 @@ void Config::validate(int64_t dp) const {
             " is not a device's peak: give its TFLOP/s (at least 1e-6), or 0 for the device's default");
   // The name becomes a folder (runs/<name>) when run.dir is empty.
   MOE_CHECK(!name.empty() && name != "." && name != ".." &&
-                name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") ==
-                    std::string::npos,
+                name.find_first_not_of(kRunNameCharacters) == std::string::npos,
             "name = \"", name, "\" must be a plain folder name (letters, digits, '.', '_', '-'): run.dir defaults to "
             "runs/<name>");
   MOE_CHECK(run.dir.empty() || run.dir[0] != '~', "run.dir = \"", run.dir,

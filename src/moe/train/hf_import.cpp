@@ -9,7 +9,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -96,8 +95,9 @@ class StagedRunDir {
 // "my run" gave name = "my run", which every later start refused).
 std::string run_name_of(const std::string& folder) {
   std::string name = folder;
-  for (char& c : name)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
+  for (size_t at = name.find_first_not_of(kRunNameCharacters); at != std::string::npos;
+       at = name.find_first_not_of(kRunNameCharacters, at + 1))
+    name[at] = '_';
   return name;
 }
 
