@@ -91,6 +91,7 @@ int run_eval(const EvalArgs& a, Job& job) {
   opts.checkpoint = ckpt;
   opts.bench = true;
   opts.quiet = true;
+  opts.evaluation_only = true;  // the weights only: a model is evaluated where it could not be trained
   moe::Trainer trainer(cfg, opts, world);
   // Whole windows of seq_len predicted tokens, at most --tokens of them (EvalWindows takes whole
   // windows itself; the synthetic corpus's path would round a partial window up).

@@ -32,6 +32,7 @@ struct PlanArgs {
   double memory_gib = 0;
   std::string device, hardware, json;
   bool search = false;
+  bool eval = false;  // plan `moetrain eval` of the config: the weights only
 };
 
 // --gpu-memory: a decimal number of GiB in range. CLI11 read "0x10" as 16 and "inf" and "nan" as
@@ -48,7 +49,7 @@ const CLI::Validator kGiB(
 
 int run_plan(const PlanArgs& a) {
   // The run's own planning code on stand-in ranks (memory_plan.h): nothing is allocated.
-  const moe::Config cfg = a.config.load();
+  moe::Config cfg = a.config.load();
   // Without --device, the config's run.device; auto is the GPU in a CUDA build, as a run on a GPU machine.
 #if defined(MOE_HAVE_CUDA)
   const bool built_with_cuda = true;
@@ -67,6 +68,11 @@ int run_plan(const PlanArgs& a) {
   std::vector<std::string> predicting;
   for (const char* flag : {"--hardware", "--search", "--nodes", "--json"})
     if (a.cmd->count(flag)) predicting.emplace_back(flag);
+  if (!predicting.empty() && a.eval) {
+    std::fprintf(stderr, "error: --eval plans an evaluation's memory; %s predict%s a training step: drop one\n",
+                 predicting[0].c_str(), predicting.size() == 1 ? "s" : " (as the other prediction flags do)");
+    return kUsageError;
+  }
   if (!predicting.empty() && !gpu) {
     std::string flags;
     for (size_t i = 0; i < predicting.size(); ++i)
@@ -132,6 +138,14 @@ int run_plan(const PlanArgs& a) {
     moe::check_topology(c.topo, hw);
   }
   // Built whole before printing: a config this size cannot run is an error with nothing printed.
+  if (a.eval) {
+    // As `moetrain eval` runs it: one microbatch per rank at a time.
+    cfg.train.global_batch_size = cfg.train.micro_batch_size * a.gpus;
+    std::printf("%s", moe::plan_report(cfg, a.gpus, gpu ? moe::Device::CUDA : moe::Device::CPU,
+                                       static_cast<size_t>(gib * (1u << 30)), moe::StoreUse::Evaluation)
+                          .c_str());
+    return 0;
+  }
   const std::string memory_plan = moe::plan_report(cfg, a.gpus, gpu ? moe::Device::CUDA : moe::Device::CPU,
                                                    static_cast<size_t>(gib * (1u << 30)));
   if (gpu) c.prediction = moe::predict_step(cfg, c.topo, hw);
@@ -180,6 +194,9 @@ Command add_plan_command(CLI::App& app) {
   plan->add_flag("--search", a->search,
                  "rank every layout the trainer runs on --gpus (DDP with each EP, FSDP) by predicted tokens/s per "
                  "GPU, each with its memory and the memory levers it needs to fit");
+  plan->add_flag("--eval", a->eval,
+                 "plan `moetrain eval` of the config instead of training it: the weights only, no gradients or "
+                 "optimizer state, one microbatch per rank");
   plan->add_option("--json", a->json, "also write the prediction (or the ranked search) to this JSON file")
       ->check(kNonEmpty);
   return {plan, [a](Job&) { return run_plan(*a); }, /*agreed_flags=*/nullptr, /*one_process=*/true};

@@ -214,4 +214,40 @@ TEST_F(DataCliTest, eval_tokens_is_a_ceiling_and_a_number_out_of_range_is_a_usag
   EXPECT_EQ(evaluated({"--tokens", "9223372036854775807"}), evaluated({}));  // the largest int64: all
 }
 
+// eval holds the checkpoint's weights only (no gradients, no optimizer state): a checkpoint that
+// could not be trained further in some memory is evaluated there. MOE_TEST_MEMORY_MIB stands in
+// for a smaller machine. Training needs ~111 MiB here (27 MiB of weights, 81 MiB of gradients
+// and moments); the evaluation ~30 MiB, which `plan --eval` states.
+TEST_F(DataCliTest, eval_holds_the_weights_only_and_runs_where_training_the_checkpoint_does_not_fit) {
+  std::vector<std::string> sets = tiny_sets();
+  sets.insert(sets.end(), {"model.hidden_size=256", "model.intermediate_size=512"});
+  ASSERT_EQ(moetrain(tiny_train({}, sets)).exit_code, 0);
+  const auto with_memory = [&](const std::string& mib, const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {"/usr/bin/env", "MOE_TEST_MEMORY_MIB=" + mib, MOE_BINARY_DIR "/moetrain"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run(argv);
+  };
+  std::vector<std::string> resume = tiny_train({"--resume", "latest", "--steps", "2"}, sets);
+  expect_error(with_memory("100", resume), {"the run needs", "optim.moment_dtype"}, /*one_line=*/false);
+  const CliRun eval = with_memory("100", {"eval", "--checkpoint", run_dir(), "--data", "synthetic"});
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  EXPECT_NE(eval.out.find("mean loss"), std::string::npos) << eval.out;
+
+  // Below the evaluation's own need: refused with the weights' figures, no optimizer lever offered.
+  const CliRun small = with_memory("20", {"eval", "--checkpoint", run_dir(), "--data", "synthetic"});
+  expect_error(small, {"the evaluation needs", "no gradients or optimizer state", "plan --eval"}, false);
+  EXPECT_EQ(small.err.find("moment_dtype"), std::string::npos) << small.err;
+  // `plan --eval` of the same model plans the figure the evaluation was refused with.
+  const std::string needs = "the evaluation needs ";
+  const size_t at = small.err.find(needs);
+  ASSERT_NE(at, std::string::npos);
+  const std::string figure = small.err.substr(at + needs.size(), small.err.find(" per rank", at) - at - needs.size());
+  std::vector<std::string> plan = {"plan", "--eval", "--gpu-memory", "0.02"};
+  for (const std::string& s : sets) plan.insert(plan.end(), {"--set", s});
+  const CliRun planned = moetrain(plan);
+  ASSERT_EQ(planned.exit_code, 0) << planned.err;
+  EXPECT_NE(planned.out.find("evaluation plan of"), std::string::npos) << planned.out;
+  EXPECT_NE(planned.out.find(" " + figure + "  NO"), std::string::npos) << figure << "\n" << planned.out;
+}
+
 }  // namespace

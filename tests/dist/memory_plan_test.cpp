@@ -92,6 +92,44 @@ TEST_F(MemoryPlan, EachRanksPlanEqualsTheArenasOfTheRealRun) {
   }
 }
 
+// `moetrain eval`'s trainer (TrainOptions::evaluation_only) holds the weights alone: its plan is
+// its arenas, byte for byte, with no gradients and no optimizer state, on every topology eval
+// runs (DDP with EP, the FSDP baseline, pipeline stages, FP8), and it evaluates what a training
+// trainer with the same weights does, bit for bit.
+TEST_F(MemoryPlan, AnEvaluationPlansItsWeightsAloneAndEvaluatesAsTrainingDoes) {
+  const int P = world_->size();
+  std::vector<std::vector<std::string>> variants = {{}, {"parallel.mode=\"fsdp\""}, {"train.precision=\"fp8\""}};
+  if (P > 1) {
+    variants.push_back({"parallel.ep=2"});
+    variants.push_back({"parallel.ep=2", "train.precision=\"fp8\"", "ep.payload=\"fp8\""});
+    variants.push_back({"parallel.pp=2"});
+  }
+  TrainOptions training, evaluation;
+  training.quiet = training.bench = true;
+  evaluation = training;
+  evaluation.evaluation_only = true;
+  for (const auto& v : variants) {
+    std::vector<std::string> o = base(P);
+    o.insert(o.end(), v.begin(), v.end());
+    std::string what = "rank " + std::to_string(world_->rank()) + " of " + std::to_string(P) + ":";
+    for (const auto& s : v) what += " " + s;
+    const Config cfg = load_config("tiny", o);
+    Trainer train(cfg, training, *world_);
+    Trainer eval(cfg, evaluation, *world_);
+    const MemoryRoles e = eval.memory_plan(), t = train.memory_plan();
+    expect_equal(plan_rank(cfg, P, world_->rank(), Device::CPU, StoreUse::Evaluation), e, what);
+    EXPECT_EQ(e.gradients, 0u) << what;
+    EXPECT_EQ(e.optimizer, 0u) << what;
+    EXPECT_GT(t.gradients + t.optimizer, 0u) << what;
+    EXPECT_EQ(e.parameters, t.parameters) << what;
+    EXPECT_EQ(e.activations, t.activations) << what;
+    const EvalReport a = train.evaluate_data("synthetic", 0), b = eval.evaluate_data("synthetic", 0);
+    EXPECT_GT(a.tokens, 0) << what;
+    EXPECT_EQ(b.tokens, a.tokens) << what;
+    EXPECT_EQ(b.mean_loss, a.mean_loss) << what;
+  }
+}
+
 TEST_F(MemoryPlan, TheOptionsOfAConfigThatDoesNotFitAreThePlansOfTheConfigsTheyName) {
   const int P = world_->size();
   const Config cfg = load_config("tiny", base(P));

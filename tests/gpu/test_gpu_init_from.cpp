@@ -4,6 +4,7 @@
 // BF16). Skipped with the reason where no GPU is usable.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,42 @@ TEST(GpuInitFrom, ACpuCheckpointAndItsExportStartGpuRunsWithItsExactWeights) {
       ASSERT_EQ(s.first_step, 0);
       EXPECT_NEAR(s.steps.at(0).loss, cpu_loss, 3e-2 * cpu_loss);
     }
+}
+
+// `moetrain eval` on the GPU (TrainOptions::evaluation_only): a store of the weights alone (the
+// BF16 copy, or in FP8 the FP8 caches and the compact BF16 copy) reads a CPU checkpoint and
+// evaluates it as a training store does (same kernels on the same weights: within 1e-5), with no
+// gradients or optimizer state planned, and within BF16 tolerance of the CPU's loss.
+TEST(GpuEvaluation, AStoreOfTheWeightsAloneEvaluatesACheckpointAsATrainingStoreDoes) {
+  MOE_SKIP_WITHOUT_GPU();
+  testing::TempDir src;
+  TrainOptions quiet;
+  quiet.quiet = true;
+  const std::vector<std::string> shape = {"model.hidden_size=128", "model.intermediate_size=128"};
+  std::vector<std::string> train = shape;
+  train.push_back("train.steps=3");
+  Trainer(gpu_config(src.path, "cpu", train), quiet, testing::local_world()).run();
+  TrainOptions training;
+  training.quiet = training.bench = true;
+  training.checkpoint = std::make_shared<const CheckpointReader>(src.path + "/step-000003");
+  TrainOptions evaluation = training;
+  evaluation.evaluation_only = true;
+  const double cpu_loss =
+      Trainer(gpu_config(src.path + "-unused", "cpu", shape), evaluation, testing::local_world()).microbatch_loss(0);
+  for (const char* extra : {"parallel.mode=\"ddp\"", "train.precision=\"fp8\"", "parallel.mode=\"fsdp\""}) {
+    SCOPED_TRACE(extra);
+    std::vector<std::string> o = shape;
+    o.push_back(extra);
+    const Config cfg = gpu_config(src.path + "-unused", "cuda", o);
+    Trainer t(cfg, training, testing::local_world()), e(cfg, evaluation, testing::local_world());
+    ASSERT_EQ(e.device(), Device::CUDA);
+    EXPECT_EQ(e.memory_plan().gradients, 0u);
+    EXPECT_EQ(e.memory_plan().optimizer, 0u);
+    EXPECT_GT(t.memory_plan().gradients, 0u);
+    const double a = t.microbatch_loss(0), b = e.microbatch_loss(0);
+    EXPECT_NEAR(b, a, 1e-5 * a);
+    EXPECT_NEAR(b, cpu_loss, 3e-2 * cpu_loss);
+  }
 }
 
 }  // namespace

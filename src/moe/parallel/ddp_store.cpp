@@ -9,10 +9,12 @@
 namespace moe {
 
 DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh& mesh, Arena& arena,
-                   DType moment_dtype, Precision precision, GradReduceOptions reduce)
+                   DType moment_dtype, Precision precision, GradReduceOptions reduce, StoreUse use)
     : cfg_(cfg), reg_(reg), mesh_(mesh), arena_(arena) {
+  // An evaluation keeps the FP32 weights too: they are what a checkpoint holds and what the compute
+  // copies are derived from (checkpoints are read in place into them).
   params_ = arena.reserve("parameters", DType::F32, {reg.total_numel()});
-  grads_slot_ = arena.reserve("gradients", DType::F32, {reg.total_numel()});
+  if (use == StoreUse::Training) grads_slot_ = arena.reserve("gradients", DType::F32, {reg.total_numel()});
   // On the GPU the model reads BF16 compute weights, refreshed from the FP32 main weights after
   // every change to them (BF16 compute, FP32 main weights, gradients and moments). In FP8 the
   // quantized matrices are read only through their FP8 caches, so the BF16 copy holds the rest
@@ -24,10 +26,18 @@ DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh&
   const int64_t compute_numel =
       reg.total_numel() - (compact_compute_ ? fp8_quantized_numel(cfg, local_experts, held) : 0);
   if (has_compute_copy_) compute_ = arena.reserve("compute_weights", DType::BF16, {compute_numel});
-  optimizer_ = std::make_unique<DistributedAdamW>(reg, mesh, arena, moment_dtype, reduce.bucket_bytes, reduce.overlap);
+  if (use == StoreUse::Training)
+    optimizer_ =
+        std::make_unique<DistributedAdamW>(reg, mesh, arena, moment_dtype, reduce.bucket_bytes, reduce.overlap);
   if (precision == Precision::FP8) fp8_ = std::make_unique<Fp8WeightCache>(cfg, local_experts, arena, held);
   buckets_completed_by_block_.assign(static_cast<size_t>(cfg.num_hidden_layers) + 2, {});
-  if (optimizer_->overlaps_reduction()) plan_bucket_starts();
+  if (optimizer_ && optimizer_->overlaps_reduction()) plan_bucket_starts();
+}
+
+DistributedAdamW& DdpStore::training_optimizer(const char* call) const {
+  MOE_CHECK(optimizer_, "DdpStore::", call, ": this store holds an evaluation's weights only (no gradients, no "
+            "optimizer state)");
+  return *optimizer_;
 }
 
 // Backward runs blocks L+1 (final norm; the LM head's gradient is written in the forward) down to
@@ -68,7 +78,7 @@ void DdpStore::after_backward(int block) {
 
 void DdpStore::bind() {
   if (bound_) return;
-  grads_ = bind_weights(cfg_, reg_, grads_flat());
+  if (optimizer_) grads_ = bind_weights(cfg_, reg_, grads_flat());
   master_ = bind_weights(cfg_, reg_, params());
   if (compact_compute_)
     bind_compact_copy();
@@ -143,7 +153,8 @@ void DdpStore::refresh_fp8_weights() {
 
 void DdpStore::zero_grads(bool experts_written) {
   bind();
-  optimizer_->finish_reductions();  // none is left after a step; a caller without one must not race them
+  // None is left after a step; a caller without one must not race them.
+  training_optimizer("zero_grads").finish_reductions();
   const Tensor g = grads_flat();
   if (!experts_written) return fill_zero(g);
   // The flat buffer is [dense region | expert region]: only the dense region is zeroed.
@@ -159,16 +170,18 @@ void DdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step
   // One rank: the update writes the compute weights in its own pass over the FP32 weights (the BF16
   // copy, and in FP8 the quantized matrices' caches), once per step. Several ranks: the gathered
   // weights arrive after the update, so they are refreshed from them here.
-  if (!optimizer_->enqueue_step(params(), grads_flat(), cfg, max_norm, step, schedule, update_outputs_))
+  if (!training_optimizer("enqueue_step").enqueue_step(params(), grads_flat(), cfg, max_norm, step, schedule,
+                                                       update_outputs_))
     refresh_compute_weights();
 }
 
 ParamStore::StepResult DdpStore::last_step() const {
-  return optimizer_->last_result();
+  return training_optimizer("last_step").last_result();
 }
 
 void DdpStore::reduced_gradients(const GradientFn& fn) {
-  optimizer_->finish_reductions();  // reductions the hooks started read the buffer reduced in place here
+  // Reductions the hooks started read the buffer reduced in place here.
+  training_optimizer("reduced_gradients").finish_reductions();
   reduce_in_backward_ = false;
   const Tensor g = grads_flat();
   for (ReplicaGroup group : {ReplicaGroup::Dense, ReplicaGroup::Expert}) {
@@ -190,6 +203,7 @@ void DdpStore::reduced_gradients(const GradientFn& fn) {
 }
 
 std::vector<CheckpointSlice> DdpStore::checkpoint_slices() const {
+  DistributedAdamW& optimizer = training_optimizer("checkpoint_slices");
   std::vector<CheckpointSlice> out;
   const Tensor p = params();
   // Weights: each logical element is written by exactly one rank — dense parameters by rank 0,
@@ -203,7 +217,7 @@ std::vector<CheckpointSlice> DdpStore::checkpoint_slices() const {
   }
   // Moments: sharded, so every rank writes its own pieces, in the dtype they are stored in (load()
   // converts, so a checkpoint resumes under either optim.moment_dtype).
-  for (const auto& s : optimizer_->moment_slices()) {
+  for (const auto& s : optimizer.moment_slices()) {
     const ParamEntry& e = *s.entry;
     std::vector<int64_t> shape(e.global_shape.dims.begin(), e.global_shape.dims.begin() + e.global_shape.ndim);
     out.push_back({e.name + ".exp_avg", s.exp_avg.dtype, shape, s.begin, s.end, s.exp_avg.data});
@@ -227,8 +241,8 @@ void DdpStore::load(const CheckpointReader& ckpt) {
     ckpt.read_into(key, begin, end, dst);
   };
   load_weights(read);
-  // Moments saved in either dtype are converted to this run's (read_into).
-  optimizer_->load_moments(read);
+  // Moments saved in either dtype are converted to this run's (read_into); an evaluation has none.
+  if (optimizer_) optimizer_->load_moments(read);
 }
 
 }  // namespace moe

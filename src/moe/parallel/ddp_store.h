@@ -34,16 +34,16 @@ class DdpStore final : public ParamStore, public BlockHooks {
   // the AdamW moments in moment_dtype (F32 or BF16: optim.moment_dtype), and with precision fp8 the
   // FP8 weight caches, refreshed from the FP32 weights after each update, init and load.
   // reduce.overlap: reduce buckets during the last microbatch's backward (collective over the
-  // mesh's groups at construction).
+  // mesh's groups at construction). use = Evaluation: the weights and their caches only.
   DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh& mesh, Arena& arena, DType moment_dtype,
-           Precision precision = Precision::BF16, GradReduceOptions reduce = {});
+           Precision precision = Precision::BF16, GradReduceOptions reduce = {}, StoreUse use = StoreUse::Training);
 
   const ModelWeights& weights() const override { return weights_; }
   const ModelWeights& grads() const override { return grads_; }
   // The hooks only start reductions: nullptr where nothing overlaps (one rank, overlap off).
-  BlockHooks* hooks() override { return optimizer_->overlaps_reduction() ? this : nullptr; }
+  BlockHooks* hooks() override { return optimizer_ && optimizer_->overlaps_reduction() ? this : nullptr; }
   void begin_microbatch(bool last_of_window) override { reduce_in_backward_ = last_of_window && hooks() != nullptr; }
-  double reduction_wait_s() const override { return optimizer_->reduction_wait_s(); }
+  double reduction_wait_s() const override { return optimizer_ ? optimizer_->reduction_wait_s() : 0; }
   const Fp8WeightCache* fp8_weights() const override { return fp8_.get(); }
   void init(uint64_t seed) override;
   void zero_grads(bool experts_written) override;
@@ -66,7 +66,7 @@ class DdpStore final : public ParamStore, public BlockHooks {
   // copy refreshed after every update (in FP8, of the tensors that are not quantized only).
   Tensor params() const { return arena_.get(params_); }
   Tensor grads_flat() const { return arena_.get(grads_slot_); }
-  const DistributedAdamW& optimizer() const { return *optimizer_; }
+  const DistributedAdamW& optimizer() const { return training_optimizer(); }
   // The buckets whose reductions start after block b's backward (with overlap; empty without).
   const std::vector<int>& buckets_started_after(int block) const;
 
@@ -76,6 +76,8 @@ class DdpStore final : public ParamStore, public BlockHooks {
   void bind_compact_copy();        // FP8 on the GPU: the copy holds the unquantized tensors only
   void refresh_compute_weights();  // and the FP8 caches
   void refresh_fp8_weights();
+  // The optimizer, or an error naming `call` for an evaluation's store (it has none).
+  DistributedAdamW& training_optimizer(const char* call = "optimizer") const;
 
   ModelConfig cfg_;
   const ParamRegistry& reg_;
@@ -86,7 +88,7 @@ class DdpStore final : public ParamStore, public BlockHooks {
   bool compact_compute_ = false;  // the copy holds the unquantized tensors only (FP8 on the GPU)
   std::vector<std::pair<Tensor, Tensor>> compute_copies_;  // compact: (FP32 source, BF16 copy) per tensor
   DistributedAdamW::UpdateOutputs update_outputs_;         // what a one-rank update writes (bind())
-  std::unique_ptr<DistributedAdamW> optimizer_;
+  std::unique_ptr<DistributedAdamW> optimizer_;  // null in an evaluation's store (StoreUse::Evaluation)
   std::unique_ptr<Fp8WeightCache> fp8_;  // precision fp8 only
   ModelWeights weights_, grads_, master_;  // master_: FP32 views, what the FP8 caches are quantized from
   bool bound_ = false;

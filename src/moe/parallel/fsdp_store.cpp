@@ -11,8 +11,8 @@
 namespace moe {
 
 FsdpStore::FsdpStore(const ModelConfig& cfg, const ParamRegistry& reg, Communicator& world, Arena& arena,
-                     DType moment_dtype)
-    : cfg_(cfg), reg_(reg), world_(world), arena_(arena) {
+                     DType moment_dtype, StoreUse use)
+    : cfg_(cfg), reg_(reg), world_(world), arena_(arena), training_(use == StoreUse::Training) {
   MOE_CHECK(moment_dtype == DType::F32 || moment_dtype == DType::BF16, "fsdp: moments are F32 or BF16, not ",
             dtype_name(moment_dtype));
   const int nblocks = static_cast<int>(cfg.num_hidden_layers) + 2;
@@ -39,10 +39,11 @@ FsdpStore::FsdpStore(const ModelConfig& cfg, const ParamRegistry& reg, Communica
   compute_ = arena.device() == Device::CUDA ? DType::BF16 : DType::F32;
   w_shard_ = arena.reserve("fsdp.weight_shards", DType::F32, {total_shard});
   if (compute_ == DType::BF16) w_shard_bf16_ = arena.reserve("fsdp.weight_shards_bf16", DType::BF16, {total_shard});
+  gather_w_ = arena.reserve("fsdp.gathered_block_weights", compute_, {P * max_shard});
+  if (!training_) return;  // an evaluation: the weights only
   g_shard_ = arena.reserve("fsdp.grad_shards", DType::F32, {total_shard});
   m_ = arena.reserve("fsdp.exp_avg_shards", moment_dtype, {total_shard});
   v_ = arena.reserve("fsdp.exp_avg_sq_shards", moment_dtype, {total_shard});
-  gather_w_ = arena.reserve("fsdp.gathered_block_weights", compute_, {P * max_shard});
   grad_full_ = arena.reserve("fsdp.block_gradients", DType::F32, {P * max_shard});
   rs_tmp_ = arena.reserve("fsdp.reduce_scatter_out", DType::F32, {max_shard});
   norm_sq_ = arena.reserve("fsdp.grad_norm_sq", DType::F32, {1});
@@ -53,7 +54,7 @@ FsdpStore::FsdpStore(const ModelConfig& cfg, const ParamRegistry& reg, Communica
 void FsdpStore::bind() {
   if (bound_) return;
   MOE_CHECK(arena_.committed(), "fsdp: used before the arena was committed");
-  Tensor gw = arena_.get(gather_w_), gg = arena_.get(grad_full_);
+  const Tensor gw = arena_.get(gather_w_);
   auto into = [&](const Tensor& base) {
     return [&, base](int i) {
       const ParamEntry& e = reg_.entry(i);
@@ -63,8 +64,13 @@ void FsdpStore::bind() {
     };
   };
   weights_ = bind_weights(cfg_, reg_, into(gw));
-  grads_ = bind_weights(cfg_, reg_, into(gg));
+  if (training_) grads_ = bind_weights(cfg_, reg_, into(arena_.get(grad_full_)));
   bound_ = true;
+}
+
+void FsdpStore::check_training(const char* call) const {
+  MOE_CHECK(training_, "FsdpStore::", call, ": this store holds an evaluation's weights only (no gradients, no "
+            "optimizer state)");
 }
 
 Tensor FsdpStore::compute_shards() const {
@@ -104,7 +110,10 @@ void FsdpStore::init(uint64_t seed) {
 }
 
 // The shard mixes the blocks' parameters, experts included: always zeroed whole.
-void FsdpStore::zero_grads(bool /*experts_written*/) { fill_zero(arena_.get(g_shard_)); }
+void FsdpStore::zero_grads(bool /*experts_written*/) {
+  check_training("zero_grads");
+  fill_zero(arena_.get(g_shard_));
+}
 
 void FsdpStore::gather(int block) {
   bind();
@@ -118,11 +127,12 @@ void FsdpStore::gather(int block) {
 void FsdpStore::before_forward(int block) {
   gather(block);
   // The head block's gradients are produced inside the forward (the LM head runs fused with its backward).
-  if (block == static_cast<int>(blocks_.size()) - 1)
+  if (training_ && block == static_cast<int>(blocks_.size()) - 1)
     fill_zero(arena_.get(grad_full_).rows(0, world_.size() * blocks_.back().shard));
 }
 
 void FsdpStore::before_backward(int block) {
+  check_training("before_backward");
   // The embedding's backward only scatters gradient rows; it does not read the table.
   if (block != 0) gather(block);
   fill_zero(arena_.get(grad_full_).rows(0, world_.size() * blocks_[static_cast<size_t>(block)].shard));
@@ -138,6 +148,7 @@ void FsdpStore::after_backward(int block) {
 }
 
 void FsdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t step, Tensor schedule) {
+  check_training("enqueue_step");
   Tensor ws = arena_.get(w_shard_), gs = arena_.get(g_shard_), m = arena_.get(m_), v = arena_.get(v_);
   Tensor norm_sq = arena_.get(norm_sq_);
   fill_zero(norm_sq);
@@ -156,10 +167,12 @@ void FsdpStore::enqueue_step(const AdamWConfig& cfg, float max_norm, int64_t ste
 }
 
 ParamStore::StepResult FsdpStore::last_step() const {
+  check_training("last_step");
   return read_adamw_outcome(arena_.get(norm_sq_));
 }
 
 void FsdpStore::reduced_gradients(const GradientFn& fn) {
+  check_training("reduced_gradients");
   // The hooks already reduce-scattered every block's gradients into the shards.
   const Tensor g = arena_.get(g_shard_);
   std::vector<float> host;
@@ -172,6 +185,7 @@ void FsdpStore::reduced_gradients(const GradientFn& fn) {
 }
 
 std::vector<CheckpointSlice> FsdpStore::checkpoint_slices() const {
+  check_training("checkpoint_slices");
   std::vector<CheckpointSlice> out;
   const Tensor ws = arena_.get(w_shard_), m = arena_.get(m_), v = arena_.get(v_);
   // Moments in the dtype they are stored in (load() converts, so either optim.moment_dtype resumes).
@@ -196,7 +210,8 @@ void FsdpStore::load(const CheckpointReader& ckpt) {
   load_weights([&](const std::string& key, int64_t begin, int64_t end, const Tensor& dst) {
     ckpt.read_into(key, begin, end, dst);
   });
-  // Moments saved in either dtype are converted to this run's (read_into).
+  // Moments saved in either dtype are converted to this run's (read_into); an evaluation has none.
+  if (!training_) return;
   const Tensor m = arena_.get(m_), v = arena_.get(v_);
   for_each_owned_piece([&](int i, int64_t lo, int64_t hi, int64_t at) {
     const std::string& name = reg_.entry(i).name;

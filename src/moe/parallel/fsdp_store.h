@@ -24,8 +24,10 @@ namespace moe {
 class FsdpStore final : public ParamStore, public BlockHooks {
  public:
   // reg must use ParamLayout::ByBlock with all experts on this rank. Reserves in `arena`, the AdamW
-  // moments in moment_dtype (F32 or BF16).
-  FsdpStore(const ModelConfig& cfg, const ParamRegistry& reg, Communicator& world, Arena& arena, DType moment_dtype);
+  // moments in moment_dtype (F32 or BF16). use = Evaluation: the weight shards and the gather
+  // buffer only.
+  FsdpStore(const ModelConfig& cfg, const ParamRegistry& reg, Communicator& world, Arena& arena, DType moment_dtype,
+            StoreUse use = StoreUse::Training);
 
   const ModelWeights& weights() const override { return weights_; }
   const ModelWeights& grads() const override { return grads_; }
@@ -60,7 +62,8 @@ class FsdpStore final : public ParamStore, public BlockHooks {
   void for_each_owned_piece(Fn&& fn) const;
   void bind();
   void gather(int block);
-  Tensor compute_shards() const;  // what gather() sends: the BF16 shard copy on the GPU, else the F32 shards
+  Tensor compute_shards() const;
+  void check_training(const char* call) const;  // an error naming `call` in an evaluation's store  // what gather() sends: the BF16 shard copy on the GPU, else the F32 shards
 
   ModelConfig cfg_;
   const ParamRegistry& reg_;
@@ -71,6 +74,7 @@ class FsdpStore final : public ParamStore, public BlockHooks {
   Arena::Slot w_shard_bf16_;  // GPU only
   DType compute_ = DType::F32;  // the gathered weights' dtype: BF16 on the GPU
   ModelWeights weights_, grads_;
+  bool training_ = true;  // false: an evaluation's store (StoreUse::Evaluation)
   bool bound_ = false;
   int64_t bytes_gathered_ = 0, bytes_reduced_ = 0;
 };

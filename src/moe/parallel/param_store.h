@@ -20,6 +20,13 @@
 
 namespace moe {
 
+// What a store holds: a training run's weights, gradients and optimizer state, or, for an
+// evaluation (`moetrain eval`), the weights alone: no gradient buffers and no optimizer state, so
+// a model is evaluated where it could not be trained. An evaluation's store refuses the training
+// calls (zero_grads, enqueue_step, last_step, reduced_gradients, checkpoint_slices); its load()
+// reads the weights only.
+enum class StoreUse { Training, Evaluation };
+
 class ParamStore {
  public:
   virtual ~ParamStore() = default;

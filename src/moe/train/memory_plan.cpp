@@ -89,25 +89,26 @@ MemoryRoles memory_roles(const Arena& state, const Arena& acts, const RunModel& 
   return m;
 }
 
-MemoryRoles plan_rank(const Config& cfg, int world_size, int rank, Device device) {
+MemoryRoles plan_rank(const Config& cfg, int world_size, int rank, Device device, StoreUse use) {
   cfg.validate(cfg.parallel.dp(world_size));
   PlanCommunicator world(rank, world_size);
   Arena state("model state", device), acts("activations", device);
-  const auto run = build_run_model(cfg, world, device, /*device_collectives=*/device == Device::CUDA, state, acts);
+  const auto run =
+      build_run_model(cfg, world, device, /*device_collectives=*/device == Device::CUDA, state, acts, use);
   return memory_roles(state, acts, *run);
 }
 
-MemoryRoles plan_largest_rank(const Config& cfg, int world_size, Device device) {
+MemoryRoles plan_largest_rank(const Config& cfg, int world_size, Device device, StoreUse use) {
   MemoryRoles largest;
   // Pipeline stages differ in their layers and in the microbatches they keep in flight (1F1B: the
   // first stage the most, a middle stage may hold the most layers): every stage is planned. Within
   // a stage, shards differ by at most one remainder, which its first or its last rank holds.
   const int pp = static_cast<int>(std::max<int64_t>(1, cfg.parallel.pp));
-  if (world_size % pp != 0) return plan_rank(cfg, world_size, 0, device);  // throws what the run would
+  if (world_size % pp != 0) return plan_rank(cfg, world_size, 0, device, use);  // throws what the run would
   const int per_stage = world_size / pp;
   for (int stage = 0; stage < pp; ++stage)
     for (int rank : {stage * per_stage, (stage + 1) * per_stage - 1}) {
-      const MemoryRoles m = plan_rank(cfg, world_size, rank, device);
+      const MemoryRoles m = plan_rank(cfg, world_size, rank, device, use);
       if (m.total() > largest.total()) largest = m;
     }
   return largest;
@@ -133,10 +134,10 @@ std::string FitOption::set_flags() const {
   return s;
 }
 
-std::vector<FitOption> fit_options(const Config& cfg, int world_size, Device device, size_t usable) {
-  // Each lever's settings (the current one first), combined below.
+std::vector<FitOption> fit_options(const Config& cfg, int world_size, Device device, size_t usable, StoreUse use) {
+  // Each lever's settings (the current one first), combined below. An evaluation keeps no moments.
   std::vector<Variant> moments{{cfg, {}, 0}};
-  if (cfg.optim.moment_dtype == DType::F32) {
+  if (cfg.optim.moment_dtype == DType::F32 && use == StoreUse::Training) {
     Variant v{cfg, {{"optim.moment_dtype", quoted("bf16")}}, 1};
     v.cfg.optim.moment_dtype = DType::BF16;
     moments.push_back(v);
@@ -205,7 +206,7 @@ std::vector<FitOption> fit_options(const Config& cfg, int world_size, Device dev
           if (o.changes.empty()) continue;
           o.cost = a.cost + b.cost + c.cost + d.cost;
           try {
-            o.plan = plan_largest_rank(x, world_size, device);
+            o.plan = plan_largest_rank(x, world_size, device, use);
           } catch (const Error&) {
             continue;  // a combination the run would refuse (e.g. an EP the dispatcher cannot run)
           }
@@ -236,13 +237,19 @@ std::vector<FitOption> fit_options(const Config& cfg, int world_size, Device dev
 }
 
 std::string does_not_fit_message(const Config& cfg, const MemoryRoles& plan, int world_size, Device device,
-                                 size_t usable) {
+                                 size_t usable, StoreUse use) {
   std::ostringstream os;
   const size_t weights = plan.parameters + plan.compute_weights + plan.gradients + plan.optimizer;
-  os << "the run needs " << gib(plan.total()) << " per rank on the " << (device == Device::CUDA ? "GPU" : "CPU")
-     << " but " << gib(usable) << " can be planned: parameters + gradients + optimizer take " << gib(weights)
-     << " (parameters " << gib(plan.parameters + plan.compute_weights) << ", gradients " << gib(plan.gradients) << ", optimizer "
-     << gib(plan.optimizer) << "), other state " << gib(plan.other_state);
+  os << (use == StoreUse::Training ? "the run" : "the evaluation") << " needs " << gib(plan.total())
+     << " per rank on the " << (device == Device::CUDA ? "GPU" : "CPU") << " but " << gib(usable)
+     << " can be planned: ";
+  if (use == StoreUse::Training)
+    os << "parameters + gradients + optimizer take " << gib(weights) << " (parameters "
+       << gib(plan.parameters + plan.compute_weights) << ", gradients " << gib(plan.gradients) << ", optimizer "
+       << gib(plan.optimizer) << ")";
+  else
+    os << "the weights take " << gib(weights) << " (no gradients or optimizer state are kept for an evaluation)";
+  os << ", other state " << gib(plan.other_state);
   // The step's tokens and targets (I32, every microbatch of the rank's share of the global batch)
   // are other state: named when they are what a large train.global_batch_size made large.
   // On the CPU twice: the arena's copy and the trainer's host copy (memory_roles).
@@ -262,7 +269,7 @@ std::string does_not_fit_message(const Config& cfg, const MemoryRoles& plan, int
   if (plan.library_workspace > 0)
     os << ", cuDNN's deterministic attention backward " << gib(plan.library_workspace)
        << " (train.deterministic = false frees it)";
-  const std::vector<FitOption> options = fit_options(cfg, world_size, device, usable);
+  const std::vector<FitOption> options = fit_options(cfg, world_size, device, usable, use);
   for (const FitOption& o : options) {
     os << "\n  " << o.describe() << ": ";
     if (o.changes.size() == 1 && o.changes[0].first == "optim.moment_dtype")
@@ -278,24 +285,29 @@ std::string does_not_fit_message(const Config& cfg, const MemoryRoles& plan, int
     os << "\nnone of these fits at " << world_size << (world_size == 1 ? " rank" : " ranks") << ": use more ranks"
        << (cfg.parallel.mode == "fsdp" ? "" : " (with a larger parallel.ep, or parallel.mode = \"fsdp\")")
        << (batch_matters ? ", a smaller train.global_batch_size" : "")
-       << ", a shorter train.seq_len or a smaller model; `moetrain plan --gpus N` plans other sizes";
+       << ", a shorter train.seq_len or a smaller model; `moetrain plan "
+       << (use == StoreUse::Evaluation ? "--eval " : "") << "--gpus N` plans other sizes";
   else
     os << "\ncheapest that fits: " << fit->set_flags();
   return os.str();
 }
 
-std::string plan_report(const Config& cfg, int world_size, Device device, size_t memory_per_rank) {
+std::string plan_report(const Config& cfg, int world_size, Device device, size_t memory_per_rank, StoreUse use) {
   const size_t reserve = device == Device::CUDA ? kLibraryReserveBytes : 0;
   const size_t usable = memory_per_rank > reserve ? memory_per_rank - reserve : 0;
   std::vector<MemoryRoles> ranks;
-  for (int r = 0; r < world_size; ++r) ranks.push_back(plan_rank(cfg, world_size, r, device));
+  for (int r = 0; r < world_size; ++r) ranks.push_back(plan_rank(cfg, world_size, r, device, use));
   std::ostringstream os;
-  os << "plan of '" << cfg.name << "' on " << world_size << " " << (device == Device::CUDA ? "GPU" : "CPU rank")
+  os << (use == StoreUse::Evaluation ? "evaluation plan of '" : "plan of '") << cfg.name << "' on " << world_size << " " << (device == Device::CUDA ? "GPU" : "CPU rank")
      << (world_size == 1 ? "" : "s") << " (" << topology_text(cfg, device);
   os << "; " << cfg.train.micro_batch_size << " x " << cfg.train.seq_len << " tokens per microbatch; recompute "
-     << to_string(cfg.train.recompute) << "; AdamW moments " << dtype_name(cfg.optim.moment_dtype) << ", "
-     << 2 * dtype_size(cfg.optim.moment_dtype) << " bytes per parameter; precision " << to_string(cfg.train.precision)
-     << ")\n";
+     << to_string(cfg.train.recompute) << "; ";
+  if (use == StoreUse::Evaluation)
+    os << "the weights only: no gradients or optimizer state";
+  else
+    os << "AdamW moments " << dtype_name(cfg.optim.moment_dtype) << ", " << 2 * dtype_size(cfg.optim.moment_dtype)
+       << " bytes per parameter";
+  os << "; precision " << to_string(cfg.train.precision) << ")\n";
   os << "memory per rank: " << gib(memory_per_rank);
   if (reserve > 0) os << ", of which " << gib(reserve) << " stay for cuBLASLt/cuDNN/NCCL workspaces";
   os << "; " << gib(usable) << " to plan\n";
@@ -333,7 +345,7 @@ std::string plan_report(const Config& cfg, int world_size, Device device, size_t
        << gib(usable - largest.total()) << " left)\n";
     return os.str();
   }
-  os << "does not fit: " << does_not_fit_message(cfg, largest, world_size, device, usable) << "\n";
+  os << "does not fit: " << does_not_fit_message(cfg, largest, world_size, device, usable, use) << "\n";
   return os.str();
 }
 

@@ -13,6 +13,7 @@
 #include "moe/core/arena.h"
 #include "moe/core/device.h"
 #include "moe/model/dispatch.h"
+#include "moe/parallel/param_store.h"
 #include "moe/train/config.h"
 
 namespace moe {
@@ -43,11 +44,13 @@ MemoryRoles memory_roles(const Arena& state, const Arena& acts, const RunModel& 
 
 // Rank `rank` of `world_size` running `cfg` on `device`: built, reserved, never allocated, no
 // collective. Throws what a run would throw for a config that cannot run at this size.
-MemoryRoles plan_rank(const Config& cfg, int world_size, int rank, Device device);
+// use = Evaluation: what `moetrain eval` builds (the weights, no gradients or optimizer state).
+MemoryRoles plan_rank(const Config& cfg, int world_size, int rank, Device device, StoreUse use = StoreUse::Training);
 
 // The largest plan over the ranks of `world_size`: every pipeline stage's, and within a stage the
 // larger of its first and last rank (they differ only by the remainders of shards).
-MemoryRoles plan_largest_rank(const Config& cfg, int world_size, Device device);
+MemoryRoles plan_largest_rank(const Config& cfg, int world_size, Device device,
+                              StoreUse use = StoreUse::Training);
 
 // One way to change the config, planned.
 struct FitOption {
@@ -62,15 +65,19 @@ struct FitOption {
 // Each lever alone (moment_dtype = bf16, each recompute mode that keeps less, each larger EP that
 // divides the world and the experts, each smaller micro_batch_size that divides the current one),
 // then the cheapest combination that fits, if no single lever does; `usable`: bytes a rank may plan for.
-std::vector<FitOption> fit_options(const Config& cfg, int world_size, Device device, size_t usable);
+// An evaluation (use = Evaluation) has no moments: moment_dtype is not offered.
+std::vector<FitOption> fit_options(const Config& cfg, int world_size, Device device, size_t usable,
+                                   StoreUse use = StoreUse::Training);
 
 // The error for a plan over `usable`: the bytes by role and the options above, computed.
 std::string does_not_fit_message(const Config& cfg, const MemoryRoles& plan, int world_size, Device device,
-                                 size_t usable);
+                                 size_t usable, StoreUse use = StoreUse::Training);
 
 // `moetrain plan`: every rank's plan by role (equal ranks on one line), whether it fits in
 // `memory_per_rank` (the memory free on each device when the run starts; kLibraryReserveBytes of
-// it stay out of the plan on the GPU), and the options of fit_options.
-std::string plan_report(const Config& cfg, int world_size, Device device, size_t memory_per_rank);
+// it stay out of the plan on the GPU), and the options of fit_options. use = Evaluation: `plan
+// --eval`, what `moetrain eval` of this config would hold.
+std::string plan_report(const Config& cfg, int world_size, Device device, size_t memory_per_rank,
+                        StoreUse use = StoreUse::Training);
 
 }  // namespace moe

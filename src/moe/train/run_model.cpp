@@ -107,13 +107,13 @@ void check_run_layout(const Config& cfg, int world_size) {
 }
 
 std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world, Device device,
-                                          bool device_collectives, Arena& state, Arena& acts) {
+                                          bool device_collectives, Arena& state, Arena& acts, StoreUse use) {
   auto run = std::make_unique<RunModel>();
   const ModelConfig& mc = cfg.model;
   const int64_t moe_experts = routed_experts(mc);
   if (cfg.parallel.mode == "fsdp") {
     run->reg = build_registry(mc, 0, mc.num_experts, ParamLayout::ByBlock);
-    run->store = std::make_unique<FsdpStore>(mc, run->reg, world, state, cfg.optim.moment_dtype);
+    run->store = std::make_unique<FsdpStore>(mc, run->reg, world, state, cfg.optim.moment_dtype, use);
   } else {
     check_run_layout(cfg, world.size());
     const int ep = static_cast<int>(cfg.parallel.ep);
@@ -137,7 +137,8 @@ std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world
     run->store = std::make_unique<DdpStore>(mc, run->reg, *run->mesh, state, cfg.optim.moment_dtype,
                                             cfg.train.precision,
                                             GradReduceOptions{cfg.parallel.overlap_grad_reduce,
-                                                              static_cast<size_t>(cfg.parallel.grad_bucket_bytes)});
+                                                              static_cast<size_t>(cfg.parallel.grad_bucket_bytes)},
+                                            use);
   }
   run->dispatcher = make_run_dispatcher(device, device_collectives, moe_experts > 0, cfg.ep.backend,
                                         run->mesh ? run->mesh->ep_group.get() : nullptr, mc.num_experts,
@@ -151,7 +152,7 @@ std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world
   b.step_stats = state.reserve("step_stats", DType::F32, {kNumStepStats});
   b.tokens = state.reserve("batch.tokens", DType::I32, {accum * rows});
   b.targets = state.reserve("batch.targets", DType::I32, {accum * rows});
-  b.schedule = state.reserve("optimizer.schedule", DType::F32, {2});
+  if (use == StoreUse::Training) b.schedule = state.reserve("optimizer.schedule", DType::F32, {2});
   ModelChunks chunks;
   int lease_slots = 1;
   if (run->pipeline) {

@@ -82,8 +82,9 @@ void check_run_layout(const Config& cfg, int world_size);
 // `device`; device_collectives: a GPU run whose collectives go through NCCL. Reserves into `state`
 // (parameters, gradients, optimizer, step buffers) and `acts` (activations, expert buffers);
 // commits neither. Collective over `world` (the EP groups and the dispatcher's heap) unless it
-// plans only.
+// plans only. use = Evaluation (`moetrain eval`): the store reserves the weights only.
 std::unique_ptr<RunModel> build_run_model(const Config& cfg, Communicator& world, Device device,
-                                          bool device_collectives, Arena& state, Arena& acts);
+                                          bool device_collectives, Arena& state, Arena& acts,
+                                          StoreUse use = StoreUse::Training);
 
 }  // namespace moe

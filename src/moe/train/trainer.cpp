@@ -129,7 +129,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       check_same_token_data(world, token_data_summary(*eval_sets_[k]),
                             "token data for eval.sets[" + std::to_string(k) + "]");
     });
-  run_ = build_run_model(cfg_, world_, dev_, run_device_.gpu_world != nullptr, state_, acts_);
+  const StoreUse use = opts_.evaluation_only ? StoreUse::Evaluation : StoreUse::Training;
+  run_ = build_run_model(cfg_, world_, dev_, run_device_.gpu_world != nullptr, state_, acts_, use);
   if (!opts_.bench && !opts_.checkpoint && cfg_.train.eval_batches > 0)
     agree_on_outcome(world, [&] { check_eval_sizes(world.rank() == 0 && !opts_.quiet); });
   // Fail before any work when the plan cannot fit in this machine's (or this GPU's) memory, saying
@@ -152,7 +153,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   const MemoryRoles plan = memory_roles(state_, acts_, *run_);
   const size_t usable = limit + (dev_ == Device::CUDA ? plan.heap : 0);
   agree_on_outcome(world, [&] {
-    if (plan.total() > usable) MOE_FAIL(does_not_fit_message(cfg_, plan, world_.size(), dev_, usable));
+    if (plan.total() > usable) MOE_FAIL(does_not_fit_message(cfg_, plan, world_.size(), dev_, usable, use));
   });
   state_.commit(limit);
   acts_.commit(limit > state_.total_bytes() ? limit - state_.total_bytes() : 1);
@@ -522,6 +523,8 @@ StepRecord Trainer::train_step(int64_t step) {
 }
 
 TrainSummary Trainer::run() {
+  MOE_CHECK(!opts_.evaluation_only, "Trainer::run: this trainer was built for evaluation (no gradients or optimizer "
+            "state)");
   const TrainConfig& t = cfg_.train;
   TrainSummary summary;
   summary.first_step = start_step_;

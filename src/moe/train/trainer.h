@@ -58,6 +58,9 @@ struct TrainOptions {
   // An opened checkpoint to start from instead of `resume` (its files stay readable while open,
   // even if a running job prunes them: `moetrain eval` opens it once).
   std::shared_ptr<const CheckpointReader> checkpoint;
+  // `moetrain eval`: the run holds the weights only, no gradients or optimizer state (StoreUse), and
+  // plans its memory so; run() and the step methods are refused.
+  bool evaluation_only = false;
   bool bench = false;  // benchmark: write nothing to disk, print the throughput summary
   bool quiet = false;  // no progress lines (tests)
   // GPU runs: records kernel times from the second step run to the last (bench; not owned).
