@@ -12,6 +12,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <numeric>
 
 #include "moe/ckpt/checksum.h"
@@ -94,21 +96,63 @@ TEST(Checkpoint, TwoRankSaveReadsBackAnyRangeAcrossChunks) {
 TEST(Checkpoint, ReadErrorsNameTheProblem) {
   TempDir tmp;
   Model m;
-  std::string dir = save_two_ranks(tmp / "run", 1, m, /*leave_gap=*/true);
+  std::string dir = save_two_ranks(tmp / "run", 1, m);
   CheckpointReader r(dir);
   std::vector<float> out(24);
-  r.read("experts.w1", 0, 12, out.data());  // covered part still reads
-  EXPECT_EQ(out[11], m.w1[11]);
-  std::string msg = error_of([&] { r.read("experts.w1", 10, 14, out.data()); });
-  EXPECT_NE(msg.find("elements [12, 14) of tensor 'experts.w1' are not stored"), std::string::npos) << msg;
-  msg = error_of([&] { r.read("experts.w1", 20, 24, out.data()); });
-  EXPECT_NE(msg.find("elements [20, 24)"), std::string::npos) << msg;
-  msg = error_of([&] { r.read("experts.w1", 0, 25, out.data()); });
+  std::string msg = error_of([&] { r.read("experts.w1", 0, 25, out.data()); });
   EXPECT_NE(msg.find("outside its 24 elements"), std::string::npos) << msg;
   msg = error_of([&] { r.read("experts.w2", 0, 1, out.data()); });
   EXPECT_NE(msg.find("tensor 'experts.w2' not found in checkpoint " + dir), std::string::npos) << msg;
   msg = error_of([&] { r.read("embed.ids", DType::F32, 0, 1, out.data()); });
   EXPECT_NE(msg.find("stored as I64, caller expects F32"), std::string::npos) << msg;
+}
+
+// Every element of a tensor is in one chunk: a save whose ranks left a range out is refused
+// before its index is written (nothing is committed), and an index edited to leave one out is
+// refused when the checkpoint is opened, naming the index and the range, not later when (or if)
+// a rank of the resuming layout reads that range.
+TEST(Checkpoint, ElementsInNoChunkAreRefusedAtSaveAndAtOpen) {
+  TempDir tmp;
+  Model m;
+  std::string msg = error_of([&] { save_two_ranks(tmp / "gap", 1, m, /*leave_gap=*/true); });
+  EXPECT_NE(msg.find("elements [12, 24) of tensor 'experts.w1' are not stored in any chunk"), std::string::npos)
+      << msg;
+  EXPECT_FALSE(fs::exists(tmp / "gap/step-000001"));
+
+  const std::string dir = save_two_ranks(tmp / "run", 1, m);
+  const std::string index_path = dir + "/index.json";
+  const json index = json::parse(moe::testing::read_bytes(index_path));
+  const auto open_with = [&](const std::function<void(json&)>& edit) {
+    json edited = index;
+    edit(edited);
+    std::ofstream(index_path, std::ios::trunc) << edited.dump();
+    return error_of([&] { CheckpointReader r(dir); });
+  };
+  // The middle chunk of experts.w1 ([7, 12)) dropped: a gap inside the tensor.
+  msg = open_with([](json& j) {
+    json& chunks = j["tensors"]["experts.w1"]["chunks"];
+    for (size_t i = 0; i < chunks.size(); ++i)
+      if (chunks[i]["begin"] == 7) chunks.erase(i);
+  });
+  EXPECT_NE(msg.find(index_path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("elements [7, 12) of tensor 'experts.w1' are not stored in any chunk"), std::string::npos) << msg;
+  // The last chunk of embed.ids ([3, 10)) dropped: a gap at the end.
+  msg = open_with([](json& j) {
+    json& chunks = j["tensors"]["embed.ids"]["chunks"];
+    for (size_t i = 0; i < chunks.size(); ++i)
+      if (chunks[i]["begin"] == 3) chunks.erase(i);
+  });
+  EXPECT_NE(msg.find("elements [3, 10) of tensor 'embed.ids' are not stored in any chunk"), std::string::npos) << msg;
+  // No chunks at all.
+  msg = open_with([](json& j) { j["tensors"]["embed.ids"]["chunks"] = json::array(); });
+  EXPECT_NE(msg.find("elements [0, 10) of tensor 'embed.ids' are not stored in any chunk (the tensor lists none)"),
+            std::string::npos)
+      << msg;
+  // The index as written opens and reads every element.
+  std::ofstream(index_path, std::ios::trunc) << index.dump();
+  std::vector<float> out(24);
+  CheckpointReader(dir).read("experts.w1", 0, 24, out.data());
+  EXPECT_EQ(out, m.w1);
 }
 
 // read_into converts between F32 and BF16 on the host (state whose storage dtype is a run setting,

@@ -75,7 +75,8 @@ bool plain_file_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
 }
 
-// Checks one logical tensor's chunks (all ranks) agree and do not overlap; sorts them by begin.
+// Checks one logical tensor's chunks (all ranks) agree, do not overlap and store every element once;
+// sorts them by begin.
 void check_and_sort_chunks(const std::string& where, const std::string& key, std::vector<CheckpointChunk>& chunks) {
   const CheckpointChunk& first = chunks.front();
   int64_t numel = shape_numel(first.global_shape);
@@ -90,13 +91,21 @@ void check_and_sort_chunks(const std::string& where, const std::string& key, std
   std::sort(chunks.begin(), chunks.end(), [](const CheckpointChunk& a, const CheckpointChunk& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
+  // Every element in exactly one chunk: a gap found here, not when a rank reads that range (after
+  // the other tensors, or never if no rank of the resuming layout reads it).
   const CheckpointChunk* prev = nullptr;
+  int64_t covered = 0;  // [0, covered) is stored
   for (const auto& c : chunks) {
     if (c.begin == c.end) continue;
-    MOE_CHECK(!prev || c.begin >= prev->end, where, ": chunks of tensor '", key, "' overlap: [", prev->begin, ", ",
-              prev->end, ") in ", prev->file, " and [", c.begin, ", ", c.end, ") in ", c.file);
+    MOE_CHECK(c.begin >= covered, where, ": chunks of tensor '", key, "' overlap: [", prev->begin, ", ", prev->end,
+              ") in ", prev->file, " and [", c.begin, ", ", c.end, ") in ", c.file);
+    MOE_CHECK(c.begin == covered, where, ": elements [", covered, ", ", c.begin, ") of tensor '", key,
+              "' are not stored in any chunk");
+    covered = c.end;
     prev = &c;
   }
+  MOE_CHECK(covered == numel, where, ": elements [", covered, ", ", numel, ") of tensor '", key,
+            "' are not stored in any chunk");
 }
 
 // The dtypes read_into converts between.
@@ -374,6 +383,8 @@ void CheckpointReader::read_index(const std::string& index_path, std::string& re
                 ", index says ", dtype_name(st.dtype), " [", c.end - c.begin, "]");
       st.chunks.push_back(std::move(c));
     }
+    MOE_CHECK(!st.chunks.empty() || st.numel == 0, index_path, ": elements [0, ", st.numel, ") of tensor '", key,
+              "' are not stored in any chunk (the tensor lists none)");
     if (!st.chunks.empty()) check_and_sort_chunks(index_path, key, st.chunks);
     st.verified = std::make_unique<std::atomic<bool>[]>(st.chunks.size());
     tensors_.emplace(key, std::move(st));
