@@ -1,6 +1,7 @@
 // moetrain plan: each rank's memory plan by role for a config and topology, without a GPU and
 // without allocating; with a GPU profile, the predicted step time, and with --search the layouts
 // ranked by predicted tokens/s per GPU.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -139,8 +140,12 @@ int run_plan(const PlanArgs& a) {
   }
   // Built whole before printing: a config this size cannot run is an error with nothing printed.
   if (a.eval) {
-    // As `moetrain eval` runs it: one microbatch per rank at a time.
+    // As `moetrain eval` runs it: one microbatch per rank at a time, and block recompute (it keeps
+    // nothing for a backward that never runs) unless --set names a mode.
     cfg.train.global_batch_size = cfg.train.micro_batch_size * a.gpus;
+    if (std::none_of(a.config.overrides.begin(), a.config.overrides.end(),
+                     [](const std::string& o) { return moe::override_key(o) == "train.recompute"; }))
+      cfg.train.recompute = moe::Recompute::Block;
     std::printf("%s", moe::plan_report(cfg, a.gpus, gpu ? moe::Device::CUDA : moe::Device::CPU,
                                        static_cast<size_t>(gib * (1u << 30)), moe::StoreUse::Evaluation)
                           .c_str());

@@ -217,7 +217,7 @@ TEST_F(DataCliTest, eval_tokens_is_a_ceiling_and_a_number_out_of_range_is_a_usag
 // eval holds the checkpoint's weights only (no gradients, no optimizer state): a checkpoint that
 // could not be trained further in some memory is evaluated there. MOE_TEST_MEMORY_MIB stands in
 // for a smaller machine. Training needs ~111 MiB here (27 MiB of weights, 81 MiB of gradients
-// and moments); the evaluation ~30 MiB, which `plan --eval` states.
+// and moments); the evaluation ~29 MiB, which `plan --eval` states.
 TEST_F(DataCliTest, eval_holds_the_weights_only_and_runs_where_training_the_checkpoint_does_not_fit) {
   std::vector<std::string> sets = tiny_sets();
   sets.insert(sets.end(), {"model.hidden_size=256", "model.intermediate_size=512"});
@@ -231,7 +231,17 @@ TEST_F(DataCliTest, eval_holds_the_weights_only_and_runs_where_training_the_chec
   expect_error(with_memory("100", resume), {"the run needs", "optim.moment_dtype"}, /*one_line=*/false);
   const CliRun eval = with_memory("100", {"eval", "--checkpoint", run_dir(), "--data", "synthetic"});
   ASSERT_EQ(eval.exit_code, 0) << eval.err;
-  EXPECT_NE(eval.out.find("mean loss"), std::string::npos) << eval.out;
+  const size_t loss_at = eval.out.find("mean loss");
+  ASSERT_NE(loss_at, std::string::npos) << eval.out;
+  // eval keeps nothing for a backward (block recompute) unless asked: the same loss as keeping all.
+  const CliRun keeping = moetrain({"eval", "--checkpoint", run_dir(), "--data", "synthetic", "--set",
+                                   "train.recompute=none"});
+  ASSERT_EQ(keeping.exit_code, 0) << keeping.err;
+  const auto loss_line = [](const std::string& out) {
+    const size_t at = out.find("mean loss");
+    return at == std::string::npos ? out : out.substr(at, out.find(" tokens", at) - at);
+  };
+  EXPECT_EQ(loss_line(keeping.out), loss_line(eval.out));
 
   // Below the evaluation's own need: refused with the weights' figures, no optimizer lever offered.
   const CliRun small = with_memory("20", {"eval", "--checkpoint", run_dir(), "--data", "synthetic"});
