@@ -75,7 +75,9 @@ TEST(GpuEvaluation, AStoreOfTheWeightsAloneEvaluatesACheckpointAsATrainingStoreD
   evaluation.evaluation_only = true;
   const double cpu_loss =
       Trainer(gpu_config(src.path + "-unused", "cpu", shape), evaluation, testing::local_world()).microbatch_loss(0);
-  for (const char* extra : {"parallel.mode=\"ddp\"", "train.precision=\"fp8\"", "parallel.mode=\"fsdp\""}) {
+  // Block recompute is what `moetrain eval` runs (its forward keeps only each layer's input).
+  for (const char* extra : {"parallel.mode=\"ddp\"", "train.precision=\"fp8\"", "parallel.mode=\"fsdp\"",
+                            "train.recompute=\"block\""}) {
     SCOPED_TRACE(extra);
     std::vector<std::string> o = shape;
     o.push_back(extra);
