@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start-up errors every rank meets alike in the Trainer are printed once, by rank 0, with exit 1 and
 # no MPI_Abort (comm/agreed_outcome.h): a missing data file, a --resume that does not resolve, a
-# checkpoint whose index.json is damaged (resumed or initialized from), an --init-from that does not
+# checkpoint whose index.json is damaged (resumed or initialized from), a checkpoint whose dense
+# weights (which every rank reads) fail their checksum, an --init-from that does not
 # exist, a model the checkpoint's weights do not fit (initialized from or resumed), a run.dir that
 # already holds a run, `eval` of a missing --data file, a parallel.ep the ranks cannot hold, pipeline
 # layouts they cannot run (pp, its chunks, the interleaved schedule's microbatch groups, a
@@ -19,6 +20,21 @@ $moetrain train --steps 2 --save-every 2 --set run.dir="$work/ckpt" > "$work/ckp
   { echo "FAIL: could not write the checkpoint"; cat "$work/ckpt.log"; exit 1; }
 cp -r "$work/ckpt" "$work/damaged"
 echo "{" > "$work/damaged/step-000002/index.json"
+# One byte of the embedding (a dense weight every rank reads at resume) flipped.
+cp -r "$work/ckpt" "$work/corrupt"
+python3 - "$work/corrupt/step-000002/rank-00000.safetensors" model.embed_tokens.weight <<'EOF'
+import json, struct, sys
+path, name = sys.argv[1], sys.argv[2]
+with open(path, "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(n))
+    key = next(k for k in header if k.split("@")[0] == name)
+    at = 8 + n + header[key]["data_offsets"][0] + 5
+    f.seek(at)
+    b = f.read(1)
+    f.seek(at)
+    f.write(bytes([b[0] ^ 0xFF]))
+EOF
 
 # expect NAME EXPECTED-LINE-START -- COMMAND ARGS...: exit 1, one "error" line that starts so, no abort.
 expect() {
@@ -34,6 +50,8 @@ expect() {
 expect data 'data.path = "/no/such/tokens.bin" does not exist' -- train --steps 4 --set data.path=/no/such/tokens.bin --set run.dir="$work/a"
 expect resume 'cannot resolve checkpoint /no/such/checkpoint' -- train --steps 4 --resume /no/such/checkpoint --set run.dir="$work/b"
 expect damaged-resume "$work/damaged/step-000002/index.json is not valid JSON" -- train --steps 4 --resume latest --set run.dir="$work/damaged"
+expect corrupt-chunk "checkpoint $work/corrupt/step-000002: rank file rank-00000.safetensors, tensor 'model.embed_tokens.weight' .*checksum mismatch" -- \
+  train --steps 4 --resume latest --set run.dir="$work/corrupt"
 expect init-from '--init-from /no/such/run: no such file or directory' -- train --steps 4 --init-from /no/such/run --set run.dir="$work/c"
 expect damaged-init "$work/damaged/step-000002/index.json is not valid JSON" -- train --steps 4 --init-from "$work/damaged" --set run.dir="$work/d"
 expect architecture "--init-from: model.hidden_size is 128 in this run.s config but 64" -- train --steps 4 --init-from "$work/ckpt" --set model.hidden_size=128 --set run.dir="$work/e"

@@ -56,7 +56,7 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
     const int64_t step = checked_checkpoint_step(ckpt);
     MOE_CHECK(opts_.bench || step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step,
               ", past train.steps = ", cfg_.train.steps);
-    check_stored_shapes(ckpt, run_->reg, /*moments=*/true);
+    check_stored_shapes(ckpt, run_->reg, /*moments=*/!opts_.evaluation_only);  // an evaluation reads no moments
     // Every checkpoint moetrain writes holds the router's balancing bias; one without it would
     // restart the bias at zero, and with it which experts the tokens reach.
     const bool bias_matters = cfg_.model.bias_update_rate > 0 && cfg_.model.routing == Routing::Learned;
@@ -65,15 +65,19 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
               "): resuming would restart it at zero and change the routing; the checkpoint is incomplete");
     return step;
   });
-  // Every rank reads the ranges it holds under the current topology, whatever wrote them.
-  run_->store->load(ckpt);
-  if (ckpt.has("router_bias")) {
-    const int64_t L = cfg_.model.num_hidden_layers, N = cfg_.model.num_experts;
-    MOE_CHECK(ckpt.global_shape("router_bias") == std::vector<int64_t>({L, N}), "checkpoint ", dir,
-              ": 'router_bias' is not of shape [", L, ", ", N, "] (layers x experts) as this run's model needs");
-    ckpt.read("router_bias", DType::F32, 0, static_cast<int64_t>(host_bias_.size()), host_bias_.data());
-    copy_to_tensor(state_.get(run_->buffers.router_bias), host_bias_.data());
-  }
+  // Every rank reads the ranges it holds under the current topology, whatever wrote them. A range
+  // every rank reads (the dense weights, the router bias) that fails its checksum is every rank's
+  // error alike: printed once (it was printed by each rank, under Open MPI's abort banner).
+  agree_on_outcome(host_world_, [&] {
+    run_->store->load(ckpt);
+    if (ckpt.has("router_bias")) {
+      const int64_t L = cfg_.model.num_hidden_layers, N = cfg_.model.num_experts;
+      MOE_CHECK(ckpt.global_shape("router_bias") == std::vector<int64_t>({L, N}), "checkpoint ", dir,
+                ": 'router_bias' is not of shape [", L, ", ", N, "] (layers x experts) as this run's model needs");
+      ckpt.read("router_bias", DType::F32, 0, static_cast<int64_t>(host_bias_.size()), host_bias_.data());
+      copy_to_tensor(state_.get(run_->buffers.router_bias), host_bias_.data());
+    }
+  });
   start_step_ = step;
   // A checkpoint written before tokens_seen was recorded: step x this run's tokens per step.
   tokens_at_start_ = ckpt.train_state_int("tokens_seen", step * cfg_.train.global_batch_size * cfg_.train.seq_len);
