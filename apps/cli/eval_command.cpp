@@ -8,6 +8,7 @@
 
 #include "cli/arguments.h"
 #include "cli/command.h"
+#include "cli/eval_layout.h"
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/comm/host_strings.h"
 #include "moe/core/error.h"
@@ -43,15 +44,12 @@ int run_eval(const EvalArgs& a, Job& job) {
     // global batch that fits this topology.
     // The training data is not read (--data names what is evaluated): a small synthetic corpus
     // stands in, or, for --data synthetic, the checkpoint's own synthetic corpus.
-    std::vector<std::string> o = {"data.path=synthetic", "data.sources=[]", "eval.sets=[]", "parallel.mode=ddp"};
+    std::vector<std::string> o = {"data.path=synthetic", "data.sources=[]", "eval.sets=[]"};
     if (a.data != "synthetic") o.insert(o.end(), {"data.synthetic_tokens=65536", "data.synthetic_eval_tokens=8192"});
-    // Pipeline stages are a training layout: a checkpoint trained under them is evaluated by
-    // whole-model ranks (any number); --set, applied after these, may ask for a layout again.
-    o.insert(o.end(), {"parallel.pp=1", "parallel.pp_virtual=1", "parallel.pp_schedule=1f1b", "parallel.pp_layers=[]"});
-    // No backward runs, so nothing need be kept for one: block recompute keeps each layer's input
-    // only and gives the same forward (OLMoE-1B-7B at 2 x 4096 tokens: 2.9 GiB of activations and a
-    // 1 GiB expert heap instead of 12.8 and 8.5). --set may ask for another mode.
-    o.push_back("train.recompute=block");
+    // Whole-model DDP ranks (any number) and block recompute (eval_layout.h); --set, applied after
+    // these, may ask for a layout again.
+    const std::vector<std::string> layout = eval_layout_sets();
+    o.insert(o.end(), layout.begin(), layout.end());
     const size_t fixed = o.size();  // eval's own: an error in the stored config is not the user's --set
     o.insert(o.end(), a.overrides.begin(), a.overrides.end());
     cfg = moe::parse_stored_config(ckpt->train_state_string("config"), ckpt->dir() + "/train_state.json", o,
@@ -59,18 +57,7 @@ int run_eval(const EvalArgs& a, Job& job) {
     // The training stream is never evaluated (only --data, or the synthetic held-out stream, which
     // does not depend on its length): it holds one window of a --set train.seq_len longer than it.
     cfg.data.synthetic_tokens = std::max(cfg.data.synthetic_tokens, cfg.train.seq_len + 1);
-    cfg.train.global_batch_size = cfg.train.micro_batch_size * world.size();
-    // The checkpoint's expert-parallel degree, where this topology can hold it: it must divide the
-    // ranks of a pipeline stage (--set parallel.pp) and FSDP keeps every expert on every rank. A
-    // parallel.ep given with --set is the user's: validate() names it if it does not fit.
-    const bool ep_given = std::any_of(a.overrides.begin(), a.overrides.end(),
-                                      [](const std::string& o) { return moe::override_key(o) == "parallel.ep"; });
-    const int64_t stage_ranks = cfg.parallel.pp >= 1 && world.size() % cfg.parallel.pp == 0
-                                    ? world.size() / cfg.parallel.pp
-                                    : world.size();
-    if (!ep_given &&
-        (cfg.parallel.mode == "fsdp" || cfg.parallel.ep > stage_ranks || stage_ranks % cfg.parallel.ep != 0))
-      cfg.parallel.ep = 1;
+    settle_eval_layout(cfg, world.size(), a.overrides);  // the checkpoint's EP where these ranks hold it
     cfg.validate();
     // --tokens N evaluates whole microbatches (micro_batch_size windows of seq_len predicted
     // tokens on every data rank), at most N tokens: an N below one of them would evaluate nothing.

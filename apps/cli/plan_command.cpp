@@ -1,7 +1,6 @@
 // moetrain plan: each rank's memory plan by role for a config and topology, without a GPU and
 // without allocating; with a GPU profile, the predicted step time, and with --search the layouts
 // ranked by predicted tokens/s per GPU.
-#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +11,7 @@
 
 #include "cli/arguments.h"
 #include "cli/command.h"
+#include "cli/eval_layout.h"
 #include "moe/core/arena.h"
 #include "moe/core/error.h"
 #include "moe/perf/hardware_profile.h"
@@ -50,7 +50,13 @@ const CLI::Validator kGiB(
 
 int run_plan(const PlanArgs& a) {
   // The run's own planning code on stand-in ranks (memory_plan.h): nothing is allocated.
-  moe::Config cfg = a.config.load();
+  // --eval: the layout `moetrain eval` runs this config under (eval_layout.h), then the user's --set.
+  ConfigArgs config = a.config;
+  if (a.eval) {
+    config.overrides = eval_layout_sets();
+    config.overrides.insert(config.overrides.end(), a.config.overrides.begin(), a.config.overrides.end());
+  }
+  moe::Config cfg = config.load();
   // Without --device, the config's run.device; auto is the GPU in a CUDA build, as a run on a GPU machine.
 #if defined(MOE_HAVE_CUDA)
   const bool built_with_cuda = true;
@@ -140,12 +146,8 @@ int run_plan(const PlanArgs& a) {
   }
   // Built whole before printing: a config this size cannot run is an error with nothing printed.
   if (a.eval) {
-    // As `moetrain eval` runs it: one microbatch per rank at a time, and block recompute (it keeps
-    // nothing for a backward that never runs) unless --set names a mode.
-    cfg.train.global_batch_size = cfg.train.micro_batch_size * a.gpus;
-    if (std::none_of(a.config.overrides.begin(), a.config.overrides.end(),
-                     [](const std::string& o) { return moe::override_key(o) == "train.recompute"; }))
-      cfg.train.recompute = moe::Recompute::Block;
+    settle_eval_layout(cfg, a.gpus, a.config.overrides);  // one microbatch per rank; the EP these ranks hold
+    cfg.validate();
     std::printf("%s", moe::plan_report(cfg, a.gpus, gpu ? moe::Device::CUDA : moe::Device::CPU,
                                        static_cast<size_t>(gib * (1u << 30)), moe::StoreUse::Evaluation)
                           .c_str());

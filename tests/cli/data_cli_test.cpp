@@ -258,6 +258,18 @@ TEST_F(DataCliTest, eval_holds_the_weights_only_and_runs_where_training_the_chec
   ASSERT_EQ(planned.exit_code, 0) << planned.err;
   EXPECT_NE(planned.out.find("evaluation plan of"), std::string::npos) << planned.out;
   EXPECT_NE(planned.out.find(" " + figure + "  NO"), std::string::npos) << figure << "\n" << planned.out;
+  // A config file that trains under FSDP is planned as eval runs it (whole-model DDP ranks), unless
+  // --set asks for FSDP.
+  write_file(path("fsdp.toml"), config_with("[parallel]\nmode = \"fsdp\"\n"));
+  plan.insert(plan.begin() + 1, {"--config", path("fsdp.toml")});
+  const CliRun from_file = moetrain(plan);
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.err;
+  EXPECT_NE(from_file.out.find("(ddp, pp 1"), std::string::npos) << from_file.out;
+  EXPECT_NE(from_file.out.find(" " + figure + "  NO"), std::string::npos) << figure << "\n" << from_file.out;
+  plan.insert(plan.end(), {"--set", "parallel.mode=fsdp"});
+  const CliRun asked = moetrain(plan);
+  ASSERT_EQ(asked.exit_code, 0) << asked.err;
+  EXPECT_NE(asked.out.find("(fsdp, pp 1"), std::string::npos) << asked.out;
 }
 
 }  // namespace

@@ -81,6 +81,14 @@ TEST_P(EvaluationStore, EvaluatesTheCheckpointAsATrainingStoreDoesWithoutGradien
     EXPECT_NE(std::string(err.what()).find("built for evaluation"), std::string::npos) << err.what();
   }
   try {
+    eval.train_step(0);
+    ADD_FAILURE() << "train_step of an evaluation's trainer did not throw";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("Trainer::train_step: this trainer was built for evaluation"),
+              std::string::npos)
+        << err.what();
+  }
+  try {
     eval.store().zero_grads(false);
     ADD_FAILURE() << "zero_grads on an evaluation's store did not throw";
   } catch (const Error& err) {

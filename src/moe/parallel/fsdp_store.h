@@ -62,8 +62,8 @@ class FsdpStore final : public ParamStore, public BlockHooks {
   void for_each_owned_piece(Fn&& fn) const;
   void bind();
   void gather(int block);
-  Tensor compute_shards() const;
-  void check_training(const char* call) const;  // an error naming `call` in an evaluation's store  // what gather() sends: the BF16 shard copy on the GPU, else the F32 shards
+  Tensor compute_shards() const;  // what gather() sends: the BF16 shard copy on the GPU, else the F32 shards
+  void check_training(const char* call) const;  // an error naming `call` in an evaluation's store
 
   ModelConfig cfg_;
   const ParamRegistry& reg_;

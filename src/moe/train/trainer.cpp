@@ -392,6 +392,7 @@ void Trainer::fail_for_test(int64_t step) const {
 }
 
 void Trainer::accumulate_gradients(int64_t step) {
+  check_trains("accumulate_gradients");
   fail_for_test(step);
   upload_batch(step);
   queue_gradients(step);
@@ -418,6 +419,7 @@ void Trainer::all_reduce_host(std::vector<float>& v) {
 }
 
 StepRecord Trainer::train_step(int64_t step) {
+  check_trains("train_step");
   const TrainConfig& t = cfg_.train;
   const int64_t dp = data_ranks(), T = t.seq_len, accum = cfg_.accumulation_steps(dp);
   const auto t0 = Clock::now();
@@ -522,9 +524,13 @@ StepRecord Trainer::train_step(int64_t step) {
   return r;
 }
 
+void Trainer::check_trains(const char* call) const {
+  MOE_CHECK(!opts_.evaluation_only, "Trainer::", call,
+            ": this trainer was built for evaluation (no gradients or optimizer state)");
+}
+
 TrainSummary Trainer::run() {
-  MOE_CHECK(!opts_.evaluation_only, "Trainer::run: this trainer was built for evaluation (no gradients or optimizer "
-            "state)");
+  check_trains("run");
   const TrainConfig& t = cfg_.train;
   TrainSummary summary;
   summary.first_step = start_step_;

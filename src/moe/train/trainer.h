@@ -138,6 +138,7 @@ class Trainer {
   int rank() const { return world_.rank(); }
 
  private:
+  void check_trains(const char* call) const;  // refuses `call` on an evaluation's trainer
   void load_checkpoint(const CheckpointReader& ckpt);
   void init_weights_from(const std::string& path);  // --init-from
   // Saves step's checkpoint (collective). background (train.async_save; periodic saves only): each
