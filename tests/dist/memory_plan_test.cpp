@@ -160,6 +160,32 @@ TEST_F(MemoryPlan, TheOptionsOfAConfigThatDoesNotFitAreThePlansOfTheConfigsTheyN
   EXPECT_NE(msg.find("cheapest that fits: --set "), std::string::npos) << msg;
 }
 
+// An evaluation on the GPU in BF16 keeps the BF16 copy alone (a checkpoint is read straight into
+// it): no FP32 weights, two bytes per parameter. In FP8 the FP32 weights stay (the caches are
+// quantized from them), with the training plan's compute weights.
+TEST_F(MemoryPlan, AnEvaluationOnTheGpuInBf16KeepsTheBf16CopyAlone) {
+#if !MOE_HAVE_CUDA
+  GTEST_SKIP() << "GPU plans need a build with the CUDA backend (no GPU needed)";
+#endif
+  const int P = world_->size();
+  const Config cfg = load_config("tiny", base(P));
+  int64_t all = 0;
+  const ParamRegistry reg = build_registry(cfg.model, 0, cfg.model.num_experts);
+  for (const ParamEntry& e : reg.entries()) all += e.numel();
+  const MemoryRoles bf16 = plan_rank(cfg, 1, 0, Device::CUDA, StoreUse::Evaluation);
+  EXPECT_EQ(bf16.parameters, 0u);
+  EXPECT_EQ(bf16.compute_weights, static_cast<size_t>(2 * all));
+  EXPECT_EQ(bf16.gradients + bf16.optimizer, 0u);
+  std::vector<std::string> o = base(P);
+  o.push_back("train.precision=\"fp8\"");
+  const Config fp8 = load_config("tiny", o);
+  const MemoryRoles e = plan_rank(fp8, 1, 0, Device::CUDA, StoreUse::Evaluation);
+  const MemoryRoles t = plan_rank(fp8, 1, 0, Device::CUDA);
+  EXPECT_EQ(e.parameters, static_cast<size_t>(4 * all));
+  EXPECT_EQ(e.compute_weights, t.compute_weights);
+  EXPECT_EQ(e.gradients + e.optimizer, 0u);
+}
+
 // FP8 on the GPU keeps no BF16 copy of the matrices it quantizes (every *_proj matrix): the GPU
 // plan's compute weights exceed the CPU plan's (the same FP8 caches, no BF16 copy at all) by two
 // bytes per element of the other tensors (embedding, norms, routers, LM head) exactly. In BF16 the

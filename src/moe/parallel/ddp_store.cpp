@@ -1,9 +1,13 @@
 #include "moe/parallel/ddp_store.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
 #include "moe/core/device.h"
+#include "moe/core/dtype.h"
 #include "moe/core/error.h"
+#include "moe/model/weights.h"
 #include "moe/ops/elementwise.h"
 
 namespace moe {
@@ -11,15 +15,16 @@ namespace moe {
 DdpStore::DdpStore(const ModelConfig& cfg, const ParamRegistry& reg, const Mesh& mesh, Arena& arena,
                    DType moment_dtype, Precision precision, GradReduceOptions reduce, StoreUse use)
     : cfg_(cfg), reg_(reg), mesh_(mesh), arena_(arena) {
-  // An evaluation keeps the FP32 weights too: they are what a checkpoint holds and what the compute
-  // copies are derived from (checkpoints are read in place into them).
-  params_ = arena.reserve("parameters", DType::F32, {reg.total_numel()});
-  if (use == StoreUse::Training) grads_slot_ = arena.reserve("gradients", DType::F32, {reg.total_numel()});
   // On the GPU the model reads BF16 compute weights, refreshed from the FP32 main weights after
   // every change to them (BF16 compute, FP32 main weights, gradients and moments). In FP8 the
   // quantized matrices are read only through their FP8 caches, so the BF16 copy holds the rest
   // alone (embedding, norms, routers, LM head).
   has_compute_copy_ = arena.device() == Device::CUDA;
+  // An evaluation in BF16 on the GPU reads a checkpoint straight into the BF16 copy (rounded as the
+  // copy's refresh rounds): nothing reads FP32 weights. In FP8 the caches are quantized from them.
+  compute_only_ = use == StoreUse::Evaluation && has_compute_copy_ && precision == Precision::BF16;
+  if (!compute_only_) params_ = arena.reserve("parameters", DType::F32, {reg.total_numel()});
+  if (use == StoreUse::Training) grads_slot_ = arena.reserve("gradients", DType::F32, {reg.total_numel()});
   const int64_t local_experts = cfg.num_experts / mesh.ep;
   compact_compute_ = has_compute_copy_ && precision == Precision::FP8;
   const std::vector<bool> held = held_layers(cfg, reg);  // a pipeline stage's layers
@@ -79,6 +84,11 @@ void DdpStore::after_backward(int block) {
 void DdpStore::bind() {
   if (bound_) return;
   if (optimizer_) grads_ = bind_weights(cfg_, reg_, grads_flat());
+  if (compute_only_) {
+    weights_ = bind_weights(cfg_, reg_, arena_.get(compute_));
+    bound_ = true;
+    return;
+  }
   master_ = bind_weights(cfg_, reg_, params());
   if (compact_compute_)
     bind_compact_copy();
@@ -133,12 +143,34 @@ void DdpStore::bind_compact_copy() {
 
 void DdpStore::init(uint64_t seed) {
   bind();
+  if (compute_only_) return init_compute_copy(seed);
   init_params(cfg_, reg_, params(), seed);
   refresh_compute_weights();
 }
 
+void DdpStore::init_compute_copy(uint64_t seed) {
+  // The FP32 values init_params writes, a bounded chunk at a time in host memory, rounded to
+  // nearest even as the GPU's cast rounds them.
+  constexpr int64_t kChunk = int64_t{1} << 22;
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  const Tensor copy = arena_.get(compute_);
+  for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {
+    const Tensor flat = reg_.view(copy, i).view({reg_.entry(i).numel()});
+    for (int64_t c = 0; c < flat.numel(); c += kChunk) {
+      const int64_t n = std::min(kChunk, flat.numel() - c);
+      f32.resize(static_cast<size_t>(n));
+      bf16.resize(static_cast<size_t>(n));
+      init_param_range(cfg_, reg_, i, c, c + n, f32.data(), seed);
+      for (int64_t k = 0; k < n; ++k) bf16[static_cast<size_t>(k)] = f32_to_bf16(f32[static_cast<size_t>(k)]);
+      copy_to_tensor(flat.rows(c, c + n), bf16.data());
+    }
+  }
+}
+
 void DdpStore::refresh_compute_weights() {
   bind();
+  if (compute_only_) return;  // the copy is the only one: nothing to refresh it from
   if (compact_compute_) {
     for (const auto& [master, copy] : compute_copies_) cast_copy(copy, master);
   } else if (has_compute_copy_) {
@@ -228,7 +260,7 @@ std::vector<CheckpointSlice> DdpStore::checkpoint_slices() const {
 
 void DdpStore::load_weights(const TensorReadFn& read) {
   bind();
-  const Tensor p = params();
+  const Tensor p = compute_only_ ? arena_.get(compute_) : params();  // read_into rounds F32 to BF16
   for (int i = 0; i < static_cast<int>(reg_.entries().size()); ++i) {
     const ParamEntry& e = reg_.entry(i);
     read(e.name, e.global_begin(), e.global_begin() + e.numel(), reg_.view(p, i).view({e.numel()}));

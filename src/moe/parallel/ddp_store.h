@@ -62,8 +62,9 @@ class DdpStore final : public ParamStore, public BlockHooks {
   // Buckets started by after_backward (inside a backward, not after it), summed over the run.
   int64_t buckets_started_in_backward() const { return started_in_backward_; }
 
-  // FP32 main weights. The model reads weights(): on the CPU the FP32 weights, on the GPU a BF16
-  // copy refreshed after every update (in FP8, of the tensors that are not quantized only).
+  // FP32 main weights (none in an evaluation's BF16 store on the GPU). The model reads weights(): on
+  // the CPU the FP32 weights, on the GPU a BF16 copy refreshed after every update (in FP8, of the
+  // tensors that are not quantized only).
   Tensor params() const { return arena_.get(params_); }
   Tensor grads_flat() const { return arena_.get(grads_slot_); }
   const DistributedAdamW& optimizer() const { return training_optimizer(); }
@@ -76,6 +77,7 @@ class DdpStore final : public ParamStore, public BlockHooks {
   void bind_compact_copy();        // FP8 on the GPU: the copy holds the unquantized tensors only
   void refresh_compute_weights();  // and the FP8 caches
   void refresh_fp8_weights();
+  void init_compute_copy(uint64_t seed);  // compute_only_: init() into the BF16 copy
   // The optimizer, or an error naming `call` for an evaluation's store (it has none).
   DistributedAdamW& training_optimizer(const char* call = "optimizer") const;
 
@@ -86,6 +88,7 @@ class DdpStore final : public ParamStore, public BlockHooks {
   Arena::Slot params_, grads_slot_, compute_;
   bool has_compute_copy_ = false;
   bool compact_compute_ = false;  // the copy holds the unquantized tensors only (FP8 on the GPU)
+  bool compute_only_ = false;     // an evaluation in BF16 on the GPU: the BF16 copy, no FP32 weights
   std::vector<std::pair<Tensor, Tensor>> compute_copies_;  // compact: (FP32 source, BF16 copy) per tensor
   DistributedAdamW::UpdateOutputs update_outputs_;         // what a one-rank update writes (bind())
   std::unique_ptr<DistributedAdamW> optimizer_;  // null in an evaluation's store (StoreUse::Evaluation)
