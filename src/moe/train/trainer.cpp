@@ -152,8 +152,16 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
   }
   const MemoryRoles plan = memory_roles(state_, acts_, *run_);
   const size_t usable = limit + (dev_ == Device::CUDA ? plan.heap : 0);
+  // Ranks plan different bytes (pipeline stages, shard remainders): when one does not fit, every
+  // rank names the largest rank's plan (plan_largest_rank, the same on every rank), so the error is
+  // one, printed once, with the figures `moetrain plan` prints, not each rank's own.
+  int32_t over = plan.total() > usable ? 1 : 0;
+  if (world.size() > 1) world.all_reduce(Tensor(&over, DType::I32, {1}), ReduceOp::Max);
   agree_on_outcome(world, [&] {
-    if (plan.total() > usable) MOE_FAIL(does_not_fit_message(cfg_, plan, world_.size(), dev_, usable, use));
+    if (!over) return;
+    const MemoryRoles largest = world.size() > 1 ? plan_largest_rank(cfg_, world_.size(), dev_, use) : plan;
+    MOE_FAIL(does_not_fit_message(cfg_, largest, world_.size(), dev_,
+                                  limit + (dev_ == Device::CUDA ? largest.heap : 0), use));
   });
   state_.commit(limit);
   acts_.commit(limit > state_.total_bytes() ? limit - state_.total_bytes() : 1);
