@@ -90,6 +90,18 @@ if [ "$status" != 1 ] || [ "$(grep -c '^error' "$work/memory.err")" != 1 ] ||
   grep -q MPI_ABORT "$work/memory.err"; then
   echo "FAIL: memory (exit $status)"; cat "$work/memory.err"; fail=1
 fi
+# Pipeline stages plan different bytes: a config neither fits is one error, naming the largest
+# stage's plan as `moetrain plan` states it (each stage printed its own advice and total).
+args=(train --steps 4 --set model.num_hidden_layers=4 --set parallel.pp=2 --set run.dir="$work/p")
+timeout 60 $one_rank env OMP_NUM_THREADS=1 MOE_TEST_MEMORY_MIB=1 "$moetrain" "${args[@]}" : \
+  -np 1 env OMP_NUM_THREADS=1 MOE_TEST_MEMORY_MIB=1 "$moetrain" "${args[@]}" > /dev/null 2> "$work/stages.err"
+status=$?
+planned=$(OMP_NUM_THREADS=1 "$moetrain" plan --device cpu --gpus 2 --gpu-memory 0.0009765625 \
+  --set model.num_hidden_layers=4 --set parallel.pp=2 | grep -o 'the run needs [^ ]* [KMG]iB')
+if [ "$status" != 1 ] || [ "$(grep -c '^error' "$work/stages.err")" != 1 ] || [ -z "$planned" ] ||
+  ! grep -q "^error: $planned per rank" "$work/stages.err" || grep -q MPI_ABORT "$work/stages.err"; then
+  echo "FAIL: stages memory (exit $status; plan: $planned)"; cat "$work/stages.err"; fail=1
+fi
 # Ranks that open different token data under the same command (here a relative data.path from two
 # working directories, as node-local dataset copies that differ): one error, naming both.
 for r in 0 1; do
@@ -138,5 +150,5 @@ two_copies same_size_eval_set 'the ranks opened different token data for eval.se
   train --steps 4 --set data.path="$work/same0/data" --set run.dir="$work/o" --set 'eval.sets=[{name="v",path="data"}]'
 two_copies same_size_eval_data 'the ranks opened different --data files: rank 0 read 1 token file' \
   eval --checkpoint "$work/ckpt" --data data
-for d in a b c d e f g h i j k l m n o; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
+for d in a b c d e f g h i j k l m n o p; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
 exit $fail
