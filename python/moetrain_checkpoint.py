@@ -40,7 +40,13 @@ import re
 import struct
 import sys
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as e:  # run as a command: one line that says what to install, not a traceback
+    if __name__ != "__main__":
+        raise
+    sys.exit(f"error: moetrain_checkpoint.py needs numpy ({e}): pip install numpy, or use the copy "
+             f"scripts/setup.sh installs (PYTHONPATH=.deps/python)")
 
 try:
     import xxhash

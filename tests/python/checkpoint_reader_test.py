@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import struct
+import sys
 import tempfile
 import unittest
 
@@ -17,7 +18,7 @@ import numpy as np
 import xxhash
 
 import moetrain_checkpoint as mc
-from moe_test_util import BINARY_DIR, TempDirTest, moetrain_train, python_tool, run
+from moe_test_util import BINARY_DIR, SOURCE_DIR, TempDirTest, moetrain_train, python_tool, run
 
 CHECKPOINT_DUMP = os.path.join(BINARY_DIR, "checkpoint_dump")
 
@@ -270,6 +271,14 @@ class CheckpointReaderTest(TempDirTest):
             self.assert_one_line_error(python_tool("moetrain_checkpoint.py", ckpt, check=False),
                                        os.path.join(ckpt, name), "nested too deeply")
             shutil.rmtree(ckpt)
+
+    def test_command_line_without_numpy_says_what_to_install_in_one_line(self):
+        # numpy made unimportable (a None entry in sys.modules), the script run as a command.
+        script = os.path.join(SOURCE_DIR, "python", "moetrain_checkpoint.py")
+        r = run([sys.executable, "-c", "import runpy, sys; sys.modules['numpy'] = None; "
+                 f"sys.argv = [{script!r}, {self.step2!r}]; runpy.run_path({script!r}, run_name='__main__')"],
+                check=False)
+        self.assert_one_line_error(r, "moetrain_checkpoint.py needs numpy", "pip install numpy")
 
     def test_command_line_writes_one_tensor_and_never_overwrites(self):
         out = self.path("norm.npy")
