@@ -637,4 +637,19 @@ TEST_F(CliTest, a_resume_with_other_data_settings_says_which_differ_and_what_tha
   EXPECT_NE(other.out.find("from step 3 on"), std::string::npos) << other.out;
 }
 
+// A resume under another model config (the usual cause: the run's config file not given again)
+// names the difference and the run's own resolved config, which then continues it.
+TEST_F(CliTest, a_resume_under_another_model_names_the_runs_own_config) {
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2"})).exit_code, 0);
+  std::vector<std::string> other = tiny_sets();
+  for (std::string& s : other)
+    if (s.rfind("model.hidden_size=", 0) == 0) s = "model.hidden_size=32";
+  const std::string own = run_dir() + "/config.toml";
+  expect_error(moetrain(tiny_train({"--steps", "3", "--resume", "latest"}, other)),
+               {"the model config differs", "model.hidden_size", "give its config: --config " + own});
+  const CliRun r = moetrain({"train", "--config", own, "--steps", "3", "--resume", "latest"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("step-000002 at step 2"), std::string::npos) << r.out;
+}
+
 }  // namespace

@@ -52,7 +52,16 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
     // The model must be the same, compared key by key (values, not the text that stored them).
     const Config stored = parse_config(ckpt.train_state_string("model_config"), dir + "/train_state.json");
     const std::string diff = config_differences(cfg_, stored, "model", "this run", "the checkpoint");
-    MOE_CHECK(diff.empty(), "cannot load ", dir, " into this run: the model config differs:", diff);
+    if (!diff.empty()) {
+      // The run directory keeps the resolved config of its latest start: the usual fix is to pass it.
+      std::string hint;
+      const fs::path run = fs::path(dir).parent_path();
+      std::error_code ec;
+      for (const char* name : {"config.resolved.toml", "config.toml"})
+        if (hint.empty() && fs::is_regular_file(run / name, ec))
+          hint = "; to continue that run, give its config: --config " + (run / name).string();
+      MOE_FAIL("cannot load ", dir, " into this run: the model config differs:", diff, hint);
+    }
     const int64_t step = checked_checkpoint_step(ckpt);
     MOE_CHECK(opts_.bench || step <= cfg_.train.steps, "checkpoint ", dir, " is at step ", step,
               ", past train.steps = ", cfg_.train.steps);
