@@ -11,8 +11,10 @@
 #include "cli/eval_layout.h"
 #include "moe/ckpt/run_checkpoints.h"
 #include "moe/comm/host_strings.h"
+#include "moe/core/device.h"
 #include "moe/core/error.h"
 #include "moe/train/config.h"
+#include "moe/train/memory_plan.h"
 #include "moe/train/metrics.h"
 #include "moe/train/trainer.h"
 
@@ -95,6 +97,22 @@ int run_eval(const EvalArgs& a, Job& job) {
       std::printf("  %ld trailing windows did not fill a microbatch on every rank and were not evaluated\n",
                   static_cast<long>(r.windows_skipped));
     if (!a.logits.empty()) std::printf("  logits of the first microbatch: %s\n", a.logits.c_str());
+    // What it held, as `moetrain plan --eval` states it (the largest rank's plan), and on the GPU
+    // what was in use at the end, so the two can be compared.
+    const moe::MemoryRoles plan =
+        moe::plan_largest_rank(cfg, world.size(), trainer.device(), moe::StoreUse::Evaluation);
+    std::printf("  memory: %s planned per rank (weights %s, activations %s, expert heap %s; no gradients or "
+                "optimizer state, train.recompute = \"%s\")",
+                moe::format_bytes(static_cast<double>(plan.total())).c_str(),
+                moe::format_bytes(static_cast<double>(plan.parameters + plan.compute_weights)).c_str(),
+                moe::format_bytes(static_cast<double>(plan.activations)).c_str(),
+                moe::format_bytes(static_cast<double>(plan.heap)).c_str(), moe::to_string(cfg.train.recompute));
+    if (trainer.device() == moe::Device::CUDA) {
+      const moe::DeviceMemory m = moe::device_memory();
+      std::printf("; GPU memory in use at the end %s (CUDA context and library workspaces included)",
+                  moe::format_bytes(static_cast<double>(m.total_bytes - m.free_bytes)).c_str());
+    }
+    std::printf("\n");
   }
   return 0;
 }

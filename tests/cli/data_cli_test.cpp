@@ -252,6 +252,8 @@ TEST_F(DataCliTest, eval_holds_the_weights_only_and_runs_where_training_the_chec
   const size_t at = small.err.find(needs);
   ASSERT_NE(at, std::string::npos);
   const std::string figure = small.err.substr(at + needs.size(), small.err.find(" per rank", at) - at - needs.size());
+  // The evaluation that ran states the same plan.
+  EXPECT_NE(eval.out.find("memory: " + figure + " planned per rank"), std::string::npos) << figure << "\n" << eval.out;
   std::vector<std::string> plan = {"plan", "--eval", "--gpu-memory", "0.02"};
   for (const std::string& s : sets) plan.insert(plan.end(), {"--set", s});
   const CliRun planned = moetrain(plan);
