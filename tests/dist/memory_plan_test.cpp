@@ -37,6 +37,18 @@ std::vector<std::string> base(int world) {
           "data.synthetic_eval_tokens=2000"};
 }
 
+// base(world) with a variant's settings, and how a failure names it.
+Config variant_config(int world, const std::vector<std::string>& variant) {
+  std::vector<std::string> o = base(world);
+  o.insert(o.end(), variant.begin(), variant.end());
+  return load_config("tiny", o);
+}
+std::string describe(const Communicator& world, const std::vector<std::string>& variant) {
+  std::string what = "rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()) + ":";
+  for (const auto& s : variant) what += " " + s;
+  return what;
+}
+
 void expect_equal(const MemoryRoles& plan, const MemoryRoles& run, const std::string& what) {
   EXPECT_EQ(plan.parameters, run.parameters) << what;
   EXPECT_EQ(plan.compute_weights, run.compute_weights) << what;
@@ -82,11 +94,8 @@ TEST_F(MemoryPlan, EachRanksPlanEqualsTheArenasOfTheRealRun) {
   quiet.quiet = true;
   quiet.bench = true;
   for (const auto& v : variants) {
-    std::vector<std::string> o = base(P);
-    o.insert(o.end(), v.begin(), v.end());
-    std::string what = "rank " + std::to_string(world_->rank()) + " of " + std::to_string(P) + ":";
-    for (const auto& s : v) what += " " + s;
-    const Config cfg = load_config("tiny", o);
+    const std::string what = describe(*world_, v);
+    const Config cfg = variant_config(P, v);
     const Trainer run(cfg, quiet, *world_);
     expect_equal(plan_rank(cfg, P, world_->rank(), Device::CPU), run.memory_plan(), what);
   }
@@ -109,11 +118,8 @@ TEST_F(MemoryPlan, AnEvaluationPlansItsWeightsAloneAndEvaluatesAsTrainingDoes) {
   evaluation = training;
   evaluation.evaluation_only = true;
   for (const auto& v : variants) {
-    std::vector<std::string> o = base(P);
-    o.insert(o.end(), v.begin(), v.end());
-    std::string what = "rank " + std::to_string(world_->rank()) + " of " + std::to_string(P) + ":";
-    for (const auto& s : v) what += " " + s;
-    const Config cfg = load_config("tiny", o);
+    const std::string what = describe(*world_, v);
+    const Config cfg = variant_config(P, v);
     Trainer train(cfg, training, *world_);
     Trainer eval(cfg, evaluation, *world_);
     const MemoryRoles e = eval.memory_plan(), t = train.memory_plan();
