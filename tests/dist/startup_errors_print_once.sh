@@ -20,9 +20,9 @@ $moetrain train --steps 2 --save-every 2 --set run.dir="$work/ckpt" > "$work/ckp
   { echo "FAIL: could not write the checkpoint"; cat "$work/ckpt.log"; exit 1; }
 cp -r "$work/ckpt" "$work/damaged"
 echo "{" > "$work/damaged/step-000002/index.json"
-# One byte of the embedding (a dense weight every rank reads at resume) flipped.
-cp -r "$work/ckpt" "$work/corrupt"
-python3 - "$work/corrupt/step-000002/rank-00000.safetensors" model.embed_tokens.weight <<'EOF'
+# flip_byte FILE TENSOR: one byte of the tensor's first chunk in that rank file flipped.
+flip_byte() {
+  python3 - "$1" "$2" <<'EOF'
 import json, struct, sys
 path, name = sys.argv[1], sys.argv[2]
 with open(path, "r+b") as f:
@@ -35,6 +35,14 @@ with open(path, "r+b") as f:
     f.seek(at)
     f.write(bytes([b[0] ^ 0xFF]))
 EOF
+}
+# One byte of the embedding (a dense weight every rank reads at resume) flipped.
+cp -r "$work/ckpt" "$work/corrupt"
+flip_byte "$work/corrupt/step-000002/rank-00000.safetensors" model.embed_tokens.weight
+# One byte of an expert only rank 1 holds under parallel.ep = 2 (saved by a 2-rank run).
+$mpirun "$moetrain" train --steps 2 --save-every 2 --set parallel.ep=2 --set run.dir="$work/ep2" > "$work/ep2.log" 2>&1 ||
+  { echo "FAIL: could not write the 2-rank checkpoint"; cat "$work/ep2.log"; exit 1; }
+flip_byte "$work/ep2/step-000002/rank-00001.safetensors" model.layers.0.mlp.experts.down_proj
 
 # expect NAME EXPECTED-LINE-START -- COMMAND ARGS...: exit 1, one "error" line that starts so, no abort.
 expect() {
@@ -52,6 +60,9 @@ expect resume 'cannot resolve checkpoint /no/such/checkpoint' -- train --steps 4
 expect damaged-resume "$work/damaged/step-000002/index.json is not valid JSON" -- train --steps 4 --resume latest --set run.dir="$work/damaged"
 expect corrupt-chunk "checkpoint $work/corrupt/step-000002: rank file rank-00000.safetensors, tensor 'model.embed_tokens.weight' .*checksum mismatch" -- \
   train --steps 4 --resume latest --set run.dir="$work/corrupt"
+# Read by rank 1 alone: one error too, naming the rank (it was each rank's line under the abort banner).
+expect corrupt-one-rank "rank 1: checkpoint $work/ep2/step-000002: rank file rank-00001.safetensors, tensor 'model.layers.0.mlp.experts.down_proj' .*checksum mismatch" -- \
+  train --steps 4 --resume latest --set parallel.ep=2 --set run.dir="$work/ep2"
 expect init-from '--init-from /no/such/run: no such file or directory' -- train --steps 4 --init-from /no/such/run --set run.dir="$work/c"
 expect damaged-init "$work/damaged/step-000002/index.json is not valid JSON" -- train --steps 4 --init-from "$work/damaged" --set run.dir="$work/d"
 expect architecture "--init-from: model.hidden_size is 128 in this run.s config but 64" -- train --steps 4 --init-from "$work/ckpt" --set model.hidden_size=128 --set run.dir="$work/e"

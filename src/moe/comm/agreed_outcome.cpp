@@ -28,10 +28,21 @@ void settle_outcome(Communicator& world, const std::string& what, const std::exc
       throw AgreedError(what);
     }
   }
-  if (error) std::rethrow_exception(error);
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Interrupted&) {
+      throw;  // a signal keeps its own exit; the other ranks' agreed error below ends them
+    } catch (const std::bad_alloc&) {
+      throw;
+    } catch (const std::exception&) {
+    }
+  }
+  // Not every rank alike: the lowest failing rank's error, named, agreed on every rank (printed
+  // once by rank 0, no MPI_Abort). Another rank's different error shows once this one is fixed.
   const bool leader_failed = !a.leader.empty();
-  MOE_FAIL("stopped at start-up: rank ", leader_failed ? 0 : a.differing_rank,
-           " failed: ", (leader_failed ? a.leader : a.differing).substr(1));
+  throw AgreedError("rank " + std::to_string(leader_failed ? 0 : a.differing_rank) + ": " +
+                    (leader_failed ? a.leader : a.differing).substr(1));
 }
 
 }  // namespace moe::detail

@@ -3,8 +3,10 @@
 // fails ends the job by MPI_Abort, so a mistyped data.path under mpirun printed one line per rank
 // under Open MPI's abort banner. Here every rank runs the work, then the ranks compare outcomes
 // (one collective): the same error on every rank is rethrown as a moe::AgreedError, which the job
-// prints once (apps/cli/job.h); an error only some ranks meet ends the job as before, and the ranks
-// that did not fail stop too, naming the one that did (none is left waiting in a collective).
+// prints once (apps/cli/job.h); an error only some ranks meet (a file one node cannot read, a
+// checkpoint range one rank reads) becomes one AgreedError on every rank too, the lowest failing
+// rank's, named ("rank 1: ..."). A signal or out-of-memory keeps its own exit on the rank that met
+// it. None is left waiting in a collective.
 #pragma once
 
 #include <exception>
