@@ -101,10 +101,11 @@ int run_eval(const EvalArgs& a, Job& job) {
     // what was in use at the end, so the two can be compared.
     const moe::MemoryRoles plan =
         moe::plan_largest_rank(cfg, world.size(), trainer.device(), moe::StoreUse::Evaluation);
-    std::printf("  memory: %s planned per rank (weights %s, activations %s, expert heap %s; no gradients or "
-                "optimizer state, train.recompute = \"%s\")",
+    std::printf("  memory: %s planned per rank (weights %s, other state %s, activations %s, expert heap %s; no "
+                "gradients or optimizer state, train.recompute = \"%s\")",
                 moe::format_bytes(static_cast<double>(plan.total())).c_str(),
                 moe::format_bytes(static_cast<double>(plan.parameters + plan.compute_weights)).c_str(),
+                moe::format_bytes(static_cast<double>(plan.other_state)).c_str(),
                 moe::format_bytes(static_cast<double>(plan.activations)).c_str(),
                 moe::format_bytes(static_cast<double>(plan.heap)).c_str(), moe::to_string(cfg.train.recompute));
     if (trainer.device() == moe::Device::CUDA) {

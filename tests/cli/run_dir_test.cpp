@@ -647,9 +647,25 @@ TEST_F(CliTest, a_resume_under_another_model_names_the_runs_own_config) {
   const std::string own = run_dir() + "/config.toml";
   expect_error(moetrain(tiny_train({"--steps", "3", "--resume", "latest"}, other)),
                {"the model config differs", "model.hidden_size", "give its config: --config " + own});
+  // eval takes the model from the checkpoint: a --set of a model key is what to drop.
+  expect_error(moetrain({"eval", "--checkpoint", run_dir(), "--data", "synthetic", "--set", "model.hidden_size=32"}),
+               {"the model config differs", "drop the --set of model keys"});
   const CliRun r = moetrain({"train", "--config", own, "--steps", "3", "--resume", "latest"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("step-000002 at step 2"), std::string::npos) << r.out;
+  // A run started from the user's own config.toml in run.dir (moetrain writes config.resolved.toml
+  // beside it): the hint names that file, and it continues the run.
+  const std::string mine = path("mine");
+  fs::create_directories(mine);
+  write_file(mine + "/config.toml", read_file(own));
+  const CliRun first = moetrain({"train", "--config", mine + "/config.toml", "--steps", "2", "--set", "run.dir=" + mine});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_TRUE(fs::exists(mine + "/config.resolved.toml"));
+  expect_error(moetrain(tiny_train({"--steps", "3", "--resume", "latest", "--set", "run.dir=" + mine}, other)),
+               {"give its config: --config " + mine + "/config.toml"});
+  const CliRun again = moetrain({"train", "--config", mine + "/config.toml", "--steps", "3", "--resume", "latest",
+                                 "--set", "run.dir=" + mine});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
 }
 
 }  // namespace

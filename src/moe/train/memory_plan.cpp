@@ -286,7 +286,7 @@ std::string does_not_fit_message(const Config& cfg, const MemoryRoles& plan, int
        << (cfg.parallel.mode == "fsdp" ? "" : " (with a larger parallel.ep, or parallel.mode = \"fsdp\")")
        << (batch_matters ? ", a smaller train.global_batch_size" : "")
        << ", a shorter train.seq_len or a smaller model; `moetrain plan "
-       << (use == StoreUse::Evaluation ? "--eval " : "") << "--gpus N` plans other sizes";
+       << (use == StoreUse::Evaluation ? "--eval --config RUN_DIR/config.toml " : "") << "--gpus N` plans other sizes";
   else
     os << "\ncheapest that fits: " << fit->set_flags();
   return os.str();
@@ -298,8 +298,9 @@ std::string plan_report(const Config& cfg, int world_size, Device device, size_t
   std::vector<MemoryRoles> ranks;
   for (int r = 0; r < world_size; ++r) ranks.push_back(plan_rank(cfg, world_size, r, device, use));
   std::ostringstream os;
-  os << (use == StoreUse::Evaluation ? "evaluation plan of '" : "plan of '") << cfg.name << "' on " << world_size << " " << (device == Device::CUDA ? "GPU" : "CPU rank")
-     << (world_size == 1 ? "" : "s") << " (" << topology_text(cfg, device);
+  os << (use == StoreUse::Evaluation ? "evaluation plan of '" : "plan of '") << cfg.name << "' on " << world_size
+     << " " << (device == Device::CUDA ? "GPU" : "CPU rank") << (world_size == 1 ? "" : "s") << " ("
+     << topology_text(cfg, device);
   os << "; " << cfg.train.micro_batch_size << " x " << cfg.train.seq_len << " tokens per microbatch; recompute "
      << to_string(cfg.train.recompute) << "; ";
   if (use == StoreUse::Evaluation)

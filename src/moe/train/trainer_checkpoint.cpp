@@ -53,13 +53,16 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
     const Config stored = parse_config(ckpt.train_state_string("model_config"), dir + "/train_state.json");
     const std::string diff = config_differences(cfg_, stored, "model", "this run", "the checkpoint");
     if (!diff.empty()) {
-      // The run directory keeps the resolved config of its latest start: the usual fix is to pass it.
+      // eval takes the model from the checkpoint: only its --set can differ. A resume's usual fix is
+      // the run's config: its config.toml (moetrain's resolved copy, or the user's own file that a
+      // resolved copy sits beside; either can be given as --config).
       std::string hint;
-      const fs::path run = fs::path(dir).parent_path();
+      const fs::path config = fs::path(dir).parent_path() / "config.toml";
       std::error_code ec;
-      for (const char* name : {"config.resolved.toml", "config.toml"})
-        if (hint.empty() && fs::is_regular_file(run / name, ec))
-          hint = "; to continue that run, give its config: --config " + (run / name).string();
+      if (opts_.evaluation_only)
+        hint = "; eval takes the model from the checkpoint: drop the --set of model keys";
+      else if (fs::is_regular_file(config, ec))
+        hint = "; to continue that run, give its config: --config " + config.string();
       MOE_FAIL("cannot load ", dir, " into this run: the model config differs:", diff, hint);
     }
     const int64_t step = checked_checkpoint_step(ckpt);
