@@ -658,7 +658,8 @@ TEST_F(CliTest, a_resume_under_another_model_names_the_runs_own_config) {
   const std::string mine = path("mine");
   fs::create_directories(mine);
   write_file(mine + "/config.toml", read_file(own));
-  const CliRun first = moetrain({"train", "--config", mine + "/config.toml", "--steps", "2", "--set", "run.dir=" + mine});
+  const CliRun first =
+      moetrain({"train", "--config", mine + "/config.toml", "--steps", "2", "--set", "run.dir=" + mine});
   ASSERT_EQ(first.exit_code, 0) << first.err;
   ASSERT_TRUE(fs::exists(mine + "/config.resolved.toml"));
   expect_error(moetrain(tiny_train({"--steps", "3", "--resume", "latest", "--set", "run.dir=" + mine}, other)),
