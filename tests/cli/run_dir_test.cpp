@@ -649,7 +649,13 @@ TEST_F(CliTest, a_resume_under_another_model_names_the_runs_own_config) {
                {"the model config differs", "model.hidden_size", "give its config: --config " + own});
   // eval takes the model from the checkpoint: a --set of a model key is what to drop.
   expect_error(moetrain({"eval", "--checkpoint", run_dir(), "--data", "synthetic", "--set", "model.hidden_size=32"}),
-               {"the model config differs", "drop the --set of model keys"});
+               {"the model config differs", "a --set of model keys (drop it)"});
+  // The run's own config given, with a --set that changes the model: the hint does not name that
+  // same file again.
+  const CliRun same = moetrain({"train", "--config", own, "--steps", "3", "--resume", "latest", "--set",
+                                "model.hidden_size=32"});
+  expect_error(same, {"--config is that run's config.toml already: a --set of model keys"});
+  EXPECT_EQ(same.err.find("give its config"), std::string::npos) << same.err;
   const CliRun r = moetrain({"train", "--config", own, "--steps", "3", "--resume", "latest"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("step-000002 at step 2"), std::string::npos) << r.out;

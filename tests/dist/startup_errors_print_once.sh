@@ -63,6 +63,8 @@ expect corrupt-chunk "checkpoint $work/corrupt/step-000002: rank file rank-00000
 # Read by rank 1 alone: one error too, naming the rank (it was each rank's line under the abort banner).
 expect corrupt-one-rank "rank 1: checkpoint $work/ep2/step-000002: rank file rank-00001.safetensors, tensor 'model.layers.0.mlp.experts.down_proj' .*checksum mismatch" -- \
   train --steps 4 --resume latest --set parallel.ep=2 --set run.dir="$work/ep2"
+expect corrupt-init-from "rank 1: checkpoint $work/ep2/step-000002: rank file rank-00001.safetensors, tensor 'model.layers.0.mlp.experts.down_proj' .*checksum mismatch" -- \
+  train --steps 4 --init-from "$work/ep2" --set parallel.ep=2 --set run.dir="$work/q"
 expect init-from '--init-from /no/such/run: no such file or directory' -- train --steps 4 --init-from /no/such/run --set run.dir="$work/c"
 expect damaged-init "$work/damaged/step-000002/index.json is not valid JSON" -- train --steps 4 --init-from "$work/damaged" --set run.dir="$work/d"
 expect architecture "--init-from: model.hidden_size is 128 in this run.s config but 64" -- train --steps 4 --init-from "$work/ckpt" --set model.hidden_size=128 --set run.dir="$work/e"
@@ -161,5 +163,5 @@ two_copies same_size_eval_set 'the ranks opened different token data for eval.se
   train --steps 4 --set data.path="$work/same0/data" --set run.dir="$work/o" --set 'eval.sets=[{name="v",path="data"}]'
 two_copies same_size_eval_data 'the ranks opened different --data files: rank 0 read 1 token file' \
   eval --checkpoint "$work/ckpt" --data data
-for d in a b c d e f g h i j k l m n o p; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
+for d in a b c d e f g h i j k l m n o p q; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
 exit $fail

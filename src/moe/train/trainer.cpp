@@ -199,10 +199,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opts, Communicator& worl
       load_checkpoint(agree_on_outcome(world, [&] { return CheckpointReader(resumed_from_); }));
   }
   if (run_id_.empty()) run_id_ = new_run_id();
-  // Each rank reads and verifies only its own ranges of a checkpoint, so a corrupt range fails the
-  // ranks that read it, later than rank 0 may finish. Rank 0 claims run.dir in run() (it may set
-  // the previous run or later checkpoints aside): only once every rank is past this point, or the
-  // failing rank's abort has ended the job first.
+  // Each rank reads and verifies only its own ranges of a checkpoint (one agreed outcome: a corrupt
+  // range is every rank's error). Rank 0 claims run.dir in run() (it may set the previous run or
+  // later checkpoints aside): only once every rank is past this point.
   host_world_.barrier();
 }
 

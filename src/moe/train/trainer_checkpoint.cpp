@@ -60,7 +60,12 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
       const fs::path config = fs::path(dir).parent_path() / "config.toml";
       std::error_code ec;
       if (opts_.evaluation_only)
-        hint = "; eval takes the model from the checkpoint: drop the --set of model keys";
+        hint = "; eval takes the model from the checkpoint's train_state.json: a --set of model keys (drop it), "
+               "or a train_state.json whose config and model_config disagree, makes the difference";
+      else if (fs::is_regular_file(config, ec) && !opts_.config_file.empty() &&
+               fs::equivalent(config, opts_.config_file, ec))
+        hint = "; --config is that run's config.toml already: a --set of model keys, or an edit of that file, "
+               "makes the difference";
       else if (fs::is_regular_file(config, ec))
         hint = "; to continue that run, give its config: --config " + config.string();
       MOE_FAIL("cannot load ", dir, " into this run: the model config differs:", diff, hint);
@@ -147,11 +152,14 @@ void Trainer::init_weights_from(const std::string& path) {
     return s;
   });
   // The same reads as a resume (every rank reads the ranges it holds, onto the device the
-  // parameters live on), without the moments: they stay at zero, as after init().
-  run_->store->load_weights([&](const std::string& key, int64_t begin, int64_t end, const Tensor& dst) {
-    src.read_into(key, begin, end, dst);
+  // parameters live on), without the moments: they stay at zero, as after init(). One agreed
+  // outcome, as at resume: a damaged range is one error, whichever ranks read it.
+  const bool bias = agree_on_outcome(host_world_, [&] {
+    run_->store->load_weights([&](const std::string& key, int64_t begin, int64_t end, const Tensor& dst) {
+      src.read_into(key, begin, end, dst);
+    });
+    return src.read_router_bias(static_cast<int64_t>(host_bias_.size()), host_bias_.data());
   });
-  const bool bias = src.read_router_bias(static_cast<int64_t>(host_bias_.size()), host_bias_.data());
   if (bias) copy_to_tensor(state_.get(run_->buffers.router_bias), host_bias_.data());
   init_from_ = src.record();
   if (!opts_.quiet && leader())
