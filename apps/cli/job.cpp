@@ -95,9 +95,18 @@ int Job::agree_at_startup(const std::function<void()>& work) {
   } catch (const std::exception& e) {
     code = 1, what = e.what();
   }
-  if (world_->size() > 1 && moe::agree_on_string(*world_, std::to_string(code) + " " + what).differing_rank >= 0) {
-    if (code != 0) moe::MpiRuntime::abort_job(what.c_str(), code);
-    return -1;  // another rank failed: its abort ends this one
+  if (world_->size() > 1) {
+    const moe::StringAgreement a = moe::agree_on_string(*world_, std::to_string(code) + " " + what);
+    if (a.differing_rank >= 0) {
+      // Not every rank alike: the lowest failing rank's error (rank 0's when it failed, else the
+      // first rank that differs from rank 0's success), named, printed once; every rank exits with
+      // its code. Another rank's different error shows once this one is fixed.
+      const bool leader_failed = a.leader.rfind("0 ", 0) != 0;
+      const std::string& first = leader_failed ? a.leader : a.differing;
+      const size_t space = first.find(' ');
+      return error_once("rank " + std::to_string(leader_failed ? 0 : a.differing_rank) + ": " + first.substr(space + 1),
+                        std::stoi(first.substr(0, space)));
+    }
   }
   if (code == 0) return -1;
   return error_once(what, code);

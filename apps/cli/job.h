@@ -42,8 +42,9 @@ class Job {
   // are the same on every rank. An error that every rank meets with the same message is printed
   // once, by rank 0, and every rank returns its exit status (UsageError: 2, else 1): MPI_Abort
   // would print it once per rank that got there first, under Open MPI's abort banner. An error
-  // only some ranks meet (a file one node cannot read) ends the job as any error does. Returns -1
-  // to go on, else the exit status.
+  // only some ranks meet (a file one node cannot read) is printed once too, the lowest failing
+  // rank's, named ("rank 1: ..."), with its exit status on every rank. Returns -1 to go on, else
+  // the exit status.
   int agree_at_startup(const std::function<void()>& work);
 
   // An error while running: a rank that throws ends the whole job (no rank is left waiting in a

@@ -7,8 +7,9 @@
 # already holds a run, `eval` of a missing --data file, a parallel.ep the ranks cannot hold, pipeline
 # layouts they cannot run (pp, its chunks, the interleaved schedule's microbatch groups, a
 # parallel.lease_slots too small for one stage), and
-# run.device = "cuda" on a machine without a GPU, a config that one rank's memory cannot hold, and
-# ranks that opened different token data (train data, eval.sets, eval --data).
+# run.device = "cuda" on a machine without a GPU, a config that one rank's memory cannot hold,
+# ranks that opened different token data (train data, eval.sets, eval --data), and a command-line
+# output only one rank's folder already holds.
 # Usage: startup_errors_print_once.sh "MPIRUN ARGS (the launcher and its options)" MOETRAIN
 set -u
 mpirun=$1
@@ -163,5 +164,19 @@ two_copies same_size_eval_set 'the ranks opened different token data for eval.se
   train --steps 4 --set data.path="$work/same0/data" --set run.dir="$work/o" --set 'eval.sets=[{name="v",path="data"}]'
 two_copies same_size_eval_data 'the ranks opened different --data files: rank 0 read 1 token file' \
   eval --checkpoint "$work/ckpt" --data data
+# A command-line output only one rank's folder already holds (eval --logits, relative, from two
+# working directories): one error naming that rank, no abort (it was that rank's line under the
+# abort banner), and the other rank writes nothing.
+mkdir -p "$work/out0" "$work/out1"
+touch "$work/out1/l.npy"
+timeout 60 $one_rank -wdir "$work/out0" "$moetrain" eval --checkpoint "$work/ckpt" --data synthetic --logits l.npy : \
+  -np 1 -wdir "$work/out1" "$moetrain" eval --checkpoint "$work/ckpt" --data synthetic --logits l.npy \
+  > /dev/null 2> "$work/logits.err"
+status=$?
+if [ "$status" != 1 ] || [ "$(grep -c '^error' "$work/logits.err")" != 1 ] ||
+  ! grep -q '^error: rank 1: eval --logits l.npy exists' "$work/logits.err" || grep -q MPI_ABORT "$work/logits.err" ||
+  [ -e "$work/out0/l.npy" ]; then
+  echo "FAIL: an existing --logits on one rank (exit $status)"; cat "$work/logits.err"; fail=1
+fi
 for d in a b c d e f g h i j k l m n o p q; do [ -e "$work/$d" ] && { echo "FAIL: run.dir $d was created"; fail=1; }; done
 exit $fail
