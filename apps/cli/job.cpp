@@ -98,13 +98,12 @@ int Job::agree_at_startup(const std::function<void()>& work) {
   if (world_->size() > 1) {
     const moe::StringAgreement a = moe::agree_on_string(*world_, std::to_string(code) + " " + what);
     if (a.differing_rank >= 0) {
-      // Not every rank alike: the lowest failing rank's error (rank 0's when it failed, else the
-      // first rank that differs from rank 0's success), named, printed once; every rank exits with
-      // its code. Another rank's different error shows once this one is fixed.
+      // Not every rank alike: the lowest failing rank's error, named, printed once; every rank exits
+      // with its code. Another rank's different error shows once this one is fixed.
       const bool leader_failed = a.leader.rfind("0 ", 0) != 0;
-      const std::string& first = leader_failed ? a.leader : a.differing;
+      const std::string& first = a.lowest_failure(leader_failed);
       const size_t space = first.find(' ');
-      return error_once("rank " + std::to_string(leader_failed ? 0 : a.differing_rank) + ": " + first.substr(space + 1),
+      return error_once("rank " + std::to_string(a.lowest_failing_rank(leader_failed)) + ": " + first.substr(space + 1),
                         std::stoi(first.substr(0, space)));
     }
   }

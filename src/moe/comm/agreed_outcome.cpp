@@ -41,8 +41,8 @@ void settle_outcome(Communicator& world, const std::string& what, const std::exc
   // Not every rank alike: the lowest failing rank's error, named, agreed on every rank (printed
   // once by rank 0, no MPI_Abort). Another rank's different error shows once this one is fixed.
   const bool leader_failed = !a.leader.empty();
-  throw AgreedError("rank " + std::to_string(leader_failed ? 0 : a.differing_rank) + ": " +
-                    (leader_failed ? a.leader : a.differing).substr(1));
+  throw AgreedError("rank " + std::to_string(a.lowest_failing_rank(leader_failed)) + ": " +
+                    a.lowest_failure(leader_failed).substr(1));
 }
 
 }  // namespace moe::detail

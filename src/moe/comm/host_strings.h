@@ -21,6 +21,11 @@ std::string broadcast_string(Communicator& comm, const std::string& text, int ro
 struct StringAgreement {
   int differing_rank = -1;        // -1: every rank agrees
   std::string leader, differing;  // rank 0's string and that rank's
+  // For outcomes that are not unanimous (ranks' successes alike, failures named): the lowest failing
+  // rank and its string, rank 0's when rank 0 failed, else the first rank that differs from its
+  // success. Every rank gets the same answer.
+  int lowest_failing_rank(bool leader_failed) const { return leader_failed ? 0 : differing_rank; }
+  const std::string& lowest_failure(bool leader_failed) const { return leader_failed ? leader : differing; }
 };
 StringAgreement agree_on_string(Communicator& comm, const std::string& text);
 
