@@ -55,6 +55,51 @@ TEST_F(DataCliTest, raw_sources_mixed_by_weight_and_named_eval_sets_train_and_ar
   EXPECT_NE(read_file(run_dir() + "/config.toml").find("[[data.sources]]"), std::string::npos);
 }
 
+// A config with [[data.sources]] is written without data.path (which the reader refuses beside
+// sources). Until 2026-12-07 it carried data.path = "synthetic": such a run's config.toml and
+// checkpoints could not be read back, so export-hf failed, a second resume was refused (both
+// config files taken for the user's) and a changed source weight went unreported. A run directory
+// of that older form is still moetrain's own.
+TEST_F(DataCliTest, a_run_on_several_sources_resumes_again_and_again_and_exports) {
+  write_file(path("a.bin"), raw_u16(valid_tokens(3000)));
+  write_file(path("b.bin"), raw_u16(valid_tokens(2000)));
+  const auto sources = [&](double weight) {
+    return "data.sources=[{path=\"" + path("a.bin") + "\", weight=" + std::to_string(weight) + "}, {path=\"" +
+           path("b.bin") + "\", weight=1.0}]";
+  };
+  const auto train = [&](double weight, int steps, bool resume) {
+    std::vector<std::string> sets = tiny_sets();
+    sets.insert(sets.end(), {sources(weight), "data.format=raw"});
+    std::vector<std::string> extra = {"--steps", std::to_string(steps), "--save-every", "2"};
+    if (resume) extra.insert(extra.end(), {"--resume", "latest"});
+    return moetrain(tiny_train(extra, sets));
+  };
+  ASSERT_EQ(train(3.0, 2, false).exit_code, 0);
+  const std::string config = run_dir() + "/config.toml";
+  EXPECT_EQ(read_file(config).find("path = 'synthetic'"), std::string::npos) << read_file(config);
+  const CliRun changed = train(1.0, 4, true);
+  ASSERT_EQ(changed.exit_code, 0) << changed.err;
+  EXPECT_NE(changed.out.find("data.sources[0].weight = 1 (was 3)"), std::string::npos) << changed.out;
+  const CliRun again = train(1.0, 6, true);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_FALSE(fs::exists(run_dir() + "/config.resolved.toml")) << "config.toml is moetrain's: rewritten";
+  EXPECT_NE(read_file(config).find("steps = 6"), std::string::npos);
+  const CliRun ex = moetrain({"export-hf", run_dir(), path("hf")});
+  ASSERT_EQ(ex.exit_code, 0) << ex.err;
+
+  // The older form: data.path = "synthetic" beside the sources, where toml++ orders it in [data].
+  std::string text = read_file(config);
+  const size_t data = text.find("\n[data]\n"), sampling = text.find("\nsampling = ", data);
+  ASSERT_TRUE(data != std::string::npos && sampling != std::string::npos) << text;
+  text.insert(sampling + 1, "path = 'synthetic'\n");
+  write_file(config, text);
+  const CliRun old = train(1.0, 8, true);
+  ASSERT_EQ(old.exit_code, 0) << old.err;
+  EXPECT_FALSE(fs::exists(run_dir() + "/config.resolved.toml")) << "the older form is moetrain's too";
+  EXPECT_NE(read_file(config).find("steps = 8"), std::string::npos);
+  EXPECT_EQ(read_file(config).find("path = 'synthetic'"), std::string::npos);
+}
+
 TEST_F(DataCliTest, a_bad_source_is_named_before_anything_is_written) {
   const struct {
     std::vector<std::string> sets;

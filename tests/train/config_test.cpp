@@ -379,6 +379,32 @@ TEST(Config, AStoredConfigOfTheStringFormReadsAsTheArray) {
             std::string::npos);
 }
 
+TEST(Config, AConfigWithDataSourcesIsWrittenWithoutDataPathAndReadsBack) {
+  const Config c = load_config("tiny", {"data.sources=[{path=\"a.npy\", weight=3.0}, {path=\"b\", weight=1.0}]"});
+  const std::string text = config_to_toml(c);
+  EXPECT_EQ(text.find("path = 'synthetic'"), std::string::npos) << text;
+  EXPECT_EQ(config_values(parse_config(text, "written")), config_values(c));
+  for (const auto& [key, value] : config_values(c)) EXPECT_NE(key, "data.path") << value;
+  EXPECT_TRUE(written_config_text(text));
+  // Written so until 2026-12-07: data.path's default beside the sources. A checkpoint's stored
+  // config and a run folder's config.toml of that form read as today's; a user's --config is
+  // refused (both given).
+  std::string old = text;
+  old.insert(old.find("\nsampling = ", old.find("\n[data]\n")) + 1, "path = 'synthetic'\n");
+  EXPECT_NE(error_of([&] { parse_config(old, "mix.toml"); }).find("gives both data.path and [[data.sources]]"),
+            std::string::npos);
+  EXPECT_EQ(config_values(parse_stored_config(old, "train_state.json")), config_values(c));
+  EXPECT_TRUE(written_config_text(old)) << old;
+  // A path of the user's beside the sources is not that form.
+  std::string other = text;
+  other.insert(other.find("\nsampling = ", other.find("\n[data]\n")) + 1, "path = 'mine.npy'\n");
+  EXPECT_FALSE(written_config_text(other));
+  EXPECT_NE(error_of([&] { parse_stored_config(other, "train_state.json"); }).find("gives both"), std::string::npos);
+  // Hand layout or a comment makes the text the user's.
+  EXPECT_FALSE(written_config_text("# mine\n" + text));
+  EXPECT_TRUE(written_config_text(config_to_toml(load_config("tiny"))));
+}
+
 TEST(Config, SizeProductsThatWouldOverflowAreRefusedWithoutWrappedNumbers) {
   // Each factor is within its key's range; their product is not usable.
   const std::string tokens =

@@ -141,6 +141,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_stored_config(const std::string& toml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides = {}, bool validate = true,
                            size_t callers_overrides = 0);
+// True when toml_text is exactly what config_to_toml writes for the config it holds, today or in
+// the forms older versions wrote (parse_stored_config's): a config moetrain wrote and nobody
+// edited, as far as text can tell (a hand edit that keeps the layout is not seen).
+bool written_config_text(const std::string& toml_text);
 // The model section and the whole resolved config as TOML text (written by the TOML library,
 // so any string value reads back unchanged).
 std::string model_config_toml(const ModelConfig& m);

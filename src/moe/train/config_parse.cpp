@@ -79,17 +79,23 @@ void apply_override(toml::table& root, const std::string& assignment) {
 }
 
 // A stored config's keys in the form older versions wrote, rewritten to today's form:
-// parallel.pp_layers = "3,1" (a comma-separated string before it became an array). A string that
-// is not a list of integers is left for the reader to refuse.
+// - parallel.pp_layers = "3,1" (a comma-separated string before it became an array). A string that
+//   is not a list of integers is left for the reader to refuse.
+// - data.path = "synthetic" beside [[data.sources]]: its unused default, which configs with sources
+//   carried until 2026-12-07 (the reader refuses a data.path given with sources).
 void read_older_stored_forms(toml::table& root) {
   toml::table* parallel = root.get_as<toml::table>("parallel");
   toml::node* layers = parallel ? parallel->get("pp_layers") : nullptr;
-  if (!layers || !layers->is_string()) return;
-  const auto values = integers_in_string(*layers->value<std::string>());
-  if (!values) return;
-  toml::array array;
-  for (int64_t v : *values) array.push_back(v);
-  parallel->insert_or_assign("pp_layers", std::move(array));
+  if (layers && layers->is_string()) {
+    if (const auto values = integers_in_string(*layers->value<std::string>())) {
+      toml::array array;
+      for (int64_t v : *values) array.push_back(v);
+      parallel->insert_or_assign("pp_layers", std::move(array));
+    }
+  }
+  toml::table* data = root.get_as<toml::table>("data");
+  const toml::node* path = data ? data->get("path") : nullptr;
+  if (path && path->value<std::string>() == "synthetic" && data->get("sources")) data->erase("path");
 }
 
 Config parse_config_text(const std::string& toml_text, const std::string& source_name,
@@ -127,6 +133,24 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
 Config parse_stored_config(const std::string& toml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides, bool validate, size_t callers_overrides) {
   return parse_config_text(toml_text, source_name, overrides, validate, /*stored=*/true, callers_overrides);
+}
+
+bool written_config_text(const std::string& toml_text) {
+  try {
+    const toml::table root = toml::parse(toml_text);
+    std::ostringstream as_is;
+    as_is << root << "\n";
+    if (as_is.str() != toml_text) return false;  // laid out by hand, or with comments
+    toml::table today = root;
+    read_older_stored_forms(today);
+    std::ostringstream in_todays_form;
+    in_todays_form << today << "\n";
+    Config c = read_config_table(today, "config");
+    c.validate();
+    return config_to_toml(c) == in_todays_form.str();
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {

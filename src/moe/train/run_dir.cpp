@@ -71,8 +71,8 @@ std::string absolute_path(const std::string& path) {
 }
 
 // True when the file at `path` is a config moetrain wrote and nobody edited since: its first line
-// is kConfigHeader and the rest is exactly what moetrain writes for the config it holds. One with
-// a hand edit or a comment is the user's now, and is not rewritten or moved.
+// is kConfigHeader and the rest is exactly what moetrain writes, or an older moetrain wrote, for the
+// config it holds. One with a hand edit or a comment is the user's now, and is not rewritten or moved.
 bool written_by_moetrain(const std::string& path) {
   std::ifstream in(path);
   std::string first;
@@ -80,11 +80,7 @@ bool written_by_moetrain(const std::string& path) {
   if (first != kConfigHeader) return false;
   std::ostringstream rest;
   rest << in.rdbuf();
-  try {
-    return rest.str() == config_to_toml(parse_config(rest.str(), path));
-  } catch (const std::exception&) {
-    return false;
-  }
+  return written_config_text(rest.str());
 }
 
 bool exists_not_by_moetrain(const std::string& path) {
