@@ -171,10 +171,16 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_arg
   const std::string tokenizer_note = check_tokenizer_files_fit(tokenizer_files, cfg.model.vocab_size);
   std::string note;
   // (A step-0 checkpoint, such as import-hf's, was never trained: nothing was dropped.)
-  if (!cfg.model.dropless && ckpt.train_state_int("step", 0) > 0)
-    note = "trained with model.capacity_factor = " + std::to_string(cfg.model.capacity_factor) +
-           " (routes past an expert's capacity were dropped); OlmoeForCausalLM drops none, so its outputs differ "
-           "where training dropped routes";
+  // Whether any route was dropped is in metrics.jsonl, not the checkpoint (an earlier start of the run
+  // may have had another parallel.ep): the note says where to look.
+  if (!cfg.model.dropless && ckpt.train_state_int("step", 0) > 0) {
+    std::ostringstream factor;
+    factor << cfg.model.capacity_factor;
+    note = "trained with model.capacity_factor = " + factor.str() +
+           " and model.dropless = false: under expert parallelism, routes past a rank's expert buffer are dropped "
+           "(metrics.jsonl's dropped_fraction says how many were); OlmoeForCausalLM drops none, so its outputs "
+           "differ where training dropped routes";
+  }
   if (dtype == DType::BF16) hf_config["torch_dtype"] = "bfloat16";  // from_pretrained(dtype="auto") keeps BF16
   check_router_bias_is_zero(ckpt);
   const std::vector<HfTensor> tensors = hf_tensors(cfg.model, ckpt);
