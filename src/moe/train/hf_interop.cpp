@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <set>
+#include <sstream>
 
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/durable_file.h"
