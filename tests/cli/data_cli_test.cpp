@@ -1,6 +1,8 @@
 // The data a team already has, end to end: raw OLMo-core / Dolma token arrays, several sources
 // mixed by weight in a config file, named validation sets reported under their names, and
 // `moetrain eval --data synthetic`; a bad source is one error naming its key, nothing written.
+#include <algorithm>
+
 #include "cli_test_util.h"
 
 namespace {
@@ -98,6 +100,35 @@ TEST_F(DataCliTest, a_run_on_several_sources_resumes_again_and_again_and_exports
   EXPECT_FALSE(fs::exists(run_dir() + "/config.resolved.toml")) << "the older form is moetrain's too";
   EXPECT_NE(read_file(config).find("steps = 8"), std::string::npos);
   EXPECT_EQ(read_file(config).find("path = 'synthetic'"), std::string::npos);
+}
+
+// A checkpoint records each token file's length and checksum: a resume over files that changed
+// since (same name, other tokens), appeared or went away names them in a note; one over the same
+// files says nothing.
+TEST_F(DataCliTest, a_resume_names_the_token_files_that_changed_since_the_checkpoint) {
+  fs::create_directories(path("corpus"));
+  write_file(path("corpus/a.bin"), raw_u16(valid_tokens(3000)));
+  write_file(path("corpus/b.bin"), raw_u16(valid_tokens(2000)));
+  write_file(path("corpus/c.bin"), raw_u16(valid_tokens(2000)));
+  std::vector<std::string> sets = tiny_sets();
+  sets.insert(sets.end(), {"data.path=" + path("corpus"), "data.format=raw"});
+  ASSERT_EQ(moetrain(tiny_train({"--steps", "2", "--save-every", "2"}, sets)).exit_code, 0);
+  const std::string state = read_file(run_dir() + "/step-000002/train_state.json");
+  EXPECT_NE(state.find("\"data_files\""), std::string::npos) << state;
+  const CliRun same = moetrain(tiny_train({"--steps", "3", "--resume", "latest"}, sets));
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(same.out.find("token files differ"), std::string::npos) << same.out;
+  std::vector<uint16_t> other = valid_tokens(2000);
+  std::reverse(other.begin(), other.end());  // same length, other tokens
+  write_file(path("corpus/b.bin"), raw_u16(other));
+  fs::remove(path("corpus/c.bin"));
+  write_file(path("corpus/d.bin"), raw_u16(valid_tokens(1000)));
+  const CliRun changed = moetrain(tiny_train({"--steps", "4", "--resume", run_dir() + "/step-000002"}, sets));
+  ASSERT_EQ(changed.exit_code, 0) << changed.err;
+  EXPECT_NE(changed.out.find("token files differ from the ones the checkpoint's run read (" + path("corpus/b.bin") +
+                             " changed, " + path("corpus/c.bin") + " is gone, " + path("corpus/d.bin") + " is new)"),
+            std::string::npos)
+      << changed.out;
 }
 
 TEST_F(DataCliTest, a_bad_source_is_named_before_anything_is_written) {

@@ -1,5 +1,8 @@
 #include "moe/train/data_agreement.h"
 
+#include <map>
+#include <vector>
+
 #include "moe/ckpt/checksum.h"
 #include "moe/comm/host_strings.h"
 #include "moe/core/error.h"
@@ -25,6 +28,43 @@ std::string token_data_summary(const TokenDataset& data) {
     tokens += f.train_length + f.eval_length;
   }
   return summary_of(listing, data.files().size(), tokens);
+}
+
+nlohmann::json token_files_record(const TokenDataset& data) {
+  nlohmann::json files = nlohmann::json::array();
+  if (data.attainable_loss()) return files;  // the synthetic corpus (never mixed with files): no file
+  for (const TokenDataset::File& f : data.files())
+    files.push_back({{"file", f.name}, {"tokens", f.train_length + f.eval_length}, {"xxh3", checksum_hex(f.checksum)}});
+  return files;
+}
+
+std::string token_files_changes(const nlohmann::json& record, const TokenDataset& now) {
+  if (!record.is_array()) return "";
+  std::map<std::string, std::string> before;  // file -> "tokens xxh3"
+  for (const nlohmann::json& f : record) {
+    if (!f.is_object() || !f.contains("file") || !f["file"].is_string() || !f.contains("tokens") ||
+        !f["tokens"].is_number_integer() || !f.contains("xxh3") || !f["xxh3"].is_string())
+      return "";
+    before[f["file"].get<std::string>()] = std::to_string(f["tokens"].get<int64_t>()) + " " + f["xxh3"].get<std::string>();
+  }
+  std::vector<std::string> changes;
+  std::map<std::string, std::string> after;
+  for (const nlohmann::json& f : token_files_record(now))
+    after[f["file"].get<std::string>()] = std::to_string(f["tokens"].get<int64_t>()) + " " + f["xxh3"].get<std::string>();
+  for (const auto& [file, was] : before) {
+    const auto it = after.find(file);
+    if (it == after.end())
+      changes.push_back(file + " is gone");
+    else if (it->second != was)
+      changes.push_back(file + " changed");
+  }
+  for (const auto& [file, is] : after)
+    if (!before.count(file)) changes.push_back(file + " is new");
+  constexpr size_t kNamed = 4;
+  std::string out;
+  for (size_t i = 0; i < changes.size() && i < kNamed; ++i) out += (i ? ", " : "") + changes[i];
+  if (changes.size() > kNamed) out += " and " + std::to_string(changes.size() - kNamed) + " more";
+  return out;
 }
 
 std::string token_data_summary(const EvalWindows& windows) {

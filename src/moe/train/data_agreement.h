@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "moe/comm/communicator.h"
 #include "moe/data/dataset.h"
 #include "moe/data/eval_windows.h"
@@ -17,6 +19,14 @@ namespace moe {
 // tokens when it was opened: token_sources.h).
 std::string token_data_summary(const TokenDataset& data);
 std::string token_data_summary(const EvalWindows& windows);
+
+// The training token files for a checkpoint's train_state.json: [{"file", "tokens", "xxh3"}] in
+// the dataset's order (the synthetic stream is not a file: not listed).
+nlohmann::json token_files_record(const TokenDataset& data);
+// What differs between a checkpoint's record and the files this run opened: "F changed", "F is
+// new", "F is gone" (at most a few named, then how many more), or "" when nothing does. A record
+// that is not the form token_files_record writes gives "".
+std::string token_files_changes(const nlohmann::json& record, const TokenDataset& now);
 
 // Collective over `host`: every rank compares its summary with rank 0's; when one differs, every
 // rank throws the same AgreedError naming `what` ("token data", "token data for eval.sets[0]")

@@ -13,6 +13,7 @@
 #include "moe/core/device.h"
 #include "moe/core/printable.h"
 #include "moe/core/wall_clock.h"
+#include "moe/train/data_agreement.h"
 #include "moe/train/init_source.h"
 #include "moe/train/trainer.h"
 
@@ -136,6 +137,15 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
         // A stored config this build cannot read is no reason to refuse the resume: no note.
       }
     }
+    // The same names can hold other tokens: a file edited, replaced or added since the save.
+    const std::string file_changes =
+        start_step_ > 0 && ckpt.train_state().contains("data_files")
+            ? token_files_changes(ckpt.train_state()["data_files"], data_)
+            : "";
+    if (!file_changes.empty())
+      resume_note_ += "  note: the token files differ from the ones the checkpoint's run read (" + file_changes +
+                      "): the remaining steps read windows of the files as they are now, so the run is not the "
+                      "one it would have been\n";
   }
 }
 
@@ -190,6 +200,7 @@ Trainer::SaveParts Trainer::save_parts(int64_t step) {
     st["data_position"] = {{"step", step},
                            {"note", "training windows are a pure function of (data.seed, step, sequence)"}};
     st["rng"] = {{"train.seed", cfg_.train.seed}, {"data.seed", cfg_.data.seed}};
+    st["data_files"] = token_files_record(data_);  // a resume says which files changed since
     st["topology"] = {{"world_size", world_.size()},
                       {"mode", cfg_.parallel.mode},
                       {"ep", cfg_.parallel.ep},
