@@ -140,6 +140,7 @@ TEST_F(DataCliTest, a_bad_source_is_named_before_anything_is_written) {
       {{"data.sources=[{path=\"" + path("nope") + "\", weight=0.0}]"}, {"data.sources[0].weight"}},
       {{"data.sources=[{path=\"x\", wieght=2.0}]"}, {"unknown key 'wieght'", "data.sources[0]"}},
       {{"data.sources=[{path=\"x\"}]", "data.path=\"y\""}, {"data.path", "data.sources", "not both"}},
+      {{"data.sources=[{path=\"synthetic\"}]"}, {"data.sources[0].path", "use data.path = \"synthetic\" instead"}},
       {{"eval.sets=[{name=\"a\", path=\"" + path("nope.bin") + "\"}]"}, {"eval.sets[0].path"}},
       {{"eval.sets=[{name=\"a\", path=\"x\"}, {name=\"a\", path=\"y\"}]"}, {"eval.sets", "'a'", "twice"}},
       {{"data.format=\"raw\"", "data.path=\"" + path("odd.bin") + "\""}, {"odd.bin", "not a multiple of 2"}},
