@@ -95,11 +95,19 @@ TEST_F(DataCliTest, a_run_on_several_sources_resumes_again_and_again_and_exports
   ASSERT_TRUE(data != std::string::npos && sampling != std::string::npos) << text;
   text.insert(sampling + 1, "path = 'synthetic'\n");
   write_file(config, text);
+  const std::string older = read_file(config);
   const CliRun old = train(1.0, 8, true);
   ASSERT_EQ(old.exit_code, 0) << old.err;
   EXPECT_FALSE(fs::exists(run_dir() + "/config.resolved.toml")) << "the older form is moetrain's too";
   EXPECT_NE(read_file(config).find("steps = 8"), std::string::npos);
   EXPECT_EQ(read_file(config).find("path = 'synthetic'"), std::string::npos);
+  // Given back as --config, a config.toml of the older form reads as well (as a stored config).
+  write_file(path("older.toml"), older);
+  const CliRun plan = moetrain({"plan", "--config", path("older.toml")});
+  EXPECT_EQ(plan.exit_code, 0) << plan.err;
+  std::string hand = older.substr(older.find('\n') + 1);  // without moetrain's first line: the user's file
+  write_file(path("hand.toml"), hand);
+  expect_error(moetrain({"plan", "--config", path("hand.toml")}), {"gives both data.path and [[data.sources]]"});
 }
 
 // A checkpoint records each token file's length and checksum: a resume over files that changed
@@ -118,6 +126,15 @@ TEST_F(DataCliTest, a_resume_names_the_token_files_that_changed_since_the_checkp
   const CliRun same = moetrain(tiny_train({"--steps", "3", "--resume", "latest"}, sets));
   ASSERT_EQ(same.exit_code, 0) << same.err;
   EXPECT_EQ(same.out.find("token files differ"), std::string::npos) << same.out;
+  // The same files by another spelling of the path, or copied elsewhere: the same windows, no note.
+  fs::copy(path("corpus"), path("moved"));
+  for (const std::string& spelling : {path("corpus") + "/./", path("moved")}) {
+    std::vector<std::string> moved = sets;
+    moved.push_back("data.path=" + spelling);
+    const CliRun r = moetrain(tiny_train({"--steps", "3", "--resume", run_dir() + "/step-000002"}, moved));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out.find("token files differ"), std::string::npos) << spelling << "\n" << r.out;
+  }
   std::vector<uint16_t> other = valid_tokens(2000);
   std::reverse(other.begin(), other.end());  // same length, other tokens
   write_file(path("corpus/b.bin"), raw_u16(other));

@@ -387,8 +387,8 @@ TEST(Config, AConfigWithDataSourcesIsWrittenWithoutDataPathAndReadsBack) {
   for (const auto& [key, value] : config_values(c)) EXPECT_NE(key, "data.path") << value;
   EXPECT_TRUE(written_config_text(text));
   // Written so until 2026-12-07: data.path's default beside the sources. A checkpoint's stored
-  // config and a run folder's config.toml of that form read as today's; a user's --config is
-  // refused (both given).
+  // config and a run folder's config.toml of that form read as today's (load_config reads a file
+  // with moetrain's first line as stored: data_cli_test); a user's own config is refused.
   std::string old = text;
   old.insert(old.find("\nsampling = ", old.find("\n[data]\n")) + 1, "path = 'synthetic'\n");
   EXPECT_NE(error_of([&] { parse_config(old, "mix.toml"); }).find("gives both data.path and [[data.sources]]"),

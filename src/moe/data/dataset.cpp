@@ -67,7 +67,8 @@ TokenDataset TokenDataset::open(const DataConfig& cfg, int64_t vocab_size, int64
   const TokenDType raw_dtype = token_dtype_from_name(cfg.dtype);
   for (size_t s = 0; s < sources.size(); ++s) {
     const std::string key = cfg.sources.empty() ? "data.path" : "data.sources[" + std::to_string(s) + "].path";
-    MOE_CHECK(sources[s].path != "synthetic", key, " = \"synthetic\": the synthetic corpus is not a source of "
+    MOE_CHECK(sources[s].path != "synthetic", key,
+              " = \"synthetic\": the synthetic corpus is not a source of "
               "[[data.sources]] (it is not mixed with token files); use data.path = \"synthetic\" instead");
     MOE_CHECK(std::isfinite(sources[s].weight) && sources[s].weight > 0, key, ": weight must be > 0, got ",
               sources[s].weight);

@@ -141,6 +141,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_stored_config(const std::string& toml_text, const std::string& source_name,
                            const std::vector<std::string>& overrides = {}, bool validate = true,
                            size_t callers_overrides = 0);
+// The first line of the config.toml moetrain writes in a run folder (a user's own config.toml lacks
+// it). load_config reads a file that starts with it as a checkpoint's stored config (older forms too).
+constexpr const char* kConfigHeader = "# moetrain: the resolved config of this run's latest start (every key)";
 // True when toml_text is exactly what config_to_toml writes for the config it holds, today or in
 // the forms older versions wrote (parse_stored_config's): a config moetrain wrote and nobody
 // edited, as far as text can tell (a hand edit that keeps the layout is not seen).

@@ -165,7 +165,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   std::stringstream ss;
   ss << in.rdbuf();
   MOE_CHECK(!in.bad(), "cannot read config file '", path, "'");
-  return parse_config(ss.str(), path, overrides);
+  // A run folder's config.toml as moetrain wrote it (--config <run>/config.toml) may be in a form an
+  // older moetrain wrote: read as the checkpoints' stored configs are.
+  const std::string text = ss.str();
+  if (text.rfind(std::string(kConfigHeader) + "\n", 0) == 0) return parse_stored_config(text, path, overrides);
+  return parse_config(text, path, overrides);
 }
 
 double parse_duration(const std::string& text, const std::string& key) {

@@ -198,11 +198,11 @@ std::string config_to_toml(const Config& c) {
   return w.text();
 }
 
+// Without data.path beside [[data.sources]], as config_to_toml writes it.
 std::vector<std::pair<std::string, std::string>> config_values(const Config& c) {
   ValueLister l;
   visit_config_keys(c, l);
-  if (!c.data.sources.empty())
-    std::erase_if(l.values, [](const auto& kv) { return kv.first == "data.path"; });
+  if (!c.data.sources.empty()) std::erase_if(l.values, [](const auto& kv) { return kv.first == "data.path"; });
   return l.values;
 }
 

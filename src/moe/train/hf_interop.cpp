@@ -5,12 +5,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <set>
-#include <sstream>
 
 #include "moe/ckpt/checkpoint.h"
 #include "moe/ckpt/durable_file.h"
@@ -175,12 +175,12 @@ ExportResult export_hf(const std::string& checkpoint, const std::string& out_arg
   // Whether any route was dropped is in metrics.jsonl, not the checkpoint (an earlier start of the run
   // may have had another parallel.ep): the note says where to look.
   if (!cfg.model.dropless && ckpt.train_state_int("step", 0) > 0) {
-    std::ostringstream factor;
-    factor << cfg.model.capacity_factor;
-    note = "trained with model.capacity_factor = " + factor.str() +
-           " and model.dropless = false: under expert parallelism, routes past a rank's expert buffer are dropped "
-           "(metrics.jsonl's dropped_fraction says how many were); OlmoeForCausalLM drops none, so its outputs "
-           "differ where training dropped routes";
+    char factor[32];
+    const auto done = std::to_chars(factor, factor + sizeof factor, cfg.model.capacity_factor);
+    note = "trained with model.capacity_factor = " + std::string(factor, done.ptr) +
+           " and model.dropless = false: with a factor below 1 or under expert parallelism, routes past a rank's "
+           "expert buffer are dropped (metrics.jsonl's dropped_fraction says how many were); OlmoeForCausalLM drops "
+           "none, so its outputs differ where training dropped routes";
   }
   if (dtype == DType::BF16) hf_config["torch_dtype"] = "bfloat16";  // from_pretrained(dtype="auto") keeps BF16
   check_router_bias_is_zero(ckpt);

@@ -43,9 +43,6 @@ struct RunStart {
   std::string config_file;   // the --config file the config was read from ("" or "tiny": the built-in)
 };
 
-// The first line of the config.toml moetrain writes (a user's own config.toml lacks it).
-constexpr const char* kConfigHeader = "# moetrain: the resolved config of this run's latest start (every key)";
-
 // True when `inner` is `outer` or lies below it (after resolving symlinks where they exist).
 bool path_lies_inside(const std::string& inner, const std::string& outer);
 

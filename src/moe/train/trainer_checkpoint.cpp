@@ -138,10 +138,9 @@ void Trainer::load_checkpoint(const CheckpointReader& ckpt) {
       }
     }
     // The same names can hold other tokens: a file edited, replaced or added since the save.
-    const std::string file_changes =
-        start_step_ > 0 && ckpt.train_state().contains("data_files")
-            ? token_files_changes(ckpt.train_state()["data_files"], data_)
-            : "";
+    const std::string file_changes = start_step_ > 0 && ckpt.train_state().contains("data_files")
+                                         ? token_files_changes(ckpt.train_state()["data_files"], data_)
+                                         : "";
     if (!file_changes.empty())
       resume_note_ += "  note: the token files differ from the ones the checkpoint's run read (" + file_changes +
                       "): the remaining steps read windows of the files as they are now, so the run is not the "
