@@ -120,8 +120,12 @@ void visit_config_keys(C& c, V&& v) {
         "end-of-document token, below vocab_size; default: vocab_size - 1");
 
   auto& d = c.data;
-  v.key("data", "path", d.path, any_value<std::string>(),
-        "one source: a token file, a folder or a glob, or \"synthetic\" (the built-in corpus)");
+  // A config with [[data.sources]] has no data.path: written configs leave it out (the reader refuses
+  // both; until 2026-12-07 its unused default beside the sources made a run's own config.toml and
+  // checkpoints unreadable). A reader visits a default Config, whose sources are still empty here.
+  if (d.sources.empty())
+    v.key("data", "path", d.path, any_value<std::string>(),
+          "one source: a token file, a folder or a glob, or \"synthetic\" (the built-in corpus)");
   v.table_array("data", "sources", d.sources, "several training sources mixed by weight, instead of data.path",
                 [](auto& source, auto& f) {
                   f.key("path", source.path, any_value<std::string>(), "a token file, a folder or a glob");

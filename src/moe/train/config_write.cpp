@@ -1,7 +1,6 @@
 // The config written out: as TOML text (the run folder's config.toml, a checkpoint's stored config),
 // as (key, value) pairs and the differences between two configs (resume and rank-agreement checks),
 // and as the markdown key table (`moetrain keys`, README.md). Each is a visitor of config_keys.h.
-#include <algorithm>
 #include <charconv>
 #include <map>
 #include <sstream>
@@ -69,9 +68,6 @@ class TomlWriter {
     std::ostringstream os;
     os << root_ << "\n";
     return os.str();
-  }
-  void erase(const char* section, const char* name) {
-    if (toml::table* t = root_.get_as<toml::table>(section)) t->erase(name);
   }
 
  private:
@@ -188,21 +184,15 @@ std::string model_config_toml(const ModelConfig& m) {
   return w.text();
 }
 
-// A config with [[data.sources]] has no data.path: the reader refuses both (and a path written beside
-// the sources, its unused default "synthetic", made the run's own config.toml and checkpoints
-// unreadable: export-hf, a second resume and the resume's data note all failed on them).
 std::string config_to_toml(const Config& c) {
   TomlWriter w;
   visit_config_keys(c, w);
-  if (!c.data.sources.empty()) w.erase("data", "path");
   return w.text();
 }
 
-// Without data.path beside [[data.sources]], as config_to_toml writes it.
 std::vector<std::pair<std::string, std::string>> config_values(const Config& c) {
   ValueLister l;
   visit_config_keys(c, l);
-  if (!c.data.sources.empty()) std::erase_if(l.values, [](const auto& kv) { return kv.first == "data.path"; });
   return l.values;
 }
 
