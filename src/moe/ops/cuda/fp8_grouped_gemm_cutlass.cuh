@@ -42,6 +42,11 @@
 // data gradient 0.77-0.80 pJ (the K = 1024 forward down 0.91), the weight gradient 0.96-1.00 (its
 // promotion multiplies two scale vectors: an FMUL and an FFMA per accumulator element and K tile),
 // cuBLASLt's dense FP8 0.70.
+// 128x192 (DeepGEMM's pick at our shapes, fortieth session, H100): the weight scales rearranged per
+// 64 columns (a 192-column tile straddles two 128-column blocks) and GmmaFP8Accumulation specialized
+// for the 96-float accumulators (CUTLASS 4.2 refuses the two scale vectors, nested differently from
+// the accumulator): the forward and data gradient 2-4% slower, the step 0.3% slower (5 stages
+// instead of 6; N = 2048 is 10.67 tiles of 192). Not kept.
 // Tried and not kept (2026-12-03, thirteenth session): a mainloop with two temporary accumulators
 // that promotes K tile t - 1 while tile t's MMAs run (wait_group 1): every product within 1% of
 // the stock collective's, the step unchanged: the promotion already hides behind the other
