@@ -10,9 +10,11 @@ namespace {
 
 class PrepareCliTest : public CliTest {
  protected:
-  // Shell text that waits (at most 10 s) until folder `out` holds a temporary file of a prepare.
+  // Shell text that waits until folder `out` holds a temporary file of a prepare: at most a minute,
+  // the test hook's own limit (10 s before; one unexplained failure of a test using it on a loaded
+  // 2-core machine may have been that wait running out).
   static std::string until_a_temporary_is_in(const std::string& out) {
-    return "for i in $(seq 500); do ls -A '" + out + "' 2>/dev/null | grep -q '[.]tmp-' && break; sleep 0.02; done";
+    return "for i in $(seq 3000); do ls -A '" + out + "' 2>/dev/null | grep -q '[.]tmp-' && break; sleep 0.02; done";
   }
   // A text of `bytes` bytes: after byte-level prepare, one document of bytes + 1 tokens, enough
   // for the tiny run's windows of seq_len + 1 = 17 tokens.
