@@ -48,7 +48,7 @@
 // the accumulator): the forward and data gradient 2-4% slower, the step 0.3% slower (5 stages
 // instead of 6; N = 2048 is 10.67 tiles of 192). Not kept.
 // A kernel of our own in place of this one (forty-first session, H100, bench/RESULTS.md): correct,
-// 28-37% slower with the scales read by the math threads from L2 and the output stored from the
+// 25-38% slower with the scales read by the math threads from L2 and the output stored from the
 // accumulators; the next version (scales copied by the producer, TMA-store epilogue) is unmeasured.
 // Tried and not kept (2026-12-03, thirteenth session): a mainloop with two temporary accumulators
 // that promotes K tile t - 1 while tile t's MMAs run (wait_group 1): every product within 1% of
