@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -324,6 +325,40 @@ TEST(CudaFp8Grouped, PartialTilesMatchCpu) {
                              "forward n=256 k=112 (one K tile)");
   expect_product_matches_cpu(make_layout({130, 0, 77, 300}, 2, 3), Weights(4, 256, 384, 36).w, 37,
                              "forward n=256 k=384 (three K tiles)");
+  // An odd count of N tiles (a persistent grid's tile walk must not assume pairs).
+  expect_product_matches_cpu(make_layout({130, 0, 77, 300}, 2, 3), Weights(4, 384, 256, 38).w, 39,
+                             "forward n=384 k=256 (three N tiles)");
+#endif
+}
+
+// Our own SM90 kernel (MOE_FP8_NT_KERNEL=sm90, fp8_grouped_gemm_sm90.h) in both launch forms (one
+// CTA per tile; 2-CTA clusters sharing A by multicast) on the forward / data-gradient cases above.
+TEST(CudaFp8Grouped, Sm90KernelMatchesCpu) {
+  MOE_SKIP_WITHOUT_GPU();
+#if defined(MOE_HAVE_CUDA)
+  struct EnvGuard {  // restores the CUTLASS default for the tests after this one
+    ~EnvGuard() { unsetenv("MOE_FP8_NT_KERNEL"), unsetenv("MOE_SM90_CLUSTER"); }
+  } guard;
+  setenv("MOE_FP8_NT_KERNEL", "sm90", 1);
+  for (const char* cluster : {"1", "2"}) {
+    setenv("MOE_SM90_CLUSTER", cluster, 1);
+    const std::string form = std::string(" (sm90, cluster ") + cluster + ")";
+    const Layout l8 = make_layout(skewed_counts(8, 2400, 1), 37, 90);
+    expect_product_matches_cpu(l8, Weights(8, 2 * kH, kD, 2).w, 3, "forward gate_up E=8" + form);
+    expect_product_matches_cpu(l8, Weights(8, kD, kH, 4).w, 5, "forward down E=8" + form);
+    expect_product_matches_cpu(make_layout(skewed_counts(64, 4000, 6), 0, 0), Weights(64, kH, kD, 7).w, 8,
+                               "forward E=64 n=1024 k=2048" + form);
+    expect_product_matches_cpu(make_layout({0, 0, 0, 1000, 0, 0, 0, 0}, 0, 24), Weights(8, 256, 512, 9).w, 10,
+                               "forward one busy expert" + form);
+    expect_product_matches_cpu(make_layout({0, 1}, 3, 5), Weights(2, 256, 256, 11).w, 12, "forward one row" + form);
+    expect_product_matches_cpu(make_layout(skewed_counts(8, 2400, 21), 5, 11), Weights(8, kD, kH, 22).w_t, 23,
+                               "data gradient down E=8" + form);
+    const Layout lp = make_layout({130, 0, 77, 300}, 2, 3);
+    expect_product_matches_cpu(lp, Weights(4, 200, 144, 31).w, 32, "forward n=200 k=144" + form);
+    expect_product_matches_cpu(lp, Weights(4, 256, 112, 34).w, 35, "forward n=256 k=112" + form);
+    expect_product_matches_cpu(lp, Weights(4, 384, 256, 38).w, 39, "forward n=384 k=256 (three N tiles)" + form);
+    expect_product_matches_cpu(lp, Weights(4, 64, 256, 40).w, 41, "forward n=64 (one N tile)" + form);
+  }
 #endif
 }
 

@@ -21,6 +21,8 @@ TEST(StepSplit, kernels_are_grouped_by_name) {
   EXPECT_EQ(kernel_group("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<...>>(...)"),
             KernelGroup::ExpertGemm);
   EXPECT_EQ(kernel_group("_ZN4moe4cuda15cutlass_grouped18zero_empty_expertsEPfPKill"), KernelGroup::Other);
+  EXPECT_EQ(kernel_group("void moe::cuda::sm90_fp8::(anonymous namespace)::fp8_nt_kernel<2>(CUtensorMap_st, ...)"),
+            KernelGroup::ExpertGemm);
   EXPECT_EQ(kernel_group("nvjet_tst_256x128_64x4_2x1_v_bz_coopA_NTN"), KernelGroup::DenseGemm);
   EXPECT_EQ(kernel_group("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"), KernelGroup::DenseGemm);
   EXPECT_EQ(kernel_group("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3"),

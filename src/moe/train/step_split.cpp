@@ -108,6 +108,7 @@ KernelGroup kernel_group(std::string_view name) {
   if (contains(n, "quantize_rows") || contains(n, "quantize_columns") || contains(n, "stage_scales"))
     return KernelGroup::Fp8Quantize;
   if (contains(n, "cutlass") && !contains(n, "zero_empty") && !contains(n, "zero_skipped")) return KernelGroup::ExpertGemm;
+  if (contains(n, "sm90_fp8")) return KernelGroup::ExpertGemm;  // our own FP8 expert kernel (fp8_grouped_gemm_sm90.h)
   if (contains(n, "sum_squares")) return KernelGroup::GradNorm;
   if (contains(n, "cudnn") || contains(n, "sdpa") || contains(n, "fmha") || contains(n, "flash"))
     return KernelGroup::Attention;

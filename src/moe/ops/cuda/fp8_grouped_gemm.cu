@@ -15,6 +15,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "moe/core/cuda_check.h"
@@ -22,6 +24,7 @@
 #if defined(MOE_HAVE_CUTLASS)
 #include "moe/ops/cuda/cutlass_scratch.h"
 #include "moe/ops/cuda/fp8_grouped_gemm_cutlass.h"
+#include "moe/ops/cuda/fp8_grouped_gemm_sm90.h"
 #endif
 
 namespace moe::cuda {
@@ -31,6 +34,15 @@ namespace {
 void prepare_fp8_kernels() {
   cutlass_grouped::prepare_fp8_nt_bf16();
   cutlass_grouped::prepare_fp8_wgrad_f32();
+  sm90_fp8::prepare_fp8_nt_bf16();
+}
+
+// MOE_FP8_NT_KERNEL=sm90 runs the forward and data-gradient products on our own SM90 kernel
+// (fp8_grouped_gemm_sm90.h) instead of CUTLASS's, for measuring the two against each other (read
+// at every call, so one test process checks both; a captured graph keeps the kernel it captured).
+bool use_sm90_nt_kernel() {
+  const char* v = std::getenv("MOE_FP8_NT_KERNEL");
+  return v != nullptr && std::strcmp(v, "sm90") == 0;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -87,6 +99,13 @@ void fp8_grouped_matmul(Tensor c, Fp8Tensor a, Fp8Tensor b, Tensor expert_offset
   check_aligned(op, "c", c);
   if (rows == 0 || E == 0) return;
   const cudaStream_t s = cuda_stream(stream);
+  if (use_sm90_nt_kernel()) {
+    const cutlass_grouped::Scratch& scratch = hopper_scratch(s, op);  // checks sm_90, prepares the kernels
+    (void)scratch;
+    sm90_fp8::fp8_matmul_nt_bf16(c.data, operand(a), operand(b), static_cast<const int32_t*>(expert_offsets.data),
+                                 static_cast<int>(E), rows, static_cast<int>(n_out), static_cast<int>(k_in), s);
+    return;
+  }
   cutlass_grouped::fp8_matmul_nt_bf16(c.data, operand(a), operand(b), static_cast<const int32_t*>(expert_offsets.data),
                                       static_cast<int>(E), rows, static_cast<int>(n_out), static_cast<int>(k_in),
                                       hopper_scratch(s, op), s);

@@ -1,0 +1,37 @@
+// A Hopper FP8 grouped kernel of our own for the expert products c = a * b[e]^T -> BF16 (the
+// forward and the data gradient), with the interface and scale layouts of
+// cutlass_grouped::fp8_matmul_nt_bf16 (fp8_grouped_gemm_cutlass.h), so the two are interchangeable.
+// It differs from CUTLASS's blockwise mainloop where DeepGEMM's kernel did (bench/RESULTS.md,
+// thirty-ninth session): a stage is released as soon as its tensor-core products complete, the
+// scales come into shared memory with the stage, and whole output tiles leave by TMA store while
+// the next tile's loads are already in flight. Built only with the CUTLASS headers (CuTe's SM90
+// primitives); needs sm_90a.
+//
+// Status (bench/RESULTS.md, forty-second session, one H100): correct (test_cuda_fp8_grouped,
+// test_gpu_fp8), and not the default: fp8_grouped_gemm.cu runs it only under
+// MOE_FP8_NT_KERNEL=sm90. With one CTA per tile it is 6.5% faster than CUTLASS's kernel at K = 1024
+// and 6.5-13% slower at K = 2048, the bench-olmoe-4l step 1.2% slower. MOE_SM90_CLUSTER=2 pairs
+// CTAs that multicast A, as CUTLASS's 1 x 2 clusters do (the suspected mainloop difference); that
+// form has not run on a GPU yet (CudaFp8Grouped.Sm90KernelMatchesCpu checks it).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "moe/ops/cuda/fp8_grouped_gemm_cutlass.h"
+
+namespace moe::cuda::sm90_fp8 {
+
+// As cutlass_grouped::fp8_matmul_nt_bf16, without a scratch: offsets [groups + 1] on the device
+// (clamped into [0, rows]), a codes [rows, k_in] with Rows scales [rows, ceil(k_in / 128)], b codes
+// [groups, n_out, k_in] with Blocks scales [groups, ceil(n_out / 128), ceil(k_in / 128)], c [rows,
+// n_out] BF16, rows outside [o_0, o_E) untouched. The caller checks the TMA conditions (16-byte
+// aligned pointers, k_in % 16 == 0, n_out % 8 == 0) and groups * n_out < 2^31.
+void fp8_matmul_nt_bf16(void* c, cutlass_grouped::Fp8Operand a, cutlass_grouped::Fp8Operand b,
+                        const int32_t* offsets, int groups, int64_t rows, int n_out, int k_in, cudaStream_t stream);
+
+// Raise the kernel's dynamic shared-memory limit (host-only, once per process, outside capture).
+void prepare_fp8_nt_bf16();
+
+}  // namespace moe::cuda::sm90_fp8
