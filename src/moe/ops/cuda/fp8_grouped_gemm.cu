@@ -48,7 +48,8 @@ bool use_sm90_nt_kernel() {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 void check_aligned(const char* op, const char* name, const Tensor& t) {
-  MOE_CHECK(aligned16(t.data), op, ": ", name, " is not 16-byte aligned (the CUTLASS kernels load it with TMA); "
+  MOE_CHECK(aligned16(t.data), op, ": ", name,
+            " is not 16-byte aligned (the CUTLASS kernels load it with TMA); "
             "allocate it at a 16-byte boundary");
 }
 
@@ -64,7 +65,8 @@ void check_groups(const char* op, int64_t E) {
 
 const cutlass_grouped::Scratch& hopper_scratch(cudaStream_t stream, const char* op) {
   const cutlass_grouped::Scratch* scratch = cutlass_scratch(stream, op, prepare_fp8_kernels);
-  MOE_CHECK(scratch != nullptr, op, ": the FP8 expert products run on Hopper (sm_90) tensor cores only; "
+  MOE_CHECK(scratch != nullptr, op,
+            ": the FP8 expert products run on Hopper (sm_90) tensor cores only; "
             "this GPU is not sm_90 (use train.precision = \"bf16\")");
   return *scratch;
 }
@@ -99,16 +101,14 @@ void fp8_grouped_matmul(Tensor c, Fp8Tensor a, Fp8Tensor b, Tensor expert_offset
   check_aligned(op, "c", c);
   if (rows == 0 || E == 0) return;
   const cudaStream_t s = cuda_stream(stream);
-  if (use_sm90_nt_kernel()) {
-    const cutlass_grouped::Scratch& scratch = hopper_scratch(s, op);  // checks sm_90, prepares the kernels
-    (void)scratch;
-    sm90_fp8::fp8_matmul_nt_bf16(c.data, operand(a), operand(b), static_cast<const int32_t*>(expert_offsets.data),
-                                 static_cast<int>(E), rows, static_cast<int>(n_out), static_cast<int>(k_in), s);
-    return;
-  }
-  cutlass_grouped::fp8_matmul_nt_bf16(c.data, operand(a), operand(b), static_cast<const int32_t*>(expert_offsets.data),
-                                      static_cast<int>(E), rows, static_cast<int>(n_out), static_cast<int>(k_in),
-                                      hopper_scratch(s, op), s);
+  const cutlass_grouped::Scratch& scratch = hopper_scratch(s, op);  // checks sm_90, prepares both kernels
+  const auto* offsets = static_cast<const int32_t*>(expert_offsets.data);
+  if (use_sm90_nt_kernel())
+    sm90_fp8::fp8_matmul_nt_bf16(c.data, operand(a), operand(b), offsets, static_cast<int>(E), rows,
+                                 static_cast<int>(n_out), static_cast<int>(k_in), s);
+  else
+    cutlass_grouped::fp8_matmul_nt_bf16(c.data, operand(a), operand(b), offsets, static_cast<int>(E), rows,
+                                        static_cast<int>(n_out), static_cast<int>(k_in), scratch, s);
 #else
   (void)c, (void)a, (void)b, (void)expert_offsets, (void)stream;
   MOE_FAIL(op, kNoCutlass);
@@ -139,8 +139,7 @@ void fp8_grouped_matmul_wgrad(Tensor db, Fp8Tensor dc_t, Fp8Tensor x_t, Tensor e
   }
   cutlass_grouped::fp8_wgrad_f32(static_cast<float*>(db.data), operand(dc_t), operand(x_t),
                                  static_cast<const int32_t*>(expert_offsets.data), static_cast<int>(E), columns,
-                                 static_cast<int>(n_out), static_cast<int>(k_in), accumulate, hopper_scratch(s, op),
-                                 s);
+                                 static_cast<int>(n_out), static_cast<int>(k_in), accumulate, hopper_scratch(s, op), s);
 #else
   (void)db, (void)dc_t, (void)x_t, (void)expert_offsets, (void)accumulate, (void)stream;
   MOE_FAIL(op, kNoCutlass);

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "cute/arch/cluster_sm90.hpp"
@@ -50,9 +51,9 @@
 namespace moe::cuda::sm90_fp8 {
 namespace {
 
-constexpr int kTile = 128;                  // BM = BN = BK = the scale block
-constexpr int kStages = 5;                  // what fits beside the 32 KB store buffer (below)
-constexpr int kMathGroups = 2;              // 64 rows each
+constexpr int kTile = 128;      // BM = BN = BK = the scale block
+constexpr int kStages = 5;      // what fits beside the 32 KB store buffer (below)
+constexpr int kMathGroups = 2;  // 64 rows each
 constexpr int kThreads = 128 * (1 + kMathGroups);
 constexpr int kOperandBytes = kTile * kTile;  // one 128 x 128 tile of E4M3 codes
 constexpr int kStoreBoxBytes = 64 * 128;      // 64 rows x 64 BF16: one 128-byte-swizzled TMA box
@@ -91,8 +92,8 @@ struct Tile {
 // the unit's r-th n-block, so the CTAs of a cluster always share the m-block (the A tile they
 // multicast). The expert cursor only moves forward, as u does.
 struct TileWalk {
-  const int* lo;      // clamped offsets [groups + 1]
-  const int* prefix;  // m-blocks before expert e [groups + 1]
+  const int* lo;                            // clamped offsets [groups + 1]
+  const int* prefix;                        // m-blocks before expert e [groups + 1]
   int groups, slots, cluster, rank, e = 0;  // slots: units per m-block
   __device__ __forceinline__ bool at(int u, Tile& tile) {
     const int mb = u / slots;
@@ -276,8 +277,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < 4; ++i) {
           const int r = tile.m0 + lane + 32 * i;
           const int src_row = min(r, p.rows - 1);
-          cp_async_4(&row_scales[stage * kTile + lane + 32 * i], p.a_scales + static_cast<int64_t>(src_row) * p.k_blocks + kb,
-                     r < p.rows ? 4 : 0);
+          cp_async_4(&row_scales[stage * kTile + lane + 32 * i],
+                     p.a_scales + static_cast<int64_t>(src_row) * p.k_blocks + kb, r < p.rows ? 4 : 0);
         }
         if (lane == 0) cp_async_4(&block_scales[stage], block_scale + kb, 4);
         cp_async_arrive_noinc(&full[stage]);
@@ -414,18 +415,19 @@ int cluster_size() {
   return v != nullptr && std::strcmp(v, "2") == 0 ? 2 : 1;
 }
 
-// How many 2-CTA clusters of this kernel fit on the GPU at once (set by prepare_fp8_nt_bf16).
+// What prepare_fp8_nt_bf16 found: an error that keeps the kernel from running (empty if none), and
+// how many 2-CTA clusters fit on the GPU at once (0: the 2-CTA form falls back to one CTA per tile).
+std::string prepare_error;
 int max_active_pairs = 0;
 
-template <int kCluster>
-cudaLaunchConfig_t launch_config(int grid, size_t smem, cudaStream_t stream, cudaLaunchAttribute* attr) {
+cudaLaunchConfig_t pair_launch_config(int grid, size_t smem, cudaStream_t stream, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(grid));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = kCluster;
+  attr->val.clusterDim.x = 2;
   attr->val.clusterDim.y = 1;
   attr->val.clusterDim.z = 1;
   config.attrs = attr;
@@ -435,9 +437,10 @@ cudaLaunchConfig_t launch_config(int grid, size_t smem, cudaStream_t stream, cud
 
 }  // namespace
 
-void fp8_matmul_nt_bf16(void* c, cutlass_grouped::Fp8Operand a, cutlass_grouped::Fp8Operand b,
-                        const int32_t* offsets, int groups, int64_t rows, int n_out, int k_in, cudaStream_t stream) {
+void fp8_matmul_nt_bf16(void* c, cutlass_grouped::Fp8Operand a, cutlass_grouped::Fp8Operand b, const int32_t* offsets,
+                        int groups, int64_t rows, int n_out, int k_in, cudaStream_t stream) {
   const char* op = "fp8_grouped_matmul (SM90)";
+  MOE_CHECK(prepare_error.empty(), op, ": ", prepare_error);
   MOE_CHECK(groups >= 1 && groups <= cutlass_grouped::kMaxGroups, op, ": ", groups, " groups, expected 1..",
             cutlass_grouped::kMaxGroups);
   MOE_CHECK(static_cast<int64_t>(groups) * n_out <= INT32_MAX, op, ": ", groups, " x ", n_out,
@@ -445,9 +448,8 @@ void fp8_matmul_nt_bf16(void* c, cutlass_grouped::Fp8Operand a, cutlass_grouped:
   const int k_blocks = (k_in + kTile - 1) / kTile, n_blocks = (n_out + kTile - 1) / kTile;
   // Pairs only where a unit has two real n-blocks to share A between, and where clusters fit.
   const int cluster = cluster_size() == 2 && n_blocks >= 2 && max_active_pairs > 0 ? 2 : 1;
-  const CUtensorMap map_a =
-      tensor_map(a.codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, static_cast<uint64_t>(k_in), static_cast<uint64_t>(rows),
-                 kTile, kTile / cluster, "a");
+  const CUtensorMap map_a = tensor_map(a.codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, static_cast<uint64_t>(k_in),
+                                       static_cast<uint64_t>(rows), kTile, kTile / cluster, "a");
   const CUtensorMap map_b = tensor_map(b.codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, static_cast<uint64_t>(k_in),
                                        static_cast<uint64_t>(groups) * n_out, kTile, kTile, "b");
   const CUtensorMap map_c = tensor_map(c, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, static_cast<uint64_t>(n_out),
@@ -457,27 +459,39 @@ void fp8_matmul_nt_bf16(void* c, cutlass_grouped::Fp8Operand a, cutlass_grouped:
   // At most rows / 128 + groups m-blocks (each expert adds at most one partial block).
   const int64_t max_m_blocks = rows / kTile + groups;
   const size_t smem = shared_bytes(groups);
-  cudaLaunchAttribute attr;
   if (cluster == 2) {
+    cudaLaunchAttribute attr;
     const int64_t max_units = max_m_blocks * ((n_blocks + 1) / 2);
     const int grid = 2 * static_cast<int>(std::min<int64_t>(max_active_pairs, max_units));
-    const cudaLaunchConfig_t config = launch_config<2>(grid, smem, stream, &attr);
+    const cudaLaunchConfig_t config = pair_launch_config(grid, smem, stream, &attr);
     CUDA_CHECK(cudaLaunchKernelEx(&config, fp8_nt_kernel<2>, map_a, map_b, map_c, p));
   } else {
     static const int sms = sm_count();
     const int grid = static_cast<int>(std::min<int64_t>(sms, max_m_blocks * n_blocks));
-    const cudaLaunchConfig_t config = launch_config<1>(grid, smem, stream, &attr);
-    CUDA_CHECK(cudaLaunchKernelEx(&config, fp8_nt_kernel<1>, map_a, map_b, map_c, p));
+    fp8_nt_kernel<1><<<grid, kThreads, smem, stream>>>(map_a, map_b, map_c, p);
+    CUDA_CHECK_LAUNCH();
   }
 }
 
+// Runs with the CUTLASS kernels' preparation on every FP8 start, whichever kernel is chosen, so it
+// never throws: a failure is kept and reported only if this kernel is asked to run.
 void prepare_fp8_nt_bf16() {
   const int smem = static_cast<int>(shared_bytes(cutlass_grouped::kMaxGroups));
-  CUDA_CHECK(cudaFuncSetAttribute(fp8_nt_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  CUDA_CHECK(cudaFuncSetAttribute(fp8_nt_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  for (const void* kernel :
+       {reinterpret_cast<const void*>(fp8_nt_kernel<1>), reinterpret_cast<const void*>(fp8_nt_kernel<2>)}) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // clear it: the default (CUTLASS) path must not see it
+      prepare_error = std::string("cannot reserve its shared memory: ") + cudaGetErrorString(e);
+      return;
+    }
+  }
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t config = launch_config<2>(2 * sm_count(), smem, nullptr, &attr);
-  CUDA_CHECK(cudaOccupancyMaxActiveClusters(&max_active_pairs, fp8_nt_kernel<2>, &config));
+  const cudaLaunchConfig_t config = pair_launch_config(2 * sm_count(), smem, nullptr, &attr);
+  if (cudaOccupancyMaxActiveClusters(&max_active_pairs, fp8_nt_kernel<2>, &config) != cudaSuccess) {
+    cudaGetLastError();
+    max_active_pairs = 0;  // the 2-CTA form runs as one CTA per tile
+  }
 }
 
 }  // namespace moe::cuda::sm90_fp8

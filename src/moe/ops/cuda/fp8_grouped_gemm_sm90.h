@@ -28,10 +28,12 @@ namespace moe::cuda::sm90_fp8 {
 // [groups, n_out, k_in] with Blocks scales [groups, ceil(n_out / 128), ceil(k_in / 128)], c [rows,
 // n_out] BF16, rows outside [o_0, o_E) untouched. The caller checks the TMA conditions (16-byte
 // aligned pointers, k_in % 16 == 0, n_out % 8 == 0) and groups * n_out < 2^31.
-void fp8_matmul_nt_bf16(void* c, cutlass_grouped::Fp8Operand a, cutlass_grouped::Fp8Operand b,
-                        const int32_t* offsets, int groups, int64_t rows, int n_out, int k_in, cudaStream_t stream);
+void fp8_matmul_nt_bf16(void* c, cutlass_grouped::Fp8Operand a, cutlass_grouped::Fp8Operand b, const int32_t* offsets,
+                        int groups, int64_t rows, int n_out, int k_in, cudaStream_t stream);
 
-// Raise the kernel's dynamic shared-memory limit (host-only, once per process, outside capture).
+// Raise the kernel's dynamic shared-memory limit and count the 2-CTA clusters that fit (host-only,
+// once per process, outside capture). Never throws: it runs on every FP8 start beside the CUTLASS
+// kernels' preparation, and a failure is reported only when this kernel is asked to run.
 void prepare_fp8_nt_bf16();
 
 }  // namespace moe::cuda::sm90_fp8
