@@ -42,7 +42,10 @@ void prepare_fp8_kernels() {
 // at every call, so one test process checks both; a captured graph keeps the kernel it captured).
 bool use_sm90_nt_kernel() {
   const char* v = std::getenv("MOE_FP8_NT_KERNEL");
-  return v != nullptr && std::strcmp(v, "sm90") == 0;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "cutlass") == 0) return false;
+  MOE_CHECK(std::strcmp(v, "sm90") == 0, "MOE_FP8_NT_KERNEL = '", v,
+            "' is not a kernel: use cutlass (the default) or sm90");
+  return true;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

@@ -412,7 +412,9 @@ int sm_count() {
 // device call and has not run yet). Read at every call, as MOE_FP8_NT_KERNEL is.
 int cluster_size() {
   const char* v = std::getenv("MOE_SM90_CLUSTER");
-  return v != nullptr && std::strcmp(v, "2") == 0 ? 2 : 1;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return 1;
+  MOE_CHECK(std::strcmp(v, "2") == 0, "MOE_SM90_CLUSTER = '", v, "' is not a cluster size: use 1 (the default) or 2");
+  return 2;
 }
 
 // What prepare_fp8_nt_bf16 found: an error that keeps the kernel from running (empty if none), and
