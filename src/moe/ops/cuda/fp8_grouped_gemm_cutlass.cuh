@@ -51,7 +51,8 @@
 // 25-38% slower with the scales read by the math threads from L2 and the output stored from the
 // accumulators. The second version (fp8_grouped_gemm_sm90.h, forty-second session, H100: scales
 // copied by the producer, TMA-store epilogue) is 6.5% faster at K = 1024 and 6.5-13% slower at
-// K = 2048, the step 1.2% slower; its 2-CTA multicast form is unmeasured.
+// K = 2048, the step 1.2% slower; its 2-CTA multicast form (forty-third session) is 3.7% faster at
+// K = 1024 and 2.6-5.6% slower at K = 2048, the step 1.1% slower.
 // Tried and not kept (2026-12-03, thirteenth session): a mainloop with two temporary accumulators
 // that promotes K tile t - 1 while tile t's MMAs run (wait_group 1): every product within 1% of
 // the stock collective's, the step unchanged: the promotion already hides behind the other

@@ -407,9 +407,9 @@ int sm_count() {
   return count;
 }
 
-// MOE_SM90_CLUSTER=2 runs 2-CTA clusters that multicast A; otherwise one CTA per tile (the form
-// measured on a GPU, forty-second session: the cluster form was written after the session's last
-// device call and has not run yet). Read at every call, as MOE_FP8_NT_KERNEL is.
+// MOE_SM90_CLUSTER=2 runs 2-CTA clusters that multicast A (the faster form at K = 2048, forty-third
+// session); otherwise one CTA per tile, launched without cluster attributes. Read at every call, as
+// MOE_FP8_NT_KERNEL is.
 int cluster_size() {
   const char* v = std::getenv("MOE_SM90_CLUSTER");
   if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return 1;

@@ -7,12 +7,12 @@
 // the next tile's loads are already in flight. Built only with the CUTLASS headers (CuTe's SM90
 // primitives); needs sm_90a.
 //
-// Status (bench/RESULTS.md, forty-second session, one H100): correct (test_cuda_fp8_grouped,
-// test_gpu_fp8), and not the default: fp8_grouped_gemm.cu runs it only under
-// MOE_FP8_NT_KERNEL=sm90. With one CTA per tile it is 6.5% faster than CUTLASS's kernel at K = 1024
-// and 6.5-13% slower at K = 2048, the bench-olmoe-4l step 1.2% slower. MOE_SM90_CLUSTER=2 pairs
-// CTAs that multicast A, as CUTLASS's 1 x 2 clusters do (the suspected mainloop difference); that
-// form has not run on a GPU yet (CudaFp8Grouped.Sm90KernelMatchesCpu checks it).
+// Status (bench/RESULTS.md, forty-second and forty-third sessions, one H100): correct in both launch
+// forms (test_cuda_fp8_grouped, test_gpu_fp8), and not the default: fp8_grouped_gemm.cu runs it only
+// under MOE_FP8_NT_KERNEL=sm90. With one CTA per tile it is 6.5% faster than CUTLASS's kernel at
+// K = 1024 and 6.5-13% slower at K = 2048. MOE_SM90_CLUSTER=2 pairs CTAs that multicast A, as
+// CUTLASS's 1 x 2 clusters do: 3.7% faster at K = 1024, 2.6-5.6% slower at K = 2048, the
+// bench-olmoe-4l step 1.1% slower than with CUTLASS's kernel.
 #pragma once
 
 #include <cuda_runtime.h>
