@@ -332,17 +332,20 @@ TEST(CudaFp8Grouped, PartialTilesMatchCpu) {
 }
 
 // Our own SM90 kernel (MOE_FP8_NT_KERNEL=sm90, fp8_grouped_gemm_sm90.h) in both launch forms (one
-// CTA per tile; 2-CTA clusters sharing A by multicast) on the forward / data-gradient cases above.
+// CTA per tile; 2-CTA clusters sharing A by multicast) and both pipeline depths (5 stages; 6 with the
+// output tile stored one 64-column box at a time) on the forward / data-gradient cases above.
 TEST(CudaFp8Grouped, Sm90KernelMatchesCpu) {
   MOE_SKIP_WITHOUT_GPU();
 #if defined(MOE_HAVE_CUDA)
   struct EnvGuard {  // restores the CUTLASS default for the tests after this one
-    ~EnvGuard() { unsetenv("MOE_FP8_NT_KERNEL"), unsetenv("MOE_SM90_CLUSTER"); }
+    ~EnvGuard() { unsetenv("MOE_FP8_NT_KERNEL"), unsetenv("MOE_SM90_CLUSTER"), unsetenv("MOE_SM90_STAGES"); }
   } guard;
   setenv("MOE_FP8_NT_KERNEL", "sm90", 1);
-  for (const char* cluster : {"1", "2"}) {
-    setenv("MOE_SM90_CLUSTER", cluster, 1);
-    const std::string form = std::string(" (sm90, cluster ") + cluster + ")";
+  for (const char* form_env : {"1/5", "2/5", "1/6", "2/6"}) {
+    const std::string cluster(form_env, 1), stages(form_env + 2);
+    setenv("MOE_SM90_CLUSTER", cluster.c_str(), 1);
+    setenv("MOE_SM90_STAGES", stages.c_str(), 1);
+    const std::string form = " (sm90, cluster " + cluster + ", " + stages + " stages)";
     const Layout l8 = make_layout(skewed_counts(8, 2400, 1), 37, 90);
     expect_product_matches_cpu(l8, Weights(8, 2 * kH, kD, 2).w, 3, "forward gate_up E=8" + form);
     expect_product_matches_cpu(l8, Weights(8, kD, kH, 4).w, 5, "forward down E=8" + form);

@@ -52,26 +52,31 @@ namespace moe::cuda::sm90_fp8 {
 namespace {
 
 constexpr int kTile = 128;      // BM = BN = BK = the scale block
-constexpr int kStages = 5;      // what fits beside the 32 KB store buffer (below)
 constexpr int kMathGroups = 2;  // 64 rows each
 constexpr int kThreads = 128 * (1 + kMathGroups);
 constexpr int kOperandBytes = kTile * kTile;  // one 128 x 128 tile of E4M3 codes
 constexpr int kStoreBoxBytes = 64 * 128;      // 64 rows x 64 BF16: one 128-byte-swizzled TMA box
-constexpr int kStoreGroupBytes = 2 * kStoreBoxBytes;
 
-// Shared memory, from a 1024-byte aligned base (128-byte swizzle atoms are 1024 bytes).
-constexpr int kOffA = 0;
-constexpr int kOffB = kOffA + kStages * kOperandBytes;
-constexpr int kOffStore = kOffB + kStages * kOperandBytes;
-constexpr int kOffRowScales = kOffStore + kMathGroups * kStoreGroupBytes;
-constexpr int kOffBlockScales = kOffRowScales + kStages * kTile * 4;
-constexpr int kOffBarriers = kOffBlockScales + ((kStages * 4 + 15) / 16) * 16;
-constexpr int kOffTables = kOffBarriers + 2 * kStages * 8;
-
-size_t shared_bytes(int groups) {
-  // The tables: the clamped offsets and the m-block prefix, groups + 1 ints each.
-  return static_cast<size_t>(kOffTables) + 2 * 4 * static_cast<size_t>(groups + 1);
-}
+// Shared memory, from a 1024-byte aligned base (128-byte swizzle atoms are 1024 bytes). Two
+// pipeline depths: 5 stages beside a store buffer of both of a group's 64-column boxes (32 KB), or
+// 6 stages beside one box per group (16 KB), the second box written once the first has been read.
+template <int kStages>
+struct Smem {
+  static constexpr int kStoreBoxes = kStages >= 6 ? 1 : 2;  // boxes per math group's store buffer
+  static constexpr int kStoreGroupBytes = kStoreBoxes * kStoreBoxBytes;
+  static constexpr int kOffA = 0;
+  static constexpr int kOffB = kOffA + kStages * kOperandBytes;
+  static constexpr int kOffStore = kOffB + kStages * kOperandBytes;
+  static constexpr int kOffRowScales = kOffStore + kMathGroups * kStoreGroupBytes;
+  static constexpr int kOffBlockScales = kOffRowScales + kStages * kTile * 4;
+  static constexpr int kOffBarriers = kOffBlockScales + ((kStages * 4 + 15) / 16) * 16;
+  static constexpr int kOffTables = kOffBarriers + 2 * kStages * 8;
+  static size_t bytes(int groups) {
+    // The tables: the clamped offsets and the m-block prefix, groups + 1 ints each.
+    return static_cast<size_t>(kOffTables) + 2 * 4 * static_cast<size_t>(groups + 1);
+  }
+};
+static_assert(Smem<6>::kOffTables + 2 * 4 * 1025 <= 227 * 1024, "6 stages fit with 1024 groups");
 
 struct Params {
   const float* a_scales;  // [rows, k_blocks]
@@ -204,18 +209,19 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 // kCluster 1: one CTA per tile; 2: clusters of two CTAs on adjacent n-blocks of one m-block, each
 // loading half of the A tile for both (TMA multicast), so A crosses L2 once per pair.
-template <int kCluster>
+template <int kCluster, int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_nt_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                   const __grid_constant__ CUtensorMap map_c, const Params p) {
+  using L = Smem<kStages>;
   extern __shared__ __align__(1024) uint8_t smem[];
-  uint8_t* const a_tiles = smem + kOffA;
-  uint8_t* const b_tiles = smem + kOffB;
-  float* const row_scales = reinterpret_cast<float*>(smem + kOffRowScales);
-  float* const block_scales = reinterpret_cast<float*>(smem + kOffBlockScales);
-  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + kOffBarriers);
+  uint8_t* const a_tiles = smem + L::kOffA;
+  uint8_t* const b_tiles = smem + L::kOffB;
+  float* const row_scales = reinterpret_cast<float*>(smem + L::kOffRowScales);
+  float* const block_scales = reinterpret_cast<float*>(smem + L::kOffBlockScales);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kOffBarriers);
   uint64_t* const empty = full + kStages;
-  int* const lo = reinterpret_cast<int*>(smem + kOffTables);
+  int* const lo = reinterpret_cast<int*>(smem + L::kOffTables);
   int* const prefix = lo + p.groups + 1;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -294,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = warp / 4 - 1, warp_in_group = warp % 4;
   const int r0 = warp_in_group * 16 + lane / 4;  // this thread's rows r0 and r0 + 8 of the group's 64
   const int quad = lane % 4;
-  uint8_t* const store_buf = smem + kOffStore + group * kStoreGroupBytes;
+  uint8_t* const store_buf = smem + L::kOffStore + group * L::kStoreGroupBytes;
   const bool store_thread = threadIdx.x % 128 == 0;
   int stage = 0, phase = 0;
   for (int u = unit0; walk.at(u, tile); u += units) {
@@ -341,25 +347,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int row0 = tile.m0 + group * 64;
     if (n0 >= p.n_out) continue;  // the second CTA's tile past the output: computed, not stored
     if (tile.valid_rows == kTile) {
-      // The buffer is free once the previous tile's stores have read it.
-      if (store_thread) cute::tma_store_wait<0>();
-      group_sync(group);
+      // Each pass writes kStoreBoxes 64-column boxes into the group's buffer and stores them by TMA;
+      // the buffer is free once the previous pass's (or tile's) stores have read it.
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int half = j / 8, chunk = j % 8;
-        uint8_t* box = store_buf + half * kStoreBoxBytes;
-        // Row r's 16-byte chunk c sits at chunk c ^ (r % 8) (TMA's 128-byte swizzle); r0 % 8 = lane / 4.
-        *reinterpret_cast<uint32_t*>(box + r0 * 128 + ((chunk ^ (r0 % 8)) * 16) + quad * 4) =
-            pack_bf16(acc[4 * j + 0], acc[4 * j + 1]);
-        *reinterpret_cast<uint32_t*>(box + (r0 + 8) * 128 + ((chunk ^ ((r0 + 8) % 8)) * 16) + quad * 4) =
-            pack_bf16(acc[4 * j + 2], acc[4 * j + 3]);
-      }
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the writes, visible to the TMA store
-      group_sync(group);
-      if (store_thread) {
-        cute::SM90_TMA_STORE_2D::copy(&map_c, store_buf, n0, row0);
-        if (n0 + 64 < p.n_out) cute::SM90_TMA_STORE_2D::copy(&map_c, store_buf + kStoreBoxBytes, n0 + 64, row0);
-        cute::tma_store_arrive();
+      for (int pass = 0; pass < 2 / L::kStoreBoxes; ++pass) {
+        if (pass > 0 && n0 + 64 * pass >= p.n_out) break;  // the second box lies past the output
+        if (store_thread) cute::tma_store_wait<0>();
+        group_sync(group);
+#pragma unroll
+        for (int jj = 0; jj < 8 * L::kStoreBoxes; ++jj) {
+          const int j = pass * 8 + jj, chunk = j % 8;
+          uint8_t* box = store_buf + (jj / 8) * kStoreBoxBytes;
+          // Row r's 16-byte chunk c sits at chunk c ^ (r % 8) (TMA's 128-byte swizzle); r0 % 8 = lane / 4.
+          *reinterpret_cast<uint32_t*>(box + r0 * 128 + ((chunk ^ (r0 % 8)) * 16) + quad * 4) =
+              pack_bf16(acc[4 * j + 0], acc[4 * j + 1]);
+          *reinterpret_cast<uint32_t*>(box + (r0 + 8) * 128 + ((chunk ^ ((r0 + 8) % 8)) * 16) + quad * 4) =
+              pack_bf16(acc[4 * j + 2], acc[4 * j + 3]);
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the writes, visible to the TMA store
+        group_sync(group);
+        if (store_thread) {
+#pragma unroll
+          for (int b = 0; b < L::kStoreBoxes; ++b) {
+            const int col = n0 + 64 * (pass + b);
+            if (b == 0 || col < p.n_out) cute::SM90_TMA_STORE_2D::copy(&map_c, store_buf + b * kStoreBoxBytes, col, row0);
+          }
+          cute::tma_store_arrive();
+        }
       }
     } else {
       const int row_end = tile.m0 + tile.valid_rows;
@@ -417,10 +431,20 @@ int cluster_size() {
   return 2;
 }
 
+// MOE_SM90_STAGES=6 runs 6 pipeline stages beside a 16 KB store buffer (the tile's two 64-column
+// boxes written one after the other); otherwise 5 stages beside a 32 KB one. Read at every call.
+int stage_count() {
+  const char* v = std::getenv("MOE_SM90_STAGES");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "5") == 0) return 5;
+  MOE_CHECK(std::strcmp(v, "6") == 0, "MOE_SM90_STAGES = '", v, "' is not a stage count: use 5 (the default) or 6");
+  return 6;
+}
+
 // What prepare_fp8_nt_bf16 found: an error that keeps the kernel from running (empty if none), and
-// how many 2-CTA clusters fit on the GPU at once (0: the 2-CTA form falls back to one CTA per tile).
+// how many 2-CTA clusters fit on the GPU at once for 5 and 6 stages (0: the 2-CTA form falls back to
+// one CTA per tile).
 std::string prepare_error;
-int max_active_pairs = 0;
+int max_active_pairs[2] = {0, 0};
 
 cudaLaunchConfig_t pair_launch_config(int grid, size_t smem, cudaStream_t stream, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t config = {};
@@ -437,6 +461,46 @@ cudaLaunchConfig_t pair_launch_config(int grid, size_t smem, cudaStream_t stream
   return config;
 }
 
+template <int kStages>
+void launch(int cluster, const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c, const Params& p,
+            int64_t max_m_blocks, cudaStream_t stream) {
+  const size_t smem = Smem<kStages>::bytes(p.groups);
+  if (cluster == 2) {
+    cudaLaunchAttribute attr;
+    const int64_t max_units = max_m_blocks * ((p.n_blocks + 1) / 2);
+    const int grid = 2 * static_cast<int>(std::min<int64_t>(max_active_pairs[kStages - 5], max_units));
+    const cudaLaunchConfig_t config = pair_launch_config(grid, smem, stream, &attr);
+    CUDA_CHECK(cudaLaunchKernelEx(&config, fp8_nt_kernel<2, kStages>, map_a, map_b, map_c, p));
+  } else {
+    static const int sms = sm_count();
+    const int grid = static_cast<int>(std::min<int64_t>(sms, max_m_blocks * p.n_blocks));
+    fp8_nt_kernel<1, kStages><<<grid, kThreads, smem, stream>>>(map_a, map_b, map_c, p);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+// Reserves the shared memory of both launch forms at kStages and counts the 2-CTA clusters that fit.
+template <int kStages>
+void prepare_stages() {
+  const int smem = static_cast<int>(Smem<kStages>::bytes(cutlass_grouped::kMaxGroups));
+  for (const void* kernel : {reinterpret_cast<const void*>(fp8_nt_kernel<1, kStages>),
+                             reinterpret_cast<const void*>(fp8_nt_kernel<2, kStages>)}) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // clear it: the default (CUTLASS) path must not see it
+      prepare_error = std::string("cannot reserve its shared memory: ") + cudaGetErrorString(e);
+      return;
+    }
+  }
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = pair_launch_config(2 * sm_count(), smem, nullptr, &attr);
+  if (cudaOccupancyMaxActiveClusters(&max_active_pairs[kStages - 5], fp8_nt_kernel<2, kStages>, &config) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    max_active_pairs[kStages - 5] = 0;  // the 2-CTA form runs as one CTA per tile
+  }
+}
+
 }  // namespace
 
 void fp8_matmul_nt_bf16(void* c, cutlass_grouped::Fp8Operand a, cutlass_grouped::Fp8Operand b, const int32_t* offsets,
@@ -449,7 +513,8 @@ void fp8_matmul_nt_bf16(void* c, cutlass_grouped::Fp8Operand a, cutlass_grouped:
             " weight rows exceed 2^31 - 1 (TMA coordinates are int)");
   const int k_blocks = (k_in + kTile - 1) / kTile, n_blocks = (n_out + kTile - 1) / kTile;
   // Pairs only where a unit has two real n-blocks to share A between, and where clusters fit.
-  const int cluster = cluster_size() == 2 && n_blocks >= 2 && max_active_pairs > 0 ? 2 : 1;
+  const int stages = stage_count();
+  const int cluster = cluster_size() == 2 && n_blocks >= 2 && max_active_pairs[stages - 5] > 0 ? 2 : 1;
   const CUtensorMap map_a = tensor_map(a.codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, static_cast<uint64_t>(k_in),
                                        static_cast<uint64_t>(rows), kTile, kTile / cluster, "a");
   const CUtensorMap map_b = tensor_map(b.codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, static_cast<uint64_t>(k_in),
@@ -460,40 +525,17 @@ void fp8_matmul_nt_bf16(void* c, cutlass_grouped::Fp8Operand a, cutlass_grouped:
                  k_blocks, n_blocks};
   // At most rows / 128 + groups m-blocks (each expert adds at most one partial block).
   const int64_t max_m_blocks = rows / kTile + groups;
-  const size_t smem = shared_bytes(groups);
-  if (cluster == 2) {
-    cudaLaunchAttribute attr;
-    const int64_t max_units = max_m_blocks * ((n_blocks + 1) / 2);
-    const int grid = 2 * static_cast<int>(std::min<int64_t>(max_active_pairs, max_units));
-    const cudaLaunchConfig_t config = pair_launch_config(grid, smem, stream, &attr);
-    CUDA_CHECK(cudaLaunchKernelEx(&config, fp8_nt_kernel<2>, map_a, map_b, map_c, p));
-  } else {
-    static const int sms = sm_count();
-    const int grid = static_cast<int>(std::min<int64_t>(sms, max_m_blocks * n_blocks));
-    fp8_nt_kernel<1><<<grid, kThreads, smem, stream>>>(map_a, map_b, map_c, p);
-    CUDA_CHECK_LAUNCH();
-  }
+  if (stages == 6)
+    launch<6>(cluster, map_a, map_b, map_c, p, max_m_blocks, stream);
+  else
+    launch<5>(cluster, map_a, map_b, map_c, p, max_m_blocks, stream);
 }
 
 // Runs with the CUTLASS kernels' preparation on every FP8 start, whichever kernel is chosen, so it
 // never throws: a failure is kept and reported only if this kernel is asked to run.
 void prepare_fp8_nt_bf16() {
-  const int smem = static_cast<int>(shared_bytes(cutlass_grouped::kMaxGroups));
-  for (const void* kernel :
-       {reinterpret_cast<const void*>(fp8_nt_kernel<1>), reinterpret_cast<const void*>(fp8_nt_kernel<2>)}) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) {
-      cudaGetLastError();  // clear it: the default (CUTLASS) path must not see it
-      prepare_error = std::string("cannot reserve its shared memory: ") + cudaGetErrorString(e);
-      return;
-    }
-  }
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t config = pair_launch_config(2 * sm_count(), smem, nullptr, &attr);
-  if (cudaOccupancyMaxActiveClusters(&max_active_pairs, fp8_nt_kernel<2>, &config) != cudaSuccess) {
-    cudaGetLastError();
-    max_active_pairs = 0;  // the 2-CTA form runs as one CTA per tile
-  }
+  prepare_stages<5>();
+  if (prepare_error.empty()) prepare_stages<6>();
 }
 
 }  // namespace moe::cuda::sm90_fp8
