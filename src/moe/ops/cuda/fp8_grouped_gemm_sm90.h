@@ -12,7 +12,10 @@
 // under MOE_FP8_NT_KERNEL=sm90. With one CTA per tile it is 6.5% faster than CUTLASS's kernel at
 // K = 1024 and 6.5-13% slower at K = 2048. MOE_SM90_CLUSTER=2 pairs CTAs that multicast A, as
 // CUTLASS's 1 x 2 clusters do: 3.7% faster at K = 1024, 2.6-5.6% slower at K = 2048, the
-// bench-olmoe-4l step 1.1% slower than with CUTLASS's kernel.
+// bench-olmoe-4l step 1.1% slower than with CUTLASS's kernel. MOE_SM90_STAGES=6 deepens the pipeline
+// from 5 to 6 stages by storing the output tile one 64-column box at a time from a 16 KB buffer
+// (a sixth stage took 2.7% off CUTLASS's expert products, thirtieth session); written in the
+// forty-third session, not yet run on a GPU (Sm90KernelMatchesCpu checks it in both launch forms).
 #pragma once
 
 #include <cuda_runtime.h>
