@@ -15,8 +15,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 
 #include "moe/core/cuda_check.h"
@@ -40,13 +38,7 @@ void prepare_fp8_kernels() {
 // MOE_FP8_NT_KERNEL=sm90 runs the forward and data-gradient products on our own SM90 kernel
 // (fp8_grouped_gemm_sm90.h) instead of CUTLASS's, for measuring the two against each other (read
 // at every call, so one test process checks both; a captured graph keeps the kernel it captured).
-bool use_sm90_nt_kernel() {
-  const char* v = std::getenv("MOE_FP8_NT_KERNEL");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "cutlass") == 0) return false;
-  MOE_CHECK(std::strcmp(v, "sm90") == 0, "MOE_FP8_NT_KERNEL = '", v,
-            "' is not a kernel: use cutlass (the default) or sm90");
-  return true;
-}
+bool use_sm90_nt_kernel() { return sm90_fp8::env_switch("MOE_FP8_NT_KERNEL", "cutlass", "sm90"); }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

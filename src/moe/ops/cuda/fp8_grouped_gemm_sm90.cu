@@ -424,21 +424,11 @@ int sm_count() {
 // MOE_SM90_CLUSTER=2 runs 2-CTA clusters that multicast A (the faster form at K = 2048, forty-third
 // session); otherwise one CTA per tile, launched without cluster attributes. Read at every call, as
 // MOE_FP8_NT_KERNEL is.
-int cluster_size() {
-  const char* v = std::getenv("MOE_SM90_CLUSTER");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return 1;
-  MOE_CHECK(std::strcmp(v, "2") == 0, "MOE_SM90_CLUSTER = '", v, "' is not a cluster size: use 1 (the default) or 2");
-  return 2;
-}
+int cluster_size() { return env_switch("MOE_SM90_CLUSTER", "1", "2") ? 2 : 1; }
 
 // MOE_SM90_STAGES=6 runs 6 pipeline stages beside a 16 KB store buffer (the tile's two 64-column
 // boxes written one after the other); otherwise 5 stages beside a 32 KB one. Read at every call.
-int stage_count() {
-  const char* v = std::getenv("MOE_SM90_STAGES");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "5") == 0) return 5;
-  MOE_CHECK(std::strcmp(v, "6") == 0, "MOE_SM90_STAGES = '", v, "' is not a stage count: use 5 (the default) or 6");
-  return 6;
-}
+int stage_count() { return env_switch("MOE_SM90_STAGES", "5", "6") ? 6 : 5; }
 
 // What prepare_fp8_nt_bf16 found: an error that keeps the kernel from running (empty if none), and
 // how many 2-CTA clusters fit on the GPU at once for 5 and 6 stages (0: the 2-CTA form falls back to
@@ -502,6 +492,14 @@ void prepare_stages() {
 }
 
 }  // namespace
+
+bool env_switch(const char* name, const char* default_value, const char* other_value) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0' || std::strcmp(v, default_value) == 0) return false;
+  MOE_CHECK(std::strcmp(v, other_value) == 0, name, " = '", v, "' is not accepted: use ", default_value,
+            " (the default) or ", other_value);
+  return true;
+}
 
 void fp8_matmul_nt_bf16(void* c, cutlass_grouped::Fp8Operand a, cutlass_grouped::Fp8Operand b, const int32_t* offsets,
                         int groups, int64_t rows, int n_out, int k_in, cudaStream_t stream) {

@@ -39,4 +39,10 @@ void fp8_matmul_nt_bf16(void* c, cutlass_grouped::Fp8Operand a, cutlass_grouped:
 // kernels' preparation, and a failure is reported only when this kernel is asked to run.
 void prepare_fp8_nt_bf16();
 
+// The developer switches that pick this kernel and its forms (MOE_FP8_NT_KERNEL, MOE_SM90_CLUSTER,
+// MOE_SM90_STAGES), read at every call so one process can time each form: false when `name` is
+// unset, empty or `default_value`, true when it is `other_value`; any other value is an error naming
+// the variable and both accepted values (a mistyped switch would time the wrong kernel).
+bool env_switch(const char* name, const char* default_value, const char* other_value);
+
 }  // namespace moe::cuda::sm90_fp8
